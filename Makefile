@@ -1,0 +1,28 @@
+# Two commands for a newcomer on a fresh machine: `make test` and `make demo`.
+# Every target creates .venv when it is missing. torch==2.13.0 goes in first: it is the
+# CPU build on this machine's disk, and a looser pin could pull a multi-GB CUDA build.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.attnlab-installed
+EXTRAS ?= dev
+
+.PHONY: install test test-all clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -m "not slow" -q -n 2
+
+test-all: $(STAMP)
+	$(PY) -m pytest -q -n 2
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache artifacts

@@ -1,0 +1,77 @@
+"""attnlab: an open laboratory for attention and Transformers, on PyTorch.
+
+Glossary of dimension names, used in every docstring and shape comment:
+
+=========  ==================================================================
+B          batch size
+T          sequence length (T_src, T_tgt for source and target)
+T_q        number of queries (positions that attend)
+T_k        number of keys and values (positions attended to)
+H          number of attention heads
+d_model    model width: embeddings and every residual stream
+d_k        per-head query/key width (default d_model / H; Vaswani §3.2.2)
+d_v        per-head value width (default d_k)
+d_ff       hidden width of the position-wise feed-forward network
+N          number of layers
+V          vocabulary size
+=========  ==================================================================
+
+Mask convention, everywhere: ``torch.bool``, True means "may attend", broadcastable to
+(B, H, T_q, T_k). See :mod:`attnlab.nn.masks`.
+
+Quick start::
+
+    import torch, attnlab
+    cfg = attnlab.EncoderDecoderConfig(vocab_size=100, layers=2, d_model=64, heads=4, d_ff=128)
+    model = attnlab.EncoderDecoder(cfg)
+    src, tgt_in = torch.randint(1, 100, (8, 12)), torch.randint(1, 100, (8, 10))
+    logits = model(src, tgt_in)                                  # (8, 10, 100)
+    with attnlab.capture(model) as records:
+        model(src, tgt_in, head_mask={"cross": torch.tensor([[1., 0, 1, 1], [1, 1, 1, 1]])})
+    records[0].weights.shape                                     # (B, H, T_q, T_k)
+"""
+
+__version__ = "0.1.0"
+
+from attnlab.nn import (  # noqa: E402
+    AttentionRecord,
+    DecoderOnly,
+    DecoderOnlyConfig,
+    EncoderClassifier,
+    EncoderClassifierConfig,
+    EncoderDecoder,
+    EncoderDecoderConfig,
+    KVCache,
+    MultiHeadAttention,
+    PositionwiseFeedForward,
+    TransformerConfig,
+    attention,
+    build_model,
+    capture,
+    causal_mask,
+    full_head_mask,
+    padding_mask,
+    preset,
+)
+
+__all__ = [
+    "__version__",
+    "AttentionRecord",
+    "DecoderOnly",
+    "DecoderOnlyConfig",
+    "EncoderClassifier",
+    "EncoderClassifierConfig",
+    "EncoderDecoder",
+    "EncoderDecoderConfig",
+    "KVCache",
+    "MultiHeadAttention",
+    "PositionwiseFeedForward",
+    "TransformerConfig",
+    "attention",
+    "build_model",
+    "capture",
+    "causal_mask",
+    "full_head_mask",
+    "padding_mask",
+    "preset",
+]

@@ -1,0 +1,32 @@
+"""Command line: the only place that parses argv, prints for people and exits.
+
+Library errors (:class:`attnlab.errors.AttnlabError`) become a one-line ``error: ...`` on stderr
+and exit code 2, never a traceback. Each command group lives in its own module and registers
+itself on :data:`attnlab.cli.app.app` when imported below.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from attnlab.cli.app import app
+from attnlab.errors import AttnlabError
+
+# Command modules register themselves on `app` when imported.
+from attnlab.cli import info as _info  # noqa: F401,E402
+
+USAGE_EXIT_CODE = 2
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the ``attnlab`` console script and ``python -m attnlab``."""
+    try:
+        app(args=argv, standalone_mode=True)
+    except AttnlabError as error:
+        typer.echo(f"error: {error}", err=True)
+        sys.exit(USAGE_EXIT_CODE)
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        sys.exit(130)

@@ -1,0 +1,46 @@
+"""The model, in pure PyTorch: tensors in, tensors out. No files, tokenizers or tasks.
+
+Imports point down only: nothing here imports from attnlab outside ``attnlab.nn``.
+"""
+
+from attnlab.nn.attention import NORMALIZERS, attention
+from attnlab.nn.capture import AttentionRecord, capture
+from attnlab.nn.config import (
+    PRESETS,
+    DecoderOnlyConfig,
+    EncoderClassifierConfig,
+    EncoderDecoderConfig,
+    TransformerConfig,
+    preset,
+)
+from attnlab.nn.feed_forward import ACTIVATIONS, PositionwiseFeedForward
+from attnlab.nn.head_mask import ATTENTION_KINDS, HeadMask, check_head_mask, full_head_mask
+from attnlab.nn.layers import AddNorm, DecoderLayer, DecoderLayerCache, EncoderLayer
+from attnlab.nn.masks import causal_mask, check_mask, combine_masks, lengths_to_padding_mask, padding_mask
+from attnlab.nn.models import (
+    MODELS,
+    AttentionSite,
+    Decoder,
+    DecoderOnly,
+    EncodedSource,
+    Encoder,
+    EncoderClassifier,
+    EncoderDecoder,
+    InputEmbedding,
+    TransformerModel,
+    build_model,
+)
+from attnlab.nn.multi_head import KVCache, MultiHeadAttention, MultiHeadOutput
+from attnlab.nn.positional import POSITIONAL, make_positional, sinusoidal_table
+from attnlab.nn.scores import SCORES, make_score
+
+__all__ = [
+    "ACTIVATIONS", "ATTENTION_KINDS", "MODELS", "NORMALIZERS", "POSITIONAL", "PRESETS", "SCORES",
+    "AddNorm", "AttentionRecord", "AttentionSite", "Decoder", "DecoderLayer", "DecoderLayerCache",
+    "DecoderOnly", "DecoderOnlyConfig", "EncodedSource", "Encoder", "EncoderClassifier",
+    "EncoderClassifierConfig", "EncoderDecoder", "EncoderDecoderConfig", "EncoderLayer", "HeadMask",
+    "InputEmbedding", "KVCache", "MultiHeadAttention", "MultiHeadOutput", "PositionwiseFeedForward",
+    "TransformerConfig", "TransformerModel", "attention", "build_model", "capture", "causal_mask",
+    "check_head_mask", "check_mask", "combine_masks", "full_head_mask", "lengths_to_padding_mask",
+    "make_positional", "make_score", "padding_mask", "preset", "sinusoidal_table",
+]

@@ -1,0 +1,258 @@
+"""Scaled dot-product attention with a soft or a hard normalizer.
+
+    Attention(Q, K, V) = a(Q K^T / sqrt(d_k)) V                     (Vaswani et al. §3.2.1, Eq. 1)
+
+where ``a`` is applied row-wise (Li's slides, "Attention in Transformers"):
+
+* ``softmax`` (soft attention): a weighted sum of the values, weights proportional to exp(score).
+* ``hardmax`` (hard attention, Hahn §3): one-hot on the argmax of each row, so row n of the output
+  is the value v_{i_n} with i_n = argmax_j score_nj. Ties go to the first position (Hahn §3,
+  footnote 1).
+
+A boolean mask (True = may attend, :mod:`attnlab.nn.masks`) blocks pairs by setting their score to
+-inf (Li's slides, "Masked attention"). A query row with no allowed key yields a zero output and
+zero gradients, never NaN.
+
+Three code paths, chosen by what is asked, none a silent fallback for another:
+
+* soft, no weights, dot-product score -> ``torch.nn.functional.scaled_dot_product_attention``
+  (fused, O(T) memory);
+* soft with weights, or with a custom score function -> explicit scores and softmax;
+* hard -> query chunks, so the T_q x T_k weights exist only chunk by chunk unless asked for.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from attnlab.nn.masks import causal_mask, check_mask, combine_masks
+
+__all__ = ["attention", "NORMALIZERS", "ScoreFn", "Normalizer"]
+
+Normalizer = Literal["softmax", "hardmax"]
+ScoreFn = Callable[[Tensor, Tensor], Tensor]
+"""Maps queries (..., T_q, d_k) and keys (..., T_k, d_k) to scores (..., T_q, T_k)."""
+
+# Elements of one chunk of hard-attention scores: 2**23 fp32 values are 32 MiB.
+_HARD_CHUNK_ELEMENTS = 2**23
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    *,
+    normalizer: Normalizer = "softmax",
+    return_weights: bool = False,
+    causal: bool = False,
+    scale: float | None = None,
+    score_fn: ScoreFn | None = None,
+    dropout_p: float = 0.0,
+    straight_through: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """Attention(Q, K, V) = a(mask(Q K^T / sqrt(d_k))) V  (Vaswani Eq. 1; Hahn §3; Li's slides).
+
+    Args:
+        q: queries.
+        k: keys.
+        v: values.
+        mask: bool, True = may attend, broadcastable to (..., T_q, T_k). Any other dtype is a
+            ``TypeError``.
+        normalizer: ``"softmax"`` (soft) or ``"hardmax"`` (hard; ties to the first position).
+        return_weights: also return the attention weights.
+        causal: also block keys after each query (bottom-right aligned when T_k > T_q, as in
+            decoding with a KV cache). Uses SDPA's ``is_causal`` when no mask is materialised.
+        scale: multiplies Q K^T; defaults to 1/sqrt(d_k). ``1.0`` gives plain dot-product scores.
+        score_fn: replaces the dot product with a custom pairwise score (e.g. additive). Such
+            scores are always computed explicitly.
+        dropout_p: dropout on the soft attention weights (pass 0 at evaluation).
+        straight_through: hard attention only: the forward pass is hard, the backward pass uses the
+            gradient of soft attention. Without it, hard attention passes gradients to ``v`` only.
+
+    Shape:
+        q: (..., T_q, d_k);  k: (..., T_k, d_k);  v: (..., T_k, d_v).
+        returns output (..., T_q, d_v), and with ``return_weights`` also weights (..., T_q, T_k).
+
+    Returns:
+        The output, or ``(output, weights)`` when ``return_weights`` is True.
+    """
+    _check_qkv(q, k, v)
+    check_mask(mask, q.shape[-2], k.shape[-2])
+    try:
+        implementation = NORMALIZERS[normalizer]
+    except KeyError:
+        raise ValueError(f"normalizer: unknown {normalizer!r}; allowed: {', '.join(sorted(NORMALIZERS))}") from None
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    output, weights = implementation(
+        q,
+        k,
+        v,
+        mask,
+        causal=causal,
+        scale=scale,
+        score_fn=score_fn,
+        dropout_p=dropout_p,
+        need_weights=return_weights,
+        straight_through=straight_through,
+    )
+    return (output, weights) if return_weights else output
+
+
+def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
+    if q.dim() < 2 or k.dim() < 2 or v.dim() < 2:
+        raise ValueError("attention: q, k and v need at least 2 dims (..., T, d)")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"attention: q has d_k={q.shape[-1]} but k has d_k={k.shape[-1]}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"attention: k has T_k={k.shape[-2]} but v has T_k={v.shape[-2]}")
+
+
+def _full_mask(mask: Tensor | None, causal: bool, t_q: int, t_k: int, device: torch.device) -> Tensor | None:
+    """The mask with the causal constraint folded in (materialised only when needed)."""
+    return combine_masks(mask, causal_mask(t_q, t_k, device=device) if causal else None)
+
+
+def _dot_scores(q: Tensor, k: Tensor, scale: float) -> Tensor:
+    return torch.matmul(q, k.transpose(-2, -1)) * scale  # (..., T_q, T_k)
+
+
+# --------------------------------------------------------------------------------------------
+# softmax: a(x) = softmax(x)
+# --------------------------------------------------------------------------------------------
+
+
+def _softmax_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    *,
+    causal: bool,
+    scale: float,
+    score_fn: ScoreFn | None,
+    dropout_p: float,
+    need_weights: bool,
+    straight_through: bool,
+) -> tuple[Tensor, Tensor | None]:
+    del straight_through  # a soft forward pass already has the soft gradient
+    if need_weights or score_fn is not None:
+        return _softmax_explicit(q, k, v, mask, causal=causal, scale=scale, score_fn=score_fn, dropout_p=dropout_p)
+    return _softmax_fused(q, k, v, mask, causal=causal, scale=scale, dropout_p=dropout_p), None
+
+
+def _softmax_fused(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, causal: bool, scale: float, dropout_p: float
+) -> Tensor:
+    """PyTorch's fused kernel; the bool mask is handed over as is (True = may attend there too)."""
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    if mask is None and (not causal or t_q == t_k):
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal, scale=scale)
+    if mask is None and t_q == 1:  # one new query against a cache: it may see every key
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)
+    mask = _full_mask(mask, causal, t_q, t_k, q.device)
+    # A row with no allowed key would be NaN inside the kernel: open it, then zero its output.
+    has_key = mask.any(dim=-1, keepdim=True)  # (..., T_q, 1)
+    output = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask | ~has_key, dropout_p=dropout_p, scale=scale
+    )
+    return output * has_key
+
+
+def _softmax_explicit(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    *,
+    causal: bool,
+    scale: float,
+    score_fn: ScoreFn | None,
+    dropout_p: float,
+) -> tuple[Tensor, Tensor]:
+    scores = score_fn(q, k) if score_fn is not None else _dot_scores(q, k, scale)  # (..., T_q, T_k)
+    mask = _full_mask(mask, causal, q.shape[-2], k.shape[-2], q.device)
+    if mask is not None:
+        # finfo.min, not -inf: a fully masked row then stays finite, and `* mask` zeroes it.
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
+    if mask is not None:
+        weights = weights * mask
+    dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+    return torch.matmul(dropped, v), weights
+
+
+# --------------------------------------------------------------------------------------------
+# hardmax: a(x) = onehot(argmax_j x_j), first position on ties
+# --------------------------------------------------------------------------------------------
+
+
+def _hardmax_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    *,
+    causal: bool,
+    scale: float,
+    score_fn: ScoreFn | None,
+    dropout_p: float,
+    need_weights: bool,
+    straight_through: bool,
+) -> tuple[Tensor, Tensor | None]:
+    del dropout_p  # dropping a one-hot weight would just zero the output row
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    chunk = max(1, _HARD_CHUNK_ELEMENTS // max(1, math.prod(lead) * t_k))
+    values = v.expand(*lead, t_k, v.shape[-1])  # (..., T_k, d_v)
+    outputs, weights = [], []
+    for start in range(0, t_q, chunk):
+        stop = min(start + chunk, t_q)
+        chunk_mask = _chunk_mask(mask, causal, start, stop, t_q, t_k, q.device)
+        with torch.no_grad():  # argmax has no gradient; keep no graph for the scores
+            q_chunk = q[..., start:stop, :]
+            scores = score_fn(q_chunk, k) if score_fn is not None else _dot_scores(q_chunk, k, scale)
+            if chunk_mask is not None:
+                scores = scores.masked_fill(~chunk_mask, float("-inf"))
+            index = scores.argmax(dim=-1).expand(*lead, stop - start)  # (..., c); first max wins
+            has_key = None if chunk_mask is None else chunk_mask.any(dim=-1).expand(*lead, stop - start)
+        picked = torch.gather(values, -2, index.unsqueeze(-1).expand(*lead, stop - start, v.shape[-1]))
+        if has_key is not None:
+            picked = picked * has_key.unsqueeze(-1).to(picked.dtype)  # (..., c, d_v)
+        outputs.append(picked)
+        if need_weights:
+            one_hot = F.one_hot(index, t_k).to(v.dtype)  # (..., c, T_k)
+            weights.append(one_hot if has_key is None else one_hot * has_key.unsqueeze(-1).to(v.dtype))
+    output = torch.cat(outputs, dim=-2)  # (..., T_q, d_v)
+    if straight_through:
+        soft = _softmax_attention(
+            q, k, v, mask, causal=causal, scale=scale, score_fn=score_fn, dropout_p=0.0,
+            need_weights=False, straight_through=False,
+        )[0]
+        output = soft + (output - soft).detach()  # forward: hard; backward: soft
+    return output, (torch.cat(weights, dim=-2) if need_weights else None)
+
+
+def _chunk_mask(
+    mask: Tensor | None, causal: bool, start: int, stop: int, t_q: int, t_k: int, device: torch.device
+) -> Tensor | None:
+    """The rows start:stop of the full mask, built without materialising all T_q rows."""
+    rows = None if mask is None else (mask if mask.shape[-2] == 1 else mask[..., start:stop, :])
+    if not causal:
+        return rows
+    query_pos = torch.arange(t_k - t_q + start, t_k - t_q + stop, device=device).unsqueeze(-1)  # (c, 1)
+    key_pos = torch.arange(t_k, device=device).unsqueeze(0)  # (1, T_k)
+    return combine_masks(rows, key_pos <= query_pos)
+
+
+NORMALIZERS: dict[str, Callable[..., tuple[Tensor, Tensor | None]]] = {
+    "softmax": _softmax_attention,
+    "hardmax": _hardmax_attention,
+}
+"""Registry of normalizers ``a(.)``: name -> implementation with the common keyword signature."""

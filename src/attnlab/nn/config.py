@@ -1,0 +1,292 @@
+"""Model configurations: frozen dataclasses, validated at construction, one per model.
+
+Every option that names a variant is checked against the registry that implements it, so a config
+can only name what exists. An invalid value raises ``ValueError`` naming the field and the allowed
+values; :meth:`TransformerConfig.from_dict` also rejects unknown keys, listing the allowed ones.
+
+Presets: ``tiny`` (tests), ``small``, and ``base``, the base model of Vaswani et al.
+(N = 6, d_model = 512, h = 8, d_ff = 2048).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+from attnlab.nn.feed_forward import ACTIVATIONS
+from attnlab.nn.positional import COMBINES, POSITIONAL
+from attnlab.nn.scores import SCORES
+
+__all__ = [
+    "TransformerConfig",
+    "EncoderDecoderConfig",
+    "EncoderClassifierConfig",
+    "DecoderOnlyConfig",
+    "ATTENTION_NORMALIZERS",
+    "POOLINGS",
+    "PRESETS",
+    "preset",
+]
+
+ATTENTION_NORMALIZERS = {"soft": "softmax", "hard": "hardmax"}
+"""``attention`` option -> normalizer of :func:`attnlab.nn.attention.attention`."""
+
+POOLINGS = ("eos", "first", "mean")
+"""Readouts of :class:`attnlab.nn.models.EncoderClassifier` (``eos``: Hahn §3)."""
+
+C = TypeVar("C", bound="TransformerConfig")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TransformerConfig:
+    """Options shared by every model.
+
+    Attributes:
+        vocab_size: input vocabulary size (for an encoder-decoder: the source vocabulary).
+        layers: number of layers N (for an encoder-decoder: encoder layers).
+        d_model: model width.
+        heads: attention heads H per layer.
+        d_ff: FFN hidden width.
+        d_k, d_v: per-head key/value width; default d_model / heads.
+        dropout: residual, embedding and FFN dropout.
+        attention_dropout: dropout on attention weights.
+        attention: ``soft`` (softmax) or ``hard`` (hardmax, Hahn §3).
+        straight_through: train hard attention with the softmax gradient.
+        score: ``scaled_dot``, ``dot``, ``bilinear`` or ``additive``.
+        positional: ``sinusoidal``, ``learned``, ``none``, ``gehring_joint``, ``gehring_sum``.
+        positional_combine: ``add`` or ``concat`` (Hahn §3's f(v_i, p_i)).
+        positional_dim: width of the position vector when concatenating; default d_model // 2.
+        max_len: longest sequence for learned and one-hot positions; sinusoidal ones extrapolate.
+        activation: FFN activation, ``relu`` or ``gelu`` (or ``gelu_tanh``).
+        norm_first: pre-LN instead of the paper's post-LN.
+        layer_norm_eps: LayerNorm epsilon.
+        pad_id: the padding token id; keys at padding are masked out.
+        scale_embeddings: multiply token embeddings by sqrt(d_model) (Vaswani §3.4).
+        bias: biases in the attention projections.
+    """
+
+    kind: ClassVar[str] = ""
+
+    vocab_size: int = 32
+    layers: int = 2
+    d_model: int = 64
+    heads: int = 4
+    d_ff: int = 256
+    d_k: int | None = None
+    d_v: int | None = None
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    attention: str = "soft"
+    straight_through: bool = False
+    score: str = "scaled_dot"
+    positional: str = "sinusoidal"
+    positional_combine: str = "add"
+    positional_dim: int | None = None
+    max_len: int = 512
+    activation: str = "relu"
+    norm_first: bool = False
+    layer_norm_eps: float = 1e-5
+    pad_id: int = 0
+    scale_embeddings: bool = True
+    bias: bool = True
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        for name in ("vocab_size", "layers", "d_model", "heads", "d_ff", "max_len"):
+            _check_positive(name, getattr(self, name))
+        for name in ("d_k", "d_v", "positional_dim"):
+            if getattr(self, name) is not None:
+                _check_positive(name, getattr(self, name))
+        if self.d_k is None and self.d_model % self.heads != 0:
+            raise ValueError(
+                f"d_model: {self.d_model} is not divisible by heads={self.heads}; "
+                "choose d_model as a multiple of heads or set d_k"
+            )
+        for name in ("dropout", "attention_dropout"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"{name}: must lie in [0, 1), got {value}")
+        if self.layer_norm_eps <= 0:
+            raise ValueError(f"layer_norm_eps: must be > 0, got {self.layer_norm_eps}")
+        if not 0 <= self.pad_id < self.vocab_size:
+            raise ValueError(f"pad_id: must lie in [0, vocab_size={self.vocab_size}), got {self.pad_id}")
+        _check_choice("attention", self.attention, ATTENTION_NORMALIZERS)
+        _check_choice("score", self.score, SCORES)
+        _check_choice("positional", self.positional, POSITIONAL)
+        _check_choice("positional_combine", self.positional_combine, COMBINES)
+        _check_choice("activation", self.activation, ACTIVATIONS)
+        if self.positional_combine == "concat" and not 0 < self.positional_width < self.d_model:
+            raise ValueError(
+                f"positional_dim: must lie in (0, d_model={self.d_model}) to concatenate, got {self.positional_width}"
+            )
+        if self.straight_through and self.attention != "hard":
+            raise ValueError("straight_through: only applies to attention='hard'")
+
+    # ---- derived values -------------------------------------------------------------------
+
+    @property
+    def head_dim_k(self) -> int:
+        return self.d_k if self.d_k is not None else self.d_model // self.heads
+
+    @property
+    def head_dim_v(self) -> int:
+        return self.d_v if self.d_v is not None else self.head_dim_k
+
+    @property
+    def normalizer(self) -> str:
+        return ATTENTION_NORMALIZERS[self.attention]
+
+    @property
+    def positional_width(self) -> int:
+        return self.positional_dim if self.positional_dim is not None else self.d_model // 2
+
+    # ---- conversion ------------------------------------------------------------------------
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def from_dict(cls: type[C], data: Mapping[str, Any]) -> C:
+        """Build from a mapping; an unknown key is a ``ValueError`` that lists the allowed keys."""
+        allowed = cls.field_names()
+        unknown = sorted(set(data) - set(allowed))
+        if unknown:
+            raise ValueError(f"unknown key {unknown[0]!r} for {cls.__name__}; allowed: {', '.join(allowed)}")
+        return cls(**data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, **dataclasses.asdict(self)}
+
+    def replace(self: C, **changes: Any) -> C:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EncoderDecoderConfig(TransformerConfig):
+    """An encoder-decoder for seq2seq (Vaswani §3.1).
+
+    Attributes:
+        tgt_vocab_size: target vocabulary size; default ``vocab_size`` (a shared vocabulary).
+        decoder_layers: decoder layers; default ``layers``.
+        tie_embeddings: share the target embedding with the output projection (Vaswani §3.4).
+    """
+
+    kind: ClassVar[str] = "encoder_decoder"
+
+    tgt_vocab_size: int | None = None
+    decoder_layers: int | None = None
+    tie_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("tgt_vocab_size", "decoder_layers"):
+            if getattr(self, name) is not None:
+                _check_positive(name, getattr(self, name))
+        _check_tie(self)
+        if self.pad_id >= self.target_vocab_size:
+            raise ValueError(f"pad_id: must lie in [0, tgt_vocab_size={self.target_vocab_size}), got {self.pad_id}")
+
+    @property
+    def target_vocab_size(self) -> int:
+        return self.tgt_vocab_size if self.tgt_vocab_size is not None else self.vocab_size
+
+    @property
+    def decoder_depth(self) -> int:
+        return self.decoder_layers if self.decoder_layers is not None else self.layers
+
+
+@dataclass(frozen=True, kw_only=True)
+class EncoderClassifierConfig(TransformerConfig):
+    """An encoder with a classifier on one readout position (language recognition, Hahn §3).
+
+    Attributes:
+        num_classes: number of labels (2 for recognition: in / not in the language).
+        pooling: ``eos`` reads the last non-padding position, after the end-of-sequence symbol
+            (Hahn §3); ``first`` reads position 0 (a CLS token); ``mean`` averages real positions.
+    """
+
+    kind: ClassVar[str] = "encoder_classifier"
+
+    num_classes: int = 2
+    pooling: str = "eos"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.num_classes < 2:
+            raise ValueError(f"num_classes: must be >= 2, got {self.num_classes}")
+        _check_choice("pooling", self.pooling, POOLINGS)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecoderOnlyConfig(TransformerConfig):
+    """A causal language model: encoder layers with masked self-attention.
+
+    Attributes:
+        tie_embeddings: share the token embedding with the output projection.
+    """
+
+    kind: ClassVar[str] = "decoder_only"
+
+    tie_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_tie(self)
+
+
+PRESETS: dict[str, dict[str, int]] = {
+    "tiny": {"layers": 2, "d_model": 32, "heads": 4, "d_ff": 64},
+    "small": {"layers": 3, "d_model": 256, "heads": 8, "d_ff": 1024},
+    "base": {"layers": 6, "d_model": 512, "heads": 8, "d_ff": 2048},
+}
+"""Named sizes; ``base`` is the base Transformer of Vaswani et al. (Table 3)."""
+
+
+def preset(name: str, config_cls: type[C] = EncoderDecoderConfig, **overrides: Any) -> C:  # type: ignore[assignment]
+    """A config of class ``config_cls`` with the sizes of preset ``name``, then ``overrides``."""
+    _check_choice("preset", name, PRESETS)
+    return config_cls(**{**PRESETS[name], **overrides})
+
+
+# ---- validation helpers ----------------------------------------------------------------------
+
+
+def _check_tie(config: EncoderDecoderConfig | DecoderOnlyConfig) -> None:
+    concatenated = config.positional_combine == "concat" and config.positional in ("sinusoidal", "learned")
+    if config.tie_embeddings and concatenated:
+        raise ValueError("tie_embeddings: needs token vectors of width d_model, so not positional_combine='concat'")
+
+
+def _check_positive(name: str, value: int) -> None:
+    if value <= 0:
+        raise ValueError(f"{name}: must be a positive integer, got {value}")
+
+
+def _check_choice(name: str, value: str, allowed: Mapping[str, Any] | tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name}: unknown {value!r}; allowed: {', '.join(sorted(allowed))}")
+
+
+def _check_types(config: TransformerConfig) -> None:
+    """Reject values of the wrong type (a TOML string where an int belongs, a float for an int)."""
+    hints = typing.get_type_hints(type(config))
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        expected = _runtime_types(hints[f.name])
+        ok = isinstance(value, expected) and not (isinstance(value, bool) and bool not in expected)
+        if not ok:
+            names = " or ".join("None" if t is type(None) else t.__name__ for t in expected)
+            raise ValueError(f"{f.name}: expected {names}, got {value!r}")
+
+
+def _runtime_types(hint: Any) -> tuple[type, ...]:
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        return tuple(t for arg in typing.get_args(hint) for t in _runtime_types(arg))
+    if hint is float:  # a float option accepts an int (TOML `lr = 1`)
+        return (float, int)
+    return (hint,)

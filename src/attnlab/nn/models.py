@@ -1,0 +1,438 @@
+"""The three models: EncoderDecoder, EncoderClassifier and DecoderOnly.
+
+Each maps token ids to logits and nothing else: no loss, no tokenizer, no files. Each lists its
+attention modules as :class:`AttentionSite` (kind, layer, module), which is what head masks
+(:mod:`attnlab.nn.head_mask`) and capture (:mod:`attnlab.nn.capture`) are keyed on.
+
+* :class:`EncoderDecoder`: p(y_{1:L} | x_{1:T}) = prod_l p(y_l | y_{<l}, z_{1:T}) (Li's slides,
+  "Transformer Architecture"; Vaswani §3.1). Training feeds the target shifted right (Agarwal §5.2).
+* :class:`EncoderClassifier`: language recognition; the label is read from the last activation
+  y_n^(L), after the end-of-sequence symbol (Hahn §3, "Formalizing Language Recognition").
+* :class:`DecoderOnly`: a causal language model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.nn.config import (
+    DecoderOnlyConfig,
+    EncoderClassifierConfig,
+    EncoderDecoderConfig,
+    TransformerConfig,
+)
+from attnlab.nn.feed_forward import PositionwiseFeedForward
+from attnlab.nn.head_mask import HeadMask, check_head_mask, kind_mask
+from attnlab.nn.layers import DecoderLayer, DecoderLayerCache, EncoderLayer
+from attnlab.nn.masks import padding_mask
+from attnlab.nn.multi_head import KVCache, MultiHeadAttention
+from attnlab.nn.positional import make_positional
+
+__all__ = [
+    "AttentionSite",
+    "TransformerModel",
+    "InputEmbedding",
+    "Encoder",
+    "Decoder",
+    "EncodedSource",
+    "EncoderDecoder",
+    "EncoderClassifier",
+    "DecoderOnly",
+    "POOLINGS",
+    "MODELS",
+    "build_model",
+]
+
+
+@dataclass(frozen=True)
+class AttentionSite:
+    """One attention module of a model: its kind, its layer index and the module itself."""
+
+    kind: str
+    layer: int
+    module: MultiHeadAttention
+
+
+class TransformerModel(nn.Module):
+    """Base class: a model that lists its attention sites."""
+
+    config: TransformerConfig
+
+    def attention_sites(self) -> list[AttentionSite]:
+        raise NotImplementedError
+
+    def head_mask_shapes(self) -> dict[str, tuple[int, int]]:
+        """kind -> (layers, heads) for every attention kind of the model."""
+        shapes: dict[str, tuple[int, int]] = {}
+        for site in self.attention_sites():
+            layers, heads = shapes.get(site.kind, (0, site.module.heads))
+            shapes[site.kind] = (max(layers, site.layer + 1), heads)
+        return shapes
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+# ---- building blocks ---------------------------------------------------------------------------
+
+
+class InputEmbedding(nn.Module):
+    """Layer 0: y_i^(0) = f(sqrt(d) E[x_i], p_i)  (Hahn §3; Vaswani §3.4-3.5; Agarwal §6.3).
+
+    Shape:
+        tokens: (B, T) int64 -> (B, T, d_model).
+    """
+
+    def __init__(self, vocab_size: int, config: TransformerConfig) -> None:
+        super().__init__()
+        self.positional = make_positional(
+            config.positional,
+            d_model=config.d_model,
+            max_len=config.max_len,
+            combine=config.positional_combine,
+            positional_dim=config.positional_width,
+        )
+        token_dim = self.positional.token_dim
+        self.token = nn.Embedding(vocab_size, token_dim, padding_idx=config.pad_id)
+        self.scale = math.sqrt(token_dim) if config.scale_embeddings else 1.0
+        nn.init.normal_(self.token.weight, std=token_dim**-0.5 if config.scale_embeddings else 0.02)
+        with torch.no_grad():
+            self.token.weight[config.pad_id].zero_()
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, tokens: Tensor, offset: int = 0) -> Tensor:
+        return self.dropout(self.positional(self.token(tokens) * self.scale, offset))
+
+
+def _multi_head(config: TransformerConfig) -> MultiHeadAttention:
+    return MultiHeadAttention(
+        config.d_model,
+        config.heads,
+        d_k=config.d_k,
+        d_v=config.d_v,
+        score=config.score,
+        normalizer=config.normalizer,
+        straight_through=config.straight_through,
+        dropout=config.attention_dropout,
+        bias=config.bias,
+    )
+
+
+def _feed_forward(config: TransformerConfig) -> PositionwiseFeedForward:
+    return PositionwiseFeedForward(config.d_model, config.d_ff, activation=config.activation, dropout=config.dropout)
+
+
+def _final_norm(config: TransformerConfig) -> nn.Module:
+    """Pre-LN stacks end with a LayerNorm; post-LN ones are already normalised."""
+    return nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_first else nn.Identity()
+
+
+def _key_padding(is_token: Tensor) -> Tensor | None:
+    """The padding mask, or None when nothing is padded (which keeps SDPA's fastest path)."""
+    return None if bool(is_token.all()) else padding_mask(is_token)
+
+
+class Encoder(nn.Module):
+    """Embedding, then N encoder layers (Vaswani §3.1; Agarwal §3, §5.1).
+
+    With ``causal=True`` every layer's self-attention is masked, which makes this the body of a
+    decoder-only model.
+
+    Args:
+        config: model options.
+        vocab_size: token vocabulary size.
+        causal: mask future positions in self-attention.
+        kind: the attention kind its sites report (``encoder_self`` or ``self``).
+
+    Shape:
+        tokens: (B, T);  head_mask: (N, H) or (B, N, H);  returns (B, T, d_model).
+    """
+
+    def __init__(self, config: TransformerConfig, *, vocab_size: int, causal: bool = False, kind: str = "encoder_self") -> None:
+        super().__init__()
+        self.pad_id, self.causal, self.kind = config.pad_id, causal, kind
+        self.embedding = InputEmbedding(vocab_size, config)
+        self.layers = nn.ModuleList(
+            EncoderLayer(
+                _multi_head(config),
+                _feed_forward(config),
+                norm_first=config.norm_first,
+                eps=config.layer_norm_eps,
+                dropout=config.dropout,
+            )
+            for _ in range(config.layers)
+        )
+        self.final_norm = _final_norm(config)
+
+    def forward(
+        self,
+        tokens: Tensor,
+        *,
+        head_mask: Tensor | None = None,
+        key_is_token: Tensor | None = None,
+        caches: Sequence[KVCache] | None = None,
+        offset: int = 0,
+    ) -> Tensor:
+        """``key_is_token`` (B, T_k) overrides the padding derived from ``tokens`` (needed when
+        ``caches`` hold earlier keys); ``offset`` is the position of tokens[:, 0]."""
+        x = self.embedding(tokens, offset)
+        mask = _key_padding(tokens != self.pad_id if key_is_token is None else key_is_token)
+        for index, layer in enumerate(self.layers):
+            x = layer(
+                x,
+                mask=mask,
+                causal=self.causal,
+                head_mask=None if head_mask is None else head_mask[..., index, :],
+                cache=None if caches is None else caches[index],
+            )
+        return self.final_norm(x)
+
+    def sites(self) -> list[AttentionSite]:
+        return [AttentionSite(self.kind, i, layer.self_attn) for i, layer in enumerate(self.layers)]
+
+
+class EncodedSource(NamedTuple):
+    """The encoder output z_{1:T} and which of its positions are real tokens.
+
+    Shape:
+        states: (B, T_src, d_model);  is_token: (B, T_src) bool.
+    """
+
+    states: Tensor
+    is_token: Tensor
+
+    def reorder(self, index: Tensor) -> EncodedSource:
+        return EncodedSource(self.states.index_select(0, index), self.is_token.index_select(0, index))
+
+
+class Decoder(nn.Module):
+    """Embedding, then N decoder layers (Vaswani §3.1; Agarwal §5.2-5.3).
+
+    Shape:
+        tokens: (B, T_tgt) (already shifted right);  returns (B, T_tgt, d_model).
+    """
+
+    def __init__(self, config: EncoderDecoderConfig) -> None:
+        super().__init__()
+        self.pad_id = config.pad_id
+        self.embedding = InputEmbedding(config.target_vocab_size, config)
+        self.layers = nn.ModuleList(
+            DecoderLayer(
+                _multi_head(config),
+                _multi_head(config),
+                _feed_forward(config),
+                norm_first=config.norm_first,
+                eps=config.layer_norm_eps,
+                dropout=config.dropout,
+            )
+            for _ in range(config.decoder_depth)
+        )
+        self.final_norm = _final_norm(config)
+
+    def forward(
+        self,
+        tokens: Tensor,
+        memory: EncodedSource,
+        *,
+        self_head_mask: Tensor | None = None,
+        cross_head_mask: Tensor | None = None,
+        caches: Sequence[DecoderLayerCache] | None = None,
+        key_is_token: Tensor | None = None,
+        offset: int = 0,
+    ) -> Tensor:
+        y = self.embedding(tokens, offset)
+        self_mask = _key_padding(tokens != self.pad_id if key_is_token is None else key_is_token)
+        memory_mask = _key_padding(memory.is_token)
+        for index, layer in enumerate(self.layers):
+            y = layer(
+                y,
+                memory.states,
+                self_mask=self_mask,
+                memory_mask=memory_mask,
+                self_head_mask=None if self_head_mask is None else self_head_mask[..., index, :],
+                cross_head_mask=None if cross_head_mask is None else cross_head_mask[..., index, :],
+                cache=None if caches is None else caches[index],
+            )
+        return self.final_norm(y)
+
+    def sites(self) -> list[AttentionSite]:
+        return [AttentionSite("decoder_self", i, layer.self_attn) for i, layer in enumerate(self.layers)] + [
+            AttentionSite("cross", i, layer.cross_attn) for i, layer in enumerate(self.layers)
+        ]
+
+
+# ---- the three models ----------------------------------------------------------------------------
+
+
+class EncoderDecoder(TransformerModel):
+    """The Transformer of Vaswani §3: encoder, decoder, and a linear map to target-token logits.
+
+    Attention kinds: ``encoder_self``, ``decoder_self``, ``cross``.
+
+    Shape:
+        src: (B, T_src);  tgt_in: (B, T_tgt), the target shifted right (BOS first);
+        returns logits (B, T_tgt, tgt_vocab).
+    """
+
+    def __init__(self, config: EncoderDecoderConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.encoder = Encoder(config, vocab_size=config.vocab_size)
+        self.decoder = Decoder(config)
+        self.generator = nn.Linear(config.d_model, config.target_vocab_size)
+        if config.tie_embeddings:
+            self.generator.weight = self.decoder.embedding.token.weight
+
+    def forward(self, src: Tensor, tgt_in: Tensor, *, head_mask: HeadMask | None = None) -> Tensor:
+        memory = self.encode(src, head_mask=head_mask)
+        return self.decode(tgt_in, memory, head_mask=head_mask)
+
+    def encode(self, src: Tensor, *, head_mask: HeadMask | None = None) -> EncodedSource:
+        check_head_mask(head_mask, self.head_mask_shapes())
+        states = self.encoder(src, head_mask=kind_mask(head_mask, "encoder_self"))
+        return EncodedSource(states, src != self.config.pad_id)
+
+    def decode(
+        self,
+        tgt_in: Tensor,
+        memory: EncodedSource,
+        *,
+        head_mask: HeadMask | None = None,
+        caches: Sequence[DecoderLayerCache] | None = None,
+        key_is_token: Tensor | None = None,
+    ) -> Tensor:
+        """Logits for ``tgt_in``; with ``caches``, ``tgt_in`` holds only the new positions."""
+        check_head_mask(head_mask, self.head_mask_shapes())
+        offset = 0 if caches is None else len(caches[0].self_attn)
+        hidden = self.decoder(
+            tgt_in,
+            memory,
+            self_head_mask=kind_mask(head_mask, "decoder_self"),
+            cross_head_mask=kind_mask(head_mask, "cross"),
+            caches=caches,
+            key_is_token=key_is_token,
+            offset=offset,
+        )
+        return self.generator(hidden)
+
+    def new_caches(self) -> list[DecoderLayerCache]:
+        return [DecoderLayerCache() for _ in self.decoder.layers]
+
+    def attention_sites(self) -> list[AttentionSite]:
+        return self.encoder.sites() + self.decoder.sites()
+
+
+def _pool_eos(hidden: Tensor, is_token: Tensor) -> Tensor:
+    """y_n^(L): the last real position, which holds the end-of-sequence symbol (Hahn §3)."""
+    length = is_token.shape[1]
+    last = length - 1 - is_token.flip(1).to(torch.int64).argmax(dim=1)  # (B,) index of the last True
+    return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]  # (B, d_model)
+
+
+def _pool_first(hidden: Tensor, is_token: Tensor) -> Tensor:
+    return hidden[:, 0]
+
+
+def _pool_mean(hidden: Tensor, is_token: Tensor) -> Tensor:
+    weights = is_token.to(hidden.dtype).unsqueeze(-1)  # (B, T, 1)
+    return (hidden * weights).sum(1) / weights.sum(1).clamp_min(1.0)
+
+
+POOLINGS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+    "eos": _pool_eos,
+    "first": _pool_first,
+    "mean": _pool_mean,
+}
+"""Registry of readouts: (hidden (B, T, d), is_token (B, T)) -> (B, d)."""
+
+
+class EncoderClassifier(TransformerModel):
+    """An encoder whose label is read at one position: language recognition (Hahn §3).
+
+    "A softmax probability vector is computed for this label from the last activation y_n^(L),
+    obtained after reading the end-of-sequence symbol." With ``pooling='eos'`` that position is the
+    last non-padding one, so padding never changes the prediction.
+
+    Attention kind: ``self``.
+
+    Shape:
+        tokens: (B, T), each row ending with EOS before any padding;  returns logits (B, num_classes).
+    """
+
+    def __init__(self, config: EncoderClassifierConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.encoder = Encoder(config, vocab_size=config.vocab_size, kind="self")
+        self.pool = POOLINGS[config.pooling]
+        self.classifier = nn.Linear(config.d_model, config.num_classes)
+
+    def forward(self, tokens: Tensor, *, head_mask: HeadMask | None = None) -> Tensor:
+        check_head_mask(head_mask, self.head_mask_shapes())
+        hidden = self.encoder(tokens, head_mask=kind_mask(head_mask, "self"))
+        return self.classifier(self.pool(hidden, tokens != self.config.pad_id))
+
+    def attention_sites(self) -> list[AttentionSite]:
+        return self.encoder.sites()
+
+
+class DecoderOnly(TransformerModel):
+    """A causal language model: p(x_t | x_{<t}) from masked self-attention layers.
+
+    Attention kind: ``self``.
+
+    Shape:
+        tokens: (B, T);  returns logits (B, T, vocab). With ``caches``, ``tokens`` holds only the
+        new positions and ``key_is_token`` (B, T_k) marks real tokens among all keys so far.
+    """
+
+    def __init__(self, config: DecoderOnlyConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.body = Encoder(config, vocab_size=config.vocab_size, causal=True, kind="self")
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.body.embedding.token.weight
+
+    def forward(
+        self,
+        tokens: Tensor,
+        *,
+        head_mask: HeadMask | None = None,
+        caches: Sequence[KVCache] | None = None,
+        key_is_token: Tensor | None = None,
+    ) -> Tensor:
+        check_head_mask(head_mask, self.head_mask_shapes())
+        offset = 0 if caches is None else len(caches[0])
+        hidden = self.body(
+            tokens, head_mask=kind_mask(head_mask, "self"), caches=caches, key_is_token=key_is_token, offset=offset
+        )
+        return self.lm_head(hidden)
+
+    def new_caches(self) -> list[KVCache]:
+        return [KVCache() for _ in self.body.layers]
+
+    def attention_sites(self) -> list[AttentionSite]:
+        return self.body.sites()
+
+
+MODELS: dict[str, tuple[type[TransformerConfig], type[TransformerModel]]] = {
+    "encoder_decoder": (EncoderDecoderConfig, EncoderDecoder),
+    "encoder_classifier": (EncoderClassifierConfig, EncoderClassifier),
+    "decoder_only": (DecoderOnlyConfig, DecoderOnly),
+}
+"""Registry of models: kind -> (config class, model class)."""
+
+
+def build_model(config: TransformerConfig) -> TransformerModel:
+    """The model for ``config`` (its class decides which)."""
+    for config_cls, model_cls in MODELS.values():
+        if type(config) is config_cls:
+            return model_cls(config)  # type: ignore[call-arg]
+    raise ValueError(f"no model for config class {type(config).__name__}; allowed kinds: {', '.join(MODELS)}")
+

@@ -1,0 +1,265 @@
+"""Multi-head attention, with a head mask xi_h that works on the fused path.
+
+Vaswani §3.2.2 writes it as a concatenation:
+
+    MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O,   head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
+
+Michel §2.2 Eq. (1) writes the same function as a sum over heads, with W^O split into per-head
+blocks W_o^h of shape (d_model, d_v), and §2.3 adds a mask variable xi_h per head:
+
+    MHAtt(x, q) = sum_h xi_h Att_h(x, q)          with Att_h = W_o^h head_h
+
+Both are one line here: the heads are a real tensor axis (B, H, T_q, d_v); the head mask multiplies
+that tensor before W^O, and the concatenation + W^O is the sum over heads. Because xi_h scales the
+output of the attention kernel rather than its weights, the fused SDPA kernel is used unchanged.
+
+The same module serves the three uses of Vaswani §3.2.3 (Agarwal §5):
+
+* encoder self-attention: ``mha(x)`` (Q = K = V = x; Agarwal Def. 5.1);
+* masked decoder self-attention: ``mha(y, causal=True)`` (Agarwal Def. 5.3);
+* encoder-decoder attention: ``mha(y, memory)`` (K = V = the encoder output; Agarwal §5.3).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnlab.nn.attention import NORMALIZERS
+from attnlab.nn.masks import check_mask
+from attnlab.nn.scores import make_score
+
+__all__ = ["MultiHeadAttention", "MultiHeadOutput", "KVCache", "Recorder"]
+
+Recorder = Callable[[Tensor, Tensor], None]
+"""Called as ``recorder(weights, head_outputs)`` on every forward pass while registered."""
+
+
+class MultiHeadOutput(NamedTuple):
+    """What :class:`MultiHeadAttention` returns.
+
+    Attributes:
+        output: (B, T_q, d_model).
+        weights: (B, H, T_q, T_k) per-head attention weights, or None unless asked for.
+        head_outputs: (B, H, T_q, d_v) per-head outputs after the head mask, or None unless asked for.
+    """
+
+    output: Tensor
+    weights: Tensor | None
+    head_outputs: Tensor | None
+
+
+class KVCache:
+    """Projected keys and values kept across decoding steps, for one attention module.
+
+    * self-attention: :meth:`append` adds this step's keys/values and returns all so far;
+    * encoder-decoder attention: the memory is projected once and kept (:meth:`keep`).
+
+    Shape:
+        key: (B, H, T_k, d_k);  value: (B, H, T_k, d_v).
+    """
+
+    def __init__(self) -> None:
+        self.key: Tensor | None = None
+        self.value: Tensor | None = None
+
+    def __len__(self) -> int:
+        return 0 if self.key is None else self.key.shape[-2]
+
+    def append(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
+        if self.key is None or self.value is None:
+            self.key, self.value = key, value
+        else:
+            self.key = torch.cat([self.key, key], dim=-2)
+            self.value = torch.cat([self.value, value], dim=-2)
+        return self.key, self.value
+
+    def keep(self, project: Callable[[], tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
+        if self.key is None or self.value is None:
+            self.key, self.value = project()
+        return self.key, self.value
+
+    def reorder(self, index: Tensor) -> None:
+        """Select batch rows (beam search): key/value become key[index]/value[index]."""
+        if self.key is not None and self.value is not None:
+            self.key, self.value = self.key.index_select(0, index), self.value.index_select(0, index)
+
+
+class MultiHeadAttention(nn.Module):
+    """MultiHead(Q, K, V) = sum_h xi_h head_h W_o^h = Concat(xi_1 head_1, ..., xi_H head_H) W^O.
+
+    (Vaswani §3.2.2; Michel §2.2 Eq. 1 and §2.3.)
+
+    Args:
+        d_model: model width; queries and keys/values come in with this size.
+        heads: number of heads H.
+        d_k: per-head query/key size; default d_model / H. d_k = d_model is allowed (Michel §2.2).
+        d_v: per-head value size; default d_k.
+        score: name in :data:`attnlab.nn.scores.SCORES` (``scaled_dot``, ``dot``, ``bilinear``,
+            ``additive``).
+        normalizer: ``softmax`` (soft) or ``hardmax`` (hard, Hahn §3).
+        straight_through: hard attention trained with the soft gradient.
+        dropout: dropout on the attention weights during training.
+        bias: biases on the projections.
+
+    Shape:
+        query: (B, T_q, d_model);  key, value: (B, T_k, d_model), or None for self-attention.
+        mask: bool, True = may attend, broadcastable to (B, H, T_q, T_k).
+        head_mask: (H,) or (B, H), 0/1 or real-valued (differentiable).
+        returns :class:`MultiHeadOutput`.
+
+    Attributes:
+        in_proj_weight: (H*d_k + H*d_k + H*d_v, d_model): W^Q, W^K, W^V stacked, head h of each in
+            rows h*d:(h+1)*d (the layout of ``torch.nn.MultiheadAttention``).
+        out_proj: W^O, a Linear(H*d_v -> d_model).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        heads: int,
+        *,
+        d_k: int | None = None,
+        d_v: int | None = None,
+        score: str = "scaled_dot",
+        normalizer: str = "softmax",
+        straight_through: bool = False,
+        dropout: float = 0.0,
+        bias: bool = True,
+    ) -> None:
+        super().__init__()
+        if d_k is None and d_model % heads != 0:
+            raise ValueError(f"d_model={d_model} is not divisible by heads={heads}; set d_k explicitly")
+        self.d_model, self.heads = d_model, heads
+        self.d_k = d_k if d_k is not None else d_model // heads
+        self.d_v = d_v if d_v is not None else self.d_k
+        self.dropout = dropout
+        self.straight_through = straight_through
+        try:
+            self._normalize = NORMALIZERS[normalizer]
+        except KeyError:
+            raise ValueError(f"normalizer: unknown {normalizer!r}; allowed: {', '.join(sorted(NORMALIZERS))}") from None
+        self.normalizer = normalizer
+        self.score = make_score(score, heads=heads, d_k=self.d_k)
+        qk, vv = heads * self.d_k, heads * self.d_v
+        self._split = (qk, qk, vv)
+        self.in_proj_weight = nn.Parameter(torch.empty(2 * qk + vv, d_model))
+        self.in_proj_bias = nn.Parameter(torch.zeros(2 * qk + vv)) if bias else None
+        self.out_proj = nn.Linear(vv, d_model, bias=bias)
+        nn.init.xavier_uniform_(self.in_proj_weight)
+        if bias:
+            nn.init.zeros_(self.out_proj.bias)
+        self._recorders: dict[int, Recorder] = {}
+        self._recorder_ids = itertools.count()
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
+        *,
+        mask: Tensor | None = None,
+        causal: bool = False,
+        head_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        need_weights: bool = False,
+    ) -> MultiHeadOutput:
+        q, k, v = self._project(query, key, value, cache)  # (B, H, T, d_k|d_v) each
+        check_mask(mask, q.shape[-2], k.shape[-2])
+        q, k = self.score.prepare(q, k)
+        want_weights = need_weights or bool(self._recorders)
+        heads, weights = self._normalize(
+            q,
+            k,
+            v,
+            mask,
+            causal=causal,
+            scale=self.score.scale,
+            score_fn=self.score.score_fn,
+            dropout_p=self.dropout if self.training else 0.0,
+            need_weights=want_weights,
+            straight_through=self.straight_through,
+        )  # heads: (B, H, T_q, d_v)
+        if head_mask is not None:
+            heads = heads * self._head_scale(head_mask, heads)  # xi_h Att_h  (Michel §2.3)
+        batch, _, t_q, _ = heads.shape
+        concat = heads.transpose(1, 2).reshape(batch, t_q, self.heads * self.d_v)  # (B, T_q, H*d_v)
+        output = self.out_proj(concat)  # Concat(...) W^O = sum_h head_h W_o^h
+        for recorder in self._recorders.values():
+            recorder(weights, heads)
+        return MultiHeadOutput(output, weights if want_weights else None, heads if want_weights else None)
+
+    # ---- projections --------------------------------------------------------------------
+
+    def _project(
+        self, query: Tensor, key: Tensor | None, value: Tensor | None, cache: KVCache | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        if key is None:  # self-attention: one fused matmul for Q, K and V
+            if value is not None:
+                raise ValueError("MultiHeadAttention: value given without key")
+            q, k, v = F.linear(query, self.in_proj_weight, self.in_proj_bias).split(self._split, dim=-1)
+            q, k, v = self._split_heads(q), self._split_heads(k), self._split_heads(v)
+            if cache is not None:
+                k, v = cache.append(k, v)
+            return q, k, v
+        value = key if value is None else value
+        w_q, w_k, w_v = self.in_proj_weight.split(self._split, dim=0)
+        b_q, b_k, b_v = (None, None, None) if self.in_proj_bias is None else self.in_proj_bias.split(self._split)
+        q = self._split_heads(F.linear(query, w_q, b_q))
+
+        def project_memory() -> tuple[Tensor, Tensor]:
+            if value is key:  # encoder-decoder attention, K = V = memory: one matmul
+                w_kv = self.in_proj_weight[self._split[0] :]
+                b_kv = None if self.in_proj_bias is None else self.in_proj_bias[self._split[0] :]
+                k_, v_ = F.linear(key, w_kv, b_kv).split(self._split[1:], dim=-1)
+            else:
+                k_, v_ = F.linear(key, w_k, b_k), F.linear(value, w_v, b_v)
+            return self._split_heads(k_), self._split_heads(v_)
+
+        k, v = cache.keep(project_memory) if cache is not None else project_memory()
+        return q, k, v
+
+    def _split_heads(self, x: Tensor) -> Tensor:
+        batch, length, width = x.shape
+        return x.view(batch, length, self.heads, width // self.heads).transpose(1, 2)  # (B, H, T, d)
+
+    def _head_scale(self, head_mask: Tensor, heads: Tensor) -> Tensor:
+        if head_mask.dim() not in (1, 2) or head_mask.shape[-1] != self.heads:
+            raise ValueError(f"head_mask must have shape ({self.heads},) or (B, {self.heads}), got {tuple(head_mask.shape)}")
+        if head_mask.dim() == 2 and head_mask.shape[0] not in (1, heads.shape[0]):
+            raise ValueError(f"head_mask batch size {head_mask.shape[0]} does not match the input's {heads.shape[0]}")
+        return head_mask.to(heads.dtype).reshape(-1, self.heads, 1, 1)  # (B|1, H, 1, 1)
+
+    # ---- views for analysis -------------------------------------------------------------
+
+    def head_contributions(self, head_outputs: Tensor) -> Tensor:
+        """Att_h = head_h W_o^h for every head (Michel §2.2 Eq. 1); their sum + bias is the output.
+
+        Shape:
+            head_outputs: (B, H, T_q, d_v);  returns (B, H, T_q, d_model).
+        """
+        w_o = self.out_proj.weight.view(self.d_model, self.heads, self.d_v)  # (d_model, H, d_v)
+        return torch.einsum("bhtv,mhv->bhtm", head_outputs, w_o)
+
+    # ---- capture points ------------------------------------------------------------------
+
+    def add_recorder(self, recorder: Recorder) -> Callable[[], None]:
+        """Call ``recorder(weights, head_outputs)`` on every forward pass; returns a remover.
+
+        While a recorder is registered the weights are computed explicitly (the fused kernel does
+        not expose them). Prefer :func:`attnlab.nn.capture.capture`, which uses this.
+        """
+        key = next(self._recorder_ids)
+        self._recorders[key] = recorder
+        return lambda: self._recorders.pop(key, None)
+
+    def extra_repr(self) -> str:
+        return (
+            f"d_model={self.d_model}, heads={self.heads}, d_k={self.d_k}, d_v={self.d_v}, "
+            f"normalizer={self.normalizer}, straight_through={self.straight_through}, dropout={self.dropout}"
+        )
