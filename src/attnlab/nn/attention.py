@@ -181,7 +181,8 @@ def _softmax_explicit(
     if mask is not None:
         # finfo.min, not -inf: a fully masked row then stays finite, and `* mask` zeroes it.
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
+    # fp16/bf16 scores are normalised in fp32; fp32 and fp64 keep their own precision.
+    weights = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(v.dtype)
     if mask is not None:
         weights = weights * mask
     dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
