@@ -209,3 +209,35 @@ def test_bad_arguments():
         mha(torch.randn(1, 3, D_MODEL), head_mask=torch.ones(HEADS + 1))
     with pytest.raises(TypeError, match="torch.bool"):
         mha(torch.randn(1, 3, D_MODEL), mask=torch.ones(3, 3))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_head_mask_stays_on_the_fused_kernel(monkeypatch, causal):
+    """Soft attention without weights, head mask or not, goes through SDPA: no slower fallback."""
+    calls = []
+    real_sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("is_causal", False))
+        return real_sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    mha = MultiHeadAttention(D_MODEL, HEADS)
+    xi = torch.tensor([1.0, 0.0, 0.5, 1.0], requires_grad=True)
+    mha(torch.randn(2, 5, D_MODEL), causal=causal, head_mask=xi).output.sum().backward()
+    assert calls == [causal]  # one fused call, using is_causal rather than a materialised mask
+    assert xi.grad is not None and xi.grad[1] != 0
+    mha(torch.randn(2, 5, D_MODEL), need_weights=True)
+    assert len(calls) == 1  # asking for weights takes the explicit path
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_with_empty_rows(dtype):
+    mha = MultiHeadAttention(D_MODEL, HEADS).to(dtype)
+    x = torch.randn(2, 4, D_MODEL, dtype=dtype, requires_grad=True)
+    mask = torch.ones(2, 1, 4, 4, dtype=torch.bool)
+    mask[1] = False
+    out = mha(x, mask=mask, head_mask=torch.ones(HEADS)).output
+    assert torch.isfinite(out).all()
+    out.float().sum().backward()
+    assert torch.isfinite(x.grad).all()
