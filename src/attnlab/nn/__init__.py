@@ -22,6 +22,7 @@ from attnlab.nn.models import (
     AttentionSite,
     Decoder,
     DecoderOnly,
+    DecodingState,
     EncodedSource,
     Encoder,
     EncoderClassifier,
@@ -37,7 +38,7 @@ from attnlab.nn.scores import SCORES, make_score
 __all__ = [
     "ACTIVATIONS", "ATTENTION_KINDS", "MODELS", "NORMALIZERS", "POSITIONAL", "PRESETS", "SCORES",
     "AddNorm", "AttentionRecord", "AttentionSite", "Decoder", "DecoderLayer", "DecoderLayerCache",
-    "DecoderOnly", "DecoderOnlyConfig", "EncodedSource", "Encoder", "EncoderClassifier",
+    "DecoderOnly", "DecoderOnlyConfig", "DecodingState", "EncodedSource", "Encoder", "EncoderClassifier",
     "EncoderClassifierConfig", "EncoderDecoder", "EncoderDecoderConfig", "EncoderLayer", "HeadMask",
     "InputEmbedding", "KVCache", "MultiHeadAttention", "MultiHeadOutput", "PositionwiseFeedForward",
     "TransformerConfig", "TransformerModel", "attention", "build_model", "capture", "causal_mask",

@@ -110,6 +110,10 @@ class DecoderLayerCache:
     self_attn: KVCache = field(default_factory=KVCache)
     cross_attn: KVCache = field(default_factory=KVCache)
 
+    def reorder(self, index: Tensor) -> None:
+        self.self_attn.reorder(index)
+        self.cross_attn.reorder(index)
+
 
 class DecoderLayer(nn.Module):
     """y -> AddNorm(masked self-attention) -> AddNorm(encoder-decoder attention) -> AddNorm(FFN).

@@ -14,9 +14,9 @@ attention modules as :class:`AttentionSite` (kind, layer, module), which is what
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -41,6 +41,7 @@ __all__ = [
     "Encoder",
     "Decoder",
     "EncodedSource",
+    "DecodingState",
     "EncoderDecoder",
     "EncoderClassifier",
     "DecoderOnly",
@@ -170,31 +171,53 @@ class Encoder(nn.Module):
         )
         self.final_norm = _final_norm(config)
 
-    def forward(
-        self,
-        tokens: Tensor,
-        *,
-        head_mask: Tensor | None = None,
-        key_is_token: Tensor | None = None,
-        caches: Sequence[KVCache] | None = None,
-        offset: int = 0,
-    ) -> Tensor:
-        """``key_is_token`` (B, T_k) overrides the padding derived from ``tokens`` (needed when
-        ``caches`` hold earlier keys); ``offset`` is the position of tokens[:, 0]."""
+    def forward(self, tokens: Tensor, *, head_mask: Tensor | None = None, state: DecodingState | None = None) -> Tensor:
+        """With ``state``, ``tokens`` holds only the new positions; keys come from the caches."""
+        offset = 0 if state is None else len(state)
+        is_token = tokens != self.pad_id
+        mask = _key_padding(is_token if state is None else state.advance(is_token))
         x = self.embedding(tokens, offset)
-        mask = _key_padding(tokens != self.pad_id if key_is_token is None else key_is_token)
         for index, layer in enumerate(self.layers):
             x = layer(
                 x,
                 mask=mask,
                 causal=self.causal,
                 head_mask=None if head_mask is None else head_mask[..., index, :],
-                cache=None if caches is None else caches[index],
+                cache=None if state is None else state.layers[index],
             )
         return self.final_norm(x)
 
     def sites(self) -> list[AttentionSite]:
         return [AttentionSite(self.kind, i, layer.self_attn) for i, layer in enumerate(self.layers)]
+
+
+@dataclass
+class DecodingState:
+    """What a model keeps between decoding steps: one KV cache per layer, and which keys so far
+    are real tokens (so a padding token fed at step t stays masked at every later step).
+
+    Attributes:
+        layers: a :class:`KVCache` (decoder-only) or :class:`DecoderLayerCache` per layer.
+        is_token: (B, T_k) bool over all keys seen so far, or None before the first step.
+    """
+
+    layers: list[Any]
+    is_token: Tensor | None = None
+
+    def __len__(self) -> int:
+        return 0 if self.is_token is None else self.is_token.shape[1]
+
+    def advance(self, new_is_token: Tensor) -> Tensor:
+        """Record the new positions; return (B, T_k) for all keys so far."""
+        self.is_token = new_is_token if self.is_token is None else torch.cat([self.is_token, new_is_token], dim=1)
+        return self.is_token
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows ``index`` (beam search)."""
+        for cache in self.layers:
+            cache.reorder(index)
+        if self.is_token is not None:
+            self.is_token = self.is_token.index_select(0, index)
 
 
 class EncodedSource(NamedTuple):
@@ -242,13 +265,14 @@ class Decoder(nn.Module):
         *,
         self_head_mask: Tensor | None = None,
         cross_head_mask: Tensor | None = None,
-        caches: Sequence[DecoderLayerCache] | None = None,
-        key_is_token: Tensor | None = None,
-        offset: int = 0,
+        state: DecodingState | None = None,
     ) -> Tensor:
-        y = self.embedding(tokens, offset)
-        self_mask = _key_padding(tokens != self.pad_id if key_is_token is None else key_is_token)
+        """With ``state``, ``tokens`` holds only the new positions."""
+        offset = 0 if state is None else len(state)
+        is_token = tokens != self.pad_id
+        self_mask = _key_padding(is_token if state is None else state.advance(is_token))
         memory_mask = _key_padding(memory.is_token)
+        y = self.embedding(tokens, offset)
         for index, layer in enumerate(self.layers):
             y = layer(
                 y,
@@ -257,7 +281,7 @@ class Decoder(nn.Module):
                 memory_mask=memory_mask,
                 self_head_mask=None if self_head_mask is None else self_head_mask[..., index, :],
                 cross_head_mask=None if cross_head_mask is None else cross_head_mask[..., index, :],
-                cache=None if caches is None else caches[index],
+                cache=None if state is None else state.layers[index],
             )
         return self.final_norm(y)
 
@@ -304,25 +328,21 @@ class EncoderDecoder(TransformerModel):
         memory: EncodedSource,
         *,
         head_mask: HeadMask | None = None,
-        caches: Sequence[DecoderLayerCache] | None = None,
-        key_is_token: Tensor | None = None,
+        state: DecodingState | None = None,
     ) -> Tensor:
-        """Logits for ``tgt_in``; with ``caches``, ``tgt_in`` holds only the new positions."""
+        """Logits for ``tgt_in``; with ``state`` (from :meth:`new_state`), only the new positions."""
         check_head_mask(head_mask, self.head_mask_shapes())
-        offset = 0 if caches is None else len(caches[0].self_attn)
         hidden = self.decoder(
             tgt_in,
             memory,
             self_head_mask=kind_mask(head_mask, "decoder_self"),
             cross_head_mask=kind_mask(head_mask, "cross"),
-            caches=caches,
-            key_is_token=key_is_token,
-            offset=offset,
+            state=state,
         )
         return self.generator(hidden)
 
-    def new_caches(self) -> list[DecoderLayerCache]:
-        return [DecoderLayerCache() for _ in self.decoder.layers]
+    def new_state(self) -> DecodingState:
+        return DecodingState([DecoderLayerCache() for _ in self.decoder.layers])
 
     def attention_sites(self) -> list[AttentionSite]:
         return self.encoder.sites() + self.decoder.sites()
@@ -387,8 +407,8 @@ class DecoderOnly(TransformerModel):
     Attention kind: ``self``.
 
     Shape:
-        tokens: (B, T);  returns logits (B, T, vocab). With ``caches``, ``tokens`` holds only the
-        new positions and ``key_is_token`` (B, T_k) marks real tokens among all keys so far.
+        tokens: (B, T);  returns logits (B, T, vocab). With ``state`` (from :meth:`new_state`),
+        ``tokens`` holds only the new positions.
     """
 
     def __init__(self, config: DecoderOnlyConfig) -> None:
@@ -399,23 +419,13 @@ class DecoderOnly(TransformerModel):
         if config.tie_embeddings:
             self.lm_head.weight = self.body.embedding.token.weight
 
-    def forward(
-        self,
-        tokens: Tensor,
-        *,
-        head_mask: HeadMask | None = None,
-        caches: Sequence[KVCache] | None = None,
-        key_is_token: Tensor | None = None,
-    ) -> Tensor:
+    def forward(self, tokens: Tensor, *, head_mask: HeadMask | None = None, state: DecodingState | None = None) -> Tensor:
         check_head_mask(head_mask, self.head_mask_shapes())
-        offset = 0 if caches is None else len(caches[0])
-        hidden = self.body(
-            tokens, head_mask=kind_mask(head_mask, "self"), caches=caches, key_is_token=key_is_token, offset=offset
-        )
+        hidden = self.body(tokens, head_mask=kind_mask(head_mask, "self"), state=state)
         return self.lm_head(hidden)
 
-    def new_caches(self) -> list[KVCache]:
-        return [KVCache() for _ in self.body.layers]
+    def new_state(self) -> DecodingState:
+        return DecodingState([KVCache() for _ in self.body.layers])
 
     def attention_sites(self) -> list[AttentionSite]:
         return self.body.sites()

@@ -98,17 +98,28 @@ def test_encoder_decoder_cache_equals_full(attention):
     model = EncoderDecoder(EncoderDecoderConfig(**SMALL, attention=attention)).eval()
     src, tgt = _tokens(2, 7), _tokens(2, 6, seed=7)
     full = model(src, tgt)
-    memory, caches = model.encode(src), model.new_caches()
-    steps = [model.decode(tgt[:, t : t + 1], memory, caches=caches) for t in range(6)]
+    memory, state = model.encode(src), model.new_state()
+    steps = [model.decode(tgt[:, t : t + 1], memory, state=state) for t in range(6)]
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_cache_keeps_padding_masked_at_later_steps():
+    """A PAD fed at step t stays masked as a key at every later step, as in the full pass."""
+    model = DecoderOnly(DecoderOnlyConfig(**SMALL)).eval()
+    tokens = torch.tensor([[3, 0, 5, 6, 0, 7], [4, 5, 0, 0, 8, 9]])
+    full = model(tokens)
+    state = model.new_state()
+    steps = torch.cat([model(tokens[:, t : t + 1], state=state) for t in range(6)], 1)
+    real = tokens != 0  # outputs at PAD queries are unused; compare real positions
+    torch.testing.assert_close(steps[real], full[real], atol=1e-5, rtol=1e-5)
 
 
 def test_decoder_only_cache_equals_full():
     model = DecoderOnly(DecoderOnlyConfig(**SMALL)).eval()
     tokens = _tokens(2, 7)
     full = model(tokens)
-    caches = model.new_caches()
-    steps = [model(tokens[:, t : t + 1], caches=caches) for t in range(7)]
+    state = model.new_state()
+    steps = [model(tokens[:, t : t + 1], state=state) for t in range(7)]
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
 
 
