@@ -1,0 +1,138 @@
+"""RunDir and storage: atomic writes, tied weights, checkpoint pointer, corruption gives CheckpointError."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+
+import pytest
+import torch
+
+from attnlab.errors import CheckpointError
+from attnlab.nn import DecoderOnly, DecoderOnlyConfig
+from attnlab.runs import RunDir, load_weights_into
+from attnlab.storage import atomic_write_text, load_tensors, save_tensors
+
+CFG = DecoderOnlyConfig(vocab_size=7, layers=1, d_model=8, heads=2, d_ff=8, tie_embeddings=True)
+
+
+@pytest.fixture
+def run(tmp_path):
+    r = RunDir.create(tmp_path / "run")
+    r.write_config({"model": {"kind": "decoder_only"}})
+    return r
+
+
+def test_weights_round_trip_with_tied_embeddings(run):
+    model = DecoderOnly(CFG)
+    run.save_weights(model)
+    other = DecoderOnly(CFG)
+    run.load_weights(other)
+    for (name, a), (_, b) in zip(model.state_dict().items(), other.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert other.lm_head.weight is other.body.embedding.token.weight  # still tied after loading
+
+
+def test_checkpoint_pointer_and_pruning(run):
+    model = DecoderOnly(CFG)
+    for step in (10, 20, 30):
+        files = run.write_checkpoint(step, model, {"t": torch.tensor([step])}, {"note": "x"}, keep=2)
+    assert run.latest_checkpoint().step == 30 == files.step
+    assert sorted(p.name for p in (run.path / "checkpoints").iterdir()) == ["step-00000020", "step-00000030"]
+    tensors, state = run.read_trainer_state(files)
+    assert tensors["t"].item() == 30 and state == {"note": "x", "step": 30}
+    assert (run.path / "model.safetensors").samefile(files.model)  # published as a hard link
+
+
+def test_metrics_append_truncate_and_torn_last_line(run):
+    for step in (1, 2, 3):
+        run.append_metrics({"step": step, "loss": 1.0 / step})
+    with open(run.path / RunDir.METRICS, "a") as handle:
+        handle.write('{"step": 4, "lo')  # a crash mid-write
+    assert [r["step"] for r in run.read_metrics()] == [1, 2, 3]
+    run.truncate_metrics(2)
+    assert [r["step"] for r in run.read_metrics()] == [1, 2]
+
+
+def test_open_errors(tmp_path):
+    with pytest.raises(CheckpointError, match="run not found"):
+        RunDir.open(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="no config.json"):
+        RunDir.open(tmp_path / "empty")
+    RunDir.create(tmp_path / "busy").write_config({})
+    with pytest.raises(CheckpointError, match="not empty"):
+        RunDir.create(tmp_path / "busy")
+
+
+def test_every_truncation_is_a_clear_error(tmp_path):
+    path = tmp_path / "w.safetensors"
+    save_tensors(path, {"a": torch.arange(6.0), "b": torch.ones(2, 2, dtype=torch.int64)}, {"k": "v"})
+    data = path.read_bytes()
+    for length in range(len(data)):
+        path.write_bytes(data[:length])
+        with pytest.raises(CheckpointError, match="corrupted or not a safetensors file"):
+            load_tensors(path)
+
+
+def test_byte_flips_are_errors_or_harmless(tmp_path):
+    """A flipped byte either breaks the header (clear error) or changes tensor bytes (still loads)."""
+    path = tmp_path / "w.safetensors"
+    save_tensors(path, {"a": torch.arange(16.0)})
+    data = path.read_bytes()
+    rng = random.Random(0)
+    for _ in range(300):
+        flipped = bytearray(data)
+        flipped[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+        path.write_bytes(bytes(flipped))
+        try:
+            tensors, _ = load_tensors(path)
+        except CheckpointError:
+            continue
+        assert all(isinstance(t, torch.Tensor) for t in tensors.values())  # well-formed, nothing crashed
+
+
+class _Exploit:
+    def __reduce__(self):
+        return (os.system, ("touch /tmp/attnlab-pwned",))
+
+
+def test_pickle_payload_is_rejected_and_not_executed(tmp_path, run):
+    marker = "/tmp/attnlab-pwned"
+    if os.path.exists(marker):
+        os.remove(marker)
+    for payload in (pickle.dumps(_Exploit()), pickle.dumps({"x": 1})):
+        (run.path / "model.safetensors").write_bytes(payload)
+        with pytest.raises(CheckpointError):
+            run.load_weights(DecoderOnly(CFG))
+    torch.save({"weight": torch.ones(2)}, tmp_path / "torch.pt")
+    with pytest.raises(CheckpointError):
+        load_weights_into(DecoderOnly(CFG), tmp_path / "torch.pt")
+    assert not os.path.exists(marker)
+
+
+def test_shape_mismatch_names_the_tensor(run):
+    run.save_weights(DecoderOnly(CFG))
+    bigger = DecoderOnly(CFG.replace(d_ff=16))
+    with pytest.raises(CheckpointError, match=r"tensor 'body.layers.0.feed_forward.linear[12].weight' has shape"):
+        run.load_weights(bigger)
+
+
+def test_atomic_write_leaves_old_file_on_failure(tmp_path):
+    path = tmp_path / "f.txt"
+    atomic_write_text(path, "old")
+
+    class Boom(Exception):
+        pass
+
+    from attnlab import storage
+
+    def failing_write(handle):
+        handle.write("partial")
+        raise Boom
+
+    with pytest.raises(Boom):
+        storage._atomic_write(path, failing_write, "w")
+    assert path.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["f.txt"]  # no temporary left behind
