@@ -24,7 +24,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from attnlab.nn import DecoderOnly, EncodedSource, EncoderDecoder
+from attnlab.nn import DecoderOnly, EncodedSource, EncoderDecoder, HeadMask
 
 __all__ = [
     "DecodeOptions",
@@ -86,15 +86,16 @@ class Stepper(Protocol):
 class EncoderDecoderStepper:
     """Steps an :class:`EncoderDecoder` over one encoded source batch."""
 
-    def __init__(self, model: EncoderDecoder, src: Tensor, *, use_cache: bool) -> None:
-        self.model = model
-        self.memory: EncodedSource = model.encode(src)
+    def __init__(self, model: EncoderDecoder, src: Tensor, *, use_cache: bool, head_mask: HeadMask | None = None) -> None:
+        self.model, self.head_mask = model, head_mask
+        self.memory: EncodedSource = model.encode(src, head_mask=head_mask)
         self.state = model.new_state() if use_cache else None
 
     def next_logits(self, prefix: Tensor) -> Tensor:
         if self.state is None:
-            return self.model.decode(prefix, self.memory)[:, -1]
-        return self.model.decode(prefix[:, len(self.state) :], self.memory, state=self.state)[:, -1]
+            return self.model.decode(prefix, self.memory, head_mask=self.head_mask)[:, -1]
+        new = prefix[:, len(self.state) :]
+        return self.model.decode(new, self.memory, head_mask=self.head_mask, state=self.state)[:, -1]
 
     def reorder(self, index: Tensor) -> None:
         self.memory = self.memory.reorder(index)
@@ -105,14 +106,14 @@ class EncoderDecoderStepper:
 class DecoderOnlyStepper:
     """Steps a :class:`DecoderOnly` model; the prefix is the prompt plus what was generated."""
 
-    def __init__(self, model: DecoderOnly, *, use_cache: bool) -> None:
-        self.model = model
+    def __init__(self, model: DecoderOnly, *, use_cache: bool, head_mask: HeadMask | None = None) -> None:
+        self.model, self.head_mask = model, head_mask
         self.state = model.new_state() if use_cache else None
 
     def next_logits(self, prefix: Tensor) -> Tensor:
         if self.state is None:
-            return self.model(prefix)[:, -1]
-        return self.model(prefix[:, len(self.state) :], state=self.state)[:, -1]
+            return self.model(prefix, head_mask=self.head_mask)[:, -1]
+        return self.model(prefix[:, len(self.state) :], head_mask=self.head_mask, state=self.state)[:, -1]
 
     def reorder(self, index: Tensor) -> None:
         if self.state is not None:
@@ -244,14 +245,15 @@ def decode(
     eos_id: int,
     pad_id: int,
     options: DecodeOptions = DecodeOptions(),
+    head_mask: HeadMask | None = None,
 ) -> list[Hypothesis]:
-    """Decode a padded batch of sources with an :class:`EncoderDecoder`.
+    """Decode a padded batch of sources with an :class:`EncoderDecoder` (optionally with heads masked).
 
     Shape:
         src: (B, T_src), padded with ``pad_id``.
     """
     with _evaluation_mode(model):
-        stepper = EncoderDecoderStepper(model, src, use_cache=options.use_cache)
+        stepper = EncoderDecoderStepper(model, src, use_cache=options.use_cache, head_mask=head_mask)
         prefix = torch.full((src.shape[0], 1), bos_id, dtype=torch.long, device=src.device)
         return _search(stepper, prefix, eos_id=eos_id, banned=(pad_id, bos_id), options=options)
 
@@ -264,6 +266,7 @@ def generate_continuations(
     banned: Sequence[int],
     options: DecodeOptions = DecodeOptions(),
     device: torch.device | str = "cpu",
+    head_mask: HeadMask | None = None,
 ) -> list[Hypothesis]:
     """Continue each prompt with a :class:`DecoderOnly` model.
 
@@ -279,7 +282,7 @@ def generate_continuations(
     with _evaluation_mode(model):
         for indices in by_length.values():
             prefix = torch.tensor([list(prompts[i]) for i in indices], dtype=torch.long, device=device)
-            stepper = DecoderOnlyStepper(model, use_cache=options.use_cache)
+            stepper = DecoderOnlyStepper(model, use_cache=options.use_cache, head_mask=head_mask)
             found = _search(stepper, prefix, eos_id=eos_id, banned=banned, options=options)
             for index, hypothesis in zip(indices, found):
                 results[index] = hypothesis

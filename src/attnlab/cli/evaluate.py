@@ -1,0 +1,43 @@
+"""``attnlab eval``: the metrics of a trained run on one split."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from attnlab.cli.app import app
+from attnlab.errors import UsageError
+from attnlab.tasks.base import SPLITS
+
+
+@app.command("eval")
+def evaluate_run(
+    run: Path = typer.Argument(..., help="A run directory written by `attnlab train`."),
+    split: str = typer.Option("test", "--split", help=f"One of: {', '.join(SPLITS)}."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object of metrics."),
+    batch_size: int = typer.Option(128, "--batch-size", min=1),
+    progress: bool = typer.Option(True, "--progress/--no-progress"),
+) -> None:
+    """Evaluate a run: accuracy, loss, perplexity or BLEU, and accuracy per length."""
+    if split not in SPLITS:
+        raise UsageError(f"--split: unknown {split!r}; allowed: {', '.join(SPLITS)}")
+    from attnlab.experiment import open_run
+    from attnlab.training.evaluate import evaluate
+
+    loaded = open_run(run)
+    train = loaded.experiment.train
+    metrics = evaluate(
+        loaded.model, loaded.task, split, kind=loaded.experiment.model_kind, batch_size=batch_size,
+        max_length=train.max_length or loaded.model.config.max_len, truncate=train.truncate,
+        tokenizer=loaded.tokenizer, progress=progress and not as_json,
+    )
+    if as_json:
+        typer.echo(json.dumps(metrics, sort_keys=True))
+        return
+    for key, value in metrics.items():
+        if key == "accuracy_by_length":
+            typer.echo("accuracy by length: " + ", ".join(f"{n}:{a:.3f}" for n, a in value.items()))
+        else:
+            typer.echo(f"{key}: {value:.4f}" if isinstance(value, float) else f"{key}: {value}")

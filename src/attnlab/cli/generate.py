@@ -1,0 +1,52 @@
+"""``attnlab generate``: decode, translate, classify or continue text with a trained run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import typer
+
+from attnlab.cli.app import app
+
+
+@app.command()
+def generate(
+    run: Path = typer.Argument(..., help="A run directory written by `attnlab train`."),
+    texts: list[str] = typer.Argument(..., help="Inputs: symbols of the task (e.g. abcd) or text."),
+    beam: int = typer.Option(1, "--beam", min=1, help="Beam size (1 = greedy)."),
+    max_length: int = typer.Option(64, "--max-length", min=1, help="Most new tokens."),
+    length_penalty: float = typer.Option(1.0, "--length-penalty", min=0.0),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per input."),
+) -> None:
+    """Run a trained model on each TEXT: the output sequence, the class with its probability, or a continuation."""
+    from attnlab.decoding import DecodeOptions, decode, generate_continuations
+    from attnlab.experiment import open_run
+
+    loaded = open_run(run)
+    task, codec, model = loaded.task, loaded.codec, loaded.model
+    options = DecodeOptions(max_length=max_length, beam_size=beam, length_penalty=length_penalty)
+    for text in texts:
+        ids = codec.encode(text)
+        kind = loaded.experiment.model_kind
+        if kind == "encoder_decoder":
+            hypothesis = decode(model, torch.tensor([ids + [task.eos_id]]), bos_id=task.bos_id, eos_id=task.eos_id,
+                                pad_id=task.pad_id, options=options)[0]
+            result = {"input": text, "output": codec.decode(hypothesis.tokens), "log_prob": hypothesis.log_prob}
+        elif kind == "encoder_classifier":
+            with torch.no_grad():
+                probs = torch.softmax(model(torch.tensor([ids + [task.eos_id]])), -1)[0]
+            label = int(probs.argmax())
+            result = {"input": text, "label": label, "probability": float(probs[label])}
+        else:
+            hypothesis = generate_continuations(model, [[task.bos_id, *ids]], eos_id=task.eos_id,
+                                                banned=(task.pad_id, task.bos_id), options=options)[0]
+            result = {"input": text, "continuation": codec.decode(hypothesis.tokens), "log_prob": hypothesis.log_prob}
+        if as_json:
+            typer.echo(json.dumps(result))
+        elif "label" in result:
+            verdict = "in the language" if result["label"] == 1 else "not in the language"
+            typer.echo(f"{text}\t{result['label']} ({verdict}, p={result['probability']:.3f})")
+        else:
+            typer.echo(f"{text}\t{result.get('output', result.get('continuation'))}")

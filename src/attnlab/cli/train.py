@@ -1,0 +1,72 @@
+"""``attnlab train``: train a model from a TOML config, resume a run, or spread it over processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import typer
+
+from attnlab.cli.app import app
+from attnlab.errors import UsageError
+from attnlab.experiment import ExperimentConfig, load_experiment
+from attnlab.runs import RunDir
+
+
+@app.command()
+def train(
+    config: Path = typer.Argument(None, help="The experiment's TOML file (see configs/)."),
+    overrides: list[str] = typer.Option([], "--set", help="Override a key: section.key=value (repeatable)."),
+    out: Path = typer.Option(None, "--out", help="The run directory to create (default runs/<task>-<time>)."),
+    resume: Path = typer.Option(None, "--resume", help="Continue the run in this directory from its last checkpoint."),
+    nproc: int = typer.Option(1, "--nproc", min=1, help="Train on N processes with DistributedDataParallel (torchrun)."),
+    device: str = typer.Option(None, "--device", help="cpu, cuda or cuda:N (same as --set train.device=...)."),
+    precision: str = typer.Option(None, "--precision", help="fp32, bf16 or fp16 (same as --set train.precision=...)."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
+) -> None:
+    """Train a model on a task; writes a run directory (config, weights, checkpoints, metrics, plots)."""
+    overrides = list(overrides)
+    if device:
+        overrides.append(f"train.device={device!r}".replace("'", '"'))
+    if precision:
+        overrides.append(f'train.precision="{precision}"')
+    if resume is not None:
+        experiment = ExperimentConfig.from_dict(RunDir.open(resume).read_config()).with_overrides(overrides)
+        run_path = resume
+    elif config is None:
+        raise UsageError("give a CONFIG.toml to train, or --resume RUN to continue a run")
+    else:
+        experiment = load_experiment(config, overrides)
+        run_path = out or Path("runs") / f"{experiment.task_name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if nproc > 1:
+        _spawn(nproc, config, overrides, run_path, resume is not None, progress)
+        return
+    from attnlab.training.trainer import train as run_training  # torch-heavy: import when needed
+
+    result = run_training(experiment, run_path, resume=resume is not None, progress=progress, log=typer.echo)
+    _report(result.run, result.final_metrics)
+
+
+def _spawn(nproc: int, config: Path | None, overrides: list[str], run_path: Path, resume: bool, progress: bool) -> None:
+    """Re-run this command under torchrun with N processes (a fixed --out so all ranks agree)."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               "-m", "attnlab", "train"]
+    command += ["--resume", str(run_path)] if resume else [str(config), "--out", str(run_path)]
+    for item in overrides:
+        command += ["--set", item]
+    if not progress:
+        command.append("--no-progress")
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    completed = subprocess.run(command, env=env, check=False)
+    if completed.returncode != 0:
+        raise typer.Exit(completed.returncode)
+
+
+def _report(run: Path, metrics: dict | None) -> None:
+    typer.echo(f"run: {run}")
+    if metrics:
+        shown = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+        typer.echo("valid: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()))

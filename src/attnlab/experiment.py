@@ -1,0 +1,380 @@
+"""ExperimentConfig: the model, task and train sections of a run, from TOML plus ``--set`` overrides.
+
+A config file has three tables::
+
+    [task]
+    name = "reverse"            # a name in attnlab.tasks.TASKS
+    max_train_length = 8        # ... and that task's own options
+
+    [model]
+    kind = "encoder_decoder"    # encoder_decoder | encoder_classifier | decoder_only
+    layers = 2                  # ... any field of that kind's config class, except the ones the
+    d_model = 64                #     task decides (vocab_size, tgt_vocab_size, num_classes, pad_id)
+
+    [train]
+    steps = 1000                # see TrainConfig
+    lr = 1e-3
+
+``--set section.key=value`` overrides one key; the value is read as a TOML value (``3``, ``1e-3``,
+``true``, ``"text"``), and as a plain string when it is not one. An unknown section or key is a
+:class:`ConfigError` that lists the allowed ones. The resolved config is saved as ``config.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from attnlab.errors import ConfigError, UsageError
+from attnlab.nn import MODELS, TransformerConfig, TransformerModel, build_model
+from attnlab.nn.config import check_field_types  # the same type rules as the model configs
+from attnlab.runs import RunDir
+from attnlab.tasks.base import Vocab
+from attnlab.tasks.registry import TASKS, get_task, task_options
+from attnlab.tasks.text import read_lines, read_parallel
+from attnlab.tokenizers import Tokenizer, train_tokenizer
+
+SCHEDULE_NAMES = ("noam", "constant", "cosine")
+
+__all__ = [
+    "TrainConfig",
+    "ExperimentConfig",
+    "TASK_DECIDES",
+    "load_experiment",
+    "parse_overrides",
+    "build_task",
+    "model_for_task",
+    "TextCodec",
+    "LoadedRun",
+    "open_run",
+]
+
+TASK_DECIDES = ("vocab_size", "tgt_vocab_size", "num_classes", "pad_id")
+"""Model fields set from the task, never from the config file."""
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """How to train.
+
+    Attributes:
+        steps: optimizer steps in all.
+        batch_size: examples per optimizer step, over all processes together (each of N
+            processes takes every N-th example of the batch), so N does not change the maths.
+        lr: peak learning rate (see :mod:`attnlab.training.schedule`).
+        schedule: ``noam`` (Vaswani §5.3), ``constant`` or ``cosine``.
+        warmup: warm-up steps.
+        beta1, beta2, eps: Adam's (Vaswani §5.3 uses 0.9, 0.98, 1e-9).
+        weight_decay: decoupled weight decay (AdamW) when > 0.
+        label_smoothing: epsilon_ls of Vaswani §5.4.
+        clip_norm: clip the gradient norm to this; 0 turns clipping off.
+        seed: seeds parameters, dropout and the data order.
+        log_every, eval_every, checkpoint_every: in steps (0 = only at the end).
+        keep_checkpoints: how many checkpoints to keep.
+        eval_batch_size: batch size for evaluation and decoding.
+        max_length: the longest sequence fed to the model; default the model's ``max_len``.
+        truncate: cut longer sequences instead of rejecting them (not for recognition).
+        device: ``cpu``, ``cuda`` or ``cuda:N``.
+        precision: ``fp32``, or mixed precision ``bf16`` / ``fp16`` (autocast).
+    """
+
+    steps: int = 1000
+    batch_size: int = 32
+    lr: float = 1e-3
+    schedule: str = "noam"
+    warmup: int = 100
+    beta1: float = 0.9
+    beta2: float = 0.98
+    eps: float = 1e-9
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.0
+    clip_norm: float = 1.0
+    seed: int = 0
+    log_every: int = 10
+    eval_every: int = 0
+    checkpoint_every: int = 0
+    keep_checkpoints: int = 2
+    eval_batch_size: int = 128
+    max_length: int = 0
+    truncate: bool = False
+    device: str = "cpu"
+    precision: str = "fp32"
+
+    def __post_init__(self) -> None:
+        try:
+            check_field_types(self)
+        except ValueError as error:
+            raise ConfigError(f"train.{error}") from None
+        for name in ("steps", "batch_size", "eval_batch_size", "keep_checkpoints"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"train.{name}: must be >= 1, got {getattr(self, name)}")
+        for name in ("warmup", "log_every", "eval_every", "checkpoint_every", "max_length"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"train.{name}: must be >= 0, got {getattr(self, name)}")
+        if self.lr <= 0:
+            raise ConfigError(f"train.lr: must be > 0, got {self.lr}")
+        for name in ("label_smoothing", "beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"train.{name}: must lie in [0, 1), got {getattr(self, name)}")
+        if self.clip_norm < 0 or self.weight_decay < 0 or self.eps <= 0:
+            raise ConfigError("train.clip_norm and train.weight_decay must be >= 0, train.eps > 0")
+        if self.schedule not in SCHEDULE_NAMES:
+            raise ConfigError(f"train.schedule: unknown {self.schedule!r}; allowed: {', '.join(SCHEDULE_NAMES)}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"train.precision: unknown {self.precision!r}; allowed: {', '.join(PRECISIONS)}")
+        if not (self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")):
+            raise ConfigError(f"train.device: unknown {self.device!r}; allowed: cpu, cuda, cuda:N")
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """The resolved sections of one experiment.
+
+    Attributes:
+        task: ``name`` plus that task's options.
+        model: ``kind`` plus options of that kind's config class (all but :data:`TASK_DECIDES`).
+        train: the training options.
+    """
+
+    task: dict[str, Any]
+    model: dict[str, Any]
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def __post_init__(self) -> None:
+        _check_task_section(self.task)
+        _check_model_section(self.model)
+
+    @property
+    def task_name(self) -> str:
+        return str(self.task["name"])
+
+    @property
+    def task_options(self) -> dict[str, Any]:
+        return {k: v for k, v in self.task.items() if k != "name"}
+
+    @property
+    def model_kind(self) -> str:
+        return str(self.model["kind"])
+
+    def model_config(self, **decided: Any) -> TransformerConfig:
+        """The model config, with the values the task decides (vocabulary sizes, classes, pad)."""
+        config_cls, _ = MODELS[self.model_kind]
+        options = {k: v for k, v in self.model.items() if k != "kind"}
+        allowed = set(config_cls.field_names())
+        try:
+            return config_cls(**options, **{k: v for k, v in decided.items() if k in allowed})
+        except ValueError as error:
+            raise ConfigError(f"model.{error}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"task": dict(self.task), "model": dict(self.model), "train": dataclasses.asdict(self.train)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ExperimentConfig:
+        unknown = sorted(set(data) - {"task", "model", "train"})
+        if unknown:
+            raise ConfigError(f"unknown section [{unknown[0]}]; allowed: task, model, train")
+        for section in ("task", "model"):
+            if not isinstance(data.get(section), Mapping):
+                raise ConfigError(f"missing section [{section}]")
+        train = dict(data.get("train", {}))
+        allowed = [f.name for f in dataclasses.fields(TrainConfig)]
+        unknown = sorted(set(train) - set(allowed))
+        if unknown:
+            raise ConfigError(f"train.{unknown[0]}: unknown key; allowed: {', '.join(allowed)}")
+        return cls(task=dict(data["task"]), model=dict(data["model"]), train=TrainConfig(**train))
+
+    def with_overrides(self, overrides: Sequence[str]) -> ExperimentConfig:
+        return ExperimentConfig.from_dict(apply_overrides(self.to_dict(), parse_overrides(overrides)))
+
+
+def _check_task_section(task: Mapping[str, Any]) -> None:
+    name = task.get("name")
+    if name is None:
+        raise ConfigError(f"task.name: missing; allowed: {', '.join(TASKS)}")
+    if name not in TASKS:
+        raise ConfigError(f"task.name: unknown {name!r}; allowed: {', '.join(TASKS)}")
+    allowed = task_options(name) + list(TEXT_TASK_EXTRAS.get(name, ()))
+    unknown = sorted(set(task) - {"name"} - set(allowed))
+    if unknown:
+        raise ConfigError(f"task.{unknown[0]}: unknown key for task {name!r}; allowed: {', '.join(allowed)}")
+
+
+def _check_model_section(model: Mapping[str, Any]) -> None:
+    kind = model.get("kind")
+    if kind not in MODELS:
+        raise ConfigError(f"model.kind: unknown {kind!r}; allowed: {', '.join(MODELS)}")
+    config_cls, _ = MODELS[kind]
+    allowed = [name for name in config_cls.field_names() if name not in TASK_DECIDES]
+    for key in model:
+        if key in TASK_DECIDES:
+            raise ConfigError(f"model.{key}: set by the task, not by the config")
+        if key != "kind" and key not in allowed:
+            raise ConfigError(f"model.{key}: unknown key for kind {kind!r}; allowed: kind, {', '.join(allowed)}")
+
+
+TEXT_TASK_EXTRAS: dict[str, tuple[str, ...]] = {
+    "translation": ("tokenizer_kind", "vocab_size"),
+    "lm": ("tokenizer_kind", "vocab_size"),
+}
+"""Keys text tasks take besides their own: how to build the tokenizer when none is given."""
+
+
+def parse_overrides(overrides: Sequence[str]) -> list[tuple[str, str, Any]]:
+    """``section.key=value`` strings -> (section, key, value) with TOML-typed values."""
+    parsed = []
+    for item in overrides:
+        path, sep, raw = item.partition("=")
+        section, dot, key = path.strip().partition(".")
+        if not sep or not dot or not key:
+            raise ConfigError(f"--set {item!r}: expected section.key=value, e.g. train.steps=100")
+        parsed.append((section, key, _toml_value(raw.strip())))
+    return parsed
+
+
+def apply_overrides(data: Mapping[str, Any], overrides: Sequence[tuple[str, str, Any]]) -> dict[str, Any]:
+    merged = {section: dict(values) for section, values in data.items()}
+    for section, key, value in overrides:
+        merged.setdefault(section, {})[key] = value
+    return merged
+
+
+def _toml_value(raw: str) -> Any:
+    try:
+        return tomllib.loads(f"value = {raw}")["value"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def load_experiment(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentConfig:
+    """Read a TOML config file and apply ``--set`` overrides."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path}: invalid TOML: {error}") from None
+    return ExperimentConfig.from_dict(apply_overrides(data, parse_overrides(overrides)))
+
+
+# ---- from a config to a task and a model ------------------------------------------------------
+
+TEXT_TASKS = ("translation", "lm")
+
+MODEL_FOR_TASK_KIND = {"recognition": "encoder_classifier", "seq2seq": "encoder_decoder", "lm": "decoder_only"}
+"""The model kind each kind of task trains."""
+
+
+def build_task(section: Mapping[str, Any], *, saved_tokenizer: Path | None = None) -> tuple[Any, Tokenizer | None]:
+    """The task of a [task] section, and its tokenizer for text tasks.
+
+    A text task's tokenizer is, in order: the run's saved ``tokenizer.json`` (``saved_tokenizer``,
+    when resuming or evaluating), the file named by ``task.tokenizer``, or one trained on the
+    training file (``task.tokenizer_kind``, default ``bpe``; ``task.vocab_size``, default 8000).
+    """
+    options = {k: v for k, v in section.items() if k != "name"}
+    name = section["name"]
+    if name not in TEXT_TASKS:
+        return get_task(name, **options), None
+    kind = options.pop("tokenizer_kind", "bpe")
+    vocab_size = options.pop("vocab_size", 8000)
+    tokenizer_path = options.pop("tokenizer", None)
+    if saved_tokenizer is not None and saved_tokenizer.exists():
+        tokenizer = Tokenizer.load(saved_tokenizer)
+    elif tokenizer_path is not None:
+        tokenizer = Tokenizer.load(tokenizer_path)
+    else:
+        if "train_file" not in options:
+            raise ConfigError(f"task.train_file: required for task {name!r}")
+        tokenizer = train_tokenizer(kind, _corpus(name, options), vocab_size)
+    return get_task(name, tokenizer=tokenizer, **options), tokenizer
+
+
+def _corpus(name: str, options: Mapping[str, Any]) -> list[str]:
+    reader_options = {k: options[k] for k in ("max_line_chars", "skip_bad_lines") if k in options}
+    if name == "translation":
+        pairs = read_parallel(options["train_file"], **reader_options).items
+        return [side for pair in pairs for side in pair]
+    return list(read_lines(options["train_file"], **reader_options).items)
+
+
+def model_for_task(experiment: ExperimentConfig, task: Any) -> TransformerModel:
+    """The model of the experiment, sized by the task (vocabularies, classes, padding id)."""
+    wanted = MODEL_FOR_TASK_KIND[task.kind]
+    if experiment.model_kind != wanted:
+        raise ConfigError(
+            f"model.kind: task {experiment.task_name!r} trains a {wanted} model, not {experiment.model_kind}"
+        )
+    target = getattr(task, "target", None)
+    decided = {
+        "vocab_size": task.vocab_size,
+        "tgt_vocab_size": target.vocab_size if target is not None else task.vocab_size,
+        "num_classes": 2,
+        "pad_id": task.pad_id,
+    }
+    return build_model(experiment.model_config(**decided))
+
+
+class TextCodec:
+    """Text <-> token ids for a task: its tokenizer (text tasks) or its symbol vocabulary.
+
+    Synthetic tasks write one symbol per character ("abc", "12+5", "(()())"); symbols may also be
+    separated by spaces ("a b c").
+    """
+
+    def __init__(self, task: Any, tokenizer: Tokenizer | None) -> None:
+        self.task, self.tokenizer = task, tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        if self.tokenizer is not None:
+            return self.tokenizer.encode(text)
+        vocab: Vocab = self.task.vocab
+        symbols = text.split() if " " in text.strip() else list(text.strip())
+        allowed = vocab.tokens[3:]
+        for symbol in symbols:
+            if symbol not in allowed:
+                raise UsageError(f"input {text!r}: symbol {symbol!r} is not in the task's alphabet {' '.join(allowed)}")
+        return list(vocab.encode(tuple(symbols)))
+
+    def decode(self, ids: list[int]) -> str:
+        if self.tokenizer is not None:
+            return getattr(self.task, "target", self.tokenizer).decode(ids)
+        return "".join(self.task.vocab.tokens[i] for i in ids)
+
+    def tokens(self, ids: list[int]) -> list[str]:
+        """One label per id (for plots and the viewer)."""
+        if self.tokenizer is not None:
+            return [self.tokenizer.id_to_token(i) or "?" for i in ids]
+        return [self.task.vocab.tokens[i] for i in ids]
+
+
+@dataclass(frozen=True)
+class LoadedRun:
+    """A trained run, ready to use: its config, task, codec and model (weights loaded, eval mode)."""
+
+    run: RunDir
+    experiment: ExperimentConfig
+    task: Any
+    tokenizer: Tokenizer | None
+    codec: TextCodec
+    model: TransformerModel
+
+
+def open_run(path: str | Path, *, device: str = "cpu") -> LoadedRun:
+    """Load a run directory: config.json, the task, tokenizer.json and model.safetensors."""
+    run = RunDir.open(path)
+    experiment = ExperimentConfig.from_dict(run.read_config())
+    task, tokenizer = build_task(experiment.task, saved_tokenizer=run.tokenizer_path)
+    model = model_for_task(experiment, task)
+    run.load_weights(model)
+    model.to(device).eval()
+    return LoadedRun(run, experiment, task, tokenizer, TextCodec(task, tokenizer), model)

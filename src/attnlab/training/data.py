@@ -1,0 +1,81 @@
+"""An endless, resumable stream of training batches, dealt out over processes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+
+import torch
+
+from attnlab.errors import ConfigError
+from attnlab.tasks.base import Example
+from attnlab.tasks.batching import Batch, make_batches
+from attnlab.training.distributed import DistInfo
+
+__all__ = ["BatchStream", "rows_of"]
+
+def rows_of(batch: Batch, index: torch.Tensor | slice) -> Batch:
+    """The rows ``index`` of every tensor in ``batch``."""
+    values = {f.name: getattr(batch, f.name) for f in fields(batch)}
+    return Batch(**{k: (v[index] if isinstance(v, torch.Tensor) else v) for k, v in values.items()})
+
+
+@dataclass
+class StreamPosition:
+    epoch: int = 0
+    index: int = 0
+
+
+class BatchStream:
+    """Endless training batches: epoch after epoch, each shuffled by (seed, epoch).
+
+    ``position`` (epoch, batch index) is all it takes to continue exactly where a run stopped.
+    With several processes, every process draws the same global batch and keeps its own rows.
+    """
+
+    def __init__(
+        self,
+        examples: Sequence[Example],
+        batch_size: int,
+        *,
+        pad_id: int,
+        bos_id: int,
+        eos_id: int,
+        seed: int,
+        max_length: int | None,
+        truncate: bool,
+        dist: DistInfo,
+    ) -> None:
+        if not examples:
+            raise ConfigError("the task's train split is empty: nothing to train on")
+        if batch_size < dist.world_size:
+            raise ConfigError(f"train.batch_size={batch_size} is smaller than the {dist.world_size} processes")
+        self._examples = list(examples)
+        self._options = dict(pad_id=pad_id, bos_id=bos_id, eos_id=eos_id, seed=seed, max_length=max_length, truncate=truncate)
+        self.batch_size = batch_size
+        self.dist = dist
+        self.position = StreamPosition()
+        self._epoch_batches: list[Batch] | None = None
+        self._batches_epoch = -1
+
+    def _batches(self, epoch: int) -> list[Batch]:
+        if self._batches_epoch != epoch:
+            self._epoch_batches = list(make_batches(self._examples, self.batch_size, epoch=epoch, **self._options))
+            self._batches_epoch = epoch
+        return self._epoch_batches  # type: ignore[return-value]
+
+    def next(self) -> Batch:
+        """This process's rows of the next global batch."""
+        if self.position.index >= len(self._batches(self.position.epoch)):
+            self.position = StreamPosition(self.position.epoch + 1, 0)
+        batch = self._batches(self.position.epoch)[self.position.index]
+        self.position = StreamPosition(self.position.epoch, self.position.index + 1)
+        if not self.dist.enabled:
+            return batch
+        return rows_of(batch, slice(self.dist.rank, None, self.dist.world_size))
+
+    def state(self) -> dict[str, int]:
+        return {"epoch": self.position.epoch, "index": self.position.index}
+
+    def restore(self, state: Mapping[str, int]) -> None:
+        self.position = StreamPosition(int(state["epoch"]), int(state["index"]))

@@ -1,0 +1,58 @@
+"""Training curves as PNG: the loss and learning rate per step, and evaluation metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never a window
+import matplotlib.pyplot as plt  # noqa: E402
+
+__all__ = ["plot_curves"]
+
+
+def plot_curves(records: Sequence[dict[str, Any]], folder: Path) -> list[Path]:
+    """Write ``loss.png`` (training loss and LR) and ``accuracy.png`` (evaluation metrics)."""
+    written = []
+    steps = [r for r in records if "loss" in r and "split" not in r]
+    if steps:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot([r["step"] for r in steps], [r["loss"] for r in steps], label="train loss")
+        evals = [r for r in records if r.get("split") and "loss" in r]
+        if evals:
+            ax.plot([r["step"] for r in evals], [r["loss"] for r in evals], "o-", label=f"{evals[0]['split']} loss")
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss")
+        ax.set_yscale("log")
+        lr_axis = ax.twinx()
+        lr_axis.plot([r["step"] for r in steps], [r["lr"] for r in steps], color="grey", alpha=0.5, label="lr")
+        lr_axis.set_ylabel("learning rate")
+        ax.legend(loc="upper right")
+        fig.tight_layout()
+        written.append(_save(fig, folder / "loss.png"))
+    evals = [r for r in records if r.get("split")]
+    keys = [k for k in ("accuracy", "sequence_accuracy", "token_accuracy") if any(k in r for r in evals)]
+    if evals and keys:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for key in keys:
+            points = [(r["step"], r[key]) for r in evals if key in r]
+            ax.plot(*zip(*points), "o-", label=key)
+        ax.set_xlabel("step")
+        ax.set_ylabel(f"{evals[0]['split']} accuracy")
+        ax.set_ylim(0, 1.02)
+        ax.legend()
+        fig.tight_layout()
+        written.append(_save(fig, folder / "accuracy.png"))
+    return written
+
+
+def _save(fig: Any, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    tmp.replace(path)
+    return path

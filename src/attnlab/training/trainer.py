@@ -1,0 +1,254 @@
+"""The training loop: Adam with a warm-up schedule, label smoothing, clipping, checkpoints, resume.
+
+One call, :func:`train`, does a whole run:
+
+1. build the task, then the model the task calls for (its vocabulary sizes come from the task);
+2. Adam (Vaswani §5.3), the LR schedule, label smoothing (§5.4), gradient clipping;
+3. every ``log_every`` steps a line in ``metrics.jsonl``; every ``eval_every`` steps an evaluation;
+   every ``checkpoint_every`` steps (and at the end) an atomic checkpoint;
+4. a NaN or Inf loss stops the run with the step named; the last good checkpoint stays;
+5. ``resume=True`` restores weights, optimizer, schedule, RNG and data position, so the losses
+   after the resume equal those of an uninterrupted run (bit for bit on the CPU).
+
+With several processes (torchrun) the model is wrapped in DistributedDataParallel and only rank 0
+writes anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from attnlab.errors import AttnlabError, CheckpointError, ConfigError
+from attnlab.experiment import ExperimentConfig, build_task, model_for_task
+from attnlab.runs import RunDir, load_weights_into
+from attnlab.training.checkpoint import optimizer_from_tensors, optimizer_to_tensors, restore_rng, rng_to_tensors
+from attnlab.training.data import BatchStream
+from attnlab.training.distributed import DistInfo, all_reduce_sum, from_environment, shutdown
+from attnlab.training.evaluate import evaluate
+from attnlab.training.objectives import OBJECTIVES
+from attnlab.training.plots import plot_curves
+from attnlab.training.schedule import make_scheduler
+
+__all__ = ["TrainingDiverged", "TrainResult", "train", "resolve_device"]
+
+Log = Callable[[str], None]
+
+
+class TrainingDiverged(AttnlabError):
+    """The loss became NaN or Inf."""
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What a finished run reports."""
+
+    run: Path
+    step: int
+    losses: list[float]
+    final_metrics: dict[str, Any] | None
+
+
+def resolve_device(name: str) -> torch.device:
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"train.device: {name!r} asked for, but no CUDA device is visible; use cpu")
+    return torch.device(name)
+
+
+def train(
+    experiment: ExperimentConfig,
+    run_path: str | Path,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    log: Log | None = None,
+) -> TrainResult:
+    """Train (or resume) the run at ``run_path``; see the module docstring."""
+    dist = from_environment(experiment.train.device)
+    try:
+        return _Trainer(experiment, Path(run_path), resume=resume, dist=dist, progress=progress, log=log).fit()
+    finally:
+        shutdown(dist)
+
+
+class _Trainer:
+    def __init__(
+        self, experiment: ExperimentConfig, path: Path, *, resume: bool, dist: DistInfo, progress: bool, log: Log | None
+    ) -> None:
+        cfg = self.cfg = experiment.train
+        self.experiment, self.dist, self.progress = experiment, dist, progress
+        self.log = log if (log is not None and dist.is_main) else (lambda message: None)
+        self.device = resolve_device(cfg.device if not dist.enabled or cfg.device == "cpu" else f"cuda:{dist.local_rank}")
+        self.run = RunDir.open(path) if resume else (RunDir.create(path) if dist.is_main else RunDir(path))
+        torch.manual_seed(cfg.seed)
+        random.seed(cfg.seed)
+        self.task, self.tokenizer = build_task(
+            experiment.task, saved_tokenizer=self.run.tokenizer_path if resume else None
+        )
+        self.model = model_for_task(experiment, self.task).to(self.device)
+        self.max_length = cfg.max_length or self.model.config.max_len
+        self.optimizer = self._optimizer()
+        self.scheduler = make_scheduler(self.optimizer, cfg.schedule, warmup=cfg.warmup, total=cfg.steps)
+        self.stream = BatchStream(
+            self.task.split("train"), cfg.batch_size, pad_id=self.task.pad_id, bos_id=self.task.bos_id,
+            eos_id=self.task.eos_id, seed=cfg.seed, max_length=self.max_length, truncate=cfg.truncate, dist=dist,
+        )
+        self.step = 0
+        if resume:
+            self._restore()
+        elif dist.is_main:
+            self.run.write_config(experiment.to_dict())
+            if self.tokenizer is not None:
+                self.tokenizer.save(self.run.tokenizer_path)
+        self.objective = OBJECTIVES[experiment.model_kind]
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "fp16")
+        self.trained: nn.Module = self._distributed(self.model)
+
+    # ---- set-up ------------------------------------------------------------------------------
+
+    def _optimizer(self) -> torch.optim.Optimizer:
+        cfg = self.cfg
+        options = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, foreach=True)
+        if cfg.weight_decay > 0:
+            return torch.optim.AdamW(self.model.parameters(), weight_decay=cfg.weight_decay, **options)
+        return torch.optim.Adam(self.model.parameters(), **options)
+
+    def _distributed(self, model: nn.Module) -> nn.Module:
+        if not self.dist.enabled:
+            return model
+        config = self.model.config
+        # hard attention without straight-through gives W_Q, W_K no gradient at all
+        unused = config.attention == "hard" and not config.straight_through
+        device_ids = [self.device.index] if self.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=unused)
+
+    def _restore(self) -> None:
+        files = self.run.latest_checkpoint()
+        if files is None:
+            raise CheckpointError(f"{self.run.path} has no checkpoint to resume from")
+        load_weights_into(self.model, files.model)
+        tensors, state = self.run.read_trainer_state(files)
+        try:
+            optimizer_from_tensors(self.optimizer, tensors, state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+            self.stream.restore(state["data"])
+            restore_rng(tensors, state["rng"])
+            self.step = int(state["step"])
+        except (KeyError, TypeError, ValueError) as error:
+            raise CheckpointError(f"trainer state in {files.directory} is corrupted: {error}") from None
+        if self.dist.is_main:
+            self.run.truncate_metrics(self.step)
+        self.log(f"resumed {self.run.path} at step {self.step}")
+
+    # ---- the loop ----------------------------------------------------------------------------
+
+    def fit(self) -> TrainResult:
+        cfg = self.cfg
+        losses: list[float] = []
+        bar = tqdm(total=cfg.steps, initial=self.step, desc="train", disable=not (self.progress and self.dist.is_main))
+        window_tokens, window_start = 0, time.perf_counter()
+        final_metrics = None
+        while self.step < cfg.steps:
+            loss, tokens = self._train_step()
+            losses.append(loss)
+            window_tokens += tokens
+            bar.update(1)
+            if self._due(cfg.log_every):
+                elapsed = max(time.perf_counter() - window_start, 1e-9)
+                record = {"step": self.step, "loss": loss, "lr": self.scheduler.get_last_lr()[0],
+                          "tokens_per_s": window_tokens / elapsed, "epoch": self.stream.position.epoch}
+                self._write_metrics(record)
+                bar.set_postfix(loss=f"{loss:.4f}", lr=f"{record['lr']:.2e}", tok_s=f"{record['tokens_per_s']:.0f}")
+                window_tokens, window_start = 0, time.perf_counter()
+            if self._due(cfg.eval_every) and self.step < cfg.steps:
+                self._evaluate("valid")
+            if self._due(cfg.checkpoint_every) and self.step < cfg.steps:
+                self._checkpoint()
+        bar.close()
+        self._checkpoint()
+        if self.dist.is_main:
+            final_metrics = self._evaluate("valid")
+        return TrainResult(self.run.path, self.step, losses, final_metrics)
+
+    def _due(self, every: int) -> bool:
+        return every > 0 and self.step % every == 0
+
+    def _train_step(self) -> tuple[float, int]:
+        cfg = self.cfg
+        self.trained.train()
+        batch = self.stream.next().to(self.device)
+        with self._autocast():
+            parts = self.objective(self.trained, batch, None, self.task.pad_id, cfg.label_smoothing)
+        global_count = all_reduce_sum(parts.count.to(torch.float64), self.dist)
+        global_total = all_reduce_sum(parts.total.detach().to(torch.float64), self.dist)
+        mean_loss = float(global_total / global_count.clamp_min(1))
+        if not torch.isfinite(global_total):
+            last = self.run.latest_checkpoint() if self.dist.is_main else None
+            kept = f"the last good checkpoint (step {last.step}) is kept in {self.run.path}" if last else "no checkpoint was written yet"
+            raise TrainingDiverged(f"the loss became {mean_loss} at step {self.step + 1}; {kept}")
+        # Each rank's sum over the global count, times N: DDP's average over ranks is the global mean.
+        loss = parts.total / global_count.to(parts.total.dtype).clamp_min(1) * self.dist.world_size
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        if cfg.clip_norm > 0:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_norm)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.scheduler.step()
+        self.step += 1
+        return mean_loss, int(global_count)
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.cfg.precision)
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=dtype)
+
+    # ---- evaluation, metrics, checkpoints (rank 0 only) ------------------------------------------
+
+    def _evaluate(self, split: str) -> dict[str, Any] | None:
+        if not self.dist.is_main:
+            return None
+        result = evaluate(
+            self.model, self.task, split, kind=self.experiment.model_kind, batch_size=self.cfg.eval_batch_size,
+            max_length=self.max_length, truncate=self.cfg.truncate, tokenizer=self.tokenizer, device=self.device,
+            progress=self.progress,
+        )
+        self._write_metrics({"step": self.step, **result})
+        return result
+
+    def _write_metrics(self, record: dict[str, Any]) -> None:
+        if not self.dist.is_main:
+            return
+        self.run.append_metrics(record)
+        if "split" in record:
+            plot_curves(self.run.read_metrics(), self.run.plots)
+
+    def _checkpoint(self) -> None:
+        if not self.dist.is_main:
+            return
+        optimizer_tensors, optimizer_meta = optimizer_to_tensors(self.optimizer)
+        rng_tensors, rng_meta = rng_to_tensors()
+        state = {
+            "optimizer": optimizer_meta,
+            "scheduler": self.scheduler.state_dict(),
+            "data": self.stream.state(),
+            "rng": rng_meta,
+        }
+        self.run.write_checkpoint(
+            self.step, self.model, {**optimizer_tensors, **rng_tensors}, state, keep=self.cfg.keep_checkpoints
+        )
+        plot_curves(self.run.read_metrics(), self.run.plots)
+        self.log(f"checkpoint at step {self.step} in {self.run.path}")
+
