@@ -95,7 +95,7 @@ class TransformerConfig:
     bias: bool = True
 
     def __post_init__(self) -> None:
-        _check_types(self)
+        check_field_types(self)
         for name in ("vocab_size", "layers", "d_model", "heads", "d_ff", "max_len"):
             _check_positive(name, getattr(self, name))
         for name in ("d_k", "d_v", "positional_dim"):
@@ -272,7 +272,7 @@ def _check_choice(name: str, value: str, allowed: Mapping[str, Any] | tuple[str,
         raise ValueError(f"{name}: unknown {value!r}; allowed: {', '.join(sorted(allowed))}")
 
 
-def _check_types(config: TransformerConfig) -> None:
+def check_field_types(config: Any) -> None:
     """Reject values of the wrong type (a TOML string where an int belongs, a float for an int)."""
     hints = typing.get_type_hints(type(config))
     for f in dataclasses.fields(config):
