@@ -1,0 +1,168 @@
+"""Training runs: exact resume, NaN stop, SIGKILL while checkpointing, two processes = one."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnlab.errors import AttnlabError, CheckpointError
+from attnlab.experiment import ExperimentConfig, build_task, model_for_task
+from attnlab.runs import RunDir, load_weights_into
+from attnlab.training import trainer as trainer_module
+from attnlab.training.trainer import TrainingDiverged, train
+
+BASE = {
+    "task": {"name": "parity", "max_train_length": 8, "train_size": 256, "valid_size": 32, "test_size": 32,
+             "length_generalisation_size": 16},
+    "model": {"kind": "encoder_classifier", "layers": 1, "d_model": 16, "heads": 2, "d_ff": 32, "dropout": 0.1},
+    "train": {"steps": 12, "batch_size": 16, "lr": 3e-3, "warmup": 4, "log_every": 1, "eval_every": 0,
+              "checkpoint_every": 5, "eval_batch_size": 64},
+}
+
+
+def _experiment(**train_changes) -> ExperimentConfig:
+    return ExperimentConfig.from_dict({**BASE, "train": {**BASE["train"], **train_changes}})
+
+
+def _losses(run: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in RunDir.open(run).read_metrics() if "split" not in r}
+
+
+def test_resume_reproduces_the_uninterrupted_losses_exactly(tmp_path, monkeypatch):
+    straight = train(_experiment(), tmp_path / "straight", progress=False)
+    assert straight.step == 12
+
+    real_step = trainer_module._Trainer._train_step
+    calls = {"n": 0}
+
+    def crashing_step(self):
+        calls["n"] += 1
+        if calls["n"] == 8:  # after the checkpoint at step 5, before the next one
+            raise KeyboardInterrupt
+        return real_step(self)
+
+    monkeypatch.setattr(trainer_module._Trainer, "_train_step", crashing_step)
+    with pytest.raises(KeyboardInterrupt):
+        train(_experiment(), tmp_path / "resumed", progress=False)
+    monkeypatch.setattr(trainer_module._Trainer, "_train_step", real_step)
+    assert RunDir.open(tmp_path / "resumed").latest_checkpoint().step == 5
+    resumed = train(_experiment(), tmp_path / "resumed", resume=True, progress=False)
+    assert resumed.losses == straight.losses[5:]  # bit for bit, dropout included
+    assert _losses(tmp_path / "resumed") == _losses(tmp_path / "straight")  # no step logged twice
+    a = RunDir.open(tmp_path / "straight")
+    b = RunDir.open(tmp_path / "resumed")
+    assert (a.path / "model.safetensors").read_bytes() == (b.path / "model.safetensors").read_bytes()
+
+
+def test_nan_loss_stops_naming_the_step_and_keeps_the_checkpoint(tmp_path, monkeypatch):
+    real = trainer_module.OBJECTIVES["encoder_classifier"]
+    seen = {"n": 0}
+
+    def poisoned(model, batch, head_mask, pad_id, smoothing):
+        seen["n"] += 1
+        parts = real(model, batch, head_mask, pad_id, smoothing)
+        return parts._replace(total=parts.total * float("nan")) if seen["n"] == 7 else parts
+
+    monkeypatch.setitem(trainer_module.OBJECTIVES, "encoder_classifier", poisoned)
+    with pytest.raises(TrainingDiverged, match=r"the loss became nan at step 7; the last good checkpoint \(step 5\)"):
+        train(_experiment(), tmp_path / "run", progress=False)
+    files = RunDir.open(tmp_path / "run").latest_checkpoint()
+    assert files.step == 5
+    model = model_for_task(_experiment(), build_task(BASE["task"])[0])
+    load_weights_into(model, files.model)
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
+    run = RunDir.create(tmp_path / "run")
+    run.write_config(_experiment().to_dict())
+    with pytest.raises(CheckpointError, match="has no checkpoint to resume from"):
+        train(_experiment(), run.path, resume=True, progress=False)
+
+
+def _cli(*args: str, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "attnlab", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def _write_config(path: Path, **train_changes) -> Path:
+    import json
+
+    train_section = {**BASE["train"], **train_changes}
+    lines = []
+    for section, values in (("task", BASE["task"]), ("model", BASE["model"]), ("train", train_section)):
+        lines.append(f"[{section}]")
+        lines += [f"{key} = {json.dumps(value)}" for key, value in values.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_sigkill_while_checkpointing_always_leaves_a_loadable_checkpoint(tmp_path):
+    config = _write_config(tmp_path / "c.toml", steps=100000, checkpoint_every=1, log_every=1)
+    experiment = _experiment()
+    killed_at = []
+    for attempt, delay in enumerate([2.0, 2.6, 3.3, 4.1]):
+        run = tmp_path / f"run{attempt}"
+        process = _cli("train", str(config), "--out", str(run), "--no-progress")
+        deadline = time.time() + 60
+        while not (run / "checkpoint.json").exists() and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(delay - 2.0 + 0.013 * attempt)
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        opened = RunDir.open(run)
+        files = opened.latest_checkpoint()
+        assert files is not None
+        model = model_for_task(experiment, build_task(BASE["task"])[0])
+        load_weights_into(model, files.model)
+        load_weights_into(model, run / "model.safetensors")
+        tensors, state = opened.read_trainer_state(files)
+        assert state["step"] == files.step and "rng.torch" in tensors
+        killed_at.append(files.step)
+    assert len(set(killed_at)) > 1  # the kills landed at different points of the run
+
+
+@pytest.mark.parametrize("attention", ["soft", "hard"])
+def test_two_processes_equal_one_process_with_the_whole_batch(tmp_path, attention):
+    changes = {"steps": 6, "checkpoint_every": 0, "log_every": 1}
+    config = _write_config(tmp_path / "c.toml", **changes)
+    overrides = ["--set", "model.dropout=0.0", "--set", f'model.attention="{attention}"']
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one = _cli("train", str(config), "--out", str(tmp_path / "one"), "--no-progress", *overrides, env=env)
+    two = _cli("train", str(config), "--out", str(tmp_path / "two"), "--nproc", "2", "--no-progress", *overrides, env=env)
+    for process in (one, two):
+        _, err = process.communicate(timeout=240)
+        assert process.returncode == 0, err
+    experiment = ExperimentConfig.from_dict(RunDir.open(tmp_path / "one").read_config())
+    task = build_task(experiment.task)[0]
+    models = []
+    for name in ("one", "two"):
+        model = model_for_task(experiment, task)
+        load_weights_into(model, tmp_path / name / "model.safetensors")
+        models.append(model)
+    # The key bias b_K adds q . b_K to every score of a row alike, which softmax ignores: its true
+    # gradient is 0, and Adam scales the float noise that stands in for it into lr-sized steps. It
+    # cannot change the function, so it is compared through the outputs below, not entry by entry.
+    d = models[0].config.d_model
+    for (name, a), (_, b) in zip(models[0].named_parameters(), models[1].named_parameters()):
+        if name.endswith("self_attn.in_proj_bias"):
+            a, b = torch.cat([a[:d], a[2 * d :]]), torch.cat([b[:d], b[2 * d :]])
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0, msg=name)
+    batch = torch.tensor([[3, 4, 4, 3, 2], [4, 3, 2, 0, 0]])
+    torch.testing.assert_close(models[0].eval()(batch), models[1].eval()(batch), atol=1e-5, rtol=0)
+    assert _losses(tmp_path / "one").keys() == _losses(tmp_path / "two").keys()
+    for step, loss in _losses(tmp_path / "one").items():
+        assert loss == pytest.approx(_losses(tmp_path / "two")[step], abs=1e-5)
+
+
+def test_training_errors_are_attnlab_errors(tmp_path):
+    with pytest.raises(AttnlabError, match="model.kind: task 'parity' trains a encoder_classifier model"):
+        train(ExperimentConfig.from_dict({**BASE, "model": {**BASE["model"], "kind": "decoder_only"}}),
+              tmp_path / "x", progress=False)
