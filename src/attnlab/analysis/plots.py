@@ -1,0 +1,99 @@
+"""Attention heatmaps with matplotlib: one head, or a grid of every head of a layer.
+
+"Visualising learned attentions: different heads show different patterns" (Li's slides). Each
+function returns the matplotlib Figure (for notebooks) and, given ``path``, also writes a PNG.
+Queries run down the rows, keys along the columns, with the tokens as tick labels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never a window
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+__all__ = ["head_heatmap", "layer_grid", "save_figure"]
+
+_CMAP = "viridis"
+
+
+def head_heatmap(
+    weights: np.ndarray,
+    query_tokens: Sequence[str],
+    key_tokens: Sequence[str],
+    *,
+    title: str = "",
+    path: Path | None = None,
+    argmax: bool = False,
+) -> Figure:
+    """One head's (T_q, T_k) weights; with ``argmax`` each row's maximum is outlined (hard attention)."""
+    weights = np.asarray(weights, dtype=float)
+    size = (max(3.0, 0.45 * len(key_tokens) + 1.5), max(2.5, 0.45 * len(query_tokens) + 1.2))
+    fig, ax = plt.subplots(figsize=size)
+    image = ax.imshow(weights, cmap=_CMAP, vmin=0.0, vmax=1.0, aspect="auto")
+    _label_axes(ax, query_tokens, key_tokens)
+    if argmax:
+        for row, col in enumerate(weights.argmax(-1)):
+            ax.add_patch(plt.Rectangle((col - 0.5, row - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=1.5))
+    ax.set_title(title, fontsize=9)
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    fig.tight_layout()
+    if path is not None:
+        save_figure(fig, path)
+    return fig
+
+
+def layer_grid(
+    weights: np.ndarray,
+    query_tokens: Sequence[str],
+    key_tokens: Sequence[str],
+    *,
+    title: str = "",
+    path: Path | None = None,
+    head_labels: Sequence[str] | None = None,
+) -> Figure:
+    """All H heads of one layer, (H, T_q, T_k), side by side: the "model view" of one layer."""
+    weights = np.asarray(weights, dtype=float)
+    heads = weights.shape[0]
+    columns = min(heads, 4)
+    rows = (heads + columns - 1) // columns
+    cell = max(2.2, 0.3 * max(len(key_tokens), len(query_tokens)) + 1.0)
+    fig, axes = plt.subplots(rows, columns, figsize=(cell * columns, cell * rows), squeeze=False)
+    for index, ax in enumerate(axes.flat):
+        if index >= heads:
+            ax.axis("off")
+            continue
+        ax.imshow(weights[index], cmap=_CMAP, vmin=0.0, vmax=1.0, aspect="auto")
+        _label_axes(ax, query_tokens, key_tokens, small=True)
+        ax.set_title(head_labels[index] if head_labels else f"head {index}", fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    if path is not None:
+        save_figure(fig, path)
+    return fig
+
+
+def _label_axes(ax, query_tokens: Sequence[str], key_tokens: Sequence[str], *, small: bool = False) -> None:  # noqa: ANN001
+    size = 6 if small else 8
+    ax.set_xticks(range(len(key_tokens)))
+    ax.set_xticklabels(list(key_tokens), rotation=90, fontsize=size)
+    ax.set_yticks(range(len(query_tokens)))
+    ax.set_yticklabels(list(query_tokens), fontsize=size)
+    ax.set_xlabel("key", fontsize=size)
+    ax.set_ylabel("query", fontsize=size)
+
+
+def save_figure(fig: Figure, path: Path) -> Path:
+    """Write ``fig`` as PNG through a temporary file and a rename, then close it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+    return path

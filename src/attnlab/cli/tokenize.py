@@ -1,0 +1,62 @@
+"""``attnlab tokenize``: show how a tokenizer kind splits a text (Agarwal §2.1)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from attnlab.cli.app import app
+from attnlab.errors import UsageError
+from attnlab.tasks.text import read_lines
+from attnlab.tokenizers import KINDS, Tokenizer, train_tokenizer
+
+
+def _pick_tokenizer(
+    text: str, kind: str | None, tokenizer: Path | None, vocab: Path | None, corpus: Path | None,
+    vocab_size: int, skip_bad_lines: bool,
+) -> Tokenizer:
+    sources = [name for name, given in (("--tokenizer", tokenizer), ("--vocab", vocab), ("--train", corpus)) if given]
+    if len(sources) > 1:
+        raise UsageError(f"give at most one of --tokenizer, --vocab, --train (got {', '.join(sources)})")
+    if kind is not None and kind not in KINDS:
+        raise UsageError(f"--kind: unknown kind {kind!r}; choose one of {', '.join(KINDS)}")
+    if tokenizer is not None:
+        loaded = Tokenizer.load(tokenizer)
+        if kind is not None and kind != loaded.kind:
+            raise UsageError(f"--kind {kind}: {tokenizer} holds a {loaded.kind} tokenizer")
+        return loaded
+    if vocab is not None:
+        if kind not in (None, "wordpiece"):
+            raise UsageError(f"--vocab: a BERT vocab.txt makes a wordpiece tokenizer, not {kind}")
+        return Tokenizer.from_vocab_txt(vocab)
+    if kind is None:
+        raise UsageError("--kind: required unless --tokenizer or --vocab is given")
+    if corpus is not None:
+        lines = read_lines(corpus, skip_bad_lines=skip_bad_lines)
+        if lines.skipped:
+            typer.echo(f"skipped {len(lines.skipped)} bad lines in {corpus}", err=True)
+        return train_tokenizer(kind, lines.items, vocab_size)
+    # No vocabulary given: learn one from TEXT itself, which shows how the kind splits.
+    return train_tokenizer(kind, [text], vocab_size)
+
+
+@app.command("tokenize")
+def tokenize(
+    text: str = typer.Argument(..., help="The text to tokenize."),
+    kind: str = typer.Option(None, "--kind", help=f"Tokenizer kind: {', '.join(KINDS)}."),
+    tokenizer: Path = typer.Option(None, "--tokenizer", help="A tokenizer.json (attnlab or Hugging Face)."),
+    vocab: Path = typer.Option(None, "--vocab", help="A BERT vocab.txt (wordpiece)."),
+    train: Path = typer.Option(None, "--train", help="Train the tokenizer on this UTF-8 corpus, one text per line."),
+    vocab_size: int = typer.Option(8000, "--vocab-size", min=7, help="Vocabulary size when training."),
+    skip_bad_lines: bool = typer.Option(False, "--skip-bad-lines", help="Skip bad corpus lines (counted)."),
+    ids: bool = typer.Option(False, "--ids", help="Print token ids instead of tokens."),
+) -> None:
+    """Print the tokens of TEXT as a JSON list.
+
+    Without --tokenizer, --vocab or --train, the vocabulary is learned from TEXT itself.
+    """
+    tok = _pick_tokenizer(text, kind, tokenizer, vocab, train, vocab_size, skip_bad_lines)
+    out = tok.encode(text) if ids else tok.tokenize(text)
+    typer.echo(json.dumps(out, ensure_ascii=False))

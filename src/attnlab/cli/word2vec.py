@@ -1,0 +1,37 @@
+"""``attnlab word2vec``: train skip-gram word vectors on a corpus (Agarwal §2.2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from tqdm import tqdm
+
+from attnlab.cli.app import app
+from attnlab.embeddings import save_vectors, train_word2vec
+from attnlab.tasks.text import read_lines
+from attnlab.tokenizers import Tokenizer
+
+
+@app.command("word2vec")
+def word2vec(
+    corpus: Path = typer.Argument(..., help="UTF-8 text, one sentence per line."),
+    dim: int = typer.Option(..., "--dim", min=1, help="Vector width (use the model's d_model)."),
+    out: Path = typer.Option(..., "--out", help="Where to write the vectors (word2vec text format)."),
+    tokenizer: Path = typer.Option(None, "--tokenizer", help="Split lines with this tokenizer.json; default: whitespace."),
+    window: int = typer.Option(5, "--window", min=1, help="Context words on each side."),
+    epochs: int = typer.Option(5, "--epochs", min=1, help="Passes over the corpus."),
+    min_count: int = typer.Option(1, "--min-count", min=1, help="Ignore rarer words."),
+    seed: int = typer.Option(0, "--seed", help="Random seed."),
+    skip_bad_lines: bool = typer.Option(False, "--skip-bad-lines", help="Skip bad lines (counted)."),
+) -> None:
+    """Train skip-gram word2vec vectors with gensim and write them to --out."""
+    lines = read_lines(corpus, skip_bad_lines=skip_bad_lines)
+    if lines.skipped:
+        typer.echo(f"skipped {len(lines.skipped)} bad lines in {corpus}", err=True)
+    split = Tokenizer.load(tokenizer).tokenize if tokenizer is not None else str.split
+    sentences = [split(line) for line in tqdm(lines.items, desc="tokenizing", disable=len(lines.items) < 10_000)]
+    vectors = train_word2vec(sentences, dim, window=window, min_count=min_count, epochs=epochs, seed=seed)
+    save_vectors(vectors, out)
+    tokens = sum(len(s) for s in sentences)
+    typer.echo(f"{len(vectors)} words x {vectors.dim} dims from {len(sentences)} lines ({tokens} tokens) -> {out}")

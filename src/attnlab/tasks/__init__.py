@@ -1,0 +1,46 @@
+"""Tasks: seeded generators and file readers that turn inputs into examples, and batching.
+
+* :mod:`.formal`: language recognition, label read at EOS (Hahn §3): parity, dyck1, dyck2, anbn,
+  anbncn.
+* :mod:`.seq2seq`: copy, reverse, sort, addition.
+* :mod:`.text`: translation from parallel TSV, lm from plain text; file+line errors.
+* :mod:`.batching`: pad + mask, bucket by length, deterministic shuffle, max-length policy.
+* :mod:`.registry`: ``get_task(name, **options)``.
+
+Every task gives ``train()``, ``valid()``, ``test()`` and ``length_generalisation()`` (lengths
+1..L vs L+1..2L), and never puts one string in two splits.
+"""
+
+from attnlab.tasks.base import SPLITS, Example, Task, Vocab, split_of
+from attnlab.tasks.batching import Batch, collate, fit_length, make_batches
+from attnlab.tasks.formal import LANGUAGES, RecognitionTask, near_misses
+from attnlab.tasks.registry import TASKS, get_task, task_options
+from attnlab.tasks.seq2seq import TRANSFORMS, AdditionTask, Seq2SeqTask
+from attnlab.tasks.text import BadLine, Lines, LMTask, TranslationTask, read_lines, read_parallel
+
+__all__ = [
+    "SPLITS",
+    "LANGUAGES",
+    "TASKS",
+    "TRANSFORMS",
+    "AdditionTask",
+    "BadLine",
+    "Batch",
+    "Example",
+    "Lines",
+    "LMTask",
+    "RecognitionTask",
+    "Seq2SeqTask",
+    "Task",
+    "TranslationTask",
+    "Vocab",
+    "collate",
+    "fit_length",
+    "get_task",
+    "make_batches",
+    "near_misses",
+    "read_lines",
+    "read_parallel",
+    "split_of",
+    "task_options",
+]

@@ -1,0 +1,145 @@
+"""What every task shares: examples, a fixed vocabulary, and leak-free split assignment.
+
+A task yields four splits of :class:`Example`:
+
+* ``train``, ``valid``, ``test``: lengths 1..L, where L = ``max_train_length``;
+* ``length_generalisation``: lengths in (L, 2L], never seen in training.
+
+Train, valid and test never share a string: each candidate string is assigned to one of them by a
+seeded hash of its text (:func:`split_of`), 80% / 10% / 10%, and a split only keeps the strings
+assigned to it. The length-generalisation split is disjoint from the others by length.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from attnlab.errors import ConfigError
+
+__all__ = [
+    "SPLITS",
+    "TASK_SPECIALS",
+    "Example",
+    "Vocab",
+    "Task",
+    "split_of",
+    "check_sizes",
+]
+
+SPLITS = ("train", "valid", "test", "length_generalisation")
+SplitName = Literal["train", "valid", "test", "length_generalisation"]
+TaskKind = Literal["recognition", "seq2seq", "lm"]
+
+TASK_SPECIALS = ("[PAD]", "[BOS]", "[EOS]")
+"""The specials of the synthetic tasks: PAD=0, BOS=1, EOS=2; task symbols follow from id 3."""
+
+_SHARES = (("train", 0.8), ("valid", 0.9), ("test", 1.0))
+
+
+@dataclass(frozen=True)
+class Example:
+    """One example, as token ids.
+
+    Attributes:
+        source: the input sequence (recognition: the string followed by EOS; seq2seq: the source
+            followed by EOS; lm: empty).
+        target: the output sequence without BOS/EOS (seq2seq, lm), or None. Batching builds
+            ``tgt_in = BOS + target`` and ``tgt_out = target + EOS`` from it.
+        label: 1 = in the language, 0 = not (recognition), or None.
+        length: the length that decides the split (symbols before EOS, or the operand width).
+    """
+
+    source: tuple[int, ...]
+    target: tuple[int, ...] | None = None
+    label: int | None = None
+    length: int = 0
+
+    def __post_init__(self) -> None:
+        if self.label is not None and self.label not in (0, 1):
+            raise ValueError(f"label: must be 0 or 1, got {self.label}")
+        if self.length < 0:
+            raise ValueError(f"length: must be >= 0, got {self.length}")
+
+
+@dataclass(frozen=True)
+class Vocab:
+    """A fixed vocabulary: ``tokens[i]`` is the text of id i; PAD=0, BOS=1, EOS=2."""
+
+    tokens: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if self.tokens[: len(TASK_SPECIALS)] != TASK_SPECIALS:
+            raise ValueError(f"tokens: must start with {TASK_SPECIALS}, got {self.tokens[:3]}")
+        if len(set(self.tokens)) != len(self.tokens):
+            raise ValueError("tokens: repeated token")
+
+    @classmethod
+    def of(cls, symbols: str | tuple[str, ...]) -> Vocab:
+        return cls(TASK_SPECIALS + tuple(symbols))
+
+    @property
+    def pad_id(self) -> int:
+        return 0
+
+    @property
+    def bos_id(self) -> int:
+        return 1
+
+    @property
+    def eos_id(self) -> int:
+        return 2
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def encode(self, symbols: str | tuple[str, ...]) -> tuple[int, ...]:
+        lookup = {token: i for i, token in enumerate(self.tokens)}
+        return tuple(lookup[s] for s in symbols)
+
+    def decode(self, ids: tuple[int, ...] | list[int]) -> str:
+        """Symbols of ``ids`` joined by spaces, specials included (so EOS is visible)."""
+        return " ".join(self.tokens[i] for i in ids)
+
+
+class Task(Protocol):
+    """What training and evaluation ask of a task."""
+
+    kind: TaskKind
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def pad_id(self) -> int: ...
+
+    @property
+    def bos_id(self) -> int: ...
+
+    @property
+    def eos_id(self) -> int: ...
+
+    def split(self, name: SplitName) -> list[Example]: ...
+
+
+def split_of(seed: int, text: str) -> str:
+    """``train``, ``valid`` or ``test``: where the string ``text`` lives, by a seeded hash.
+
+    SHA-256 rather than ``hash()``: Python salts ``hash`` per process, and the split of a string
+    must be the same in every run.
+    """
+    digest = hashlib.sha256(f"{seed}\x00{text}".encode("utf-8", "surrogatepass")).digest()
+    u = int.from_bytes(digest[:8], "big") / 2**64
+    return next(name for name, upper in _SHARES if u < upper)
+
+
+def check_sizes(**sizes: int) -> None:
+    for name, value in sizes.items():
+        if value < 0:
+            raise ConfigError(f"{name}: must be >= 0, got {value}")
+
+
+def check_split_name(name: str) -> None:
+    if name not in SPLITS:
+        raise ConfigError(f"split: unknown split {name!r}; choose one of {', '.join(SPLITS)}")

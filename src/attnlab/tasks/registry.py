@@ -1,0 +1,67 @@
+"""The task registry: a name chosen once, options checked, a task built.
+
+=============  ==============================================  ===================
+name           what                                            model
+=============  ==============================================  ===================
+parity         even number of 1s (Hahn §3 recognition)         EncoderClassifier
+dyck1, dyck2   balanced brackets, one or two kinds              EncoderClassifier
+anbn, anbncn   a^n b^n, a^n b^n c^n                             EncoderClassifier
+copy           output = input                                  EncoderDecoder
+reverse        output = input reversed                         EncoderDecoder
+sort           output = input sorted                           EncoderDecoder
+addition       a + b, digits as tokens                         EncoderDecoder
+translation    parallel TSV files                              EncoderDecoder
+lm             plain text                                      DecoderOnly
+=============  ==============================================  ===================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from attnlab.errors import ConfigError
+from attnlab.tasks.formal import LANGUAGES, RecognitionTask
+from attnlab.tasks.seq2seq import TRANSFORMS, AdditionTask, Seq2SeqTask
+from attnlab.tasks.text import LMTask, TranslationTask
+
+__all__ = ["TASKS", "get_task", "task_options"]
+
+TASKS: dict[str, Callable[..., Any]] = {
+    **{name: partial(RecognitionTask, language=name) for name in LANGUAGES},
+    **{name: partial(Seq2SeqTask, transform=name) for name in TRANSFORMS},
+    "addition": AdditionTask,
+    "translation": TranslationTask,
+    "lm": LMTask,
+}
+"""Registry: task name -> constructor taking the task's options as keywords."""
+
+# The option that names the variant is fixed by the task name, not settable.
+_FIXED = {"language", "transform"}
+
+
+def task_options(name: str) -> list[str]:
+    """The options ``get_task(name, ...)`` accepts."""
+    factory = TASKS[name]
+    cls = factory.func if isinstance(factory, partial) else factory
+    return [f.name for f in dataclasses.fields(cls) if f.name not in _FIXED]
+
+
+def get_task(name: str, **options: Any):
+    """Build task ``name`` with ``options``.
+
+    Raises:
+        ConfigError: an unknown task name or option; the message lists the allowed ones.
+    """
+    if name not in TASKS:
+        raise ConfigError(f"task: unknown task {name!r}; choose one of {', '.join(TASKS)}")
+    allowed = task_options(name)
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ConfigError(f"task.{unknown[0]}: unknown option for {name!r}; allowed: {', '.join(allowed)}")
+    try:
+        return TASKS[name](**options)
+    except TypeError as error:  # a required option is missing
+        raise ConfigError(f"task {name!r}: {error}") from None

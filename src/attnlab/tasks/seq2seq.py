@@ -1,0 +1,187 @@
+"""Sequence-to-sequence tasks for ``EncoderDecoder``: copy, reverse, sort and addition.
+
+Token encoding: PAD=0, BOS=1, EOS=2, then the task's symbols from id 3.
+
+* ``copy``, ``reverse``, ``sort``: symbols are the first ``num_symbols`` lower-case letters
+  ("a" = 3, "b" = 4, ...). Source = x_1 .. x_n EOS; target = x (copy), x reversed (reverse), or
+  x sorted by id (sort). "cab" -> source [5, 3, 4, 2], sort target [3, 4, 5]. Distinct sources of
+  length n: num_symbols^n.
+* ``addition``: symbols "0".."9" (ids 3..12) and "+" (13). Source = the digits of a, "+", the
+  digits of b, EOS, most significant digit first; target = the digits of a + b. "12+5" ->
+  source [4, 5, 13, 8, 2], target [4, 10] ("17"). The length of an example is the width of its
+  wider operand; distinct problems of width n: 10^(2n) - 10^(2(n-1)).
+
+The decoder reads ``tgt_in`` = BOS + target and predicts ``tgt_out`` = target + EOS (the shift
+right of Agarwal §5.2); batching builds both. Splits: train/valid/test have lengths 1..L and are
+disjoint by a seeded hash of the source (:func:`attnlab.tasks.base.split_of`); the
+length-generalisation split has lengths L+1..2L.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from attnlab.errors import ConfigError
+from attnlab.tasks.base import Example, Vocab, check_sizes, check_split_name, split_of
+
+__all__ = ["TRANSFORMS", "Seq2SeqTask", "AdditionTask"]
+
+MAX_TRIES_PER_EXAMPLE = 2000
+
+TRANSFORMS: dict[str, Callable[[tuple[int, ...]], tuple[int, ...]]] = {
+    "copy": lambda xs: xs,
+    "reverse": lambda xs: xs[::-1],
+    "sort": lambda xs: tuple(sorted(xs)),
+}
+"""Registry: task name -> the map from source ids to target ids."""
+
+
+@dataclass(frozen=True)
+class _SplitConfig:
+    """Options shared by the synthetic seq2seq tasks (see the module docstring)."""
+
+    max_train_length: int = 8
+    train_size: int = 2000
+    valid_size: int = 200
+    test_size: int = 200
+    length_generalisation_size: int = 200
+    seed: int = 0
+
+    kind = "seq2seq"
+
+    def __post_init__(self) -> None:
+        if self.max_train_length < 1:
+            raise ConfigError(f"max_train_length: must be >= 1, got {self.max_train_length}")
+        check_sizes(
+            train_size=self.train_size,
+            valid_size=self.valid_size,
+            test_size=self.test_size,
+            length_generalisation_size=self.length_generalisation_size,
+        )
+
+    @property
+    def vocab(self) -> Vocab:
+        raise NotImplementedError
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    @property
+    def pad_id(self) -> int:
+        return self.vocab.pad_id
+
+    @property
+    def bos_id(self) -> int:
+        return self.vocab.bos_id
+
+    @property
+    def eos_id(self) -> int:
+        return self.vocab.eos_id
+
+    def lengths(self, split: str) -> range:
+        L = self.max_train_length
+        return range(L + 1, 2 * L + 1) if split == "length_generalisation" else range(1, L + 1)
+
+    def train(self) -> list[Example]:
+        return self.split("train")
+
+    def valid(self) -> list[Example]:
+        return self.split("valid")
+
+    def test(self) -> list[Example]:
+        return self.split("test")
+
+    def length_generalisation(self) -> list[Example]:
+        return self.split("length_generalisation")
+
+    def split(self, name: str) -> list[Example]:
+        """``{name}_size`` examples, lengths drawn from :meth:`lengths` (uniformly, before the split filter)."""
+        check_split_name(name)
+        rng = random.Random(f"{self.seed}:{self.name}:{name}")
+        lengths = self.lengths(name)
+        return [self._draw(rng, name, lengths) for _ in range(getattr(self, f"{name}_size"))]
+
+    def _draw(self, rng: random.Random, name: str, lengths: range) -> Example:
+        for _ in range(MAX_TRIES_PER_EXAMPLE):
+            # A fresh length per try: a short length may own no string of this split at all.
+            example = self.sample(rng, rng.choice(lengths))
+            if name == "length_generalisation" or split_of(self.seed, self.vocab.decode(example.source)) == name:
+                return example
+        raise ConfigError(f"{self.name}: could not draw a {name} example; too few exist, raise max_train_length")
+
+    @property
+    def name(self) -> str:
+        raise NotImplementedError
+
+    def sample(self, rng: random.Random, length: int) -> Example:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Seq2SeqTask(_SplitConfig):
+    """``copy``, ``reverse`` or ``sort`` a string of letters (see the module docstring).
+
+    Attributes:
+        transform: a key of :data:`TRANSFORMS`.
+        num_symbols: alphabet size, 1..26.
+        max_train_length, *_size, seed: as in :class:`attnlab.tasks.formal.RecognitionTask`.
+    """
+
+    transform: str = "copy"
+    num_symbols: int = 10
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.transform not in TRANSFORMS:
+            raise ConfigError(f"transform: unknown {self.transform!r}; choose one of {', '.join(TRANSFORMS)}")
+        if not 1 <= self.num_symbols <= 26:
+            raise ConfigError(f"num_symbols: must lie in [1, 26], got {self.num_symbols}")
+
+    @property
+    def name(self) -> str:
+        return self.transform
+
+    @property
+    def vocab(self) -> Vocab:
+        return Vocab.of(string.ascii_lowercase[: self.num_symbols])
+
+    def num_distinct(self, length: int) -> int:
+        return self.num_symbols**length
+
+    def sample(self, rng: random.Random, length: int) -> Example:
+        first = len(self.vocab) - self.num_symbols
+        xs = tuple(rng.randrange(first, len(self.vocab)) for _ in range(length))
+        return Example(source=xs + (self.eos_id,), target=TRANSFORMS[self.transform](xs), length=length)
+
+
+@dataclass(frozen=True)
+class AdditionTask(_SplitConfig):
+    """Multi-digit addition with digits as tokens (see the module docstring)."""
+
+    max_train_length: int = 4
+
+    @property
+    def name(self) -> str:
+        return "addition"
+
+    @property
+    def vocab(self) -> Vocab:
+        return Vocab.of(tuple(string.digits) + ("+",))
+
+    def num_distinct(self, length: int) -> int:
+        """Pairs (a, b) whose wider operand has ``length`` digits."""
+        return 10 ** (2 * length) - (10 ** (2 * (length - 1)) if length > 1 else 0)
+
+    def sample(self, rng: random.Random, length: int) -> Example:
+        low = 10 ** (length - 1) if length > 1 else 0
+        while True:
+            # Uniform over pairs whose wider operand has exactly `length` digits.
+            a, b = rng.randrange(10**length), rng.randrange(10**length)
+            if max(a, b) >= low:
+                break
+        source = self.vocab.encode(tuple(str(a)) + ("+",) + tuple(str(b))) + (self.eos_id,)
+        return Example(source=source, target=self.vocab.encode(tuple(str(a + b))), length=length)

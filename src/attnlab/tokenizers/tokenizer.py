@@ -1,0 +1,260 @@
+"""``Tokenizer``: text <-> token ids, one class for every kind (Agarwal §2.1).
+
+A thin wrapper over a Hugging Face ``tokenizers.Tokenizer`` that adds what the rest of attnlab
+relies on: the six special tokens with fixed roles, tokenizer.json and BERT vocab.txt I/O with
+errors that name the file and line, and a documented policy for text that is not valid Unicode.
+
+Policy for invalid text: a Python ``str`` holding a lone surrogate (U+D800..U+DFFF, e.g. from
+``surrogateescape`` decoding of bytes that are not UTF-8) is **rejected** with
+:class:`attnlab.errors.DataError`, a ``ValueError`` that names the offending position. Nothing is
+replaced silently, so a model never trains on U+FFFD that the user did not write.
+
+Policy for special tokens in text: text is always text. The string "[PAD]" inside an input is
+split like any other characters (HF's ``encode_special_tokens``), so only code that asks for
+``pad_id`` etc. can put a special id into a sequence. (The word kind splits on whitespace only,
+so a whole word "[PAD]" is looked up in its vocabulary and does map to PAD there.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, normalizers, pre_tokenizers
+
+from attnlab.errors import DataError
+from attnlab.tokenizers.kinds import EXTERNAL_KIND, KINDS, SPECIAL_TOKENS, build, infer_kind
+
+__all__ = ["Tokenizer", "train_tokenizer", "check_text", "SPECIAL_ALIASES"]
+
+SPECIAL_ALIASES: dict[str, tuple[str, ...]] = {
+    "pad": ("[PAD]", "<pad>", "<PAD>"),
+    "unk": ("[UNK]", "<unk>", "<UNK>"),
+    "bos": ("[BOS]", "<s>", "<bos>", "<BOS>", "<|startoftext|>"),
+    "eos": ("[EOS]", "</s>", "<eos>", "<EOS>", "<|endoftext|>"),
+    "cls": ("[CLS]", "<cls>", "<CLS>"),
+    "sep": ("[SEP]", "<sep>", "<SEP>"),
+}
+"""role -> the spellings recognised in a foreign tokenizer.json or vocab.txt, preferred first."""
+
+
+def check_text(text: str) -> str:
+    """Return ``text`` if it is valid Unicode; raise DataError (a ValueError) on a lone surrogate."""
+    if not isinstance(text, str):
+        raise TypeError(f"text: expected str, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        code = ord(text[error.start])
+        raise DataError(
+            f"text is not valid Unicode: lone surrogate U+{code:04X} at character {error.start}"
+        ) from None
+    return text
+
+
+class Tokenizer:
+    """A tokenizer of one kind (``word``, ``rule``, ``char``, ``wordpiece``, ``bpe`` or ``hf``).
+
+    Args:
+        hf: the Hugging Face tokenizer to wrap; missing special tokens are added to it.
+        kind: the kind; inferred from ``hf``'s components when None.
+
+    Every tokenizer has all six special tokens. Those made by :func:`train_tokenizer` have them at
+    ids 0-5 (PAD=0); a loaded foreign file keeps its own ids and gets the missing ones appended.
+    """
+
+    def __init__(self, hf: HFTokenizer, kind: str | None = None) -> None:
+        self.hf = hf
+        self.kind = infer_kind(hf) if kind is None else kind
+        if self.kind not in KINDS and self.kind != EXTERNAL_KIND:
+            raise ValueError(f"kind: unknown tokenizer kind {self.kind!r}; choose one of {', '.join(KINDS)}")
+        # Text is text: "[PAD]" typed by a user is not the PAD id (see the module docstring).
+        hf.encode_special_tokens = True
+        self._special_ids = self._resolve_specials()
+
+    def _resolve_specials(self) -> dict[str, int]:
+        vocab = self.hf.get_vocab(with_added_tokens=True)
+        ids: dict[str, int] = {}
+        for role, spellings in SPECIAL_ALIASES.items():
+            found = next((vocab[s] for s in spellings if s in vocab), None)
+            if found is None:
+                self.hf.add_special_tokens([SPECIAL_TOKENS[role]])
+                found = self.hf.token_to_id(SPECIAL_TOKENS[role])
+            ids[role] = found
+        return ids
+
+    # ---- special ids --------------------------------------------------------------------------
+
+    @property
+    def pad_id(self) -> int:
+        return self._special_ids["pad"]
+
+    @property
+    def unk_id(self) -> int:
+        return self._special_ids["unk"]
+
+    @property
+    def bos_id(self) -> int:
+        return self._special_ids["bos"]
+
+    @property
+    def eos_id(self) -> int:
+        return self._special_ids["eos"]
+
+    @property
+    def cls_id(self) -> int:
+        return self._special_ids["cls"]
+
+    @property
+    def sep_id(self) -> int:
+        return self._special_ids["sep"]
+
+    @property
+    def special_ids(self) -> dict[str, int]:
+        """role (pad, unk, bos, eos, cls, sep) -> id."""
+        return dict(self._special_ids)
+
+    # ---- vocabulary -------------------------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        """V: one more than the largest id, special tokens included."""
+        return self.hf.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def vocab(self) -> dict[str, int]:
+        """token -> id, special tokens included."""
+        return self.hf.get_vocab(with_added_tokens=True)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.hf.token_to_id(token)
+
+    def id_to_token(self, index: int) -> str | None:
+        return self.hf.id_to_token(index)
+
+    # ---- text <-> ids -------------------------------------------------------------------------
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``; unknown words become ``unk_id``. No BOS/EOS is added.
+
+        Raises:
+            DataError: ``text`` holds a lone surrogate (see the module docstring).
+        """
+        return self.hf.encode(check_text(text), add_special_tokens=False).ids
+
+    def tokenize(self, text: str) -> list[str]:
+        """The tokens of ``text`` as strings (byte-level BPE shows bytes as GPT-2's symbols)."""
+        return self.hf.encode(check_text(text), add_special_tokens=False).tokens
+
+    def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
+        """Text of ``ids``. With ``skip_special``, PAD, BOS, EOS, CLS and SEP are dropped (UNK stays).
+
+        For the char and bpe kinds, ``decode(encode(x)) == x`` for every valid string ``x``.
+        """
+        size = self.vocab_size
+        bad = [i for i in ids if not 0 <= int(i) < size]
+        if bad:
+            raise ValueError(f"ids: {bad[:5]} outside the vocabulary [0, {size})")
+        dropped = {v for role, v in self._special_ids.items() if role != "unk"} if skip_special else set()
+        kept = [int(i) for i in ids if int(i) not in dropped]
+        return self.hf.decode(kept, skip_special_tokens=False)
+
+    # ---- files ------------------------------------------------------------------------------
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write Hugging Face ``tokenizer.json`` (atomically: a reader never sees half a file)."""
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(self.hf.to_str(pretty=True))
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Tokenizer:
+        """Read a ``tokenizer.json``: one saved by attnlab, or any Hugging Face one (kind ``hf``).
+
+        Raises:
+            DataError: the file is missing, not UTF-8, not JSON, or not a tokenizer; the message
+            names the file (and the line, for JSON syntax errors).
+        """
+        text = _read_text(Path(path))
+        try:
+            json.loads(text)
+        except json.JSONDecodeError as error:
+            raise DataError(f"{path}:{error.lineno}: not valid JSON: {error.msg}") from None
+        try:
+            hf = HFTokenizer.from_str(text)
+        except Exception as error:  # the Rust side raises a bare Exception
+            raise DataError(f"{path}: not a Hugging Face tokenizer.json: {error}") from None
+        return cls(hf)
+
+    @classmethod
+    def from_vocab_txt(cls, path: str | os.PathLike[str], *, lowercase: bool | None = None) -> Tokenizer:
+        """A WordPiece tokenizer from a BERT ``vocab.txt`` (one token per line, id = line - 1).
+
+        Args:
+            path: the vocab.txt file.
+            lowercase: lowercase and strip accents as BERT "uncased" does; by default, when no
+                token in the file has an upper-case letter.
+
+        Raises:
+            DataError: empty file, bytes that are not UTF-8, an empty or duplicate token (with
+            the file and line).
+        """
+        lines = _read_text(Path(path)).split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()  # the final newline ends the last token; it does not start an empty one
+        if not lines:
+            raise DataError(f"{path}: empty vocabulary file")
+        vocab: dict[str, int] = {}
+        for number, line in enumerate(lines, start=1):
+            token = line.rstrip("\r")
+            if not token.strip():
+                raise DataError(f"{path}:{number}: empty token")
+            if token in vocab:
+                raise DataError(f"{path}:{number}: duplicate token {token!r} (first on line {vocab[token] + 1})")
+            vocab[token] = len(vocab)
+        if lowercase is None:
+            lowercase = not any(ch.isupper() for token in vocab for ch in token if not token.startswith("["))
+        unk = next((s for s in SPECIAL_ALIASES["unk"] if s in vocab), SPECIAL_TOKENS["unk"])
+        if unk not in vocab:
+            vocab[unk] = len(vocab)  # WordPiece needs its UNK inside the model's own vocabulary
+        hf = HFTokenizer(models.WordPiece(vocab=vocab, unk_token=unk))
+        hf.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+        hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        hf.decoder = decoders.WordPiece()
+        hf.add_special_tokens([t for t in vocab if t.startswith("[") and t.endswith("]")])
+        return cls(hf, kind="wordpiece")
+
+
+def train_tokenizer(kind: str, corpus: Iterable[str], vocab_size: int = 8000) -> Tokenizer:
+    """Train a tokenizer of ``kind`` on an iterable of lines (see :data:`KINDS`).
+
+    Args:
+        kind: ``word``, ``rule``, ``char``, ``wordpiece`` or ``bpe``.
+        corpus: lines of training text; each is checked with :func:`check_text`.
+        vocab_size: the largest vocabulary to learn, special tokens included (char adds 256 byte
+            tokens on top).
+    """
+    return Tokenizer(build(kind, (check_text(line) for line in corpus), vocab_size), kind=kind)
+
+
+def _read_text(path: Path) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise DataError(f"{path}: cannot read: {error.strerror}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise DataError(f"{path}:{line}: bytes that are not UTF-8 (byte offset {error.start})") from None

@@ -1,0 +1,111 @@
+"""Recognition tasks against independent membership checkers (Hahn §3)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from attnlab.errors import ConfigError
+from attnlab.tasks import LANGUAGES, RecognitionTask, get_task, near_misses
+
+
+# Second, test-side checkers: written again here so a bug in formal.py cannot hide itself.
+def _stack_balanced(s: str, pairs: dict[str, str]) -> bool:
+    stack = []
+    for ch in s:
+        if ch in pairs:
+            stack.append(pairs[ch])
+        elif not stack or stack.pop() != ch:
+            return False
+    return not stack and len(s) > 0
+
+
+ORACLES = {
+    "parity": lambda s: len(s) > 0 and re.fullmatch("[01]+", s) is not None and sum(c == "1" for c in s) % 2 == 0,
+    "dyck1": lambda s: set(s) <= set("()") and _stack_balanced(s, {"(": ")"}),
+    "dyck2": lambda s: set(s) <= set("()[]") and _stack_balanced(s, {"(": ")", "[": "]"}),
+    "anbn": lambda s: len(s) % 2 == 0 and len(s) > 0 and s == "a" * (len(s) // 2) + "b" * (len(s) // 2),
+    "anbncn": lambda s: len(s) % 3 == 0 and len(s) > 0 and s == "".join(c * (len(s) // 3) for c in "abc"),
+}
+
+
+def _strings(task, examples):
+    return [("".join(task.vocab.tokens[i] for i in e.source[:-1]), e.label, e.length) for e in examples]
+
+
+@pytest.fixture(scope="module", params=list(LANGUAGES))
+def task_and_splits(request):
+    task = RecognitionTask(language=request.param, max_train_length=12, train_size=600, valid_size=100,
+                           test_size=100, length_generalisation_size=100, seed=3)
+    return task, {name: task.split(name) for name in ("train", "valid", "test", "length_generalisation")}
+
+
+def test_labels_agree_with_an_independent_checker(task_and_splits):
+    task, splits = task_and_splits
+    oracle = ORACLES[task.language]
+    for examples in splits.values():
+        for string, label, _ in _strings(task, examples):
+            assert oracle(string) == bool(label), string
+            assert task.lang.contains(string) == bool(label), string
+
+
+def test_every_sequence_ends_with_eos_and_classes_are_balanced(task_and_splits):
+    task, splits = task_and_splits
+    for examples in splits.values():
+        assert all(e.source[-1] == task.eos_id and task.eos_id not in e.source[:-1] for e in examples)
+        assert sum(e.label for e in examples) == len(examples) // 2
+
+
+def test_negatives_are_near_misses(task_and_splits):
+    task, splits = task_and_splits
+    for string, label, _ in _strings(task, splits["train"]):
+        if label == 0:
+            assert any(task.lang.contains(m) for m in near_misses(string, task.lang.alphabet)) or any(
+                task.lang.contains(string[:i] + c + string[i:])  # the negative dropped a symbol
+                for i in range(len(string) + 1) for c in task.lang.alphabet
+            ), string
+
+
+def test_lengths_respect_the_split(task_and_splits):
+    task, splits = task_and_splits
+    L = task.max_train_length
+    for name in ("train", "valid", "test"):
+        assert all(1 <= length <= L and len(s) == length for s, _, length in _strings(task, splits[name]))
+    assert all(L < length <= 2 * L for _, _, length in _strings(task, splits["length_generalisation"]))
+
+
+def test_no_string_is_in_two_splits(task_and_splits):
+    task, splits = task_and_splits
+    sets = {name: {s for s, _, _ in _strings(task, ex)} for name, ex in splits.items()}
+    assert not sets["train"] & sets["test"]
+    assert not sets["train"] & sets["valid"]
+    assert not sets["valid"] & sets["test"]
+    assert sets["valid"] and sets["test"]
+
+
+def test_same_seed_same_data_other_seed_other_data():
+    a = RecognitionTask(language="dyck2", train_size=50, seed=1).train()
+    assert a == RecognitionTask(language="dyck2", train_size=50, seed=1).train()
+    assert a != RecognitionTask(language="dyck2", train_size=50, seed=2).train()
+
+
+def test_counts_and_encoding():
+    parity = RecognitionTask(language="parity")
+    assert [parity.num_positive(n) for n in range(1, 5)] == [1, 2, 4, 8]
+    assert parity.num_distinct(4) == 16
+    assert parity.encode("1011", 0).source == (4, 3, 4, 4, 2)
+    dyck2 = RecognitionTask(language="dyck2")
+    assert [dyck2.num_positive(n) for n in (1, 2, 4, 6)] == [0, 2, 8, 40]
+    for n in (2, 4, 6):  # the formula agrees with brute-force enumeration
+        assert len(list(dyck2.lang.positives(n))) == dyck2.num_positive(n)
+    assert RecognitionTask(language="anbncn").num_positive(9) == 1
+
+
+def test_too_small_a_language_is_a_clear_error():
+    with pytest.raises(ConfigError, match="too few"):
+        RecognitionTask(language="anbn", max_train_length=4).train()
+    with pytest.raises(ConfigError, match="unknown language"):
+        RecognitionTask(language="abc")
+    with pytest.raises(ConfigError, match="unknown option"):
+        get_task("parity", size=3)
