@@ -272,7 +272,8 @@ def load_weights_into(model: nn.Module, path: Path) -> None:
         raise CheckpointError(
             f"weights {path} do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
         )
-    for name, tensor in tensors.items():
+    for name in expected:  # in the model's order, so the first mismatch named is always the same
+        tensor = tensors[name]
         if tuple(tensor.shape) != tuple(expected[name].shape):
             raise CheckpointError(
                 f"weights {path}: tensor {name!r} has shape {tuple(tensor.shape)}, the model expects "

@@ -115,7 +115,7 @@ def test_pickle_payload_is_rejected_and_not_executed(tmp_path, run):
 def test_shape_mismatch_names_the_tensor(run):
     run.save_weights(DecoderOnly(CFG))
     bigger = DecoderOnly(CFG.replace(d_ff=16))
-    with pytest.raises(CheckpointError, match=r"tensor 'body.layers.0.feed_forward.linear[12].weight' has shape"):
+    with pytest.raises(CheckpointError, match=r"tensor 'body.layers.0.feed_forward.linear1.weight' has shape \(8, 8\), the model expects \(16, 8\)"):
         run.load_weights(bigger)
 
 

@@ -10,12 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")  # files only; never a window
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+from attnlab.figures import Figure, plt, save_figure
 
 __all__ = ["head_heatmap", "layer_grid", "save_figure"]
 
@@ -86,14 +83,3 @@ def _label_axes(ax, query_tokens: Sequence[str], key_tokens: Sequence[str], *, s
     ax.set_yticklabels(list(query_tokens), fontsize=size)
     ax.set_xlabel("key", fontsize=size)
     ax.set_ylabel("query", fontsize=size)
-
-
-def save_figure(fig: Figure, path: Path) -> Path:
-    """Write ``fig`` as PNG through a temporary file and a rename, then close it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
-    return path

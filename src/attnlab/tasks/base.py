@@ -24,6 +24,8 @@ __all__ = [
     "Example",
     "Vocab",
     "Task",
+    "SplitAccessors",
+    "VocabIds",
     "split_of",
     "check_sizes",
 ]
@@ -121,6 +123,52 @@ class Task(Protocol):
     def eos_id(self) -> int: ...
 
     def split(self, name: SplitName) -> list[Example]: ...
+
+
+class SplitAccessors:
+    """``train()``, ``valid()``, ``test()`` and ``length_generalisation()`` as ``split(name)``."""
+
+    def split(self, name: str) -> list[Example]:
+        raise NotImplementedError
+
+    def train(self) -> list[Example]:
+        return self.split("train")
+
+    def valid(self) -> list[Example]:
+        return self.split("valid")
+
+    def test(self) -> list[Example]:
+        return self.split("test")
+
+    def length_generalisation(self) -> list[Example]:
+        return self.split("length_generalisation")
+
+
+class VocabIds(SplitAccessors):
+    """Size and special ids of a synthetic task, read off its :class:`Vocab` (``self.vocab``)."""
+
+    vocab: Vocab
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    @property
+    def pad_id(self) -> int:
+        return self.vocab.pad_id
+
+    @property
+    def bos_id(self) -> int:
+        return self.vocab.bos_id
+
+    @property
+    def eos_id(self) -> int:
+        return self.vocab.eos_id
+
+    def lengths(self, split: str) -> range:
+        """The lengths a split draws from: 1..L, or L+1..2L for length generalisation."""
+        L = self.max_train_length  # type: ignore[attr-defined]
+        return range(L + 1, 2 * L + 1) if split == "length_generalisation" else range(1, L + 1)
 
 
 def split_of(seed: int, text: str) -> str:

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from attnlab.errors import ConfigError
-from attnlab.tasks.base import Example, Vocab, check_sizes, check_split_name, split_of
+from attnlab.tasks.base import Example, Vocab, VocabIds, check_sizes, check_split_name, split_of
 
 __all__ = ["LANGUAGES", "Language", "RecognitionTask", "near_misses"]
 
@@ -193,7 +193,7 @@ def near_misses(s: str, alphabet: str) -> list[str]:
 
 
 @dataclass(frozen=True)
-class RecognitionTask:
+class RecognitionTask(VocabIds):
     """Recognise one formal language; see the module docstring for encodings and counts.
 
     Attributes:
@@ -238,22 +238,6 @@ class RecognitionTask:
     def vocab(self) -> Vocab:
         return Vocab.of(self.lang.alphabet)
 
-    @property
-    def vocab_size(self) -> int:
-        return len(self.vocab)
-
-    @property
-    def pad_id(self) -> int:
-        return self.vocab.pad_id
-
-    @property
-    def bos_id(self) -> int:
-        return self.vocab.bos_id
-
-    @property
-    def eos_id(self) -> int:
-        return self.vocab.eos_id
-
     def num_distinct(self, length: int) -> int:
         """Distinct strings of ``length`` symbols: |Σ|^length (positives: :meth:`num_positive`)."""
         return len(self.lang.alphabet) ** length
@@ -265,23 +249,6 @@ class RecognitionTask:
         return Example(source=self.vocab.encode(string) + (self.eos_id,), label=label, length=len(string))
 
     # ---- splits -------------------------------------------------------------------------------
-
-    def lengths(self, split: str) -> range:
-        """The string lengths a split draws from."""
-        L = self.max_train_length
-        return range(L + 1, 2 * L + 1) if split == "length_generalisation" else range(1, L + 1)
-
-    def train(self) -> list[Example]:
-        return self.split("train")
-
-    def valid(self) -> list[Example]:
-        return self.split("valid")
-
-    def test(self) -> list[Example]:
-        return self.split("test")
-
-    def length_generalisation(self) -> list[Example]:
-        return self.split("length_generalisation")
 
     def split(self, name: str) -> list[Example]:
         """The examples of split ``name``, balanced, in a seeded random order."""

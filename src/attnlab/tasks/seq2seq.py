@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from attnlab.errors import ConfigError
-from attnlab.tasks.base import Example, Vocab, check_sizes, check_split_name, split_of
+from attnlab.tasks.base import Example, Vocab, VocabIds, check_sizes, check_split_name, split_of
 
 __all__ = ["TRANSFORMS", "Seq2SeqTask", "AdditionTask"]
 
@@ -40,7 +40,7 @@ TRANSFORMS: dict[str, Callable[[tuple[int, ...]], tuple[int, ...]]] = {
 
 
 @dataclass(frozen=True)
-class _SplitConfig:
+class _SplitConfig(VocabIds):
     """Options shared by the synthetic seq2seq tasks (see the module docstring)."""
 
     max_train_length: int = 8
@@ -65,38 +65,6 @@ class _SplitConfig:
     @property
     def vocab(self) -> Vocab:
         raise NotImplementedError
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.vocab)
-
-    @property
-    def pad_id(self) -> int:
-        return self.vocab.pad_id
-
-    @property
-    def bos_id(self) -> int:
-        return self.vocab.bos_id
-
-    @property
-    def eos_id(self) -> int:
-        return self.vocab.eos_id
-
-    def lengths(self, split: str) -> range:
-        L = self.max_train_length
-        return range(L + 1, 2 * L + 1) if split == "length_generalisation" else range(1, L + 1)
-
-    def train(self) -> list[Example]:
-        return self.split("train")
-
-    def valid(self) -> list[Example]:
-        return self.split("valid")
-
-    def test(self) -> list[Example]:
-        return self.split("test")
-
-    def length_generalisation(self) -> list[Example]:
-        return self.split("length_generalisation")
 
     def split(self, name: str) -> list[Example]:
         """``{name}_size`` examples, lengths drawn from :meth:`lengths` (uniformly, before the split filter)."""

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnlab.errors import ConfigError, DataError
-from attnlab.tasks.base import Example, check_split_name, split_of
+from attnlab.tasks.base import Example, SplitAccessors, check_split_name, split_of
 from attnlab.tokenizers import Tokenizer
 
 __all__ = ["BadLine", "Lines", "read_lines", "read_parallel", "TranslationTask", "LMTask"]
@@ -118,7 +118,7 @@ def read_lines(
 
 
 @dataclass(frozen=True)
-class _TextTask:
+class _TextTask(SplitAccessors):
     """Files per split, a tokenizer, and the length rule shared by the text tasks.
 
     Attributes:
@@ -171,18 +171,6 @@ class _TextTask:
         """Every bad line skipped in the split files (empty unless ``skip_bad_lines``)."""
         paths = [p for p in (self.train_file, self.valid_file, self.test_file) if p is not None]
         return tuple(bad for p in paths for bad in self._read(p).skipped)
-
-    def train(self) -> list[Example]:
-        return self.split("train")
-
-    def valid(self) -> list[Example]:
-        return self.split("valid")
-
-    def test(self) -> list[Example]:
-        return self.split("test")
-
-    def length_generalisation(self) -> list[Example]:
-        return self.split("length_generalisation")
 
     def split(self, name: str) -> list[Example]:
         """The examples of ``name``; see the class docstring for what goes where."""

@@ -6,10 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only; never a window
-import matplotlib.pyplot as plt  # noqa: E402
+from attnlab.figures import plt, save_figure
 
 __all__ = ["plot_curves"]
 
@@ -32,7 +29,7 @@ def plot_curves(records: Sequence[dict[str, Any]], folder: Path) -> list[Path]:
         lr_axis.set_ylabel("learning rate")
         ax.legend(loc="upper right")
         fig.tight_layout()
-        written.append(_save(fig, folder / "loss.png"))
+        written.append(save_figure(fig, folder / "loss.png", dpi=100))
     evals = [r for r in records if r.get("split")]
     keys = [k for k in ("accuracy", "sequence_accuracy", "token_accuracy") if any(k in r for r in evals)]
     if evals and keys:
@@ -45,14 +42,5 @@ def plot_curves(records: Sequence[dict[str, Any]], folder: Path) -> list[Path]:
         ax.set_ylim(0, 1.02)
         ax.legend()
         fig.tight_layout()
-        written.append(_save(fig, folder / "accuracy.png"))
+        written.append(save_figure(fig, folder / "accuracy.png", dpi=100))
     return written
-
-
-def _save(fig: Any, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    tmp.replace(path)
-    return path
