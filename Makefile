@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.attnlab-installed
 EXTRAS ?= dev
 
-.PHONY: install test test-all clean
+.PHONY: install test test-all demo clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,9 @@ test: $(STAMP)
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q -n 2
+
+demo: $(STAMP)
+	$(PY) -m attnlab demo
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache artifacts

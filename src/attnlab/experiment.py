@@ -82,6 +82,8 @@ class TrainConfig:
         truncate: cut longer sequences instead of rejecting them (not for recognition).
         device: ``cpu``, ``cuda`` or ``cuda:N``.
         precision: ``fp32``, or mixed precision ``bf16`` / ``fp16`` (autocast).
+        init_embeddings: a word2vec or GloVe text file; tokens found in it start from its vectors
+            (Agarwal §2.2). The coverage is reported. Its width must equal the token width.
     """
 
     steps: int = 1000
@@ -105,6 +107,7 @@ class TrainConfig:
     truncate: bool = False
     device: str = "cpu"
     precision: str = "fp32"
+    init_embeddings: str = ""
 
     def __post_init__(self) -> None:
         try:
@@ -349,6 +352,13 @@ class TextCodec:
         if self.tokenizer is not None:
             return getattr(self.task, "target", self.tokenizer).decode(ids)
         return "".join(self.task.vocab.tokens[i] for i in ids)
+
+    def vocabulary(self) -> dict[str, int]:
+        """token text -> id, specials excluded (what word vectors can be looked up by)."""
+        if self.tokenizer is not None:
+            specials = set(self.tokenizer.special_ids.values())
+            return {t: i for t, i in self.tokenizer.vocab.items() if i not in specials}
+        return {t: i for i, t in enumerate(self.task.vocab.tokens) if i >= 3}
 
     def tokens(self, ids: list[int]) -> list[str]:
         """One label per id (for plots and the viewer)."""

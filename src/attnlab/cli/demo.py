@@ -53,7 +53,8 @@ def demo(
     view = attention_view(loaded, loaded.codec.decode(list(examples[0].source[:-1])))
     last_cross = [r for r in view.records if r.kind == "cross"][-1]
     queries, keys = view.axes["cross"]
-    path = layer_grid(last_cross.weights[0].numpy(), queries, keys,
-                      title=f"encoder-decoder attention, layer {last_cross.layer}", path=loaded.run.plots / "attention.png")
+    path = loaded.run.plots / "attention.png"
+    layer_grid(last_cross.weights[0].numpy(), queries, keys,
+               title=f"encoder-decoder attention, layer {last_cross.layer}", path=path)
     typer.echo(f"attention heatmap: {path}")
     typer.echo(f"loss and accuracy curves: {loaded.run.plots}")

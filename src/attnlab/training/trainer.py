@@ -30,7 +30,9 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from attnlab.errors import AttnlabError, CheckpointError, ConfigError
-from attnlab.experiment import ExperimentConfig, build_task, model_for_task
+from attnlab.embeddings import init_embedding, load_vectors
+from attnlab.experiment import ExperimentConfig, TextCodec, build_task, model_for_task
+from attnlab.nn import InputEmbedding
 from attnlab.runs import RunDir, load_weights_into
 from attnlab.training.checkpoint import optimizer_from_tensors, optimizer_to_tensors, restore_rng, rng_to_tensors
 from attnlab.training.data import BatchStream
@@ -106,15 +108,31 @@ class _Trainer:
         self.step = 0
         if resume:
             self._restore()
-        elif dist.is_main:
-            self.run.write_config(experiment.to_dict())
-            if self.tokenizer is not None:
-                self.tokenizer.save(self.run.tokenizer_path)
+        else:
+            self._initialise_embeddings()
+            if dist.is_main:
+                self.run.write_config(experiment.to_dict())
+                if self.tokenizer is not None:
+                    self.tokenizer.save(self.run.tokenizer_path)
         self.objective = OBJECTIVES[experiment.model_kind]
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "fp16")
         self.trained: nn.Module = self._distributed(self.model)
 
     # ---- set-up ------------------------------------------------------------------------------
+
+    def _initialise_embeddings(self) -> None:
+        """Copy word vectors into every token embedding of the model (same seed on every rank)."""
+        if not self.cfg.init_embeddings:
+            return
+        vectors = load_vectors(self.cfg.init_embeddings)
+        vocabulary = TextCodec(self.task, self.tokenizer).vocabulary()
+        for name, module in self.model.named_modules():
+            if isinstance(module, InputEmbedding):
+                coverage = init_embedding(module.token, vocabulary, vectors)
+                self.log(f"{name}: {coverage}")
+                if self.dist.is_main:
+                    self.run.append_metrics({"step": 0, "embedding": name, "found": coverage.found,
+                                             "total": coverage.total, "coverage": coverage.ratio})
 
     def _optimizer(self) -> torch.optim.Optimizer:
         cfg = self.cfg

@@ -1,0 +1,212 @@
+"""The train / eval / generate / demo commands: their outputs and every bad-input path (exit 2)."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from attnlab.runs import RunDir
+
+TINY = """
+[task]
+name = "{task}"
+max_train_length = 4
+train_size = 200
+valid_size = 20
+test_size = 20
+length_generalisation_size = 20
+[model]
+kind = "{kind}"
+layers = 1
+d_model = 16
+heads = 2
+d_ff = 32
+[train]
+steps = 5
+batch_size = 8
+log_every = 1
+"""
+
+
+def attnlab(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "attnlab", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def _error(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    return result.stderr
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("cli")
+    config = folder / "reverse.toml"
+    config.write_text(TINY.format(task="reverse", kind="encoder_decoder"))
+    result = attnlab("train", str(config), "--out", str(folder / "run"), "--no-progress")
+    assert result.returncode == 0, result.stderr
+    return folder / "run"
+
+
+def test_train_writes_a_complete_run(trained):
+    names = {p.name for p in trained.iterdir()}
+    assert {"config.json", "model.safetensors", "checkpoint.json", "metrics.jsonl", "plots", "checkpoints"} <= names
+    records = RunDir.open(trained).read_metrics()
+    steps = [r for r in records if "split" not in r]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4, 5]
+    assert all({"loss", "lr", "tokens_per_s"} <= set(r) for r in steps)
+    assert any(r.get("split") == "valid" for r in records)
+    assert (trained / "plots" / "loss.png").stat().st_size > 0
+
+
+def test_eval_json_has_per_length_accuracy(trained):
+    result = attnlab("eval", str(trained), "--split", "length_generalisation", "--json", "--no-progress")
+    metrics = json.loads(result.stdout)
+    assert metrics["split"] == "length_generalisation" and metrics["examples"] == 20
+    assert set(metrics["accuracy_by_length"]) <= {"5", "6", "7", "8"}
+    assert {"accuracy", "sequence_accuracy", "token_accuracy", "loss", "perplexity"} <= set(metrics)
+
+
+def test_generate_decodes(trained):
+    result = attnlab("generate", str(trained), "abc", "dd", "--json")
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [line["input"] for line in lines] == ["abc", "dd"]
+    from attnlab.experiment import open_run
+
+    alphabet = set(open_run(trained).task.vocab.tokens[3:])
+    assert all(set(line["output"]) <= alphabet and line["log_prob"] <= 0 for line in lines)
+
+
+def test_resume_continues_to_more_steps(trained, tmp_path):
+    copy = tmp_path / "run"
+    subprocess.run(["cp", "-r", str(trained), str(copy)], check=True)
+    result = attnlab("train", "--resume", str(copy), "--set", "train.steps=7", "--no-progress")
+    assert result.returncode == 0, result.stderr
+    assert RunDir.open(copy).latest_checkpoint().step == 7
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (("train", "missing.toml"), "config file not found: missing.toml"),
+        (("train",), "give a CONFIG.toml to train, or --resume RUN"),
+        (("train", "{config}", "--set", "model.heads=3"), "model.d_model: 16 is not divisible by heads=3"),
+        (("train", "{config}", "--set", "model.score=cosine"), "model.score: unknown 'cosine'; allowed: additive, bilinear, dot, scaled_dot"),
+        (("train", "{config}", "--set", "model.depth=3"), "model.depth: unknown key for kind 'encoder_decoder'; allowed: kind, layers"),
+        (("train", "{config}", "--set", "train.steps=-1"), "train.steps: must be >= 1"),
+        (("train", "{config}", "--set", "train.lr=fast"), "train.lr: expected float or int, got 'fast'"),
+        (("train", "{config}", "--set", "task.name=fibonacci"), "task.name: unknown 'fibonacci'; allowed: parity"),
+        (("train", "{config}", "--set", "task.colour=3"), "task.colour: unknown key for task 'reverse'; allowed: max_train_length"),
+        (("train", "{config}", "--set", "oops"), "--set 'oops': expected section.key=value"),
+        (("train", "{config}", "--set", "model.kind=decoder_only"), "model.kind: task 'reverse' trains a encoder_decoder model"),
+        (("train", "{config}", "--device", "cuda"), "no CUDA device is visible"),
+        (("train", "{config}", "--precision", "fp8"), "train.precision: unknown 'fp8'; allowed: fp32, bf16, fp16"),
+        (("train", "{bad_toml}"), "invalid TOML"),
+        (("train", "{config}", "--out", "{run}"), "already exists and is not empty"),
+        (("train", "--resume", "{empty}"), "is not a run directory: it has no config.json"),
+        (("eval", "no/such/run"), "run not found: no/such/run"),
+        (("eval", "{run}", "--split", "dev"), "--split: unknown 'dev'"),
+        (("generate", "{run}", "xyz"), "symbol 'x' is not in the task's alphabet"),
+        (("generate", "no/such/run", "abc"), "run not found"),
+    ],
+)
+def test_bad_input_exits_2_with_a_one_line_message(trained, tmp_path, args, message):
+    config = tmp_path / "c.toml"
+    config.write_text(TINY.format(task="reverse", kind="encoder_decoder"))
+    bad_toml = tmp_path / "bad.toml"
+    bad_toml.write_text("[task\nname = 1")
+    (tmp_path / "empty").mkdir()
+    filled = [a.format(config=config, bad_toml=bad_toml, run=trained, empty=tmp_path / "empty") for a in args]
+    stderr = _error(attnlab(*filled))
+    assert message in stderr
+    assert len(stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "pickle"])
+def test_corrupt_checkpoint_is_a_clear_error(trained, tmp_path, damage):
+    copy = tmp_path / "run"
+    subprocess.run(["cp", "-r", str(trained), str(copy)], check=True)
+    weights = copy / "model.safetensors"
+    data = weights.read_bytes()
+    weights.unlink()  # break the hard link before writing
+    if damage == "truncate":
+        weights.write_bytes(data[: len(data) // 2])
+    elif damage == "garbage":
+        weights.write_bytes(b"\x00" * 64)
+    elif damage == "pickle":
+        import pickle
+
+        weights.write_bytes(pickle.dumps({"weights": [1, 2, 3]}))
+    stderr = _error(attnlab("eval", str(copy), "--no-progress"))
+    assert f"weights {weights} is corrupted or not a safetensors file" in stderr
+
+
+def test_missing_published_weights_fall_back_to_the_checkpoint(trained, tmp_path):
+    copy = tmp_path / "run"
+    subprocess.run(["cp", "-r", str(trained), str(copy)], check=True)
+    (copy / "model.safetensors").unlink()
+    assert attnlab("eval", str(copy), "--no-progress").returncode == 0
+    for folder in (copy / "checkpoints").iterdir():
+        (folder / "model.safetensors").unlink()
+    assert "weights not found" in _error(attnlab("eval", str(copy), "--no-progress"))
+
+
+def _toy_translation(path: Path, n: int, seed: int) -> None:
+    words = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(n):
+        digits = [rng.randrange(10) for _ in range(rng.randint(1, 4))]
+        lines.append(" ".join(words[d] for d in digits) + "\t" + " ".join(str(d) for d in digits))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_translation_with_word2vec_initialisation_reports_bleu(tmp_path):
+    data = tmp_path / "train.tsv"
+    _toy_translation(data, 400, seed=1)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(line.replace("\t", " ") for line in data.read_text().splitlines()) + "\n")
+    vectors = tmp_path / "vectors.txt"
+    result = attnlab("word2vec", str(corpus), "--dim", "16", "--out", str(vectors))
+    assert result.returncode == 0, result.stderr
+    config = tmp_path / "t.toml"
+    config.write_text(
+        f'[task]\nname = "translation"\ntrain_file = "{data}"\ntokenizer_kind = "word"\nvocab_size = 100\n'
+        '[model]\nkind = "encoder_decoder"\nlayers = 1\nd_model = 16\nheads = 2\nd_ff = 32\n'
+        f'[train]\nsteps = 30\nbatch_size = 16\nlr = 3e-3\nwarmup = 5\ninit_embeddings = "{vectors}"\n'
+    )
+    result = attnlab("train", str(config), "--out", str(tmp_path / "run"), "--no-progress")
+    assert result.returncode == 0, result.stderr
+    assert "tokens (" in result.stdout and "initialised from vectors" in result.stdout
+    coverage = [r for r in RunDir.open(tmp_path / "run").read_metrics() if "coverage" in r]
+    assert {r["embedding"] for r in coverage} == {"encoder.embedding", "decoder.embedding"}
+    assert all(r["coverage"] > 0.9 for r in coverage)  # every word of the corpus has a vector
+    metrics = json.loads(attnlab("eval", str(tmp_path / "run"), "--split", "valid", "--json", "--no-progress").stdout)
+    assert 0.0 <= metrics["bleu"] <= 100.0 and "token_accuracy" in metrics
+    out = attnlab("generate", str(tmp_path / "run"), "three one four")
+    assert out.returncode == 0 and out.stdout.startswith("three one four\t")
+
+
+def test_language_model_reports_perplexity(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    rng = random.Random(0)
+    corpus.write_text("\n".join(" ".join(rng.choice(["the cat", "a dog", "sat", "ran", "on the mat"]) for _ in range(4))
+                                for _ in range(300)) + "\n")
+    config = tmp_path / "lm.toml"
+    config.write_text(
+        f'[task]\nname = "lm"\ntrain_file = "{corpus}"\ntokenizer_kind = "bpe"\nvocab_size = 300\n'
+        '[model]\nkind = "decoder_only"\nlayers = 1\nd_model = 16\nheads = 2\nd_ff = 32\ntie_embeddings = true\n'
+        '[train]\nsteps = 20\nbatch_size = 16\nlr = 3e-3\nwarmup = 5\n'
+    )
+    result = attnlab("train", str(config), "--out", str(tmp_path / "run"), "--no-progress")
+    assert result.returncode == 0, result.stderr
+    metrics = json.loads(attnlab("eval", str(tmp_path / "run"), "--split", "test", "--json", "--no-progress").stdout)
+    assert 1.0 < metrics["perplexity"] < 300.0
+    out = attnlab("generate", str(tmp_path / "run"), "the cat", "--max-length", "5", "--json")
+    assert out.returncode == 0, out.stderr
+    assert "continuation" in json.loads(out.stdout)
