@@ -33,7 +33,7 @@ def demo(
     from attnlab.analysis.maps import attention_view
     from attnlab.analysis.plots import layer_grid
     from attnlab.experiment import ExperimentConfig, open_run
-    from attnlab.training.evaluate import evaluate
+    from attnlab.evaluation.evaluate import evaluate
     from attnlab.training.trainer import train
 
     experiment = ExperimentConfig.from_dict(DEMO_CONFIG)

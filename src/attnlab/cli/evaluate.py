@@ -24,7 +24,7 @@ def evaluate_run(
     if split not in SPLITS:
         raise UsageError(f"--split: unknown {split!r}; allowed: {', '.join(SPLITS)}")
     from attnlab.experiment import open_run
-    from attnlab.training.evaluate import evaluate
+    from attnlab.evaluation.evaluate import evaluate
 
     loaded = open_run(run)
     train = loaded.experiment.train

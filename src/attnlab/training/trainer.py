@@ -37,8 +37,8 @@ from attnlab.runs import RunDir, load_weights_into
 from attnlab.training.checkpoint import optimizer_from_tensors, optimizer_to_tensors, restore_rng, rng_to_tensors
 from attnlab.training.data import BatchStream
 from attnlab.training.distributed import DistInfo, all_reduce_sum, from_environment, shutdown
-from attnlab.training.evaluate import evaluate
-from attnlab.training.objectives import OBJECTIVES
+from attnlab.evaluation.evaluate import evaluate
+from attnlab.evaluation.objectives import OBJECTIVES
 from attnlab.training.plots import plot_curves
 from attnlab.training.schedule import make_scheduler
 

@@ -17,8 +17,8 @@ from tqdm import tqdm
 from attnlab.decoding import DecodeOptions, decode
 from attnlab.tasks.batching import Batch, make_batches
 from attnlab.tokenizers import Tokenizer
-from attnlab.training import metrics
-from attnlab.training.objectives import OBJECTIVES
+from attnlab.evaluation import metrics
+from attnlab.evaluation.objectives import OBJECTIVES
 
 __all__ = ["evaluate"]
 
