@@ -84,6 +84,8 @@ class TrainConfig:
         precision: ``fp32``, or mixed precision ``bf16`` / ``fp16`` (autocast).
         init_embeddings: a word2vec or GloVe text file; tokens found in it start from its vectors
             (Agarwal §2.2). The coverage is reported. Its width must equal the token width.
+        mask_heads: heads held at zero during training and evaluation, as ``kind:layer:head``
+            (Michel §2.3's xi_h = 0), e.g. to fine-tune with some heads switched off.
     """
 
     steps: int = 1000
@@ -108,6 +110,7 @@ class TrainConfig:
     device: str = "cpu"
     precision: str = "fp32"
     init_embeddings: str = ""
+    mask_heads: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         try:

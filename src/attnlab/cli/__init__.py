@@ -15,12 +15,15 @@ from attnlab.cli.app import app
 from attnlab.errors import AttnlabError
 
 # Command modules register themselves on `app` when imported.
+from attnlab.cli import attention as _attention  # noqa: F401,E402
 from attnlab.cli import demo as _demo  # noqa: F401,E402
 from attnlab.cli import evaluate as _evaluate  # noqa: F401,E402
 from attnlab.cli import generate as _generate  # noqa: F401,E402
+from attnlab.cli import heads as _heads  # noqa: F401,E402
 from attnlab.cli import info as _info  # noqa: F401,E402
 from attnlab.cli import train as _train  # noqa: F401,E402
 from attnlab.cli import tokenize as _tokenize  # noqa: F401,E402
+from attnlab.cli import view as _view  # noqa: F401,E402
 from attnlab.cli import word2vec as _word2vec  # noqa: F401,E402
 
 USAGE_EXIT_CODE = 2

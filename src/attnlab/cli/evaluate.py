@@ -18,20 +18,27 @@ def evaluate_run(
     split: str = typer.Option("test", "--split", help=f"One of: {', '.join(SPLITS)}."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object of metrics."),
     batch_size: int = typer.Option(128, "--batch-size", min=1),
+    mask_heads: list[str] = typer.Option(None, "--mask-head", help="Mask a head, kind:layer:head (repeatable)."),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
 ) -> None:
-    """Evaluate a run: accuracy, loss, perplexity or BLEU, and accuracy per length."""
+    """Evaluate a run: accuracy, loss, perplexity or BLEU, and accuracy per length.
+
+    Heads held at zero in training (train.mask_heads) stay masked; --mask-head masks more.
+    """
     if split not in SPLITS:
         raise UsageError(f"--split: unknown {split!r}; allowed: {', '.join(SPLITS)}")
-    from attnlab.experiment import open_run
     from attnlab.evaluation.evaluate import evaluate
+    from attnlab.experiment import open_run
+    from attnlab.head_ids import mask_without, parse_head
 
     loaded = open_run(run)
     train = loaded.experiment.train
+    masked = [parse_head(spec, loaded.model) for spec in [*train.mask_heads, *(mask_heads or [])]]
     metrics = evaluate(
         loaded.model, loaded.task, split, kind=loaded.experiment.model_kind, batch_size=batch_size,
         max_length=train.max_length or loaded.model.config.max_len, truncate=train.truncate,
-        tokenizer=loaded.tokenizer, progress=progress and not as_json,
+        tokenizer=loaded.tokenizer, head_mask=mask_without(loaded.model, masked) if masked else None,
+        progress=progress and not as_json,
     )
     if as_json:
         typer.echo(json.dumps(metrics, sort_keys=True))

@@ -67,6 +67,9 @@ class TransformerConfig:
         pad_id: the padding token id; keys at padding are masked out.
         scale_embeddings: multiply token embeddings by sqrt(d_model) (Vaswani §3.4).
         bias: biases in the attention projections.
+        heads_per_layer: after physical head pruning: attention kind -> the number of heads left
+            in each layer of that kind (0 allowed: the sub-layer then adds only its output bias).
+            Kinds not listed keep ``heads``. Needs ``d_k`` set, since d_model / H no longer applies.
     """
 
     kind: ClassVar[str] = ""
@@ -93,6 +96,7 @@ class TransformerConfig:
     pad_id: int = 0
     scale_embeddings: bool = True
     bias: bool = True
+    heads_per_layer: dict[str, list[int]] | None = None
 
     def __post_init__(self) -> None:
         check_field_types(self)
@@ -125,6 +129,27 @@ class TransformerConfig:
             )
         if self.straight_through and self.attention != "hard":
             raise ValueError("straight_through: only applies to attention='hard'")
+        self._check_heads_per_layer()
+
+    def _check_heads_per_layer(self) -> None:
+        if self.heads_per_layer is None:
+            return
+        if self.d_k is None:
+            raise ValueError("heads_per_layer: needs d_k set explicitly (pruned layers keep the original head size)")
+        for kind, counts in self.heads_per_layer.items():
+            if kind not in ("encoder_self", "decoder_self", "cross", "self"):
+                raise ValueError(f"heads_per_layer: unknown kind {kind!r}; allowed: cross, decoder_self, encoder_self, self")
+            if not isinstance(counts, list) or any(not isinstance(c, int) or not 0 <= c <= self.heads for c in counts):
+                raise ValueError(f"heads_per_layer[{kind!r}]: expected a list of head counts in [0, {self.heads}], got {counts!r}")
+
+    def heads_at(self, kind: str, layer: int) -> int:
+        """Heads of the attention module of ``kind`` in ``layer`` (``heads`` unless pruned)."""
+        if self.heads_per_layer is None or kind not in self.heads_per_layer:
+            return self.heads
+        counts = self.heads_per_layer[kind]
+        if layer >= len(counts):
+            raise ValueError(f"heads_per_layer[{kind!r}] lists {len(counts)} layers, layer {layer} is missing")
+        return counts[layer]
 
     # ---- derived values -------------------------------------------------------------------
 
@@ -287,6 +312,8 @@ def check_field_types(config: Any) -> None:
 def _runtime_types(hint: Any) -> tuple[type, ...]:
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         return tuple(t for arg in typing.get_args(hint) for t in _runtime_types(arg))
+    if typing.get_origin(hint) is not None:  # list[str], dict[str, list[int]]: check the container
+        return (typing.get_origin(hint),)
     if hint is float:  # a float option accepts an int (TOML `lr = 1`)
         return (float, int)
     return (hint,)

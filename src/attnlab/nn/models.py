@@ -69,11 +69,15 @@ class TransformerModel(nn.Module):
         raise NotImplementedError
 
     def head_mask_shapes(self) -> dict[str, tuple[int, int]]:
-        """kind -> (layers, heads) for every attention kind of the model."""
+        """kind -> (layers, heads) for every attention kind of the model.
+
+        After physical pruning layers can have fewer heads; the mask is then as wide as the
+        widest layer of the kind, and a layer with h heads reads the first h entries of its row.
+        """
         shapes: dict[str, tuple[int, int]] = {}
         for site in self.attention_sites():
-            layers, heads = shapes.get(site.kind, (0, site.module.heads))
-            shapes[site.kind] = (max(layers, site.layer + 1), heads)
+            layers, heads = shapes.get(site.kind, (0, 0))
+            shapes[site.kind] = (max(layers, site.layer + 1), max(heads, site.module.heads))
         return shapes
 
     def num_parameters(self) -> int:
@@ -111,10 +115,10 @@ class InputEmbedding(nn.Module):
         return self.dropout(self.positional(self.token(tokens) * self.scale, offset))
 
 
-def _multi_head(config: TransformerConfig) -> MultiHeadAttention:
+def _multi_head(config: TransformerConfig, kind: str, layer: int) -> MultiHeadAttention:
     return MultiHeadAttention(
         config.d_model,
-        config.heads,
+        config.heads_at(kind, layer),
         d_k=config.d_k,
         d_v=config.d_v,
         score=config.score,
@@ -132,6 +136,11 @@ def _feed_forward(config: TransformerConfig) -> PositionwiseFeedForward:
 def _final_norm(config: TransformerConfig) -> nn.Module:
     """Pre-LN stacks end with a LayerNorm; post-LN ones are already normalised."""
     return nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_first else nn.Identity()
+
+
+def _layer_row(head_mask: Tensor | None, layer: int, heads: int) -> Tensor | None:
+    """The (H,) or (B, H) mask of one layer: its first ``heads`` entries (fewer after pruning)."""
+    return None if head_mask is None else head_mask[..., layer, :heads]
 
 
 def _key_padding(is_token: Tensor) -> Tensor | None:
@@ -161,13 +170,13 @@ class Encoder(nn.Module):
         self.embedding = InputEmbedding(vocab_size, config)
         self.layers = nn.ModuleList(
             EncoderLayer(
-                _multi_head(config),
+                _multi_head(config, kind, index),
                 _feed_forward(config),
                 norm_first=config.norm_first,
                 eps=config.layer_norm_eps,
                 dropout=config.dropout,
             )
-            for _ in range(config.layers)
+            for index in range(config.layers)
         )
         self.final_norm = _final_norm(config)
 
@@ -182,7 +191,7 @@ class Encoder(nn.Module):
                 x,
                 mask=mask,
                 causal=self.causal,
-                head_mask=None if head_mask is None else head_mask[..., index, :],
+                head_mask=_layer_row(head_mask, index, layer.self_attn.heads),
                 cache=None if state is None else state.layers[index],
             )
         return self.final_norm(x)
@@ -247,14 +256,14 @@ class Decoder(nn.Module):
         self.embedding = InputEmbedding(config.target_vocab_size, config)
         self.layers = nn.ModuleList(
             DecoderLayer(
-                _multi_head(config),
-                _multi_head(config),
+                _multi_head(config, "decoder_self", index),
+                _multi_head(config, "cross", index),
                 _feed_forward(config),
                 norm_first=config.norm_first,
                 eps=config.layer_norm_eps,
                 dropout=config.dropout,
             )
-            for _ in range(config.decoder_depth)
+            for index in range(config.decoder_depth)
         )
         self.final_norm = _final_norm(config)
 
@@ -279,8 +288,8 @@ class Decoder(nn.Module):
                 memory.states,
                 self_mask=self_mask,
                 memory_mask=memory_mask,
-                self_head_mask=None if self_head_mask is None else self_head_mask[..., index, :],
-                cross_head_mask=None if cross_head_mask is None else cross_head_mask[..., index, :],
+                self_head_mask=_layer_row(self_head_mask, index, layer.self_attn.heads),
+                cross_head_mask=_layer_row(cross_head_mask, index, layer.cross_attn.heads),
                 cache=None if state is None else state.layers[index],
             )
         return self.final_norm(y)

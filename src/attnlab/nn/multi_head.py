@@ -23,6 +23,7 @@ The same module serves the three uses of Vaswani §3.2.3 (Agarwal §5):
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -133,6 +134,8 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
     ) -> None:
         super().__init__()
+        if heads < 0 or (heads == 0 and d_k is None):
+            raise ValueError(f"heads={heads}: need heads >= 1, or heads = 0 (all pruned) with d_k set")
         if d_k is None and d_model % heads != 0:
             raise ValueError(f"d_model={d_model} is not divisible by heads={heads}; set d_k explicitly")
         self.d_model, self.heads = d_model, heads
@@ -150,14 +153,34 @@ class MultiHeadAttention(nn.Module):
         self._split = (qk, qk, vv)
         self.in_proj_weight = nn.Parameter(torch.empty(2 * qk + vv, d_model))
         self.in_proj_bias = nn.Parameter(torch.zeros(2 * qk + vv)) if bias else None
-        self.out_proj = nn.Linear(vv, d_model, bias=bias)
-        nn.init.xavier_uniform_(self.in_proj_weight)
+        with warnings.catch_warnings():  # a fully pruned layer has zero-element weights by design
+            warnings.filterwarnings("ignore", message="Initializing zero-element tensors")
+            self.out_proj = nn.Linear(vv, d_model, bias=bias)
+            nn.init.xavier_uniform_(self.in_proj_weight)
         if bias:
             nn.init.zeros_(self.out_proj.bias)
         self._recorders: dict[int, Recorder] = {}
         self._recorder_ids = itertools.count()
+        # Chosen once: a layer whose heads were all pruned adds only W^O's bias.
+        self._forward = self._forward_heads if heads > 0 else self._forward_without_heads
 
     def forward(
+        self,
+        query: Tensor,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
+        *,
+        mask: Tensor | None = None,
+        causal: bool = False,
+        head_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        need_weights: bool = False,
+    ) -> MultiHeadOutput:
+        return self._forward(
+            query, key, value, mask=mask, causal=causal, head_mask=head_mask, cache=cache, need_weights=need_weights
+        )
+
+    def _forward_heads(
         self,
         query: Tensor,
         key: Tensor | None = None,
@@ -192,6 +215,31 @@ class MultiHeadAttention(nn.Module):
         output = self.out_proj(concat)  # Concat(...) W^O = sum_h head_h W_o^h
         for recorder in self._recorders.values():
             recorder(weights, heads)
+        return MultiHeadOutput(output, weights if want_weights else None, heads if want_weights else None)
+
+    def _forward_without_heads(
+        self,
+        query: Tensor,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
+        *,
+        mask: Tensor | None = None,
+        causal: bool = False,
+        head_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        need_weights: bool = False,
+    ) -> MultiHeadOutput:
+        """sum over no heads = 0, so the output is W^O's bias alone (as when every head is masked)."""
+        batch, t_q, _ = query.shape
+        t_k = t_q if key is None else key.shape[1]
+        output = query.new_zeros(batch, t_q, self.d_model)
+        if self.out_proj.bias is not None:
+            output = output + self.out_proj.bias
+        weights = query.new_zeros(batch, 0, t_q, t_k)
+        heads = query.new_zeros(batch, 0, t_q, self.d_v)
+        for recorder in self._recorders.values():
+            recorder(weights, heads)
+        want_weights = need_weights or bool(self._recorders)
         return MultiHeadOutput(output, weights if want_weights else None, heads if want_weights else None)
 
     # ---- projections --------------------------------------------------------------------
@@ -236,6 +284,29 @@ class MultiHeadAttention(nn.Module):
         return head_mask.to(heads.dtype).reshape(-1, self.heads, 1, 1)  # (B|1, H, 1, 1)
 
     # ---- views for analysis -------------------------------------------------------------
+
+    def head_subset_state(self, keep: list[int]) -> dict[str, Tensor]:
+        """The state dict of this module restricted to heads ``keep`` (in that order): the rows of
+        W^Q, W^K, W^V and the columns of W^O that belong to them, and their score parameters.
+
+        Load it into a ``MultiHeadAttention`` built with ``heads=len(keep)`` and the same d_k, d_v:
+        its output equals this module's with every other head masked (Michel §2.3).
+        """
+        if sorted(set(keep)) != sorted(keep) or any(not 0 <= h < self.heads for h in keep):
+            raise ValueError(f"keep: head indices must be distinct and in [0, {self.heads}), got {keep}")
+        d_k, d_v, qk = self.d_k, self.d_v, self.heads * self.d_k
+        qk_rows = [h * d_k + i for h in keep for i in range(d_k)]
+        v_rows = [h * d_v + i for h in keep for i in range(d_v)]
+        rows = torch.tensor(qk_rows + [qk + r for r in qk_rows] + [2 * qk + r for r in v_rows], dtype=torch.long)
+        columns = torch.tensor(v_rows, dtype=torch.long)
+        index = torch.tensor(keep, dtype=torch.long)
+        state = {"in_proj_weight": self.in_proj_weight.detach()[rows], "out_proj.weight": self.out_proj.weight.detach()[:, columns]}
+        if self.in_proj_bias is not None:
+            state["in_proj_bias"] = self.in_proj_bias.detach()[rows]
+            state["out_proj.bias"] = self.out_proj.bias.detach().clone()
+        for name, parameter in self.score.named_parameters():  # score parameters: head axis first
+            state[f"score.{name}"] = parameter.detach()[index]
+        return state
 
     def head_contributions(self, head_outputs: Tensor) -> Tensor:
         """Att_h = head_h W_o^h for every head (Michel §2.2 Eq. 1); their sum + bias is the output.

@@ -40,6 +40,9 @@ _ADDITIVE_CHUNK_ELEMENTS = 2**24
 class AttentionScore(nn.Module):
     """Base class. Subclasses set ``scale`` and may override ``prepare`` and ``score_fn``.
 
+    Every parameter of a score has the head axis first, so that heads can be selected (pruned)
+    by indexing it.
+
     Shape (for all methods):
         q: (B, H, T_q, d_k);  k: (B, H, T_k, d_k);  scores: (B, H, T_q, T_k).
     """

@@ -32,6 +32,7 @@ from tqdm import tqdm
 from attnlab.errors import AttnlabError, CheckpointError, ConfigError
 from attnlab.embeddings import init_embedding, load_vectors
 from attnlab.experiment import ExperimentConfig, TextCodec, build_task, model_for_task
+from attnlab.head_ids import mask_without, parse_head
 from attnlab.nn import InputEmbedding
 from attnlab.runs import RunDir, load_weights_into
 from attnlab.training.checkpoint import optimizer_from_tensors, optimizer_to_tensors, restore_rng, rng_to_tensors
@@ -115,6 +116,8 @@ class _Trainer:
                 if self.tokenizer is not None:
                     self.tokenizer.save(self.run.tokenizer_path)
         self.objective = OBJECTIVES[experiment.model_kind]
+        held = [parse_head(spec, self.model) for spec in cfg.mask_heads]
+        self.head_mask = mask_without(self.model, held) if held else None
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "fp16")
         self.trained: nn.Module = self._distributed(self.model)
 
@@ -206,7 +209,7 @@ class _Trainer:
         self.trained.train()
         batch = self.stream.next().to(self.device)
         with self._autocast():
-            parts = self.objective(self.trained, batch, None, self.task.pad_id, cfg.label_smoothing)
+            parts = self.objective(self.trained, batch, self.head_mask, self.task.pad_id, cfg.label_smoothing)
         global_count = all_reduce_sum(parts.count.to(torch.float64), self.dist)
         global_total = all_reduce_sum(parts.total.detach().to(torch.float64), self.dist)
         mean_loss = float(global_total / global_count.clamp_min(1))
@@ -241,7 +244,7 @@ class _Trainer:
         result = evaluate(
             self.model, self.task, split, kind=self.experiment.model_kind, batch_size=self.cfg.eval_batch_size,
             max_length=self.max_length, truncate=self.cfg.truncate, tokenizer=self.tokenizer, device=self.device,
-            progress=self.progress,
+            head_mask=self.head_mask, progress=self.progress,
         )
         self._write_metrics({"step": self.step, **result})
         return result

@@ -1,0 +1,277 @@
+"""Which heads matter: ablation, importance and pruning with head masks (Michel et al.).
+
+Michel §2.3 masks head h with a variable xi_h in MHAtt(x, q) = sum_h xi_h Att_h(x, q). Setting
+xi_h = 0 removes the head; keeping xi real-valued makes the loss differentiable in it, and the
+head importance score is
+
+    I_h = E_x | dL(x) / dxi_h |        at xi = 1,
+
+computed here for every head at once: xi has one row per example, shape (B, layers, heads), so a
+single forward and backward pass per batch gives every example's gradient (never a loop over heads).
+
+Everything works through a :class:`HeadProbe`: a model, data, a differentiable per-example loss and
+an evaluation under a head mask. :class:`TaskProbe` is the probe of a trained run on one split;
+other objectives (e.g. embedding fidelity for a pretrained encoder) are other probes. Analysis only
+passes head masks in and reads results out; it never changes a layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from attnlab.errors import UsageError
+from attnlab.evaluation import evaluate
+from attnlab.evaluation.objectives import example_losses
+from attnlab.experiment import LoadedRun
+from attnlab.head_ids import HeadId, head_ids, mask_without, parse_head
+from attnlab.nn import HeadMask, TransformerModel
+from attnlab.tasks.batching import make_batches
+
+__all__ = [
+    "HeadId",
+    "Score",
+    "HeadProbe",
+    "TaskProbe",
+    "head_ids",
+    "parse_head",
+    "mask_without",
+    "AblationRow",
+    "Ablation",
+    "ablate",
+    "ImportanceRow",
+    "importance",
+    "CurveRow",
+    "pruning_order",
+    "heads_to_prune",
+    "pruning_curve",
+]
+
+
+@dataclass(frozen=True)
+class Score:
+    """The task metric (higher is better) and the loss under one head mask."""
+
+    metric: float
+    loss: float
+
+
+class HeadProbe(Protocol):
+    """What head analysis needs: a model, batches, a per-example loss, and an evaluation."""
+
+    model: TransformerModel
+
+    def batches(self) -> Iterable[Any]: ...
+
+    def example_losses(self, batch: Any, head_mask: HeadMask | None) -> Tensor:
+        """(B,) differentiable losses of the batch's examples."""
+        ...
+
+    def evaluate(self, head_mask: HeadMask | None) -> Score: ...
+
+
+class TaskProbe:
+    """A trained run on one split of its task; the metric is the task's ``accuracy``."""
+
+    def __init__(self, loaded: LoadedRun, split: str = "valid", *, batch_size: int = 128, base_mask: HeadMask | None = None) -> None:
+        self.loaded, self.split, self.batch_size = loaded, split, batch_size
+        self.model = loaded.model.eval()
+        self.kind = loaded.experiment.model_kind
+        self.base_mask = base_mask
+        train = loaded.experiment.train
+        self.max_length = train.max_length or self.model.config.max_len
+        self.truncate = train.truncate
+        self.examples = loaded.task.split(split)
+        if not self.examples:
+            raise UsageError(f"split {split!r} of this run's task is empty")
+
+    def batches(self) -> Iterator[Any]:
+        task = self.loaded.task
+        return make_batches(
+            self.examples, self.batch_size, pad_id=task.pad_id, bos_id=task.bos_id, eos_id=task.eos_id,
+            shuffle=False, max_length=self.max_length, truncate=self.truncate,
+        )
+
+    def example_losses(self, batch: Any, head_mask: HeadMask | None) -> Tensor:
+        return example_losses(self.kind, self.model, batch, head_mask, self.loaded.task.pad_id)
+
+    def evaluate(self, head_mask: HeadMask | None) -> Score:
+        result = evaluate(
+            self.model, self.loaded.task, self.split, kind=self.kind, batch_size=self.batch_size,
+            max_length=self.max_length, truncate=self.truncate, tokenizer=self.loaded.tokenizer, head_mask=head_mask,
+        )
+        return Score(float(result["accuracy"]), float(result["loss"]))
+
+
+# ---- ablation ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AblationRow:
+    """The metric and loss with one change of the mask; ``delta`` = metric - unmasked metric."""
+
+    kind: str
+    layer: int
+    head: int
+    metric: float
+    loss: float
+    delta: float
+
+
+@dataclass(frozen=True)
+class Ablation:
+    """``single``: each head masked alone. ``keep_one``: all heads of a layer masked but ``head``."""
+
+    baseline: Score
+    single: list[AblationRow]
+    keep_one: list[AblationRow]
+
+
+def ablate(probe: HeadProbe, kinds: Sequence[str] | None = None, *, progress: Any = None) -> Ablation:
+    """Mask each head alone, then keep only one head per layer (Michel §3's two experiments)."""
+    heads = head_ids(probe.model, kinds)
+    tick = progress or (lambda: None)
+    baseline = probe.evaluate(None)
+
+    def row(head: HeadId, off: Iterable[HeadId]) -> AblationRow:
+        score = probe.evaluate(mask_without(probe.model, off))
+        tick()
+        return AblationRow(head.kind, head.layer, head.head, score.metric, score.loss, score.metric - baseline.metric)
+
+    single = [row(head, [head]) for head in heads]
+    keep_one = [
+        row(head, [other for other in heads if (other.kind, other.layer) == (head.kind, head.layer) and other != head])
+        for head in heads
+    ]
+    return Ablation(baseline, single, keep_one)
+
+
+# ---- importance ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ImportanceRow:
+    kind: str
+    layer: int
+    head: int
+    importance: float
+
+
+def importance(
+    probe: HeadProbe,
+    *,
+    normalize_per_layer: bool = False,
+    base_mask: HeadMask | None = None,
+    kinds: Sequence[str] | None = None,
+) -> list[ImportanceRow]:
+    """I_h = E_x |dL(x)/dxi_h| at xi = 1 (or at ``base_mask``), one forward+backward per batch.
+
+    With ``normalize_per_layer`` each layer's scores are divided by their l2 norm (Michel et al.).
+    """
+    model = probe.model
+    shapes = model.head_mask_shapes()
+    point = mask_without(model, (), base=base_mask)
+    totals = {kind: torch.zeros(shape, dtype=torch.float64) for kind, shape in shapes.items()}
+    examples = 0
+    for batch in probe.batches():
+        rows = _batch_rows(batch)
+        xi = {kind: point[kind].expand(rows, *shape).clone().requires_grad_(True) for kind, shape in shapes.items()}
+        losses = probe.example_losses(batch, xi)
+        grads = torch.autograd.grad(losses.sum(), list(xi.values()))
+        for kind, grad in zip(xi, grads):
+            totals[kind] += grad.detach().abs().double().sum(0).cpu()
+        examples += rows
+    scores = {kind: total / max(1, examples) for kind, total in totals.items()}
+    if normalize_per_layer:
+        scores = {kind: s / s.norm(dim=-1, keepdim=True).clamp_min(1e-20) for kind, s in scores.items()}
+    return [ImportanceRow(h.kind, h.layer, h.head, float(scores[h.kind][h.layer, h.head])) for h in head_ids(model, kinds)]
+
+
+def _batch_rows(batch: Any) -> int:
+    return len(batch) if hasattr(batch, "__len__") else int(batch.shape[0])
+
+
+# ---- pruning -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CurveRow:
+    percent: float
+    heads_pruned: int
+    metric: float
+    loss: float
+
+
+def pruning_order(scores: Sequence[ImportanceRow]) -> list[HeadId]:
+    """Heads from least to most important, ranked globally across layers and kinds."""
+    return [HeadId(r.kind, r.layer, r.head) for r in sorted(scores, key=lambda r: (r.importance, r.kind, r.layer, r.head))]
+
+
+def heads_to_prune(
+    order: Sequence[HeadId], count: int, *, already: Iterable[HeadId] = (), keep_one_per_layer: bool = False,
+    all_heads: Sequence[HeadId] = (),
+) -> list[HeadId]:
+    """Extend ``already`` with heads from ``order`` until ``count`` are pruned.
+
+    With ``keep_one_per_layer`` the last head of a layer is never taken (so fewer than ``count``
+    may be returned when nothing else is left).
+    """
+    pruned = list(already)
+    alive: dict[tuple[str, int], int] = {}
+    for head in all_heads or order:
+        alive[(head.kind, head.layer)] = alive.get((head.kind, head.layer), 0) + 1
+    for head in pruned:
+        alive[(head.kind, head.layer)] -= 1
+    for head in order:
+        if len(pruned) >= count:
+            break
+        if head in pruned or (keep_one_per_layer and alive[(head.kind, head.layer)] <= 1):
+            continue
+        pruned.append(head)
+        alive[(head.kind, head.layer)] -= 1
+    return pruned
+
+
+def pruning_curve(
+    probe: HeadProbe,
+    percents: Sequence[float],
+    *,
+    recompute: bool = False,
+    keep_one_per_layer: bool = False,
+    kinds: Sequence[str] | None = None,
+    progress: Any = None,
+) -> list[CurveRow]:
+    """Mask the least important heads, ``percents`` of all heads at a time, and evaluate each step.
+
+    With ``recompute`` the importances of the remaining heads are recomputed (at the current mask)
+    before each step; otherwise one ranking serves every step.
+    """
+    check_percents(percents)
+    all_heads = head_ids(probe.model, kinds)
+    order = pruning_order(importance(probe, kinds=kinds))
+    pruned: list[HeadId] = []
+    rows = []
+    tick = progress or (lambda: None)
+    for percent in sorted(percents):
+        count = round(percent / 100 * len(all_heads))
+        if recompute and pruned:
+            remaining = [r for r in importance(probe, base_mask=mask_without(probe.model, pruned), kinds=kinds)
+                         if HeadId(r.kind, r.layer, r.head) not in pruned]
+            order = pruned + pruning_order(remaining)
+        pruned = heads_to_prune(order, count, already=pruned, keep_one_per_layer=keep_one_per_layer, all_heads=all_heads)
+        score = probe.evaluate(mask_without(probe.model, pruned))
+        rows.append(CurveRow(percent, len(pruned), score.metric, score.loss))
+        tick()
+    return rows
+
+
+def check_percents(percents: Sequence[float]) -> None:
+    if not percents:
+        raise UsageError("--percent: give at least one percentage")
+    for percent in percents:
+        if not 0 <= percent <= 100:
+            raise UsageError(f"--percent: {percent:g} is outside [0, 100]")

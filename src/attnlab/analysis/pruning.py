@@ -1,0 +1,82 @@
+"""Physical head pruning: remove heads' rows of W_Q, W_K, W_V and columns of W^O.
+
+A masked head still costs its projections and its attention; a pruned head is gone. The pruned
+model computes the same function as the model with those heads masked (Michel §2.3: xi_h = 0), with
+fewer parameters and less work. A layer may lose every head: its attention sub-layer then adds only
+the bias of W^O, exactly as when all its heads are masked.
+
+The remaining heads of a layer are renumbered 0..h-1 in their old order; the new config records
+the head count of every layer (``model.heads_per_layer``) so that the run loads like any other.
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import torch
+
+from attnlab.analysis.heads import HeadId
+from attnlab.experiment import LoadedRun
+from attnlab.nn import TransformerModel, build_model
+from attnlab.runs import RunDir
+
+__all__ = ["prune_model", "write_pruned_run", "median_seconds"]
+
+
+def prune_model(model: TransformerModel, pruned: Iterable[HeadId]) -> TransformerModel:
+    """A new model without the heads in ``pruned``; every other weight is copied."""
+    pruned = set(pruned)
+    config = model.config
+    counts: dict[str, list[int]] = {}
+    keep: dict[tuple[str, int], list[int]] = {}
+    for site in model.attention_sites():
+        kept = [h for h in range(site.module.heads) if HeadId(site.kind, site.layer, h) not in pruned]
+        keep[(site.kind, site.layer)] = kept
+        counts.setdefault(site.kind, []).append(0)
+        counts[site.kind][site.layer] = len(kept)
+    new_config = config.replace(heads_per_layer=counts, d_k=config.head_dim_k, d_v=config.head_dim_v)
+    new_model = build_model(new_config)
+    names = {id(module): name for name, module in model.named_modules()}
+    state = model.state_dict()
+    for site in model.attention_sites():
+        prefix = names[id(site.module)]
+        for key in [k for k in state if k.startswith(prefix + ".")]:
+            del state[key]
+        for key, value in site.module.head_subset_state(keep[(site.kind, site.layer)]).items():
+            state[f"{prefix}.{key}"] = value
+    new_model.load_state_dict(state, strict=True)
+    return new_model.to(next(model.parameters()).device).eval()
+
+
+def write_pruned_run(loaded: LoadedRun, pruned_model: TransformerModel, out: Path) -> RunDir:
+    """A new run directory holding the pruned model, loadable by every command."""
+    run = RunDir.create(out)
+    config = loaded.experiment.to_dict()
+    pruned_config = pruned_model.config
+    config["model"].update(
+        heads_per_layer=pruned_config.heads_per_layer, d_k=pruned_config.d_k, d_v=pruned_config.d_v
+    )
+    run.write_config(config)
+    if loaded.run.tokenizer_path.exists():
+        shutil.copyfile(loaded.run.tokenizer_path, run.tokenizer_path)
+    run.save_weights(pruned_model)
+    return run
+
+
+@torch.no_grad()
+def median_seconds(*forwards: Callable[[], object], repeats: int = 15, warmup: int = 2) -> list[float]:
+    """Median wall time of each function, timed in alternation so that a busy machine slows all alike."""
+    for forward in forwards:
+        for _ in range(warmup):
+            forward()
+    times: list[list[float]] = [[] for _ in forwards]
+    for _ in range(repeats):
+        for index, forward in enumerate(forwards):
+            start = time.perf_counter()
+            forward()
+            times[index].append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]

@@ -1,0 +1,81 @@
+"""CSV files and pictures of head analysis: per-head heatmaps (layers x heads) and pruning curves."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attnlab.figures import plt, save_figure
+from attnlab.storage import atomic_write_text
+
+__all__ = ["write_rows", "head_matrix_plot", "curve_plot"]
+
+
+def write_rows(rows: Sequence[Any], path: Path, columns: Sequence[str]) -> Path:
+    """Write dataclass rows as CSV with exactly ``columns``, atomically."""
+    lines = [",".join(columns)]
+    for row in rows:
+        values = dataclasses.asdict(row)
+        lines.append(",".join(_cell(values[c]) for c in columns))
+    atomic_write_text(Path(path), "\n".join(lines) + "\n")
+    return Path(path)
+
+
+def _cell(value: Any) -> str:
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def read_importance_csv(path: Path) -> list[dict[str, Any]]:
+    with open(path, newline="", encoding="utf-8") as handle:
+        return [
+            {"kind": r["kind"], "layer": int(r["layer"]), "head": int(r["head"]), "importance": float(r["importance"])}
+            for r in csv.DictReader(handle)
+        ]
+
+
+def head_matrix_plot(rows: Sequence[Any], value: str, path: Path, *, title: str, diverging: bool = False) -> Path:
+    """One panel per attention kind: layers down, heads across, coloured by ``value``."""
+    kinds = list(dict.fromkeys(r.kind for r in rows))
+    fig, axes = plt.subplots(1, len(kinds), figsize=(3.2 * len(kinds) + 0.8, 2.8), squeeze=False)
+    values = np.array([getattr(r, value) for r in rows], dtype=float)
+    limit = float(np.nanmax(np.abs(values))) if len(values) else 1.0
+    limit = limit or 1.0
+    for ax, kind in zip(axes[0], kinds):
+        kind_rows = [r for r in rows if r.kind == kind]
+        layers = max(r.layer for r in kind_rows) + 1
+        heads = max(r.head for r in kind_rows) + 1
+        matrix = np.full((layers, heads), np.nan)
+        for r in kind_rows:
+            matrix[r.layer, r.head] = getattr(r, value)
+        cmap, vmin = ("RdBu", -limit) if diverging else ("viridis", 0.0)
+        image = ax.imshow(matrix, cmap=cmap, vmin=vmin, vmax=limit, aspect="auto")
+        for (i, j), v in np.ndenumerate(matrix):
+            if not np.isnan(v):
+                ax.text(j, i, f"{v:.2g}", ha="center", va="center", fontsize=7, color="black" if diverging else "white")
+        ax.set_title(kind, fontsize=9)
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_xticks(range(heads))
+        ax.set_yticks(range(layers))
+        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def curve_plot(rows: Sequence[Any], path: Path, *, metric: str, title: str) -> Path:
+    """The metric against the percentage of heads pruned."""
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.plot([r.percent for r in rows], [r.metric for r in rows], "o-")
+    ax.set_xlabel("heads pruned (%)")
+    ax.set_ylabel(metric)
+    ax.set_xlim(-2, 102)
+    ax.grid(alpha=0.3)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return save_figure(fig, path)

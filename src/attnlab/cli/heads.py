@@ -1,0 +1,165 @@
+"""``attnlab heads ablate | importance | prune``: which heads matter, and how many can go (Michel et al.)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from attnlab.cli.app import app
+from attnlab.errors import UsageError
+
+heads_app = typer.Typer(help="Head analysis: ablation, importance and pruning (Michel et al.).", no_args_is_help=True)
+app.add_typer(heads_app, name="heads")
+
+SPLIT_HELP = "The split to measure on (train, valid, test, length_generalisation)."
+KIND_HELP = "Only heads of this attention kind (encoder_self, decoder_self, cross, self); repeatable."
+
+
+def _probe(run: Path, split: str, batch_size: int):  # noqa: ANN202
+    from attnlab.analysis.heads import TaskProbe
+    from attnlab.experiment import open_run
+    from attnlab.tasks.base import SPLITS
+
+    if split not in SPLITS:
+        raise UsageError(f"--split: unknown {split!r}; allowed: {', '.join(SPLITS)}")
+    loaded = open_run(run)
+    return loaded, TaskProbe(loaded, split, batch_size=batch_size)
+
+
+@heads_app.command("ablate")
+def ablate_command(
+    run: Path = typer.Argument(..., help="A run directory."),
+    split: str = typer.Option("valid", "--split", help=SPLIT_HELP),
+    out: Path = typer.Option(None, "--out", help="Folder for the CSVs and heatmaps (default RUN/analysis)."),
+    kinds: list[str] = typer.Option(None, "--kind", help=KIND_HELP),
+    batch_size: int = typer.Option(128, "--batch-size", min=1),
+) -> None:
+    """The metric and loss with each head masked alone, and with all heads of a layer but one."""
+    from tqdm import tqdm
+
+    from attnlab.analysis.heads import ablate, head_ids
+    from attnlab.analysis.reports import head_matrix_plot, write_rows
+
+    loaded, probe = _probe(run, split, batch_size)
+    folder = out or loaded.run.analysis
+    total = 2 * len(head_ids(loaded.model, kinds or None))
+    with tqdm(total=total, desc="ablate") as bar:
+        result = ablate(probe, kinds or None, progress=lambda: bar.update(1))
+    columns = ("kind", "layer", "head", "metric", "loss", "delta")
+    single = write_rows(result.single, folder / "ablation.csv", columns)
+    keep_one = write_rows(result.keep_one, folder / "keep_one.csv", columns)
+    typer.echo(f"unmasked: metric {result.baseline.metric:.4f}, loss {result.baseline.loss:.4f}")
+    typer.echo(f"each head masked alone: {single}")
+    typer.echo(f"only one head kept per layer: {keep_one}")
+    for kind in dict.fromkeys(r.kind for r in result.single):
+        rows = [r for r in result.single if r.kind == kind]
+        path = head_matrix_plot(rows, "delta", folder / f"ablation_{kind}.png", diverging=True,
+                                title=f"metric change with one head masked ({split})")
+        typer.echo(f"heatmap: {path}")
+
+
+@heads_app.command("importance")
+def importance_command(
+    run: Path = typer.Argument(..., help="A run directory."),
+    split: str = typer.Option("valid", "--split", help=SPLIT_HELP),
+    normalize_per_layer: bool = typer.Option(False, "--normalize-per-layer", help="Divide each layer's scores by their l2 norm."),
+    out: Path = typer.Option(None, "--out", help="The CSV to write (default RUN/analysis/importance.csv)."),
+    kinds: list[str] = typer.Option(None, "--kind", help=KIND_HELP),
+    batch_size: int = typer.Option(128, "--batch-size", min=1),
+) -> None:
+    """I_h = E_x |dL/dxi_h| for every head, from one forward and backward pass per batch."""
+    from attnlab.analysis.heads import importance
+    from attnlab.analysis.reports import head_matrix_plot, write_rows
+
+    loaded, probe = _probe(run, split, batch_size)
+    path = out or loaded.run.analysis / "importance.csv"
+    rows = importance(probe, normalize_per_layer=normalize_per_layer, kinds=kinds or None)
+    write_rows(rows, path, ("kind", "layer", "head", "importance"))
+    picture = head_matrix_plot(rows, "importance", path.with_suffix(".png"), title=f"head importance ({split})")
+    typer.echo(f"importance: {path}")
+    typer.echo(f"heatmap: {picture}")
+    for row in sorted(rows, key=lambda r: -r.importance)[:5]:
+        typer.echo(f"  {row.kind}:{row.layer}:{row.head}  {row.importance:.4g}")
+
+
+@heads_app.command("prune", context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
+def prune_command(
+    ctx: typer.Context,
+    run: Path = typer.Argument(..., help="A run directory."),
+    percent: float = typer.Option(..., "--percent", help="Percentages of heads to prune: --percent 10 20 30 ..."),
+    recompute: bool = typer.Option(False, "--recompute", help="Recompute importances after each step."),
+    keep_one_per_layer: bool = typer.Option(False, "--keep-one-per-layer", help="Never prune a layer's last head."),
+    physical: bool = typer.Option(False, "--physical", help="Write a new run without the pruned heads (one --percent)."),
+    out: Path = typer.Option(None, "--out", help="Folder for curve.csv/curve.png, or the new run with --physical."),
+    split: str = typer.Option("valid", "--split", help=SPLIT_HELP),
+    kinds: list[str] = typer.Option(None, "--kind", help=KIND_HELP),
+    batch_size: int = typer.Option(128, "--batch-size", min=1),
+) -> None:
+    """Mask the least important heads (ranked globally) and evaluate; or remove them for good."""
+    percents = [percent] + [_number(arg) for arg in ctx.args]
+    from attnlab.analysis.heads import check_percents
+
+    check_percents(percents)
+    loaded, probe = _probe(run, split, batch_size)
+    if physical:
+        _prune_physically(loaded, probe, percents, out, keep_one_per_layer, kinds or None)
+        return
+    from tqdm import tqdm
+
+    from attnlab.analysis.heads import pruning_curve
+    from attnlab.analysis.reports import curve_plot, write_rows
+
+    folder = out or loaded.run.analysis
+    with tqdm(total=len(percents), desc="prune") as bar:
+        rows = pruning_curve(probe, percents, recompute=recompute, keep_one_per_layer=keep_one_per_layer,
+                             kinds=kinds or None, progress=lambda: bar.update(1))
+    csv_path = write_rows(rows, folder / "curve.csv", ("percent", "heads_pruned", "metric", "loss"))
+    png = curve_plot(rows, folder / "curve.png", metric=f"{split} accuracy", title="pruning the least important heads")
+    for row in rows:
+        typer.echo(f"{row.percent:5.1f}%  {row.heads_pruned:3d} heads  metric {row.metric:.4f}  loss {row.loss:.4f}")
+    typer.echo(f"curve: {csv_path}")
+    typer.echo(f"plot: {png}")
+
+
+def _prune_physically(loaded, probe, percents, out, keep_one_per_layer, kinds) -> None:  # noqa: ANN001
+    import torch
+
+    from attnlab.analysis.heads import head_ids, heads_to_prune, importance, mask_without, pruning_order
+    from attnlab.analysis.pruning import median_seconds, prune_model, write_pruned_run
+
+    if len(percents) != 1:
+        raise UsageError("--physical: give exactly one --percent")
+    if out is None:
+        raise UsageError("--physical: give --out NEW_RUN for the pruned run")
+    model = loaded.model
+    all_heads = head_ids(model, kinds)
+    order = pruning_order(importance(probe, kinds=kinds))
+    pruned = heads_to_prune(order, round(percents[0] / 100 * len(all_heads)), keep_one_per_layer=keep_one_per_layer,
+                            all_heads=all_heads)
+    smaller = prune_model(model, pruned)
+    new_run = write_pruned_run(loaded, smaller, out)
+    mask = mask_without(model, pruned)
+    batch = next(iter(probe.batches()))
+    kind = loaded.experiment.model_kind
+    from attnlab.evaluation.objectives import PREDICTIONS
+
+    pad = loaded.task.pad_id
+    with torch.no_grad():
+        difference = (PREDICTIONS[kind](model, batch, mask, pad).logits - PREDICTIONS[kind](smaller, batch, None, pad).logits).abs().max()
+    masked_time, pruned_time = median_seconds(
+        lambda: PREDICTIONS[kind](model, batch, mask, pad), lambda: PREDICTIONS[kind](smaller, batch, None, pad)
+    )
+    typer.echo(f"pruned {len(pruned)} of {len(all_heads)} heads: {', '.join(map(str, sorted(pruned)))}")
+    typer.echo(f"parameters: {model.num_parameters():,} -> {smaller.num_parameters():,}")
+    typer.echo(f"largest logit difference from the masked model: {float(difference):.2e}")
+    typer.echo(f"inference on one batch of {len(batch)}: masked {masked_time * 1e3:.2f} ms, pruned {pruned_time * 1e3:.2f} ms "
+               f"({masked_time / pruned_time:.2f}x)")
+    typer.echo(f"pruned run: {new_run.path}")
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise UsageError(f"--percent: {text!r} is not a number") from None

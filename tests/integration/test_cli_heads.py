@@ -1,0 +1,144 @@
+"""`attnlab heads ...` and head masks through the CLI and in training (Michel et al.)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnlab.experiment import ExperimentConfig, build_task, model_for_task, open_run
+from attnlab.runs import RunDir
+from attnlab.training.trainer import train
+
+EXPERIMENT = {
+    "task": {"name": "reverse", "max_train_length": 4, "train_size": 300, "valid_size": 30, "test_size": 30,
+             "length_generalisation_size": 10},
+    "model": {"kind": "encoder_decoder", "layers": 2, "d_model": 16, "heads": 2, "d_ff": 32, "dropout": 0.0},
+    "train": {"steps": 60, "batch_size": 16, "lr": 3e-3, "warmup": 5, "log_every": 0},
+}
+
+
+def attnlab(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "attnlab", *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("heads") / "run"
+    train(ExperimentConfig.from_dict(EXPERIMENT), path, progress=False)
+    return path
+
+
+def _csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    with open(path, newline="") as handle:
+        reader = csv.DictReader(handle)
+        return list(reader.fieldnames or []), list(reader)
+
+
+def test_ablate_writes_csvs_and_heatmaps(run, tmp_path):
+    result = attnlab("heads", "ablate", str(run), "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    for name in ("ablation.csv", "keep_one.csv"):
+        columns, rows = _csv(tmp_path / name)
+        assert columns == ["kind", "layer", "head", "metric", "loss", "delta"]
+        assert len(rows) == 3 * 2 * 2  # three kinds, two layers, two heads
+    for kind in ("encoder_self", "decoder_self", "cross"):
+        assert (tmp_path / f"ablation_{kind}.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_importance_csv_and_heatmap(run, tmp_path):
+    out = tmp_path / "imp.csv"
+    result = attnlab("heads", "importance", str(run), "--normalize-per-layer", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    columns, rows = _csv(out)
+    assert columns == ["kind", "layer", "head", "importance"] and len(rows) == 12
+    assert all(float(r["importance"]) >= 0 for r in rows)
+    assert out.with_suffix(".png").exists()
+
+
+def test_prune_curve(run, tmp_path):
+    result = attnlab("heads", "prune", str(run), "--percent", "0", "25", "50", "100", "--recompute", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    columns, rows = _csv(tmp_path / "curve.csv")
+    assert columns == ["percent", "heads_pruned", "metric", "loss"]
+    assert [int(r["heads_pruned"]) for r in rows] == [0, 3, 6, 12]
+    assert (tmp_path / "curve.png").exists()
+
+
+def test_physical_pruning_writes_a_smaller_run_with_the_same_outputs(run, tmp_path):
+    out = tmp_path / "pruned"
+    result = attnlab("heads", "prune", str(run), "--percent", "50", "--physical", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "inference on one batch" in result.stdout and "masked" in result.stdout and "pruned" in result.stdout
+    pruned_heads = result.stdout.split("heads: ")[1].splitlines()[0].split(", ")
+    smaller = open_run(out)
+    assert smaller.model.num_parameters() < open_run(run).model.num_parameters()
+    masked = json.loads(attnlab("eval", str(run), "--split", "valid", "--json", "--no-progress",
+                                *[a for h in pruned_heads for a in ("--mask-head", h)]).stdout)
+    cut = json.loads(attnlab("eval", str(out), "--split", "valid", "--json", "--no-progress").stdout)
+    assert cut["accuracy"] == masked["accuracy"]
+    assert cut["loss"] == pytest.approx(masked["loss"], abs=1e-5)
+
+
+def test_cli_head_mask_equals_zeroed_output_columns(run, tmp_path):
+    masked = json.loads(attnlab("eval", str(run), "--split", "valid", "--json", "--no-progress",
+                                "--mask-head", "cross:1:0").stdout)
+    copy = tmp_path / "zeroed"
+    subprocess.run(["cp", "-r", str(run), str(copy)], check=True)
+    loaded = open_run(copy)
+    module = next(s.module for s in loaded.model.attention_sites() if (s.kind, s.layer) == ("cross", 1))
+    with torch.no_grad():
+        module.out_proj.weight[:, : module.d_v] = 0.0  # W^O columns of head 0
+    (copy / "model.safetensors").unlink()
+    loaded.run.save_weights(loaded.model)
+    by_hand = json.loads(attnlab("eval", str(copy), "--split", "valid", "--json", "--no-progress").stdout)
+    assert by_hand["accuracy"] == masked["accuracy"]
+    assert by_hand["loss"] == pytest.approx(masked["loss"], abs=1e-6)
+
+
+def test_training_with_heads_held_at_zero(tmp_path):
+    config = {**EXPERIMENT, "train": {**EXPERIMENT["train"], "steps": 20, "mask_heads": ["cross:0:1", "encoder_self:1:0"]}}
+    experiment = ExperimentConfig.from_dict(config)
+    train(experiment, tmp_path / "run", progress=False)
+    torch.manual_seed(experiment.train.seed)
+    random.seed(experiment.train.seed)
+    initial = model_for_task(experiment, build_task(experiment.task)[0])
+    trained = open_run(tmp_path / "run").model
+    for kind, layer, head in (("cross", 0, 1), ("encoder_self", 1, 0)):
+        before = next(s.module for s in initial.attention_sites() if (s.kind, s.layer) == (kind, layer))
+        after = next(s.module for s in trained.attention_sites() if (s.kind, s.layer) == (kind, layer))
+        d = after.d_k
+        for block in range(3):  # W^Q, W^K, W^V rows of the held head never moved
+            rows = slice(block * after.heads * d + head * d, block * after.heads * d + (head + 1) * d)
+            assert torch.equal(after.in_proj_weight[rows], before.in_proj_weight[rows])
+        other = slice(0, d) if head == 1 else slice(d, 2 * d)
+        assert not torch.equal(after.in_proj_weight[other], before.in_proj_weight[other])
+    final = [r for r in RunDir.open(tmp_path / "run").read_metrics() if r.get("split") == "valid"][-1]
+    reevaluated = json.loads(attnlab("eval", str(tmp_path / "run"), "--split", "valid", "--json", "--no-progress").stdout)
+    assert reevaluated["loss"] == pytest.approx(final["loss"], abs=1e-6)  # the mask stays on in eval
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (("heads", "prune", "{run}", "--percent", "150"), "--percent: 150 is outside [0, 100]"),
+        (("heads", "prune", "{run}", "--percent", "-5"), "--percent: -5 is outside [0, 100]"),
+        (("heads", "prune", "{run}", "--percent", "10", "20", "--physical", "--out", "{tmp}/x"), "--physical: give exactly one --percent"),
+        (("heads", "prune", "{run}", "--percent", "10", "--physical"), "--physical: give --out NEW_RUN"),
+        (("heads", "ablate", "{run}", "--kind", "self"), "this run has no 'self' attention; it has: cross, decoder_self, encoder_self"),
+        (("heads", "importance", "{run}", "--split", "dev"), "--split: unknown 'dev'"),
+        (("eval", "{run}", "--mask-head", "cross:0:5"), "head 5 is out of range; cross layer 0 has heads 0..1"),
+        (("eval", "{run}", "--mask-head", "cross:9:0"), "layer 9 is out of range; cross has layers 0..1"),
+        (("heads", "importance", "no/such/run"), "run not found"),
+    ],
+)
+def test_bad_input(run, tmp_path, args, message):
+    result = attnlab(*[a.format(run=run, tmp=tmp_path) for a in args])
+    assert result.returncode == 2, result.stdout
+    assert message in result.stderr and "Traceback" not in result.stderr
