@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.attnlab-installed
 EXTRAS ?= dev
 
-.PHONY: install test test-all demo clean
+.PHONY: install browser test test-all demo clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,10 +18,21 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-test: $(STAMP)
+# The viewer's browser tests drive Debian's chromium with Playwright (never `playwright install`,
+# which downloads a browser). Installed here when missing and we are root with apt-get; if that
+# fails, those tests skip and say why.
+CHROMIUM ?= /usr/bin/chromium
+browser:
+	@if [ ! -x $(CHROMIUM) ] && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		echo "installing chromium for the browser tests (apt-get)"; \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
+			|| echo "could not install chromium: the browser tests will be skipped"; \
+	fi
+
+test: $(STAMP) browser
 	$(PY) -m pytest -m "not slow" -q -n 2
 
-test-all: $(STAMP)
+test-all: $(STAMP) browser
 	$(PY) -m pytest -q -n 2
 
 demo: $(STAMP)

@@ -2,7 +2,11 @@
 
 The output is what the plots and the viewer show: for each :class:`attnlab.nn.AttentionRecord`,
 the tokens along its query and key axes. For an encoder-decoder the input is decoded greedily
-first, then one teacher-forced pass over (source, BOS + output) records all three kinds.
+first, then one teacher-forced pass over (source, BOS + output) records all three kinds. For a
+decoder-only model the prompt is continued greedily, then one pass over (BOS + prompt + continuation)
+records the maps and gives the next-token distribution right after the prompt.
+
+"Visualising learned attentions: different heads show different patterns" (Li's slides).
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -17,7 +22,15 @@ from attnlab.decoding import DecodeOptions, decode, generate_continuations
 from attnlab.experiment import LoadedRun
 from attnlab.nn import AttentionRecord, capture
 
-__all__ = ["AttentionView", "attention_view"]
+__all__ = ["AttentionView", "attention_view", "kind_maps", "KIND_TITLES"]
+
+KIND_TITLES = {
+    "encoder_self": "encoder self-attention",
+    "decoder_self": "decoder masked self-attention",
+    "cross": "encoder-decoder attention",
+    "self": "self-attention",
+}
+"""A person's name for each attention kind (Vaswani §3.2.3: the three uses of attention)."""
 
 
 @dataclass(frozen=True)
@@ -29,17 +42,25 @@ class AttentionView:
         axes: kind -> (query tokens, key tokens).
         output: the decoded sequence, the class, or the continuation, as text.
         probability: the class probability (classifiers), else None.
+        distribution: (token or class, probability) pairs: every class (classifiers), or the
+            ``top_k`` most likely next tokens right after the input (decoder-only); else None.
     """
 
     records: list[AttentionRecord]
     axes: dict[str, tuple[list[str], list[str]]]
     output: str
     probability: float | None = None
+    distribution: list[tuple[str, float]] | None = None
 
 
 @torch.no_grad()
 def attention_view(
-    loaded: LoadedRun, text: str, *, head_mask: Mapping[str, Tensor] | None = None, max_length: int = 64
+    loaded: LoadedRun,
+    text: str,
+    *,
+    head_mask: Mapping[str, Tensor] | None = None,
+    max_length: int = 64,
+    top_k: int = 5,
 ) -> AttentionView:
     """Run ``loaded.model`` on ``text`` (optionally with heads masked) and capture its attention."""
     task, codec, model = loaded.task, loaded.codec, loaded.model
@@ -62,12 +83,28 @@ def attention_view(
             probs = torch.softmax(model(tokens, head_mask=head_mask), -1)[0]
         labels = codec.tokens(ids) + ["</s>"]
         label = int(probs.argmax())
-        return AttentionView(records, {"self": (labels, labels)}, str(label), float(probs[label]))
+        classes = [(str(index), float(p)) for index, p in enumerate(probs)]
+        return AttentionView(records, {"self": (labels, labels)}, str(label), float(probs[label]), classes)
     prompt = [task.bos_id, *ids]
     hypothesis = generate_continuations(model, [prompt], eos_id=task.eos_id, banned=(task.pad_id, task.bos_id),
                                         options=DecodeOptions(max_length=max_length), head_mask=head_mask)[0]
     full = torch.tensor([prompt + hypothesis.tokens])
     with capture(model) as records:
-        model(full, head_mask=head_mask)
+        logits = model(full, head_mask=head_mask)
     labels = ["<s>"] + codec.tokens(ids + hypothesis.tokens)
-    return AttentionView(records, {"self": (labels, labels)}, codec.decode(hypothesis.tokens))
+    next_token = torch.softmax(logits[0, len(prompt) - 1].float(), -1)
+    values, indices = next_token.topk(min(top_k, next_token.numel()))
+    top = [(codec.tokens([int(i)])[0], float(v)) for v, i in zip(values, indices, strict=True)]
+    return AttentionView(records, {"self": (labels, labels)}, codec.decode(hypothesis.tokens), distribution=top)
+
+
+def kind_maps(view: AttentionView, kind: str) -> np.ndarray:
+    """The maps of one kind as a (layers, H, T_q, T_k) array, layer 0 first (batch row 0).
+
+    Raises:
+        KeyError: ``view`` holds no map of ``kind``.
+    """
+    records = sorted((r for r in view.records if r.kind == kind), key=lambda r: r.layer)
+    if not records:
+        raise KeyError(kind)
+    return np.stack([r.weights[0].float().cpu().numpy() for r in records])

@@ -3,18 +3,30 @@
 "Visualising learned attentions: different heads show different patterns" (Li's slides). Each
 function returns the matplotlib Figure (for notebooks) and, given ``path``, also writes a PNG.
 Queries run down the rows, keys along the columns, with the tokens as tick labels.
+
+:func:`attention_figures` draws every map of an :class:`~attnlab.analysis.maps.AttentionView`
+(each head of each layer of each kind, one grid per layer, and for hard attention the argmax
+pattern); :func:`save_attention_pictures` writes them all, as ``attnlab attention`` does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 
+from attnlab.analysis.maps import KIND_TITLES, AttentionView, kind_maps
 from attnlab.figures import Figure, plt, save_figure
 
-__all__ = ["head_heatmap", "layer_grid", "save_figure"]
+__all__ = [
+    "head_heatmap",
+    "layer_grid",
+    "argmax_pattern",
+    "attention_figures",
+    "save_attention_pictures",
+    "save_figure",
+]
 
 _CMAP = "viridis"
 
@@ -83,3 +95,38 @@ def _label_axes(ax, query_tokens: Sequence[str], key_tokens: Sequence[str], *, s
     ax.set_yticklabels(list(query_tokens), fontsize=size)
     ax.set_xlabel("key", fontsize=size)
     ax.set_ylabel("query", fontsize=size)
+
+
+def argmax_pattern(weights: np.ndarray) -> np.ndarray:
+    """One-hot rows at each query's most attended key (ties to the first, as hardmax does; Hahn §3)."""
+    weights = np.asarray(weights, dtype=float)
+    pattern = np.zeros_like(weights)
+    np.put_along_axis(pattern, weights.argmax(-1)[..., None], 1.0, axis=-1)
+    return pattern
+
+
+def attention_figures(view: AttentionView, *, argmax: bool = False) -> Iterator[tuple[str, Figure]]:
+    """Every picture of ``view`` as (file stem, Figure), drawn one at a time.
+
+    For each kind and layer: ``{kind}_layer{l}_head{h}`` per head, ``{kind}_layer{l}_heads`` (the
+    grid of all heads), and with ``argmax`` (hard attention) ``{kind}_layer{l}_argmax``, the one-hot
+    pattern of each query's chosen key, with the chosen cells also outlined on each head's map.
+    A caller that keeps a figure owns it; close it with ``matplotlib.pyplot.close``.
+    """
+    for kind, (queries, keys) in view.axes.items():
+        maps = kind_maps(view, kind)
+        title = KIND_TITLES.get(kind, kind)
+        for layer, heads in enumerate(maps):
+            for head, weights in enumerate(heads):
+                yield f"{kind}_layer{layer}_head{head}", head_heatmap(
+                    weights, queries, keys, title=f"{title}, layer {layer}, head {head}", argmax=argmax)
+            yield f"{kind}_layer{layer}_heads", layer_grid(heads, queries, keys, title=f"{title}, layer {layer}")
+            if argmax:
+                yield f"{kind}_layer{layer}_argmax", layer_grid(
+                    argmax_pattern(heads), queries, keys, title=f"{title}, layer {layer}: argmax pattern")
+
+
+def save_attention_pictures(view: AttentionView, out_dir: Path, *, argmax: bool = False) -> list[Path]:
+    """Write every picture of :func:`attention_figures` as ``out_dir/<stem>.png``; returns the paths."""
+    out_dir = Path(out_dir)
+    return [save_figure(figure, out_dir / f"{stem}.png") for stem, figure in attention_figures(view, argmax=argmax)]

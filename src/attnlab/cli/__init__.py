@@ -16,6 +16,7 @@ from attnlab.errors import AttnlabError
 
 # Command modules register themselves on `app` when imported.
 from attnlab.cli import attention as _attention  # noqa: F401,E402
+from attnlab.cli import bench as _bench  # noqa: F401,E402
 from attnlab.cli import demo as _demo  # noqa: F401,E402
 from attnlab.cli import evaluate as _evaluate  # noqa: F401,E402
 from attnlab.cli import generate as _generate  # noqa: F401,E402

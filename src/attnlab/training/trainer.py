@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from attnlab.errors import AttnlabError, CheckpointError, ConfigError
 from attnlab.embeddings import init_embedding, load_vectors
-from attnlab.experiment import ExperimentConfig, TextCodec, build_task, model_for_task
+from attnlab.experiment import ExperimentConfig, TextCodec, TrainConfig, build_task, model_for_task
 from attnlab.head_ids import mask_without, parse_head
 from attnlab.nn import InputEmbedding
 from attnlab.runs import RunDir, load_weights_into
@@ -43,7 +43,7 @@ from attnlab.evaluation.objectives import OBJECTIVES
 from attnlab.training.plots import plot_curves
 from attnlab.training.schedule import make_scheduler
 
-__all__ = ["TrainingDiverged", "TrainResult", "train", "resolve_device"]
+__all__ = ["TrainingDiverged", "TrainResult", "train", "resolve_device", "make_optimizer"]
 
 Log = Callable[[str], None]
 
@@ -66,6 +66,14 @@ def resolve_device(name: str) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"train.device: {name!r} asked for, but no CUDA device is visible; use cpu")
     return torch.device(name)
+
+
+def make_optimizer(parameters: Iterable[nn.Parameter], cfg: TrainConfig) -> torch.optim.Optimizer:
+    """Adam (Vaswani §5.3), or AdamW with weight decay; the multi-tensor implementation."""
+    options = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, foreach=True)
+    if cfg.weight_decay > 0:
+        return torch.optim.AdamW(parameters, weight_decay=cfg.weight_decay, **options)
+    return torch.optim.Adam(parameters, **options)
 
 
 def train(
@@ -138,11 +146,7 @@ class _Trainer:
                                              "total": coverage.total, "coverage": coverage.ratio})
 
     def _optimizer(self) -> torch.optim.Optimizer:
-        cfg = self.cfg
-        options = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, foreach=True)
-        if cfg.weight_decay > 0:
-            return torch.optim.AdamW(self.model.parameters(), weight_decay=cfg.weight_decay, **options)
-        return torch.optim.Adam(self.model.parameters(), **options)
+        return make_optimizer(self.model.parameters(), self.cfg)
 
     def _distributed(self, model: nn.Module) -> nn.Module:
         if not self.dist.enabled:

@@ -1,0 +1,61 @@
+"""``attnlab bench``: attnlab against PyTorch and Hugging Face, side by side in one run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from attnlab.bench.harness import BenchResult
+
+__all__ = ["BENCHMARKS", "run_benchmark"]
+
+
+def _train(quick: bool, plots: Path | None) -> BenchResult:
+    from attnlab.bench.train import run_train
+
+    return run_train(quick)
+
+
+def _train_headmask(quick: bool, plots: Path | None) -> BenchResult:
+    from attnlab.bench.train import run_train_headmask
+
+    return run_train_headmask(quick)
+
+
+def _decode(quick: bool, plots: Path | None) -> BenchResult:
+    from attnlab.bench.decode import run_decode
+
+    return run_decode(quick)
+
+
+def _attention(quick: bool, plots: Path | None) -> BenchResult:
+    from attnlab.bench.attention import run_attention
+
+    return run_attention(quick, plot=None if plots is None else plots / "attention.png")
+
+
+def _heads(quick: bool, plots: Path | None) -> BenchResult:
+    from attnlab.bench.heads import run_heads
+
+    return run_heads(quick)
+
+
+def _mfu(quick: bool, plots: Path | None) -> BenchResult:
+    from attnlab.bench.mfu import run_mfu
+
+    return run_mfu(quick)
+
+
+BENCHMARKS: dict[str, Callable[[bool, Path | None], BenchResult]] = {
+    "train": _train,
+    "train-headmask": _train_headmask,
+    "decode": _decode,
+    "attention": _attention,
+    "heads": _heads,
+    "mfu": _mfu,
+}
+"""Registry: benchmark name -> run(quick, plots folder)."""
+
+
+def run_benchmark(name: str, *, quick: bool = False, plots: Path | None = None) -> BenchResult:
+    return BENCHMARKS[name](quick, plots)

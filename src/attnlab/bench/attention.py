@@ -1,0 +1,123 @@
+"""``attention``: forward and backward of one attention layer for T = 1k ... 32k (B = 1, H = 8, d_k = 64).
+
+The complexity analysis of Li's slides, measured: attention does O(T_q T_k d) work, and a naive
+implementation also keeps the O(T_q T_k) weight matrix. attnlab's soft attention runs PyTorch's
+fused kernel (O(T) memory); its hard attention scores queries chunk by chunk and never holds the
+T x T weights. The naive reference materialises softmax(Q K^T / sqrt(d)) and is skipped where that
+matrix would not fit comfortably in memory.
+
+Each point runs in a fresh subprocess, so its peak resident set size (``ru_maxrss``) is its own.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+from attnlab.bench.harness import MIN_REPEATS, BenchResult
+
+__all__ = ["run_attention", "SYSTEMS", "point"]
+
+FULL_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768)
+QUICK_LENGTHS = (256, 512)
+SYSTEMS = ("soft", "hard", "naive")
+NAIVE_LIMIT_BYTES = 4 * 2**30  # the naive reference is skipped where its T x T matrices pass this
+HEADS, HEAD_DIM = 8, 64
+
+
+def point(system: str, length: int, repeats: int) -> dict[str, float]:
+    """Time forward+backward of one system at one length; runs inside the measuring subprocess."""
+    import resource
+    import statistics
+    import time
+
+    import torch
+
+    from attnlab.nn.attention import attention
+
+    def make() -> tuple[torch.Tensor, ...]:
+        return tuple(torch.randn(1, HEADS, length, HEAD_DIM, requires_grad=True) for _ in range(3))
+
+    def naive(q, k, v):  # noqa: ANN001, ANN202
+        weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(HEAD_DIM), dim=-1)  # (1, H, T, T)
+        return weights @ v
+
+    forward = {
+        "soft": lambda q, k, v: attention(q, k, v),
+        "hard": lambda q, k, v: attention(q, k, v, normalizer="hardmax"),
+        "naive": naive,
+    }[system]
+    baseline_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    small = tuple(torch.randn(1, HEADS, 256, HEAD_DIM, requires_grad=True) for _ in range(3))
+    forward(*small).sum().backward()  # warm-up: kernels and allocator, at a small size
+    times = []
+    for _ in range(repeats):
+        q, k, v = make()
+        start = time.perf_counter()
+        forward(q, k, v).sum().backward()
+        times.append(time.perf_counter() - start)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"seconds": statistics.median(times), "peak_rss": peak, "baseline_rss": baseline_rss}
+
+
+def _measure(system: str, length: int, repeats: int) -> dict[str, float]:
+    code = f"import json; from attnlab.bench.attention import point; print(json.dumps(point({system!r}, {length}, {repeats})))"
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    if completed.returncode != 0:
+        raise RuntimeError(f"attention benchmark point {system} T={length} failed: {completed.stderr.strip()[-400:]}")
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+def run_attention(quick: bool = False, repeats: int = MIN_REPEATS, plot: Path | None = None) -> BenchResult:
+    lengths = QUICK_LENGTHS if quick else FULL_LENGTHS
+    result = BenchResult("attention")
+    measured: dict[str, list[tuple[int, float, float]]] = {s: [] for s in SYSTEMS}
+    for length in lengths:
+        for system in SYSTEMS:
+            naive_bytes = 3 * HEADS * length * length * 4  # scores, weights and their gradient
+            if system == "naive" and naive_bytes > NAIVE_LIMIT_BYTES:
+                result.notes.append(f"naive skipped at T={length}: it would hold ~{naive_bytes / 2**30:.0f} GiB of T x T tensors")
+                continue
+            values = _measure(system, length, repeats)
+            result.add(system, f"seconds_T{length}", values["seconds"], "s")
+            result.add(system, f"peak_rss_T{length}", values["peak_rss"] / 2**20, "MiB")
+            measured[system].append((length, values["seconds"], values["peak_rss"]))
+    longest = lengths[-1]
+    for system in ("soft", "hard"):
+        result.ratios[f"{system}_peak_rss_GiB_T{longest}"] = result.value(system, f"peak_rss_T{longest}") / 1024
+        if not quick:
+            result.targets[f"{system}_peak_rss_GiB_T{longest}"] = ("<=", 1.0)
+    for system, points in measured.items():
+        if len(points) >= 2:  # the slope of log time against log T: 2 for quadratic work
+            (t0, s0, _), (t1, s1, _) = points[-2], points[-1]
+            result.ratios[f"{system}_time_exponent"] = math.log(s1 / s0) / math.log(t1 / t0)
+    if plot is not None:
+        _plot(measured, plot)
+        result.notes.append(f"plot: {plot}")
+    return result
+
+
+def _plot(measured: dict[str, list[tuple[int, float, float]]], path: Path) -> None:
+    from attnlab.figures import plt, save_figure
+
+    fig, (time_axis, memory_axis) = plt.subplots(1, 2, figsize=(10, 4))
+    for system, points in measured.items():
+        if not points:
+            continue
+        lengths = [p[0] for p in points]
+        time_axis.loglog(lengths, [p[1] for p in points], "o-", label=system, base=2)
+        memory_axis.loglog(lengths, [p[2] / 2**20 for p in points], "o-", label=system, base=2)
+    if measured["soft"]:
+        t0, s0 = measured["soft"][0][0], measured["soft"][0][1]
+        reference = [t0 * 2**i for i in range(len(measured["soft"]))]
+        time_axis.loglog(reference, [s0 * (t / t0) ** 2 for t in reference], ":", color="grey", label="~T^2", base=2)
+    time_axis.set(xlabel="sequence length T", ylabel="forward + backward (s)", title="time: O(T^2 d) work")
+    memory_axis.set(xlabel="sequence length T", ylabel="peak RSS (MiB)", title="memory: O(T) fused vs O(T^2) naive")
+    for axis in (time_axis, memory_axis):
+        axis.grid(alpha=0.3, which="both")
+        axis.legend()
+    fig.tight_layout()
+    save_figure(fig, path)

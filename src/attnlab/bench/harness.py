@@ -1,0 +1,128 @@
+"""Timing, machine facts, and the result format every benchmark shares.
+
+A benchmark times each system in the same process on the same machine, reports the median of at
+least 5 timed repetitions after warm-up, and derives ratios from those medians. The JSON form is
+
+    {"benchmark": ..., "machine": {...}, "results": [{"system", "metric", "value", "unit"}],
+     "ratios": {...}, "targets": {...}}
+
+Timings are never asserted in tests: speed depends on the machine and its load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["MIN_REPEATS", "Measurement", "BenchResult", "median_time", "machine_info", "format_table"]
+
+MIN_REPEATS = 5
+
+
+@dataclass(frozen=True)
+class Measurement:
+    system: str
+    metric: str
+    value: float
+    unit: str
+
+
+@dataclass
+class BenchResult:
+    """One benchmark's measurements, ratios between them, and the targets they are held to.
+
+    ``targets`` maps a ratio name to (comparison, bound), e.g. ``{"vs_torch": (">=", 1.15)}``.
+    """
+
+    benchmark: str
+    results: list[Measurement] = field(default_factory=list)
+    ratios: dict[str, float] = field(default_factory=dict)
+    targets: dict[str, tuple[str, float]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    machine: dict[str, Any] = field(default_factory=lambda: machine_info())
+
+    def add(self, system: str, metric: str, value: float, unit: str) -> None:
+        self.results.append(Measurement(system, metric, value, unit))
+
+    def value(self, system: str, metric: str) -> float:
+        return next(m.value for m in self.results if m.system == system and m.metric == metric)
+
+    def met(self) -> dict[str, bool]:
+        """Whether each ratio meets its target."""
+        checks = {">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b}
+        return {name: checks[op](self.ratios[name], bound) for name, (op, bound) in self.targets.items() if name in self.ratios}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "benchmark": self.benchmark,
+            "machine": self.machine,
+            "results": [asdict(m) for m in self.results],
+            "ratios": self.ratios,
+            "targets": {k: {"op": op, "bound": bound, "met": self.met().get(k)} for k, (op, bound) in self.targets.items()},
+            "notes": self.notes,
+        }
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=2)
+
+
+def median_time(fn: Callable[[], object], *, repeats: int = MIN_REPEATS, warmup: int = 1) -> float:
+    """Median wall-clock seconds of ``fn()`` over ``repeats`` runs after ``warmup`` runs."""
+    if repeats < MIN_REPEATS:
+        raise ValueError(f"repeats: a benchmark times at least {MIN_REPEATS} repetitions, got {repeats}")
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def machine_info() -> dict[str, Any]:
+    """What the numbers depend on: torch version, threads, CPU model, devices."""
+    return {
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "cpu": _cpu_model(),
+        "cpus": os.cpu_count(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def format_table(result: BenchResult) -> str:
+    """A plain-text table of the measurements, then the ratios against their targets."""
+    lines = [f"benchmark: {result.benchmark}   (torch {result.machine['torch']}, {result.machine['threads']} threads, "
+             f"{result.machine['cpu']})"]
+    width = max([len(m.system) for m in result.results] + [6])
+    for m in result.results:
+        lines.append(f"  {m.system:<{width}}  {m.metric:<22} {m.value:>14.4g} {m.unit}")
+    met = result.met()
+    for name, ratio in result.ratios.items():
+        target = result.targets.get(name)
+        verdict = "" if target is None else f"   target {target[0]} {target[1]:g}: {'met' if met[name] else 'MISSED'}"
+        lines.append(f"  ratio {name:<30} {ratio:8.3f}{verdict}")
+    lines += [f"  note: {note}" for note in result.notes]
+    return "\n".join(lines)

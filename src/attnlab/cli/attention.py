@@ -1,0 +1,37 @@
+"""``attnlab attention``: attention heatmaps of a trained run on one input, as PNG files.
+
+"Visualising learned attentions: different heads show different patterns" (Li's slides). One
+picture per head of each layer of each attention kind, one grid per layer, and for hard-attention
+models the argmax pattern. The same pictures come from Python through
+:func:`attnlab.analysis.plots.attention_figures`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from attnlab.cli.app import app
+
+
+@app.command()
+def attention(
+    run: Path = typer.Argument(..., help="A run directory written by `attnlab train`."),
+    text: str = typer.Argument(..., help="The input: symbols of the task (e.g. abcd) or text."),
+    out: Path = typer.Option(..., "--out", help="Folder to write the PNG files into (created if missing)."),
+    argmax: bool | None = typer.Option(
+        None, "--argmax/--no-argmax", help="Draw the argmax pattern (default: only for hard attention)."),
+    max_length: int = typer.Option(64, "--max-length", min=1, help="Most output tokens to decode."),
+) -> None:
+    """Draw every attention map of RUN on TEXT: per head, per layer (grid), and the argmax pattern."""
+    from attnlab.analysis.maps import attention_view
+    from attnlab.analysis.plots import save_attention_pictures
+    from attnlab.experiment import open_run
+
+    loaded = open_run(run)
+    view = attention_view(loaded, text, max_length=max_length)
+    hard = loaded.experiment.model.get("attention") == "hard"
+    paths = save_attention_pictures(view, out, argmax=hard if argmax is None else argmax)
+    typer.echo(f"{text} -> {view.output}")
+    typer.echo(f"wrote {len(paths)} attention pictures to {out}")

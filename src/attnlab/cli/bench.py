@@ -1,0 +1,38 @@
+"""``attnlab bench``: measure attnlab against PyTorch and Hugging Face in the same run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from attnlab.cli.app import app
+from attnlab.errors import UsageError
+
+
+@app.command()
+def bench(
+    name: str = typer.Argument(..., help="train, train-headmask, decode, attention, heads, mfu, or all."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (a list of them for `all`)."),
+    quick: bool = typer.Option(False, "--quick", help="Small sizes: a smoke test of every code path."),
+    save: Path = typer.Option(None, "--save", help="Write <name>.json (and plots) into this folder."),
+) -> None:
+    """Time attnlab and the systems a user would pick instead: medians of 5+ runs, and their ratios."""
+    from attnlab.bench import BENCHMARKS, run_benchmark
+    from attnlab.bench.harness import format_table
+    from attnlab.storage import atomic_write_text
+
+    names = list(BENCHMARKS) if name == "all" else [name]
+    if name != "all" and name not in BENCHMARKS:
+        raise UsageError(f"benchmark: unknown {name!r}; allowed: {', '.join(BENCHMARKS)}, all")
+    outputs = []
+    for benchmark in names:
+        result = run_benchmark(benchmark, quick=quick, plots=save)
+        outputs.append(result.to_json())
+        if save is not None:
+            atomic_write_text(save / f"{benchmark}.json", result.dumps() + "\n")
+        if not as_json:
+            typer.echo(format_table(result))
+    if as_json:
+        typer.echo(json.dumps(outputs[0] if len(outputs) == 1 else outputs))

@@ -1,0 +1,35 @@
+"""``attnlab view``: the local attention viewer (see :mod:`attnlab.viewer` and its ``API.md``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from attnlab.cli.app import app
+
+
+@app.command()
+def view(
+    run: Path = typer.Argument(..., help="A run directory written by `attnlab train`."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (default: this machine only)."),
+    port: int = typer.Option(8765, "--port", min=0, max=65535, help="Port to listen on (0 = any free port)."),
+    importance: Path = typer.Option(
+        None, "--importance", help="CSV from `attnlab heads importance`, to colour heads by importance."),
+) -> None:
+    """Start the attention viewer: type an input, see every head's attention, switch heads off live."""
+    from attnlab.experiment import open_run
+    from attnlab.head_ids import head_ids
+    from attnlab.viewer.importance import read_importance
+    from attnlab.viewer.serve import LOOPBACK_HOSTS, is_loopback, listen, make_server, url_of
+    from attnlab.viewer.server import create_app
+
+    loaded = open_run(run)
+    scores = None if importance is None else read_importance(importance, frozenset(head_ids(loaded.model)))
+    local = is_loopback(host)
+    app_ = create_app(loaded, importance=scores, allowed_hosts=LOOPBACK_HOSTS if local else None)
+    sock = listen(host, port)
+    if not local:
+        typer.echo(f"warning: listening on {host}: anyone who can reach this machine can use the viewer", err=True)
+    typer.echo(f"attention viewer for {run}: {url_of(sock)}  (Ctrl-C to stop)")
+    make_server(app_).run(sockets=[sock])

@@ -1,0 +1,15 @@
+"""The attention viewer: a local web page to look at every head and switch heads off live.
+
+Li's slides end with "Visualising learned attentions: different heads show different patterns".
+Here a person looks and intervenes in the same place: the page shows each layer's and head's
+attention (a head view of lines between tokens and a model view of small heatmaps) and the model's
+output; clicking a head zeroes its entry of the head mask ξ (Michel §2.3) and re-runs the model.
+
+Modules: :mod:`.requests` (parsing and checking what the page sends), :mod:`.importance` (the
+``attnlab heads importance`` CSV), :mod:`.payload` (a run as JSON), :mod:`.server` (the Starlette
+app), :mod:`.serve` (uvicorn on a socket). The JSON API is documented in ``API.md`` beside this file.
+"""
+
+from attnlab.viewer.server import create_app
+
+__all__ = ["create_app"]

@@ -1,0 +1,95 @@
+"""A run of the model as the JSON the page draws: the output and every attention map.
+
+Token text goes into JSON as it is; the page puts it into the document only as text nodes, so an
+input such as ``"><img src=x onerror=alert(1)>`` shows as text (see ``static/viewer.js``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attnlab.analysis.maps import KIND_TITLES, AttentionView, attention_view, kind_maps
+from attnlab.experiment import LoadedRun
+from attnlab.head_ids import HeadId, head_ids, mask_without
+from attnlab.viewer.importance import Importance
+from attnlab.viewer.requests import (
+    MAX_INPUT_CHARS,
+    MAX_INPUT_TOKENS,
+    MAX_OUTPUT_TOKENS,
+    RunRequest,
+    check_input_length,
+)
+
+__all__ = ["describe_model", "example_input", "run_payload", "DECIMALS"]
+
+DECIMALS = 4
+"""Attention weights are rounded to this many decimals: enough for a picture, a small response."""
+
+
+def describe_model(loaded: LoadedRun, importance: Importance | None = None) -> dict[str, Any]:
+    """What the page needs before the first run: the model kind, its heads, the caps."""
+    heads = head_ids(loaded.model)
+    return {
+        "run": loaded.run.path.resolve().name,
+        "model_kind": loaded.experiment.model_kind,
+        "task": loaded.experiment.task_name,
+        "attention": str(loaded.experiment.model.get("attention", "soft")),
+        "heads": [_kind_info(kind, heads) for kind in dict.fromkeys(h.kind for h in heads)],
+        "limits": {"max_input_chars": MAX_INPUT_CHARS, "max_input_tokens": MAX_INPUT_TOKENS,
+                   "max_output_tokens": MAX_OUTPUT_TOKENS},
+        "importance": importance,
+        "example": example_input(loaded),
+    }
+
+
+def _kind_info(kind: str, heads: list[HeadId]) -> dict[str, Any]:
+    layers = max(h.layer for h in heads if h.kind == kind) + 1
+    per_layer = [sum(1 for h in heads if h.kind == kind and h.layer == layer) for layer in range(layers)]
+    return {"kind": kind, "title": KIND_TITLES.get(kind, kind), "layers": layers, "heads": max(per_layer),
+            "heads_per_layer": per_layer}
+
+
+def example_input(loaded: LoadedRun) -> str:
+    """The first test example's input (a prompt of half its text for a language model), as text."""
+    examples = loaded.task.split("test")
+    if not examples:
+        return ""
+    example = examples[0]
+    if example.source:
+        return loaded.codec.decode(list(example.source[:-1]))  # without EOS
+    target = list(example.target or ())
+    return loaded.codec.decode(target[: max(1, len(target) // 2)])
+
+
+def run_payload(loaded: LoadedRun, request: RunRequest) -> dict[str, Any]:
+    """Run ``loaded.model`` on ``request.text`` with ``request.off`` switched off; the JSON answer."""
+    ids = loaded.codec.encode(request.text)
+    check_input_length(len(ids))
+    mask = mask_without(loaded.model, request.off) if request.off else None
+    view = attention_view(loaded, request.text, head_mask=mask, max_length=MAX_OUTPUT_TOKENS)
+    return {
+        "input": request.text,
+        "tokens": loaded.codec.tokens(ids),
+        "off": [{"kind": h.kind, "layer": h.layer, "head": h.head} for h in request.off],
+        "output": _output(loaded.experiment.model_kind, view),
+        "attention": _maps(view),
+    }
+
+
+def _output(model_kind: str, view: AttentionView) -> dict[str, Any]:
+    if model_kind == "encoder_classifier":
+        return {"type": "class", "label": view.output, "probability": view.probability,
+                "classes": [{"label": label, "probability": p} for label, p in view.distribution or []]}
+    if model_kind == "decoder_only":
+        return {"type": "continuation", "text": view.output,
+                "next_tokens": [{"token": token, "probability": p} for token, p in view.distribution or []]}
+    return {"type": "sequence", "text": view.output}
+
+
+def _maps(view: AttentionView) -> list[dict[str, Any]]:
+    maps = []
+    for kind, (queries, keys) in view.axes.items():
+        for layer, weights in enumerate(kind_maps(view, kind)):
+            maps.append({"kind": kind, "layer": layer, "queries": queries, "keys": keys,
+                         "weights": weights.astype(float).round(DECIMALS).tolist()})
+    return maps

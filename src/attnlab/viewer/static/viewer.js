@@ -1,0 +1,365 @@
+// attnlab viewer: look at every head's attention and switch heads off live.
+// "Visualising learned attentions: different heads show different patterns" (Li's slides).
+//
+// Token and user text only ever enters the document through textContent, setAttribute on
+// non-executable attributes, or SVG text nodes: never innerHTML. The JSON API is in API.md.
+"use strict";
+
+const SVG_NS = "http://www.w3.org/2000/svg";
+const HEAD_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+  "#7f7f7f", "#bcbd22", "#17becf"];
+
+const state = {
+  model: null,        // GET /api/model
+  off: new Set(),     // "kind/layer/head" of every switched-off head
+  importance: null,   // kind -> [layer][head] -> number | null
+  payload: null,      // the last successful POST /api/run answer
+  sequence: 0,        // numbers requests; only the newest answer is drawn
+  timer: null,
+};
+
+const $ = (id) => document.getElementById(id);
+
+function el(tag, text, className) {
+  const node = document.createElement(tag);
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  if (className) node.className = className;
+  return node;
+}
+
+function svg(tag, attributes) {
+  const node = document.createElementNS(SVG_NS, tag);
+  for (const [name, value] of Object.entries(attributes || {})) node.setAttribute(name, String(value));
+  return node;
+}
+
+function headKey(kind, layer, head) { return `${kind}/${layer}/${head}`; }
+
+function offList() {
+  return [...state.off].map((key) => {
+    const [kind, layer, head] = key.split("/");
+    return { kind, layer: Number(layer), head: Number(head) };
+  });
+}
+
+function setBusy(busy) { document.body.dataset.state = busy ? "busy" : "ready"; }
+
+function showError(message) {
+  const box = $("error");
+  box.textContent = message;
+  box.hidden = !message;
+  if (message) document.body.dataset.state = "error";
+}
+
+function showFailure(message) {
+  $("output-main").textContent = "";
+  $("output-table").hidden = true;
+  $("input-tokens").replaceChildren();
+  document.body.classList.add("stale");  // the maps below belong to an earlier input
+  showError(message);
+}
+
+async function api(path, options) {
+  const response = await fetch(path, options);
+  let body = null;
+  try { body = await response.json(); } catch (_) { body = null; }
+  if (!response.ok) {
+    const message = body && typeof body.error === "string" ? body.error : `the server answered ${response.status}`;
+    throw new Error(message);
+  }
+  return body;
+}
+
+// ---- running the model -------------------------------------------------------------------
+
+function scheduleRun(delay) {
+  clearTimeout(state.timer);
+  state.timer = setTimeout(runModel, delay);
+}
+
+async function runModel() {
+  const text = $("input").value;
+  const limits = state.model.limits;
+  if (text.length > limits.max_input_chars) {
+    state.sequence++;  // an answer still on its way is for an earlier input: drop it
+    showFailure(`The input is ${text.length} characters long; the viewer takes at most ${limits.max_input_chars}.`);
+    document.body.dataset.runs = String(state.sequence);
+    return;
+  }
+  const sequence = ++state.sequence;
+  setBusy(true);
+  try {
+    const payload = await api("/api/run", {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ text, off: offList() }),
+    });
+    if (sequence !== state.sequence) return;
+    state.payload = payload;
+    document.body.classList.remove("stale");
+    showError("");
+    drawAll();
+    setBusy(false);
+  } catch (error) {
+    if (sequence !== state.sequence) return;
+    showFailure(error.message);
+  } finally {
+    if (sequence === state.sequence) document.body.dataset.runs = String(sequence);
+  }
+}
+
+function toggleHead(kind, layer, head) {
+  const key = headKey(kind, layer, head);
+  if (state.off.has(key)) state.off.delete(key); else state.off.add(key);
+  $("off-count").textContent = String(state.off.size);
+  scheduleRun(0);
+}
+
+// ---- drawing ------------------------------------------------------------------------------
+
+function drawAll() {
+  drawOutput(state.payload.output);
+  drawTokens(state.payload.tokens);
+  drawModelView();
+  drawHeadView();
+}
+
+function drawTokens(tokens) {
+  const box = $("input-tokens");
+  box.replaceChildren(...tokens.map((token) => el("span", token, "token-chip")));
+}
+
+function drawOutput(output) {
+  const table = $("output-table");
+  const rows = [];
+  if (output.type === "class") {
+    $("output-label").textContent = "class";
+    $("output-main").textContent = `${output.label} (p = ${output.probability.toFixed(4)})`;
+    $("output-table-head").textContent = "class";
+    for (const item of output.classes) rows.push([item.label, item.probability]);
+  } else if (output.type === "continuation") {
+    $("output-label").textContent = "greedy continuation";
+    $("output-main").textContent = output.text;
+    $("output-table-head").textContent = "next token";
+    for (const item of output.next_tokens) rows.push([item.token, item.probability]);
+  } else {
+    $("output-label").textContent = "decoded sequence";
+    $("output-main").textContent = output.text;
+  }
+  table.hidden = rows.length === 0;
+  table.tBodies[0].replaceChildren(...rows.map(([label, probability]) => {
+    const row = el("tr");
+    const bar = el("div", null, "bar");
+    bar.style.width = `${Math.round(probability * 120)}px`;
+    const barCell = el("td");
+    barCell.append(bar);
+    row.append(el("td", label, "token"), el("td", probability.toFixed(4)), barCell);
+    return row;
+  }));
+}
+
+function mapsOf(kind) {
+  return state.payload.attention.filter((map) => map.kind === kind);
+}
+
+function importanceOf(kind, layer, head) {
+  const table = state.importance && state.importance[kind];
+  const value = table && table[layer] ? table[layer][head] : null;
+  if (value === null || value === undefined) return null;
+  const all = table.flat().filter((v) => v !== null);
+  const low = Math.min(...all), high = Math.max(...all);
+  return { value, scaled: high > low ? (value - low) / (high - low) : 1 };
+}
+
+function drawModelView() {
+  const root = $("model-view");
+  root.replaceChildren();
+  for (const info of state.model.heads) {
+    const block = el("div", null, "kind-block");
+    block.append(el("h3", `${info.title} (${info.kind})`));
+    const grid = el("div", null, "head-grid");
+    grid.style.gridTemplateColumns = `4rem repeat(${info.heads}, max-content)`;
+    for (const map of mapsOf(info.kind)) {
+      grid.append(el("span", `layer ${map.layer}`, "layer-label"));
+      map.weights.forEach((weights, head) => grid.append(headCell(info.kind, map.layer, head, weights)));
+    }
+    block.append(grid);
+    root.append(block);
+  }
+}
+
+function headCell(kind, layer, head, weights) {
+  const off = state.off.has(headKey(kind, layer, head));
+  const cell = el("button", null, off ? "head-cell off" : "head-cell");
+  cell.type = "button";
+  cell.dataset.kind = kind;
+  cell.dataset.layer = String(layer);
+  cell.dataset.head = String(head);
+  cell.setAttribute("aria-pressed", off ? "true" : "false");
+  const canvas = document.createElement("canvas");
+  heatmap(canvas, weights);
+  const label = el("span", `L${layer} H${head}${off ? " off" : ""}`);
+  let title = `${kind}, layer ${layer}, head ${head}: click to switch ${off ? "on" : "off"}`;
+  const importance = importanceOf(kind, layer, head);
+  if (importance) {
+    const shade = `hsl(25, 90%, ${Math.round(92 - 50 * importance.scaled)}%)`;
+    cell.style.borderColor = shade;
+    label.style.background = shade;
+    title += ` (importance ${importance.value.toPrecision(4)})`;
+    cell.dataset.importance = String(importance.value);
+  }
+  cell.title = title;
+  cell.append(canvas, label);
+  cell.addEventListener("click", () => toggleHead(kind, layer, head));
+  return cell;
+}
+
+function heatmap(canvas, weights) {
+  const rows = weights.length, columns = rows ? weights[0].length : 0;
+  canvas.width = Math.max(columns, 1);
+  canvas.height = Math.max(rows, 1);
+  const context = canvas.getContext("2d");
+  const image = context.createImageData(canvas.width, canvas.height);
+  for (let r = 0; r < rows; r++) {
+    for (let c = 0; c < columns; c++) {
+      const w = Math.max(0, Math.min(1, weights[r][c]));
+      const index = 4 * (r * canvas.width + c);
+      image.data[index] = Math.round(255 - 220 * w);
+      image.data[index + 1] = Math.round(255 - 170 * w);
+      image.data[index + 2] = Math.round(255 - 40 * w);
+      image.data[index + 3] = 255;
+    }
+  }
+  context.putImageData(image, 0, 0);
+}
+
+function fillHeadViewSelectors() {
+  const kinds = $("head-view-kind");
+  kinds.replaceChildren(...state.model.heads.map((info) => {
+    const option = el("option", info.title);
+    option.value = info.kind;
+    return option;
+  }));
+  fillLayers();
+}
+
+function fillLayers() {
+  const info = state.model.heads.find((item) => item.kind === $("head-view-kind").value);
+  const layers = $("head-view-layer");
+  const keep = layers.value;
+  layers.replaceChildren(...Array.from({ length: info.layers }, (_, layer) => {
+    const option = el("option", String(layer));
+    option.value = String(layer);
+    return option;
+  }));
+  if (keep && Number(keep) < info.layers) layers.value = keep;
+}
+
+function drawHeadView() {
+  const root = $("head-view");
+  root.replaceChildren();
+  const legend = $("head-view-legend");
+  legend.replaceChildren();
+  if (!state.payload) return;
+  const kind = $("head-view-kind").value;
+  const layer = Number($("head-view-layer").value);
+  const map = state.payload.attention.find((item) => item.kind === kind && item.layer === layer);
+  if (!map) return;
+  map.weights.forEach((_, head) => {
+    const swatch = el("span");
+    const box = el("i");
+    box.style.background = HEAD_COLOURS[head % HEAD_COLOURS.length];
+    const off = state.off.has(headKey(kind, layer, head));
+    swatch.append(box, document.createTextNode(`head ${head}${off ? " (off)" : ""}`));
+    legend.append(swatch);
+  });
+  const rowHeight = 20, left = 150, right = 350, width = 500;
+  const height = rowHeight * (Math.max(map.queries.length, map.keys.length) + 1);
+  root.setAttribute("viewBox", `0 0 ${width} ${height}`);
+  root.setAttribute("width", String(width));
+  root.setAttribute("height", String(height));
+  const lines = svg("g");
+  map.weights.forEach((weights, head) => {
+    const off = state.off.has(headKey(kind, layer, head));
+    weights.forEach((row, q) => row.forEach((w, k) => {
+      if (w < 0.01) return;
+      lines.append(svg("line", {
+        x1: left + 6, y1: rowHeight * (q + 1) - 4, x2: right - 6, y2: rowHeight * (k + 1) - 4,
+        stroke: HEAD_COLOURS[head % HEAD_COLOURS.length], "stroke-width": 2,
+        "stroke-opacity": (off ? 0.3 : 0.85) * w, "stroke-dasharray": off ? "4 3" : "none",
+        "data-query": q, "data-head": head,
+      }));
+    }));
+  });
+  root.append(lines);
+  const tokens = svg("g");
+  map.queries.forEach((token, q) => {
+    const text = svg("text", { x: left, y: rowHeight * (q + 1), "text-anchor": "end", "data-side": "query", "data-index": q });
+    text.textContent = token;
+    text.addEventListener("mouseenter", () => focusQuery(lines, text, q));
+    text.addEventListener("mouseleave", () => focusQuery(lines, text, null));
+    tokens.append(text);
+  });
+  map.keys.forEach((token, k) => {
+    const text = svg("text", { x: right, y: rowHeight * (k + 1), "text-anchor": "start", "data-side": "key", "data-index": k });
+    text.textContent = token;
+    tokens.append(text);
+  });
+  root.append(tokens);
+}
+
+function focusQuery(lines, text, query) {
+  text.classList.toggle("active", query !== null);
+  for (const line of lines.children) {
+    line.style.display = query === null || Number(line.getAttribute("data-query")) === query ? "" : "none";
+  }
+}
+
+// ---- importance ---------------------------------------------------------------------------
+
+function showImportance(table, source) {
+  state.importance = table;
+  $("importance-status").textContent = table ? `head colours: importance from ${source}` : "";
+  if (state.payload) drawModelView();
+}
+
+async function loadImportanceFile(file) {
+  try {
+    const body = await api("/api/importance", { method: "POST", headers: { "Content-Type": "text/csv" }, body: await file.text() });
+    showImportance(body.importance, file.name);
+    showError("");
+  } catch (error) {
+    showError(`${file.name}: ${error.message}`);
+  }
+}
+
+// ---- start --------------------------------------------------------------------------------
+
+async function start() {
+  try {
+    state.model = await api("/api/model");
+  } catch (error) {
+    showError(`cannot reach the viewer's API: ${error.message}`);
+    return;
+  }
+  const model = state.model;
+  $("run-info").textContent = `run ${model.run}: ${model.model_kind.replace("_", " ")} on task ${model.task}, ${model.attention} attention`;
+  $("limits").textContent = `Inputs up to ${model.limits.max_input_tokens} tokens (${model.limits.max_input_chars} characters); ` +
+    `outputs up to ${model.limits.max_output_tokens} tokens.`;
+  if (model.importance) showImportance(model.importance, "--importance");
+  fillHeadViewSelectors();
+  $("input").value = model.example || "";
+  $("input-form").addEventListener("submit", (event) => { event.preventDefault(); scheduleRun(0); });
+  $("input").addEventListener("input", () => scheduleRun(250));
+  $("head-view-kind").addEventListener("change", () => { fillLayers(); drawHeadView(); });
+  $("head-view-layer").addEventListener("change", drawHeadView);
+  $("reset-heads").addEventListener("click", () => { state.off.clear(); $("off-count").textContent = "0"; scheduleRun(0); });
+  $("importance-file").addEventListener("change", (event) => {
+    const file = event.target.files[0];
+    if (file) loadImportanceFile(file);
+  });
+  $("importance-clear").addEventListener("click", () => { $("importance-file").value = ""; showImportance(null, ""); });
+  scheduleRun(0);
+}
+
+document.addEventListener("DOMContentLoaded", start);

@@ -1,0 +1,161 @@
+"""The viewer page in headless chromium: type, switch heads off, load importance, stay safe and quick."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from typing import Any
+
+import pytest
+
+from attnlab.experiment import open_run
+from attnlab.viewer import create_app
+from attnlab.viewer.requests import MAX_INPUT_CHARS, MAX_INPUT_TOKENS
+from tests.browser.conftest import screenshot, serving
+from tests.unit.analysis.tiny_runs import XSS, tiny_run
+
+
+@pytest.fixture(scope="module")
+def runs(browser, tmp_path_factory):  # noqa: ANN001 -- needs the browser first, so a skip costs no training
+    folder = tmp_path_factory.mktemp("viewer-browser")
+    return {kind: open_run(tiny_run(folder, kind)) for kind in ("encoder_decoder", "encoder_classifier", "decoder_only")}
+
+
+def api_run(url: str, text: str, off: list[dict[str, Any]]) -> dict[str, Any]:
+    request = urllib.request.Request(url + "api/run", data=json.dumps({"text": text, "off": off}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.load(response)
+
+
+def shown(output: dict[str, Any]) -> str:
+    """What the page shows as the main output (see drawOutput in viewer.js)."""
+    if output["type"] == "class":
+        return f"{output['label']} (p = {output['probability']:.4f})"
+    return output["text"]
+
+
+def runs_done(page) -> int:  # noqa: ANN001
+    return int(page.evaluate("document.body.dataset.runs"))
+
+
+def wait_for_run(page, after: int) -> None:  # noqa: ANN001
+    page.wait_for_function(
+        "n => Number(document.body.dataset.runs) > n && document.body.dataset.state !== 'busy'", arg=after)
+
+
+def open_viewer(page, url: str) -> None:  # noqa: ANN001
+    page.goto(url)
+    wait_for_run(page, 0)
+
+
+def type_input(page, text: str) -> None:  # noqa: ANN001
+    before = runs_done(page)
+    page.fill("#input", text)
+    wait_for_run(page, before)
+
+
+def cell(page, kind: str, layer: int, head: int):  # noqa: ANN001, ANN201
+    return page.locator(f".head-cell[data-kind='{kind}'][data-layer='{layer}'][data-head='{head}']")
+
+
+def test_switching_a_head_off_changes_the_output_as_the_api_says(page, runs):
+    loaded = runs["encoder_classifier"]
+    text = "(()("
+    with serving(create_app(loaded)) as url:
+        open_viewer(page, url)
+        type_input(page, text)
+        plain = api_run(url, text, [])
+        assert page.text_content("#output-main") == shown(plain["output"])
+        heads = [{"kind": "self", "layer": layer, "head": head} for layer in (0, 1) for head in (0, 1)]
+        masked = {json.dumps(h): api_run(url, text, [h]) for h in heads}
+        head = next(h for h in heads if shown(masked[json.dumps(h)]["output"]) != shown(plain["output"]))
+        expected = masked[json.dumps(head)]
+        later_before = cell(page, "self", 1, 0).locator("canvas").evaluate("c => c.toDataURL()")
+
+        before = runs_done(page)
+        cell(page, head["kind"], head["layer"], head["head"]).click()
+        wait_for_run(page, before)
+
+        assert page.text_content("#output-main") == shown(expected["output"]) != shown(plain["output"])
+        assert page.text_content("#off-count") == "1"
+        switched = cell(page, head["kind"], head["layer"], head["head"])
+        assert switched.get_attribute("aria-pressed") == "true" and "off" in switched.get_attribute("class")
+        if head["layer"] == 0:  # layer 1 reads layer 0's heads: its maps change too
+            assert cell(page, "self", 1, 0).locator("canvas").evaluate("c => c.toDataURL()") != later_before
+        screenshot(page, "head-switched-off")
+
+        before = runs_done(page)
+        cell(page, head["kind"], head["layer"], head["head"]).click()
+        wait_for_run(page, before)
+        assert page.text_content("#output-main") == shown(plain["output"])
+        assert page.errors == []
+
+
+def test_markup_typed_as_input_shows_as_text(page, runs):
+    with serving(create_app(runs["decoder_only"])) as url:
+        open_viewer(page, url)
+        type_input(page, XSS)
+        assert page.locator("#error").is_hidden()
+        assert page.locator("#input-tokens .token-chip").all_text_contents() == list(XSS)
+        queries = page.locator("#head-view text[data-side='query']").all_text_contents()
+        assert queries[1:len(XSS) + 1] == list(XSS)
+        assert page.locator("#output-table tbody tr").count() == 5  # the next-token distribution
+        assert page.evaluate("document.querySelectorAll('img, script:not([src])').length") == 0
+        screenshot(page, "xss-as-tokens")
+    with serving(create_app(runs["encoder_decoder"])) as url:
+        open_viewer(page, url)
+        type_input(page, XSS)
+        assert page.locator("#error").is_visible()
+        assert XSS in page.text_content("#error")  # the task's alphabet refuses it; the message quotes it
+        assert "stale" in page.get_attribute("body", "class")  # the maps shown are of the last input that ran
+        assert page.evaluate("document.querySelectorAll('img').length") == 0
+        screenshot(page, "xss-in-error")
+    assert page.errors == []  # no alert, no script error
+
+
+def test_an_input_over_the_caps_gets_a_visible_message(page, runs):
+    with serving(create_app(runs["encoder_classifier"])) as url:
+        open_viewer(page, url)
+        type_input(page, "()" * MAX_INPUT_TOKENS)
+        assert f"the viewer shows at most {MAX_INPUT_TOKENS}" in page.text_content("#error")
+        assert page.text_content("#output-main") == ""
+        type_input(page, "(" * (MAX_INPUT_CHARS + 50))  # checked in the page, before any request
+        assert page.text_content("#error") == (
+            f"The input is {MAX_INPUT_CHARS + 50} characters long; the viewer takes at most {MAX_INPUT_CHARS}.")
+        assert "stale" in page.get_attribute("body", "class")
+        screenshot(page, "input-too-long")
+        type_input(page, "(())")
+        assert page.locator("#error").is_hidden() and page.text_content("#output-main") != ""
+
+
+def test_an_importance_csv_colours_heads_and_a_bad_one_is_explained(page, runs):
+    csv = "kind,layer,head,importance\nself,0,0,0.9\nself,0,1,0.1\nself,1,0,0.5\nself,1,1,0.3\n"
+    with serving(create_app(runs["encoder_classifier"])) as url:
+        open_viewer(page, url)
+        page.set_input_files("#importance-file", files=[{"name": "importance.csv", "mimeType": "text/csv",
+                                                          "buffer": csv.encode()}])
+        page.wait_for_function("() => document.querySelectorAll('.head-cell[data-importance]').length === 4")
+        assert cell(page, "self", 0, 0).get_attribute("data-importance") == "0.9"
+        assert "importance.csv" in page.text_content("#importance-status")
+        screenshot(page, "importance")
+        page.set_input_files("#importance-file", files=[{"name": "bad.csv", "mimeType": "text/csv",
+                                                          "buffer": b"kind,layer,head,importance\ncross,0,0,1\n"}])
+        page.wait_for_function("() => !document.getElementById('error').hidden")
+        assert "bad.csv: importance CSV: line 2: this model has no 'cross' attention" in page.text_content("#error")
+
+
+def test_the_encoder_decoder_page_shows_all_three_kinds(page, runs):
+    with serving(create_app(runs["encoder_decoder"])) as url:
+        open_viewer(page, url)
+        type_input(page, "abcd")
+        assert page.locator(".kind-block h3").all_text_contents() == [
+            "encoder self-attention (encoder_self)", "decoder masked self-attention (decoder_self)",
+            "encoder-decoder attention (cross)"]
+        assert page.locator(".head-cell").count() == 12
+        assert page.text_content("#output-label") == "decoded sequence"
+        assert page.text_content("#output-main") == api_run(url, "abcd", [])["output"]["text"]
+        page.select_option("#head-view-kind", "cross")
+        page.select_option("#head-view-layer", "1")
+        assert page.locator("#head-view text[data-side='key']").all_text_contents() == ["a", "b", "c", "d", "</s>"]
+        screenshot(page, "encoder-decoder")

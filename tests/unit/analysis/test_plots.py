@@ -1,0 +1,74 @@
+"""Attention pictures: the argmax pattern, every figure of a view, and the PNG files."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from attnlab.analysis.maps import AttentionView
+from attnlab.analysis.plots import argmax_pattern, attention_figures, head_heatmap, save_attention_pictures
+from attnlab.figures import plt
+from attnlab.nn import AttentionRecord
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _view(layers: int = 2, heads: int = 3) -> AttentionView:
+    tokens = ["a", "<b>", "</s>"]
+    target = ["<s>", "x"]
+    records = []
+    for layer in range(layers):
+        for kind, (q, k) in (("encoder_self", (3, 3)), ("cross", (2, 3))):
+            weights = torch.softmax(torch.randn(1, heads, q, k), -1)
+            records.append(AttentionRecord(kind, layer, weights, torch.zeros(1, heads, q, 4)))
+    return AttentionView(records, {"encoder_self": (tokens, tokens), "cross": (target, tokens)}, "x")
+
+
+def test_argmax_pattern_is_one_hot_with_ties_to_the_first_key():
+    weights = np.array([[[0.2, 0.5, 0.3], [0.4, 0.2, 0.4]]])
+    np.testing.assert_array_equal(argmax_pattern(weights), [[[0, 1, 0], [1, 0, 0]]])
+
+
+def test_attention_figures_draw_each_head_and_a_grid_per_layer_and_kind():
+    stems = [stem for stem, figure in attention_figures(_view()) if plt.close(figure) is None]
+    expected = [f"{kind}_layer{layer}_{name}" for kind in ("encoder_self", "cross") for layer in (0, 1)
+                for name in ("head0", "head1", "head2", "heads")]
+    assert stems == expected
+
+
+def test_argmax_adds_one_pattern_per_layer_and_outlines_the_chosen_keys():
+    figures = dict(attention_figures(_view(layers=1, heads=2), argmax=True))
+    assert {"encoder_self_layer0_argmax", "cross_layer0_argmax"} <= set(figures)
+    outlined = [p for p in figures["cross_layer0_head1"].axes[0].patches if isinstance(p, plt.Rectangle)]
+    assert len(outlined) == 2  # one per query row
+    pattern = figures["cross_layer0_argmax"].axes[0].images[0].get_array()
+    np.testing.assert_array_equal(np.asarray(pattern).sum(-1), [1, 1])
+    for figure in figures.values():
+        plt.close(figure)
+
+
+def test_save_attention_pictures_writes_pngs_named_by_kind_layer_and_head(tmp_path):
+    paths = save_attention_pictures(_view(layers=1, heads=1), tmp_path / "pictures")
+    assert sorted(p.name for p in paths) == sorted(
+        ["encoder_self_layer0_head0.png", "encoder_self_layer0_heads.png", "cross_layer0_head0.png", "cross_layer0_heads.png"])
+    assert all(p.read_bytes()[:8] == PNG for p in paths)
+    assert not list((tmp_path / "pictures").glob(".*"))  # no temporary file left
+
+
+def test_tokens_label_both_axes_as_plain_text():
+    figure = head_heatmap(np.full((2, 3), 1 / 3), ["<s>", "x"], ["a", "<b>", "</s>"])
+    ax = figure.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["a", "<b>", "</s>"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["<s>", "x"]
+    plt.close(figure)
+
+
+@pytest.mark.parametrize("heads", [1, 5])
+def test_layer_grid_hides_unused_cells(heads):
+    from attnlab.analysis.plots import layer_grid
+
+    figure = layer_grid(np.full((heads, 2, 2), 0.5), ["a", "b"], ["a", "b"])
+    visible = [ax for ax in figure.axes if ax.axison]
+    assert len(visible) == heads
+    plt.close(figure)
