@@ -1,0 +1,50 @@
+"""`attnlab bench ... --quick`: every benchmark runs and reports the agreed JSON (no timing asserted)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from attnlab.bench import BENCHMARKS
+from attnlab.bench.harness import BenchResult, median_time
+
+
+def test_all_quick_reports_every_benchmark(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "attnlab", "bench", "all", "--quick", "--json", "--save", str(tmp_path)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    reports = json.loads(result.stdout)
+    assert [r["benchmark"] for r in reports] == list(BENCHMARKS)
+    for report in reports:
+        assert {"benchmark", "machine", "results", "ratios", "targets"} <= set(report)
+        assert {"torch", "threads", "cpu"} <= set(report["machine"])
+        assert report["results"] and all({"system", "metric", "value", "unit"} == set(r) for r in report["results"])
+        assert all(value > 0 for value in report["ratios"].values())
+        assert json.loads((tmp_path / f"{report['benchmark']}.json").read_text())["benchmark"] == report["benchmark"]
+    systems = {r["system"] for r in reports[0]["results"]}
+    assert {"attnlab", "torch.nn.Transformer"} <= systems
+    assert (tmp_path / "attention.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_unknown_benchmark_is_exit_2():
+    result = subprocess.run([sys.executable, "-m", "attnlab", "bench", "speed"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "benchmark: unknown 'speed'; allowed: train" in result.stderr
+
+
+def test_median_time_needs_five_repetitions():
+    calls = []
+    assert median_time(lambda: calls.append(1), repeats=5, warmup=2) >= 0
+    assert len(calls) == 7
+    with pytest.raises(ValueError, match="at least 5"):
+        median_time(lambda: None, repeats=3)
+
+
+def test_targets_are_checked():
+    result = BenchResult("x", ratios={"a": 1.2, "b": 0.5}, targets={"a": (">=", 1.15), "b": ("<=", 0.4)})
+    assert result.met() == {"a": True, "b": False}
+    assert result.to_json()["targets"]["b"] == {"op": "<=", "bound": 0.4, "met": False}
