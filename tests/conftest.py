@@ -8,7 +8,10 @@ import pytest
 import torch
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    torch.set_num_threads(1)  # two workers on two cores: don't oversubscribe
+    # Two workers on two cores: one thread each, and the same for the CLI subprocesses tests start
+    # (they inherit OMP_NUM_THREADS), or every process spins threads against the others.
+    torch.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(autouse=True)
