@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.attnlab-installed
-EXTRAS ?= dev
+EXTRAS ?= dev,pretrained
 
 .PHONY: install browser test test-all demo clean
 

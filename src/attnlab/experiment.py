@@ -7,7 +7,7 @@ A config file has three tables::
     max_train_length = 8        # ... and that task's own options
 
     [model]
-    kind = "encoder_decoder"    # encoder_decoder | encoder_classifier | decoder_only
+    kind = "encoder_decoder"    # encoder_decoder | encoder_classifier | decoder_only | encoder
     layers = 2                  # ... any field of that kind's config class, except the ones the
     d_model = 64                #     task decides (vocab_size, tgt_vocab_size, num_classes, pad_id)
 
@@ -274,9 +274,14 @@ def load_experiment(path: str | Path, overrides: Sequence[str] = ()) -> Experime
 
 # ---- from a config to a task and a model ------------------------------------------------------
 
-TEXT_TASKS = ("translation", "lm")
+TEXT_TASKS = ("translation", "lm", "sentences")
 
-MODEL_FOR_TASK_KIND = {"recognition": "encoder_classifier", "seq2seq": "encoder_decoder", "lm": "decoder_only"}
+MODEL_FOR_TASK_KIND = {
+    "recognition": "encoder_classifier",
+    "seq2seq": "encoder_decoder",
+    "lm": "decoder_only",
+    "embedding": "encoder",
+}
 """The model kind each kind of task trains."""
 
 
@@ -286,6 +291,7 @@ def build_task(section: Mapping[str, Any], *, saved_tokenizer: Path | None = Non
     A text task's tokenizer is, in order: the run's saved ``tokenizer.json`` (``saved_tokenizer``,
     when resuming or evaluating), the file named by ``task.tokenizer``, or one trained on the
     training file (``task.tokenizer_kind``, default ``bpe``; ``task.vocab_size``, default 8000).
+    The ``sentences`` task reads a pretrained encoder's tokenizer, so it never trains one.
     """
     options = {k: v for k, v in section.items() if k != "name"}
     name = section["name"]
@@ -298,11 +304,17 @@ def build_task(section: Mapping[str, Any], *, saved_tokenizer: Path | None = Non
         tokenizer = Tokenizer.load(saved_tokenizer)
     elif tokenizer_path is not None:
         tokenizer = Tokenizer.load(tokenizer_path)
+    elif name in PRETRAINED_TOKENIZER_TASKS:
+        raise ConfigError(f"task.tokenizer: required for task {name!r} (the pretrained model's tokenizer.json)")
     else:
         if "train_file" not in options:
             raise ConfigError(f"task.train_file: required for task {name!r}")
         tokenizer = train_tokenizer(kind, _corpus(name, options), vocab_size)
     return get_task(name, tokenizer=tokenizer, **options), tokenizer
+
+
+PRETRAINED_TOKENIZER_TASKS = ("sentences",)
+"""Text tasks whose tokenizer comes with a pretrained model and is never trained here."""
 
 
 def _corpus(name: str, options: Mapping[str, Any]) -> list[str]:
@@ -334,15 +346,17 @@ class TextCodec:
     """Text <-> token ids for a task: its tokenizer (text tasks) or its symbol vocabulary.
 
     Synthetic tasks write one symbol per character ("abc", "12+5", "(()())"); symbols may also be
-    separated by spaces ("a b c").
+    separated by spaces ("a b c"). A task with a ``frame`` (the ``sentences`` task: BERT's
+    ``[CLS] ... [SEP]``) puts the tokenizer's ids in it; the others take them as they are.
     """
 
     def __init__(self, task: Any, tokenizer: Tokenizer | None) -> None:
         self.task, self.tokenizer = task, tokenizer
+        self._frame = FRAMES.get(getattr(task, "kind", ""), _unframed)(task)
 
     def encode(self, text: str) -> list[int]:
         if self.tokenizer is not None:
-            return self.tokenizer.encode(text)
+            return self._frame(self.tokenizer.encode(text))
         vocab: Vocab = self.task.vocab
         symbols = text.split() if " " in text.strip() else list(text.strip())
         allowed = vocab.tokens[3:]
@@ -368,6 +382,14 @@ class TextCodec:
         if self.tokenizer is not None:
             return [self.tokenizer.id_to_token(i) or "?" for i in ids]
         return [self.task.vocab.tokens[i] for i in ids]
+
+
+def _unframed(task: Any) -> Any:
+    return list
+
+
+FRAMES: dict[str, Any] = {"embedding": lambda task: task.frame}
+"""Task kind -> (task -> the function that puts a text's token ids into the model's input frame)."""
 
 
 @dataclass(frozen=True)

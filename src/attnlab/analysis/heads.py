@@ -26,7 +26,7 @@ from torch import Tensor
 
 from attnlab.errors import UsageError
 from attnlab.evaluation import evaluate
-from attnlab.evaluation.objectives import example_losses
+from attnlab.evaluation.objectives import PREDICTIONS, example_losses
 from attnlab.experiment import LoadedRun
 from attnlab.head_ids import HeadId, head_ids, mask_without, parse_head
 from attnlab.nn import HeadMask, TransformerModel
@@ -61,9 +61,15 @@ class Score:
 
 
 class HeadProbe(Protocol):
-    """What head analysis needs: a model, batches, a per-example loss, and an evaluation."""
+    """What head analysis needs: a model, batches, a per-example loss, and an evaluation.
+
+    ``outputs`` gives what the model computes on a batch (logits, embeddings), so that a physically
+    pruned model can be compared with, and timed against, the masked one. ``metric_name`` says
+    what ``Score.metric`` is, for people.
+    """
 
     model: TransformerModel
+    metric_name: str
 
     def batches(self) -> Iterable[Any]: ...
 
@@ -72,6 +78,8 @@ class HeadProbe(Protocol):
         ...
 
     def evaluate(self, head_mask: HeadMask | None) -> Score: ...
+
+    def outputs(self, model: TransformerModel, batch: Any, head_mask: HeadMask | None) -> Tensor: ...
 
 
 class TaskProbe:
@@ -88,6 +96,7 @@ class TaskProbe:
         self.examples = loaded.task.split(split)
         if not self.examples:
             raise UsageError(f"split {split!r} of this run's task is empty")
+        self.metric_name = f"{split} accuracy"
 
     def batches(self) -> Iterator[Any]:
         task = self.loaded.task
@@ -105,6 +114,10 @@ class TaskProbe:
             max_length=self.max_length, truncate=self.truncate, tokenizer=self.loaded.tokenizer, head_mask=head_mask,
         )
         return Score(float(result["accuracy"]), float(result["loss"]))
+
+    def outputs(self, model: TransformerModel, batch: Any, head_mask: HeadMask | None) -> Tensor:
+        """The logits of ``model`` on ``batch``."""
+        return PREDICTIONS[self.kind](model, batch, head_mask, self.loaded.task.pad_id).logits
 
 
 # ---- ablation ------------------------------------------------------------------------------------

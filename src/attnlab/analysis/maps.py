@@ -21,6 +21,7 @@ from torch import Tensor
 from attnlab.decoding import DecodeOptions, decode, generate_continuations
 from attnlab.experiment import LoadedRun
 from attnlab.nn import AttentionRecord, capture
+from attnlab.nn.models import POOLINGS
 
 __all__ = ["AttentionView", "attention_view", "kind_maps", "KIND_TITLES"]
 
@@ -63,28 +64,40 @@ def attention_view(
     top_k: int = 5,
 ) -> AttentionView:
     """Run ``loaded.model`` on ``text`` (optionally with heads masked) and capture its attention."""
+    view = VIEWS[loaded.experiment.model_kind]
+    return view(loaded, loaded.codec.encode(text), head_mask=head_mask, max_length=max_length, top_k=top_k)
+
+
+def _seq2seq_view(loaded: LoadedRun, ids: list[int], *, head_mask, max_length: int, top_k: int) -> AttentionView:  # noqa: ANN001
+    """Decode greedily, then one teacher-forced pass over (source, BOS + output) records all kinds."""
     task, codec, model = loaded.task, loaded.codec, loaded.model
-    ids = codec.encode(text)
-    kind = loaded.experiment.model_kind
-    if kind == "encoder_decoder":
-        src = torch.tensor([ids + [task.eos_id]])
-        hypothesis = decode(model, src, bos_id=task.bos_id, eos_id=task.eos_id, pad_id=task.pad_id,
-                            options=DecodeOptions(max_length=max_length), head_mask=head_mask)[0]
-        tgt_in = torch.tensor([[task.bos_id, *hypothesis.tokens]])
-        with capture(model) as records:
-            model(src, tgt_in, head_mask=head_mask)
-        source = codec.tokens(ids) + ["</s>"]
-        target = ["<s>"] + codec.tokens(hypothesis.tokens)
-        axes = {"encoder_self": (source, source), "decoder_self": (target, target), "cross": (target, source)}
-        return AttentionView(records, axes, codec.decode(hypothesis.tokens))
-    if kind == "encoder_classifier":
-        tokens = torch.tensor([ids + [task.eos_id]])
-        with capture(model) as records:
-            probs = torch.softmax(model(tokens, head_mask=head_mask), -1)[0]
-        labels = codec.tokens(ids) + ["</s>"]
-        label = int(probs.argmax())
-        classes = [(str(index), float(p)) for index, p in enumerate(probs)]
-        return AttentionView(records, {"self": (labels, labels)}, str(label), float(probs[label]), classes)
+    src = torch.tensor([ids + [task.eos_id]])
+    hypothesis = decode(model, src, bos_id=task.bos_id, eos_id=task.eos_id, pad_id=task.pad_id,
+                        options=DecodeOptions(max_length=max_length), head_mask=head_mask)[0]
+    tgt_in = torch.tensor([[task.bos_id, *hypothesis.tokens]])
+    with capture(model) as records:
+        model(src, tgt_in, head_mask=head_mask)
+    source = codec.tokens(ids) + ["</s>"]
+    target = ["<s>"] + codec.tokens(hypothesis.tokens)
+    axes = {"encoder_self": (source, source), "decoder_self": (target, target), "cross": (target, source)}
+    return AttentionView(records, axes, codec.decode(hypothesis.tokens))
+
+
+def _classifier_view(loaded: LoadedRun, ids: list[int], *, head_mask, max_length: int, top_k: int) -> AttentionView:  # noqa: ANN001
+    """The label read at the EOS position (Hahn §3), with every class's probability."""
+    task, codec, model = loaded.task, loaded.codec, loaded.model
+    tokens = torch.tensor([ids + [task.eos_id]])
+    with capture(model) as records:
+        probs = torch.softmax(model(tokens, head_mask=head_mask), -1)[0]
+    labels = codec.tokens(ids) + ["</s>"]
+    label = int(probs.argmax())
+    classes = [(str(index), float(p)) for index, p in enumerate(probs)]
+    return AttentionView(records, {"self": (labels, labels)}, str(label), float(probs[label]), classes)
+
+
+def _language_model_view(loaded: LoadedRun, ids: list[int], *, head_mask, max_length: int, top_k: int) -> AttentionView:  # noqa: ANN001
+    """The greedy continuation, the next-token distribution, and the maps over prompt + continuation."""
+    task, codec, model = loaded.task, loaded.codec, loaded.model
     prompt = [task.bos_id, *ids]
     hypothesis = generate_continuations(model, [prompt], eos_id=task.eos_id, banned=(task.pad_id, task.bos_id),
                                         options=DecodeOptions(max_length=max_length), head_mask=head_mask)[0]
@@ -96,6 +109,28 @@ def attention_view(
     values, indices = next_token.topk(min(top_k, next_token.numel()))
     top = [(codec.tokens([int(i)])[0], float(v)) for v, i in zip(values, indices, strict=True)]
     return AttentionView(records, {"self": (labels, labels)}, codec.decode(hypothesis.tokens), distribution=top)
+
+
+def _encoder_view(loaded: LoadedRun, ids: list[int], *, head_mask, max_length: int, top_k: int) -> AttentionView:  # noqa: ANN001
+    """A sentence encoder reads ``[CLS] text [SEP]`` once; the output summarises the sentence embedding."""
+    tokens = torch.tensor([ids], device=next(loaded.model.parameters()).device)
+    with capture(loaded.model) as records:
+        hidden = loaded.model(tokens, head_mask=head_mask)
+    pooling = loaded.task.pooling
+    embedding = POOLINGS[pooling](hidden, tokens != loaded.task.pad_id)[0]
+    labels = loaded.codec.tokens(ids)
+    shown = " ".join(f"{float(v):+.3f}" for v in embedding[:4])
+    output = f"sentence embedding ({pooling} pooling, {embedding.numel()} values): {shown} ..."
+    return AttentionView(records, {"self": (labels, labels)}, output)
+
+
+VIEWS = {
+    "encoder_decoder": _seq2seq_view,
+    "encoder_classifier": _classifier_view,
+    "decoder_only": _language_model_view,
+    "encoder": _encoder_view,
+}
+"""Registry: model kind -> how to run one input and capture its attention."""
 
 
 def kind_maps(view: AttentionView, kind: str) -> np.ndarray:

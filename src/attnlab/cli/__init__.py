@@ -18,9 +18,11 @@ from attnlab.errors import AttnlabError
 from attnlab.cli import attention as _attention  # noqa: F401,E402
 from attnlab.cli import bench as _bench  # noqa: F401,E402
 from attnlab.cli import demo as _demo  # noqa: F401,E402
+from attnlab.cli import encode as _encode  # noqa: F401,E402
 from attnlab.cli import evaluate as _evaluate  # noqa: F401,E402
 from attnlab.cli import generate as _generate  # noqa: F401,E402
 from attnlab.cli import heads as _heads  # noqa: F401,E402
+from attnlab.cli import imports as _imports  # noqa: F401,E402
 from attnlab.cli import info as _info  # noqa: F401,E402
 from attnlab.cli import train as _train  # noqa: F401,E402
 from attnlab.cli import tokenize as _tokenize  # noqa: F401,E402

@@ -25,6 +25,10 @@ def generate(
     from attnlab.experiment import open_run
 
     loaded = open_run(run)
+    if loaded.experiment.model_kind == "encoder":
+        from attnlab.errors import UsageError
+
+        raise UsageError(f"{run} is a sentence encoder: it generates nothing; use `attnlab encode RUN TEXT...`")
     task, codec, model = loaded.task, loaded.codec, loaded.model
     options = DecodeOptions(max_length=max_length, beam_size=beam, length_penalty=length_penalty)
     for text in texts:

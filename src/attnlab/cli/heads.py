@@ -14,16 +14,33 @@ app.add_typer(heads_app, name="heads")
 
 SPLIT_HELP = "The split to measure on (train, valid, test, length_generalisation)."
 KIND_HELP = "Only heads of this attention kind (encoder_self, decoder_self, cross, self); repeatable."
+TEXTS_HELP = ("Sentence encoders: a text file, one text per line; the objective is the fidelity of the "
+              "sentence embeddings to the unmasked model (1 - cosine).")
+PAIRS_HELP = ("Sentence encoders: a TSV file sentence1<TAB>sentence2<TAB>score; the metric is the Spearman "
+              "correlation of the embeddings' cosine with the score.")
 
 
-def _probe(run: Path, split: str, batch_size: int):  # noqa: ANN202
+def _probe(run: Path, split: str, batch_size: int, texts: Path | None = None, pairs: Path | None = None):  # noqa: ANN202
+    """The objective: the run's task split, or for a sentence encoder --texts (fidelity) / --pairs."""
+    from attnlab.analysis.fidelity import FidelityProbe, PairProbe
     from attnlab.analysis.heads import TaskProbe
     from attnlab.experiment import open_run
     from attnlab.tasks.base import SPLITS
 
+    if texts is not None and pairs is not None:
+        raise UsageError("give --texts or --pairs, not both")
     if split not in SPLITS:
         raise UsageError(f"--split: unknown {split!r}; allowed: {', '.join(SPLITS)}")
     loaded = open_run(run)
+    if texts is not None:
+        return loaded, FidelityProbe(loaded, texts, batch_size=batch_size)
+    if pairs is not None:
+        return loaded, PairProbe(loaded, pairs, batch_size=batch_size)
+    if loaded.experiment.model_kind == "encoder":
+        raise UsageError(
+            f"{run} is a sentence encoder without a task to score: give --texts FILE (embedding fidelity, "
+            "no labels needed) or --pairs FILE (sentence1<TAB>sentence2<TAB>score)"
+        )
     return loaded, TaskProbe(loaded, split, batch_size=batch_size)
 
 
@@ -34,6 +51,8 @@ def ablate_command(
     out: Path = typer.Option(None, "--out", help="Folder for the CSVs and heatmaps (default RUN/analysis)."),
     kinds: list[str] = typer.Option(None, "--kind", help=KIND_HELP),
     batch_size: int = typer.Option(128, "--batch-size", min=1),
+    texts: Path = typer.Option(None, "--texts", help=TEXTS_HELP),
+    pairs: Path = typer.Option(None, "--pairs", help=PAIRS_HELP),
 ) -> None:
     """The metric and loss with each head masked alone, and with all heads of a layer but one."""
     from tqdm import tqdm
@@ -41,7 +60,7 @@ def ablate_command(
     from attnlab.analysis.heads import ablate, head_ids
     from attnlab.analysis.reports import head_matrix_plot, write_rows
 
-    loaded, probe = _probe(run, split, batch_size)
+    loaded, probe = _probe(run, split, batch_size, texts, pairs)
     folder = out or loaded.run.analysis
     total = 2 * len(head_ids(loaded.model, kinds or None))
     with tqdm(total=total, desc="ablate") as bar:
@@ -49,13 +68,13 @@ def ablate_command(
     columns = ("kind", "layer", "head", "metric", "loss", "delta")
     single = write_rows(result.single, folder / "ablation.csv", columns)
     keep_one = write_rows(result.keep_one, folder / "keep_one.csv", columns)
-    typer.echo(f"unmasked: metric {result.baseline.metric:.4f}, loss {result.baseline.loss:.4f}")
+    typer.echo(f"unmasked: metric {result.baseline.metric:.4f} ({probe.metric_name}), loss {result.baseline.loss:.4f}")
     typer.echo(f"each head masked alone: {single}")
     typer.echo(f"only one head kept per layer: {keep_one}")
     for kind in dict.fromkeys(r.kind for r in result.single):
         rows = [r for r in result.single if r.kind == kind]
         path = head_matrix_plot(rows, "delta", folder / f"ablation_{kind}.png", diverging=True,
-                                title=f"metric change with one head masked ({split})")
+                                title=f"change of {probe.metric_name} with one head masked")
         typer.echo(f"heatmap: {path}")
 
 
@@ -67,16 +86,18 @@ def importance_command(
     out: Path = typer.Option(None, "--out", help="The CSV to write (default RUN/analysis/importance.csv)."),
     kinds: list[str] = typer.Option(None, "--kind", help=KIND_HELP),
     batch_size: int = typer.Option(128, "--batch-size", min=1),
+    texts: Path = typer.Option(None, "--texts", help=TEXTS_HELP),
+    pairs: Path = typer.Option(None, "--pairs", help=PAIRS_HELP),
 ) -> None:
     """I_h = E_x |dL/dxi_h| for every head, from one forward and backward pass per batch."""
     from attnlab.analysis.heads import importance
     from attnlab.analysis.reports import head_matrix_plot, write_rows
 
-    loaded, probe = _probe(run, split, batch_size)
+    loaded, probe = _probe(run, split, batch_size, texts, pairs)
     path = out or loaded.run.analysis / "importance.csv"
     rows = importance(probe, normalize_per_layer=normalize_per_layer, kinds=kinds or None)
     write_rows(rows, path, ("kind", "layer", "head", "importance"))
-    picture = head_matrix_plot(rows, "importance", path.with_suffix(".png"), title=f"head importance ({split})")
+    picture = head_matrix_plot(rows, "importance", path.with_suffix(".png"), title=f"head importance ({probe.metric_name})")
     typer.echo(f"importance: {path}")
     typer.echo(f"heatmap: {picture}")
     for row in sorted(rows, key=lambda r: -r.importance)[:5]:
@@ -95,13 +116,15 @@ def prune_command(
     split: str = typer.Option("valid", "--split", help=SPLIT_HELP),
     kinds: list[str] = typer.Option(None, "--kind", help=KIND_HELP),
     batch_size: int = typer.Option(128, "--batch-size", min=1),
+    texts: Path = typer.Option(None, "--texts", help=TEXTS_HELP),
+    pairs: Path = typer.Option(None, "--pairs", help=PAIRS_HELP),
 ) -> None:
     """Mask the least important heads (ranked globally) and evaluate; or remove them for good."""
     percents = [percent] + [_number(arg) for arg in ctx.args]
     from attnlab.analysis.heads import check_percents
 
     check_percents(percents)
-    loaded, probe = _probe(run, split, batch_size)
+    loaded, probe = _probe(run, split, batch_size, texts, pairs)
     if physical:
         _prune_physically(loaded, probe, percents, out, keep_one_per_layer, kinds or None)
         return
@@ -115,7 +138,7 @@ def prune_command(
         rows = pruning_curve(probe, percents, recompute=recompute, keep_one_per_layer=keep_one_per_layer,
                              kinds=kinds or None, progress=lambda: bar.update(1))
     csv_path = write_rows(rows, folder / "curve.csv", ("percent", "heads_pruned", "metric", "loss"))
-    png = curve_plot(rows, folder / "curve.png", metric=f"{split} accuracy", title="pruning the least important heads")
+    png = curve_plot(rows, folder / "curve.png", metric=probe.metric_name, title="pruning the least important heads")
     for row in rows:
         typer.echo(f"{row.percent:5.1f}%  {row.heads_pruned:3d} heads  metric {row.metric:.4f}  loss {row.loss:.4f}")
     typer.echo(f"curve: {csv_path}")
@@ -141,18 +164,14 @@ def _prune_physically(loaded, probe, percents, out, keep_one_per_layer, kinds) -
     new_run = write_pruned_run(loaded, smaller, out)
     mask = mask_without(model, pruned)
     batch = next(iter(probe.batches()))
-    kind = loaded.experiment.model_kind
-    from attnlab.evaluation.objectives import PREDICTIONS
-
-    pad = loaded.task.pad_id
     with torch.no_grad():
-        difference = (PREDICTIONS[kind](model, batch, mask, pad).logits - PREDICTIONS[kind](smaller, batch, None, pad).logits).abs().max()
+        difference = (probe.outputs(model, batch, mask) - probe.outputs(smaller, batch, None)).abs().max()
     masked_time, pruned_time = median_seconds(
-        lambda: PREDICTIONS[kind](model, batch, mask, pad), lambda: PREDICTIONS[kind](smaller, batch, None, pad)
+        lambda: probe.outputs(model, batch, mask), lambda: probe.outputs(smaller, batch, None)
     )
     typer.echo(f"pruned {len(pruned)} of {len(all_heads)} heads: {', '.join(map(str, sorted(pruned)))}")
     typer.echo(f"parameters: {model.num_parameters():,} -> {smaller.num_parameters():,}")
-    typer.echo(f"largest logit difference from the masked model: {float(difference):.2e}")
+    typer.echo(f"largest output difference from the masked model: {float(difference):.2e}")
     typer.echo(f"inference on one batch of {len(batch)}: masked {masked_time * 1e3:.2f} ms, pruned {pruned_time * 1e3:.2f} ms "
                f"({masked_time / pruned_time:.2f}x)")
     typer.echo(f"pruned run: {new_run.path}")

@@ -10,6 +10,7 @@ from attnlab.nn.config import (
     DecoderOnlyConfig,
     EncoderClassifierConfig,
     EncoderDecoderConfig,
+    EncoderOnlyConfig,
     TransformerConfig,
     preset,
 )
@@ -27,9 +28,12 @@ from attnlab.nn.models import (
     Encoder,
     EncoderClassifier,
     EncoderDecoder,
+    EncoderOnly,
     InputEmbedding,
+    TokenTypes,
     TransformerModel,
     build_model,
+    mean_pool,
 )
 from attnlab.nn.multi_head import KVCache, MultiHeadAttention, MultiHeadOutput
 from attnlab.nn.positional import POSITIONAL, make_positional, sinusoidal_table
@@ -39,7 +43,8 @@ __all__ = [
     "ACTIVATIONS", "ATTENTION_KINDS", "MODELS", "NORMALIZERS", "POSITIONAL", "PRESETS", "SCORES",
     "AddNorm", "AttentionRecord", "AttentionSite", "Decoder", "DecoderLayer", "DecoderLayerCache",
     "DecoderOnly", "DecoderOnlyConfig", "DecodingState", "EncodedSource", "Encoder", "EncoderClassifier",
-    "EncoderClassifierConfig", "EncoderDecoder", "EncoderDecoderConfig", "EncoderLayer", "HeadMask",
+    "EncoderClassifierConfig", "EncoderDecoder", "EncoderDecoderConfig", "EncoderLayer", "EncoderOnly",
+    "EncoderOnlyConfig", "HeadMask", "TokenTypes", "mean_pool",
     "InputEmbedding", "KVCache", "MultiHeadAttention", "MultiHeadOutput", "PositionwiseFeedForward",
     "TransformerConfig", "TransformerModel", "attention", "build_model", "capture", "causal_mask",
     "check_head_mask", "check_mask", "combine_masks", "full_head_mask", "lengths_to_padding_mask",

@@ -26,6 +26,7 @@ __all__ = [
     "EncoderDecoderConfig",
     "EncoderClassifierConfig",
     "DecoderOnlyConfig",
+    "EncoderOnlyConfig",
     "ATTENTION_NORMALIZERS",
     "POOLINGS",
     "PRESETS",
@@ -66,6 +67,9 @@ class TransformerConfig:
         layer_norm_eps: LayerNorm epsilon.
         pad_id: the padding token id; keys at padding are masked out.
         scale_embeddings: multiply token embeddings by sqrt(d_model) (Vaswani §3.4).
+        type_vocab_size: number of token types (segments A/B) with a learned vector each, added to
+            the token and position vectors as in BERT; 0 means none.
+        embedding_norm: LayerNorm the summed input embedding (BERT) before dropout.
         bias: biases in the attention projections.
         heads_per_layer: after physical head pruning: attention kind -> the number of heads left
             in each layer of that kind (0 allowed: the sub-layer then adds only its output bias).
@@ -95,6 +99,8 @@ class TransformerConfig:
     layer_norm_eps: float = 1e-5
     pad_id: int = 0
     scale_embeddings: bool = True
+    type_vocab_size: int = 0
+    embedding_norm: bool = False
     bias: bool = True
     heads_per_layer: dict[str, list[int]] | None = None
 
@@ -110,6 +116,8 @@ class TransformerConfig:
                 f"d_model: {self.d_model} is not divisible by heads={self.heads}; "
                 "choose d_model as a multiple of heads or set d_k"
             )
+        if self.type_vocab_size < 0:
+            raise ValueError(f"type_vocab_size: must be >= 0 (0 = no token types), got {self.type_vocab_size}")
         for name in ("dropout", "attention_dropout"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
@@ -262,6 +270,17 @@ class DecoderOnlyConfig(TransformerConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_tie(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EncoderOnlyConfig(TransformerConfig):
+    """An encoder that returns its last hidden states, as BERT does (a sentence encoder).
+
+    A BERT-family checkpoint is this with ``positional='learned'``, ``scale_embeddings=False``,
+    ``type_vocab_size=2``, ``embedding_norm=True``, ``activation='gelu'`` and post-LN layers.
+    """
+
+    kind: ClassVar[str] = "encoder"
 
 
 PRESETS: dict[str, dict[str, int]] = {

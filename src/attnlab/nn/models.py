@@ -9,6 +9,7 @@ attention modules as :class:`AttentionSite` (kind, layer, module), which is what
 * :class:`EncoderClassifier`: language recognition; the label is read from the last activation
   y_n^(L), after the end-of-sequence symbol (Hahn §3, "Formalizing Language Recognition").
 * :class:`DecoderOnly`: a causal language model.
+* :class:`EncoderOnly`: the last hidden states of an encoder (BERT-family sentence encoders).
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.nn.config import (
     DecoderOnlyConfig,
     EncoderClassifierConfig,
     EncoderDecoderConfig,
+    EncoderOnlyConfig,
     TransformerConfig,
 )
 from attnlab.nn.feed_forward import PositionwiseFeedForward
@@ -45,9 +48,12 @@ __all__ = [
     "EncoderDecoder",
     "EncoderClassifier",
     "DecoderOnly",
+    "EncoderOnly",
+    "TokenTypes",
     "POOLINGS",
     "MODELS",
     "build_model",
+    "mean_pool",
 ]
 
 
@@ -87,11 +93,37 @@ class TransformerModel(nn.Module):
 # ---- building blocks ---------------------------------------------------------------------------
 
 
-class InputEmbedding(nn.Module):
-    """Layer 0: y_i^(0) = f(sqrt(d) E[x_i], p_i)  (Hahn §3; Vaswani §3.4-3.5; Agarwal §6.3).
+class TokenTypes(nn.Module):
+    """A learned vector per token type (BERT's segment A/B), added to every position.
+
+    Without ``token_types`` every position has type 0, as in BERT when no segment ids are given.
 
     Shape:
-        tokens: (B, T) int64 -> (B, T, d_model).
+        x: (B, T, d);  token_types: (B, T) int64 or None -> (B, T, d).
+    """
+
+    def __init__(self, types: int, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(types, dim) * 0.02)  # (types, d)
+
+    def forward(self, x: Tensor, token_types: Tensor | None = None) -> Tensor:
+        added = self.weight[0] if token_types is None else F.embedding(token_types, self.weight)
+        return x + added.to(x.dtype)
+
+
+def _no_token_types(x: Tensor, token_types: Tensor | None = None) -> Tensor:
+    return x
+
+
+class InputEmbedding(nn.Module):
+    """Layer 0: y_i^(0) = Norm(f(s E[x_i], p_i) + T[t_i])  (Hahn §3; Vaswani §3.4-3.5; Agarwal §6.3).
+
+    s = sqrt(d) when ``scale_embeddings`` (Vaswani §3.4), else 1. The token-type vector T[t_i] and
+    the LayerNorm ``Norm`` are BERT's (``type_vocab_size`` > 0, ``embedding_norm``); without them
+    they are the identity. Which of them exist is decided once, here, from the config.
+
+    Shape:
+        tokens: (B, T) int64;  token_types: (B, T) int64 or None (all type 0) -> (B, T, d_model).
     """
 
     def __init__(self, vocab_size: int, config: TransformerConfig) -> None:
@@ -109,10 +141,15 @@ class InputEmbedding(nn.Module):
         nn.init.normal_(self.token.weight, std=token_dim**-0.5 if config.scale_embeddings else 0.02)
         with torch.no_grad():
             self.token.weight[config.pad_id].zero_()
+        self.token_type: Callable[..., Tensor] = (
+            TokenTypes(config.type_vocab_size, config.d_model) if config.type_vocab_size > 0 else _no_token_types
+        )
+        self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.embedding_norm else nn.Identity()
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, tokens: Tensor, offset: int = 0) -> Tensor:
-        return self.dropout(self.positional(self.token(tokens) * self.scale, offset))
+    def forward(self, tokens: Tensor, offset: int = 0, token_types: Tensor | None = None) -> Tensor:
+        x = self.positional(self.token(tokens) * self.scale, offset)
+        return self.dropout(self.norm(self.token_type(x, token_types)))
 
 
 def _multi_head(config: TransformerConfig, kind: str, layer: int) -> MultiHeadAttention:
@@ -180,12 +217,19 @@ class Encoder(nn.Module):
         )
         self.final_norm = _final_norm(config)
 
-    def forward(self, tokens: Tensor, *, head_mask: Tensor | None = None, state: DecodingState | None = None) -> Tensor:
+    def forward(
+        self,
+        tokens: Tensor,
+        *,
+        head_mask: Tensor | None = None,
+        state: DecodingState | None = None,
+        token_types: Tensor | None = None,
+    ) -> Tensor:
         """With ``state``, ``tokens`` holds only the new positions; keys come from the caches."""
         offset = 0 if state is None else len(state)
         is_token = tokens != self.pad_id
         mask = _key_padding(is_token if state is None else state.advance(is_token))
-        x = self.embedding(tokens, offset)
+        x = self.embedding(tokens, offset, token_types)
         for index, layer in enumerate(self.layers):
             x = layer(
                 x,
@@ -440,10 +484,44 @@ class DecoderOnly(TransformerModel):
         return self.body.sites()
 
 
+class EncoderOnly(TransformerModel):
+    """An encoder and nothing on top: the last hidden states y^(L), as BERT's ``BertModel`` gives
+    them (without its pooler). Sentence encoders average them over the real tokens
+    (:func:`mean_pool`).
+
+    Attention kind: ``self``.
+
+    Shape:
+        tokens: (B, T);  token_types: (B, T) or None (all type 0);  returns (B, T, d_model).
+    """
+
+    def __init__(self, config: EncoderOnlyConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.encoder = Encoder(config, vocab_size=config.vocab_size, kind="self")
+
+    def forward(self, tokens: Tensor, *, head_mask: HeadMask | None = None, token_types: Tensor | None = None) -> Tensor:
+        check_head_mask(head_mask, self.head_mask_shapes())
+        return self.encoder(tokens, head_mask=kind_mask(head_mask, "self"), token_types=token_types)
+
+    def attention_sites(self) -> list[AttentionSite]:
+        return self.encoder.sites()
+
+
+def mean_pool(hidden: Tensor, is_token: Tensor) -> Tensor:
+    """The mean of the hidden states over real tokens: sum_t m_t y_t / sum_t m_t.
+
+    Shape:
+        hidden: (B, T, d);  is_token: (B, T) bool;  returns (B, d).
+    """
+    return _pool_mean(hidden, is_token)
+
+
 MODELS: dict[str, tuple[type[TransformerConfig], type[TransformerModel]]] = {
     "encoder_decoder": (EncoderDecoderConfig, EncoderDecoder),
     "encoder_classifier": (EncoderClassifierConfig, EncoderClassifier),
     "decoder_only": (DecoderOnlyConfig, DecoderOnly),
+    "encoder": (EncoderOnlyConfig, EncoderOnly),
 }
 """Registry of models: kind -> (config class, model class)."""
 

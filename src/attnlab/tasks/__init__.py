@@ -4,6 +4,7 @@
   anbncn.
 * :mod:`.seq2seq`: copy, reverse, sort, addition.
 * :mod:`.text`: translation from parallel TSV, lm from plain text; file+line errors.
+* :mod:`.sentences`: texts for a sentence encoder, framed as BERT reads them.
 * :mod:`.batching`: pad + mask, bucket by length, deterministic shuffle, max-length policy.
 * :mod:`.registry`: ``get_task(name, **options)``.
 
@@ -15,6 +16,7 @@ from attnlab.tasks.base import SPLITS, Example, Task, Vocab, split_of
 from attnlab.tasks.batching import Batch, collate, fit_length, make_batches
 from attnlab.tasks.formal import LANGUAGES, RecognitionTask, near_misses
 from attnlab.tasks.registry import TASKS, get_task, task_options
+from attnlab.tasks.sentences import SentencesTask
 from attnlab.tasks.seq2seq import TRANSFORMS, AdditionTask, Seq2SeqTask
 from attnlab.tasks.text import BadLine, Lines, LMTask, TranslationTask, read_lines, read_parallel
 
@@ -31,6 +33,7 @@ __all__ = [
     "LMTask",
     "RecognitionTask",
     "Seq2SeqTask",
+    "SentencesTask",
     "Task",
     "TranslationTask",
     "Vocab",

