@@ -53,8 +53,9 @@ class TransformerConfig:
         heads: attention heads H per layer.
         d_ff: FFN hidden width.
         d_k, d_v: per-head key/value width; default d_model / heads.
-        dropout: residual, embedding and FFN dropout.
+        dropout: dropout on every sub-layer output and on the embedding sums (Vaswani §5.4).
         attention_dropout: dropout on attention weights.
+        activation_dropout: dropout on the FFN's hidden activations (not in the paper; 0 by default).
         attention: ``soft`` (softmax) or ``hard`` (hardmax, Hahn §3).
         straight_through: train hard attention with the softmax gradient.
         score: ``scaled_dot``, ``dot``, ``bilinear`` or ``additive``.
@@ -87,6 +88,7 @@ class TransformerConfig:
     d_v: int | None = None
     dropout: float = 0.1
     attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
     attention: str = "soft"
     straight_through: bool = False
     score: str = "scaled_dot"
@@ -118,7 +120,7 @@ class TransformerConfig:
             )
         if self.type_vocab_size < 0:
             raise ValueError(f"type_vocab_size: must be >= 0 (0 = no token types), got {self.type_vocab_size}")
-        for name in ("dropout", "attention_dropout"):
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
                 raise ValueError(f"{name}: must lie in [0, 1), got {value}")

@@ -14,6 +14,8 @@ from functools import partial
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.nn.dropout import Dropout
+
 __all__ = ["PositionwiseFeedForward", "ACTIVATIONS"]
 
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
@@ -31,7 +33,8 @@ class PositionwiseFeedForward(nn.Module):
         d_model: input and output width.
         d_ff: hidden width.
         activation: a name in :data:`ACTIVATIONS` (``relu`` as in the paper, ``gelu`` for BERT).
-        dropout: dropout on the hidden activations during training.
+        dropout: dropout on the hidden activations during training (not in Vaswani et al., whose
+            dropout is on sub-layer outputs; BART calls it ``activation_dropout``).
 
     Shape:
         x: (B, T, d_model) -> (B, T, d_model).
@@ -45,7 +48,7 @@ class PositionwiseFeedForward(nn.Module):
         self.activation = ACTIVATIONS[activation]
         self.linear1 = nn.Linear(d_model, d_ff)
         self.linear2 = nn.Linear(d_ff, d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.linear2(self.dropout(self.activation(self.linear1(x))))

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from torch import Tensor, nn
 
+from attnlab.nn.dropout import Dropout
 from attnlab.nn.feed_forward import PositionwiseFeedForward
 from attnlab.nn.multi_head import KVCache, MultiHeadAttention
 
@@ -41,7 +42,7 @@ class AddNorm(nn.Module):
     def __init__(self, d_model: int, *, norm_first: bool = False, eps: float = 1e-5, dropout: float = 0.0) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(d_model, eps=eps)  # gain g = norm.weight, bias b = norm.bias
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.norm_first = norm_first
         self._combine = self._pre_norm if norm_first else self._post_norm
 

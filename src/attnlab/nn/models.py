@@ -30,6 +30,7 @@ from attnlab.nn.config import (
     EncoderOnlyConfig,
     TransformerConfig,
 )
+from attnlab.nn.dropout import Dropout
 from attnlab.nn.feed_forward import PositionwiseFeedForward
 from attnlab.nn.head_mask import HeadMask, check_head_mask, kind_mask
 from attnlab.nn.layers import DecoderLayer, DecoderLayerCache, EncoderLayer
@@ -145,7 +146,7 @@ class InputEmbedding(nn.Module):
             TokenTypes(config.type_vocab_size, config.d_model) if config.type_vocab_size > 0 else _no_token_types
         )
         self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.embedding_norm else nn.Identity()
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
 
     def forward(self, tokens: Tensor, offset: int = 0, token_types: Tensor | None = None) -> Tensor:
         x = self.positional(self.token(tokens) * self.scale, offset)
@@ -167,7 +168,7 @@ def _multi_head(config: TransformerConfig, kind: str, layer: int) -> MultiHeadAt
 
 
 def _feed_forward(config: TransformerConfig) -> PositionwiseFeedForward:
-    return PositionwiseFeedForward(config.d_model, config.d_ff, activation=config.activation, dropout=config.dropout)
+    return PositionwiseFeedForward(config.d_model, config.d_ff, activation=config.activation, dropout=config.activation_dropout)
 
 
 def _final_norm(config: TransformerConfig) -> nn.Module:
