@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.attnlab-installed
 EXTRAS ?= dev,pretrained
 
-.PHONY: install browser test test-all demo clean
+.PHONY: install browser test test-all demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,11 @@ test-all: $(STAMP) browser
 
 demo: $(STAMP)
 	$(PY) -m attnlab demo
+
+# The benchmarks against PyTorch and Hugging Face (the [bench] extra), results into benchmarks/results/.
+bench: $(STAMP)
+	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) -m attnlab bench all --save benchmarks/results
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache artifacts

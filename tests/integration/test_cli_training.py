@@ -210,3 +210,21 @@ def test_language_model_reports_perplexity(tmp_path):
     out = attnlab("generate", str(tmp_path / "run"), "the cat", "--max-length", "5", "--json")
     assert out.returncode == 0, out.stderr
     assert "continuation" in json.loads(out.stdout)
+
+
+def test_skipped_bad_lines_are_counted(tmp_path):
+    data = tmp_path / "train.tsv"
+    _toy_translation(data, 200, seed=2)
+    with open(data, "a") as handle:
+        handle.write("no tab on this line\nthree\ttabs\there\n")
+    config = tmp_path / "t.toml"
+    config.write_text(
+        f'[task]\nname = "translation"\ntrain_file = "{data}"\ntokenizer_kind = "word"\nvocab_size = 50\n'
+        '[model]\nkind = "encoder_decoder"\nlayers = 1\nd_model = 16\nheads = 2\nd_ff = 32\n'
+        '[train]\nsteps = 2\nbatch_size = 8\n'
+    )
+    refused = attnlab("train", str(config), "--out", str(tmp_path / "a"), "--no-progress")
+    assert refused.returncode == 2 and f"{data}:201" in refused.stderr
+    result = attnlab("train", str(config), "--out", str(tmp_path / "b"), "--no-progress", "--set", "task.skip_bad_lines=true")
+    assert result.returncode == 0, result.stderr
+    assert "skipped 2 bad lines" in result.stdout

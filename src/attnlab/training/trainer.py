@@ -107,6 +107,7 @@ class _Trainer:
         self.task, self.tokenizer = build_task(
             experiment.task, saved_tokenizer=self.run.tokenizer_path if resume else None
         )
+        self._report_skipped_lines()
         self.model = model_for_task(experiment, self.task).to(self.device)
         self.max_length = cfg.max_length or self.model.config.max_len
         self.optimizer = self._optimizer()
@@ -131,6 +132,12 @@ class _Trainer:
         self.trained: nn.Module = self._distributed(self.model)
 
     # ---- set-up ------------------------------------------------------------------------------
+
+    def _report_skipped_lines(self) -> None:
+        """With ``task.skip_bad_lines`` nothing is dropped silently: say how many lines were skipped."""
+        skipped = getattr(self.task, "skipped", lambda: ())()
+        if skipped:
+            self.log(f"skipped {len(skipped)} bad lines (task.skip_bad_lines = true); first: {skipped[0]}")
 
     def _initialise_embeddings(self) -> None:
         """Copy word vectors into every token embedding of the model (same seed on every rank)."""
