@@ -176,3 +176,18 @@ def test_attention_view_of_the_encoder(run):
     assert maps.shape == (6, 12, 9, 9)
     assert abs(maps.sum(-1) - 1).max() < 1e-4
     assert view.axes["self"][0][0] == "[CLS]" and "sentence embedding" in view.output
+
+
+def test_viewer_api_on_the_imported_model(run):
+    from starlette.testclient import TestClient
+
+    from attnlab.viewer import create_app
+
+    client = TestClient(create_app(open_run(run)), base_url="http://127.0.0.1")
+    model = client.get("/api/model").json()
+    assert model["model_kind"] == "encoder" and model["example"]
+    plain = client.post("/api/run", json={"text": model["example"], "off": []}).json()
+    assert plain["tokens"][0] == "[CLS]" and plain["tokens"][-1] == "[SEP]"
+    assert {a["kind"] for a in plain["attention"]} == {"self"}
+    switched = client.post("/api/run", json={"text": model["example"], "off": [{"kind": "self", "layer": 0, "head": 0}]}).json()
+    assert switched["output"] != plain["output"]

@@ -49,11 +49,17 @@ def _kind_info(kind: str, heads: list[HeadId]) -> dict[str, Any]:
             "heads_per_layer": per_layer}
 
 
+FALLBACK_EXAMPLE = "The quick brown fox jumps over the lazy dog."
+
+
 def example_input(loaded: LoadedRun) -> str:
-    """The first test example's input (a prompt of half its text for a language model), as text."""
+    """The first test example's input (a prompt of half its text for a language model), as text.
+
+    A run whose task has no examples (an imported sentence encoder) gets a plain English sentence.
+    """
     examples = loaded.task.split("test")
     if not examples:
-        return ""
+        return FALLBACK_EXAMPLE
     example = examples[0]
     if example.source:
         return loaded.codec.decode(list(example.source[:-1]))  # without EOS
