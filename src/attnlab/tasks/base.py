@@ -27,6 +27,8 @@ __all__ = [
     "SplitAccessors",
     "VocabIds",
     "split_of",
+    "split_share",
+    "weigh_lengths",
     "check_sizes",
 ]
 
@@ -38,6 +40,33 @@ TASK_SPECIALS = ("[PAD]", "[BOS]", "[EOS]")
 """The specials of the synthetic tasks: PAD=0, BOS=1, EOS=2; task symbols follow from id 3."""
 
 _SHARES = (("train", 0.8), ("valid", 0.9), ("test", 1.0))
+
+
+def split_share(name: str) -> float:
+    """The fraction of all strings of lengths 1..L that split ``name`` owns (1 for length generalisation)."""
+    if name == "length_generalisation":
+        return 1.0
+    uppers = dict(_SHARES)
+    lower = {"train": 0.0, "valid": uppers["train"], "test": uppers["valid"]}[name]
+    return uppers[name] - lower
+
+
+def weigh_lengths(name: str, counts: dict[int, int], draws: int) -> tuple[list[int], list[float]]:
+    """Lengths to draw split ``name`` from, and their weights.
+
+    Uniform over lengths, except that a length of which the split holds fewer strings than it
+    draws (share * count < draws) weighs only that many: otherwise the one or two shortest
+    strings would fill a large part of a split by repetition.
+
+    Args:
+        name: the split.
+        counts: length -> how many distinct strings (of the class drawn) have that length.
+        draws: how many examples the split draws.
+    """
+    share, cap = split_share(name), max(draws, 1)
+    lengths = [n for n, count in counts.items() if count > 0]
+    # Compare before multiplying: counts such as 10^(2n) need not fit in a float.
+    return lengths, [cap if counts[n] >= cap / share else share * counts[n] for n in lengths]
 
 
 @dataclass(frozen=True)

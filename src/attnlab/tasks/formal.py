@@ -19,7 +19,10 @@ anbncn     a b c     a^k b^k c^k, k >= 1               1 if n is a multiple of 3
 =========  ========  ================================  =========================================
 
 Strings of length n over an alphabet of size |Σ| number |Σ|^n. Classes are balanced: half of
-every split is positive. Negatives are near-misses: a positive with one symbol changed, two
+every split is positive. Lengths are drawn uniformly, except that a length is drawn in proportion
+to how many distinct strings of that class and length the split can hold while that number is below
+the split's draws: so the one or two shortest strings never make up a large part of a split by
+repetition. Negatives are near-misses: a positive with one symbol changed, two
 adjacent symbols swapped, or one symbol dropped, kept only if the result is *not* in the
 language, so that a classifier cannot tell them apart by surface statistics alone.
 
@@ -37,7 +40,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from attnlab.errors import ConfigError
-from attnlab.tasks.base import Example, Vocab, VocabIds, check_sizes, check_split_name, split_of
+from attnlab.tasks.base import Example, Vocab, VocabIds, check_sizes, check_split_name, split_of, weigh_lengths
 
 __all__ = ["LANGUAGES", "Language", "RecognitionTask", "near_misses"]
 
@@ -161,6 +164,21 @@ class Language:
                 continue
             stack.extend(prefix + symbol for symbol in reversed(self.alphabet))
 
+    def near_miss_sources(self, n: int) -> dict[int, int]:
+        """Base length -> an upper bound on the near-misses of length ``n`` it yields.
+
+        A change or a swap keeps a positive's length; a drop shortens it by one.
+        """
+        k, m = len(self.alphabet), n + 1
+        return {
+            n: self.count_positive(n) * (n * (k - 1) + (n - 1)),  # changes and swaps
+            m: self.count_positive(m) * m,  # drops
+        }
+
+    def count_near_misses(self, n: int) -> int:
+        """An upper bound on the non-members of length ``n`` one edit away from a positive."""
+        return min(sum(self.near_miss_sources(n).values()), len(self.alphabet) ** n - self.count_positive(n))
+
 
 LANGUAGES: dict[str, Language] = {
     "parity": Language("parity", "01", is_parity, _parity_positive, lambda n: 2 ** (n - 1) if n > 0 else 0),
@@ -255,28 +273,32 @@ class RecognitionTask(VocabIds):
         check_split_name(name)
         size = getattr(self, f"{name}_size")
         rng = random.Random(f"{self.seed}:{self.language}:{name}")
-        positives = self._positive_sampler(name)
-        lengths = self.lengths(name)
+        positives = self._positive_sampler(name, draws=size // 2)
+        negatives = self._negative_sampler(name, draws=size - size // 2)
         examples = [self.encode(positives(rng), 1) for _ in range(size // 2)]
-        examples += [self.encode(self._negative(rng, name, lengths), 0) for _ in range(size - size // 2)]
+        examples += [self.encode(negatives(rng), 0) for _ in range(size - size // 2)]
         rng.shuffle(examples)
         return examples
 
     def _owns(self, name: str, string: str) -> bool:
         return name == "length_generalisation" or split_of(self.seed, string) == name
 
-    def _positive_sampler(self, name: str) -> Callable[[random.Random], str]:
-        lengths = [n for n in self.lengths(name) if self.lang.count_positive(n) > 0]
+    def _positive_sampler(self, name: str, draws: int) -> Callable[[random.Random], str]:
+        counts = {n: self.lang.count_positive(n) for n in self.lengths(name)}
+        lengths, weights = weigh_lengths(name, counts, draws)
         if not lengths:
             raise ConfigError(
                 f"max_train_length: {self.language} has no string with a length in "
                 f"[{self.lengths(name).start}, {self.lengths(name).stop - 1}]; raise max_train_length"
             )
-        total = sum(self.lang.count_positive(n) for n in lengths)
-        if name != "length_generalisation" and total <= SMALL_LANGUAGE:
+        if name != "length_generalisation" and sum(counts.values()) <= SMALL_LANGUAGE:
             pool = self._dealt_positives(lengths)[name]
             return lambda rng: rng.choice(pool)
-        return lambda rng: self._draw(rng, lambda: self.lang.sample_positive(rng, rng.choice(lengths)), name)
+
+        def candidate(rng: random.Random) -> str | None:
+            return self.lang.sample_positive(rng, rng.choices(lengths, weights)[0])
+
+        return lambda rng: self._draw(rng, candidate, name)
 
     def _dealt_positives(self, lengths: list[int]) -> dict[str, list[str]]:
         # Few positives: hashing could leave valid or test without any. Deal them instead, by a
@@ -291,21 +313,24 @@ class RecognitionTask(VocabIds):
         held = max(1, round(0.1 * len(pool)))
         return {"test": pool[:held], "valid": pool[held : 2 * held], "train": pool[2 * held :]}
 
-    def _negative(self, rng: random.Random, name: str, lengths: range) -> str:
-        def candidate() -> str | None:
-            base = self.lang.sample_positive(rng, rng.choice(positive_lengths))
+    def _negative_sampler(self, name: str, draws: int) -> Callable[[random.Random], str]:
+        counts = {n: self.lang.count_near_misses(n) for n in self.lengths(name)}
+        lengths, weights = weigh_lengths(name, counts, draws)
+
+        def candidate(rng: random.Random) -> str | None:
+            n = rng.choices(lengths, weights)[0]
+            sources = {m: bound for m, bound in self.lang.near_miss_sources(n).items() if bound > 0}
+            base = self.lang.sample_positive(rng, rng.choices(list(sources), list(sources.values()))[0])
             if base is None:
                 return None
-            s = rng.choice(near_misses(base, self.lang.alphabet))
-            return s if len(s) in lengths and not self.lang.contains(s) else None
+            misses = [s for s in near_misses(base, self.lang.alphabet) if len(s) == n and not self.lang.contains(s)]
+            return rng.choice(misses) if misses else None
 
-        # A near-miss may leave the length range (a drop shortens): draw bases one longer too.
-        positive_lengths = [n for n in range(lengths.start, lengths.stop + 1) if self.lang.count_positive(n) > 0]
-        return self._draw(rng, candidate, name)
+        return lambda rng: self._draw(rng, candidate, name)
 
-    def _draw(self, rng: random.Random, candidate: Callable[[], str | None], name: str) -> str:
+    def _draw(self, rng: random.Random, candidate: Callable[[random.Random], str | None], name: str) -> str:
         for _ in range(MAX_TRIES_PER_EXAMPLE):
-            s = candidate()
+            s = candidate(rng)
             if s is not None and self._owns(name, s):
                 return s
         raise ConfigError(

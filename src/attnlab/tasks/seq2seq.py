@@ -14,7 +14,9 @@ Token encoding: PAD=0, BOS=1, EOS=2, then the task's symbols from id 3.
 The decoder reads ``tgt_in`` = BOS + target and predicts ``tgt_out`` = target + EOS (the shift
 right of Agarwal §5.2); batching builds both. Splits: train/valid/test have lengths 1..L and are
 disjoint by a seeded hash of the source (:func:`attnlab.tasks.base.split_of`); the
-length-generalisation split has lengths L+1..2L.
+length-generalisation split has lengths L+1..2L. Lengths are drawn uniformly, except that the
+shortest, with few distinct sources, are drawn in proportion to how many a split holds
+(:func:`attnlab.tasks.base.weigh_lengths`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from attnlab.errors import ConfigError
-from attnlab.tasks.base import Example, Vocab, VocabIds, check_sizes, check_split_name, split_of
+from attnlab.tasks.base import Example, Vocab, VocabIds, check_sizes, check_split_name, split_of, weigh_lengths
 
 __all__ = ["TRANSFORMS", "Seq2SeqTask", "AdditionTask"]
 
@@ -67,19 +69,23 @@ class _SplitConfig(VocabIds):
         raise NotImplementedError
 
     def split(self, name: str) -> list[Example]:
-        """``{name}_size`` examples, lengths drawn from :meth:`lengths` (uniformly, before the split filter)."""
+        """``{name}_size`` examples; lengths weighted by :func:`~attnlab.tasks.base.weigh_lengths`."""
         check_split_name(name)
         rng = random.Random(f"{self.seed}:{self.name}:{name}")
-        lengths = self.lengths(name)
-        return [self._draw(rng, name, lengths) for _ in range(getattr(self, f"{name}_size"))]
+        size = getattr(self, f"{name}_size")
+        lengths, weights = weigh_lengths(name, {n: self.num_distinct(n) for n in self.lengths(name)}, size)
+        return [self._draw(rng, name, lengths, weights) for _ in range(size)]
 
-    def _draw(self, rng: random.Random, name: str, lengths: range) -> Example:
+    def _draw(self, rng: random.Random, name: str, lengths: list[int], weights: list[float]) -> Example:
         for _ in range(MAX_TRIES_PER_EXAMPLE):
             # A fresh length per try: a short length may own no string of this split at all.
-            example = self.sample(rng, rng.choice(lengths))
+            example = self.sample(rng, rng.choices(lengths, weights)[0])
             if name == "length_generalisation" or split_of(self.seed, self.vocab.decode(example.source)) == name:
                 return example
         raise ConfigError(f"{self.name}: could not draw a {name} example; too few exist, raise max_train_length")
+
+    def num_distinct(self, length: int) -> int:
+        raise NotImplementedError
 
     @property
     def name(self) -> str:

@@ -8,6 +8,7 @@ import pytest
 
 from attnlab.errors import ConfigError
 from attnlab.tasks import LANGUAGES, RecognitionTask, get_task, near_misses
+from attnlab.tasks.base import weigh_lengths
 
 
 # Second, test-side checkers: written again here so a bug in formal.py cannot hide itself.
@@ -82,6 +83,29 @@ def test_no_string_is_in_two_splits(task_and_splits):
     assert not sets["train"] & sets["valid"]
     assert not sets["valid"] & sets["test"]
     assert sets["valid"] and sets["test"]
+
+
+@pytest.mark.parametrize("language", ["parity", "dyck2"])
+@pytest.mark.parametrize("name", ["valid", "test"])
+def test_a_few_short_strings_do_not_fill_a_held_out_split(language, name):
+    # Languages with many strings: a held-out split draws hundreds of distinct strings, and no
+    # single short string (of which the split may own only one or two) is repeated into a big share.
+    task = RecognitionTask(language=language, max_train_length=12, train_size=0, valid_size=400, test_size=400)
+    examples = task.split(name)
+    counts = {}
+    for e in examples:
+        counts[e.source] = counts.get(e.source, 0) + 1
+    assert len(counts) > 0.6 * len(examples)
+    assert max(counts.values()) <= 0.02 * len(examples)
+    short = sum(e.length <= 4 for e in examples)
+    assert short <= 0.05 * len(examples)
+
+
+def test_length_weights_follow_the_split_share_of_the_strings():
+    lengths, weights = weigh_lengths("valid", {1: 2, 2: 0, 12: 10_000, 400: 10**400}, draws=100)
+    assert lengths == [1, 12, 400]
+    assert weights == pytest.approx([0.2, 100, 100])  # 10% of 2 strings; capped at the draws
+    assert weigh_lengths("length_generalisation", {13: 50}, draws=100)[1] == [50]
 
 
 def test_same_seed_same_data_other_seed_other_data():
