@@ -126,7 +126,7 @@ def _forbid(logits: Tensor, banned: Sequence[int]) -> Tensor:
     return logits
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def greedy_search(
     stepper: Stepper, prefix: Tensor, *, eos_id: int, banned: Sequence[int], max_length: int
 ) -> list[Hypothesis]:
@@ -159,7 +159,7 @@ def _hypothesis(tokens: list[int], log_prob: float, eos_id: int) -> Hypothesis:
     return Hypothesis(tokens, log_prob, False)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def beam_search(
     stepper: Stepper,
     prefix: Tensor,
@@ -291,11 +291,13 @@ def generate_continuations(
 
 @contextmanager
 def _evaluation_mode(model: torch.nn.Module) -> Iterator[None]:
-    """Decode without dropout, then give the model back in the mode it came in."""
+    """Decode without dropout or autograd (the encoder pass too), then give the model back in the
+    mode it came in."""
     was_training = model.training
     model.eval()
     try:
-        yield
+        with torch.inference_mode():
+            yield
     finally:
         model.train(was_training)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 from torch import nn
 
@@ -178,6 +180,35 @@ def test_self_attention_cache_equals_full_causal(normalizer):
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
 
 
+@settings(max_examples=25, deadline=None)
+@given(chunks=st.lists(st.integers(1, 9), min_size=1, max_size=12))
+def test_self_attention_cache_grows_past_its_capacity(chunks):
+    """Chunks of any sizes, across several doublings of the buffers, give the full causal output."""
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(D_MODEL, HEADS).double().eval()
+    x = torch.randn(2, sum(chunks), D_MODEL, dtype=torch.float64)
+    full = mha(x, causal=True).output
+    cache, start, steps = KVCache(), 0, []
+    with torch.no_grad():
+        for size in chunks:
+            steps.append(mha(x[:, start : start + size], causal=True, cache=cache).output)
+            start += size
+    assert len(cache) == sum(chunks) and cache.key.shape[-2] == sum(chunks)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-10, rtol=0)
+
+
+def test_self_attention_cache_keeps_the_gradient():
+    """With autograd on, the cached steps backpropagate like the full causal pass."""
+    mha = MultiHeadAttention(D_MODEL, HEADS).double()
+    x = torch.randn(2, 20, D_MODEL, dtype=torch.float64)
+    mha(x, causal=True).output.square().sum().backward()
+    full_grad = mha.in_proj_weight.grad.clone()
+    mha.zero_grad()
+    cache = KVCache()
+    torch.cat([mha(x[:, t : t + 1], causal=True, cache=cache).output for t in range(20)], 1).square().sum().backward()
+    torch.testing.assert_close(mha.in_proj_weight.grad, full_grad, atol=1e-10, rtol=0)
+
+
 def test_cross_attention_cache_projects_memory_once():
     mha = MultiHeadAttention(D_MODEL, HEADS).eval()
     y, memory = torch.randn(2, 3, D_MODEL), torch.randn(2, 8, D_MODEL)
@@ -185,7 +216,7 @@ def test_cross_attention_cache_projects_memory_once():
     first = mha(y, memory, cache=cache).output
     kept = cache.key
     second = mha(y, torch.zeros_like(memory), cache=cache).output  # memory ignored once cached
-    assert cache.key is kept
+    assert cache.key.data_ptr() == kept.data_ptr()
     torch.testing.assert_close(first, second)
     torch.testing.assert_close(first, mha(y, memory).output)
 
