@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-__all__ = ["Dropout"]
+__all__ = ["Dropout", "dropout"]
 
 
 class Dropout(nn.Module):
@@ -31,10 +31,16 @@ class Dropout(nn.Module):
         self.p = p
 
     def forward(self, x: Tensor) -> Tensor:
-        if not self.training or self.p == 0.0:
-            return x
-        keep = torch.rand_like(x) >= self.p  # Bernoulli(1 - p)
-        return x * keep.to(x.dtype) * (1.0 / (1.0 - self.p))
+        return dropout(x, self.p, self.training)
 
     def extra_repr(self) -> str:
         return f"p={self.p}"
+
+
+def dropout(x: Tensor, p: float, training: bool) -> Tensor:
+    """The function behind :class:`Dropout`, for modules that apply it on a hot path without a
+    sub-module call."""
+    if not training or p == 0.0:
+        return x
+    keep = torch.rand_like(x) >= p  # Bernoulli(1 - p)
+    return x * keep.to(x.dtype) * (1.0 / (1.0 - p))

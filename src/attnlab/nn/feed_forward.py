@@ -14,7 +14,7 @@ from functools import partial
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.nn.dropout import Dropout
+from attnlab.nn.dropout import Dropout, dropout
 
 __all__ = ["PositionwiseFeedForward", "ACTIVATIONS"]
 
@@ -51,7 +51,10 @@ class PositionwiseFeedForward(nn.Module):
         self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.linear2(self.dropout(self.activation(self.linear1(x))))
+        # F.linear on the sub-modules' parameters: same maps, without three sub-module calls.
+        first, second = self.linear1, self.linear2
+        hidden = dropout(self.activation(F.linear(x, first.weight, first.bias)), self.dropout.p, self.training)
+        return F.linear(hidden, second.weight, second.bias)
 
     def extra_repr(self) -> str:
         return f"activation={self.activation_name}"

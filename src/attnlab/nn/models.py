@@ -87,6 +87,11 @@ class TransformerModel(nn.Module):
             shapes[site.kind] = (max(layers, site.layer + 1), max(heads, site.module.heads))
         return shapes
 
+    def check_head_mask(self, head_mask: HeadMask | None) -> None:
+        """Raise ValueError naming the kind when ``head_mask`` does not fit this model."""
+        if head_mask is not None:  # the shapes walk every site: skip it on the unmasked path
+            check_head_mask(head_mask, self.head_mask_shapes())
+
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
@@ -372,7 +377,7 @@ class EncoderDecoder(TransformerModel):
         return self.decode(tgt_in, memory, head_mask=head_mask)
 
     def encode(self, src: Tensor, *, head_mask: HeadMask | None = None) -> EncodedSource:
-        check_head_mask(head_mask, self.head_mask_shapes())
+        self.check_head_mask(head_mask)
         states = self.encoder(src, head_mask=kind_mask(head_mask, "encoder_self"))
         return EncodedSource(states, src != self.config.pad_id)
 
@@ -385,7 +390,7 @@ class EncoderDecoder(TransformerModel):
         state: DecodingState | None = None,
     ) -> Tensor:
         """Logits for ``tgt_in``; with ``state`` (from :meth:`new_state`), only the new positions."""
-        check_head_mask(head_mask, self.head_mask_shapes())
+        self.check_head_mask(head_mask)
         hidden = self.decoder(
             tgt_in,
             memory,
@@ -447,7 +452,7 @@ class EncoderClassifier(TransformerModel):
         self.classifier = nn.Linear(config.d_model, config.num_classes)
 
     def forward(self, tokens: Tensor, *, head_mask: HeadMask | None = None) -> Tensor:
-        check_head_mask(head_mask, self.head_mask_shapes())
+        self.check_head_mask(head_mask)
         hidden = self.encoder(tokens, head_mask=kind_mask(head_mask, "self"))
         return self.classifier(self.pool(hidden, tokens != self.config.pad_id))
 
@@ -474,7 +479,7 @@ class DecoderOnly(TransformerModel):
             self.lm_head.weight = self.body.embedding.token.weight
 
     def forward(self, tokens: Tensor, *, head_mask: HeadMask | None = None, state: DecodingState | None = None) -> Tensor:
-        check_head_mask(head_mask, self.head_mask_shapes())
+        self.check_head_mask(head_mask)
         hidden = self.body(tokens, head_mask=kind_mask(head_mask, "self"), state=state)
         return self.lm_head(hidden)
 
@@ -502,7 +507,7 @@ class EncoderOnly(TransformerModel):
         self.encoder = Encoder(config, vocab_size=config.vocab_size, kind="self")
 
     def forward(self, tokens: Tensor, *, head_mask: HeadMask | None = None, token_types: Tensor | None = None) -> Tensor:
-        check_head_mask(head_mask, self.head_mask_shapes())
+        self.check_head_mask(head_mask)
         return self.encoder(tokens, head_mask=kind_mask(head_mask, "self"), token_types=token_types)
 
     def attention_sites(self) -> list[AttentionSite]:

@@ -259,7 +259,8 @@ class MultiHeadAttention(nn.Module):
             heads = heads * self._head_scale(head_mask, heads)  # xi_h Att_h  (Michel §2.3)
         batch, _, t_q, _ = heads.shape
         concat = heads.transpose(1, 2).reshape(batch, t_q, self.heads * self.d_v)  # (B, T_q, H*d_v)
-        output = self.out_proj(concat)  # Concat(...) W^O = sum_h head_h W_o^h
+        out_proj = self.out_proj
+        output = F.linear(concat, out_proj.weight, out_proj.bias)  # Concat(...) W^O = sum_h head_h W_o^h
         for recorder in self._recorders.values():
             recorder(weights, heads)
         return MultiHeadOutput(output, weights if want_weights else None, heads if want_weights else None)
@@ -297,22 +298,21 @@ class MultiHeadAttention(nn.Module):
         if key is None:  # self-attention: one fused matmul for Q, K and V
             if value is not None:
                 raise ValueError("MultiHeadAttention: value given without key")
-            q, k, v = F.linear(query, self.in_proj_weight, self.in_proj_bias).split(self._split, dim=-1)
+            q, k, v = F.linear(query, self.in_proj_weight, self.in_proj_bias).split_with_sizes(self._split, dim=-1)
             q, k, v = self._split_heads(q), self._split_heads(k), self._split_heads(v)
             if cache is not None:
                 k, v = cache.append(k, v)
             return q, k, v
         value = key if value is None else value
-        w_q, w_k, w_v = self.in_proj_weight.split(self._split, dim=0)
-        b_q, b_k, b_v = (None, None, None) if self.in_proj_bias is None else self.in_proj_bias.split(self._split)
-        q = self._split_heads(F.linear(query, w_q, b_q))
+        weight, bias, qk = self.in_proj_weight, self.in_proj_bias, self._split[0]
+        q = self._split_heads(F.linear(query, weight[:qk], None if bias is None else bias[:qk]))
 
-        def project_memory() -> tuple[Tensor, Tensor]:
+        def project_memory() -> tuple[Tensor, Tensor]:  # not called again once a cache keeps K, V
             if value is key:  # encoder-decoder attention, K = V = memory: one matmul
-                w_kv = self.in_proj_weight[self._split[0] :]
-                b_kv = None if self.in_proj_bias is None else self.in_proj_bias[self._split[0] :]
-                k_, v_ = F.linear(key, w_kv, b_kv).split(self._split[1:], dim=-1)
+                k_, v_ = F.linear(key, weight[qk:], None if bias is None else bias[qk:]).split(self._split[1:], dim=-1)
             else:
+                _, w_k, w_v = weight.split(self._split, dim=0)
+                b_k, b_v = (None, None) if bias is None else bias.split(self._split)[1:]
                 k_, v_ = F.linear(key, w_k, b_k), F.linear(value, w_v, b_v)
             return self._split_heads(k_), self._split_heads(v_)
 
