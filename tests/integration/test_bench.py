@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from attnlab.bench import BENCHMARKS
-from attnlab.bench.harness import BenchResult, median_time
+from attnlab.bench.harness import BenchResult, interleaved_median_times, median_time
 
 
 def test_all_quick_reports_every_benchmark(tmp_path):
@@ -48,3 +48,15 @@ def test_targets_are_checked():
     result = BenchResult("x", ratios={"a": 1.2, "b": 0.5}, targets={"a": (">=", 1.15), "b": ("<=", 0.4)})
     assert result.met() == {"a": True, "b": False}
     assert result.to_json()["targets"]["b"] == {"op": "<=", "bound": 0.4, "met": False}
+
+
+def test_interleaved_rounds_rotate_the_order():
+    calls = []
+    systems = {name: (lambda name=name: calls.append(name)) for name in "abc"}
+    medians = interleaved_median_times(systems, repeats=5, warmup={"c": 0})
+    assert set(medians) == {"a", "b", "c"} and all(seconds >= 0 for seconds in medians.values())
+    warmups, rounds = calls[:2], [calls[2 + 3 * i : 5 + 3 * i] for i in range(5)]
+    assert warmups == ["a", "b"] and len(calls) == 2 + 15
+    assert rounds == [list("abc"), list("bca"), list("cab"), list("abc"), list("bca")]
+    with pytest.raises(ValueError, match="at least 5"):
+        interleaved_median_times(systems, repeats=4)

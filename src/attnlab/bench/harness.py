@@ -1,7 +1,10 @@
 """Timing, machine facts, and the result format every benchmark shares.
 
 A benchmark times each system in the same process on the same machine, reports the median of at
-least 5 timed repetitions after warm-up, and derives ratios from those medians. The JSON form is
+least 5 timed repetitions after warm-up, and derives ratios from those medians. Systems that are
+compared are timed in interleaved rounds (:func:`interleaved_median_times`): on a shared machine
+whose speed drifts over minutes, a slow spell then falls on every system of a round instead of on
+whichever happened to run during it. The JSON form is
 
     {"benchmark": ..., "machine": {...}, "results": [{"system", "metric", "value", "unit"}],
      "ratios": {...}, "targets": {...}}
@@ -22,7 +25,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["MIN_REPEATS", "Measurement", "BenchResult", "median_time", "machine_info", "format_table"]
+__all__ = [
+    "MIN_REPEATS",
+    "Measurement",
+    "BenchResult",
+    "median_time",
+    "interleaved_median_times",
+    "machine_info",
+    "format_table",
+]
 
 MIN_REPEATS = 5
 
@@ -86,6 +97,34 @@ def median_time(fn: Callable[[], object], *, repeats: int = MIN_REPEATS, warmup:
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def interleaved_median_times(
+    systems: dict[str, Callable[[], object]], *, repeats: int = MIN_REPEATS, warmup: int | dict[str, int] = 1
+) -> dict[str, float]:
+    """Median wall-clock seconds of each system, timed in ``repeats`` interleaved rounds.
+
+    Every round times each system once; the order rotates from round to round so that no system
+    always runs first (after a cold cache) or last. ``warmup`` runs (per system, or one count for
+    all) come before the first round.
+
+    Returns:
+        system name -> median seconds.
+    """
+    if repeats < MIN_REPEATS:
+        raise ValueError(f"repeats: a benchmark times at least {MIN_REPEATS} repetitions, got {repeats}")
+    names = list(systems)
+    for name in names:
+        for _ in range(warmup if isinstance(warmup, int) else warmup.get(name, 1)):
+            systems[name]()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for round_index in range(repeats):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            start = time.perf_counter()
+            systems[name]()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(seconds) for name, seconds in times.items()}
 
 
 def machine_info() -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from attnlab.analysis.heads import importance
-from attnlab.bench.harness import BenchResult, median_time
+from attnlab.bench.harness import BenchResult, interleaved_median_times
 from attnlab.bench.models import FULL, QUICK, attnlab_model, random_batch
 from attnlab.evaluation.objectives import OBJECTIVES, example_losses
 from attnlab.head_ids import head_ids, mask_without
@@ -56,11 +56,13 @@ def run_heads(quick: bool = False, repeats: int = 5) -> BenchResult:
                 OBJECTIVES["encoder_decoder"](model, batch, mask_without(model, [head]), 0, 0.0)
 
     result = BenchResult("heads")
-    for system, fn, warmup in (("attnlab one-pass importance", one_pass, 1), ("one forward+backward", forward_backward, 1),
-                               ("naive per-head ablation loop", per_head_loop, 0)):
-        # The per-head loop runs the forward pass the two systems before it already warmed up,
-        # on the same model and batches; a warm-up run of its own would add a minute for nothing.
-        result.add(system, "seconds", median_time(fn, repeats=repeats, warmup=warmup), "s")
+    systems = {"attnlab one-pass importance": one_pass, "one forward+backward": forward_backward,
+               "naive per-head ablation loop": per_head_loop}
+    # The per-head loop runs the forward pass the two other systems already warmed up, on the
+    # same model and batches; a warm-up run of its own would add a minute for nothing.
+    warmup = {"naive per-head ablation loop": 0}
+    for system, seconds in interleaved_median_times(systems, repeats=repeats, warmup=warmup).items():
+        result.add(system, "seconds", seconds, "s")
     ours = result.value("attnlab one-pass importance", "seconds")
     result.ratios["importance_vs_forward_backward"] = ours / result.value("one forward+backward", "seconds")
     result.targets["importance_vs_forward_backward"] = ("<=", 1.3)

@@ -1,7 +1,7 @@
 """``mfu``: the ``train`` model's achieved FLOP/s over the fp32 matmul FLOP/s of this machine.
 
 FLOPs of one training step (forward and backward) are counted by ``torch.utils.flop_counter``;
-the peak is the median rate of a large fp32 matmul, measured in the same run.
+the peak is the median rate of a large fp32 matmul, timed in rounds interleaved with the step.
 """
 
 from __future__ import annotations
@@ -10,20 +10,15 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from attnlab.bench.harness import BenchResult, median_time
+from attnlab.bench.harness import BenchResult, interleaved_median_times
 from attnlab.bench.models import FULL, QUICK, attnlab_model, random_batch
 from attnlab.experiment import TrainConfig
 from attnlab.training.trainer import make_optimizer
 
-__all__ = ["run_mfu", "matmul_flops_per_second"]
+__all__ = ["run_mfu"]
 
 
-def matmul_flops_per_second(n: int = 2048, repeats: int = 5) -> float:
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    return 2 * n**3 / median_time(lambda: a @ b, repeats=repeats, warmup=2)
-
-
-def run_mfu(quick: bool = False, repeats: int = 5) -> BenchResult:
+def run_mfu(quick: bool = False, repeats: int = 15) -> BenchResult:
     sizes = QUICK if quick else FULL
     batch = random_batch(sizes)
     torch.manual_seed(0)
@@ -39,8 +34,10 @@ def run_mfu(quick: bool = False, repeats: int = 5) -> BenchResult:
     with FlopCounterMode(display=False) as counter:
         step()
     flops = counter.get_total_flops()
-    achieved = flops / median_time(step, repeats=repeats, warmup=2)
-    peak = matmul_flops_per_second(512 if quick else 2048, repeats=repeats)
+    n = 512 if quick else 2048
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    seconds = interleaved_median_times({"step": step, "matmul": lambda: a @ b}, repeats=repeats, warmup=2)
+    achieved, peak = flops / seconds["step"], 2 * n**3 / seconds["matmul"]
     result = BenchResult("mfu")
     result.add("attnlab train step", "flops_per_step", flops, "FLOP")
     result.add("attnlab train step", "achieved", achieved / 1e9, "GFLOP/s")

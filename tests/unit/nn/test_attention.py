@@ -74,6 +74,34 @@ def test_weights_change_output_by_at_most_1e6(mask_kind):
     assert weights.shape == (2, 3, 9, 9)
 
 
+@pytest.mark.parametrize("mask_kind", ["none", "padding", "arbitrary", "empty_row"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_single_query_equals_sdpa_and_float64_reference(mask_kind, causal):
+    """One query against a (strided) KV-cache view, as in a decoding step."""
+    q, _, _ = _qkv(t_q=1, dtype=torch.float64)
+    cache_k, cache_v = torch.randn(2, 3, 16, 8, dtype=torch.float64), torch.randn(2, 3, 16, 6, dtype=torch.float64)
+    k, v = cache_k[:, :, :7], cache_v[:, :, :7]  # views of a longer buffer, like KVCache.key
+    mask = {
+        "none": None,
+        "padding": torch.tensor([[True] * 7, [True] * 3 + [False] * 4])[:, None, None, :],
+        "arbitrary": _random_mask(2, 3, 1, 7, seed=3),
+        "empty_row": torch.tensor([[True] * 7, [False] * 7])[:, None, None, :],
+    }[mask_kind]
+    out = attention(q.float(), k.float(), v.float(), mask, causal=causal)
+    allowed = torch.ones(2, 3, 1, 7, dtype=torch.bool) if mask is None else mask.expand(2, 3, 1, 7)
+    has_key = allowed.any(-1, keepdim=True)
+    expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=allowed | ~has_key) * has_key
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
+    ref_out, _ = reference.batched_attention(q.numpy(), k.numpy(), v.numpy(), allowed.numpy(), score="scaled_dot",
+                                             normalizer="softmax")
+    np.testing.assert_allclose(attention(q, k, v, mask, causal=causal).numpy(), ref_out, atol=1e-12)
+
+
+def test_single_query_keeps_gradients():
+    q, k, v = (t.requires_grad_() for t in _qkv(t_q=1, dtype=torch.float64))
+    assert torch.autograd.gradcheck(lambda q, k, v: attention(q, k, v), (q, k, v))
+
+
 @pytest.mark.parametrize("normalizer", ["softmax", "hardmax"])
 @pytest.mark.parametrize("scale", [None, 1.0])
 def test_float64_reference(normalizer, scale):
