@@ -87,16 +87,7 @@ class BenchResult:
 
 def median_time(fn: Callable[[], object], *, repeats: int = MIN_REPEATS, warmup: int = 1) -> float:
     """Median wall-clock seconds of ``fn()`` over ``repeats`` runs after ``warmup`` runs."""
-    if repeats < MIN_REPEATS:
-        raise ValueError(f"repeats: a benchmark times at least {MIN_REPEATS} repetitions, got {repeats}")
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return interleaved_median_times({"fn": fn}, repeats=repeats, warmup=warmup)["fn"]
 
 
 def interleaved_median_times(

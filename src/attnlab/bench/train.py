@@ -68,7 +68,8 @@ def run_train(quick: bool = False, repeats: int = 15) -> BenchResult:
 
 
 def run_train_headmask(quick: bool = False, repeats: int = 15) -> BenchResult:
-    """25% of the heads masked (a fixed random choice) against no mask, same model and batch."""
+    """25% of the heads masked (a fixed random choice) against no mask: two copies of one model
+    (the same weights, each with its own optimizer), on the same batch."""
     sizes = QUICK if quick else FULL
     batch = random_batch(sizes)
     torch.manual_seed(0)
