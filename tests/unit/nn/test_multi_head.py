@@ -217,6 +217,7 @@ def test_cross_attention_cache_projects_memory_once():
     kept = cache.key
     second = mha(y, torch.zeros_like(memory), cache=cache).output  # memory ignored once cached
     assert cache.key.data_ptr() == kept.data_ptr()
+    assert cache.key.is_contiguous() and cache.value.is_contiguous()  # streamed every step: no strided view
     torch.testing.assert_close(first, second)
     torch.testing.assert_close(first, mha(y, memory).output)
 
