@@ -211,26 +211,29 @@ def _hardmax_attention(
     t_q, t_k = q.shape[-2], k.shape[-2]
     lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     chunk = max(1, _HARD_CHUNK_ELEMENTS // max(1, math.prod(lead) * t_k))
-    values = v.expand(*lead, t_k, v.shape[-1])  # (..., T_k, d_v)
-    outputs, weights = [], []
-    for start in range(0, t_q, chunk):
-        stop = min(start + chunk, t_q)
-        chunk_mask = _chunk_mask(mask, causal, start, stop, t_q, t_k, q.device)
-        with torch.no_grad():  # argmax has no gradient; keep no graph for the scores
-            q_chunk = q[..., start:stop, :]
-            scores = score_fn(q_chunk, k) if score_fn is not None else _dot_scores(q_chunk, k, scale)
+    scores_of = _hard_scores(score_fn, scale)
+    indices, has_keys, weights = [], [], []
+    with torch.no_grad():  # argmax has no gradient; keep no graph for the scores
+        for start in range(0, t_q, chunk):
+            stop = min(start + chunk, t_q)
+            chunk_mask = _chunk_mask(mask, causal, start, stop, t_q, t_k, q.device)
+            scores = scores_of(q[..., start:stop, :], k)  # (..., c, T_k)
             if chunk_mask is not None:
                 scores = scores.masked_fill(~chunk_mask, float("-inf"))
             index = scores.argmax(dim=-1).expand(*lead, stop - start)  # (..., c); first max wins
             has_key = None if chunk_mask is None else chunk_mask.any(dim=-1).expand(*lead, stop - start)
-        picked = torch.gather(values, -2, index.unsqueeze(-1).expand(*lead, stop - start, v.shape[-1]))
-        if has_key is not None:
-            picked = picked * has_key.unsqueeze(-1).to(picked.dtype)  # (..., c, d_v)
-        outputs.append(picked)
-        if need_weights:
-            one_hot = F.one_hot(index, t_k).to(v.dtype)  # (..., c, T_k)
-            weights.append(one_hot if has_key is None else one_hot * has_key.unsqueeze(-1).to(v.dtype))
-    output = torch.cat(outputs, dim=-2)  # (..., T_q, d_v)
+            indices.append(index)
+            has_keys.append(has_key)
+            if need_weights:
+                one_hot = F.one_hot(index, t_k).to(v.dtype)  # (..., c, T_k)
+                weights.append(one_hot if has_key is None else one_hot * has_key.unsqueeze(-1).to(v.dtype))
+    index = torch.cat(indices, dim=-1)  # (..., T_q)
+    # One gather for all chunks: its backward scatters into one (..., T_k, d_v) gradient, where a
+    # gather per chunk would allocate and fill that whole tensor once per chunk.
+    values = v.expand(*lead, t_k, v.shape[-1])  # (..., T_k, d_v)
+    output = torch.gather(values, -2, index.unsqueeze(-1).expand(*lead, t_q, v.shape[-1]))  # (..., T_q, d_v)
+    if has_keys[0] is not None:
+        output = output * torch.cat(has_keys, dim=-1).unsqueeze(-1).to(output.dtype)  # rows with no key: 0
     if straight_through:
         soft = _softmax_attention(
             q, k, v, mask, causal=causal, scale=scale, score_fn=score_fn, dropout_p=0.0,
@@ -238,6 +241,16 @@ def _hardmax_attention(
         )[0]
         output = soft + (output - soft).detach()  # forward: hard; backward: soft
     return output, (torch.cat(weights, dim=-2) if need_weights else None)
+
+
+def _hard_scores(score_fn: ScoreFn | None, scale: float) -> ScoreFn:
+    """The scores hard attention takes the argmax of. A positive scale cannot move the argmax, so
+    dot-product scores skip it (a full pass over every T_q x T_k chunk)."""
+    if score_fn is not None:
+        return score_fn
+    if scale > 0:
+        return lambda q, k: torch.matmul(q, k.transpose(-2, -1))  # (..., T_q, T_k)
+    return lambda q, k: _dot_scores(q, k, scale)
 
 
 def _chunk_mask(

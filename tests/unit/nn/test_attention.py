@@ -160,6 +160,37 @@ def test_hardmax_chunked_causal_equals_mask(monkeypatch):
     assert torch.equal(attention(q, k, v, causal=True, normalizer="hardmax"), expected)
 
 
+def test_hardmax_chunked_gradient_equals_unchunked(monkeypatch):
+    """The chunks share one gather, so v's gradient (picks per value row) is the same however the
+    queries are chunked, rows without an allowed key included."""
+    q, k, v = _qkv(t_q=37, t_k=19, dtype=torch.float64)
+    mask = _random_mask(2, 3, 37, 19)
+    mask[0, 0, 5] = False  # a query row with no key: zero output, no gradient
+    grads = []
+    for chunk_elements in (None, 2 * 3 * 19 * 4):
+        if chunk_elements is not None:
+            monkeypatch.setattr(attention_module, "_HARD_CHUNK_ELEMENTS", chunk_elements)
+        value = v.clone().requires_grad_()
+        out = attention(q, k, value, mask, normalizer="hardmax")
+        assert torch.all(out[0, 0, 5] == 0)
+        (out * torch.linspace(-1, 1, out.numel(), dtype=torch.float64).view_as(out)).sum().backward()
+        grads.append(value.grad)
+    torch.testing.assert_close(grads[1], grads[0], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("scale", [-0.5, 0.0])
+def test_hardmax_non_positive_scale_is_applied(scale):
+    """A positive scale cannot move the argmax (and is skipped); a negative one reverses it, and 0
+    ties every key (the first one wins)."""
+    q, k, v = _qkv(t_q=6, t_k=9, dtype=torch.float64)
+    out = attention(q, k, v, normalizer="hardmax", scale=scale)
+    index = (scale * (q @ k.transpose(-2, -1))).argmax(-1)  # (B, H, T_q)
+    expected = torch.gather(v, -2, index.unsqueeze(-1).expand(-1, -1, -1, v.shape[-1]))
+    assert torch.equal(out, expected)
+    if scale == 0.0:
+        assert torch.equal(out, v[..., :1, :].expand_as(out))
+
+
 def test_hard_gradient_reaches_values_only():
     q, k, v = (t.requires_grad_() for t in _qkv())
     attention(q, k, v, normalizer="hardmax").sum().backward()
