@@ -7,8 +7,10 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from attnlab.bench import BENCHMARKS
+from attnlab.bench.attention import _measure
 from attnlab.bench.harness import BenchResult, interleaved_median_times, median_time
 
 
@@ -60,3 +62,11 @@ def test_interleaved_rounds_rotate_the_order():
     assert rounds == [list("abc"), list("bca"), list("cab"), list("abc"), list("bca")]
     with pytest.raises(ValueError, match="at least 5"):
         interleaved_median_times(systems, repeats=4)
+
+
+def test_attention_point_reports_its_own_peak_memory():
+    """A point's subprocess reports its own peak, not the RSS of the process that started it."""
+    held = torch.ones(384 * 2**20)  # this process holds 1.5 GiB
+    values = _measure("soft", 64, 5)
+    assert 0 < values["baseline_rss"] <= values["peak_rss"] < 2**30
+    del held

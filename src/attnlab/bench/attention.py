@@ -6,7 +6,7 @@ fused kernel (O(T) memory); its hard attention scores queries chunk by chunk and
 T x T weights. The naive reference materialises softmax(Q K^T / sqrt(d)) and is skipped where that
 matrix would not fit comfortably in memory.
 
-Each point runs in a fresh subprocess, so its peak resident set size (``ru_maxrss``) is its own.
+Each point runs in a fresh subprocess, so its peak resident set size is its own (see :func:`peak_rss`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from attnlab.bench.harness import MIN_REPEATS, BenchResult
 
-__all__ = ["run_attention", "SYSTEMS", "point"]
+__all__ = ["run_attention", "SYSTEMS", "point", "peak_rss"]
 
 FULL_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768)
 QUICK_LENGTHS = (256, 512)
@@ -28,9 +28,29 @@ NAIVE_LIMIT_BYTES = 4 * 2**30  # the naive reference is skipped where its T x T 
 HEADS, HEAD_DIM = 8, 64
 
 
+def peak_rss() -> int:
+    """This process's peak resident set size, in bytes.
+
+    On Linux, ``VmHWM`` of ``/proc/self/status``: the high-water mark of this process's own memory.
+    ``ru_maxrss`` is not that in a subprocess: Linux carries the parent's RSS at fork into the child's
+    ``ru_maxrss``, so every point run from a 1.6 GiB ``bench all`` reported 1.6 GiB. Elsewhere,
+    ``ru_maxrss`` (bytes on macOS, KiB on other systems).
+    """
+    import resource
+
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # "VmHWM:  8732 kB"
+    except OSError:
+        pass
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return maxrss if sys.platform == "darwin" else maxrss * 1024
+
+
 def point(system: str, length: int, repeats: int) -> dict[str, float]:
     """Time forward+backward of one system at one length; runs inside the measuring subprocess."""
-    import resource
     import statistics
     import time
 
@@ -50,7 +70,7 @@ def point(system: str, length: int, repeats: int) -> dict[str, float]:
         "hard": lambda q, k, v: attention(q, k, v, normalizer="hardmax"),
         "naive": naive,
     }[system]
-    baseline_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    baseline_rss = peak_rss()
     small = tuple(torch.randn(1, HEADS, 256, HEAD_DIM, requires_grad=True) for _ in range(3))
     forward(*small).sum().backward()  # warm-up: kernels and allocator, at a small size
     times = []
@@ -59,7 +79,7 @@ def point(system: str, length: int, repeats: int) -> dict[str, float]:
         start = time.perf_counter()
         forward(q, k, v).sum().backward()
         times.append(time.perf_counter() - start)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = peak_rss()
     return {"seconds": statistics.median(times), "peak_rss": peak, "baseline_rss": baseline_rss}
 
 

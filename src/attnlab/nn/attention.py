@@ -18,7 +18,8 @@ Three code paths, chosen by what is asked, none a silent fallback for another:
 * soft, no weights, dot-product score -> ``torch.nn.functional.scaled_dot_product_attention``
   (fused, O(T) memory);
 * soft with weights, or with a custom score function -> explicit scores and softmax;
-* hard -> query chunks, so the T_q x T_k weights exist only chunk by chunk unless asked for.
+* hard -> blocks of queries x keys with a running first maximum, so the T_q x T_k scores exist
+  only block by block (the one-hot weights whole only when asked for).
 """
 
 from __future__ import annotations
@@ -39,8 +40,10 @@ Normalizer = Literal["softmax", "hardmax"]
 ScoreFn = Callable[[Tensor, Tensor], Tensor]
 """Maps queries (..., T_q, d_k) and keys (..., T_k, d_k) to scores (..., T_q, T_k)."""
 
-# Elements of one chunk of hard-attention scores: 2**23 fp32 values are 32 MiB.
-_HARD_CHUNK_ELEMENTS = 2**23
+# Hard attention scores one block of (query rows x keys) at a time: at most 2**20 scores (4 MiB in
+# fp32) over at most 1024 keys, so a block stays in cache between its matmul and its max.
+_HARD_CHUNK_ELEMENTS = 2**20
+_HARD_KEY_BLOCK = 1024
 
 
 def attention(
@@ -210,17 +213,18 @@ def _hardmax_attention(
     del dropout_p  # dropping a one-hot weight would just zero the output row
     t_q, t_k = q.shape[-2], k.shape[-2]
     lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    chunk = max(1, _HARD_CHUNK_ELEMENTS // max(1, math.prod(lead) * t_k))
+    key_block = max(1, min(t_k, _HARD_KEY_BLOCK))
+    chunk = max(1, _HARD_CHUNK_ELEMENTS // max(1, math.prod(lead) * key_block))
     scores_of = _hard_scores(score_fn, scale)
     indices, has_keys, weights = [], [], []
     with torch.no_grad():  # argmax has no gradient; keep no graph for the scores
         for start in range(0, t_q, chunk):
             stop = min(start + chunk, t_q)
             chunk_mask = _chunk_mask(mask, causal, start, stop, t_q, t_k, q.device)
-            scores = scores_of(q[..., start:stop, :], k)  # (..., c, T_k)
-            if chunk_mask is not None:
-                scores = scores.masked_fill(~chunk_mask, float("-inf"))
-            index = scores.argmax(dim=-1).expand(*lead, stop - start)  # (..., c); first max wins
+            # Causal: no query of this chunk sees a key past its last query's position.
+            keys_seen = min(t_k, t_k - t_q + stop) if causal else t_k
+            index = _first_argmax(q[..., start:stop, :], k, chunk_mask, scores_of, key_block, max(1, keys_seen))
+            index = index.expand(*lead, stop - start)  # (..., c)
             has_key = None if chunk_mask is None else chunk_mask.any(dim=-1).expand(*lead, stop - start)
             indices.append(index)
             has_keys.append(has_key)
@@ -241,6 +245,34 @@ def _hardmax_attention(
         )[0]
         output = soft + (output - soft).detach()  # forward: hard; backward: soft
     return output, (torch.cat(weights, dim=-2) if need_weights else None)
+
+
+def _first_argmax(
+    q: Tensor, k: Tensor, mask: Tensor | None, scores_of: ScoreFn, key_block: int, keys_seen: int
+) -> Tensor:
+    """argmax_j score(q_n, k_j) over keys j < ``keys_seen``, the first position on ties, one block of
+    keys at a time: each block's first maximum replaces the running one only if strictly greater,
+    so an earlier position keeps a tie. The scores of a block stay in cache between the matmul and
+    the reduction, where whole rows of T_k scores would not.
+
+    Shape:
+        q: (..., c, d_k);  k: (..., T_k, d_k);  mask: broadcastable to (..., c, T_k);  returns (..., c).
+    """
+
+    def block_max(first: int) -> tuple[Tensor, Tensor]:
+        last = min(first + key_block, keys_seen)
+        scores = scores_of(q, k[..., first:last, :])  # (..., c, block)
+        if mask is not None:
+            scores = scores.masked_fill(~(mask if mask.shape[-1] == 1 else mask[..., first:last]), float("-inf"))
+        block_best, block_index = scores.max(dim=-1)  # the first maximum of the block
+        return block_best, block_index + first
+
+    best, index = block_max(0)
+    for first in range(key_block, keys_seen, key_block):
+        block_best, block_index = block_max(first)
+        better = block_best > best
+        best, index = torch.where(better, block_best, best), torch.where(better, block_index, index)
+    return index
 
 
 def _hard_scores(score_fn: ScoreFn | None, scale: float) -> ScoreFn:

@@ -160,6 +160,30 @@ def test_hardmax_chunked_causal_equals_mask(monkeypatch):
     assert torch.equal(attention(q, k, v, causal=True, normalizer="hardmax"), expected)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_hardmax_key_blocks_equal_one_block(monkeypatch, causal):
+    """Scored a few keys at a time, with ties across blocks (repeated keys) and masked rows, the
+    argmax is the same: the first maximal allowed position."""
+    torch.manual_seed(0)
+    q = torch.randn(2, 3, 17, 4)
+    k = torch.randn(2, 3, 8, 4).repeat(1, 1, 3, 1)[:, :, :19]  # key j = key j + 8: every maximum tied
+    v = torch.randn(2, 3, 19, 5)
+    mask = _random_mask(2, 3, 17, 19)
+    mask[0, 1, 4] = False  # no key at all
+    whole = attention(q, k, v, mask, causal=causal, normalizer="hardmax", return_weights=True)
+    monkeypatch.setattr(attention_module, "_HARD_KEY_BLOCK", 3)
+    monkeypatch.setattr(attention_module, "_HARD_CHUNK_ELEMENTS", 2 * 3 * 3 * 5)  # 5 query rows a chunk
+    blocked = attention(q, k, v, mask, causal=causal, normalizer="hardmax", return_weights=True)
+    assert torch.equal(blocked[0], whole[0]) and torch.equal(blocked[1], whole[1])
+    scores = (q @ k.transpose(-2, -1)).masked_fill(~mask, float("-inf"))
+    if causal:
+        scores = scores.masked_fill(~causal_mask(17, 19), float("-inf"))
+    first = (scores == scores.max(-1, keepdim=True).values).int().argmax(-1)  # first maximal position
+    picked = blocked[1].argmax(-1)
+    has_key = torch.isfinite(scores).any(-1)
+    assert torch.equal(picked[has_key], first[has_key])
+
+
 def test_hardmax_chunked_gradient_equals_unchunked(monkeypatch):
     """The chunks share one gather, so v's gradient (picks per value row) is the same however the
     queries are chunked, rows without an allowed key included."""
