@@ -29,7 +29,6 @@ __all__ = [
     "MIN_REPEATS",
     "Measurement",
     "BenchResult",
-    "median_time",
     "interleaved_median_times",
     "machine_info",
     "format_table",
@@ -83,11 +82,6 @@ class BenchResult:
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=2)
-
-
-def median_time(fn: Callable[[], object], *, repeats: int = MIN_REPEATS, warmup: int = 1) -> float:
-    """Median wall-clock seconds of ``fn()`` over ``repeats`` runs after ``warmup`` runs."""
-    return interleaved_median_times({"fn": fn}, repeats=repeats, warmup=warmup)["fn"]
 
 
 def interleaved_median_times(

@@ -220,7 +220,6 @@ def _hardmax_attention(
     # blocks' score buffers and grow it by a block each time (1.4 GiB peak RSS at T = 32k).
     index = torch.empty(*lead, t_q, dtype=torch.long, device=q.device)  # (..., T_q)
     has_key = None if mask is None and not causal else torch.empty(*lead, t_q, dtype=torch.bool, device=q.device)
-    weights = []
     with torch.no_grad():  # argmax has no gradient; keep no graph for the scores
         for start in range(0, t_q, chunk):
             stop = min(start + chunk, t_q)
@@ -230,22 +229,22 @@ def _hardmax_attention(
             index[..., start:stop] = _first_argmax(q[..., start:stop, :], k, chunk_mask, scores_of, key_block, max(1, keys_seen))
             if has_key is not None and chunk_mask is not None:
                 has_key[..., start:stop] = chunk_mask.any(dim=-1)
-            if need_weights:
-                one_hot = F.one_hot(index[..., start:stop], t_k).to(v.dtype)  # (..., c, T_k)
-                weights.append(one_hot if has_key is None else one_hot * has_key[..., start:stop, None].to(v.dtype))
     # One gather for all chunks: its backward scatters into one (..., T_k, d_v) gradient, where a
     # gather per chunk would allocate and fill that whole tensor once per chunk.
     values = v.expand(*lead, t_k, v.shape[-1])  # (..., T_k, d_v)
     output = torch.gather(values, -2, index.unsqueeze(-1).expand(*lead, t_q, v.shape[-1]))  # (..., T_q, d_v)
+    weights = F.one_hot(index, t_k).to(v.dtype) if need_weights else None  # (..., T_q, T_k)
     if has_key is not None:
-        output = output * has_key.unsqueeze(-1).to(output.dtype)  # rows with no key: 0
+        keeps_row = has_key.unsqueeze(-1).to(v.dtype)  # (..., T_q, 1): rows with no key give 0
+        output = output * keeps_row
+        weights = None if weights is None else weights * keeps_row
     if straight_through:
         soft = _softmax_attention(
             q, k, v, mask, causal=causal, scale=scale, score_fn=score_fn, dropout_p=0.0,
             need_weights=False, straight_through=False,
         )[0]
         output = soft + (output - soft).detach()  # forward: hard; backward: soft
-    return output, (torch.cat(weights, dim=-2) if need_weights else None)
+    return output, weights
 
 
 def _first_argmax(
