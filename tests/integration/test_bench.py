@@ -12,6 +12,7 @@ import torch
 from attnlab.bench import BENCHMARKS
 from attnlab.bench.attention import _measure
 from attnlab.bench.harness import BenchResult, interleaved_median_times
+from attnlab.bench.heads import equal_slices
 
 
 def test_all_quick_reports_every_benchmark(tmp_path):
@@ -70,3 +71,21 @@ def test_attention_point_reports_its_own_peak_memory():
     values = _measure("soft", 64, 5)
     assert 0 < values["baseline_rss"] <= values["peak_rss"] < 2**30
     del held
+
+
+def test_a_system_that_counts_its_units_is_timed_per_unit(monkeypatch):
+    """A clock that advances one second per reading: each call takes one second, whatever it does."""
+    ticks = iter(range(10**6))
+    monkeypatch.setattr("attnlab.bench.harness.time.perf_counter", lambda: float(next(ticks)))
+    medians = interleaved_median_times({"whole": lambda: None, "four units": lambda: 4}, repeats=5, warmup=0)
+    assert medians == {"whole": 1.0, "four units": 0.25}
+    with pytest.raises(ValueError, match="at least one"):
+        interleaved_median_times({"none": lambda: 0}, repeats=5, warmup=0)
+
+
+@pytest.mark.parametrize("count", [1, 4, 5, 73])
+def test_per_head_loop_slices_cover_every_unit_in_equal_rounds(count):
+    units = list(range(count))
+    slices = equal_slices(units, 5)
+    assert len(slices) == 5 and len({len(s) for s in slices}) == 1
+    assert [u for s in slices for u in s][:count] == units

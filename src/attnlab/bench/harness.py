@@ -93,8 +93,12 @@ def interleaved_median_times(
     always runs first (after a cold cache) or last. ``warmup`` runs (per system, or one count for
     all) come before the first round.
 
+    A system that returns an int did that many equal units of work in the call (a slice of a long
+    loop of identical steps, say); its repetition is then the call's time divided by that count, so
+    the median is seconds per unit.
+
     Returns:
-        system name -> median seconds.
+        system name -> median seconds (per call, or per unit for systems that count their units).
     """
     if repeats < MIN_REPEATS:
         raise ValueError(f"repeats: a benchmark times at least {MIN_REPEATS} repetitions, got {repeats}")
@@ -107,8 +111,11 @@ def interleaved_median_times(
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
             start = time.perf_counter()
-            systems[name]()
-            times[name].append(time.perf_counter() - start)
+            units = systems[name]()
+            elapsed = time.perf_counter() - start
+            if isinstance(units, int) and units < 1:
+                raise ValueError(f"{name}: a system that counts its units of work must do at least one, got {units}")
+            times[name].append(elapsed / units if isinstance(units, int) else elapsed)
     return {name: statistics.median(seconds) for name, seconds in times.items()}
 
 
