@@ -72,6 +72,15 @@ def test_eval_json_has_per_length_accuracy(trained):
     assert {"accuracy", "sequence_accuracy", "token_accuracy", "loss", "perplexity"} <= set(metrics)
 
 
+def test_eval_of_an_empty_split_is_exit_2(tmp_path):
+    config = tmp_path / "reverse.toml"
+    config.write_text(TINY.format(task="reverse", kind="encoder_decoder").replace("test_size = 20", "test_size = 0"))
+    assert attnlab("train", str(config), "--out", str(tmp_path / "run"), "--no-progress").returncode == 0
+    stderr = _error(attnlab("eval", str(tmp_path / "run"), "--split", "test", "--no-progress"))
+    assert "--split: the 'test' split of this run's task has no examples" in stderr
+    assert "splits with examples: train, valid, length_generalisation" in stderr
+
+
 def test_generate_decodes(trained):
     result = attnlab("generate", str(trained), "abc", "dd", "--json")
     lines = [json.loads(line) for line in result.stdout.splitlines()]

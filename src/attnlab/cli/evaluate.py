@@ -32,6 +32,10 @@ def evaluate_run(
     from attnlab.head_ids import mask_without, parse_head
 
     loaded = open_run(run)
+    if not loaded.task.split(split):
+        filled = [name for name in SPLITS if loaded.task.split(name)]
+        raise UsageError(f"--split: the {split!r} split of this run's task has no examples; "
+                         f"splits with examples: {', '.join(filled) or 'none'}")
     train = loaded.experiment.train
     masked = [parse_head(spec, loaded.model) for spec in [*train.mask_heads, *(mask_heads or [])]]
     metrics = evaluate(
