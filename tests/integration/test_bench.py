@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from attnlab.bench import BENCHMARKS
-from attnlab.bench.attention import _measure
+from attnlab.bench.attention import _measure, loglog_slope
 from attnlab.bench.harness import BenchResult, interleaved_median_times
 from attnlab.bench.heads import equal_slices
 
@@ -89,3 +90,18 @@ def test_per_head_loop_slices_cover_every_unit_in_equal_rounds(count):
     slices = equal_slices(units, 5)
     assert len(slices) == 5 and len({len(s) for s in slices}) == 1
     assert [u for s in slices for u in s][:count] == units
+
+
+@pytest.mark.parametrize("exponent", [1.0, 2.0, 2.5])
+def test_loglog_slope_recovers_the_exponent(exponent):
+    points = [(t, 3e-9 * t**exponent) for t in (1024, 2048, 4096, 8192)]
+    assert loglog_slope(points) == pytest.approx(exponent)
+    with pytest.raises(ValueError, match="two different x"):
+        loglog_slope([(4, 1.0), (4, 2.0)])
+
+
+def test_loglog_slope_is_not_decided_by_the_last_point():
+    # One slow last point (1.5x): the last two alone would say 2 + log2(1.5) = 2.58; the fit moves
+    # by (3 - 1.5) / 5 of that excess (x = 0..3 in log2 units, sum of squared deviations 5).
+    slow_last = [(1, 1.0), (2, 4.0), (4, 16.0), (8, 64.0 * 1.5)]
+    assert loglog_slope(slow_last) == pytest.approx(2.0 + 0.3 * math.log2(1.5))

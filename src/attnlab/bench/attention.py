@@ -19,7 +19,7 @@ from pathlib import Path
 
 from attnlab.bench.harness import MIN_REPEATS, BenchResult
 
-__all__ = ["run_attention", "SYSTEMS", "point", "peak_rss"]
+__all__ = ["run_attention", "SYSTEMS", "point", "peak_rss", "loglog_slope"]
 
 FULL_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768)
 QUICK_LENGTHS = (256, 512)
@@ -83,6 +83,20 @@ def point(system: str, length: int, repeats: int) -> dict[str, float]:
     return {"seconds": statistics.median(times), "peak_rss": peak, "baseline_rss": baseline_rss}
 
 
+def loglog_slope(points: list[tuple[float, float]]) -> float:
+    """The least-squares slope of log y against log x: the exponent k of y ~ x^k.
+
+    Fitted over every point rather than read from the last two, so that one slow repetition at the
+    longest T does not decide the exponent.
+    """
+    xs, ys = [math.log(x) for x, _ in points], [math.log(y) for _, y in points]
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    if spread == 0:
+        raise ValueError("points: a slope needs at least two different x")
+    return sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / spread
+
+
 def _measure(system: str, length: int, repeats: int) -> dict[str, float]:
     code = f"import json; from attnlab.bench.attention import point; print(json.dumps(point({system!r}, {length}, {repeats})))"
     completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
@@ -111,9 +125,8 @@ def run_attention(quick: bool = False, repeats: int = MIN_REPEATS, plot: Path | 
         if not quick:
             result.targets[f"{system}_peak_rss_GiB_T{longest}"] = ("<=", 1.0)
     for system, points in measured.items():
-        if len(points) >= 2:  # the slope of log time against log T: 2 for quadratic work
-            (t0, s0, _), (t1, s1, _) = points[-2], points[-1]
-            result.ratios[f"{system}_time_exponent"] = math.log(s1 / s0) / math.log(t1 / t0)
+        if len(points) >= 2:  # 2 for quadratic work
+            result.ratios[f"{system}_time_exponent"] = loglog_slope([(t, s) for t, s, _ in points])
     if plot is not None:
         _plot(measured, plot)
         result.notes.append(f"plot: {plot}")
