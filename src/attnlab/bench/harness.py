@@ -113,9 +113,11 @@ def interleaved_median_times(
             start = time.perf_counter()
             units = systems[name]()
             elapsed = time.perf_counter() - start
-            if isinstance(units, int) and units < 1:
-                raise ValueError(f"{name}: a system that counts its units of work must do at least one, got {units}")
-            times[name].append(elapsed / units if isinstance(units, int) else elapsed)
+            if isinstance(units, int):
+                if units < 1:
+                    raise ValueError(f"{name}: a system that counts its units of work must do at least one, got {units}")
+                elapsed /= units
+            times[name].append(elapsed)
     return {name: statistics.median(seconds) for name, seconds in times.items()}
 
 

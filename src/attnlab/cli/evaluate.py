@@ -32,10 +32,6 @@ def evaluate_run(
     from attnlab.head_ids import mask_without, parse_head
 
     loaded = open_run(run)
-    if not loaded.task.split(split):
-        filled = [name for name in SPLITS if loaded.task.split(name)]
-        raise UsageError(f"--split: the {split!r} split of this run's task has no examples; "
-                         f"splits with examples: {', '.join(filled) or 'none'}")
     train = loaded.experiment.train
     masked = [parse_head(spec, loaded.model) for spec in [*train.mask_heads, *(mask_heads or [])]]
     metrics = evaluate(
@@ -44,6 +40,10 @@ def evaluate_run(
         tokenizer=loaded.tokenizer, head_mask=mask_without(loaded.model, masked) if masked else None,
         progress=progress and not as_json,
     )
+    if metrics["examples"] == 0:  # evaluate built the split once and found it empty
+        filled = [name for name in SPLITS if loaded.task.split(name)]
+        raise UsageError(f"--split: the {split!r} split of this run's task has no examples; "
+                         f"splits with examples: {', '.join(filled) or 'none'}")
     if as_json:
         typer.echo(json.dumps(metrics, sort_keys=True))
         return
