@@ -31,12 +31,12 @@ from typing import Any
 
 from attnlab.errors import ConfigError, UsageError
 from attnlab.nn import MODELS, TransformerConfig, TransformerModel, build_model
-from attnlab.nn.config import check_field_types  # the same type rules as the model configs
+from attnlab.nn.config import check_field_types, check_value_types  # the same type rules as the model configs
 from attnlab.runs import RunDir
 from attnlab.tasks.base import Vocab
-from attnlab.tasks.registry import TASKS, get_task, task_options
+from attnlab.tasks.registry import TASKS, check_task_types, get_task, task_options
 from attnlab.tasks.text import read_lines, read_parallel
-from attnlab.tokenizers import Tokenizer, train_tokenizer
+from attnlab.tokenizers import Tokenizer, check_build_options, train_tokenizer
 
 SCHEDULE_NAMES = ("noam", "constant", "cosine")
 
@@ -186,8 +186,11 @@ class ExperimentConfig:
         unknown = sorted(set(data) - {"task", "model", "train"})
         if unknown:
             raise ConfigError(f"unknown section [{unknown[0]}]; allowed: task, model, train")
+        for section, value in data.items():
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{section}: expected a [{section}] table, got {type(value).__name__} {value!r}")
         for section in ("task", "model"):
-            if not isinstance(data.get(section), Mapping):
+            if section not in data:
                 raise ConfigError(f"missing section [{section}]")
         train = dict(data.get("train", {}))
         allowed = [f.name for f in dataclasses.fields(TrainConfig)]
@@ -210,6 +213,20 @@ def _check_task_section(task: Mapping[str, Any]) -> None:
     unknown = sorted(set(task) - {"name"} - set(allowed))
     if unknown:
         raise ConfigError(f"task.{unknown[0]}: unknown key for task {name!r}; allowed: {', '.join(allowed)}")
+    # Checked here, before a text task reads its training file to train a tokenizer.
+    keys = {k: v for k, v in task.items() if k != "name"}
+    _check_tokenizer_keys({k: v for k, v in keys.items() if k in _TOKENIZER_KEYS})
+    check_task_types(name, {k: v for k, v in keys.items() if k not in _TOKENIZER_KEYS})
+
+
+def _check_tokenizer_keys(keys: Mapping[str, Any]) -> None:
+    try:
+        check_value_types(TokenizerKeys, keys)
+        chosen = TokenizerKeys(**keys)
+        check_build_options(chosen.tokenizer_kind, chosen.vocab_size)
+    except ValueError as error:  # "kind: unknown ...", "vocab_size: must be ..."
+        field, _, reason = str(error).partition(":")
+        raise ConfigError(f"task.{'tokenizer_kind' if field == 'kind' else field}:{reason}") from None
 
 
 def _check_model_section(model: Mapping[str, Any]) -> None:
@@ -224,6 +241,18 @@ def _check_model_section(model: Mapping[str, Any]) -> None:
         if key != "kind" and key not in allowed:
             raise ConfigError(f"model.{key}: unknown key for kind {kind!r}; allowed: kind, {', '.join(allowed)}")
 
+
+@dataclass(frozen=True)
+class TokenizerKeys:
+    """The [task] keys of a text task that choose its tokenizer rather than configure the task: a
+    tokenizer.json to load, or the kind and size of one to train on the training file."""
+
+    tokenizer: str | None = None
+    tokenizer_kind: str = "bpe"
+    vocab_size: int = 8000
+
+
+_TOKENIZER_KEYS = tuple(f.name for f in dataclasses.fields(TokenizerKeys))
 
 TEXT_TASK_EXTRAS: dict[str, tuple[str, ...]] = {
     "translation": ("tokenizer_kind", "vocab_size"),
@@ -245,9 +274,13 @@ def parse_overrides(overrides: Sequence[str]) -> list[tuple[str, str, Any]]:
 
 
 def apply_overrides(data: Mapping[str, Any], overrides: Sequence[tuple[str, str, Any]]) -> dict[str, Any]:
-    merged = {section: dict(values) for section, values in data.items()}
+    """Copy ``data`` with the overrides set; a section that is not a table is left for
+    :meth:`ExperimentConfig.from_dict` to reject with its name."""
+    merged = {section: dict(values) if isinstance(values, Mapping) else values for section, values in data.items()}
     for section, key, value in overrides:
-        merged.setdefault(section, {})[key] = value
+        target = merged.setdefault(section, {})
+        if isinstance(target, dict):
+            target[key] = value
     return merged
 
 
@@ -297,9 +330,8 @@ def build_task(section: Mapping[str, Any], *, saved_tokenizer: Path | None = Non
     name = section["name"]
     if name not in TEXT_TASKS:
         return get_task(name, **options), None
-    kind = options.pop("tokenizer_kind", "bpe")
-    vocab_size = options.pop("vocab_size", 8000)
-    tokenizer_path = options.pop("tokenizer", None)
+    keys = TokenizerKeys(**{k: options.pop(k) for k in _TOKENIZER_KEYS if k in options})
+    kind, vocab_size, tokenizer_path = keys.tokenizer_kind, keys.vocab_size, keys.tokenizer
     if saved_tokenizer is not None and saved_tokenizer.exists():
         tokenizer = Tokenizer.load(saved_tokenizer)
     elif tokenizer_path is not None:

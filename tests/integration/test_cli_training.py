@@ -116,6 +116,8 @@ def test_resume_continues_to_more_steps(trained, tmp_path):
         (("train", "{config}", "--device", "cuda"), "no CUDA device is visible"),
         (("train", "{config}", "--precision", "fp8"), "train.precision: unknown 'fp8'; allowed: fp32, bf16, fp16"),
         (("train", "{bad_toml}"), "invalid TOML"),
+        (("train", "{scalar_toml}"), "task: expected a [task] table, got str 'reverse'"),
+        (("train", "{config}", "--set", "task.train_size=many"), "task.train_size: expected int, got 'many'"),
         (("train", "{config}", "--out", "{run}"), "already exists and is not empty"),
         (("train", "--resume", "{empty}"), "is not a run directory: it has no config.json"),
         (("eval", "no/such/run"), "run not found: no/such/run"),
@@ -129,8 +131,13 @@ def test_bad_input_exits_2_with_a_one_line_message(trained, tmp_path, args, mess
     config.write_text(TINY.format(task="reverse", kind="encoder_decoder"))
     bad_toml = tmp_path / "bad.toml"
     bad_toml.write_text("[task\nname = 1")
+    scalar_toml = tmp_path / "scalar.toml"
+    scalar_toml.write_text('task = "reverse"\n[model]\nkind = "encoder_decoder"\n')  # task as a key, not a table
     (tmp_path / "empty").mkdir()
-    filled = [a.format(config=config, bad_toml=bad_toml, run=trained, empty=tmp_path / "empty") for a in args]
+    filled = [
+        a.format(config=config, bad_toml=bad_toml, scalar_toml=scalar_toml, run=trained, empty=tmp_path / "empty")
+        for a in args
+    ]
     stderr = _error(attnlab(*filled))
     assert message in stderr
     assert len(stderr.strip().splitlines()) == 1

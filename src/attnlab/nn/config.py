@@ -320,14 +320,19 @@ def _check_choice(name: str, value: str, allowed: Mapping[str, Any] | tuple[str,
 
 def check_field_types(config: Any) -> None:
     """Reject values of the wrong type (a TOML string where an int belongs, a float for an int)."""
-    hints = typing.get_type_hints(type(config))
-    for f in dataclasses.fields(config):
-        value = getattr(config, f.name)
-        expected = _runtime_types(hints[f.name])
+    check_value_types(type(config), {f.name: getattr(config, f.name) for f in dataclasses.fields(config)})
+
+
+def check_value_types(cls: type, values: Mapping[str, Any]) -> None:
+    """The check of :func:`check_field_types`, on values meant for dataclass ``cls``'s fields
+    before it is built (its ``__post_init__`` may compare them)."""
+    hints = typing.get_type_hints(cls)
+    for name, value in values.items():
+        expected = _runtime_types(hints[name])
         ok = isinstance(value, expected) and not (isinstance(value, bool) and bool not in expected)
         if not ok:
             names = " or ".join("None" if t is type(None) else t.__name__ for t in expected)
-            raise ValueError(f"{f.name}: expected {names}, got {value!r}")
+            raise ValueError(f"{name}: expected {names}, got {value!r}")
 
 
 def _runtime_types(hint: Any) -> tuple[type, ...]:

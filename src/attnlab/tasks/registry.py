@@ -24,12 +24,13 @@ from functools import partial
 from typing import Any
 
 from attnlab.errors import ConfigError
+from attnlab.nn.config import check_value_types
 from attnlab.tasks.formal import LANGUAGES, RecognitionTask
 from attnlab.tasks.sentences import SentencesTask
 from attnlab.tasks.seq2seq import TRANSFORMS, AdditionTask, Seq2SeqTask
 from attnlab.tasks.text import LMTask, TranslationTask
 
-__all__ = ["TASKS", "get_task", "task_options"]
+__all__ = ["TASKS", "get_task", "task_options", "check_task_types"]
 
 TASKS: dict[str, Callable[..., Any]] = {
     **{name: partial(RecognitionTask, language=name) for name in LANGUAGES},
@@ -47,9 +48,21 @@ _FIXED = {"language", "transform"}
 
 def task_options(name: str) -> list[str]:
     """The options ``get_task(name, ...)`` accepts."""
+    return [f.name for f in dataclasses.fields(_task_class(name)) if f.name not in _FIXED]
+
+
+def check_task_types(name: str, options: dict[str, Any]) -> None:
+    """Reject an option of the wrong type for task ``name`` (a string for a size, a float for a
+    seed), naming it as ``task.<option>``."""
+    try:
+        check_value_types(_task_class(name), options)
+    except ValueError as error:
+        raise ConfigError(f"task.{error}") from None
+
+
+def _task_class(name: str) -> type:
     factory = TASKS[name]
-    cls = factory.func if isinstance(factory, partial) else factory
-    return [f.name for f in dataclasses.fields(cls) if f.name not in _FIXED]
+    return factory.func if isinstance(factory, partial) else factory
 
 
 def get_task(name: str, **options: Any):
@@ -64,7 +77,11 @@ def get_task(name: str, **options: Any):
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise ConfigError(f"task.{unknown[0]}: unknown option for {name!r}; allowed: {', '.join(allowed)}")
+    check_task_types(name, options)  # before the task compares them to its bounds
     try:
         return TASKS[name](**options)
     except TypeError as error:  # a required option is missing
         raise ConfigError(f"task {name!r}: {error}") from None
+    except ConfigError as error:  # "train_size: must be >= 0": name it as the config does
+        option = str(error).partition(":")[0]
+        raise ConfigError(f"task.{error}" if option in allowed else str(error)) from None

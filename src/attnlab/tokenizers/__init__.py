@@ -10,7 +10,7 @@ Example::
     tok.tokenize("Isn't this project amazing?")  # ['Is', "n't", 'this', 'project', 'amazing', '?']
 """
 
-from attnlab.tokenizers.kinds import BYTE_TOKENS, KINDS, SPECIAL_TOKENS, infer_kind
+from attnlab.tokenizers.kinds import BYTE_TOKENS, KINDS, SPECIAL_TOKENS, check_build_options, infer_kind
 from attnlab.tokenizers.tokenizer import SPECIAL_ALIASES, Tokenizer, check_text, train_tokenizer
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "SPECIAL_ALIASES",
     "SPECIAL_TOKENS",
     "Tokenizer",
+    "check_build_options",
     "check_text",
     "infer_kind",
     "train_tokenizer",

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
-__all__ = ["SPECIAL_TOKENS", "KINDS", "EXTERNAL_KIND", "BYTE_TOKENS", "build", "infer_kind"]
+__all__ = ["SPECIAL_TOKENS", "KINDS", "EXTERNAL_KIND", "BYTE_TOKENS", "build", "check_build_options", "infer_kind"]
 
 SPECIAL_TOKENS: dict[str, str] = {
     "pad": "[PAD]",
@@ -136,11 +136,16 @@ KINDS: dict[str, Builder] = {
 
 def build(kind: str, corpus: Iterable[str], vocab_size: int) -> HFTokenizer:
     """Train a tokenizer of ``kind`` on ``corpus`` (an iterable of lines)."""
+    check_build_options(kind, vocab_size)
+    return KINDS[kind](corpus, vocab_size)
+
+
+def check_build_options(kind: str, vocab_size: int) -> None:
+    """The checks of :func:`build`, for callers that validate a config before reading a corpus."""
     if kind not in KINDS:
         raise ValueError(f"kind: unknown tokenizer kind {kind!r}; choose one of {', '.join(KINDS)}")
     if vocab_size < len(SPECIALS) + 1:
         raise ValueError(f"vocab_size: must be at least {len(SPECIALS) + 1}, got {vocab_size}")
-    return KINDS[kind](corpus, vocab_size)
 
 
 def infer_kind(tokenizer: HFTokenizer) -> str:

@@ -77,7 +77,7 @@ def test_lm_task(tmp_path):
     tok = train_tokenizer("word", ["the cat sat", "the dog ran"], 50)
     task = get_task("lm", train_file=tmp_path / "lm.txt", tokenizer=tok)
     assert task.kind == "lm" and all(e.target and not e.source for e in task.train())
-    with pytest.raises(ConfigError, match="tokenizer: expected an attnlab Tokenizer"):
+    with pytest.raises(ConfigError, match="task.tokenizer: expected Tokenizer, got 'word'"):
         get_task("lm", train_file=tmp_path / "lm.txt", tokenizer="word")
     with pytest.raises(ConfigError, match="translation"):
         get_task("translation")

@@ -1,0 +1,89 @@
+"""Config files: a bad key or value is a ConfigError naming it as the config does (section.key),
+raised when the config is read, before any training file is opened."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from attnlab.errors import ConfigError
+from attnlab.experiment import ExperimentConfig, build_task, load_experiment
+from attnlab.tasks import get_task
+
+MODEL = {"kind": "encoder_decoder", "layers": 1, "d_model": 16, "heads": 2, "d_ff": 32}
+LM_MODEL = {"kind": "decoder_only", "layers": 1, "d_model": 16, "heads": 2, "d_ff": 32}
+COPY = {"name": "copy", "max_train_length": 4, "train_size": 8, "valid_size": 4, "test_size": 4,
+        "length_generalisation_size": 4}
+
+
+def _config(task: dict, model: dict = MODEL) -> ExperimentConfig:
+    return ExperimentConfig.from_dict({"task": task, "model": model})
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ('task = "copy"\n[model]\nkind = "encoder_decoder"\n', "task: expected a [task] table, got str 'copy'"),
+        ('model = 3\n[task]\nname = "copy"\n', "model: expected a [model] table, got int 3"),
+        ('train = [1, 2]\n[task]\nname = "copy"\n[model]\nkind = "encoder_decoder"\n', "train: expected a [train] table"),
+        ('[model]\nkind = "encoder_decoder"\n', "missing section [task]"),
+    ],
+)
+def test_a_section_that_is_not_a_table_is_named(tmp_path, text, message):
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_experiment(path)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_experiment(path, ["train.seed=1"])  # an override into a scalar section does not hide it
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"train_size": "x"}, "task.train_size: expected int, got 'x'"),
+        ({"seed": 1.5}, "task.seed: expected int, got 1.5"),
+        ({"num_symbols": True}, "task.num_symbols: expected int, got True"),
+        ({"train_size": -5}, "task.train_size: must be >= 0, got -5"),
+        ({"max_train_length": 0}, "task.max_train_length: must be >= 1, got 0"),
+        ({"num_symbols": 100}, r"task.num_symbols: must lie in \[1, 26\], got 100"),
+    ],
+)
+def test_a_bad_task_option_is_named_with_its_section(change, message):
+    with pytest.raises(ConfigError, match=message):
+        build_task(_config({**COPY, **change}).task)
+
+
+def test_get_task_checks_option_types_before_the_task_compares_them():
+    with pytest.raises(ConfigError, match="task.train_size: expected int, got '8'"):
+        get_task("copy", train_size="8")
+    assert get_task("copy", train_size=8, max_train_length=3).kind == "seq2seq"
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"train_file": 3}, "task.train_file: expected str or PathLike, got 3"),
+        ({"skip_bad_lines": "yes"}, "task.skip_bad_lines: expected bool, got 'yes'"),
+        ({"vocab_size": "big"}, "task.vocab_size: expected int, got 'big'"),
+        ({"vocab_size": 3}, "task.vocab_size: must be at least 7, got 3"),
+        ({"tokenizer_kind": "nope"}, "task.tokenizer_kind: unknown tokenizer kind 'nope'; choose one of word"),
+        ({"tokenizer": 5}, "task.tokenizer: expected str or None, got 5"),
+        ({"max_train_length": "long"}, "task.max_train_length: expected int or None, got 'long'"),
+    ],
+)
+def test_text_task_keys_are_checked_before_the_training_file_is_read(tmp_path, change, message):
+    missing = str(tmp_path / "not-there.txt")  # were it read first, the error would name this file
+    with pytest.raises(ConfigError, match=message):
+        _config({"name": "lm", "train_file": missing, **change}, LM_MODEL)
+
+
+def test_good_text_task_keys_train_the_tokenizer_they_ask_for(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(f"the cat sat on mat number {i}" for i in range(50)), encoding="utf-8")
+    config = _config({"name": "lm", "train_file": str(corpus), "tokenizer_kind": "word", "vocab_size": 30}, LM_MODEL)
+    task, tokenizer = build_task(config.task)
+    assert tokenizer is not None and tokenizer.kind == "word"
+    assert tokenizer.vocab_size <= 30
+    assert task.vocab_size == tokenizer.vocab_size
