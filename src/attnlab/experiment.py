@@ -351,10 +351,13 @@ PRETRAINED_TOKENIZER_TASKS = ("sentences",)
 
 def _corpus(name: str, options: Mapping[str, Any]) -> list[str]:
     reader_options = {k: options[k] for k in ("max_line_chars", "skip_bad_lines") if k in options}
-    if name == "translation":
-        pairs = read_parallel(options["train_file"], **reader_options).items
-        return [side for pair in pairs for side in pair]
-    return list(read_lines(options["train_file"], **reader_options).items)
+    try:
+        if name == "translation":
+            pairs = read_parallel(options["train_file"], **reader_options).items
+            return [side for pair in pairs for side in pair]
+        return list(read_lines(options["train_file"], **reader_options).items)
+    except ConfigError as error:  # "max_line_chars: must be >= 1": a [task] key
+        raise ConfigError(f"task.{error}") from None
 
 
 def model_for_task(experiment: ExperimentConfig, task: Any) -> TransformerModel:

@@ -87,3 +87,13 @@ def test_good_text_task_keys_train_the_tokenizer_they_ask_for(tmp_path):
     assert tokenizer is not None and tokenizer.kind == "word"
     assert tokenizer.vocab_size <= 30
     assert task.vocab_size == tokenizer.vocab_size
+
+
+@pytest.mark.parametrize("name,line", [("lm", "the cat sat"), ("translation", "the cat\tle chat")])
+def test_a_line_length_bound_below_one_names_the_key_not_a_line(tmp_path, name, line):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(f"{line}\n" * 5, encoding="utf-8")
+    model = LM_MODEL if name == "lm" else MODEL
+    config = _config({"name": name, "train_file": str(corpus), "max_line_chars": 0}, model)
+    with pytest.raises(ConfigError, match="task.max_line_chars: must be >= 1, got 0"):
+        build_task(config.task)

@@ -65,6 +65,8 @@ def _raw_lines(path: Path) -> list[bytes]:
 
 
 def _read(path: str | os.PathLike[str], parse, *, max_line_chars: int, skip_bad_lines: bool) -> Lines:
+    if max_line_chars < 1:  # else every line would be reported as too long
+        raise ConfigError(f"max_line_chars: must be >= 1, got {max_line_chars}")
     path = Path(path)
     items, numbers, skipped = [], [], []
     for number, raw in enumerate(_raw_lines(path), start=1):
