@@ -13,15 +13,17 @@ header, so :func:`load_vectors` reads both.
 from __future__ import annotations
 
 import os
-import tempfile
+from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 import torch
 from torch import nn
 
 from attnlab.errors import ConfigError, DataError
+from attnlab.storage import atomic_write
 
 __all__ = ["WordVectors", "Coverage", "train_word2vec", "save_vectors", "load_vectors", "init_embedding"]
 
@@ -107,38 +109,29 @@ def train_word2vec(
     corpus = [list(sentence) for sentence in sentences if len(sentence) > 0]
     if not corpus:
         raise DataError("word2vec: the corpus has no tokens")
-    model = Word2Vec(
-        sentences=corpus,
-        vector_size=dim,
-        window=window,
-        min_count=min_count,
-        sg=1,
-        negative=negative,
-        epochs=epochs,
-        seed=seed,
-        workers=1,
-    )
+    model = Word2Vec(vector_size=dim, window=window, min_count=min_count, sg=1, negative=negative, epochs=epochs,
+                     seed=seed, workers=1)
+    model.build_vocab(corpus)
     words = list(model.wv.index_to_key)
-    if not words:
-        raise DataError(f"word2vec: no word occurs at least min_count={min_count} times")
+    if not words:  # gensim would stop in train() with "you must first build vocabulary"
+        top = max(Counter(token for sentence in corpus for token in sentence).values())
+        raise DataError(f"word2vec: no word occurs at least min_count={min_count} times (the most frequent occurs {top})")
+    # What Word2Vec(sentences=corpus, ...) does after building the vocabulary.
+    model.train(corpus, total_examples=model.corpus_count, total_words=model.corpus_total_words, epochs=model.epochs,
+                start_alpha=model.alpha, end_alpha=model.min_alpha)
     matrix = torch.from_numpy(model.wv.vectors.copy()).to(torch.float32)
     return WordVectors({word: i for i, word in enumerate(words)}, matrix)
 
 
 def save_vectors(vectors: WordVectors, path: str | os.PathLike[str]) -> None:
     """Write word2vec text format (with header), atomically."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(f"{len(vectors)} {vectors.dim}\n")
-            for word, row in zip(vectors.index, vectors.matrix.tolist(), strict=True):
-                handle.write(word + " " + " ".join(repr(float(x)) for x in row) + "\n")
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+
+    def write(handle: TextIO) -> None:
+        handle.write(f"{len(vectors)} {vectors.dim}\n")
+        for word, row in zip(vectors.index, vectors.matrix.tolist(), strict=True):
+            handle.write(word + " " + " ".join(repr(float(x)) for x in row) + "\n")
+
+    atomic_write(path, write)
 
 
 def load_vectors(path: str | os.PathLike[str]) -> WordVectors:

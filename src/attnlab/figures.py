@@ -6,6 +6,8 @@ from pathlib import Path
 
 import matplotlib
 
+from attnlab.storage import atomic_write
+
 matplotlib.use("Agg")  # files only; never a window
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
@@ -14,11 +16,14 @@ __all__ = ["plt", "Figure", "save_figure"]
 
 
 def save_figure(fig: Figure, path: Path, *, dpi: int = 110) -> Path:
-    """Write ``fig`` as PNG atomically (a reader never sees half an image), then close it."""
+    """Write ``fig`` as PNG atomically (a reader never sees half an image), then close it.
+
+    Raises:
+        UsageError: ``path`` cannot be written (see :func:`attnlab.storage.atomic_write`).
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=dpi)
-    plt.close(fig)
-    tmp.replace(path)
+    try:
+        atomic_write(path, lambda handle: fig.savefig(handle, format="png", dpi=dpi), "wb")
+    finally:
+        plt.close(fig)
     return path

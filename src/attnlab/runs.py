@@ -34,6 +34,7 @@ from attnlab.errors import CheckpointError
 from attnlab.storage import (
     atomic_write_json,
     atomic_write_text,
+    ensure_folder,
     fsync_directory,
     load_tensors,
     read_json,
@@ -82,9 +83,11 @@ class RunDir:
     @classmethod
     def create(cls, path: str | os.PathLike[str], *, overwrite: bool = False) -> RunDir:
         run = cls(path)
+        if run.path.exists() and not run.path.is_dir():
+            raise CheckpointError(f"run directory {run.path} is a file; choose another --out")
         if run.path.exists() and any(run.path.iterdir()) and not overwrite:
             raise CheckpointError(f"run directory {run.path} already exists and is not empty; choose another --out")
-        run.path.mkdir(parents=True, exist_ok=True)
+        ensure_folder(run.path)
         return run
 
     @classmethod
@@ -107,9 +110,7 @@ class RunDir:
         return self._folder("analysis")
 
     def _folder(self, name: str) -> Path:
-        folder = self.path / name
-        folder.mkdir(parents=True, exist_ok=True)
-        return folder
+        return ensure_folder(self.path / name)
 
     # ---- config and tokenizer -----------------------------------------------------------------
 

@@ -23,9 +23,11 @@ from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_save
 from torch import Tensor
 
-from attnlab.errors import CheckpointError
+from attnlab.errors import CheckpointError, UsageError
 
 __all__ = [
+    "ensure_folder",
+    "atomic_write",
     "atomic_write_bytes",
     "atomic_write_text",
     "atomic_write_json",
@@ -45,16 +47,49 @@ def fsync_directory(path: Path) -> None:
         os.close(fd)
 
 
-def _atomic_write(path: Path, write: Callable[[Any], None], mode: str) -> None:
+def ensure_folder(path: str | os.PathLike[str]) -> Path:
+    """Create folder ``path`` and the folders above it if missing.
+
+    Raises:
+        UsageError: a file stands where a folder must be, or the folder cannot be created; the
+            message names the path.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, mode) as handle:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+        reason = f"{blocker} is a file" if blocker is not None else error.strerror
+        raise UsageError(f"{path}: cannot create the folder: {reason}") from None
+    return path
+
+
+def atomic_write(path: str | os.PathLike[str], write: Callable[[Any], None], mode: str = "w") -> None:
+    """Call ``write(handle)`` on a temporary file beside ``path``, then rename it over ``path``.
+
+    Text modes write UTF-8.
+
+    Raises:
+        UsageError: ``path`` is a folder, or cannot be written (no such place, no permission, a
+            full disk); the message names it. The temporary file is removed.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"{path}: is a folder; give the name of a file to write")
+    ensure_folder(path.parent)
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as error:
+        raise UsageError(f"{path}: cannot write: {error.strerror}") from None
+    try:
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as handle:
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp_name, path)
+    except OSError as error:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise UsageError(f"{path}: cannot write: {error.strerror}") from None
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
@@ -62,11 +97,11 @@ def _atomic_write(path: Path, write: Callable[[Any], None], mode: str) -> None:
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    _atomic_write(path, lambda handle: handle.write(data), "wb")
+    atomic_write(path, lambda handle: handle.write(data), "wb")
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    _atomic_write(path, lambda handle: handle.write(text), "w")
+    atomic_write(path, lambda handle: handle.write(text))
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:

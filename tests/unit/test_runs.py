@@ -64,6 +64,9 @@ def test_open_errors(tmp_path):
     RunDir.create(tmp_path / "busy").write_config({})
     with pytest.raises(CheckpointError, match="not empty"):
         RunDir.create(tmp_path / "busy")
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(CheckpointError, match="is a file; choose another --out"):
+        RunDir.create(tmp_path / "a-file")
 
 
 def test_every_truncation_is_a_clear_error(tmp_path):
@@ -133,6 +136,6 @@ def test_atomic_write_leaves_old_file_on_failure(tmp_path):
         raise Boom
 
     with pytest.raises(Boom):
-        storage._atomic_write(path, failing_write, "w")
+        storage.atomic_write(path, failing_write)
     assert path.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["f.txt"]  # no temporary left behind

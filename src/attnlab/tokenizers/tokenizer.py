@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers
 
 from attnlab.errors import DataError
+from attnlab.storage import atomic_write
 from attnlab.tokenizers.kinds import EXTERNAL_KIND, KINDS, SPECIAL_TOKENS, build, infer_kind
 
 __all__ = ["Tokenizer", "train_tokenizer", "check_text", "SPECIAL_ALIASES"]
@@ -167,16 +167,8 @@ class Tokenizer:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write Hugging Face ``tokenizer.json`` (atomically: a reader never sees half a file)."""
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(self.hf.to_str(pretty=True))
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        text = self.hf.to_str(pretty=True)
+        atomic_write(path, lambda handle: handle.write(text))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Tokenizer:
