@@ -298,6 +298,8 @@ def load_experiment(path: str | Path, overrides: Sequence[str] = ()) -> Experime
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
+    except OSError as error:  # a folder, no permission
+        raise ConfigError(f"{path}: cannot read the config: {error.strerror}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not UTF-8 text") from None
     except tomllib.TOMLDecodeError as error:

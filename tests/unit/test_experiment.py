@@ -97,3 +97,8 @@ def test_a_line_length_bound_below_one_names_the_key_not_a_line(tmp_path, name, 
     config = _config({"name": name, "train_file": str(corpus), "max_line_chars": 0}, model)
     with pytest.raises(ConfigError, match="task.max_line_chars: must be >= 1, got 0"):
         build_task(config.task)
+
+
+def test_a_config_path_that_is_a_folder_is_named(tmp_path):
+    with pytest.raises(ConfigError, match=f"{tmp_path}: cannot read the config: Is a directory"):
+        load_experiment(tmp_path)
