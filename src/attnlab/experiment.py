@@ -51,6 +51,7 @@ __all__ = [
     "TextCodec",
     "LoadedRun",
     "open_run",
+    "run_experiment",
 ]
 
 TASK_DECIDES = ("vocab_size", "tgt_vocab_size", "num_classes", "pad_id")
@@ -183,6 +184,8 @@ class ExperimentConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ExperimentConfig:
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"expected a table of sections [task], [model], [train]; got {type(data).__name__}")
         unknown = sorted(set(data) - {"task", "model", "train"})
         if unknown:
             raise ConfigError(f"unknown section [{unknown[0]}]; allowed: task, model, train")
@@ -441,10 +444,18 @@ class LoadedRun:
     model: TransformerModel
 
 
+def run_experiment(run: RunDir) -> ExperimentConfig:
+    """The experiment a run was made with, from its config.json; an error names that file."""
+    try:
+        return ExperimentConfig.from_dict(run.read_config())
+    except ConfigError as error:
+        raise ConfigError(f"{run.path / RunDir.CONFIG}: {error}") from None
+
+
 def open_run(path: str | Path, *, device: str = "cpu") -> LoadedRun:
     """Load a run directory: config.json, the task, tokenizer.json and model.safetensors."""
     run = RunDir.open(path)
-    experiment = ExperimentConfig.from_dict(run.read_config())
+    experiment = run_experiment(run)
     task, tokenizer = build_task(experiment.task, saved_tokenizer=run.tokenizer_path)
     model = model_for_task(experiment, task)
     run.load_weights(model)

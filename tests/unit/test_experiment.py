@@ -3,12 +3,14 @@ raised when the config is read, before any training file is opened."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 
 from attnlab.errors import ConfigError
-from attnlab.experiment import ExperimentConfig, build_task, load_experiment
+from attnlab.experiment import ExperimentConfig, build_task, load_experiment, run_experiment
+from attnlab.runs import RunDir
 from attnlab.tasks import get_task
 
 MODEL = {"kind": "encoder_decoder", "layers": 1, "d_model": 16, "heads": 2, "d_ff": 32}
@@ -102,3 +104,19 @@ def test_a_line_length_bound_below_one_names_the_key_not_a_line(tmp_path, name, 
 def test_a_config_path_that_is_a_folder_is_named(tmp_path):
     with pytest.raises(ConfigError, match=f"{tmp_path}: cannot read the config: Is a directory"):
         load_experiment(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "config,message",
+    [
+        ({"task": COPY, "model": MODEL, "train": {"steps": "x"}}, "train.steps: expected int, got 'x'"),
+        ([1, 2], "expected a table of sections [task], [model], [train]; got list"),
+    ],
+)
+def test_a_bad_run_config_is_named_by_its_file(tmp_path, config, message):
+    run = RunDir.create(tmp_path / "run")
+    (run.path / "config.json").write_text(json.dumps(config))  # as edited by hand
+    with pytest.raises(ConfigError, match=re.escape(f"{run.path / 'config.json'}: {message}")):
+        run_experiment(run)
+    run.write_config({"task": COPY, "model": MODEL})
+    assert run_experiment(run).task_name == "copy"

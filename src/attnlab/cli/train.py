@@ -12,7 +12,7 @@ import typer
 
 from attnlab.cli.app import app
 from attnlab.errors import UsageError
-from attnlab.experiment import ExperimentConfig, load_experiment
+from attnlab.experiment import load_experiment, run_experiment
 from attnlab.runs import RunDir
 
 
@@ -34,7 +34,7 @@ def train(
     if precision:
         overrides.append(f'train.precision="{precision}"')
     if resume is not None:
-        experiment = ExperimentConfig.from_dict(RunDir.open(resume).read_config()).with_overrides(overrides)
+        experiment = run_experiment(RunDir.open(resume)).with_overrides(overrides)
         run_path = resume
     elif config is None:
         raise UsageError("give a CONFIG.toml to train, or --resume RUN to continue a run")
