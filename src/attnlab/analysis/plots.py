@@ -30,6 +30,17 @@ __all__ = [
 
 _CMAP = "viridis"
 
+# A map grows with its tokens up to these sizes, then its cells shrink and only every k-th token
+# is labelled: a 160-token input had drawn 73-inch heatmaps and a 230-megapixel grid (4 GB, 3 min).
+_MAX_MAP_INCHES = 16.0
+_MAX_GRID_CELL_INCHES = 6.0
+_MAX_TICK_LABELS = 64
+_MAX_TICK_LABELS_SMALL = 32
+
+
+def _inches(tokens: int, per_token: float, margin: float, smallest: float, largest: float) -> float:
+    return min(largest, max(smallest, per_token * tokens + margin))
+
 
 def head_heatmap(
     weights: np.ndarray,
@@ -42,7 +53,8 @@ def head_heatmap(
 ) -> Figure:
     """One head's (T_q, T_k) weights; with ``argmax`` each row's maximum is outlined (hard attention)."""
     weights = np.asarray(weights, dtype=float)
-    size = (max(3.0, 0.45 * len(key_tokens) + 1.5), max(2.5, 0.45 * len(query_tokens) + 1.2))
+    size = (_inches(len(key_tokens), 0.45, 1.5, 3.0, _MAX_MAP_INCHES),
+            _inches(len(query_tokens), 0.45, 1.2, 2.5, _MAX_MAP_INCHES))
     fig, ax = plt.subplots(figsize=size)
     image = ax.imshow(weights, cmap=_CMAP, vmin=0.0, vmax=1.0, aspect="auto")
     _label_axes(ax, query_tokens, key_tokens)
@@ -71,7 +83,7 @@ def layer_grid(
     heads = weights.shape[0]
     columns = min(heads, 4)
     rows = (heads + columns - 1) // columns
-    cell = max(2.2, 0.3 * max(len(key_tokens), len(query_tokens)) + 1.0)
+    cell = _inches(max(len(key_tokens), len(query_tokens)), 0.3, 1.0, 2.2, _MAX_GRID_CELL_INCHES)
     fig, axes = plt.subplots(rows, columns, figsize=(cell * columns, cell * rows), squeeze=False)
     for index, ax in enumerate(axes.flat):
         if index >= heads:
@@ -88,13 +100,20 @@ def layer_grid(
 
 
 def _label_axes(ax, query_tokens: Sequence[str], key_tokens: Sequence[str], *, small: bool = False) -> None:  # noqa: ANN001
+    """Every token as a tick label, or every k-th one when there are more than fit."""
     size = 6 if small else 8
-    ax.set_xticks(range(len(key_tokens)))
-    ax.set_xticklabels(list(key_tokens), rotation=90, fontsize=size)
-    ax.set_yticks(range(len(query_tokens)))
-    ax.set_yticklabels(list(query_tokens), fontsize=size)
+    most = _MAX_TICK_LABELS_SMALL if small else _MAX_TICK_LABELS
+    key_ticks, query_ticks = _every_kth(len(key_tokens), most), _every_kth(len(query_tokens), most)
+    ax.set_xticks(key_ticks)
+    ax.set_xticklabels([key_tokens[i] for i in key_ticks], rotation=90, fontsize=size)
+    ax.set_yticks(query_ticks)
+    ax.set_yticklabels([query_tokens[i] for i in query_ticks], fontsize=size)
     ax.set_xlabel("key", fontsize=size)
     ax.set_ylabel("query", fontsize=size)
+
+
+def _every_kth(count: int, most: int) -> list[int]:
+    return list(range(0, count, -(-count // most) if count > most else 1))  # ceil(count / most)
 
 
 def argmax_pattern(weights: np.ndarray) -> np.ndarray:

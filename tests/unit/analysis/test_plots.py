@@ -72,3 +72,24 @@ def test_layer_grid_hides_unused_cells(heads):
     visible = [ax for ax in figure.axes if ax.axison]
     assert len(visible) == heads
     plt.close(figure)
+
+
+@pytest.mark.parametrize("tokens", [3, 64, 65, 300])
+def test_long_inputs_give_bounded_pictures_with_every_kth_token_labelled(tokens):
+    from attnlab.analysis.plots import layer_grid
+
+    names = [f"t{i}" for i in range(tokens)]
+    weights = np.full((tokens, tokens), 1 / tokens)
+    figure = head_heatmap(weights, names, names)
+    width, height = figure.get_size_inches()
+    assert width <= 16 and height <= 16
+    labels = [t.get_text() for t in figure.axes[0].get_xticklabels()]
+    assert labels[0] == "t0" and len(labels) <= 64
+    step = 1 if tokens <= 64 else -(-tokens // 64)
+    assert labels == names[::step]  # the labels sit on their own tokens' columns
+    assert list(figure.axes[0].get_xticks()) == list(range(0, tokens, step))
+    plt.close(figure)
+    grid = layer_grid(np.stack([weights] * 4), names, names)
+    assert max(grid.get_size_inches()) <= 4 * 6
+    assert all(len(ax.get_yticklabels()) <= 32 for ax in grid.axes if ax.axison)
+    plt.close(grid)
