@@ -26,7 +26,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers
 
 from attnlab.errors import DataError
-from attnlab.storage import atomic_write
+from attnlab.storage import atomic_write_text
 from attnlab.tokenizers.kinds import EXTERNAL_KIND, KINDS, SPECIAL_TOKENS, build, infer_kind
 
 __all__ = ["Tokenizer", "train_tokenizer", "check_text", "SPECIAL_ALIASES"]
@@ -167,8 +167,7 @@ class Tokenizer:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write Hugging Face ``tokenizer.json`` (atomically: a reader never sees half a file)."""
-        text = self.hf.to_str(pretty=True)
-        atomic_write(path, lambda handle: handle.write(text))
+        atomic_write_text(Path(path), self.hf.to_str(pretty=True))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Tokenizer:
