@@ -57,6 +57,24 @@ def test_a_bad_task_option_is_named_with_its_section(change, message):
         build_task(_config({**COPY, **change}).task)
 
 
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("train.lr=nan", "train.lr: must be a finite number, got nan"),
+        ("train.clip_norm=inf", "train.clip_norm: must be a finite number, got inf"),
+        ("model.layer_norm_eps=nan", "model.layer_norm_eps: must be a finite number, got nan"),
+        ("model.dropout=-inf", "model.dropout: must be a finite number, got -inf"),
+    ],
+)
+def test_nan_and_inf_options_are_named(tmp_path, override, message):
+    # TOML has nan and inf literals; `nan <= 0` is False, so range checks alone let them through.
+    path = tmp_path / "c.toml"
+    path.write_text('[task]\nname = "copy"\n[model]\nkind = "encoder_decoder"\n')
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        config = load_experiment(path, [override])
+        config.model_config(vocab_size=10, pad_id=0)
+
+
 def test_get_task_checks_option_types_before_the_task_compares_them():
     with pytest.raises(ConfigError, match="task.train_size: expected int, got '8'"):
         get_task("copy", train_size="8")

@@ -88,6 +88,10 @@ def attention(
     """
     _check_qkv(q, k, v)
     check_mask(mask, q.shape[-2], k.shape[-2])
+    _check_mask_batch_dims(mask, q, k, v)
+    if causal and k.shape[-2] < q.shape[-2]:
+        raise ValueError(f"attention: causal needs T_k >= T_q (the queries are the last T_q keys), got "
+                         f"T_q={q.shape[-2]}, T_k={k.shape[-2]}")
     try:
         implementation = NORMALIZERS[normalizer]
     except KeyError:
@@ -115,6 +119,26 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
         raise ValueError(f"attention: q has d_k={q.shape[-1]} but k has d_k={k.shape[-1]}")
     if k.shape[-2] != v.shape[-2]:
         raise ValueError(f"attention: k has T_k={k.shape[-2]} but v has T_k={v.shape[-2]}")
+    try:
+        torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    except RuntimeError:
+        raise ValueError(f"attention: the batch dims of q {tuple(q.shape[:-2])}, k {tuple(k.shape[:-2])} and "
+                         f"v {tuple(v.shape[:-2])} do not broadcast") from None
+
+
+def _check_mask_batch_dims(mask: Tensor | None, q: Tensor, k: Tensor, v: Tensor) -> None:
+    """The mask may broadcast over the batch dims of q, k and v, but not add to them (which would
+    silently change the output's shape)."""
+    if mask is None:
+        return
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    try:
+        fits = torch.broadcast_shapes(batch, mask.shape[:-2]) == batch
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to the attention's "
+                         f"(..., T_q, T_k) = {(*batch, q.shape[-2], k.shape[-2])}")
 
 
 def _full_mask(mask: Tensor | None, causal: bool, t_q: int, t_k: int, device: torch.device) -> Tensor | None:

@@ -11,6 +11,7 @@ Presets: ``tiny`` (tests), ``small``, and ``base``, the base model of Vaswani et
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -149,7 +150,7 @@ class TransformerConfig:
         for kind, counts in self.heads_per_layer.items():
             if kind not in ("encoder_self", "decoder_self", "cross", "self"):
                 raise ValueError(f"heads_per_layer: unknown kind {kind!r}; allowed: cross, decoder_self, encoder_self, self")
-            if not isinstance(counts, list) or any(not isinstance(c, int) or not 0 <= c <= self.heads for c in counts):
+            if not isinstance(counts, list) or any(not _is_int(c) or not 0 <= c <= self.heads for c in counts):
                 raise ValueError(f"heads_per_layer[{kind!r}]: expected a list of head counts in [0, {self.heads}], got {counts!r}")
 
     def heads_at(self, kind: str, layer: int) -> int:
@@ -308,6 +309,10 @@ def _check_tie(config: EncoderDecoderConfig | DecoderOnlyConfig) -> None:
         raise ValueError("tie_embeddings: needs token vectors of width d_model, so not positional_combine='concat'")
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _check_positive(name: str, value: int) -> None:
     if value <= 0:
         raise ValueError(f"{name}: must be a positive integer, got {value}")
@@ -333,6 +338,8 @@ def check_value_types(cls: type, values: Mapping[str, Any]) -> None:
         if not ok:
             names = " or ".join("None" if t is type(None) else t.__name__ for t in expected)
             raise ValueError(f"{name}: expected {names}, got {value!r}")
+        if isinstance(value, float) and not math.isfinite(value):  # TOML has nan and inf literals
+            raise ValueError(f"{name}: must be a finite number, got {value!r}")
 
 
 def _runtime_types(hint: Any) -> tuple[type, ...]:

@@ -284,6 +284,9 @@ class MultiHeadAttention(nn.Module):
         """sum over no heads = 0, so the output is W^O's bias alone (as when every head is masked)."""
         batch, t_q, _ = query.shape
         t_k = t_q if key is None else key.shape[1]
+        if cache is not None and key is None:  # self-attention: the cache still counts the keys seen
+            no_heads = query.new_zeros(batch, 0, t_q, self.d_k)  # (B, 0, T_q, d_k)
+            t_k = cache.append(no_heads, no_heads.new_zeros(batch, 0, t_q, self.d_v))[0].shape[-2]
         output = query.new_zeros(batch, t_q, self.d_model)
         if self.out_proj.bias is not None:
             output = output + self.out_proj.bias

@@ -44,11 +44,20 @@ __all__ = [
 ]
 
 
-def sinusoidal_table(length: int, dim: int, *, offset: int = 0, device: torch.device | str | None = None) -> Tensor:
+def sinusoidal_table(
+    length: int,
+    dim: int,
+    *,
+    offset: int = 0,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Tensor:
     """P[n, 2i] = sin(n / 10000^{2i/dim}), P[n, 2i+1] = cos(n / 10000^{2i/dim}), n = offset..offset+length-1.
 
+    Computed in float64 and rounded once to ``dtype``.
+
     Shape:
-        returns (length, dim), float32.
+        returns (length, dim).
     """
     position = torch.arange(offset, offset + length, dtype=torch.float64, device=device).unsqueeze(1)  # (T, 1)
     even = torch.arange(0, dim, 2, dtype=torch.float64, device=device)  # 2i
@@ -56,7 +65,7 @@ def sinusoidal_table(length: int, dim: int, *, offset: int = 0, device: torch.de
     table = torch.zeros(length, dim, dtype=torch.float64, device=device)
     table[:, 0::2] = torch.sin(angle)
     table[:, 1::2] = torch.cos(angle[:, : dim // 2])
-    return table.float()
+    return table.to(dtype)
 
 
 class PositionalEncoding(nn.Module):
@@ -80,7 +89,14 @@ class SinusoidalTable(nn.Module):
     def forward(self, length: int, offset: int = 0) -> Tensor:
         if offset + length <= self.max_len:
             return self.table[offset : offset + length]
-        return sinusoidal_table(length, self.dim, offset=offset, device=self.table.device)
+        return sinusoidal_table(length, self.dim, offset=offset, device=self.table.device, dtype=self.table.dtype)
+
+    def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202 (nn.Module's signature)
+        # `.double()`, `.half()` and `.to(...)` cast the stored table; recompute it from the formula
+        # in its new dtype, so a float64 model has float64-accurate positions, not widened float32.
+        super()._apply(fn, recurse)
+        self.table = sinusoidal_table(self.max_len, self.dim, device=self.table.device, dtype=self.table.dtype)
+        return self
 
 
 class LearnedTable(nn.Module):

@@ -279,6 +279,31 @@ def test_bad_shapes_are_rejected():
         attention(q, k, v, normalizer="sparsemax")
 
 
+@pytest.mark.parametrize("normalizer", ["softmax", "hardmax"])
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_mask_with_more_batch_dims_than_the_inputs_is_rejected(normalizer, need_weights):
+    q, k, v = _qkv()  # batch dims (2, 3)
+    for mask_batch in [(4, 2, 3), (3, 3), (2, 1, 1, 1)]:
+        with pytest.raises(ValueError, match="does not broadcast"):
+            attention(q, k, v, torch.ones(*mask_batch, 5, 7, dtype=torch.bool), normalizer=normalizer,
+                      return_weights=need_weights)
+    narrower = attention(q, k, v, torch.ones(3, 5, 7, dtype=torch.bool), normalizer=normalizer)
+    torch.testing.assert_close(narrower, attention(q, k, v, normalizer=normalizer))
+
+
+@pytest.mark.parametrize("normalizer", ["softmax", "hardmax"])
+def test_causal_with_more_queries_than_keys_is_rejected(normalizer):
+    q, k, v = _qkv(t_q=7, t_k=5)
+    with pytest.raises(ValueError, match="causal needs T_k >= T_q"):
+        attention(q, k, v, causal=True, normalizer=normalizer)
+
+
+def test_batch_dims_of_q_k_v_that_do_not_broadcast_are_rejected():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="do not broadcast"):
+        attention(q, k[:1, :2], v[:1, :2])
+
+
 def test_default_scale_is_inverse_sqrt_dk():
     q, k, v = _qkv(d=16)
     torch.testing.assert_close(attention(q, k, v), attention(q, k, v, scale=1 / math.sqrt(16)))

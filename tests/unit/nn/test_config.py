@@ -27,6 +27,10 @@ from attnlab.nn.config import PRESETS
         ({"pad_id": 99}, "pad_id: must lie in"),
         ({"straight_through": True}, "straight_through: only applies to attention='hard'"),
         ({"positional_combine": "concat", "positional_dim": 64}, "positional_dim: must lie in"),
+        ({"layer_norm_eps": float("nan")}, "layer_norm_eps: must be a finite number, got nan"),
+        ({"layer_norm_eps": float("inf")}, "layer_norm_eps: must be a finite number, got inf"),
+        ({"dropout": float("nan")}, "dropout: must be a finite number"),
+        ({"d_k": 16, "heads_per_layer": {"self": [True, False]}}, r"heads_per_layer\['self'\]: expected a list of head counts"),
     ],
 )
 @pytest.mark.parametrize("cls", [EncoderDecoderConfig, EncoderClassifierConfig, DecoderOnlyConfig])

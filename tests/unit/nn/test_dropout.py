@@ -19,6 +19,17 @@ def test_every_entry_is_dropped_or_scaled(p, dtype):
     assert abs(keep_rate - (1 - p)) < 4 * ((p * (1 - p)) / x.numel()) ** 0.5 + 1e-3  # 4 binomial s.d.
 
 
+@pytest.mark.parametrize("p", [0.1, 0.3, 0.999])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_keep_rate_of_16_bit_inputs_is_one_minus_p(p, dtype):
+    # bfloat16 noise has 256 levels in [0, 1): drawn in that dtype, p = 0.1 kept 0.898 and
+    # p = 0.999 kept nothing. 1M entries put 4 binomial s.d. at 0.0012 (p = 0.1).
+    torch.manual_seed(0)
+    x = torch.ones(1_000_000, dtype=dtype)
+    kept = (dropout(x, p, True) != 0).double().mean().item()
+    assert abs(kept - (1 - p)) < 4 * ((p * (1 - p)) / x.numel()) ** 0.5
+
+
 def test_expectation_is_the_input():
     torch.manual_seed(0)
     x = torch.randn(8, dtype=torch.float64)

@@ -197,6 +197,19 @@ def test_self_attention_cache_grows_past_its_capacity(chunks):
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-10, rtol=0)
 
 
+def test_module_without_heads_counts_cached_keys():
+    """A pruned module with no heads outputs W^O's bias; under a cache its weights still span every key so far."""
+    mha = MultiHeadAttention(D_MODEL, 0, d_k=4).eval()
+    x = torch.randn(2, 5, D_MODEL)
+    cache, seen = KVCache(), 0
+    for size in (2, 1, 2):
+        out = mha(x[:, seen : seen + size], causal=True, cache=cache, need_weights=True)
+        seen += size
+        assert len(cache) == seen
+        assert out.weights.shape == (2, 0, size, seen) and out.head_outputs.shape == (2, 0, size, mha.d_v)
+        torch.testing.assert_close(out.output, mha.out_proj.bias.expand(2, size, D_MODEL))
+
+
 def test_self_attention_cache_keeps_the_gradient():
     """With autograd on, the cached steps backpropagate like the full causal pass."""
     mha = MultiHeadAttention(D_MODEL, HEADS).double()

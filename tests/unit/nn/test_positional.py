@@ -31,6 +31,29 @@ def test_sinusoidal_extrapolates_past_max_len():
     torch.testing.assert_close(enc(x)[0], sinusoidal_table(9, 8))
 
 
+def _float64_formula(positions: range, dim: int) -> torch.Tensor:
+    return torch.tensor(
+        [[(math.sin if j % 2 == 0 else math.cos)(n / 10000 ** ((j - j % 2) / dim)) for j in range(dim)] for n in positions],
+        dtype=torch.float64,
+    )
+
+
+@pytest.mark.parametrize("combine", ["add", "concat"])
+def test_float64_module_has_float64_accurate_positions(combine):
+    # Casting a float32 table to float64 would leave errors of about 3e-8.
+    enc = make_positional("sinusoidal", d_model=16, max_len=40, combine=combine, positional_dim=8).double()
+    x = torch.zeros(1, 60, enc.token_dim, dtype=torch.float64)  # past max_len: the extrapolated rows too
+    out = enc(x)[0]
+    positions = out if combine == "add" else out[:, enc.token_dim :]  # [v_i; p_i]
+    assert positions.dtype == torch.float64 and positions.shape == (60, 16 if combine == "add" else 8)
+    torch.testing.assert_close(positions, _float64_formula(range(60), positions.shape[1]), atol=1e-15, rtol=0)
+
+
+def test_float32_after_float64_round_trip_is_the_float32_table():
+    enc = make_positional("sinusoidal", d_model=8, max_len=30).double().float()
+    torch.testing.assert_close(enc(torch.zeros(1, 30, 8))[0], sinusoidal_table(30, 8), atol=0, rtol=0)
+
+
 @pytest.mark.parametrize("name", sorted(POSITIONAL))
 @pytest.mark.parametrize("combine", ["add", "concat"])
 def test_every_encoding_maps_token_dim_to_d_model(name, combine):
