@@ -173,6 +173,12 @@ def beam_search(
     """Keep the ``beam_size`` best prefixes per row; finished hypotheses are ranked by
     log p / length^alpha. Returns the best hypothesis of each row.
 
+    A row stops when ``beam_size`` hypotheses have ended and its best open beam, normalised at
+    the current length, cannot beat the worst of them (the stopping rule of Hugging Face's default
+    ``early_stopping=False``; with alpha > 0 a longer continuation could still score higher). A
+    stopped row is frozen while the other rows go on, so a padded batch decodes exactly like each
+    row alone.
+
     Shape:
         prefix: (B, t0).
     """
@@ -184,6 +190,7 @@ def beam_search(
     scores = torch.full((batch, k), float("-inf"), dtype=torch.float64, device=device)
     scores[:, 0] = 0.0  # all beams start identical: keep one alive so they do not duplicate
     finished: list[list[tuple[float, list[int], float]]] = [[] for _ in range(batch)]
+    done = [False] * batch
     start = prefix.shape[1]
 
     def normalized(log_prob: float, length: int) -> float:
@@ -198,6 +205,8 @@ def beam_search(
         next_token = torch.full((batch, k), eos_id, dtype=torch.long, device=device)
         next_scores = torch.full((batch, k), float("-inf"), dtype=torch.float64, device=device)
         for b in range(batch):
+            if done[b]:  # frozen: its beams stay at -inf and add nothing
+                continue
             kept = 0
             for score, index in zip(top_scores[b].tolist(), top_index[b].tolist()):
                 if score == float("-inf") or kept == k:
@@ -209,7 +218,8 @@ def beam_search(
                     continue
                 next_beam[b, kept], next_token[b, kept], next_scores[b, kept] = beam, token, score
                 kept += 1
-        if all(_row_done(finished[b], next_scores[b], step, k, normalized) for b in range(batch)):
+        done = [done[b] or _row_done(finished[b], next_scores[b], step, k, normalized) for b in range(batch)]
+        if all(done):
             break
         index = (torch.arange(batch, device=device)[:, None] * k + next_beam).view(-1)  # (B*K,)
         stepper.reorder(index)
@@ -218,7 +228,7 @@ def beam_search(
     results = []
     for b in range(batch):
         if finished[b]:
-            _, tokens, log_prob = max(finished[b], key=lambda item: item[0])
+            _, tokens, log_prob = max(finished[b], key=lambda item: item[0])  # the first of equals
             results.append(Hypothesis(tokens, log_prob, True))
         else:  # nothing ended within max_length: return the best open beam
             best = int(scores[b].argmax())
@@ -234,7 +244,7 @@ def _row_done(finished, open_scores: Tensor, step: int, k: int, normalized) -> b
     if best_open == float("-inf"):
         return True
     worst_kept = sorted(item[0] for item in finished)[-k]
-    return normalized(best_open, step) <= worst_kept  # log-probs only fall as sequences grow
+    return normalized(best_open, step) <= worst_kept  # log-probs only fall as sequences grow (exact for alpha = 0)
 
 
 def decode(

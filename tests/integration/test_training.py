@@ -18,6 +18,7 @@ from attnlab.experiment import ExperimentConfig, build_task, model_for_task
 from attnlab.runs import RunDir, load_weights_into
 from attnlab.storage import load_tensors
 from attnlab.training import trainer as trainer_module
+from attnlab.training.schedule import multiplier
 from attnlab.training.trainer import TrainingDiverged, train
 
 BASE = {
@@ -35,6 +36,17 @@ def _experiment(**train_changes) -> ExperimentConfig:
 
 def _losses(run: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in RunDir.open(run).read_metrics() if "split" not in r}
+
+
+@pytest.mark.parametrize("schedule", ["noam", "cosine"])
+def test_logged_learning_rate_is_the_one_each_step_used(tmp_path, schedule):
+    """metrics.jsonl's lr at step k is the multiplier of step k (1-based), the rate of the k-th update."""
+    train(_experiment(schedule=schedule, checkpoint_every=0), tmp_path / "run", progress=False)
+    logged = {r["step"]: r["lr"] for r in RunDir.open(tmp_path / "run").read_metrics() if "split" not in r}
+    assert sorted(logged) == list(range(1, 13))
+    for step, lr in logged.items():
+        assert lr == pytest.approx(3e-3 * multiplier(schedule, step, warmup=4, total=12), rel=1e-12)
+    assert max(logged, key=logged.get) == 4  # the peak is at step = warmup, as in Vaswani §5.3
 
 
 def test_resume_reproduces_the_uninterrupted_losses_exactly(tmp_path, monkeypatch):

@@ -76,6 +76,24 @@ def test_batched_with_padding_equals_alone(seq2seq, beam_size):
         assert alone.log_prob == pytest.approx(hypothesis.log_prob, abs=1e-4)
 
 
+@pytest.mark.parametrize("length_penalty", [0.0, 1.0, 2.0])
+@pytest.mark.parametrize("seed", range(16))
+def test_rows_that_stop_early_are_frozen_so_batch_equals_alone(seed, length_penalty):
+    """A row whose search has stopped must not keep collecting hypotheses while other rows run
+    (with alpha > 0 a later, longer one could outscore what the row alone returns)."""
+    torch.manual_seed(seed)
+    model = EncoderDecoder(EncoderDecoderConfig(**{**CFG, "vocab_size": 12, "d_model": 16, "heads": 2, "d_ff": 32})).eval()
+    generator = torch.Generator().manual_seed(seed)
+    sources = [torch.cat([torch.randint(3, 12, (n,), generator=generator), torch.tensor([EOS])]) for n in (3, 7, 5)]
+    padded = torch.stack([F.pad(s, (0, 8 - len(s)), value=PAD) for s in sources])
+    options = DecodeOptions(max_length=12, beam_size=2, length_penalty=length_penalty)
+    together = decode(model, padded, bos_id=BOS, eos_id=EOS, pad_id=PAD, options=options)
+    for source, hypothesis in zip(sources, together):
+        alone = decode(model, source[None], bos_id=BOS, eos_id=EOS, pad_id=PAD, options=options)[0]
+        assert (alone.tokens, alone.finished) == (hypothesis.tokens, hypothesis.finished)
+        assert alone.log_prob == pytest.approx(hypothesis.log_prob, abs=1e-4)
+
+
 def test_beam_of_one_is_greedy(seq2seq):
     src = _src()
     greedy = decode(seq2seq, src, bos_id=BOS, eos_id=EOS, pad_id=PAD, options=DecodeOptions(max_length=8))

@@ -62,6 +62,15 @@ class TrainResult:
     final_metrics: dict[str, Any] | None
 
 
+@dataclass(frozen=True)
+class StepOutcome:
+    """One optimisation step: its mean loss, the tokens (or examples) it counted, its learning rate."""
+
+    loss: float
+    tokens: int
+    lr: float
+
+
 def resolve_device(name: str) -> torch.device:
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"train.device: {name!r} asked for, but no CUDA device is visible; use cpu")
@@ -192,13 +201,14 @@ class _Trainer:
         window_tokens, window_start = 0, time.perf_counter()
         final_metrics = None
         while self.step < cfg.steps:
-            loss, tokens = self._train_step()
+            outcome = self._train_step()
+            loss = outcome.loss
             losses.append(loss)
-            window_tokens += tokens
+            window_tokens += outcome.tokens
             bar.update(1)
             if self._due(cfg.log_every):
                 elapsed = max(time.perf_counter() - window_start, 1e-9)
-                record = {"step": self.step, "loss": loss, "lr": self.scheduler.get_last_lr()[0],
+                record = {"step": self.step, "loss": loss, "lr": outcome.lr,
                           "tokens_per_s": window_tokens / elapsed, "epoch": self.stream.position.epoch}
                 self._write_metrics(record)
                 bar.set_postfix(loss=f"{loss:.4f}", lr=f"{record['lr']:.2e}", tok_s=f"{record['tokens_per_s']:.0f}")
@@ -216,7 +226,7 @@ class _Trainer:
     def _due(self, every: int) -> bool:
         return every > 0 and self.step % every == 0
 
-    def _train_step(self) -> tuple[float, int]:
+    def _train_step(self) -> StepOutcome:
         cfg = self.cfg
         self.trained.train()
         batch = self.stream.next().to(self.device)
@@ -236,11 +246,12 @@ class _Trainer:
         if cfg.clip_norm > 0:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_norm)
+        lr = self.optimizer.param_groups[0]["lr"]  # this update's rate; the scheduler then sets the next one
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.scheduler.step()
         self.step += 1
-        return mean_loss, int(global_count)
+        return StepOutcome(mean_loss, int(global_count), lr)
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.cfg.precision)
