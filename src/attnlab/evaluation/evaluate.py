@@ -7,7 +7,8 @@ cross-entropy per prediction) and ``accuracy_by_length``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -15,6 +16,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from attnlab.decoding import DecodeOptions, decode
+from attnlab.tasks.base import Example
 from attnlab.tasks.batching import Batch, make_batches
 from attnlab.tokenizers import Tokenizer
 from attnlab.evaluation import metrics
@@ -58,6 +60,7 @@ def evaluate(
     correct: list[bool] = []
     lengths: list[int] = []
     extra = _Accumulator()
+    context = _Context(task, head_mask, tokenizer, _decode_limit(examples, text=tokenizer is not None))
     objective = OBJECTIVES[kind]
     total_batches = (len(examples) + batch_size - 1) // batch_size
     for batch in tqdm(batches, total=total_batches, desc=f"eval {split}", disable=not progress, leave=False):
@@ -65,9 +68,8 @@ def evaluate(
         parts = objective(model, batch, head_mask, task.pad_id, 0.0)
         totals["loss"] += float(parts.total)
         totals["count"] += int(parts.count)
-        ok = _SCORERS[kind](model, batch, task, head_mask, extra, tokenizer)
-        correct.extend(ok)
-        lengths.extend(_example_lengths(batch, task))
+        correct.extend(_SCORERS[kind](model, batch, context, extra))
+        lengths.extend(batch.split_lengths.tolist())
     model.train(was_training)
     result: dict[str, Any] = {
         "split": split,
@@ -84,11 +86,22 @@ def evaluate(
     return result
 
 
-def _example_lengths(batch: Batch, task: Any) -> list[int]:
-    """The length that defines the split: symbols before EOS (source), or the target for an LM."""
-    if batch.src is not None:
-        return (batch.src_is_token.sum(1) - 1).tolist()
-    return (batch.tgt_is_token.sum(1) - 1).tolist()
+@dataclass(frozen=True)
+class _Context:
+    """What every batch of one evaluation is scored with."""
+
+    task: Any
+    head_mask: Mapping[str, Tensor] | None
+    tokenizer: Tokenizer | None
+    decode_limit: int
+
+
+def _decode_limit(examples: Sequence[Example], *, text: bool) -> int:
+    """How many tokens a seq2seq hypothesis may run to: the split's longest reference plus slack
+    (twice it plus 10 for text, 2 for the formal tasks' exact match). One limit for the whole
+    split, so that no result depends on the batch size or on which references share a batch."""
+    longest = max((len(e.target) for e in examples if e.target is not None), default=0)
+    return longest + (longest + 10 if text else 2)
 
 
 class _Accumulator:
@@ -109,14 +122,13 @@ class _Accumulator:
         return out
 
 
-def _score_seq2seq(model, batch: Batch, task, head_mask, acc: _Accumulator, tokenizer) -> list[bool]:  # noqa: ANN001
+def _score_seq2seq(model: nn.Module, batch: Batch, context: _Context, acc: _Accumulator) -> list[bool]:
+    task, tokenizer = context.task, context.tokenizer
     references = [row[mask].tolist() for row, mask in zip(batch.tgt_out, batch.tgt_is_token)]
     references = [r[:-1] for r in references]  # drop EOS
-    longest = max(len(r) for r in references)
-    slack = longest + 10 if tokenizer is not None else 2
-    options = DecodeOptions(max_length=longest + slack)
     hypotheses = decode(
-        model, batch.src, bos_id=task.bos_id, eos_id=task.eos_id, pad_id=task.pad_id, options=options, head_mask=head_mask
+        model, batch.src, bos_id=task.bos_id, eos_id=task.eos_id, pad_id=task.pad_id,
+        options=DecodeOptions(max_length=context.decode_limit), head_mask=context.head_mask,
     )
     predictions = [h.tokens for h in hypotheses]
     for p, r in zip(predictions, references):
@@ -129,13 +141,13 @@ def _score_seq2seq(model, batch: Batch, task, head_mask, acc: _Accumulator, toke
     return [p == r for p, r in zip(predictions, references)]
 
 
-def _score_classifier(model, batch: Batch, task, head_mask, acc: _Accumulator, tokenizer) -> list[bool]:  # noqa: ANN001
-    predicted = model(batch.src, head_mask=head_mask).argmax(-1)
+def _score_classifier(model: nn.Module, batch: Batch, context: _Context, acc: _Accumulator) -> list[bool]:
+    predicted = model(batch.src, head_mask=context.head_mask).argmax(-1)
     return (predicted == batch.labels).tolist()
 
 
-def _score_lm(model, batch: Batch, task, head_mask, acc: _Accumulator, tokenizer) -> list[bool]:  # noqa: ANN001
-    predicted = model(batch.tgt_in, head_mask=head_mask).argmax(-1)
+def _score_lm(model: nn.Module, batch: Batch, context: _Context, acc: _Accumulator) -> list[bool]:
+    predicted = model(batch.tgt_in, head_mask=context.head_mask).argmax(-1)
     hits = (predicted == batch.tgt_out) & batch.tgt_is_token
     acc.token_correct += int(hits.sum())
     acc.token_total += int(batch.tgt_is_token.sum())

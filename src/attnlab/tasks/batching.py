@@ -37,9 +37,12 @@ class Batch:
         tgt_in, tgt_out, tgt_is_token: (B, T_tgt). tgt_in = BOS + target, tgt_out = target + EOS.
         labels: (B,) int64, recognition only.
         lengths: (B,) int64, unpadded length of ``src`` (or of ``tgt_in`` when there is no src).
+        split_lengths: (B,) int64, each example's :attr:`Example.length`, the length that decides
+            its split (symbols before EOS, an operand width), which accuracy per length is keyed by.
     """
 
     lengths: Tensor
+    split_lengths: Tensor | None = None
     src: Tensor | None = None
     src_is_token: Tensor | None = None
     tgt_in: Tensor | None = None
@@ -80,7 +83,8 @@ def collate(examples: Sequence[Example], *, pad_id: int, bos_id: int, eos_id: in
     if examples[0].label is not None:
         fields["labels"] = torch.tensor([e.label for e in examples], dtype=torch.int64)
     mask = fields["src_is_token"] if has_src else fields["tgt_is_token"]
-    return Batch(lengths=mask.sum(dim=1), **fields)
+    split_lengths = torch.tensor([e.length for e in examples], dtype=torch.int64)
+    return Batch(lengths=mask.sum(dim=1), split_lengths=split_lengths, **fields)
 
 
 def fit_length(
