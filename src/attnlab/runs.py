@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -165,10 +166,23 @@ class RunDir:
         shutil.rmtree(files.directory, ignore_errors=True)
         os.replace(staging, files.directory)
         fsync_directory(files.directory.parent)
-        atomic_write_json(self.path / self.POINTER, {"latest": files.directory.name, "step": step})
-        self._publish_weights(files.model)
+        self.point_to(files)
         self._prune_checkpoints(keep, current=files.directory.name)
         return files
+
+    def point_to(self, files: CheckpointFiles) -> None:
+        """Make ``files`` the latest checkpoint (what ``--resume`` starts from) and publish its weights."""
+        atomic_write_json(self.path / self.POINTER, {"latest": files.directory.name, "step": files.step})
+        self._publish_weights(files.model)
+
+    def checkpoints(self) -> list[CheckpointFiles]:
+        """Every complete checkpoint, oldest first."""
+        folder = self.path / "checkpoints"
+        if not folder.is_dir():
+            return []
+        found = [CheckpointFiles(int(p.name[len("step-"):]), p) for p in folder.iterdir()
+                 if re.fullmatch(r"step-\d{8}", p.name) and p.is_dir()]
+        return sorted(found, key=lambda files: files.step)
 
     def latest_checkpoint(self) -> CheckpointFiles | None:
         pointer = self.path / self.POINTER

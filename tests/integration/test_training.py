@@ -98,6 +98,30 @@ def test_nan_loss_stops_naming_the_step_and_keeps_the_checkpoint(tmp_path, monke
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
+def test_a_checkpoint_of_the_weights_that_diverged_is_not_called_good(tmp_path, monkeypatch):
+    """The loss of step 7 is computed with the weights of step 6: with a checkpoint every step,
+    the run points back to step 5's, and resumes from there."""
+    real = trainer_module.OBJECTIVES["encoder_classifier"]
+    seen = {"n": 0}
+
+    def poisoned(model, batch, head_mask, pad_id, smoothing):
+        seen["n"] += 1
+        parts = real(model, batch, head_mask, pad_id, smoothing)
+        return parts._replace(total=parts.total * float("inf")) if seen["n"] == 7 else parts
+
+    monkeypatch.setitem(trainer_module.OBJECTIVES, "encoder_classifier", poisoned)
+    message = r"at step 7; the last good checkpoint \(step 5\) .* points back to it \(the one of step 6 holds"
+    with pytest.raises(TrainingDiverged, match=message):
+        train(_experiment(checkpoint_every=1), tmp_path / "run", progress=False)
+    run = RunDir.open(tmp_path / "run")
+    assert run.latest_checkpoint().step == 5
+    assert load_tensors(run.path / "model.safetensors")[0].keys() == load_tensors(run.latest_checkpoint().model)[0].keys()
+    for name, tensor in load_tensors(run.path / "model.safetensors")[0].items():
+        assert torch.equal(tensor, load_tensors(run.latest_checkpoint().model)[0][name])
+    monkeypatch.setitem(trainer_module.OBJECTIVES, "encoder_classifier", real)
+    assert train(_experiment(checkpoint_every=1), run.path, resume=True, progress=False).step == 12
+
+
 def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
     run = RunDir.create(tmp_path / "run")
     run.write_config(_experiment().to_dict())

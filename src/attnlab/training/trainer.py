@@ -236,8 +236,7 @@ class _Trainer:
         global_total = all_reduce_sum(parts.total.detach().to(torch.float64), self.dist)
         mean_loss = float(global_total / global_count.clamp_min(1))
         if not torch.isfinite(global_total):
-            last = self.run.latest_checkpoint() if self.dist.is_main else None
-            kept = f"the last good checkpoint (step {last.step}) is kept in {self.run.path}" if last else "no checkpoint was written yet"
+            kept = self._fall_back_to_good_checkpoint() if self.dist.is_main else "see the main process"
             raise TrainingDiverged(f"the loss became {mean_loss} at step {self.step + 1}; {kept}")
         # Each rank's sum over the global count, times N: DDP's average over ranks is the global mean.
         loss = parts.total / global_count.to(parts.total.dtype).clamp_min(1) * self.dist.world_size
@@ -252,6 +251,23 @@ class _Trainer:
         self.scheduler.step()
         self.step += 1
         return StepOutcome(mean_loss, int(global_count), lr)
+
+    def _fall_back_to_good_checkpoint(self) -> str:
+        """After a non-finite loss at step s + 1: the weights of step s gave it, so a checkpoint of
+        step s is not a good one. Point the run (``--resume``, model.safetensors) back to the last
+        checkpoint before it; say what is kept."""
+        good = [files for files in self.run.checkpoints() if files.step < self.step]
+        latest = self.run.latest_checkpoint()
+        if latest is not None and latest.step == self.step:
+            if not good:
+                return (f"the only checkpoint (step {latest.step}) holds the weights that gave it, so resuming from it "
+                        f"would diverge again; lower train.lr and start over")
+            self.run.point_to(good[-1])
+            return (f"the last good checkpoint (step {good[-1].step}) is kept in {self.run.path}, and the run points "
+                    f"back to it (the one of step {latest.step} holds the weights that gave the loss)")
+        if latest is None:
+            return "no checkpoint was written yet"
+        return f"the last good checkpoint (step {latest.step}) is kept in {self.run.path}"
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.cfg.precision)
