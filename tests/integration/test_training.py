@@ -180,6 +180,35 @@ def test_sigkill_while_checkpointing_always_leaves_a_loadable_checkpoint(tmp_pat
     assert len(set(killed_at)) > 1  # the kills landed at different points of the run
 
 
+WORDPIECE_CORPUS = [
+    f"{a} {b} {c}" for a in ("Tokenization", "splits", "first") for b in ("amazing tokens", "didn't split", "first steps")
+    for c in ("on the mat.", "it's the first step.", "splitting")
+] * 3
+"""Words whose pieces HF's WordPiece trainer picks differently from call to call (merge ties)."""
+
+
+def test_every_process_encodes_with_the_tokenizer_of_rank_0(tmp_path):
+    """HF's WordPiece trainer can learn other pieces from the same corpus on every call; if each
+    rank trained its own, rank 1 would feed other ids than rank 0 saved. One process given rank 0's
+    saved tokenizer must then end with the weights of the two."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(WORDPIECE_CORPUS) + "\n")
+    config = tmp_path / "lm.toml"
+    config.write_text(
+        f'[task]\nname = "lm"\ntrain_file = "{corpus}"\ntokenizer_kind = "wordpiece"\nvocab_size = 400\n'
+        '[model]\nkind = "decoder_only"\nlayers = 1\nd_model = 16\nheads = 2\nd_ff = 32\ndropout = 0.0\n'
+        '[train]\nsteps = 4\nbatch_size = 8\nlr = 3e-3\nwarmup = 2\nlog_every = 1\ncheckpoint_every = 0\n'
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    two = _cli("train", str(config), "--out", str(tmp_path / "two"), "--nproc", "2", "--no-progress", env=env)
+    assert two.wait(timeout=240) == 0, two.stderr.read()
+    saved = tmp_path / "two" / "tokenizer.json"
+    one = _cli("train", str(config), "--out", str(tmp_path / "one"), "--no-progress", "--set", f'task.tokenizer="{saved}"', env=env)
+    assert one.wait(timeout=240) == 0, one.stderr.read()
+    for step, loss in _losses(tmp_path / "one").items():
+        assert loss == pytest.approx(_losses(tmp_path / "two")[step], abs=1e-5)
+
+
 @pytest.mark.parametrize("attention", ["soft", "hard"])
 def test_two_processes_equal_one_process_with_the_whole_batch(tmp_path, attention):
     changes = {"steps": 6, "checkpoint_every": 0, "log_every": 1}

@@ -105,6 +105,12 @@ def build_wordpiece(corpus: Iterable[str], vocab_size: int) -> HFTokenizer:
     tokenizer.decoder = decoders.WordPiece()
     trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False)
     tokenizer.train_from_iterator(corpus, trainer)
+    # The trainer learns the same pieces every time but numbers them in hash-map order, which
+    # changes from call to call: renumber them (specials first, then by the piece) so that a corpus
+    # always gives the same ids, in every run and on every rank.
+    learned = tokenizer.get_vocab()
+    pieces = SPECIALS + sorted(piece for piece in learned if piece not in SPECIALS)
+    tokenizer.model = models.WordPiece({piece: index for index, piece in enumerate(pieces)}, unk_token=UNK)
     return tokenizer
 
 

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistInfo", "from_environment", "shutdown", "all_reduce_sum"]
+__all__ = ["DistInfo", "from_environment", "shutdown", "all_reduce_sum", "broadcast_from_main"]
 
 
 @dataclass(frozen=True)
@@ -62,3 +63,12 @@ def all_reduce_sum(value: torch.Tensor, info: DistInfo) -> torch.Tensor:
         value = value.clone()
         dist.all_reduce(value, op=dist.ReduceOp.SUM)
     return value
+
+
+def broadcast_from_main(value: Any, info: DistInfo) -> Any:
+    """Rank 0's ``value`` (any picklable object) on every process; ``value`` itself when there is one."""
+    if not info.enabled:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

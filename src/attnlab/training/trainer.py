@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -35,9 +36,10 @@ from attnlab.experiment import ExperimentConfig, TextCodec, TrainConfig, build_t
 from attnlab.head_ids import mask_without, parse_head
 from attnlab.nn import InputEmbedding
 from attnlab.runs import RunDir, load_weights_into
+from attnlab.tokenizers import Tokenizer
 from attnlab.training.checkpoint import optimizer_from_tensors, optimizer_to_tensors, restore_rng, rng_to_tensors
 from attnlab.training.data import BatchStream
-from attnlab.training.distributed import DistInfo, all_reduce_sum, from_environment, shutdown
+from attnlab.training.distributed import DistInfo, all_reduce_sum, broadcast_from_main, from_environment, shutdown
 from attnlab.evaluation.evaluate import evaluate
 from attnlab.evaluation.objectives import OBJECTIVES
 from attnlab.training.plots import plot_curves
@@ -113,9 +115,7 @@ class _Trainer:
         self.run = RunDir.open(path) if resume else (RunDir.create(path) if dist.is_main else RunDir(path))
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
-        self.task, self.tokenizer = build_task(
-            experiment.task, saved_tokenizer=self.run.tokenizer_path if resume else None
-        )
+        self.task, self.tokenizer = self._build_task(resume)
         self._report_skipped_lines()
         self.model = model_for_task(experiment, self.task).to(self.device)
         self.max_length = cfg.max_length or self.model.config.max_len
@@ -141,6 +141,31 @@ class _Trainer:
         self.trained: nn.Module = self._distributed(self.model)
 
     # ---- set-up ------------------------------------------------------------------------------
+
+    def _build_task(self, resume: bool) -> tuple[Any, Tokenizer | None]:
+        """The task, and the tokenizer every rank encodes with: rank 0's. Training one per rank
+        would not do: Hugging Face's WordPiece trainer can learn different pieces from the same
+        corpus on each call (it breaks ties between merges in hash-map order; tokenizers#1794)."""
+        saved = self.run.tokenizer_path if resume else None
+        if not self.dist.enabled:
+            return build_task(self.experiment.task, saved_tokenizer=saved)
+        if self.dist.is_main:
+            try:
+                task, tokenizer = build_task(self.experiment.task, saved_tokenizer=saved)
+            except Exception as error:
+                broadcast_from_main({"error": str(error)}, self.dist)  # the other ranks must not wait forever
+                raise
+            broadcast_from_main({"tokenizer": None if tokenizer is None else tokenizer.hf.to_str()}, self.dist)
+            return task, tokenizer
+        sent = broadcast_from_main(None, self.dist)
+        if "error" in sent:
+            raise ConfigError(f"rank 0 could not build the task: {sent['error']}")
+        if sent["tokenizer"] is None:
+            return build_task(self.experiment.task)
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "tokenizer.json"
+            path.write_text(sent["tokenizer"], encoding="utf-8")
+            return build_task(self.experiment.task, saved_tokenizer=path)
 
     def _report_skipped_lines(self) -> None:
         """With ``task.skip_bad_lines`` nothing is dropped silently: say how many lines were skipped."""

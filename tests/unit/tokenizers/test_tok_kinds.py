@@ -50,6 +50,24 @@ def test_save_load_round_trip(trained, kind, tmp_path):
     assert back.special_ids == tok.special_ids
 
 
+@pytest.mark.parametrize("kind", [kind for kind in KINDS if kind != "wordpiece"])
+def test_a_corpus_always_gives_the_same_ids(trained, kind):
+    again = [train_tokenizer(kind, CORPUS, vocab_size=400) for _ in range(3)]
+    for tok in again:
+        assert tok.vocab == trained[kind].vocab
+        assert tok.encode(SEED_SENTENCE) == trained[kind].encode(SEED_SENTENCE)
+
+
+def test_wordpiece_numbers_its_pieces_in_a_fixed_order(trained):
+    """HF's WordPiece trainer numbers the pieces it learns in hash-map order, different on every
+    call (and on ties between merges may learn other pieces: tokenizers#1794, which training
+    therefore leaves to rank 0 alone). The ids are the specials, then the pieces sorted."""
+    for tok in [trained["wordpiece"], *(train_tokenizer("wordpiece", CORPUS, vocab_size=400) for _ in range(3))]:
+        by_id = sorted(tok.vocab, key=tok.vocab.get)
+        assert by_id[:6] == list(SPECIAL_TOKENS.values()) and by_id[6:] == sorted(by_id[6:])
+        assert sorted(tok.vocab.values()) == list(range(len(tok.vocab)))
+
+
 def test_rule_kind_splits_contractions_as_in_the_seed(trained):
     assert trained["rule"].tokenize(SEED_SENTENCE) == ["Is", "n't", "this", "project", "amazing", "?"]
     other = "I'm sure they'll see John's cat"
