@@ -64,6 +64,7 @@ _SKIPPED_PREFIXES = ("pooler.", "cls.")
 _SKIPPED_NAMES = ("embeddings.position_ids",)
 
 _POOLING_MODES = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "first"}
+"""sentence-transformers' pooling switches that attnlab has a readout for (``mean_pool``, [CLS])."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,8 @@ class BertSource:
         vocab_txt: ``vocab.txt``, or None.
         pooling: ``mean`` or ``first`` (from sentence-transformers' ``1_Pooling``; default mean).
         max_tokens: the longest input, from ``sentence_bert_config.json`` (else the position table).
+        lowercase_input: ``do_lower_case`` of ``sentence_bert_config.json``: sentence-transformers
+            lowercases every text before its tokenizer sees it.
     """
 
     folder: Path
@@ -83,6 +86,7 @@ class BertSource:
     vocab_txt: Path | None
     pooling: str = "mean"
     max_tokens: int | None = None
+    lowercase_input: bool = False
 
     @property
     def config(self) -> Path:
@@ -129,7 +133,10 @@ def find_source(path: str | Path) -> BertSource:
     vocab_txt = folder / "vocab.txt" if (folder / "vocab.txt").is_file() else None
     if tokenizer_json is None and vocab_txt is None:
         raise UsageError(f"{folder}: no tokenizer.json or vocab.txt")
-    return BertSource(folder, tokenizer_json, vocab_txt, _pooling(root), _max_tokens(root, folder))
+    settings = _sentence_bert_settings(root, folder)
+    max_tokens = settings.get("max_seq_length")
+    return BertSource(folder, tokenizer_json, vocab_txt, _pooling(root), int(max_tokens) if max_tokens else None,
+                      bool(settings.get("do_lower_case", False)))
 
 
 def package_source(package: str) -> BertSource:
@@ -171,19 +178,20 @@ def _pooling(root: Path) -> str:
     config = root / "1_Pooling" / "config.json"
     if not config.is_file():
         return "mean"
-    modes = [mode for key, mode in _POOLING_MODES.items() if _read_json(config).get(key)]
-    if len(modes) != 1:
-        raise ConfigError(f"{config}: attnlab supports exactly one of {', '.join(_POOLING_MODES)}")
-    return modes[0]
+    switched_on = [key for key, value in _read_json(config).items() if key.startswith("pooling_mode_") and value is True]
+    if len(switched_on) != 1 or switched_on[0] not in _POOLING_MODES:
+        on = ", ".join(switched_on) or "none"
+        raise ConfigError(f"{config}: attnlab supports exactly one of {', '.join(_POOLING_MODES)} switched on; "
+                          f"this model has {on}")
+    return _POOLING_MODES[switched_on[0]]
 
 
-def _max_tokens(root: Path, folder: Path) -> int | None:
+def _sentence_bert_settings(root: Path, folder: Path) -> dict[str, Any]:
     for place in (root, folder):
         config = place / "sentence_bert_config.json"
         if config.is_file():
-            value = _read_json(config).get("max_seq_length")
-            return int(value) if value else None
-    return None
+            return _read_json(config)
+    return {}
 
 
 # ---- the config ------------------------------------------------------------------------------------
@@ -258,11 +266,14 @@ def load_bert_tokenizer(source: BertSource) -> Tokenizer:
         tokenizer = Tokenizer.load(source.tokenizer_json)
         tokenizer.hf.no_padding()
         tokenizer.hf.no_truncation()
-        return tokenizer
-    assert source.vocab_txt is not None
-    settings = source.folder / "tokenizer_config.json"
-    lowercase = _read_json(settings).get("do_lower_case") if settings.is_file() else None
-    return Tokenizer.from_vocab_txt(source.vocab_txt, lowercase=lowercase)
+    else:
+        assert source.vocab_txt is not None
+        settings = source.folder / "tokenizer_config.json"
+        lowercase = _read_json(settings).get("do_lower_case") if settings.is_file() else None
+        tokenizer = Tokenizer.from_vocab_txt(source.vocab_txt, lowercase=lowercase)
+    if source.lowercase_input:
+        tokenizer.lowercase_first()  # saved in the run's tokenizer.json: every later command does it too
+    return tokenizer
 
 
 # ---- the weights -----------------------------------------------------------------------------------

@@ -163,6 +163,12 @@ class Tokenizer:
         kept = [int(i) for i in ids if int(i) not in dropped]
         return self.hf.decode(kept, skip_special_tokens=False)
 
+    def lowercase_first(self) -> None:
+        """Lowercase every text before the tokenizer's own normalisation (what sentence-transformers
+        does with ``do_lower_case``); kept in the saved tokenizer.json."""
+        own = self.hf.normalizer
+        self.hf.normalizer = normalizers.Lowercase() if own is None else normalizers.Sequence([normalizers.Lowercase(), own])
+
     # ---- files ------------------------------------------------------------------------------
 
     def save(self, path: str | os.PathLike[str]) -> None:

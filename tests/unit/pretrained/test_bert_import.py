@@ -127,6 +127,46 @@ def test_sentence_transformers_layout_is_found_one_folder_down(tmp_path):
     assert len(ids) == 16 and ids[0] == loaded.task.bos_id and ids[-1] == loaded.task.eos_id  # cut, [SEP] kept
 
 
+@pytest.mark.parametrize(
+    "switches,pooling",
+    [
+        ({"pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": False}, "mean"),
+        ({"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False}, "first"),
+        ({"pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": True}, "pooling_mode_mean_tokens, pooling_mode_max_tokens"),
+        ({"pooling_mode_cls_token": True, "pooling_mode_mean_sqrt_len_tokens": True}, "pooling_mode_cls_token, pooling_mode_mean_sqrt_len"),
+        ({"pooling_mode_max_tokens": True}, "this model has pooling_mode_max_tokens"),
+        ({"pooling_mode_lasttoken": True}, "this model has pooling_mode_lasttoken"),
+        ({"pooling_mode_mean_tokens": False}, "this model has none"),
+    ],
+)
+def test_pooling_other_than_one_mean_or_cls_is_refused(tmp_path, switches, pooling):
+    """A concatenation of several poolings (or max, sqrt-length, last-token pooling) has no
+    attnlab readout: refusing it beats silently keeping one of them."""
+    write_tiny_bert(tmp_path / "st" / "0_Transformer")
+    (tmp_path / "st" / "1_Pooling").mkdir()
+    (tmp_path / "st" / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 24, **switches}))
+    if pooling in ("mean", "first"):
+        assert find_source(tmp_path / "st").pooling == pooling
+    else:
+        with pytest.raises(ConfigError, match=f"1_Pooling/config.json: attnlab supports exactly one of .*{pooling}"):
+            find_source(tmp_path / "st")
+
+
+@pytest.mark.parametrize("lower", [True, False])
+def test_sentence_transformers_do_lower_case_lowercases_the_text_first(tmp_path, lower):
+    """sentence-transformers lowercases every text before a cased tokenizer sees it."""
+    folder = write_tiny_bert(tmp_path / "st" / "0_Transformer")
+    (folder / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False}))  # a cased tokenizer
+    (tmp_path / "st" / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 16, "do_lower_case": lower}))
+    import_bert(find_source(tmp_path / "st"), tmp_path / "run")
+    codec = open_run(tmp_path / "run").codec
+    cased = transformers.BertTokenizerFast(str(folder / "vocab.txt"), do_lower_case=False)
+    text = "The Cat SAT on the mat."
+    expected = cased(text.lower() if lower else text)["input_ids"]
+    assert codec.encode(text) == expected
+    assert (codec.encode(text) == codec.encode(text.lower())) == lower
+
+
 def test_encoder_only_options_are_chosen_once():
     plain = EncoderOnly(EncoderOnlyConfig(vocab_size=20, layers=1, d_model=8, heads=2, d_ff=16))
     names = set(plain.state_dict())
