@@ -123,15 +123,28 @@ def train_word2vec(
     return WordVectors({word: i for i, word in enumerate(words)}, matrix)
 
 
-def save_vectors(vectors: WordVectors, path: str | os.PathLike[str]) -> None:
-    """Write word2vec text format (with header), atomically."""
+def save_vectors(vectors: WordVectors, path: str | os.PathLike[str]) -> list[str]:
+    """Write word2vec text format (with header), atomically.
+
+    The format separates fields by spaces and words by line breaks, so a word holding either (a
+    character tokenizer's " ", say) cannot be written; such words are left out.
+
+    Returns:
+        The words left out, in vector order.
+    """
+    kept = [(word, row) for word, row in zip(vectors.index, vectors.matrix.tolist(), strict=True) if _storable(word)]
 
     def write(handle: TextIO) -> None:
-        handle.write(f"{len(vectors)} {vectors.dim}\n")
-        for word, row in zip(vectors.index, vectors.matrix.tolist(), strict=True):
+        handle.write(f"{len(kept)} {vectors.dim}\n")
+        for word, row in kept:
             handle.write(word + " " + " ".join(repr(float(x)) for x in row) + "\n")
 
     atomic_write(path, write)
+    return [word for word in vectors.index if not _storable(word)]
+
+
+def _storable(word: str) -> bool:
+    return word != "" and not any(ch in word for ch in " \n\r")
 
 
 def load_vectors(path: str | os.PathLike[str]) -> WordVectors:
@@ -152,7 +165,11 @@ def load_vectors(path: str | os.PathLike[str]) -> WordVectors:
     except UnicodeDecodeError as error:
         line = raw[: error.start].count(b"\n") + 1
         raise DataError(f"{path}:{line}: bytes that are not UTF-8") from None
-    lines = text.splitlines()
+    # Lines end at "\n" (or "\r\n") only: str.splitlines would also break inside a word at
+    # Unicode separators such as U+2028 or U+0085, which the writer does not escape.
+    lines = [line.removesuffix("\r") for line in text.split("\n")]
+    if lines and lines[-1] == "":
+        lines.pop()  # the final newline ends the last line; it does not start an empty one
     if not any(line.strip() for line in lines):
         raise DataError(f"{path}: empty vectors file")
     header = _header(lines[0])

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from attnlab.embeddings import Coverage, WordVectors, init_embedding, load_vectors, save_vectors, train_word2vec
 from attnlab.errors import ConfigError, DataError
@@ -27,6 +29,25 @@ def test_file_round_trip_is_exact(vectors, tmp_path):
     back = load_vectors(tmp_path / "v.txt")
     assert dict(back.index) == dict(vectors.index)
     assert torch.equal(back.matrix, vectors.matrix)
+
+
+_WORD = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=6)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(words=st.lists(_WORD, min_size=1, max_size=8, unique=True))
+def test_every_word_without_a_space_or_line_break_survives_the_file(tmp_path, words):
+    """Tokens such as a character tokenizer's " " cannot be stored: they are left out and
+    reported, and everything written reads back (Unicode separators such as U+2028 included)."""
+    vectors = WordVectors({w: i for i, w in enumerate(words)}, torch.randn(len(words), 3))
+    left_out = save_vectors(vectors, tmp_path / "v.txt")
+    assert left_out == [w for w in words if " " in w or "\n" in w or "\r" in w]
+    kept = [w for w in words if w not in left_out]
+    if not kept:
+        return
+    back = load_vectors(tmp_path / "v.txt")
+    assert list(back.index) == kept
+    assert torch.equal(back.matrix, vectors.matrix[[vectors.index[w] for w in kept]])
 
 
 def test_glove_file_without_header(tmp_path):

@@ -32,6 +32,10 @@ def word2vec(
     split = Tokenizer.load(tokenizer).tokenize if tokenizer is not None else str.split
     sentences = [split(line) for line in tqdm(lines.items, desc="tokenizing", disable=len(lines.items) < 10_000)]
     vectors = train_word2vec(sentences, dim, window=window, min_count=min_count, epochs=epochs, seed=seed)
-    save_vectors(vectors, out)
+    left_out = save_vectors(vectors, out)
     tokens = sum(len(s) for s in sentences)
-    typer.echo(f"{len(vectors)} words x {vectors.dim} dims from {len(sentences)} lines ({tokens} tokens) -> {out}")
+    typer.echo(f"{len(vectors) - len(left_out)} words x {vectors.dim} dims from {len(sentences)} lines ({tokens} tokens) -> {out}")
+    if left_out:
+        shown = ", ".join(repr(word) for word in left_out[:5]) + (", ..." if len(left_out) > 5 else "")
+        typer.echo(f"left out {len(left_out)} tokens that hold a space or a line break, which the word2vec text "
+                   f"format cannot store: {shown}", err=True)
