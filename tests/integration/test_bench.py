@@ -14,6 +14,8 @@ from attnlab.bench import BENCHMARKS
 from attnlab.bench.attention import _measure, loglog_slope
 from attnlab.bench.harness import BenchResult, interleaved_median_times
 from attnlab.bench.heads import equal_slices
+from attnlab.bench.mfu import count_step_flops
+from attnlab.nn.attention import attention
 
 
 def test_all_quick_reports_every_benchmark(tmp_path):
@@ -105,3 +107,52 @@ def test_loglog_slope_is_not_decided_by_the_last_point():
     # by (3 - 1.5) / 5 of that excess (x = 0..3 in log2 units, sum of squared deviations 5).
     slow_last = [(1, 1.0), (2, 4.0), (4, 16.0), (8, 64.0 * 1.5)]
     assert loglog_slope(slow_last) == pytest.approx(2.0 + 0.3 * math.log2(1.5))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flop_count_includes_the_fused_cpu_attention(causal):
+    """FlopCounterMode alone counts the CPU SDPA kernel as 0 FLOPs. Counted here as model FLOPs:
+    Q K^T and P V forward (2 B H T_q T_k (d_k + d_v)), twice that backward, as the explicit path."""
+    b, h, t, d = 2, 3, 16, 8
+    q, k, v = (torch.randn(b, h, t, d, requires_grad=True) for _ in range(3))
+
+    def fused() -> None:
+        attention(q, k, v, causal=causal).sum().backward()
+
+    def explicit() -> None:  # matmuls and softmax, which FlopCounterMode knows
+        scores = q @ k.transpose(-2, -1)
+        if causal:
+            scores = scores.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), float("-inf"))
+        (torch.softmax(scores, -1) @ v).sum().backward()
+
+    assert count_step_flops(fused) == count_step_flops(explicit) == 3 * 2 * b * h * t * t * (d + d)
+
+
+def _random_entries_drawn(model: torch.nn.Module, batch) -> int:  # noqa: ANN001
+    """Entries of random noise one training forward draws (dropout masks, however drawn)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    drawn = {"entries": 0}
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+            if func._overloadpacket in (torch.ops.aten.bernoulli_, torch.ops.aten.bernoulli, torch.ops.aten.uniform_,
+                                        torch.ops.aten.rand, torch.ops.aten.native_dropout):
+                drawn["entries"] += args[0].numel() if args and isinstance(args[0], torch.Tensor) else math.prod(args[0])
+            return func(*args, **(kwargs or {}))
+
+    model.train()
+    with Count():
+        model(batch.src, batch.tgt_in)
+    return drawn["entries"]
+
+
+def test_the_train_systems_drop_the_same_entries():
+    """nn.Transformer's `dropout` also drops attention weights and FFN activations; the baseline
+    switches those off so that it drops what attnlab and BART drop (sub-layer outputs, embeddings)."""
+    from attnlab.bench.models import QUICK, TorchTransformerSeq2Seq, attnlab_model, random_batch
+
+    batch = random_batch(QUICK)
+    ours = _random_entries_drawn(attnlab_model(QUICK), batch)
+    assert ours == (2 + 2 * QUICK.layers + 3 * QUICK.layers) * QUICK.batch * QUICK.length * QUICK.d_model
+    assert _random_entries_drawn(TorchTransformerSeq2Seq(QUICK), batch) == ours

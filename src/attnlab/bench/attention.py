@@ -73,12 +73,14 @@ def point(system: str, length: int, repeats: int) -> dict[str, float]:
     baseline_rss = peak_rss()
     small = tuple(torch.randn(1, HEADS, 256, HEAD_DIM, requires_grad=True) for _ in range(3))
     forward(*small).sum().backward()  # warm-up: kernels and allocator, at a small size
+    del small
     times = []
     for _ in range(repeats):
         q, k, v = make()
         start = time.perf_counter()
         forward(q, k, v).sum().backward()
         times.append(time.perf_counter() - start)
+        del q, k, v  # with their gradients, before the next repetition draws new ones beside them
     peak = peak_rss()
     return {"seconds": statistics.median(times), "peak_rss": peak, "baseline_rss": baseline_rss}
 
@@ -109,6 +111,7 @@ def run_attention(quick: bool = False, repeats: int = MIN_REPEATS, plot: Path | 
     lengths = QUICK_LENGTHS if quick else FULL_LENGTHS
     result = BenchResult("attention")
     measured: dict[str, list[tuple[int, float, float]]] = {s: [] for s in SYSTEMS}
+    baselines: list[int] = []
     for length in lengths:
         for system in SYSTEMS:
             naive_bytes = 3 * HEADS * length * length * 4  # scores, weights and their gradient
@@ -118,6 +121,7 @@ def run_attention(quick: bool = False, repeats: int = MIN_REPEATS, plot: Path | 
             values = _measure(system, length, repeats)
             result.add(system, f"seconds_T{length}", values["seconds"], "s")
             result.add(system, f"peak_rss_T{length}", values["peak_rss"] / 2**20, "MiB")
+            baselines.append(values["baseline_rss"])
             measured[system].append((length, values["seconds"], values["peak_rss"]))
     longest = lengths[-1]
     for system in ("soft", "hard"):
@@ -127,6 +131,8 @@ def run_attention(quick: bool = False, repeats: int = MIN_REPEATS, plot: Path | 
     for system, points in measured.items():
         if len(points) >= 2:  # 2 for quadratic work
             result.ratios[f"{system}_time_exponent"] = loglog_slope([(t, s) for t, s, _ in points])
+    result.notes.append(f"peak RSS includes the interpreter and torch: {max(baselines) / 2**20:.0f} MiB "
+                        "before a point's first tensor")
     if plot is not None:
         _plot(measured, plot)
         result.notes.append(f"plot: {plot}")
