@@ -24,13 +24,16 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from torch import Tensor
+
 from attnlab.errors import ConfigError, UsageError
-from attnlab.nn import MODELS, TransformerConfig, TransformerModel, build_model
+from attnlab.head_ids import HeadId, held_heads, held_mask
+from attnlab.nn import MODELS, HeadMask, TransformerConfig, TransformerModel, build_model
 from attnlab.nn.config import check_field_types, check_value_types  # the same type rules as the model configs
 from attnlab.runs import RunDir
 from attnlab.tasks.base import Vocab
@@ -442,6 +445,20 @@ class LoadedRun:
     tokenizer: Tokenizer | None
     codec: TextCodec
     model: TransformerModel
+
+    @property
+    def held_heads(self) -> list[HeadId]:
+        """The heads ``train.mask_heads`` held at zero in training (Michel §2.3's xi_h = 0)."""
+        return held_heads(self.model, self.experiment.train.mask_heads)
+
+    def held_mask(self, off: Iterable[HeadId] = (), *, base: HeadMask | None = None) -> dict[str, Tensor] | None:
+        """The head mask to run this model with: the held heads and ``off`` at 0, on top of ``base``.
+
+        The run's model *is* the model with its held heads off (they never trained), so evaluation,
+        decoding, attention maps and head analysis all start from this mask; None when nothing is
+        masked. See :func:`attnlab.head_ids.held_mask`.
+        """
+        return held_mask(self.model, self.experiment.train.mask_heads, off, base=base)
 
 
 def run_experiment(run: RunDir) -> ExperimentConfig:

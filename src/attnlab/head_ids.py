@@ -3,6 +3,12 @@
 Shared by training (heads held at zero while fine-tuning), evaluation from the command line,
 head analysis and the viewer. A name that does not fit the model is a :class:`UsageError` that
 says what the model has.
+
+A run's *held* heads are those of ``train.mask_heads``: Michel §2.3's xi_h = 0, held through
+training, so they never learned. :func:`held_mask` is the one place that turns them into a head
+mask; every command that runs a trained model (eval, generate, attention, the viewer, heads
+ablate/importance/prune, encode) starts from it, through
+:meth:`attnlab.experiment.LoadedRun.held_mask`.
 """
 
 from __future__ import annotations
@@ -13,10 +19,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from attnlab.errors import UsageError
+from attnlab.errors import ConfigError, UsageError
 from attnlab.nn import HeadMask, TransformerModel
 
-__all__ = ["HeadId", "head_ids", "parse_head", "mask_without"]
+__all__ = ["HeadId", "head_ids", "parse_head", "mask_without", "heads_off", "held_heads", "held_mask"]
 
 
 @dataclass(frozen=True, order=True)
@@ -64,11 +70,53 @@ def parse_head(spec: str, model: TransformerModel) -> HeadId:
 
 
 def mask_without(model: TransformerModel, off: Iterable[HeadId], *, base: HeadMask | None = None) -> dict[str, Tensor]:
-    """A head mask that keeps every head (or ``base``) except those in ``off``, which are 0."""
+    """A head mask that keeps every head (or ``base``) except those in ``off``, which are 0.
+
+    ``base`` may hold (layers, heads) or per-example (B, layers, heads) tensors; a head in ``off``
+    is 0 in every row.
+    """
     device = next(model.parameters()).device
     mask = {kind: torch.ones(shape, device=device) for kind, shape in model.head_mask_shapes().items()}
     for kind, tensor in (base or {}).items():
         mask[kind] = tensor.detach().clone().to(device)
     for head in off:
-        mask[head.kind][head.layer, head.head] = 0.0
+        mask[head.kind][..., head.layer, head.head] = 0.0
     return mask
+
+
+def heads_off(model: TransformerModel, mask: HeadMask | None) -> list[HeadId]:
+    """The heads whose entry of ``mask`` is 0 (in every row of a per-example mask), in :func:`head_ids` order."""
+    if not mask:
+        return []
+    zero = {kind: (tensor == 0) if tensor.dim() == 2 else (tensor == 0).flatten(0, -3).all(0) for kind, tensor in mask.items()}
+    return [h for h in head_ids(model) if h.kind in zero and bool(zero[h.kind][h.layer, h.head])]
+
+
+def held_heads(model: TransformerModel, specs: Sequence[str]) -> list[HeadId]:
+    """The heads named by a run's ``train.mask_heads`` (``kind:layer:head``), checked against ``model``.
+
+    Raises:
+        ConfigError: a name that does not fit the model, prefixed ``train.mask_heads``.
+    """
+    held = []
+    for spec in specs:
+        try:
+            held.append(parse_head(spec, model))
+        except UsageError as error:
+            raise ConfigError(f"train.mask_heads: {error}") from None
+    return list(dict.fromkeys(held))
+
+
+def held_mask(
+    model: TransformerModel, specs: Sequence[str], off: Iterable[HeadId] = (), *, base: HeadMask | None = None
+) -> dict[str, Tensor] | None:
+    """The head mask a run's model is used with: its held heads (``specs``, i.e. ``train.mask_heads``,
+    Michel §2.3's xi_h = 0) and the heads in ``off`` at 0, on top of ``base`` (default all ones).
+
+    None when nothing is masked (no held head, nothing ``off``, no ``base``), so that a run
+    without held heads takes the unmasked fast path exactly as before.
+    """
+    masked = [*held_heads(model, specs), *off]
+    if not masked:
+        return None if base is None else dict(base)
+    return mask_without(model, masked, base=base)

@@ -67,18 +67,20 @@ def pad_ids(rows: Sequence[Sequence[int]], *, pad_id: int) -> Tensor:
 
 @torch.no_grad()
 def encode_texts(loaded: LoadedRun, texts: Sequence[str], *, batch_size: int = 32) -> list[EncodedText]:
-    """Tokens, last hidden states and sentence embedding of every text, in order."""
+    """Tokens, last hidden states and sentence embedding of every text, in order (the run's held
+    heads, ``train.mask_heads``, off)."""
     check_encoder_run(loaded, "encoding texts")
     if not texts:
         raise UsageError("give at least one text")
     task, codec, model = loaded.task, loaded.codec, loaded.model
     device = next(model.parameters()).device
+    head_mask = loaded.held_mask()
     out: list[EncodedText] = []
     for start in range(0, len(texts), batch_size):
         chunk = list(texts[start : start + batch_size])
         ids = [codec.encode(text) for text in chunk]
         tokens = pad_ids(ids, pad_id=task.pad_id).to(device)
-        hidden = model(tokens)
+        hidden = model(tokens, head_mask=head_mask)
         pooled = POOLINGS[task.pooling](hidden, tokens != task.pad_id)
         for row, (text, row_ids) in enumerate(zip(chunk, ids, strict=True)):
             out.append(EncodedText(text, codec.tokens(row_ids), hidden[row, : len(row_ids)].cpu(), pooled[row].cpu()))

@@ -159,3 +159,35 @@ def test_the_encoder_decoder_page_shows_all_three_kinds(page, runs):
         page.select_option("#head-view-layer", "1")
         assert page.locator("#head-view text[data-side='key']").all_text_contents() == ["a", "b", "c", "d", "</s>"]
         screenshot(page, "encoder-decoder")
+
+
+def test_heads_held_in_training_show_as_held_and_stay_off(page, tmp_path_factory):
+    """train.mask_heads: drawn off, marked held, not switchable, and kept off by "Switch all back on"."""
+    loaded = open_run(tiny_run(tmp_path_factory.mktemp("viewer-browser-held"), "held"))
+    with serving(create_app(loaded)) as url:
+        open_viewer(page, url)
+        type_input(page, "abcd")
+        assert page.text_content("#output-main") == api_run(url, "abcd", [])["output"]["text"]
+        assert "cross:0:0, encoder_self:0:1" in page.text_content("#held-note")
+        held = cell(page, "cross", 0, 0)
+        assert "held" in held.get_attribute("class") and held.get_attribute("aria-pressed") == "true"
+        assert "train.mask_heads" in held.get_attribute("title")
+        assert page.locator(".head-cell.held").count() == 2
+        runs_before = runs_done(page)
+        held.click(force=True)  # aria-disabled: a real user click still reaches it
+        page.wait_for_timeout(300)
+        assert runs_done(page) == runs_before and page.text_content("#off-count") == "0"  # nothing to switch
+        before = runs_done(page)
+        cell(page, "decoder_self", 1, 0).click()
+        wait_for_run(page, before)
+        off = [{"kind": "decoder_self", "layer": 1, "head": 0}]
+        assert page.text_content("#output-main") == api_run(url, "abcd", off)["output"]["text"]
+        before = runs_done(page)
+        page.click("#reset-heads")
+        wait_for_run(page, before)
+        assert page.locator(".head-cell.off").count() == 2 and page.locator(".head-cell.held").count() == 2
+        page.select_option("#head-view-kind", "cross")
+        page.select_option("#head-view-layer", "0")
+        assert "head 0 (held)" in page.text_content("#head-view-legend")
+        screenshot(page, "held-heads")
+    assert page.errors == []

@@ -124,6 +124,90 @@ def test_training_with_heads_held_at_zero(tmp_path):
     assert reevaluated["loss"] == pytest.approx(final["loss"], abs=1e-6)  # the mask stays on in eval
 
 
+HELD = ["cross:0:1", "encoder_self:1:0"]
+
+
+@pytest.fixture(scope="module")
+def held_run(tmp_path_factory) -> Path:
+    """A run trained with two heads held at zero (train.mask_heads)."""
+    path = tmp_path_factory.mktemp("held") / "run"
+    train(ExperimentConfig.from_dict({**EXPERIMENT, "train": {**EXPERIMENT["train"], "steps": 30, "mask_heads": HELD}}),
+          path, progress=False)
+    return path
+
+
+def _eval(run: Path, *masked: str) -> dict:
+    result = attnlab("eval", str(run), "--split", "valid", "--json", "--no-progress",
+                     *[a for h in masked for a in ("--mask-head", h)])
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_heads_commands_start_from_the_held_heads_as_eval_does(held_run, tmp_path):
+    """ablate's baseline and prune's 0% step are eval's numbers; held heads score 0 and are not counted."""
+    expected = _eval(held_run)
+    ablated = attnlab("heads", "ablate", str(held_run), "--kind", "cross", "--out", str(tmp_path))
+    assert ablated.returncode == 0, ablated.stderr
+    assert f"with the held heads off: metric {expected['accuracy']:.4f} (valid accuracy), loss {expected['loss']:.4f}" \
+        in ablated.stdout
+    assert "cross:0:1, encoder_self:1:0" in ablated.stdout
+    _, rows = _csv(tmp_path / "ablation.csv")
+    held_row = next(r for r in rows if (r["kind"], r["layer"], r["head"]) == ("cross", "0", "1"))
+    assert float(held_row["delta"]) == 0.0
+    pruned = attnlab("heads", "prune", str(held_run), "--percent", "0", "100", "--out", str(tmp_path))
+    assert pruned.returncode == 0, pruned.stderr
+    _, curve = _csv(tmp_path / "curve.csv")
+    assert [int(r["heads_pruned"]) for r in curve] == [0, 12 - len(HELD)]
+    assert float(curve[0]["metric"]) == pytest.approx(expected["accuracy"], abs=1e-6)
+    assert float(curve[0]["loss"]) == pytest.approx(expected["loss"], abs=1e-5)
+    scored = attnlab("heads", "importance", str(held_run), "--out", str(tmp_path / "imp.csv"))
+    assert scored.returncode == 0, scored.stderr
+    _, importances = _csv(tmp_path / "imp.csv")
+    by_head = {f"{r['kind']}:{r['layer']}:{r['head']}": float(r["importance"]) for r in importances}
+    assert [name for name, value in by_head.items() if value == 0.0] == ["encoder_self:1:0", "cross:0:1"]
+
+
+@pytest.mark.parametrize("kinds", [(), ("--kind", "cross")])
+def test_physical_pruning_removes_held_heads_and_renumbers_the_rest(held_run, tmp_path, kinds):
+    out = tmp_path / "pruned"
+    result = attnlab("heads", "prune", str(held_run), "--percent", "30", "--physical", "--out", str(out), *kinds)
+    assert result.returncode == 0, result.stderr
+    pruned_heads = result.stdout.split("heads: ")[1].splitlines()[0].split(", ")
+    smaller = open_run(out)
+    if kinds:  # the held cross head is removed; the held encoder_self head stays held, in place
+        assert "cross:0:1" in pruned_heads and all(h.startswith("cross:") for h in pruned_heads)
+        assert smaller.experiment.train.mask_heads == ["encoder_self:1:0"]
+    else:  # both held heads are removed, and 30% of the ten others (3)
+        assert set(HELD) <= set(pruned_heads) and len(pruned_heads) == len(HELD) + 3
+        assert smaller.experiment.train.mask_heads == []
+    assert float(result.stdout.split("from the masked model: ")[1].split()[0]) < 1e-5
+    masked = _eval(held_run, *pruned_heads)
+    cut = _eval(out)
+    assert cut["accuracy"] == masked["accuracy"]
+    assert cut["loss"] == pytest.approx(masked["loss"], abs=1e-5)
+
+
+def test_generate_decodes_with_the_held_heads_off(held_run):
+    from attnlab.decoding import decode
+    from attnlab.head_ids import mask_without, parse_head
+
+    loaded = open_run(held_run)
+    task = loaded.task
+    held = mask_without(loaded.model, [parse_head(spec, loaded.model) for spec in HELD])
+    texts = [loaded.codec.decode(list(e.source[:-1])) for e in task.split("valid")[:12]]
+    result = attnlab("generate", str(held_run), *texts, "--json")
+    assert result.returncode == 0, result.stderr
+    outputs = [json.loads(line)["output"] for line in result.stdout.splitlines()]
+    expected, unmasked = [], []
+    for text in texts:
+        src = torch.tensor([loaded.codec.encode(text) + [task.eos_id]])
+        for mask, into in ((held, expected), (None, unmasked)):
+            tokens = decode(loaded.model, src, bos_id=task.bos_id, eos_id=task.eos_id, pad_id=task.pad_id, head_mask=mask)[0].tokens
+            into.append(loaded.codec.decode(tokens))
+    assert outputs == expected
+    assert expected != unmasked  # the held heads change what is decoded, so the test can tell
+
+
 @pytest.mark.parametrize(
     "args,message",
     [

@@ -11,11 +11,12 @@ from attnlab.analysis.maps import attention_view
 from attnlab.decoding import DecodeOptions, decode
 from attnlab.experiment import open_run
 from attnlab.head_ids import HeadId, mask_without
+from attnlab.nn import capture
 from attnlab.viewer import create_app
 from attnlab.viewer.requests import MAX_INPUT_CHARS, MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS
 from attnlab.viewer.serve import LOOPBACK_HOSTS
 from attnlab.viewer.server import MAX_BODY_BYTES, STATIC_DIR
-from tests.unit.analysis.tiny_runs import XSS, tiny_run
+from tests.unit.analysis.tiny_runs import HELD, XSS, tiny_run
 
 KINDS = ("encoder_decoder", "encoder_classifier", "decoder_only")
 
@@ -115,6 +116,32 @@ def test_switching_heads_off_gives_what_the_head_mask_gives(runs, clients, kind)
     np.testing.assert_allclose(later["weights"], expected.records[1].weights[0].numpy(), atol=1e-4)
     plain = next(m for m in post_run(clients[kind], text).json()["attention"] if m["kind"] == first and m["layer"] == 1)
     assert not np.allclose(plain["weights"], later["weights"], atol=1e-4)  # layer 1 reads layer 0's masked heads
+
+
+def test_heads_held_in_training_are_always_off_and_listed(tmp_path_factory):
+    """train.mask_heads are off in every run (as in `attnlab eval`); `off` switches more heads off."""
+    loaded = open_run(tiny_run(tmp_path_factory.mktemp("viewer-held"), "held"))
+    client = TestClient(create_app(loaded))
+    held = [HeadId(kind, int(layer), int(head)) for kind, layer, head in (spec.split(":") for spec in HELD)]
+    listed = [dict(kind=h.kind, layer=h.layer, head=h.head) for h in held]
+    assert client.get("/api/model").json()["held"] == listed
+    task = loaded.task
+    src = torch.tensor([loaded.codec.encode("abcd") + [task.eos_id]])
+    for off in ([], [("decoder_self", 1, 0)], [("cross", 0, 0)]):  # the last one is held already
+        answer = post_run(client, "abcd", off).json()
+        assert answer["held"] == listed and answer["off"] == [dict(kind=k, layer=l, head=h) for k, l, h in off]
+        mask = mask_without(loaded.model, [*held, *(HeadId(*o) for o in off)])
+        hypothesis = decode(loaded.model, src, bos_id=task.bos_id, eos_id=task.eos_id, pad_id=task.pad_id,
+                            options=DecodeOptions(max_length=MAX_OUTPUT_TOKENS), head_mask=mask)[0]
+        assert answer["output"]["text"] == loaded.codec.decode(hypothesis.tokens)
+        expected = attention_view(loaded, "abcd", max_length=MAX_OUTPUT_TOKENS, head_mask=mask)
+        later = next(m for m in answer["attention"] if (m["kind"], m["layer"]) == ("encoder_self", 1))
+        record = next(r for r in expected.records if (r.kind, r.layer) == ("encoder_self", 1))
+        np.testing.assert_allclose(later["weights"], record.weights[0].numpy(), atol=1e-4)
+    with torch.no_grad(), capture(loaded.model) as records:
+        loaded.model.encode(src)
+    unmasked = next(r for r in records if (r.kind, r.layer) == ("encoder_self", 1)).weights[0].numpy()
+    assert not np.allclose(later["weights"], unmasked, atol=1e-4)  # the held encoder head did matter
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,8 @@ Michel et al. measure a head by what masking it (xi_h = 0 in MHAtt(x, q) = sum_h
 §2.3) does to a task. A pretrained sentence encoder has no task of its own, so two objectives:
 
 **Fidelity** (:class:`FidelityProbe`, label-free). For each text x of a file, r(x) is the sentence
-embedding of the unmasked model and e_xi(x) the one under head mask xi. Per example,
+embedding of the unmasked model (its held heads, ``train.mask_heads``, off: the base mask b of
+:mod:`attnlab.analysis.heads`) and e_xi(x) the one under head mask xi. Per example,
 
     loss(x) = 1 - cos(e_xi(x), r(x)),        metric (fidelity) = E_x cos(e_xi(x), r(x)),
 
@@ -79,13 +80,15 @@ def _length_sorted_chunks(rows: Sequence[Sequence[int]], batch_size: int) -> lis
 
 
 class _EncoderProbe:
-    """What both probes share: the run, its pad id, pooling and device."""
+    """What both probes share: the run, its pad id, pooling and device, and the base mask (by
+    default the run's held heads, ``loaded.held_mask()``)."""
 
-    def __init__(self, loaded: LoadedRun, what: str, batch_size: int) -> None:
+    def __init__(self, loaded: LoadedRun, what: str, batch_size: int, base_mask: HeadMask | None = None) -> None:
         check_encoder_run(loaded, what)
         if batch_size < 1:
             raise DataError(f"batch_size: must be >= 1, got {batch_size}")
         self.loaded, self.batch_size = loaded, batch_size
+        self.base_mask: HeadMask | None = loaded.held_mask() if base_mask is None else base_mask
         self.model: nn.Module = loaded.model.eval()
         self.pad_id: int = loaded.task.pad_id
         self.pooling: str = loaded.task.pooling
@@ -103,12 +106,16 @@ class FidelityProbe(_EncoderProbe):
         texts_file: plain text, one text per non-empty line.
         batch_size: texts per batch.
         seed: seeds the projections u (so importances are reproducible).
+        base_mask: the reference model's head mask; default the run's held heads.
     """
 
     metric_name = "embedding fidelity (mean cosine similarity)"
 
-    def __init__(self, loaded: LoadedRun, texts_file: str | os.PathLike[str], *, batch_size: int = 32, seed: int = 0) -> None:
-        super().__init__(loaded, "--texts (embedding fidelity)", batch_size)
+    def __init__(
+        self, loaded: LoadedRun, texts_file: str | os.PathLike[str], *, batch_size: int = 32, seed: int = 0,
+        base_mask: HeadMask | None = None,
+    ) -> None:
+        super().__init__(loaded, "--texts (embedding fidelity)", batch_size, base_mask)
         texts = read_lines(texts_file).items
         rows = [loaded.codec.encode(text) for text in texts]
         generator = torch.Generator().manual_seed(seed)
@@ -116,7 +123,7 @@ class FidelityProbe(_EncoderProbe):
         with torch.no_grad():
             for chunk in _length_sorted_chunks(rows, batch_size):
                 tokens = pad_ids([rows[i] for i in chunk], pad_id=self.pad_id).to(self.device)
-                reference = self._embed(self.model, tokens, None)
+                reference = self._embed(self.model, tokens, self.base_mask)
                 z = torch.randn(reference.shape, generator=generator).to(reference)
                 unit = F.normalize(reference, dim=-1)
                 orthogonal = z - (z * unit).sum(-1, keepdim=True) * unit  # P z
@@ -227,8 +234,10 @@ class PairProbe(_EncoderProbe):
 
     metric_name = "Spearman correlation with the pair scores"
 
-    def __init__(self, loaded: LoadedRun, pairs_file: str | os.PathLike[str], *, batch_size: int = 32) -> None:
-        super().__init__(loaded, "--pairs (scored sentence pairs)", batch_size)
+    def __init__(
+        self, loaded: LoadedRun, pairs_file: str | os.PathLike[str], *, batch_size: int = 32, base_mask: HeadMask | None = None,
+    ) -> None:
+        super().__init__(loaded, "--pairs (scored sentence pairs)", batch_size, base_mask)
         pairs, scores = read_pairs(pairs_file)
         low, high = min(scores), max(scores)
         rows = [(loaded.codec.encode(a), loaded.codec.encode(b)) for a, b in pairs]

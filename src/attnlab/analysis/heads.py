@@ -9,6 +9,13 @@ head importance score is
 computed here for every head at once: xi has one row per example, shape (B, layers, heads), so a
 single forward and backward pass per batch gives every example's gradient (never a loop over heads).
 
+Every analysis starts from the probe's *base mask* b, which is the run's held heads
+(``train.mask_heads``: xi_h = 0 throughout training, so those heads never learned) unless a
+probe is given another. The model is run with the mask xi * b: the baseline is b itself (what
+``attnlab eval`` measures), a held head's importance is |dL/dxi_h| = b_h |dL/dm_h| = 0, masking a
+held head alone changes nothing, and pruning counts only the heads that are not held (they are
+off already; physically removing them is free).
+
 Everything works through a :class:`HeadProbe`: a model, data, a differentiable per-example loss and
 an evaluation under a head mask. :class:`TaskProbe` is the probe of a trained run on one split;
 other objectives (e.g. embedding fidelity for a pretrained encoder) are other probes. Analysis only
@@ -28,7 +35,7 @@ from attnlab.errors import UsageError
 from attnlab.evaluation import evaluate
 from attnlab.evaluation.objectives import PREDICTIONS, example_losses
 from attnlab.experiment import LoadedRun
-from attnlab.head_ids import HeadId, head_ids, mask_without, parse_head
+from attnlab.head_ids import HeadId, head_ids, heads_off, mask_without, parse_head
 from attnlab.nn import HeadMask, TransformerModel
 from attnlab.tasks.batching import make_batches
 
@@ -37,6 +44,8 @@ __all__ = [
     "Score",
     "HeadProbe",
     "TaskProbe",
+    "base_mask_of",
+    "held_by",
     "head_ids",
     "parse_head",
     "mask_without",
@@ -49,6 +58,8 @@ __all__ = [
     "pruning_order",
     "heads_to_prune",
     "pruning_curve",
+    "live_heads",
+    "heads_to_remove",
 ]
 
 
@@ -65,7 +76,11 @@ class HeadProbe(Protocol):
 
     ``outputs`` gives what the model computes on a batch (logits, embeddings), so that a physically
     pruned model can be compared with, and timed against, the masked one. ``metric_name`` says
-    what ``Score.metric`` is, for people.
+    what ``Score.metric`` is, for people. ``evaluate``, ``example_losses`` and ``outputs`` use the
+    head mask they are given as it is.
+
+    A probe may also have ``base_mask`` (a head mask, or None for all ones): the mask every
+    analysis starts from, i.e. the run's held heads (see :func:`base_mask_of`).
     """
 
     model: TransformerModel
@@ -83,13 +98,18 @@ class HeadProbe(Protocol):
 
 
 class TaskProbe:
-    """A trained run on one split of its task; the metric is the task's ``accuracy``."""
+    """A trained run on one split of its task; the metric is the task's ``accuracy``.
+
+    ``base_mask`` is where every analysis starts; by default the run's held heads
+    (``loaded.held_mask()``, ``train.mask_heads``), so that the baseline equals ``attnlab eval``.
+    Pass an all-ones mask (:func:`attnlab.nn.full_head_mask`) to analyse with the held heads on.
+    """
 
     def __init__(self, loaded: LoadedRun, split: str = "valid", *, batch_size: int = 128, base_mask: HeadMask | None = None) -> None:
         self.loaded, self.split, self.batch_size = loaded, split, batch_size
         self.model = loaded.model.eval()
         self.kind = loaded.experiment.model_kind
-        self.base_mask = base_mask
+        self.base_mask = loaded.held_mask() if base_mask is None else base_mask
         train = loaded.experiment.train
         self.max_length = train.max_length or self.model.config.max_len
         self.truncate = train.truncate
@@ -120,6 +140,16 @@ class TaskProbe:
         return PREDICTIONS[self.kind](model, batch, head_mask, self.loaded.task.pad_id).logits
 
 
+def base_mask_of(probe: HeadProbe) -> HeadMask | None:
+    """The mask every analysis of ``probe`` starts from: its ``base_mask`` (None: all heads on)."""
+    return getattr(probe, "base_mask", None)
+
+
+def held_by(probe: HeadProbe) -> list[HeadId]:
+    """The heads the probe's base mask holds at 0 (a run's ``train.mask_heads``)."""
+    return heads_off(probe.model, base_mask_of(probe))
+
+
 # ---- ablation ------------------------------------------------------------------------------------
 
 
@@ -145,13 +175,20 @@ class Ablation:
 
 
 def ablate(probe: HeadProbe, kinds: Sequence[str] | None = None, *, progress: Any = None) -> Ablation:
-    """Mask each head alone, then keep only one head per layer (Michel §3's two experiments)."""
+    """Mask each head alone, then keep only one head per layer (Michel §3's two experiments).
+
+    Every mask is the base mask (the run's held heads) with more heads off; the baseline is the
+    base mask itself. A held head masked alone is the baseline again (delta 0, not re-evaluated).
+    """
     heads = head_ids(probe.model, kinds)
     tick = progress or (lambda: None)
-    baseline = probe.evaluate(None)
+    base = base_mask_of(probe)
+    held = set(held_by(probe))
+    baseline = probe.evaluate(base)
 
     def row(head: HeadId, off: Iterable[HeadId]) -> AblationRow:
-        score = probe.evaluate(mask_without(probe.model, off))
+        off = [h for h in off if h not in held]
+        score = probe.evaluate(mask_without(probe.model, off, base=base)) if off else baseline
         tick()
         return AblationRow(head.kind, head.layer, head.head, score.metric, score.loss, score.metric - baseline.metric)
 
@@ -181,19 +218,22 @@ def importance(
     base_mask: HeadMask | None = None,
     kinds: Sequence[str] | None = None,
 ) -> list[ImportanceRow]:
-    """I_h = E_x |dL(x)/dxi_h| at xi = 1 (or at ``base_mask``), one forward+backward per batch.
+    """I_h = E_x |dL(x)/dxi_h| at xi = 1 for the mask xi * b, one forward+backward per batch.
 
-    With ``normalize_per_layer`` each layer's scores are divided by their l2 norm (Michel et al.).
+    b is ``base_mask``, by default the probe's (the run's held heads). A head with b_h = 0 (held,
+    or already pruned) scores dL/dxi_h = b_h dL/dm_h = 0; the others get Michel's score at the
+    point b. With ``normalize_per_layer`` each layer's scores are divided by their l2 norm
+    (Michel et al.).
     """
     model = probe.model
     shapes = model.head_mask_shapes()
-    point = mask_without(model, (), base=base_mask)
+    point = mask_without(model, (), base=base_mask_of(probe) if base_mask is None else base_mask)
     totals = {kind: torch.zeros(shape, dtype=torch.float64) for kind, shape in shapes.items()}
     examples = 0
     for batch in probe.batches():
         rows = _batch_rows(batch)
-        xi = {kind: point[kind].expand(rows, *shape).clone().requires_grad_(True) for kind, shape in shapes.items()}
-        losses = probe.example_losses(batch, xi)
+        xi = {kind: torch.ones(rows, *shape, device=point[kind].device, requires_grad=True) for kind, shape in shapes.items()}
+        losses = probe.example_losses(batch, {kind: xi[kind] * point[kind] for kind in shapes})
         grads = torch.autograd.grad(losses.sum(), list(xi.values()))
         for kind, grad in zip(xi, grads):
             totals[kind] += grad.detach().abs().double().sum(0).cpu()
@@ -260,26 +300,54 @@ def pruning_curve(
 ) -> list[CurveRow]:
     """Mask the least important heads, ``percents`` of all heads at a time, and evaluate each step.
 
-    With ``recompute`` the importances of the remaining heads are recomputed (at the current mask)
-    before each step; otherwise one ranking serves every step.
+    Held heads (off in the probe's base mask, i.e. ``train.mask_heads``) stay off in every step
+    and are not counted: ``percent`` is of the other heads, ``heads_pruned`` counts only those,
+    and 0% is the baseline (what ``attnlab eval`` measures). With ``recompute`` the importances of
+    the remaining heads are recomputed (at the current mask) before each step; otherwise one
+    ranking serves every step.
     """
     check_percents(percents)
-    all_heads = head_ids(probe.model, kinds)
-    order = pruning_order(importance(probe, kinds=kinds))
+    base = base_mask_of(probe)
+    live = live_heads(probe, kinds)
+    alive = set(live)
+    order = [h for h in pruning_order(importance(probe, kinds=kinds)) if h in alive]
     pruned: list[HeadId] = []
     rows = []
     tick = progress or (lambda: None)
     for percent in sorted(percents):
-        count = round(percent / 100 * len(all_heads))
+        count = round(percent / 100 * len(live))
         if recompute and pruned:
-            remaining = [r for r in importance(probe, base_mask=mask_without(probe.model, pruned), kinds=kinds)
-                         if HeadId(r.kind, r.layer, r.head) not in pruned]
+            remaining = [r for r in importance(probe, base_mask=mask_without(probe.model, pruned, base=base), kinds=kinds)
+                         if HeadId(r.kind, r.layer, r.head) in alive and HeadId(r.kind, r.layer, r.head) not in pruned]
             order = pruned + pruning_order(remaining)
-        pruned = heads_to_prune(order, count, already=pruned, keep_one_per_layer=keep_one_per_layer, all_heads=all_heads)
-        score = probe.evaluate(mask_without(probe.model, pruned))
+        pruned = heads_to_prune(order, count, already=pruned, keep_one_per_layer=keep_one_per_layer, all_heads=live)
+        score = probe.evaluate(mask_without(probe.model, pruned, base=base))
         rows.append(CurveRow(percent, len(pruned), score.metric, score.loss))
         tick()
     return rows
+
+
+def live_heads(probe: HeadProbe, kinds: Sequence[str] | None = None) -> list[HeadId]:
+    """The heads (of ``kinds``) that pruning may take: every head the base mask does not hold at 0."""
+    held = set(held_by(probe))
+    return [h for h in head_ids(probe.model, kinds) if h not in held]
+
+
+def heads_to_remove(
+    probe: HeadProbe, percent: float, *, keep_one_per_layer: bool = False, kinds: Sequence[str] | None = None,
+) -> tuple[list[HeadId], list[HeadId]]:
+    """What physical pruning at ``percent`` removes: (held heads, least important other heads).
+
+    The held heads (of ``kinds``) contribute nothing, so removing them is free and always done;
+    ``percent`` is of the other heads, ranked as in :func:`pruning_curve` (one ranking), so the
+    pruned model computes what the curve's masked model at ``percent`` computes.
+    """
+    check_percents([percent])
+    held = set(held_by(probe))
+    live = [h for h in head_ids(probe.model, kinds) if h not in held]
+    order = [h for h in pruning_order(importance(probe, kinds=kinds)) if h not in held]
+    chosen = heads_to_prune(order, round(percent / 100 * len(live)), keep_one_per_layer=keep_one_per_layer, all_heads=live)
+    return [h for h in head_ids(probe.model, kinds) if h in held], chosen
 
 
 def check_percents(percents: Sequence[float]) -> None:

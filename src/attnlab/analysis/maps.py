@@ -6,11 +6,17 @@ first, then one teacher-forced pass over (source, BOS + output) records all thre
 decoder-only model the prompt is continued greedily, then one pass over (BOS + prompt + continuation)
 records the maps and gives the next-token distribution right after the prompt.
 
+The model runs as the run defines it: the heads held at zero in training (``train.mask_heads``,
+Michel §2.3's xi_h = 0) are off in every view, and a ``head_mask`` given switches more heads off
+(it is multiplied in). A head that is off still has attention weights to draw (xi scales a head's
+output, not its weights); :attr:`AttentionView.off` names those heads.
+
 "Visualising learned attentions: different heads show different patterns" (Li's slides).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -20,6 +26,7 @@ from torch import Tensor
 
 from attnlab.decoding import DecodeOptions, decode, generate_continuations
 from attnlab.experiment import LoadedRun
+from attnlab.head_ids import HeadId, heads_off
 from attnlab.nn import AttentionRecord, capture
 from attnlab.nn.models import POOLINGS
 
@@ -45,6 +52,7 @@ class AttentionView:
         probability: the class probability (classifiers), else None.
         distribution: (token or class, probability) pairs: every class (classifiers), or the
             ``top_k`` most likely next tokens right after the input (decoder-only); else None.
+        off: the heads switched off in this pass (the run's held heads and those of ``head_mask``).
     """
 
     records: list[AttentionRecord]
@@ -52,6 +60,7 @@ class AttentionView:
     output: str
     probability: float | None = None
     distribution: list[tuple[str, float]] | None = None
+    off: tuple[HeadId, ...] = ()
 
 
 @torch.no_grad()
@@ -63,9 +72,15 @@ def attention_view(
     max_length: int = 64,
     top_k: int = 5,
 ) -> AttentionView:
-    """Run ``loaded.model`` on ``text`` (optionally with heads masked) and capture its attention."""
+    """Run ``loaded.model`` on ``text`` and capture its attention.
+
+    The run's held heads (``train.mask_heads``) are off; ``head_mask`` switches more heads off
+    (``loaded.held_mask(base=head_mask)``).
+    """
+    mask = loaded.held_mask(base=head_mask)
     view = VIEWS[loaded.experiment.model_kind]
-    return view(loaded, loaded.codec.encode(text), head_mask=head_mask, max_length=max_length, top_k=top_k)
+    found = view(loaded, loaded.codec.encode(text), head_mask=mask, max_length=max_length, top_k=top_k)
+    return dataclasses.replace(found, off=tuple(heads_off(loaded.model, mask)))
 
 
 def _seq2seq_view(loaded: LoadedRun, ids: list[int], *, head_mask, max_length: int, top_k: int) -> AttentionView:  # noqa: ANN001

@@ -18,6 +18,7 @@ import numpy as np
 
 from attnlab.analysis.maps import KIND_TITLES, AttentionView, kind_maps
 from attnlab.figures import Figure, plt, save_figure
+from attnlab.head_ids import HeadId
 
 __all__ = [
     "head_heatmap",
@@ -130,16 +131,21 @@ def attention_figures(view: AttentionView, *, argmax: bool = False) -> Iterator[
     For each kind and layer: ``{kind}_layer{l}_head{h}`` per head, ``{kind}_layer{l}_heads`` (the
     grid of all heads), and with ``argmax`` (hard attention) ``{kind}_layer{l}_argmax``, the one-hot
     pattern of each query's chosen key, with the chosen cells also outlined on each head's map.
-    A caller that keeps a figure owns it; close it with ``matplotlib.pyplot.close``.
+    A caller that keeps a figure owns it; close it with ``matplotlib.pyplot.close``. A head that
+    was off (``view.off``: held by ``train.mask_heads`` or masked) is titled "(off)": its weights
+    are drawn, but xi_h = 0 removed its output.
     """
+    off = set(view.off)
     for kind, (queries, keys) in view.axes.items():
         maps = kind_maps(view, kind)
         title = KIND_TITLES.get(kind, kind)
         for layer, heads in enumerate(maps):
+            names = [f"head {head}" + (" (off)" if HeadId(kind, layer, head) in off else "") for head in range(len(heads))]
             for head, weights in enumerate(heads):
                 yield f"{kind}_layer{layer}_head{head}", head_heatmap(
-                    weights, queries, keys, title=f"{title}, layer {layer}, head {head}", argmax=argmax)
-            yield f"{kind}_layer{layer}_heads", layer_grid(heads, queries, keys, title=f"{title}, layer {layer}")
+                    weights, queries, keys, title=f"{title}, layer {layer}, {names[head]}", argmax=argmax)
+            yield f"{kind}_layer{layer}_heads", layer_grid(heads, queries, keys, title=f"{title}, layer {layer}",
+                                                           head_labels=names)
             if argmax:
                 yield f"{kind}_layer{layer}_argmax", layer_grid(
                     argmax_pattern(heads), queries, keys, title=f"{title}, layer {layer}: argmax pattern")

@@ -6,7 +6,10 @@ fewer parameters and less work. A layer may lose every head: its attention sub-l
 the bias of W^O, exactly as when all its heads are masked.
 
 The remaining heads of a layer are renumbered 0..h-1 in their old order; the new config records
-the head count of every layer (``model.heads_per_layer``) so that the run loads like any other.
+the head count of every layer (``model.heads_per_layer``) so that the run loads like any other,
+and its ``train.mask_heads`` (the heads held at zero, xi_h = 0) follow the renumbering: a held head
+that was pruned leaves the list, any other gets its new index (:func:`renumber_heads`). So the
+pruned run evaluates like the original with its held heads and the pruned ones masked.
 """
 
 from __future__ import annotations
@@ -14,17 +17,18 @@ from __future__ import annotations
 import shutil
 import statistics
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import torch
 
 from attnlab.analysis.heads import HeadId
+from attnlab.errors import UsageError
 from attnlab.experiment import LoadedRun
 from attnlab.nn import TransformerModel, build_model
 from attnlab.runs import RunDir
 
-__all__ = ["prune_model", "write_pruned_run", "median_seconds"]
+__all__ = ["prune_model", "renumber_heads", "write_pruned_run", "median_seconds"]
 
 
 def prune_model(model: TransformerModel, pruned: Iterable[HeadId]) -> TransformerModel:
@@ -52,19 +56,58 @@ def prune_model(model: TransformerModel, pruned: Iterable[HeadId]) -> Transforme
     return new_model.to(next(model.parameters()).device).eval()
 
 
-def write_pruned_run(loaded: LoadedRun, pruned_model: TransformerModel, out: Path) -> RunDir:
-    """A new run directory holding the pruned model, loadable by every command."""
+def renumber_heads(heads: Iterable[HeadId], pruned: Iterable[HeadId]) -> list[HeadId]:
+    """Where ``heads`` are after :func:`prune_model` removed ``pruned``, in the order given.
+
+    A pruned head is dropped; any other keeps its kind and layer and its index falls by the number
+    of pruned heads before it in its layer (the remaining heads keep their old order).
+    """
+    pruned = set(pruned)
+    return [
+        HeadId(h.kind, h.layer, h.head - sum(1 for p in pruned if (p.kind, p.layer) == (h.kind, h.layer) and p.head < h.head))
+        for h in heads
+        if h not in pruned
+    ]
+
+
+def write_pruned_run(loaded: LoadedRun, pruned_model: TransformerModel, out: Path, *, pruned: Sequence[HeadId]) -> RunDir:
+    """A new run directory holding the pruned model, loadable by every command.
+
+    ``pruned`` are the heads of ``loaded.model`` that ``pruned_model`` lacks; the run's
+    ``train.mask_heads`` is renumbered through them (:func:`renumber_heads`).
+
+    Raises:
+        UsageError: ``pruned`` does not say how ``pruned_model`` was made from ``loaded.model``
+        (another number of heads left in some layer).
+    """
+    _check_pruned(loaded.model, pruned_model, pruned)
+    held = renumber_heads(loaded.held_heads, pruned)
     run = RunDir.create(out)
     config = loaded.experiment.to_dict()
     pruned_config = pruned_model.config
     config["model"].update(
         heads_per_layer=pruned_config.heads_per_layer, d_k=pruned_config.d_k, d_v=pruned_config.d_v
     )
+    config["train"]["mask_heads"] = [str(h) for h in held]
     run.write_config(config)
     if loaded.run.tokenizer_path.exists():
         shutil.copyfile(loaded.run.tokenizer_path, run.tokenizer_path)
     run.save_weights(pruned_model)
     return run
+
+
+def _check_pruned(model: TransformerModel, pruned_model: TransformerModel, pruned: Sequence[HeadId]) -> None:
+    before = {(s.kind, s.layer): s.module.heads for s in model.attention_sites()}
+    after = {(s.kind, s.layer): s.module.heads for s in pruned_model.attention_sites()}
+    gone = set(pruned)
+    for head in gone:
+        if not 0 <= head.head < before.get((head.kind, head.layer), 0):
+            raise UsageError(f"pruned head {head} is not a head of the original model")
+    for site, heads in before.items():
+        left = heads - sum(1 for h in gone if (h.kind, h.layer) == site)
+        if after.get(site) != left:
+            raise UsageError(f"the pruned model has {after.get(site)} heads in {site[0]} layer {site[1]}, "
+                             f"but pruning {sorted(map(str, gone))} from {heads} leaves {left}")
 
 
 @torch.no_grad()

@@ -24,7 +24,11 @@ def attention(
         None, "--argmax/--no-argmax", help="Draw the argmax pattern (default: only for hard attention)."),
     max_length: int = typer.Option(64, "--max-length", min=1, help="Most output tokens to decode."),
 ) -> None:
-    """Draw every attention map of RUN on TEXT: per head, per layer (grid), and the argmax pattern."""
+    """Draw every attention map of RUN on TEXT: per head, per layer (grid), and the argmax pattern.
+
+    Heads held at zero in training (train.mask_heads) are off, as in `attnlab eval`; their maps are
+    still drawn, titled "(off)".
+    """
     from attnlab.analysis.maps import attention_view
     from attnlab.analysis.plots import save_attention_pictures
     from attnlab.experiment import open_run
@@ -34,4 +38,6 @@ def attention(
     hard = loaded.experiment.model.get("attention") == "hard"
     paths = save_attention_pictures(view, out, argmax=hard if argmax is None else argmax)
     typer.echo(f"{text} -> {view.output}")
+    if loaded.held_heads:
+        typer.echo(f"held at zero by train.mask_heads (off): {', '.join(map(str, loaded.held_heads))}")
     typer.echo(f"wrote {len(paths)} attention pictures to {out}")

@@ -29,16 +29,15 @@ def evaluate_run(
         raise UsageError(f"--split: unknown {split!r}; allowed: {', '.join(SPLITS)}")
     from attnlab.evaluation.evaluate import evaluate
     from attnlab.experiment import open_run
-    from attnlab.head_ids import mask_without, parse_head
+    from attnlab.head_ids import parse_head
 
     loaded = open_run(run)
     train = loaded.experiment.train
-    masked = [parse_head(spec, loaded.model) for spec in [*train.mask_heads, *(mask_heads or [])]]
+    extra = [parse_head(spec, loaded.model) for spec in mask_heads or []]
     metrics = evaluate(
         loaded.model, loaded.task, split, kind=loaded.experiment.model_kind, batch_size=batch_size,
         max_length=train.max_length or loaded.model.config.max_len, truncate=train.truncate,
-        tokenizer=loaded.tokenizer, head_mask=mask_without(loaded.model, masked) if masked else None,
-        progress=progress and not as_json,
+        tokenizer=loaded.tokenizer, head_mask=loaded.held_mask(extra), progress=progress and not as_json,
     )
     if metrics["examples"] == 0:  # evaluate built the split once and found it empty
         filled = [name for name in SPLITS if loaded.task.split(name)]

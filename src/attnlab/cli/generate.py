@@ -20,7 +20,10 @@ def generate(
     length_penalty: float = typer.Option(1.0, "--length-penalty", min=0.0),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per input."),
 ) -> None:
-    """Run a trained model on each TEXT: the output sequence, the class with its probability, or a continuation."""
+    """Run a trained model on each TEXT: the output sequence, the class with its probability, or a continuation.
+
+    Heads held at zero in training (train.mask_heads) stay off, as in `attnlab eval`.
+    """
     from attnlab.decoding import DecodeOptions, decode, generate_continuations
     from attnlab.experiment import open_run
 
@@ -31,21 +34,23 @@ def generate(
         raise UsageError(f"{run} is a sentence encoder: it generates nothing; use `attnlab encode RUN TEXT...`")
     task, codec, model = loaded.task, loaded.codec, loaded.model
     options = DecodeOptions(max_length=max_length, beam_size=beam, length_penalty=length_penalty)
+    head_mask = loaded.held_mask()
     for text in texts:
         ids = codec.encode(text)
         kind = loaded.experiment.model_kind
         if kind == "encoder_decoder":
             hypothesis = decode(model, torch.tensor([ids + [task.eos_id]]), bos_id=task.bos_id, eos_id=task.eos_id,
-                                pad_id=task.pad_id, options=options)[0]
+                                pad_id=task.pad_id, options=options, head_mask=head_mask)[0]
             result = {"input": text, "output": codec.decode(hypothesis.tokens), "log_prob": hypothesis.log_prob}
         elif kind == "encoder_classifier":
             with torch.no_grad():
-                probs = torch.softmax(model(torch.tensor([ids + [task.eos_id]])), -1)[0]
+                probs = torch.softmax(model(torch.tensor([ids + [task.eos_id]]), head_mask=head_mask), -1)[0]
             label = int(probs.argmax())
             result = {"input": text, "label": label, "probability": float(probs[label])}
         else:
             hypothesis = generate_continuations(model, [[task.bos_id, *ids]], eos_id=task.eos_id,
-                                                banned=(task.pad_id, task.bos_id), options=options)[0]
+                                                banned=(task.pad_id, task.bos_id), options=options,
+                                                head_mask=head_mask)[0]
             result = {"input": text, "continuation": codec.decode(hypothesis.tokens), "log_prob": hypothesis.log_prob}
         if as_json:
             typer.echo(json.dumps(result))

@@ -21,7 +21,10 @@ PAIRS_HELP = ("Sentence encoders: a TSV file sentence1<TAB>sentence2<TAB>score; 
 
 
 def _probe(run: Path, split: str, batch_size: int, texts: Path | None = None, pairs: Path | None = None):  # noqa: ANN202
-    """The objective: the run's task split, or for a sentence encoder --texts (fidelity) / --pairs."""
+    """The objective: the run's task split, or for a sentence encoder --texts (fidelity) / --pairs.
+
+    Every probe starts from the run's held heads (train.mask_heads) switched off, as `attnlab eval` does.
+    """
     from attnlab.analysis.fidelity import FidelityProbe, PairProbe
     from attnlab.analysis.heads import TaskProbe
     from attnlab.experiment import open_run
@@ -33,15 +36,22 @@ def _probe(run: Path, split: str, batch_size: int, texts: Path | None = None, pa
         raise UsageError(f"--split: unknown {split!r}; allowed: {', '.join(SPLITS)}")
     loaded = open_run(run)
     if texts is not None:
-        return loaded, FidelityProbe(loaded, texts, batch_size=batch_size)
+        return loaded, FidelityProbe(loaded, texts, batch_size=batch_size, base_mask=loaded.held_mask())
     if pairs is not None:
-        return loaded, PairProbe(loaded, pairs, batch_size=batch_size)
+        return loaded, PairProbe(loaded, pairs, batch_size=batch_size, base_mask=loaded.held_mask())
     if loaded.experiment.model_kind == "encoder":
         raise UsageError(
             f"{run} is a sentence encoder without a task to score: give --texts FILE (embedding fidelity, "
             "no labels needed) or --pairs FILE (sentence1<TAB>sentence2<TAB>score)"
         )
-    return loaded, TaskProbe(loaded, split, batch_size=batch_size)
+    return loaded, TaskProbe(loaded, split, batch_size=batch_size, base_mask=loaded.held_mask())
+
+
+def _held_note(loaded) -> str | None:  # noqa: ANN001
+    held = loaded.held_heads
+    if not held:
+        return None
+    return f"held at zero by train.mask_heads (off throughout, like `attnlab eval`): {', '.join(map(str, held))}"
 
 
 @heads_app.command("ablate")
@@ -68,7 +78,10 @@ def ablate_command(
     columns = ("kind", "layer", "head", "metric", "loss", "delta")
     single = write_rows(result.single, folder / "ablation.csv", columns)
     keep_one = write_rows(result.keep_one, folder / "keep_one.csv", columns)
-    typer.echo(f"unmasked: metric {result.baseline.metric:.4f} ({probe.metric_name}), loss {result.baseline.loss:.4f}")
+    baseline = "with the held heads off" if loaded.held_heads else "unmasked"
+    typer.echo(f"{baseline}: metric {result.baseline.metric:.4f} ({probe.metric_name}), loss {result.baseline.loss:.4f}")
+    if note := _held_note(loaded):
+        typer.echo(note)
     typer.echo(f"each head masked alone: {single}")
     typer.echo(f"only one head kept per layer: {keep_one}")
     for kind in dict.fromkeys(r.kind for r in result.single):
@@ -102,6 +115,8 @@ def importance_command(
     typer.echo(f"heatmap: {picture}")
     for row in sorted(rows, key=lambda r: -r.importance)[:5]:
         typer.echo(f"  {row.kind}:{row.layer}:{row.head}  {row.importance:.4g}")
+    if note := _held_note(loaded):
+        typer.echo(f"{note} (importance 0)")
 
 
 @heads_app.command("prune", context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
@@ -119,7 +134,11 @@ def prune_command(
     texts: Path = typer.Option(None, "--texts", help=TEXTS_HELP),
     pairs: Path = typer.Option(None, "--pairs", help=PAIRS_HELP),
 ) -> None:
-    """Mask the least important heads (ranked globally) and evaluate; or remove them for good."""
+    """Mask the least important heads (ranked globally) and evaluate; or remove them for good.
+
+    Heads held at zero by train.mask_heads stay off and are not counted in --percent; --physical
+    removes them too (they contribute nothing).
+    """
     percents = [percent] + [_number(arg) for arg in ctx.args]
     from attnlab.analysis.heads import check_percents
 
@@ -141,6 +160,8 @@ def prune_command(
     png = curve_plot(rows, folder / "curve.png", metric=probe.metric_name, title="pruning the least important heads")
     for row in rows:
         typer.echo(f"{row.percent:5.1f}%  {row.heads_pruned:3d} heads  metric {row.metric:.4f}  loss {row.loss:.4f}")
+    if note := _held_note(loaded):
+        typer.echo(f"{note}; not counted in --percent")
     typer.echo(f"curve: {csv_path}")
     typer.echo(f"plot: {png}")
 
@@ -148,8 +169,9 @@ def prune_command(
 def _prune_physically(loaded, probe, percents, out, keep_one_per_layer, kinds) -> None:  # noqa: ANN001
     import torch
 
-    from attnlab.analysis.heads import head_ids, heads_to_prune, importance, mask_without, pruning_order
-    from attnlab.analysis.pruning import median_seconds, prune_model, write_pruned_run
+    from attnlab.analysis.heads import head_ids, heads_to_remove
+    from attnlab.analysis.pruning import median_seconds, prune_model, renumber_heads, write_pruned_run
+    from attnlab.head_ids import mask_without
 
     if len(percents) != 1:
         raise UsageError("--physical: give exactly one --percent")
@@ -157,19 +179,25 @@ def _prune_physically(loaded, probe, percents, out, keep_one_per_layer, kinds) -
         raise UsageError("--physical: give --out NEW_RUN for the pruned run")
     model = loaded.model
     all_heads = head_ids(model, kinds)
-    order = pruning_order(importance(probe, kinds=kinds))
-    pruned = heads_to_prune(order, round(percents[0] / 100 * len(all_heads)), keep_one_per_layer=keep_one_per_layer,
-                            all_heads=all_heads)
+    held, chosen = heads_to_remove(probe, percents[0], keep_one_per_layer=keep_one_per_layer, kinds=kinds)
+    pruned = [*held, *chosen]
     smaller = prune_model(model, pruned)
-    new_run = write_pruned_run(loaded, smaller, out)
-    mask = mask_without(model, pruned)
+    new_run = write_pruned_run(loaded, smaller, out, pruned=pruned)
+    mask = loaded.held_mask(pruned)
+    still_held = renumber_heads(loaded.held_heads, pruned)  # held heads of kinds left out by --kind
+    smaller_mask = mask_without(smaller, still_held) if still_held else None
     batch = next(iter(probe.batches()))
     with torch.no_grad():
-        difference = (probe.outputs(model, batch, mask) - probe.outputs(smaller, batch, None)).abs().max()
+        difference = (probe.outputs(model, batch, mask) - probe.outputs(smaller, batch, smaller_mask)).abs().max()
     masked_time, pruned_time = median_seconds(
-        lambda: probe.outputs(model, batch, mask), lambda: probe.outputs(smaller, batch, None)
+        lambda: probe.outputs(model, batch, mask), lambda: probe.outputs(smaller, batch, smaller_mask)
     )
     typer.echo(f"pruned {len(pruned)} of {len(all_heads)} heads: {', '.join(map(str, sorted(pruned)))}")
+    if held:
+        typer.echo(f"  of which held at zero by train.mask_heads (free to remove, not counted in --percent): "
+                   f"{', '.join(map(str, held))}")
+    if still_held:
+        typer.echo(f"  still held in the pruned run (train.mask_heads): {', '.join(map(str, still_held))}")
     typer.echo(f"parameters: {model.num_parameters():,} -> {smaller.num_parameters():,}")
     typer.echo(f"largest output difference from the masked model: {float(difference):.2e}")
     typer.echo(f"inference on one batch of {len(batch)}: masked {masked_time * 1e3:.2f} ms, pruned {pruned_time * 1e3:.2f} ms "

@@ -33,7 +33,7 @@ from tqdm import tqdm
 from attnlab.errors import AttnlabError, CheckpointError, ConfigError
 from attnlab.embeddings import init_embedding, load_vectors
 from attnlab.experiment import ExperimentConfig, TextCodec, TrainConfig, build_task, model_for_task
-from attnlab.head_ids import mask_without, parse_head
+from attnlab.head_ids import held_mask
 from attnlab.nn import InputEmbedding
 from attnlab.runs import RunDir, load_weights_into
 from attnlab.tokenizers import Tokenizer
@@ -135,8 +135,7 @@ class _Trainer:
                 if self.tokenizer is not None:
                     self.tokenizer.save(self.run.tokenizer_path)
         self.objective = OBJECTIVES[experiment.model_kind]
-        held = [parse_head(spec, self.model) for spec in cfg.mask_heads]
-        self.head_mask = mask_without(self.model, held) if held else None
+        self.head_mask = held_mask(self.model, cfg.mask_heads)  # xi_h = 0 for the held heads (Michel §2.3)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "fp16")
         self.trained: nn.Module = self._distributed(self.model)
 

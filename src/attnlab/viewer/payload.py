@@ -27,7 +27,8 @@ DECIMALS = 4
 
 
 def describe_model(loaded: LoadedRun, importance: Importance | None = None) -> dict[str, Any]:
-    """What the page needs before the first run: the model kind, its heads, the caps."""
+    """What the page needs before the first run: the model kind, its heads, the heads held at zero
+    by ``train.mask_heads`` (always off), the caps."""
     heads = head_ids(loaded.model)
     return {
         "run": loaded.run.path.resolve().name,
@@ -35,6 +36,7 @@ def describe_model(loaded: LoadedRun, importance: Importance | None = None) -> d
         "task": loaded.experiment.task_name,
         "attention": str(loaded.experiment.model.get("attention", "soft")),
         "heads": [_kind_info(kind, heads) for kind in dict.fromkeys(h.kind for h in heads)],
+        "held": [_head_json(h) for h in loaded.held_heads],
         "limits": {"max_input_chars": MAX_INPUT_CHARS, "max_input_tokens": MAX_INPUT_TOKENS,
                    "max_output_tokens": MAX_OUTPUT_TOKENS},
         "importance": importance,
@@ -68,7 +70,11 @@ def example_input(loaded: LoadedRun) -> str:
 
 
 def run_payload(loaded: LoadedRun, request: RunRequest) -> dict[str, Any]:
-    """Run ``loaded.model`` on ``request.text`` with ``request.off`` switched off; the JSON answer."""
+    """Run ``loaded.model`` on ``request.text`` with ``request.off`` switched off; the JSON answer.
+
+    The run's held heads (``train.mask_heads``) are off too, whatever ``off`` says: the model is
+    the one ``attnlab eval`` measures, and the user switches heads off on top of it.
+    """
     ids = loaded.codec.encode(request.text)
     check_input_length(len(ids))
     mask = mask_without(loaded.model, request.off) if request.off else None
@@ -76,10 +82,15 @@ def run_payload(loaded: LoadedRun, request: RunRequest) -> dict[str, Any]:
     return {
         "input": request.text,
         "tokens": loaded.codec.tokens(ids),
-        "off": [{"kind": h.kind, "layer": h.layer, "head": h.head} for h in request.off],
+        "off": [_head_json(h) for h in request.off],
+        "held": [_head_json(h) for h in loaded.held_heads],
         "output": _output(loaded.experiment.model_kind, view),
         "attention": _maps(view),
     }
+
+
+def _head_json(head: HeadId) -> dict[str, Any]:
+    return {"kind": head.kind, "layer": head.layer, "head": head.head}
 
 
 def _output(model_kind: str, view: AttentionView) -> dict[str, Any]:

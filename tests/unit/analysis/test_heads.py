@@ -21,6 +21,7 @@ from attnlab.evaluation.objectives import PREDICTIONS
 from attnlab.experiment import ExperimentConfig, open_run
 from attnlab.head_ids import HeadId, head_ids, mask_without, parse_head
 from attnlab.training.trainer import train
+from tests.unit.analysis.tiny_runs import HELD, tiny_run
 
 EXPERIMENTS = {
     "encoder_decoder": {
@@ -171,3 +172,103 @@ def test_keep_zero_heads_in_a_layer_gives_only_the_output_bias(run):
     assert empty.heads == 0 and empty.in_proj_weight.shape[0] == 0
     x = torch.randn(2, 3, empty.d_model)
     torch.testing.assert_close(empty(x).output, empty.out_proj.bias.expand(2, 3, -1))
+
+
+# ---- heads held at zero in training (train.mask_heads) ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def held_run(tmp_path_factory):
+    return tiny_run(tmp_path_factory.mktemp("held"), "held")
+
+
+def _eval_with_held(loaded):  # noqa: ANN001, ANN202
+    """What `attnlab eval` measures: the valid split with the run's held heads masked."""
+    from attnlab.evaluation import evaluate
+
+    result = evaluate(loaded.model, loaded.task, "valid", kind="encoder_decoder", batch_size=128,
+                      max_length=loaded.model.config.max_len, tokenizer=None,
+                      head_mask=mask_without(loaded.model, [parse_head(s, loaded.model) for s in HELD]))
+    return float(result["accuracy"]), float(result["loss"])
+
+
+def test_held_run_is_measured_as_eval_measures_it(held_run):
+    """The ablation baseline and the 0% pruning step are eval's numbers, not the unmasked model's."""
+    loaded = open_run(held_run)
+    probe = TaskProbe(loaded, "valid")
+    expected = _eval_with_held(loaded)
+    unmasked = probe.evaluate(None)
+    assert unmasked.loss != pytest.approx(expected[1], abs=1e-6)  # the held heads do matter here
+    result = ablate(probe)
+    assert (result.baseline.metric, result.baseline.loss) == pytest.approx(expected, abs=1e-6)
+    zero = pruning_curve(probe, [0])[0]
+    assert (zero.heads_pruned, zero.metric, zero.loss) == pytest.approx((0, *expected), abs=1e-6)
+
+
+def test_held_heads_ablate_to_the_baseline(held_run):
+    loaded = open_run(held_run)
+    result = ablate(TaskProbe(loaded, "valid"))
+    held = {parse_head(s, loaded.model) for s in HELD}
+    for row in result.single:
+        if HeadId(row.kind, row.layer, row.head) in held:
+            assert (row.metric, row.loss, row.delta) == (result.baseline.metric, result.baseline.loss, 0.0)
+    # keeping only cross:0:1 in cross layer 0 is the baseline too: its other head is held already
+    keep = next(r for r in result.keep_one if (r.kind, r.layer, r.head) == ("cross", 0, 1))
+    assert (keep.metric, keep.loss) == (result.baseline.metric, result.baseline.loss)
+
+
+def test_held_heads_have_importance_zero_and_the_others_their_gradient_at_the_held_mask(held_run):
+    """I_h = E_x |dL/dxi_h| for the mask xi * b at xi = 1, b = the held mask: 0 for a held head,
+    central finite differences at b for the others (float64)."""
+    loaded = open_run(held_run)
+    loaded.model.double()
+    probe = TaskProbe(loaded, "valid", batch_size=8)
+    held = {parse_head(s, loaded.model) for s in HELD}
+    scores = {HeadId(r.kind, r.layer, r.head): r.importance for r in importance(probe)}
+    assert all(scores[h] == 0.0 for h in held)
+    eps = 1e-5
+    for head in head_ids(loaded.model):
+        if head in held:
+            continue
+        per_example = []
+        for batch in probe.batches():
+            losses = []
+            for sign in (1.0, -1.0):
+                mask = {k: v.double() for k, v in mask_without(loaded.model, held).items()}
+                mask[head.kind][head.layer, head.head] = 1.0 + sign * eps
+                with torch.no_grad():
+                    losses.append(probe.example_losses(batch, mask))
+            per_example.append(((losses[0] - losses[1]) / (2 * eps)).abs())
+        assert scores[head] == pytest.approx(float(torch.cat(per_example).mean()), rel=1e-3, abs=1e-9), head
+
+
+def test_pruning_does_not_count_held_heads(held_run):
+    """--percent is of the heads that trained; the held ones stay off in every step."""
+    from attnlab.analysis.heads import heads_to_remove, live_heads
+
+    loaded = open_run(held_run)
+    probe = TaskProbe(loaded, "valid")
+    held = [parse_head(s, loaded.model) for s in HELD]
+    live = live_heads(probe)
+    assert len(live) == len(head_ids(loaded.model)) - len(held) and not set(live) & set(held)
+    rows = pruning_curve(probe, [0, 50, 100])
+    assert [r.heads_pruned for r in rows] == [0, round(len(live) / 2), len(live)]
+    everything = probe.evaluate(mask_without(loaded.model, head_ids(loaded.model)))
+    assert (rows[-1].metric, rows[-1].loss) == pytest.approx((everything.metric, everything.loss))
+    removed_held, chosen = heads_to_remove(probe, 50)
+    assert sorted(removed_held) == sorted(held) and len(chosen) == round(len(live) / 2)
+    assert not set(chosen) & set(held)
+    half = probe.evaluate(mask_without(loaded.model, [*removed_held, *chosen]))
+    assert (half.metric, half.loss) == pytest.approx((rows[1].metric, rows[1].loss))
+    only_cross, _ = heads_to_remove(probe, 0, kinds=["cross"])
+    assert only_cross == [HeadId("cross", 0, 0)]
+
+
+def test_an_all_ones_base_mask_analyses_the_held_heads_switched_on(held_run):
+    from attnlab.nn import full_head_mask
+
+    loaded = open_run(held_run)
+    probe = TaskProbe(loaded, "valid", base_mask=full_head_mask(loaded.model.head_mask_shapes()))
+    unmasked = probe.evaluate(None)
+    assert ablate(probe, ["cross"]).baseline == unmasked
+    assert all(r.importance > 0 for r in importance(probe))

@@ -59,3 +59,34 @@ def test_a_head_switched_off_changes_later_layers_only(runs):
                        "encoder_self")
     np.testing.assert_allclose(masked[0], plain[0], atol=1e-6)  # xi scales outputs, not weights
     assert not np.allclose(masked[1], plain[1], atol=1e-4)
+
+
+def test_heads_held_in_training_are_off_in_every_view(tmp_path_factory):
+    """A run's train.mask_heads stay off in the maps and the output; a head_mask switches more off."""
+    from attnlab.decoding import DecodeOptions, decode
+    from attnlab.nn import capture
+    from tests.unit.analysis.tiny_runs import HELD
+
+    loaded = open_run(tiny_run(tmp_path_factory.mktemp("maps-held"), "held"))
+    held = [HeadId(kind, int(layer), int(head)) for kind, layer, head in (s.split(":") for s in HELD)]
+    extra = HeadId("decoder_self", 1, 0)
+    for head_mask, off in ((None, held), (mask_without(loaded.model, [extra]), [*held, extra])):
+        view = attention_view(loaded, "abcd", head_mask=head_mask)
+        assert sorted(view.off) == sorted(off)
+        expected_mask = mask_without(loaded.model, off)
+        task = loaded.task
+        src = torch.tensor([loaded.codec.encode("abcd") + [task.eos_id]])
+        hypothesis = decode(loaded.model, src, bos_id=task.bos_id, eos_id=task.eos_id, pad_id=task.pad_id,
+                            options=DecodeOptions(max_length=64), head_mask=expected_mask)[0]
+        assert view.output == loaded.codec.decode(hypothesis.tokens)
+        with torch.no_grad(), capture(loaded.model) as records:
+            loaded.model(src, torch.tensor([[task.bos_id, *hypothesis.tokens]]), head_mask=expected_mask)
+        for kind in ("encoder_self", "decoder_self", "cross"):
+            expected = np.stack([r.weights[0].numpy() for r in sorted(records, key=lambda r: r.layer) if r.kind == kind])
+            np.testing.assert_allclose(kind_maps(view, kind), expected, atol=1e-6)
+    plain = attention_view(loaded, "abcd", head_mask=mask_without(loaded.model, []))
+    with torch.no_grad(), capture(loaded.model) as records:
+        loaded.model(torch.tensor([loaded.codec.encode("abcd") + [loaded.task.eos_id]]),
+                     torch.tensor([[loaded.task.bos_id]]))
+    unmasked = [r.weights[0].numpy() for r in records if (r.kind, r.layer) == ("encoder_self", 1)][0]
+    assert not np.allclose(kind_maps(plain, "encoder_self")[1], unmasked, atol=1e-4)  # the held heads did matter

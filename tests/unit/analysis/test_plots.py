@@ -93,3 +93,19 @@ def test_long_inputs_give_bounded_pictures_with_every_kth_token_labelled(tokens)
     assert max(grid.get_size_inches()) <= 4 * 6
     assert all(len(ax.get_yticklabels()) <= 32 for ax in grid.axes if ax.axison)
     plt.close(grid)
+
+
+def test_heads_that_were_off_are_titled_off():
+    """A held or masked head (view.off) still has weights to draw; its pictures say it was off."""
+    import dataclasses
+
+    from attnlab.head_ids import HeadId
+
+    view = dataclasses.replace(_view(layers=1, heads=2), off=(HeadId("cross", 0, 1),))
+    figures = dict(attention_figures(view))
+    assert figures["cross_layer0_head1"].axes[0].get_title().endswith("head 1 (off)")
+    assert figures["cross_layer0_head0"].axes[0].get_title().endswith("head 0")
+    assert [ax.get_title() for ax in figures["cross_layer0_heads"].axes if ax.axison] == ["head 0", "head 1 (off)"]
+    assert "(off)" not in figures["encoder_self_layer0_head1"].axes[0].get_title()
+    for figure in figures.values():
+        plt.close(figure)

@@ -19,6 +19,9 @@ _SIZES = {"train_size": 120, "valid_size": 8, "test_size": 8, "length_generalisa
 _MODEL = {"layers": 2, "d_model": 16, "heads": 2, "d_ff": 32, "dropout": 0.0}
 _TRAIN = {"steps": 12, "batch_size": 16, "lr": 3e-3, "warmup": 4, "log_every": 0}
 
+HELD = ("cross:0:0", "encoder_self:0:1")
+"""The heads the ``held`` run holds at zero in training (``train.mask_heads``)."""
+
 _TRAINED: dict[str, Path] = {}
 """kind -> the run trained first in this process; the tests only read runs, so they share them."""
 
@@ -30,13 +33,14 @@ def _experiment(kind: str, corpus: Path) -> dict[str, Any]:
         task = {"name": "lm", "train_file": str(corpus), "tokenizer_kind": "char", "max_train_length": 40}
     else:
         task = {"name": "reverse", "max_train_length": 5, **_SIZES}
-    model_kind = "encoder_decoder" if kind == "hard" else kind
+    model_kind = "encoder_decoder" if kind in ("hard", "held") else kind
     model = {"kind": model_kind, **_MODEL, **({"attention": "hard"} if kind == "hard" else {})}
-    return {"task": task, "model": model, "train": dict(_TRAIN)}
+    return {"task": task, "model": model, "train": {**_TRAIN, **({"mask_heads": list(HELD)} if kind == "held" else {})}}
 
 
 def tiny_run(folder: Path, kind: str) -> Path:
-    """Train a run of ``kind`` (encoder_decoder, encoder_classifier, decoder_only or hard) in ``folder``.
+    """Train a run of ``kind`` (encoder_decoder, encoder_classifier, decoder_only, hard, or held: an
+    encoder-decoder with the heads :data:`HELD` held at zero) in ``folder``.
 
     The decoder-only run learns characters from a corpus that contains :data:`XSS`, so that the
     payload's characters are real tokens of its vocabulary. A run of the same kind trained earlier

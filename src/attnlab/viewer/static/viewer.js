@@ -11,7 +11,8 @@ const HEAD_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8
 
 const state = {
   model: null,        // GET /api/model
-  off: new Set(),     // "kind/layer/head" of every switched-off head
+  off: new Set(),     // "kind/layer/head" of every head the user switched off
+  held: new Set(),    // "kind/layer/head" of the run's held heads (train.mask_heads): always off
   importance: null,   // kind -> [layer][head] -> number | null
   payload: null,      // the last successful POST /api/run answer
   sequence: 0,        // numbers requests; only the newest answer is drawn
@@ -34,6 +35,11 @@ function svg(tag, attributes) {
 }
 
 function headKey(kind, layer, head) { return `${kind}/${layer}/${head}`; }
+
+function isOff(kind, layer, head) {
+  const key = headKey(kind, layer, head);
+  return state.off.has(key) || state.held.has(key);
+}
 
 function offList() {
   return [...state.off].map((key) => {
@@ -189,17 +195,21 @@ function drawModelView() {
 }
 
 function headCell(kind, layer, head, weights) {
-  const off = state.off.has(headKey(kind, layer, head));
-  const cell = el("button", null, off ? "head-cell off" : "head-cell");
+  const held = state.held.has(headKey(kind, layer, head));
+  const off = held || state.off.has(headKey(kind, layer, head));
+  const cell = el("button", null, "head-cell" + (off ? " off" : "") + (held ? " held" : ""));
   cell.type = "button";
   cell.dataset.kind = kind;
   cell.dataset.layer = String(layer);
   cell.dataset.head = String(head);
   cell.setAttribute("aria-pressed", off ? "true" : "false");
+  if (held) cell.setAttribute("aria-disabled", "true");
   const canvas = document.createElement("canvas");
   heatmap(canvas, weights);
-  const label = el("span", `L${layer} H${head}${off ? " off" : ""}`);
-  let title = `${kind}, layer ${layer}, head ${head}: click to switch ${off ? "on" : "off"}`;
+  const label = el("span", `L${layer} H${head}${held ? " held" : off ? " off" : ""}`);
+  let title = held
+    ? `${kind}, layer ${layer}, head ${head}: held at zero in training (train.mask_heads), always off`
+    : `${kind}, layer ${layer}, head ${head}: click to switch ${off ? "on" : "off"}`;
   const importance = importanceOf(kind, layer, head);
   if (importance) {
     const shade = `hsl(25, 90%, ${Math.round(92 - 50 * importance.scaled)}%)`;
@@ -210,7 +220,7 @@ function headCell(kind, layer, head, weights) {
   }
   cell.title = title;
   cell.append(canvas, label);
-  cell.addEventListener("click", () => toggleHead(kind, layer, head));
+  if (!held) cell.addEventListener("click", () => toggleHead(kind, layer, head));
   return cell;
 }
 
@@ -269,8 +279,9 @@ function drawHeadView() {
     const swatch = el("span");
     const box = el("i");
     box.style.background = HEAD_COLOURS[head % HEAD_COLOURS.length];
-    const off = state.off.has(headKey(kind, layer, head));
-    swatch.append(box, document.createTextNode(`head ${head}${off ? " (off)" : ""}`));
+    const held = state.held.has(headKey(kind, layer, head));
+    const off = isOff(kind, layer, head);
+    swatch.append(box, document.createTextNode(`head ${head}${held ? " (held)" : off ? " (off)" : ""}`));
     legend.append(swatch);
   });
   const rowHeight = 20, left = 150, right = 350, width = 500;
@@ -280,7 +291,7 @@ function drawHeadView() {
   root.setAttribute("height", String(height));
   const lines = svg("g");
   map.weights.forEach((weights, head) => {
-    const off = state.off.has(headKey(kind, layer, head));
+    const off = isOff(kind, layer, head);
     weights.forEach((row, q) => row.forEach((w, k) => {
       if (w < 0.01) return;
       lines.append(svg("line", {
@@ -347,6 +358,12 @@ async function start() {
   $("limits").textContent = `Inputs up to ${model.limits.max_input_tokens} tokens (${model.limits.max_input_chars} characters); ` +
     `outputs up to ${model.limits.max_output_tokens} tokens.`;
   if (model.importance) showImportance(model.importance, "--importance");
+  for (const head of model.held || []) state.held.add(headKey(head.kind, head.layer, head.head));
+  if (state.held.size) {
+    $("held-note").textContent = `Held at zero in training (train.mask_heads), always off: ` +
+      (model.held || []).map((head) => `${head.kind}:${head.layer}:${head.head}`).join(", ");
+    $("held-note").hidden = false;
+  }
   fillHeadViewSelectors();
   $("input").value = model.example || "";
   $("input-form").addEventListener("submit", (event) => { event.preventDefault(); scheduleRun(0); });
