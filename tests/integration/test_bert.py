@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -172,7 +173,7 @@ def test_importance_predicts_the_fidelity_lost_by_masking_each_head(run, texts_f
 
 def test_attention_view_of_the_encoder(run):
     view = attention_view(open_run(run), "The cat sat on the mat.")
-    maps = kind_maps(view, "self")
+    maps = np.stack(kind_maps(view, "self"))
     assert maps.shape == (6, 12, 9, 9)
     assert abs(maps.sum(-1) - 1).max() < 1e-4
     assert view.axes["self"][0][0] == "[CLS]" and "sentence embedding" in view.output

@@ -148,8 +148,11 @@ VIEWS = {
 """Registry: model kind -> how to run one input and capture its attention."""
 
 
-def kind_maps(view: AttentionView, kind: str) -> np.ndarray:
-    """The maps of one kind as a (layers, H, T_q, T_k) array, layer 0 first (batch row 0).
+def kind_maps(view: AttentionView, kind: str) -> list[np.ndarray]:
+    """The maps of one kind, one (H_l, T_q, T_k) array per layer, layer 0 first (batch row 0).
+
+    A list, not one array: after physical pruning, layers may keep different numbers of heads
+    (``model.heads_per_layer``). ``np.stack`` it when they do not.
 
     Raises:
         KeyError: ``view`` holds no map of ``kind``.
@@ -157,4 +160,4 @@ def kind_maps(view: AttentionView, kind: str) -> np.ndarray:
     records = sorted((r for r in view.records if r.kind == kind), key=lambda r: r.layer)
     if not records:
         raise KeyError(kind)
-    return np.stack([r.weights[0].float().cpu().numpy() for r in records])
+    return [r.weights[0].float().cpu().numpy() for r in records]

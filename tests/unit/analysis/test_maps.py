@@ -43,11 +43,11 @@ def test_next_token_distribution_is_the_models_softmax_right_after_the_prompt(ru
 def test_kind_maps_stacks_layers_with_rows_that_sum_to_one(runs):
     view = attention_view(runs["encoder_decoder"], "abcd")
     source, _ = view.axes["encoder_self"]
-    maps = kind_maps(view, "encoder_self")
+    maps = np.stack(kind_maps(view, "encoder_self"))
     assert maps.shape == (2, 2, len(source), len(source))
     np.testing.assert_allclose(maps.sum(-1), 1.0, atol=1e-5)
     targets, sources = view.axes["cross"]
-    assert kind_maps(view, "cross").shape == (2, 2, len(targets), len(sources))
+    assert np.stack(kind_maps(view, "cross")).shape == (2, 2, len(targets), len(sources))
     with pytest.raises(KeyError):
         kind_maps(view, "self")
 

@@ -51,3 +51,27 @@ def test_pruned_heads_must_describe_the_pruned_model(held_run, tmp_path):
     with pytest.raises(UsageError, match="not a head of the original model"):
         write_pruned_run(loaded, smaller, tmp_path / "b", pruned=[HeadId("cross", 0, 7)])
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_a_run_whose_layers_keep_different_head_counts_is_drawn_and_viewed(held_run, tmp_path):
+    """After pruning, encoder_self has 1 head in layer 0 and 2 in layer 1: every map, picture and
+    viewer answer follows each layer's own head count (stacking the layers had raised)."""
+    from starlette.testclient import TestClient
+
+    from attnlab.analysis.maps import attention_view, kind_maps
+    from attnlab.analysis.plots import attention_figures
+    from attnlab.viewer import create_app
+
+    loaded = open_run(held_run)
+    pruned = [HeadId("encoder_self", 0, 0)]
+    write_pruned_run(loaded, prune_model(loaded.model, pruned), tmp_path / "pruned", pruned=pruned)
+    again = open_run(tmp_path / "pruned")
+    view = attention_view(again, "abcd")
+    assert [m.shape[0] for m in kind_maps(view, "encoder_self")] == [1, 2]
+    stems = [stem for stem, _ in attention_figures(view)]
+    assert "encoder_self_layer0_head0" in stems and "encoder_self_layer0_head1" not in stems
+    assert "encoder_self_layer1_head1" in stems
+    answer = TestClient(create_app(again)).post("/api/run", json={"text": "abcd"})
+    assert answer.status_code == 200
+    layers = [m for m in answer.json()["attention"] if m["kind"] == "encoder_self"]
+    assert [len(m["weights"]) for m in layers] == [1, 2]
