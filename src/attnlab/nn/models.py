@@ -121,6 +121,16 @@ def _no_token_types(x: Tensor, token_types: Tensor | None = None) -> Tensor:
     return x
 
 
+def _check_ids(tokens: Tensor, vocab_size: int) -> None:
+    """An id outside the vocabulary names itself (``nn.Embedding`` says "index out of range in self")."""
+    if tokens.numel() == 0:
+        return
+    low, high = (int(v) for v in torch.aminmax(tokens))
+    if low < 0 or high >= vocab_size:
+        bad = low if low < 0 else high
+        raise ValueError(f"tokens: id {bad} is outside the vocabulary [0, {vocab_size})")
+
+
 class InputEmbedding(nn.Module):
     """Layer 0: y_i^(0) = Norm(f(s E[x_i], p_i) + T[t_i])  (Hahn §3; Vaswani §3.4-3.5; Agarwal §6.3).
 
@@ -154,6 +164,7 @@ class InputEmbedding(nn.Module):
         self.dropout = Dropout(config.dropout)
 
     def forward(self, tokens: Tensor, offset: int = 0, token_types: Tensor | None = None) -> Tensor:
+        _check_ids(tokens, self.token.num_embeddings)
         x = self.positional(self.token(tokens) * self.scale, offset)
         return self.dropout(self.norm(self.token_type(x, token_types)))
 

@@ -139,6 +139,18 @@ def test_head_mask_shapes_and_all_ones(kind):
     assert not torch.allclose(model(*args, head_mask=zeros), plain)
 
 
+@pytest.mark.parametrize("bad", [VOCAB, VOCAB + 100, -1])
+def test_ids_outside_the_vocabulary_are_named(bad):
+    src, tgt = _tokens(2, 3), _tokens(2, 3)
+    for tokens in (src, tgt):
+        tokens[1, 2] = bad
+        with pytest.raises(ValueError, match=rf"tokens: id {bad} is outside the vocabulary \[0, {VOCAB}\)"):
+            EncoderDecoder(EncoderDecoderConfig(**SMALL))(src, tgt)
+        tokens[1, 2] = 1
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        DecoderOnly(DecoderOnlyConfig(**SMALL))(torch.tensor([[1, bad]]))
+
+
 def test_head_mask_errors_name_the_kind():
     model = EncoderDecoder(EncoderDecoderConfig(**SMALL))
     src, tgt = _tokens(1, 3), _tokens(1, 3)
