@@ -213,9 +213,9 @@ class RunDir:
         fsync_directory(self.path)
 
     def _prune_checkpoints(self, keep: int, *, current: str) -> None:
-        folders = sorted(p for p in (self.path / "checkpoints").iterdir() if p.name.startswith("step-"))
-        complete = [p for p in folders if not p.name.endswith(".partial")]
-        stale = [p for p in folders if p.name.endswith(".partial")]  # left by a crash mid-write
+        complete = [files.directory for files in self.checkpoints()]
+        stale = [p for p in (self.path / "checkpoints").iterdir()
+                 if p.name.startswith("step-") and p.name.endswith(".partial")]  # left by a crash mid-write
         for old in complete[: max(0, len(complete) - keep)] + stale:
             if old.name != current:
                 shutil.rmtree(old, ignore_errors=True)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from attnlab.runs import RunDir
+from tests.toy_corpora import write_number_words
 
 TINY = """
 [task]
@@ -173,13 +174,7 @@ def test_missing_published_weights_fall_back_to_the_checkpoint(trained, tmp_path
 
 
 def _toy_translation(path: Path, n: int, seed: int) -> None:
-    words = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
-    rng = random.Random(seed)
-    lines = []
-    for _ in range(n):
-        digits = [rng.randrange(10) for _ in range(rng.randint(1, 4))]
-        lines.append(" ".join(words[d] for d in digits) + "\t" + " ".join(str(d) for d in digits))
-    path.write_text("\n".join(lines) + "\n")
+    write_number_words(path, n, seed=seed, max_digits=4)
 
 
 def test_translation_with_word2vec_initialisation_reports_bleu(tmp_path):

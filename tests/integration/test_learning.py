@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.toy_corpora import write_number_words
+
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 # config -> (split, minimum accuracy)
@@ -48,13 +50,7 @@ def test_builtin_task_reaches_documented_accuracy(name, tmp_path):
 
 
 def _number_words(path: Path) -> None:
-    words = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
-    rng = random.Random(1)
-    lines = []
-    for _ in range(3000):
-        digits = [rng.randrange(10) for _ in range(rng.randint(1, 6))]
-        lines.append(" ".join(words[d] for d in digits) + "\t" + " ".join(str(d) for d in digits))
-    path.write_text("\n".join(lines) + "\n")
+    write_number_words(path, 3000, seed=1, max_digits=6)
 
 
 def _sentences(path: Path) -> None:

@@ -79,16 +79,22 @@ def test_resume_reproduces_the_uninterrupted_losses_exactly(tmp_path, monkeypatc
         assert torch.equal(tensor, resumed_weights[name]), name
 
 
-def test_nan_loss_stops_naming_the_step_and_keeps_the_checkpoint(tmp_path, monkeypatch):
+def _poison_loss(monkeypatch, call: int, value: float):  # noqa: ANN001, ANN202
+    """Make the classifier objective's ``call``-th loss ``value`` (nan or inf); returns the real one."""
     real = trainer_module.OBJECTIVES["encoder_classifier"]
     seen = {"n": 0}
 
     def poisoned(model, batch, head_mask, pad_id, smoothing):
         seen["n"] += 1
         parts = real(model, batch, head_mask, pad_id, smoothing)
-        return parts._replace(total=parts.total * float("nan")) if seen["n"] == 7 else parts
+        return parts._replace(total=parts.total * value) if seen["n"] == call else parts
 
     monkeypatch.setitem(trainer_module.OBJECTIVES, "encoder_classifier", poisoned)
+    return real
+
+
+def test_nan_loss_stops_naming_the_step_and_keeps_the_checkpoint(tmp_path, monkeypatch):
+    _poison_loss(monkeypatch, 7, float("nan"))
     with pytest.raises(TrainingDiverged, match=r"the loss became nan at step 7; the last good checkpoint \(step 5\)"):
         train(_experiment(), tmp_path / "run", progress=False)
     files = RunDir.open(tmp_path / "run").latest_checkpoint()
@@ -101,15 +107,7 @@ def test_nan_loss_stops_naming_the_step_and_keeps_the_checkpoint(tmp_path, monke
 def test_a_checkpoint_of_the_weights_that_diverged_is_not_called_good(tmp_path, monkeypatch):
     """The loss of step 7 is computed with the weights of step 6: with a checkpoint every step,
     the run points back to step 5's, and resumes from there."""
-    real = trainer_module.OBJECTIVES["encoder_classifier"]
-    seen = {"n": 0}
-
-    def poisoned(model, batch, head_mask, pad_id, smoothing):
-        seen["n"] += 1
-        parts = real(model, batch, head_mask, pad_id, smoothing)
-        return parts._replace(total=parts.total * float("inf")) if seen["n"] == 7 else parts
-
-    monkeypatch.setitem(trainer_module.OBJECTIVES, "encoder_classifier", poisoned)
+    real = _poison_loss(monkeypatch, 7, float("inf"))
     message = r"at step 7; the last good checkpoint \(step 5\) .* points back to it \(the one of step 6 holds"
     with pytest.raises(TrainingDiverged, match=message):
         train(_experiment(checkpoint_every=1), tmp_path / "run", progress=False)

@@ -3,7 +3,6 @@ that decides each example's split."""
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
@@ -11,19 +10,10 @@ import torch
 
 from attnlab.evaluation.evaluate import evaluate
 from attnlab.experiment import ExperimentConfig, build_task, model_for_task
+from tests.toy_corpora import write_number_words
 
 MODEL = {"layers": 1, "d_model": 16, "heads": 2, "d_ff": 32, "dropout": 0.0}
 SIZES = {"train_size": 40, "valid_size": 40, "test_size": 40, "length_generalisation_size": 40}
-
-
-def _toy_translation(path: Path) -> None:
-    words = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
-    rng = random.Random(0)
-    lines = []
-    for _ in range(300):
-        digits = [rng.randrange(10) for _ in range(rng.randint(1, 6))]
-        lines.append(" ".join(words[d] for d in digits) + "\t" + " ".join(str(d) for d in digits))
-    path.write_text("\n".join(lines) + "\n")
 
 
 def _untrained(task_section: dict, kind: str):  # noqa: ANN202
@@ -37,7 +27,7 @@ def test_text_metrics_do_not_depend_on_the_batch_size(tmp_path):
     # An untrained model rarely ends a hypothesis: each runs to the decode limit, which had been
     # taken from the longest reference of its batch (BLEU 16.87 at batch 16, 17.00 at batch 4).
     data = tmp_path / "pairs.tsv"
-    _toy_translation(data)
+    write_number_words(data, 300, seed=0, max_digits=6)
     section = {"name": "translation", "train_file": str(data), "tokenizer_kind": "word", "vocab_size": 60}
     model, task, tokenizer = _untrained(section, "encoder_decoder")
     results = [evaluate(model, task, "valid", kind="encoder_decoder", batch_size=size, tokenizer=tokenizer)
