@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 from attnlab.nn.feed_forward import ACTIVATIONS
+from attnlab.nn.linear import check_linear_kernel
 from attnlab.nn.positional import COMBINES, POSITIONAL
 from attnlab.nn.scores import SCORES
 
@@ -73,6 +74,9 @@ class TransformerConfig:
             the token and position vectors as in BERT; 0 means none.
         embedding_norm: LayerNorm the summed input embedding (BERT) before dropout.
         bias: biases in the attention projections.
+        linear: the GEMM kernel of every linear map (:mod:`attnlab.nn.linear`): ``aten``
+            (``F.linear``, MKL on a CPU), ``onednn``, or ``auto`` (oneDNN where PyTorch runs
+            AVX-512 code). The same function either way, up to float rounding.
         heads_per_layer: after physical head pruning: attention kind -> the number of heads left
             in each layer of that kind (0 allowed: the sub-layer then adds only its output bias).
             Kinds not listed keep ``heads``. Needs ``d_k`` set, since d_model / H no longer applies.
@@ -105,6 +109,7 @@ class TransformerConfig:
     type_vocab_size: int = 0
     embedding_norm: bool = False
     bias: bool = True
+    linear: str = "auto"
     heads_per_layer: dict[str, list[int]] | None = None
 
     def __post_init__(self) -> None:
@@ -134,6 +139,7 @@ class TransformerConfig:
         _check_choice("positional", self.positional, POSITIONAL)
         _check_choice("positional_combine", self.positional_combine, COMBINES)
         _check_choice("activation", self.activation, ACTIVATIONS)
+        check_linear_kernel(self.linear)
         if self.positional_combine == "concat" and not 0 < self.positional_width < self.d_model:
             raise ValueError(
                 f"positional_dim: must lie in (0, d_model={self.d_model}) to concatenate, got {self.positional_width}"

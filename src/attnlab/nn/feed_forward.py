@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.nn.dropout import Dropout, dropout
+from attnlab.nn.linear import linear_kernel
 
 __all__ = ["PositionwiseFeedForward", "ACTIVATIONS"]
 
@@ -35,12 +36,15 @@ class PositionwiseFeedForward(nn.Module):
         activation: a name in :data:`ACTIVATIONS` (``relu`` as in the paper, ``gelu`` for BERT).
         dropout: dropout on the hidden activations during training (not in Vaswani et al., whose
             dropout is on sub-layer outputs; BART calls it ``activation_dropout``).
+        linear: GEMM kernel of W_1 and W_2, a name in :data:`attnlab.nn.linear.LINEAR_KERNELS` or ``auto``.
 
     Shape:
         x: (B, T, d_model) -> (B, T, d_model).
     """
 
-    def __init__(self, d_model: int, d_ff: int, *, activation: str = "relu", dropout: float = 0.0) -> None:
+    def __init__(
+        self, d_model: int, d_ff: int, *, activation: str = "relu", dropout: float = 0.0, linear: str = "auto"
+    ) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation: unknown {activation!r}; allowed: {', '.join(sorted(ACTIVATIONS))}")
@@ -49,12 +53,13 @@ class PositionwiseFeedForward(nn.Module):
         self.linear1 = nn.Linear(d_model, d_ff)
         self.linear2 = nn.Linear(d_ff, d_model)
         self.dropout = Dropout(dropout)
+        self._linear = linear_kernel(linear)
 
     def forward(self, x: Tensor) -> Tensor:
-        # F.linear on the sub-modules' parameters: same maps, without three sub-module calls.
+        # The kernel on the sub-modules' parameters: same maps, without three sub-module calls.
         first, second = self.linear1, self.linear2
-        hidden = dropout(self.activation(F.linear(x, first.weight, first.bias)), self.dropout.p, self.training)
-        return F.linear(hidden, second.weight, second.bias)
+        hidden = dropout(self.activation(self._linear(x, first.weight, first.bias)), self.dropout.p, self.training)
+        return self._linear(hidden, second.weight, second.bias)
 
     def extra_repr(self) -> str:
         return f"activation={self.activation_name}"

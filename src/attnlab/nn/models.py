@@ -34,6 +34,7 @@ from attnlab.nn.dropout import Dropout
 from attnlab.nn.feed_forward import PositionwiseFeedForward
 from attnlab.nn.head_mask import HeadMask, check_head_mask, kind_mask
 from attnlab.nn.layers import DecoderLayer, DecoderLayerCache, EncoderLayer
+from attnlab.nn.linear import LinearKernel, linear_kernel
 from attnlab.nn.masks import padding_mask
 from attnlab.nn.multi_head import KVCache, MultiHeadAttention
 from attnlab.nn.positional import make_positional
@@ -42,6 +43,7 @@ __all__ = [
     "AttentionSite",
     "TransformerModel",
     "InputEmbedding",
+    "OutputLayer",
     "Encoder",
     "Decoder",
     "EncodedSource",
@@ -180,11 +182,32 @@ def _multi_head(config: TransformerConfig, kind: str, layer: int) -> MultiHeadAt
         straight_through=config.straight_through,
         dropout=config.attention_dropout,
         bias=config.bias,
+        linear=config.linear,
     )
 
 
 def _feed_forward(config: TransformerConfig) -> PositionwiseFeedForward:
-    return PositionwiseFeedForward(config.d_model, config.d_ff, activation=config.activation, dropout=config.activation_dropout)
+    return PositionwiseFeedForward(
+        config.d_model, config.d_ff, activation=config.activation, dropout=config.activation_dropout, linear=config.linear
+    )
+
+
+class OutputLayer(nn.Linear):
+    """The last linear map, hidden states -> logits, through the config's GEMM kernel.
+
+    A ``torch.nn.Linear`` (the same parameters and state-dict keys) whose forward is the kernel
+    named by ``linear`` (:mod:`attnlab.nn.linear`).
+
+    Shape:
+        x: (..., d_model) -> (..., out_features).
+    """
+
+    def __init__(self, in_features: int, out_features: int, *, linear: str = "auto") -> None:
+        super().__init__(in_features, out_features)
+        self._linear: LinearKernel = linear_kernel(linear)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self._linear(x, self.weight, self.bias)
 
 
 def _final_norm(config: TransformerConfig) -> nn.Module:
@@ -379,7 +402,7 @@ class EncoderDecoder(TransformerModel):
         self.config = config
         self.encoder = Encoder(config, vocab_size=config.vocab_size)
         self.decoder = Decoder(config)
-        self.generator = nn.Linear(config.d_model, config.target_vocab_size)
+        self.generator = OutputLayer(config.d_model, config.target_vocab_size, linear=config.linear)
         if config.tie_embeddings:
             self.generator.weight = self.decoder.embedding.token.weight
 
@@ -460,7 +483,7 @@ class EncoderClassifier(TransformerModel):
         self.config = config
         self.encoder = Encoder(config, vocab_size=config.vocab_size, kind="self")
         self.pool = POOLINGS[config.pooling]
-        self.classifier = nn.Linear(config.d_model, config.num_classes)
+        self.classifier = OutputLayer(config.d_model, config.num_classes, linear=config.linear)
 
     def forward(self, tokens: Tensor, *, head_mask: HeadMask | None = None) -> Tensor:
         self.check_head_mask(head_mask)
@@ -485,7 +508,7 @@ class DecoderOnly(TransformerModel):
         super().__init__()
         self.config = config
         self.body = Encoder(config, vocab_size=config.vocab_size, causal=True, kind="self")
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size)
+        self.lm_head = OutputLayer(config.d_model, config.vocab_size, linear=config.linear)
         if config.tie_embeddings:
             self.lm_head.weight = self.body.embedding.token.weight
 

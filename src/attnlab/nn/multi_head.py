@@ -28,10 +28,10 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.nn.attention import NORMALIZERS
+from attnlab.nn.linear import linear_kernel
 from attnlab.nn.masks import check_mask
 from attnlab.nn.scores import make_score
 
@@ -158,6 +158,8 @@ class MultiHeadAttention(nn.Module):
         straight_through: hard attention trained with the soft gradient.
         dropout: dropout on the attention weights during training.
         bias: biases on the projections.
+        linear: GEMM kernel of the projections, a name in :data:`attnlab.nn.linear.LINEAR_KERNELS`
+            or ``auto``.
 
     Shape:
         query: (B, T_q, d_model);  key, value: (B, T_k, d_model), or None for self-attention.
@@ -183,6 +185,7 @@ class MultiHeadAttention(nn.Module):
         straight_through: bool = False,
         dropout: float = 0.0,
         bias: bool = True,
+        linear: str = "auto",
     ) -> None:
         super().__init__()
         if heads < 0 or (heads == 0 and d_k is None):
@@ -200,6 +203,7 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"normalizer: unknown {normalizer!r}; allowed: {', '.join(sorted(NORMALIZERS))}") from None
         self.normalizer = normalizer
         self.score = make_score(score, heads=heads, d_k=self.d_k)
+        self._linear = linear_kernel(linear)  # x W^T + b, for W^Q, W^K, W^V and W^O
         qk, vv = heads * self.d_k, heads * self.d_v
         self._split = (qk, qk, vv)
         self.in_proj_weight = nn.Parameter(torch.empty(2 * qk + vv, d_model))
@@ -264,7 +268,7 @@ class MultiHeadAttention(nn.Module):
         batch, _, t_q, _ = heads.shape
         concat = heads.transpose(1, 2).reshape(batch, t_q, self.heads * self.d_v)  # (B, T_q, H*d_v)
         out_proj = self.out_proj
-        output = F.linear(concat, out_proj.weight, out_proj.bias)  # Concat(...) W^O = sum_h head_h W_o^h
+        output = self._linear(concat, out_proj.weight, out_proj.bias)  # Concat(...) W^O = sum_h head_h W_o^h
         for recorder in self._recorders.values():
             recorder(weights, heads)
         return MultiHeadOutput(output, weights if want_weights else None, heads if want_weights else None)
@@ -305,22 +309,22 @@ class MultiHeadAttention(nn.Module):
         if key is None:  # self-attention: one fused matmul for Q, K and V
             if value is not None:
                 raise ValueError("MultiHeadAttention: value given without key")
-            q, k, v = F.linear(query, self.in_proj_weight, self.in_proj_bias).split_with_sizes(self._split, dim=-1)
+            q, k, v = self._linear(query, self.in_proj_weight, self.in_proj_bias).split_with_sizes(self._split, dim=-1)
             q, k, v = self._split_heads(q), self._split_heads(k), self._split_heads(v)
             if cache is not None:
                 k, v = cache.append(k, v)
             return q, k, v
         value = key if value is None else value
         weight, bias, qk = self.in_proj_weight, self.in_proj_bias, self._split[0]
-        q = self._split_heads(F.linear(query, weight[:qk], None if bias is None else bias[:qk]))
+        q = self._split_heads(self._linear(query, weight[:qk], None if bias is None else bias[:qk]))
 
         def project_memory() -> tuple[Tensor, Tensor]:  # not called again once a cache keeps K, V
             if value is key:  # encoder-decoder attention, K = V = memory: one matmul
-                k_, v_ = F.linear(key, weight[qk:], None if bias is None else bias[qk:]).split(self._split[1:], dim=-1)
+                k_, v_ = self._linear(key, weight[qk:], None if bias is None else bias[qk:]).split(self._split[1:], dim=-1)
             else:
                 _, w_k, w_v = weight.split(self._split, dim=0)
                 b_k, b_v = (None, None) if bias is None else bias.split(self._split)[1:]
-                k_, v_ = F.linear(key, w_k, b_k), F.linear(value, w_v, b_v)
+                k_, v_ = self._linear(key, w_k, b_k), self._linear(value, w_v, b_v)
             return self._split_heads(k_), self._split_heads(v_)
 
         k, v = cache.keep(project_memory) if cache is not None else project_memory()

@@ -74,21 +74,30 @@ def test_weights_change_output_by_at_most_1e6(mask_kind):
     assert weights.shape == (2, 3, 9, 9)
 
 
+# 2 x 3 (batch x head) rows take the fused kernel, 48 x 3 the explicit single-query path.
+SINGLE_QUERY_BATCHES = [2, 48]
+
+
+@pytest.mark.parametrize("batch", SINGLE_QUERY_BATCHES)
 @pytest.mark.parametrize("mask_kind", ["none", "padding", "arbitrary", "empty_row"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_single_query_equals_sdpa_and_float64_reference(mask_kind, causal):
+def test_single_query_equals_sdpa_and_float64_reference(batch, mask_kind, causal):
     """One query against a (strided) KV-cache view, as in a decoding step."""
-    q, _, _ = _qkv(t_q=1, dtype=torch.float64)
-    cache_k, cache_v = torch.randn(2, 3, 16, 8, dtype=torch.float64), torch.randn(2, 3, 16, 6, dtype=torch.float64)
+    q, _, _ = _qkv(b=batch, t_q=1, dtype=torch.float64)
+    cache_k, cache_v = torch.randn(batch, 3, 16, 8, dtype=torch.float64), torch.randn(batch, 3, 16, 6, dtype=torch.float64)
     k, v = cache_k[:, :, :7], cache_v[:, :, :7]  # views of a longer buffer, like KVCache.key
+    is_token = torch.ones(batch, 7, dtype=torch.bool)
+    is_token[1, 3:] = False
+    no_key = torch.ones(batch, 7, dtype=torch.bool)
+    no_key[1] = False
     mask = {
         "none": None,
-        "padding": torch.tensor([[True] * 7, [True] * 3 + [False] * 4])[:, None, None, :],
-        "arbitrary": _random_mask(2, 3, 1, 7, seed=3),
-        "empty_row": torch.tensor([[True] * 7, [False] * 7])[:, None, None, :],
+        "padding": is_token[:, None, None, :],
+        "arbitrary": _random_mask(batch, 3, 1, 7, seed=3),
+        "empty_row": no_key[:, None, None, :],
     }[mask_kind]
     out = attention(q.float(), k.float(), v.float(), mask, causal=causal)
-    allowed = torch.ones(2, 3, 1, 7, dtype=torch.bool) if mask is None else mask.expand(2, 3, 1, 7)
+    allowed = torch.ones(batch, 3, 1, 7, dtype=torch.bool) if mask is None else mask.expand(batch, 3, 1, 7)
     has_key = allowed.any(-1, keepdim=True)
     expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=allowed | ~has_key) * has_key
     torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
@@ -97,9 +106,26 @@ def test_single_query_equals_sdpa_and_float64_reference(mask_kind, causal):
     np.testing.assert_allclose(attention(q, k, v, mask, causal=causal).numpy(), ref_out, atol=1e-12)
 
 
-def test_single_query_keeps_gradients():
-    q, k, v = (t.requires_grad_() for t in _qkv(t_q=1, dtype=torch.float64))
+@pytest.mark.parametrize("batch", SINGLE_QUERY_BATCHES)
+def test_single_query_keeps_gradients(batch):
+    q, k, v = (t.requires_grad_() for t in _qkv(b=batch, t_q=1, dtype=torch.float64))
     assert torch.autograd.gradcheck(lambda q, k, v: attention(q, k, v), (q, k, v))
+
+
+@pytest.mark.parametrize(
+    ("batch", "t_q", "dropout_p", "fused"),
+    [(2, 1, 0.0, True), (42, 1, 0.0, True), (43, 1, 0.0, False), (48, 2, 0.0, True), (48, 1, 0.1, True)],
+)
+def test_single_query_path_is_chosen_by_rows(monkeypatch, batch, t_q, dropout_p, fused):
+    """One query over >= EXPLICIT_SINGLE_QUERY_ROWS (batch x head) rows is scored explicitly; with
+    fewer rows, more queries, or dropout on the weights, the fused kernel runs (3 heads here)."""
+    assert attention_module.EXPLICIT_SINGLE_QUERY_ROWS == 128  # 42 x 3 = 126 < 128 <= 43 x 3
+    calls = []
+    sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(attention_module.F, "scaled_dot_product_attention", lambda *a, **kw: calls.append(1) or sdpa(*a, **kw))
+    q, k, v = _qkv(b=batch, t_q=t_q)
+    attention(q, k, v, dropout_p=dropout_p)
+    assert bool(calls) == fused
 
 
 @pytest.mark.parametrize("normalizer", ["softmax", "hardmax"])

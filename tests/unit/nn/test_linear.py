@@ -1,0 +1,181 @@
+"""attnlab.nn.linear: every GEMM kernel computes x W^T + b and its three gradients like a float64
+reference; the oneDNN kernel's routes (row threshold, dtypes, grad modes) and the kernel choice."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnlab.nn import EncoderDecoder, EncoderDecoderConfig, TransformerConfig
+from attnlab.nn.linear import LINEAR_KERNELS, MIN_ONEDNN_ROWS, check_linear_kernel, linear_kernel, onednn_available
+
+linear_module = importlib.import_module("attnlab.nn.linear")
+
+needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN")
+KERNELS = [pytest.param(name, marks=needs_onednn if name == "onednn" else ()) for name in LINEAR_KERNELS]
+
+
+def _float64_reference(x, weight, bias, grad):
+    """Output and gradients of x W^T + b in float64 autograd."""
+    leaves = [t.detach().double().requires_grad_() for t in (x, weight)] + (
+        [] if bias is None else [bias.detach().double().requires_grad_()]
+    )
+    out = F.linear(leaves[0], leaves[1], leaves[2] if bias is not None else None)
+    out.backward(grad.double())
+    return out.detach(), [leaf.grad for leaf in leaves]
+
+
+def _assert_matches_reference(kernel, x, weight, bias, *, rtol=1e-5):
+    inputs = [t.detach().clone().requires_grad_() for t in (x, weight)] + (
+        [] if bias is None else [bias.detach().clone().requires_grad_()]
+    )
+    out = kernel(inputs[0], inputs[1], inputs[2] if bias is not None else None)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+    out.backward(grad)
+    expected, expected_grads = _float64_reference(x, weight, bias, grad)
+    assert out.shape == expected.shape and out.dtype == x.dtype
+
+    def close(actual, wanted):
+        scale = wanted.abs().max().item() if wanted.numel() else 1.0
+        torch.testing.assert_close(actual.double(), wanted, atol=rtol * max(scale, 1.0), rtol=0)
+
+    close(out.detach(), expected)
+    for leaf, wanted in zip(inputs, expected_grads):
+        assert leaf.grad is not None and leaf.grad.shape == leaf.shape
+        close(leaf.grad, wanted)
+
+
+@pytest.mark.parametrize("kernel_name", KERNELS)
+@pytest.mark.parametrize("rows", [1, MIN_ONEDNN_ROWS - 1, MIN_ONEDNN_ROWS, 64])
+@pytest.mark.parametrize("d_in,d_out", [(16, 48), (48, 16)])  # both layouts of dL/dW on oneDNN
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_forward_and_gradients_match_float64(kernel_name, rows, d_in, d_out, with_bias):
+    g = torch.Generator().manual_seed(rows + d_in)
+    x = torch.randn(rows, d_in, generator=g)
+    weight = torch.randn(d_out, d_in, generator=g) / d_in**0.5
+    bias = torch.randn(d_out, generator=g) if with_bias else None
+    _assert_matches_reference(linear_kernel(kernel_name), x, weight, bias)
+
+
+@pytest.mark.parametrize("kernel_name", KERNELS)
+def test_batched_strided_inputs_and_weight_views(kernel_name):
+    """(B, T, d) inputs, a transposed (non-contiguous) input, and row slices of a fused weight,
+    as MultiHeadAttention passes them (W^Q = in_proj_weight[:qk])."""
+    g = torch.Generator().manual_seed(0)
+    fused = torch.randn(96, 32, generator=g) / 32**0.5
+    x = torch.randn(5, 32, 7, generator=g).transpose(1, 2)  # (5, 7, 32), not contiguous
+    _assert_matches_reference(linear_kernel(kernel_name), x, fused[32:96], torch.randn(96, generator=g)[32:96])
+
+
+@needs_onednn
+@pytest.mark.parametrize("needs", [(True, False, False), (False, True, True), (False, False, True), (True, True, False)])
+def test_onednn_gradients_for_any_subset_of_leaves(needs):
+    """Frozen weights, frozen inputs, a trainable bias alone: only the asked-for gradients exist."""
+    g = torch.Generator().manual_seed(2)
+    x, weight, bias = torch.randn(8, 12, generator=g), torch.randn(20, 12, generator=g), torch.randn(20, generator=g)
+    leaves = [t.requires_grad_(flag) for t, flag in zip((x, weight, bias), needs)]
+    out = linear_module.onednn_linear(*leaves)
+    out.sum().backward()
+    for leaf, flag, wanted in zip(leaves, needs, (torch.ones(8, 20) @ weight.detach(), torch.ones(20, 8) @ x.detach(), torch.full((20,), 8.0))):
+        assert (leaf.grad is not None) == flag
+        if flag:
+            torch.testing.assert_close(leaf.grad, wanted, atol=1e-5, rtol=1e-5)
+
+
+@needs_onednn
+def test_onednn_without_grad_equals_with_grad_bit_for_bit():
+    g = torch.Generator().manual_seed(3)
+    x, weight, bias = torch.randn(2, 9, 24, generator=g), torch.randn(40, 24, generator=g), torch.randn(40, generator=g)
+    with torch.no_grad():
+        plain = linear_module.onednn_linear(x, weight, bias)
+    tracked = linear_module.onednn_linear(x, weight.requires_grad_(), bias)
+    assert tracked.requires_grad and torch.equal(plain, tracked.detach())
+
+
+@needs_onednn
+@pytest.mark.parametrize("case", ["float64", "bfloat16", "few_rows", "no_rows"])
+def test_onednn_routes_other_tensors_to_f_linear(monkeypatch, case):
+    """float64 has no oneDNN kernel, bf16 takes F.linear's own path, and fewer than
+    MIN_ONEDNN_ROWS rows run faster through F.linear: none of them call oneDNN."""
+    calls = []
+    real = linear_module._onednn_matmul
+    monkeypatch.setattr(linear_module, "_onednn_matmul", lambda *a: calls.append(1) or real(*a))
+    dtype = {"float64": torch.float64, "bfloat16": torch.bfloat16}.get(case, torch.float32)
+    rows = {"few_rows": MIN_ONEDNN_ROWS - 1, "no_rows": 0}.get(case, 16)
+    x, weight, bias = torch.randn(rows, 8, dtype=dtype), torch.randn(5, 8, dtype=dtype), torch.randn(5, dtype=dtype)
+    out = linear_module.onednn_linear(x, weight, bias)
+    assert not calls
+    assert torch.equal(out, F.linear(x, weight, bias))
+    linear_module.onednn_linear(torch.randn(16, 8), torch.randn(5, 8), None)
+    assert calls  # float32 with enough rows does go to oneDNN
+
+
+@needs_onednn
+@settings(max_examples=60, deadline=None)
+@given(
+    lead=st.lists(st.integers(0, 9), min_size=1, max_size=3),
+    d_in=st.integers(1, 40),
+    d_out=st.integers(1, 40),
+    with_bias=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_onednn_property_any_shape_matches_float64(lead, d_in, d_out, with_bias, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*lead, d_in, generator=g)
+    weight = torch.randn(d_out, d_in, generator=g)
+    bias = torch.randn(d_out, generator=g) if with_bias else None
+    _assert_matches_reference(linear_module.onednn_linear, x, weight, bias)
+
+
+def test_auto_picks_onednn_on_avx512_only(monkeypatch):
+    monkeypatch.setattr(linear_module, "onednn_available", lambda: True)
+    choices = {}
+    for capability in ("AVX512", "AVX2", "DEFAULT"):
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
+        linear_module.preferred_linear_kernel.cache_clear()
+        choices[capability] = linear_module.preferred_linear_kernel()
+    monkeypatch.setattr(linear_module, "onednn_available", lambda: False)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    linear_module.preferred_linear_kernel.cache_clear()
+    choices["AVX512 without oneDNN"] = linear_module.preferred_linear_kernel()
+    monkeypatch.undo()
+    linear_module.preferred_linear_kernel.cache_clear()
+    assert choices == {"AVX512": "onednn", "AVX2": "aten", "DEFAULT": "aten", "AVX512 without oneDNN": "aten"}
+    assert linear_kernel("auto") is LINEAR_KERNELS[linear_module.preferred_linear_kernel()]
+
+
+def test_unknown_or_unavailable_kernel_is_a_value_error_naming_the_field(monkeypatch):
+    with pytest.raises(ValueError, match=r"linear: unknown 'mkl'; allowed: auto, aten, onednn"):
+        check_linear_kernel("mkl")
+    with pytest.raises(ValueError, match="linear: unknown"):
+        TransformerConfig(linear="fast")
+    monkeypatch.setattr(linear_module, "onednn_available", lambda: False)
+    with pytest.raises(ValueError, match="linear: 'onednn' needs a PyTorch build with oneDNN"):
+        TransformerConfig(linear="onednn")
+    assert TransformerConfig(linear="aten").linear == "aten"
+
+
+@needs_onednn
+def test_models_with_either_kernel_agree_and_share_state_dict_keys():
+    """The kernel is how the maps are computed, not what they are: one state dict loads into
+    both, and logits and every parameter gradient agree to float32 rounding."""
+    torch.manual_seed(0)
+    config = EncoderDecoderConfig(vocab_size=40, layers=2, d_model=32, heads=4, d_ff=64, dropout=0.0)
+    models = {name: EncoderDecoder(dataclasses.replace(config, linear=name)) for name in LINEAR_KERNELS}
+    assert len({tuple(m.state_dict()) for m in models.values()}) == 1
+    models["onednn"].load_state_dict(models["aten"].state_dict())
+    src, tgt = torch.randint(1, 40, (3, 11)), torch.randint(1, 40, (3, 9))
+    logits, grads = {}, {}
+    for name, model in models.items():
+        logits[name] = model(src, tgt)
+        logits[name].logsumexp(-1).sum().backward()
+        grads[name] = {key: p.grad for key, p in model.named_parameters()}
+    torch.testing.assert_close(logits["onednn"], logits["aten"], atol=1e-5, rtol=1e-5)
+    for key, grad in grads["aten"].items():
+        torch.testing.assert_close(grads["onednn"][key], grad, atol=1e-4, rtol=1e-4, msg=lambda m, k=key: f"{k}: {m}")
