@@ -16,6 +16,7 @@ from attnlab.bench.harness import BenchResult, interleaved_median_times
 from attnlab.bench.heads import equal_slices
 from attnlab.bench.mfu import count_step_flops
 from attnlab.nn.attention import attention
+from attnlab.nn.linear import onednn_available
 
 
 def test_all_quick_reports_every_benchmark(tmp_path):
@@ -126,6 +127,38 @@ def test_flop_count_includes_the_fused_cpu_attention(causal):
         (torch.softmax(scores, -1) @ v).sum().backward()
 
     assert count_step_flops(fused) == count_step_flops(explicit) == 3 * 2 * b * h * t * t * (d + d)
+
+
+@pytest.mark.parametrize("kernel", ["aten", "onednn"])
+def test_flop_count_of_a_training_step_is_the_same_on_either_linear_kernel(kernel):
+    """FlopCounterMode alone counts oneDNN's linear op as 0 FLOPs; taught it, a training step of the
+    quick model counts what it counts on aten's addmm/mm, and both are the model's FLOPs."""
+    import dataclasses
+
+    import torch.nn.functional as F
+
+    from attnlab.bench.models import QUICK, attnlab_model, random_batch
+    from attnlab.nn import EncoderDecoder
+
+    if kernel == "onednn" and not onednn_available():
+        pytest.skip("this PyTorch build has no oneDNN")
+    batch = random_batch(QUICK)
+    reference = attnlab_model(QUICK)
+    models = {name: EncoderDecoder(dataclasses.replace(reference.config, linear=name)) for name in ("aten", kernel)}
+
+    def step(model):  # noqa: ANN001, ANN202
+        return lambda: F.cross_entropy(model(batch.src, batch.tgt_in).flatten(0, 1), batch.tgt_out.flatten()).backward()
+
+    counts = {name: count_step_flops(step(model)) for name, model in models.items()}
+    b, t, d, d_ff, layers, vocab = QUICK.batch, QUICK.length, QUICK.d_model, QUICK.d_ff, QUICK.layers, QUICK.vocab
+    # Every map runs forward, dL/dx and dL/dW (the embeddings, hence every input, require grad):
+    # 3 x 2 rows d_in d_out. Encoder layer: W^QKV, W^O, FFN; decoder layer: W^QKV, W^O, cross W^Q,
+    # W^KV (over the source rows), W^O, FFN; then the output layer.
+    encoder = 4 * d * d + 2 * d * d_ff
+    decoder = 8 * d * d + 2 * d * d_ff
+    linear_maps = 3 * 2 * b * t * (layers * (encoder + decoder) + d * vocab)
+    attention_calls = 3 * layers * 3 * 2 * b * t * t * (d + d)  # fused SDPA: forward, twice that backward
+    assert counts[kernel] == counts["aten"] == linear_maps + attention_calls
 
 
 def _random_entries_drawn(model: torch.nn.Module, batch) -> int:  # noqa: ANN001

@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from attnlab.nn.linear import preferred_linear_kernel
+
 __all__ = [
     "MIN_REPEATS",
     "Measurement",
@@ -122,11 +124,14 @@ def interleaved_median_times(
 
 
 def machine_info() -> dict[str, Any]:
-    """What the numbers depend on: torch version, threads, CPU model, devices."""
+    """What the numbers depend on: torch version, threads, CPU model and the vector instructions
+    PyTorch runs on it, the GEMM kernel of attnlab's linear maps there, devices."""
     return {
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "cpu": _cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "linear_kernel": preferred_linear_kernel(),
         "cpus": os.cpu_count(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "python": platform.python_version(),

@@ -21,11 +21,13 @@ def bench(
     """Time attnlab and the systems a user would pick instead: medians of 5+ runs, and their ratios."""
     from attnlab.bench import BENCHMARKS, run_benchmark
     from attnlab.bench.harness import format_table
+    from attnlab.runtime import keep_freed_memory
     from attnlab.storage import atomic_write_text
 
     names = list(BENCHMARKS) if name == "all" else [name]
     if name != "all" and name not in BENCHMARKS:
         raise UsageError(f"benchmark: unknown {name!r}; allowed: {', '.join(BENCHMARKS)}, all")
+    keep_freed_memory()  # as `attnlab train` does; every system timed here shares this process
     outputs = []
     for benchmark in names:
         result = run_benchmark(benchmark, quick=quick, plots=save)

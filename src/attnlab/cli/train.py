@@ -44,8 +44,10 @@ def train(
     if nproc > 1:
         _spawn(nproc, config, overrides, run_path, resume is not None, progress)
         return
+    from attnlab.runtime import keep_freed_memory
     from attnlab.training.trainer import train as run_training  # torch-heavy: import when needed
 
+    keep_freed_memory()  # this process is the training run: reuse the memory each step frees
     result = run_training(experiment, run_path, resume=resume is not None, progress=progress, log=typer.echo)
     _report(result.run, result.final_metrics)
 

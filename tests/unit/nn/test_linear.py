@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab.nn import EncoderDecoder, EncoderDecoderConfig, TransformerConfig
-from attnlab.nn.linear import LINEAR_KERNELS, MIN_ONEDNN_ROWS, check_linear_kernel, linear_kernel, onednn_available
+from attnlab.nn.linear import LINEAR_KERNELS, MIN_ONEDNN_ROWS, OneDNNLinear, check_linear_kernel, linear_kernel, onednn_available
 
 linear_module = importlib.import_module("attnlab.nn.linear")
 
@@ -80,7 +80,7 @@ def test_onednn_gradients_for_any_subset_of_leaves(needs):
     g = torch.Generator().manual_seed(2)
     x, weight, bias = torch.randn(8, 12, generator=g), torch.randn(20, 12, generator=g), torch.randn(20, generator=g)
     leaves = [t.requires_grad_(flag) for t, flag in zip((x, weight, bias), needs)]
-    out = linear_module.onednn_linear(*leaves)
+    out = OneDNNLinear()(*leaves)
     out.sum().backward()
     for leaf, flag, wanted in zip(leaves, needs, (torch.ones(8, 20) @ weight.detach(), torch.ones(20, 8) @ x.detach(), torch.full((20,), 8.0))):
         assert (leaf.grad is not None) == flag
@@ -89,13 +89,14 @@ def test_onednn_gradients_for_any_subset_of_leaves(needs):
 
 
 @needs_onednn
-def test_onednn_without_grad_equals_with_grad_bit_for_bit():
+def test_onednn_without_grad_equals_with_grad():
     g = torch.Generator().manual_seed(3)
     x, weight, bias = torch.randn(2, 9, 24, generator=g), torch.randn(40, 24, generator=g), torch.randn(40, generator=g)
     with torch.no_grad():
-        plain = linear_module.onednn_linear(x, weight, bias)
-    tracked = linear_module.onednn_linear(x, weight.requires_grad_(), bias)
-    assert tracked.requires_grad and torch.equal(plain, tracked.detach())
+        plain = OneDNNLinear()(x, weight, bias)
+    tracked = OneDNNLinear()(x, weight.requires_grad_(), bias)
+    assert tracked.requires_grad
+    torch.testing.assert_close(plain, tracked.detach(), atol=1e-5, rtol=1e-5)  # packed and plain layouts
 
 
 @needs_onednn
@@ -109,10 +110,10 @@ def test_onednn_routes_other_tensors_to_f_linear(monkeypatch, case):
     dtype = {"float64": torch.float64, "bfloat16": torch.bfloat16}.get(case, torch.float32)
     rows = {"few_rows": MIN_ONEDNN_ROWS - 1, "no_rows": 0}.get(case, 16)
     x, weight, bias = torch.randn(rows, 8, dtype=dtype), torch.randn(5, 8, dtype=dtype), torch.randn(5, dtype=dtype)
-    out = linear_module.onednn_linear(x, weight, bias)
+    out = OneDNNLinear()(x, weight, bias)
     assert not calls
     assert torch.equal(out, F.linear(x, weight, bias))
-    linear_module.onednn_linear(torch.randn(16, 8), torch.randn(5, 8), None)
+    OneDNNLinear()(torch.randn(16, 8), torch.randn(5, 8), None)
     assert calls  # float32 with enough rows does go to oneDNN
 
 
@@ -130,7 +131,97 @@ def test_onednn_property_any_shape_matches_float64(lead, d_in, d_out, with_bias,
     x = torch.randn(*lead, d_in, generator=g)
     weight = torch.randn(d_out, d_in, generator=g)
     bias = torch.randn(d_out, generator=g) if with_bias else None
-    _assert_matches_reference(linear_module.onednn_linear, x, weight, bias)
+    _assert_matches_reference(OneDNNLinear(), x, weight, bias)
+
+
+@needs_onednn
+def test_onednn_packs_each_weight_once_for_inference_and_repacks_when_it_changes():
+    """Without gradients the weight is packed once and reused; an in-place update (an optimizer
+    step), new data behind the same parameter, or a gradient pass never leave a stale copy in use."""
+    kernel = OneDNNLinear()
+    g = torch.Generator().manual_seed(4)
+    weight = torch.nn.Parameter(torch.randn(24, 16, generator=g))
+    bias = torch.randn(24, generator=g)
+    x = torch.randn(6, 16, generator=g)
+
+    def infer():  # noqa: ANN202
+        with torch.no_grad():
+            out = kernel(x, weight, bias)
+        torch.testing.assert_close(out, F.linear(x, weight.detach(), bias), atol=1e-5, rtol=1e-5)
+        return kernel._packed
+
+    first = next(iter(infer().values())).packed
+    assert next(iter(infer().values())).packed is first and len(kernel._packed) == 1  # reused
+    with torch.no_grad():
+        weight.mul_(-2.0)  # in place: the version counter moves
+    assert next(iter(infer().values())).packed is not first
+    weight.data = torch.randn(24, 16, generator=g)  # the same parameter, other storage
+    infer()
+    assert len(kernel._packed) == 1
+    kernel(x, weight, bias).sum().backward()  # a training step drops the packed copies
+    assert not kernel._packed and weight.grad is not None
+
+
+@needs_onednn
+def test_onednn_packs_views_of_a_fused_weight_apart():
+    """W^Q and W^KV of encoder-decoder attention are row slices of one parameter."""
+    kernel = OneDNNLinear()
+    fused = torch.nn.Parameter(torch.randn(48, 16))
+    x = torch.randn(5, 16)
+    with torch.no_grad():
+        for _ in range(2):
+            for part in (fused[:16], fused[16:]):
+                torch.testing.assert_close(kernel(x, part, None), x @ part.t(), atol=1e-5, rtol=1e-5)
+    assert len(kernel._packed) == 2
+
+
+@needs_onednn
+def test_a_copied_or_pickled_module_starts_without_packed_weights():
+    import copy
+    import pickle
+
+    from attnlab.nn import PositionwiseFeedForward
+
+    ffn = PositionwiseFeedForward(16, 32, linear="onednn").eval()
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        expected = ffn(x)
+    assert ffn._linear._packed
+    twin = copy.deepcopy(ffn)
+    assert not twin._linear._packed
+    with torch.no_grad():
+        twin.linear1.weight.add_(1.0)  # its own weights: the original's packed copies do not apply
+        torch.testing.assert_close(ffn(x), expected)
+        assert not torch.allclose(twin(x), expected)
+    assert not pickle.loads(pickle.dumps(ffn._linear))._packed
+
+
+@needs_onednn
+def test_evaluation_after_training_steps_uses_the_updated_weights():
+    """eval -> optimizer step -> eval, as a training run's validation does: the second evaluation
+    equals a fresh model on aten GEMMs loaded with the updated weights."""
+    torch.manual_seed(1)
+    config = EncoderDecoderConfig(vocab_size=30, layers=1, d_model=16, heads=2, d_ff=32, dropout=0.0, linear="onednn")
+    model = EncoderDecoder(config)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    src, tgt = torch.randint(1, 30, (4, 7)), torch.randint(1, 30, (4, 6))
+    for _ in range(2):
+        model.eval()
+        with torch.no_grad():
+            model(src, tgt)  # packs
+        model.train()
+        optimizer.zero_grad()
+        model(src, tgt).logsumexp(-1).sum().backward()
+        optimizer.step()
+    model.eval()
+    reference = EncoderDecoder(dataclasses.replace(config, linear="aten")).eval()
+    reference.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(model(src, tgt), reference(src, tgt), atol=1e-5, rtol=1e-5)
+        # new weights loaded into a model in eval mode, no gradient pass between: no stale copy either
+        other = EncoderDecoder(dataclasses.replace(config, linear="aten")).eval()
+        model.load_state_dict(other.state_dict())
+        torch.testing.assert_close(model(src, tgt), other(src, tgt), atol=1e-5, rtol=1e-5)
 
 
 def test_auto_picks_onednn_on_avx512_only(monkeypatch):
@@ -147,7 +238,7 @@ def test_auto_picks_onednn_on_avx512_only(monkeypatch):
     monkeypatch.undo()
     linear_module.preferred_linear_kernel.cache_clear()
     assert choices == {"AVX512": "onednn", "AVX2": "aten", "DEFAULT": "aten", "AVX512 without oneDNN": "aten"}
-    assert linear_kernel("auto") is LINEAR_KERNELS[linear_module.preferred_linear_kernel()]
+    assert type(linear_kernel("auto")) is type(LINEAR_KERNELS[linear_module.preferred_linear_kernel()]())
 
 
 def test_unknown_or_unavailable_kernel_is_a_value_error_naming_the_field(monkeypatch):
