@@ -103,11 +103,31 @@ class _OneDNNLinear(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         d_out, d_in = weight.shape
         grad_rows = grad.reshape(-1, d_out)  # (R, d_out), R = all leading dims of x
-        need_x, need_weight, need_bias = ctx.needs_input_grad
+        need_x, need_weight, need_bias = (_used_by_this_backward(ctx, index) for index in range(3))
         grad_x = _onednn_matmul(grad_rows, weight.t()).view(x.shape) if need_x else None  # G W
         grad_weight = _weight_gradient(grad_rows, x.reshape(-1, d_in)) if need_weight else None
         grad_bias = grad_rows.sum(0) if need_bias and ctx.has_bias else None
         return grad_x, grad_weight, grad_bias
+
+
+def _used_by_this_backward(ctx, index: int) -> bool:  # noqa: ANN001
+    """Whether the running backward pass uses the gradient of input ``index``.
+
+    ``torch.autograd.grad(loss, [xi])`` asks for fewer gradients than the inputs that require one
+    (head importance wants dL/dxi and no weight gradient). PyTorch's own linear skips what the
+    engine will not use; a custom Function must ask the engine, or it forms dL/dW for nothing (one
+    third of the backward's GEMMs). The engine answers for every node but a leaf that
+    ``autograd.grad`` was asked for, whose gradient is then wanted.
+    """
+    if not ctx.needs_input_grad[index]:
+        return False
+    node = ctx.next_functions[index][0]
+    if node is None:
+        return False
+    try:
+        return torch._C._will_engine_execute_node(node)
+    except RuntimeError:  # a leaf autograd.grad() was asked for: its gradient is the answer
+        return True
 
 
 @dataclass
@@ -133,7 +153,7 @@ class OneDNNLinear:
     ``load_state_dict`` bumps). Unpacked, oneDNN lays the weight out again on every call: on the
     benchmark machine a batch-32 decoding step took 3.92 ms against 3.58 ms packed, a batch-8 step
     2.46 against 1.95 ms. Packed copies cost the weights' memory once more; a forward pass that
-    needs gradients drops them, so training keeps none.
+    needs a weight's gradient drops that weight's copy, so training keeps none.
 
     One instance per module (:func:`linear_kernel` makes them), so the copies live and die with the
     module whose weights they are.
@@ -147,15 +167,21 @@ class OneDNNLinear:
         if x.numel() < MIN_ONEDNN_ROWS * max(x.shape[-1], 1) or not _onednn_runs(x, weight):
             return F.linear(x, weight, bias)
         if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
-            self._packed.clear()  # training: the weights change every step
+            if self._packed:  # training: this weight changes every step, so its copy is dropped
+                self._packed.pop(self._key(weight), None)
             return _OneDNNLinear.apply(x, weight, bias)
         if not weight.is_contiguous():
             return _onednn_matmul(x, weight, bias)
         return _onednn_matmul(x, self._packed_weight(weight, x.numel() // x.shape[-1]), bias)
 
-    def _packed_weight(self, weight: Tensor, rows: int) -> Tensor:
+    @staticmethod
+    def _key(weight: Tensor) -> tuple[int, int, tuple[int, ...]]:
         owner = weight if weight._base is None else weight._base  # W^Q is a view of in_proj_weight
-        key = (id(owner), weight.storage_offset(), tuple(weight.shape))
+        return id(owner), weight.storage_offset(), tuple(weight.shape)
+
+    def _packed_weight(self, weight: Tensor, rows: int) -> Tensor:
+        owner = weight if weight._base is None else weight._base
+        key = self._key(weight)
         entry = self._packed.get(key)
         if entry is None or not entry.fits(owner, weight):
             entry = _Packed(weakref.ref(owner), weight.data_ptr(), weight._version, _pack(weight, rows))

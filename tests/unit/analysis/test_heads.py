@@ -20,6 +20,7 @@ from attnlab.errors import UsageError
 from attnlab.evaluation.objectives import PREDICTIONS
 from attnlab.experiment import ExperimentConfig, open_run
 from attnlab.head_ids import HeadId, head_ids, mask_without, parse_head
+from attnlab.nn.linear import onednn_available
 from attnlab.training.trainer import train
 from tests.unit.analysis.tiny_runs import HELD, tiny_run
 
@@ -66,6 +67,32 @@ def test_importance_equals_central_finite_differences(run):
             per_example.append(((losses[0] - losses[1]) / (2 * eps)).abs())
         expected = float(torch.cat(per_example).mean())
         assert scores[head] == pytest.approx(expected, rel=1e-3, abs=1e-9), head
+
+
+@pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN")
+def test_importance_on_the_onednn_kernel_spends_nothing_on_weight_gradients(run, monkeypatch):
+    """Importance wants dL/dxi alone: the oneDNN kernel (a custom autograd Function) asks the
+    engine which gradients the backward uses and forms no dL/dW, and the scores equal the float64
+    model's (F.linear)."""
+    import dataclasses
+
+    import attnlab.nn.linear as linear_module
+    from attnlab.nn import build_model
+
+    loaded = open_run(run)
+    onednn = build_model(dataclasses.replace(loaded.model.config, linear="onednn"))
+    onednn.load_state_dict(loaded.model.state_dict())
+    reference = build_model(dataclasses.replace(loaded.model.config, linear="aten")).double()
+    reference.load_state_dict(loaded.model.state_dict())
+    formed = []
+    real = linear_module._weight_gradient
+    monkeypatch.setattr(linear_module, "_weight_gradient", lambda *a: formed.append(1) or real(*a))
+    scores = {}
+    for name, model in (("onednn", onednn), ("float64", reference)):
+        probe = TaskProbe(dataclasses.replace(loaded, model=model), "valid", batch_size=8)
+        scores[name] = [row.importance for row in importance(probe)]
+    assert not formed
+    assert scores["onednn"] == pytest.approx(scores["float64"], rel=1e-3, abs=1e-7)
 
 
 def test_importance_normalized_per_layer(run):

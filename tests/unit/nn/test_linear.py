@@ -89,6 +89,32 @@ def test_onednn_gradients_for_any_subset_of_leaves(needs):
 
 
 @needs_onednn
+@pytest.mark.parametrize("asked", ["x", "weight", "all"])
+def test_onednn_computes_only_the_gradients_the_backward_uses(monkeypatch, asked):
+    """autograd.grad(loss, [x]) on a model whose weights require grad (head importance asks for
+    dL/dxi alone) must not spend GEMMs on dL/dW, and .backward() still fills every gradient."""
+    computed = []
+    real = linear_module._weight_gradient
+    monkeypatch.setattr(linear_module, "_weight_gradient", lambda *a: computed.append(1) or real(*a))
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(6, 8, generator=g, requires_grad=True)
+    weight = torch.nn.Parameter(torch.randn(10, 8, generator=g))
+    fused = torch.nn.Parameter(torch.randn(20, 8, generator=g))  # a view's gradient flows to its base
+    out = OneDNNLinear()(x * 2, weight, None) + OneDNNLinear()(x, fused[10:], None)
+    if asked == "all":
+        out.square().sum().backward()
+        assert len(computed) == 2 and weight.grad is not None and fused.grad is not None and x.grad is not None
+        return
+    inputs = {"x": [x], "weight": [weight]}[asked]
+    (grad,) = torch.autograd.grad(out.square().sum(), inputs)
+    assert len(computed) == (0 if asked == "x" else 1)
+    reference = [t.detach().requires_grad_() for t in (x, weight, fused)]
+    ref_out = (2 * reference[0]) @ reference[1].t() + reference[0] @ reference[2][10:].t()
+    ref_grad = torch.autograd.grad(ref_out.square().sum(), [reference[0] if asked == "x" else reference[1]])[0]
+    torch.testing.assert_close(grad, ref_grad, atol=1e-4, rtol=1e-4)
+
+
+@needs_onednn
 def test_onednn_without_grad_equals_with_grad():
     g = torch.Generator().manual_seed(3)
     x, weight, bias = torch.randn(2, 9, 24, generator=g), torch.randn(40, 24, generator=g), torch.randn(40, generator=g)
