@@ -145,7 +145,8 @@ class _Packed:
 
 class OneDNNLinear:
     """y = x W^T + b on oneDNN for float32 CPU tensors of at least :data:`MIN_ONEDNN_ROWS` rows;
-    ``F.linear`` for the rest (other devices and dtypes, single decoding rows).
+    ``F.linear`` for the rest (other devices and dtypes, single decoding rows) and inside autocast,
+    whose casts apply to PyTorch's ops only (``train.precision = "bf16"`` must run bf16 GEMMs).
 
     Without gradients (evaluation, decoding) each weight is packed once into oneDNN's blocked
     layout and the packed copy reused, as long as the weight is unchanged (the same tensor, storage
@@ -166,6 +167,8 @@ class OneDNNLinear:
         # The row count first: a decoding step at batch 1 calls this 19 times and leaves at once.
         if x.numel() < MIN_ONEDNN_ROWS * max(x.shape[-1], 1) or not _onednn_runs(x, weight):
             return F.linear(x, weight, bias)
+        if torch.is_autocast_enabled(x.device.type):  # mixed precision: autocast casts F.linear's inputs
+            return F.linear(x, weight, bias)  # (PyTorch runs its bf16 GEMMs on oneDNN itself)
         if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
             if self._packed:  # training: this weight changes every step, so its copy is dropped
                 self._packed.pop(self._key(weight), None)

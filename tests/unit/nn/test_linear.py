@@ -144,6 +144,29 @@ def test_onednn_routes_other_tensors_to_f_linear(monkeypatch, case):
 
 
 @needs_onednn
+@pytest.mark.parametrize("grad", [True, False])
+def test_onednn_leaves_mixed_precision_to_autocast(grad):
+    """Inside torch.autocast the map runs as F.linear does there (bf16 GEMM, bf16 output), not in
+    float32 behind autocast's back: train.precision = "bf16" must mean bf16 linear maps."""
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(8, 16, generator=g, requires_grad=grad)
+    weight, bias = torch.randn(12, 16, generator=g), torch.randn(12, generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, expected = OneDNNLinear()(x, weight, bias), F.linear(x, weight, bias)
+    assert out.dtype == expected.dtype == torch.bfloat16
+    assert torch.equal(out, expected)
+
+
+@needs_onednn
+def test_a_model_under_autocast_computes_its_maps_in_bf16():
+    config = EncoderDecoderConfig(vocab_size=40, layers=1, d_model=32, heads=4, d_ff=64, linear="onednn")
+    model = EncoderDecoder(config)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(torch.randint(1, 40, (3, 9)), torch.randint(1, 40, (3, 7)))
+    assert logits.dtype == torch.bfloat16  # the output layer, like every map before it, ran in bf16
+
+
+@needs_onednn
 @settings(max_examples=60, deadline=None)
 @given(
     lead=st.lists(st.integers(0, 9), min_size=1, max_size=3),
