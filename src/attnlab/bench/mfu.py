@@ -22,7 +22,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 from attnlab.bench.harness import BenchResult, interleaved_median_times
 from attnlab.bench.models import FULL, QUICK, attnlab_model, random_batch
 from attnlab.experiment import TrainConfig
-from attnlab.nn.linear import LINEAR_KERNELS, onednn_available
+from attnlab.nn.linear import available_linear_kernels, linear_kernel, onednn_available
 from attnlab.training.trainer import make_optimizer
 
 __all__ = ["run_mfu", "count_step_flops", "CPU_KERNEL_FLOPS"]
@@ -77,7 +77,7 @@ def run_mfu(quick: bool = False, repeats: int = 15) -> BenchResult:
     flops = count_step_flops(step)
     n = 512 if quick else 2048
     a, w = torch.randn(n, n), torch.randn(n, n)
-    matmuls = {f"fp32 matmul ({name})": _square_matmul(kernel, a, w) for name, kernel in _runnable_kernels().items()}
+    matmuls = {f"fp32 matmul ({name})": _square_matmul(linear_kernel(name), a, w) for name in available_linear_kernels()}
     seconds = interleaved_median_times({"step": step, **matmuls}, repeats=repeats, warmup=2)
     achieved = flops / seconds["step"]
     rates = {system: 2 * n**3 / seconds[system] for system in matmuls}
@@ -93,10 +93,6 @@ def run_mfu(quick: bool = False, repeats: int = 15) -> BenchResult:
     result.notes.append(f"peak: the fastest of {', '.join(rates)} on {n} x {n} x {n}; the model's linear maps use "
                         f"the kernel '{model.config.linear}' picks")
     return result
-
-
-def _runnable_kernels() -> dict[str, Callable]:
-    return {name: make() for name, make in LINEAR_KERNELS.items() if name != "onednn" or onednn_available()}
 
 
 def _square_matmul(kernel: Callable, a: torch.Tensor, w: torch.Tensor) -> Callable[[], torch.Tensor]:

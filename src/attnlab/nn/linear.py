@@ -42,6 +42,7 @@ __all__ = [
     "OneDNNLinear",
     "onednn_available",
     "preferred_linear_kernel",
+    "available_linear_kernels",
     "check_linear_kernel",
     "linear_kernel",
 ]
@@ -171,20 +172,15 @@ class OneDNNLinear:
             return F.linear(x, weight, bias)  # (PyTorch runs its bf16 GEMMs on oneDNN itself)
         if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
             if self._packed:  # training: this weight changes every step, so its copy is dropped
-                self._packed.pop(self._key(weight), None)
+                self._packed.pop(_key(_owner(weight), weight), None)
             return _OneDNNLinear.apply(x, weight, bias)
         if not weight.is_contiguous():
             return _onednn_matmul(x, weight, bias)
         return _onednn_matmul(x, self._packed_weight(weight, x.numel() // x.shape[-1]), bias)
 
-    @staticmethod
-    def _key(weight: Tensor) -> tuple[int, int, tuple[int, ...]]:
-        owner = weight if weight._base is None else weight._base  # W^Q is a view of in_proj_weight
-        return id(owner), weight.storage_offset(), tuple(weight.shape)
-
     def _packed_weight(self, weight: Tensor, rows: int) -> Tensor:
-        owner = weight if weight._base is None else weight._base
-        key = self._key(weight)
+        owner = _owner(weight)
+        key = _key(owner, weight)
         entry = self._packed.get(key)
         if entry is None or not entry.fits(owner, weight):
             entry = _Packed(weakref.ref(owner), weight.data_ptr(), weight._version, _pack(weight, rows))
@@ -199,6 +195,15 @@ class OneDNNLinear:
 
     def __repr__(self) -> str:
         return f"OneDNNLinear(packed={len(self._packed)})"
+
+
+def _owner(weight: Tensor) -> Tensor:
+    """The parameter ``weight`` is, or is a view of (W^Q is a view of in_proj_weight)."""
+    return weight if weight._base is None else weight._base
+
+
+def _key(owner: Tensor, weight: Tensor) -> tuple[int, int, tuple[int, ...]]:
+    return id(owner), weight.storage_offset(), tuple(weight.shape)
 
 
 def _onednn_runs(x: Tensor, weight: Tensor) -> bool:
@@ -221,12 +226,17 @@ def preferred_linear_kernel() -> str:
     return "aten"
 
 
+def available_linear_kernels() -> list[str]:
+    """The kernels of :data:`LINEAR_KERNELS` this PyTorch build can run (``onednn`` needs oneDNN)."""
+    return [name for name in LINEAR_KERNELS if name != "onednn" or onednn_available()]
+
+
 def check_linear_kernel(name: str) -> None:
     """Raise ValueError unless ``name`` is ``auto`` or a kernel this PyTorch build can run."""
     if name != "auto" and name not in LINEAR_KERNELS:
         raise ValueError(f"linear: unknown {name!r}; allowed: auto, {', '.join(LINEAR_KERNELS)}")
-    if name == "onednn" and not onednn_available():
-        raise ValueError("linear: 'onednn' needs a PyTorch build with oneDNN (torch.backends.mkldnn); use 'aten' or 'auto'")
+    if name != "auto" and name not in available_linear_kernels():
+        raise ValueError(f"linear: {name!r} needs a PyTorch build with oneDNN (torch.backends.mkldnn); use 'aten' or 'auto'")
 
 
 def linear_kernel(name: str) -> LinearKernel:
