@@ -162,7 +162,8 @@ def test_flop_count_of_a_training_step_is_the_same_on_either_linear_kernel(kerne
 
 
 def _random_entries_drawn(model: torch.nn.Module, batch) -> int:  # noqa: ANN001
-    """Entries of random noise one training forward draws (dropout masks, however drawn)."""
+    """Entries of random noise one training forward of a PyTorch model draws (dropout masks,
+    however torch draws them)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     drawn = {"entries": 0}
@@ -180,12 +181,30 @@ def _random_entries_drawn(model: torch.nn.Module, batch) -> int:  # noqa: ANN001
     return drawn["entries"]
 
 
-def test_the_train_systems_drop_the_same_entries():
+def _mask_entries_drawn(model: torch.nn.Module, batch, monkeypatch) -> int:  # noqa: ANN001
+    """Entries of dropout masks one training forward of an attnlab model draws (its words come
+    from NumPy on a CPU, which torch's dispatcher does not see)."""
+    from attnlab.nn import dropout as dropout_module
+
+    drawn = {"entries": 0}
+    keep_mask = dropout_module.keep_mask
+
+    def counted(shape, p, **kwargs):  # noqa: ANN001, ANN202
+        drawn["entries"] += math.prod(shape)
+        return keep_mask(shape, p, **kwargs)
+
+    monkeypatch.setattr(dropout_module, "keep_mask", counted)
+    model.train()
+    model(batch.src, batch.tgt_in)
+    return drawn["entries"]
+
+
+def test_the_train_systems_drop_the_same_entries(monkeypatch):
     """nn.Transformer's `dropout` also drops attention weights and FFN activations; the baseline
     switches those off so that it drops what attnlab and BART drop (sub-layer outputs, embeddings)."""
     from attnlab.bench.models import QUICK, TorchTransformerSeq2Seq, attnlab_model, random_batch
 
     batch = random_batch(QUICK)
-    ours = _random_entries_drawn(attnlab_model(QUICK), batch)
+    ours = _mask_entries_drawn(attnlab_model(QUICK), batch, monkeypatch)
     assert ours == (2 + 2 * QUICK.layers + 3 * QUICK.layers) * QUICK.batch * QUICK.length * QUICK.d_model
     assert _random_entries_drawn(TorchTransformerSeq2Seq(QUICK), batch) == ours

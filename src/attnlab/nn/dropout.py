@@ -1,24 +1,37 @@
-"""Dropout, with the mask drawn from uniform noise.
+"""Dropout, with the mask drawn from uniform random integers.
 
     Dropout_p(x) = x * m / (1 - p),   m_i ~ Bernoulli(1 - p)   (Vaswani §5.4: on every sub-layer output
                                                                and on the embedding sums)
 
-Same distribution and expectation as ``torch.nn.Dropout``; the Bernoulli mask is drawn as
-``rand >= p``, which on the CPU costs about half of ``bernoulli_`` (3.5 ms against 2.5 ms for a
-(32, 64, 256) tensor on this project's 2-core benchmark machine, where dropout was a quarter of a
-training step). The noise is drawn in float32 for 16-bit inputs: bfloat16 has only 256 levels in
-[0, 1), which would keep a fraction of entries visibly off 1 - p (0 entries at p = 0.999).
+Entry i is kept when a uniform random word u_i of b bits is at least t = round(p 2^b). The rate
+realised is therefore t / 2^b (:func:`realised_rate`), and the scale is 1 / (1 - t / 2^b), so that
+E[Dropout_p(x)] = x exactly:
+
+* rates of at least 2^-7 use 16-bit words: the rate is within 2^-17 of p, 0.1% of p at worst
+  (p = 0.1 drops 0.1000061). Four words come from one 64-bit draw.
+* smaller rates use 32-bit words (within 2^-33 of p).
+
+A float32 ``rand() >= p`` resolves p to 2^-24, and noise in a 16-bit input's own dtype (bfloat16 has
+256 levels in [0, 1)) would keep a visibly wrong fraction; the words never depend on the input's dtype.
+
+On a CPU the words come from NumPy's PCG64, seeded from torch's default generator on every call,
+so ``torch.manual_seed`` (and a run's saved RNG state) fixes every mask. PyTorch's CPU generator is a
+serial Mersenne twister: on the project's 2-core benchmark machine dropout took 8% of a training
+step with ``torch.rand`` noise (1.06 ms for a (32, 64, 256) tensor), and 16-bit PCG64 words made the
+whole step 2-3% faster (benchmarks/README.md). Other devices draw ``torch.randint`` on the device, whose generators are
+parallel.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
-__all__ = ["Dropout", "dropout"]
+__all__ = ["Dropout", "dropout", "keep_mask", "realised_rate", "word_bits"]
 
-_NOISE_DTYPES = {torch.bfloat16: torch.float32, torch.float16: torch.float32}
-"""Input dtypes whose uniform noise is drawn in a finer dtype (the rest draw in their own)."""
+SHORT_WORD_MIN_RATE = 2**-7
+"""Rates from this one up are resolved with 16-bit words (to 0.1% of the rate or better)."""
 
 
 class Dropout(nn.Module):
@@ -46,8 +59,59 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
     sub-module call."""
     if not training or p == 0.0:
         return x
-    # m / (1 - p) built in place in the noise tensor: one temporary and two passes fewer than
-    # `x * (noise >= p).to(dtype) * scale` (fwd + bwd of a (32, 64, 256) tensor: 2.6 against 3.6 ms).
-    noise = torch.rand(x.shape, dtype=_NOISE_DTYPES.get(x.dtype, x.dtype), device=x.device)
-    scaled_keep = noise.ge_(p).mul_(1.0 / (1.0 - p))  # m_i ~ Bernoulli(1 - p), over 1 - p
-    return x * scaled_keep.to(x.dtype)
+    # m / (1 - p) built in place on the mask: one temporary and two passes fewer than
+    # `x * mask.to(dtype) * scale` (forward + backward of a (32, 64, 256) tensor: 2.6 against 3.6 ms).
+    scaled_keep = keep_mask(x.shape, p, device=x.device).to(x.dtype).mul_(1.0 / (1.0 - realised_rate(p)))
+    return x * scaled_keep
+
+
+def word_bits(p: float) -> int:
+    """Bits b of the random words that decide a drop at rate ``p``: 16, or 32 below 2^-7."""
+    return 16 if p >= SHORT_WORD_MIN_RATE else 32
+
+
+def realised_rate(p: float) -> float:
+    """The rate a mask for ``p`` drops at: round(p 2^b) / 2^b, b = :func:`word_bits` (p)."""
+    levels = 2 ** word_bits(p)
+    return _threshold(p, levels) / levels
+
+
+def keep_mask(shape: torch.Size | tuple[int, ...], p: float, *, device: torch.device | str = "cpu") -> Tensor:
+    """A boolean tensor of ``shape`` whose entries are independently True with probability
+    1 - :func:`realised_rate` (p), drawn from torch's default generator for ``device``.
+
+    Random words u_i are uniform on [0, 2^b); viewed as signed b-bit integers they are uniform on
+    [-2^(b-1), 2^(b-1)), and u_i >= t holds for 2^b - t of the 2^b values.
+    """
+    bits = word_bits(p)
+    shift = 2 ** (bits - 1)
+    return _random_words(shape, bits, torch.device(device)).ge(_threshold(p, 2**bits) - shift)
+
+
+def _threshold(p: float, levels: int) -> int:
+    return min(round(p * levels), levels - 1)  # p < 1: at least one word value keeps
+
+
+_SIGNED = {16: torch.int16, 32: torch.int32}
+
+
+def _random_words(shape: torch.Size | tuple[int, ...], bits: int, device: torch.device) -> Tensor:
+    """Uniform signed ``bits``-bit words of ``shape`` (every bit pattern equally likely) on ``device``."""
+    return _numpy_words(shape, bits) if device.type == "cpu" else _torch_words(shape, bits, device)
+
+
+def _numpy_words(shape: torch.Size | tuple[int, ...], bits: int) -> Tensor:
+    """CPU words from NumPy's PCG64, seeded by one draw from torch's CPU generator."""
+    count = int(np.prod(shape, dtype=np.int64))
+    if count == 0:
+        return torch.empty(shape, dtype=_SIGNED[bits])  # (NumPy's empty draw has stride 0: no view)
+    per_draw = 64 // bits
+    seed = int(torch.empty((), dtype=torch.int64).random_())  # advances torch's generator: manual_seed fixes it
+    draws = np.random.PCG64(seed).random_raw(-(-count // per_draw))  # uint64, each split into per_draw words
+    return torch.from_numpy(draws).view(_SIGNED[bits])[:count].view(shape)
+
+
+def _torch_words(shape: torch.Size | tuple[int, ...], bits: int, device: torch.device) -> Tensor:
+    """Words from torch's generator for ``device`` (parallel on GPUs)."""
+    half = 2 ** (bits - 1)
+    return torch.randint(-half, half, tuple(shape), dtype=_SIGNED[bits], device=device)
