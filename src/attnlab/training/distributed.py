@@ -52,8 +52,14 @@ def from_environment(device: str) -> DistInfo:
     return DistInfo(rank, world_size, local_rank)
 
 
-def shutdown(info: DistInfo) -> None:
+def shutdown(info: DistInfo, *, wait_for_peers: bool = False) -> None:
+    """Leave the process group; with ``wait_for_peers``, first wait until every process has come
+    this far (the end of a successful run). A rank that tears its connections down while a peer
+    still works on them can end a gloo worker thread with an exception, which aborts the process
+    ("terminate called without an active exception", seen once on rank 1 of a 2-process test)."""
     if info.enabled and dist.is_initialized():
+        if wait_for_peers:
+            dist.barrier()
         dist.destroy_process_group()
 
 

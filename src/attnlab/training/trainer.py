@@ -99,9 +99,12 @@ def train(
     """Train (or resume) the run at ``run_path``; see the module docstring."""
     dist = from_environment(experiment.train.device)
     try:
-        return _Trainer(experiment, Path(run_path), resume=resume, dist=dist, progress=progress, log=log).fit()
-    finally:
-        shutdown(dist)
+        result = _Trainer(experiment, Path(run_path), resume=resume, dist=dist, progress=progress, log=log).fit()
+    except BaseException:
+        shutdown(dist)  # without waiting: a failed peer never reaches the barrier
+        raise
+    shutdown(dist, wait_for_peers=True)
+    return result
 
 
 class _Trainer:
