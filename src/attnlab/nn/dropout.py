@@ -24,6 +24,8 @@ device, whose generators are parallel.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from torch import Tensor, nn
@@ -84,8 +86,8 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float, *, device: torch.de
     [-2^(b-1), 2^(b-1)), and u_i >= t holds for 2^b - t of the 2^b values.
     """
     bits = word_bits(p)
-    shift = 2 ** (bits - 1)
-    return _random_words(shape, bits, torch.device(device)).ge(_threshold(p, 2**bits) - shift)
+    signed_min = torch.iinfo(_SIGNED[bits]).min  # -2^(b-1): where word 0 lands in the signed view
+    return _random_words(shape, bits, torch.device(device)).ge(_threshold(p, 2**bits) + signed_min)
 
 
 def _threshold(p: float, levels: int) -> int:
@@ -102,7 +104,7 @@ def _random_words(shape: torch.Size | tuple[int, ...], bits: int, device: torch.
 
 def _numpy_words(shape: torch.Size | tuple[int, ...], bits: int) -> Tensor:
     """CPU words from NumPy's PCG64, seeded by one draw from torch's CPU generator."""
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape)
     if count == 0:
         return torch.empty(shape, dtype=_SIGNED[bits])  # (NumPy's empty draw has stride 0: no view)
     per_draw = 64 // bits
@@ -113,5 +115,5 @@ def _numpy_words(shape: torch.Size | tuple[int, ...], bits: int) -> Tensor:
 
 def _torch_words(shape: torch.Size | tuple[int, ...], bits: int, device: torch.device) -> Tensor:
     """Words from torch's generator for ``device`` (parallel on GPUs)."""
-    half = 2 ** (bits - 1)
-    return torch.randint(-half, half, tuple(shape), dtype=_SIGNED[bits], device=device)
+    signed = torch.iinfo(_SIGNED[bits])
+    return torch.randint(signed.min, signed.max + 1, tuple(shape), dtype=_SIGNED[bits], device=device)
