@@ -187,13 +187,13 @@ def _mask_entries_drawn(model: torch.nn.Module, batch, monkeypatch) -> int:  # n
     from attnlab.nn import dropout as dropout_module
 
     drawn = {"entries": 0}
-    keep_mask = dropout_module.keep_mask
+    scaled_keep_mask = dropout_module.scaled_keep_mask
 
-    def counted(shape, p, **kwargs):  # noqa: ANN001, ANN202
-        drawn["entries"] += math.prod(shape)
-        return keep_mask(shape, p, **kwargs)
+    def counted(x, p):  # noqa: ANN001, ANN202
+        drawn["entries"] += x.numel()
+        return scaled_keep_mask(x, p)
 
-    monkeypatch.setattr(dropout_module, "keep_mask", counted)
+    monkeypatch.setattr(dropout_module, "scaled_keep_mask", counted)
     model.train()
     model(batch.src, batch.tgt_in)
     return drawn["entries"]

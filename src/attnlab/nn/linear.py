@@ -34,6 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnlab.nn import native
+
 __all__ = [
     "LinearKernel",
     "LINEAR_KERNELS",
@@ -85,8 +87,17 @@ def _weight_gradient(grad_rows: Tensor, x_rows: Tensor) -> Tensor:
     GFLOP/s), so the product is formed as (X^T G)^T when d_out is the wider.
     """
     if grad_rows.shape[1] >= x_rows.shape[1]:
-        return _onednn_matmul(x_rows.t(), grad_rows.t()).t().contiguous()  # (X^T G)^T: (d_out, d_in)
-    return _onednn_matmul(grad_rows.t(), x_rows.t())  # G^T X: (d_out, d_in)
+        return _onednn_matmul(_transposed(x_rows), grad_rows.t()).t().contiguous()  # (X^T G)^T: (d_out, d_in)
+    return _onednn_matmul(_transposed(grad_rows), x_rows.t())  # G^T X: (d_out, d_in)
+
+
+def _transposed(rows: Tensor) -> Tensor:
+    """rows^T for oneDNN's first operand, which it needs row-major: a copy on all cores from
+    :mod:`attnlab.nn.native` where that is built, else the transposed view (oneDNN's op then copies
+    it with aten's serial transpose)."""
+    if rows.is_contiguous() and native.kernels() is not None:
+        return native.transpose(rows)  # (C, R)
+    return rows.t()
 
 
 class _OneDNNLinear(torch.autograd.Function):
