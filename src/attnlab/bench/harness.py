@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from attnlab.nn import native
 from attnlab.nn.linear import preferred_linear_kernel
 
 __all__ = [
@@ -125,13 +126,15 @@ def interleaved_median_times(
 
 def machine_info() -> dict[str, Any]:
     """What the numbers depend on: torch version, threads, CPU model and the vector instructions
-    PyTorch runs on it, the GEMM kernel of attnlab's linear maps there, devices."""
+    PyTorch runs on it, the GEMM kernel of attnlab's linear maps there, whether attnlab's C++ CPU
+    kernels (:mod:`attnlab.nn.native`) are built, devices."""
     return {
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "cpu": _cpu_model(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "linear_kernel": preferred_linear_kernel(),
+        "native_kernels": native.kernels() is not None,
         "cpus": os.cpu_count(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "python": platform.python_version(),

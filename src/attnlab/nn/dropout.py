@@ -18,8 +18,10 @@ On a CPU the words come from NumPy's PCG64, seeded from torch's default generato
 so ``torch.manual_seed`` (and a run's saved RNG state) fixes every mask. PyTorch's CPU generator is a
 serial Mersenne twister: on the project's 2-core benchmark machine dropout took 8% of a training
 step with ``torch.rand`` noise (1.06 ms for a (32, 64, 256) tensor), and 16-bit PCG64 words made the
-whole step about 2% faster (benchmarks/README.md). Other devices draw ``torch.randint`` on the
-device, whose generators are parallel.
+whole step about 2% faster (benchmarks/README.md). For float32 CPU tensors the kernels of
+:mod:`attnlab.nn.native`, where they are built, draw the same PCG64 words on all cores and write the
+scaled mask in one pass (:func:`scaled_keep_mask`): the same masks, bit for bit. Other devices draw
+``torch.randint`` on the device, whose generators are parallel.
 """
 
 from __future__ import annotations

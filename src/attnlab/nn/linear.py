@@ -82,6 +82,9 @@ def _pack(weight: Tensor, rows: int) -> Tensor:
 def _weight_gradient(grad_rows: Tensor, x_rows: Tensor) -> Tensor:
     """dL/dW = G^T X, (d_out, d_in), from G (R, d_out) and X (R, d_in).
 
+    oneDNN's first operand must be row-major, so one of X^T and G^T is copied: on all cores by
+    :mod:`attnlab.nn.native` where it is built (aten's 2-D transpose is serial).
+
     oneDNN streams its second operand as the "weight" of a linear map, and runs this reduction over
     R fastest when that operand is the wider of the two (d_out = 1024, d_in = 256: 343 against 237
     GFLOP/s), so the product is formed as (X^T G)^T when d_out is the wider.
