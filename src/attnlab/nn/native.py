@@ -90,12 +90,16 @@ def unavailable_reason() -> str | None:
     return _build()[1]
 
 
-def transpose(x: Tensor) -> Tensor:
-    """A contiguous copy of x^T, on all cores. ``x``: a contiguous (R, C) float32 CPU tensor -> (C, R)."""
+def _loaded() -> ModuleType:
     module = kernels()
     if module is None:
         raise RuntimeError(f"attnlab's CPU kernels are not available: {unavailable_reason()}")
-    return module.transpose(x)
+    return module
+
+
+def transpose(x: Tensor) -> Tensor:
+    """A contiguous copy of x^T, on all cores. ``x``: a contiguous (R, C) float32 CPU tensor -> (C, R)."""
+    return _loaded().transpose(x)
 
 
 def scaled_keep_mask(
@@ -106,12 +110,9 @@ def scaled_keep_mask(
     Word i is the i-th signed ``bits``-bit piece (low bits first) of the 64-bit draws of
     ``numpy.random.PCG64(seed).random_raw``: the words :func:`attnlab.nn.dropout.keep_mask` compares.
     """
-    module = kernels()
-    if module is None:
-        raise RuntimeError(f"attnlab's CPU kernels are not available: {unavailable_reason()}")
     state = np.random.PCG64(seed).state["state"]  # the 128-bit LCG state and increment after seeding
     lcg, inc = state["state"], state["inc"]
-    mask = module.scaled_keep_mask(
+    mask = _loaded().scaled_keep_mask(
         math.prod(shape), bits, lcg >> 64, lcg & _UINT64_MASK, inc >> 64, inc & _UINT64_MASK, threshold, scale
     )
     return mask.view(shape)

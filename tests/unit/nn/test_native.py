@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from attnlab.nn import dropout as dropout_module
 from attnlab.nn import linear as linear_module
 from attnlab.nn import native
-from attnlab.nn.dropout import dropout, keep_mask, realised_rate, word_bits
+from attnlab.nn.dropout import dropout, keep_mask, realised_rate, signed_threshold, word_bits
 
 pytestmark = pytest.mark.skipif(native.kernels() is None, reason=f"no C++ kernels: {native.unavailable_reason()}")
 
@@ -39,14 +39,12 @@ def test_transpose_rejects_what_it_cannot_copy():
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9, 0.002, 1e-4])  # 16-bit words, then 32-bit
 @pytest.mark.parametrize("shape", [(1,), (7, 5), (3, 11, 13), (32, 64, 256), (0, 4)])
 def test_scaled_mask_is_keep_mask_scaled_bit_for_bit(p, shape):
-    bits = word_bits(p)
     scale = 1.0 / (1.0 - realised_rate(p))
-    threshold = dropout_module._threshold(p, 2**bits) + torch.iinfo(dropout_module._SIGNED[bits]).min
     torch.manual_seed(3)
     expected = keep_mask(shape, p).to(torch.float32) * scale
     torch.manual_seed(3)
     seed = dropout_module._numpy_seed()
-    got = native.scaled_keep_mask(shape, seed=seed, bits=bits, threshold=threshold, scale=scale)
+    got = native.scaled_keep_mask(shape, seed=seed, bits=word_bits(p), threshold=signed_threshold(p), scale=scale)
     assert got.dtype == torch.float32 and got.shape == torch.Size(shape)
     assert torch.equal(got, expected)
 
