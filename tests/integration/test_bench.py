@@ -7,16 +7,22 @@ import math
 import subprocess
 import sys
 
+import importlib
+
 import pytest
 import torch
+import torch.nn.functional as F
 
 from attnlab.bench import BENCHMARKS
 from attnlab.bench.attention import _measure, loglog_slope
 from attnlab.bench.harness import BenchResult, interleaved_median_times
 from attnlab.bench.heads import equal_slices
 from attnlab.bench.mfu import count_step_flops
+from attnlab.nn import native
 from attnlab.nn.attention import attention
 from attnlab.nn.linear import onednn_available
+
+attention_module = importlib.import_module("attnlab.nn.attention")  # the function of that name shadows it
 
 
 def test_all_quick_reports_every_benchmark(tmp_path):
@@ -110,12 +116,22 @@ def test_loglog_slope_is_not_decided_by_the_last_point():
     assert loglog_slope(slow_last) == pytest.approx(2.0 + 0.3 * math.log2(1.5))
 
 
+@pytest.mark.parametrize("kernel", ["sdpa", "attnlab"])
 @pytest.mark.parametrize("causal", [False, True])
-def test_flop_count_includes_the_fused_cpu_attention(causal):
-    """FlopCounterMode alone counts the CPU SDPA kernel as 0 FLOPs. Counted here as model FLOPs:
-    Q K^T and P V forward (2 B H T_q T_k (d_k + d_v)), twice that backward, as the explicit path."""
+def test_flop_count_includes_the_fused_cpu_attention(causal, kernel, monkeypatch):
+    """FlopCounterMode alone counts the CPU SDPA kernel and attnlab's attention kernel as 0 FLOPs.
+    Counted here as model FLOPs: Q K^T and P V forward (2 B H T_q T_k (d_k + d_v)), twice that
+    backward, as the explicit path."""
     b, h, t, d = 2, 3, 16, 8
     q, k, v = (torch.randn(b, h, t, d, requires_grad=True) for _ in range(3))
+    if kernel == "sdpa":
+        monkeypatch.setattr(attention_module, "_short_heads_on_cpu", lambda *args: False)
+    elif native.kernels() is None:
+        pytest.skip(f"no C++ kernels: {native.unavailable_reason()}")
+    calls = []
+    spied = {"sdpa": (F, "scaled_dot_product_attention"), "attnlab": (native, "short_attention")}[kernel]
+    real = getattr(*spied)
+    monkeypatch.setattr(*spied, lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs))
 
     def fused() -> None:
         attention(q, k, v, causal=causal).sum().backward()
@@ -127,6 +143,7 @@ def test_flop_count_includes_the_fused_cpu_attention(causal):
         (torch.softmax(scores, -1) @ v).sum().backward()
 
     assert count_step_flops(fused) == count_step_flops(explicit) == 3 * 2 * b * h * t * t * (d + d)
+    assert calls  # the kernel named ran
 
 
 @pytest.mark.parametrize("kernel", ["aten", "onednn"])

@@ -1,8 +1,8 @@
 """``mfu``: the ``train`` model's achieved FLOP/s over the fp32 matmul FLOP/s of this machine.
 
 FLOPs of one training step (forward and backward) are counted by ``torch.utils.flop_counter``,
-taught two CPU kernels it counts as 0 FLOPs: the fused attention kernel (it knows only the CUDA
-ones; attention is 5% of the step) and oneDNN's linear op, which runs the linear maps and their
+taught the CPU kernels it counts as 0 FLOPs: the fused attention kernels (PyTorch's and attnlab's;
+it knows only the CUDA ones; attention is 5% of the step) and oneDNN's linear op, which runs the linear maps and their
 gradients where :mod:`attnlab.nn.linear` picks it (95% of the step); the peak is the rate of a large fp32 matmul through the fastest GEMM
 kernel attnlab can run its linear maps on (:data:`attnlab.nn.linear.LINEAR_KERNELS`: MKL through
 ``F.linear``, and oneDNN where PyTorch has it), each timed in rounds interleaved with the step. A
@@ -22,10 +22,11 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 from attnlab.bench.harness import BenchResult, interleaved_median_times
 from attnlab.bench.models import FULL, QUICK, attnlab_model, random_batch
 from attnlab.experiment import TrainConfig
+from attnlab.nn import native
 from attnlab.nn.linear import available_linear_kernels, linear_kernel, onednn_available
 from attnlab.training.trainer import make_optimizer
 
-__all__ = ["run_mfu", "count_step_flops", "CPU_KERNEL_FLOPS"]
+__all__ = ["run_mfu", "count_step_flops", "cpu_kernel_flops"]
 
 
 def _cpu_flash_forward(query, key, value, *args, out_shape=None, **kwargs) -> int:  # noqa: ANN001
@@ -39,24 +40,38 @@ def _cpu_flash_backward(grad_out, query, key, value, *args, out_shape=None, **kw
     return 2 * sdpa_flop_count(query, key, value)
 
 
+def _short_attention_forward(query, key, value, *args, out_shape=None, **kwargs) -> int:  # noqa: ANN001
+    return sdpa_flop_count(query, key, value)  # Q K^T and P V, as for the fused kernel
+
+
+def _short_attention_backward(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:  # noqa: ANN001
+    return 2 * sdpa_flop_count(query, key, value)  # dV, dP, dQ, dK: the scores are kept, not recomputed
+
+
 def _onednn_linear(x_shape, weight_shape, *args, out_shape=None, **kwargs) -> int:  # noqa: ANN001
     # X (..., d_in) W^T with W (d_out, d_in): 2 rows d_in d_out, as for aten's addmm. The backward's
     # two products (G W and G^T X) are calls of this op too, and counted by it.
     return 2 * math.prod(x_shape) * weight_shape[0]
 
 
-CPU_KERNEL_FLOPS = {
-    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_forward,
-    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_backward,
-    **({torch.ops.mkldnn._linear_pointwise: _onednn_linear} if onednn_available() else {}),
-}
-"""FLOP formulas for the CPU kernels ``FlopCounterMode`` does not count by itself: PyTorch's CPU
-SDPA kernel and oneDNN's linear op."""
+def cpu_kernel_flops() -> dict:
+    """FLOP formulas for the CPU kernels ``FlopCounterMode`` does not count by itself: PyTorch's CPU
+    SDPA kernel, oneDNN's linear op, and attnlab's attention kernel where it is built."""
+    formulas = {
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_forward,
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_backward,
+    }
+    if onednn_available():
+        formulas[torch.ops.mkldnn._linear_pointwise] = _onednn_linear
+    if native.kernels() is not None:
+        formulas[torch.ops.attnlab.short_attention] = _short_attention_forward
+        formulas[torch.ops.attnlab.short_attention_backward] = _short_attention_backward
+    return formulas
 
 
 def count_step_flops(step: Callable[[], None]) -> int:
     """FLOPs of one call of ``step``: matmuls (aten's or oneDNN's) and fused attention, forward and backward."""
-    with FlopCounterMode(display=False, custom_mapping=CPU_KERNEL_FLOPS) as counter:
+    with FlopCounterMode(display=False, custom_mapping=cpu_kernel_flops()) as counter:
         step()
     return counter.get_total_flops()
 

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnlab.nn import native
 from attnlab.nn.masks import causal_mask, check_mask, combine_masks
 
 __all__ = ["attention", "NORMALIZERS", "ScoreFn", "Normalizer", "EXPLICIT_SINGLE_QUERY_ROWS"]
@@ -178,10 +179,31 @@ def _softmax_attention(
     del straight_through  # a soft forward pass already has the soft gradient
     if need_weights or score_fn is not None:
         return _softmax_explicit(q, k, v, mask, causal=causal, scale=scale, score_fn=score_fn, dropout_p=dropout_p)
+    if _short_heads_on_cpu(q, k, v, mask, dropout_p):
+        return native.short_attention(q, k, v, causal=causal, scale=scale), None
     if _one_query_over_many_rows(q, k, dropout_p):
         # A single query is the last position: causal or not, it may see every key.
         return _softmax_explicit(q, k, v, mask, causal=False, scale=scale, score_fn=None, dropout_p=0.0)[0], None
     return _softmax_fused(q, k, v, mask, causal=causal, scale=scale, dropout_p=dropout_p), None
+
+
+def _short_heads_on_cpu(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float) -> bool:
+    """(B, H, T, d) float32 heads over at most :data:`native.SHORT_ATTENTION_MAX_KEYS` keys on a CPU,
+    with no mask to materialise and no dropout: attnlab's C++ kernel, where it is built."""
+    return (
+        mask is None
+        and dropout_p == 0.0
+        and q.device.type == "cpu"
+        and q.dtype == k.dtype == v.dtype == torch.float32
+        and q.dim() == k.dim() == v.dim() == 4
+        and q.shape[:2] == k.shape[:2] == v.shape[:2]
+        and q.shape[-2] > 1
+        and q.numel() > 0
+        and 0 < k.shape[-2] <= native.SHORT_ATTENTION_MAX_KEYS
+        and max(q.shape[-1], v.shape[-1]) <= native.SHORT_ATTENTION_MAX_HEAD_DIM
+        and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
+        and native.kernels() is not None
+    )
 
 
 def _one_query_over_many_rows(q: Tensor, k: Tensor, dropout_p: float) -> bool:

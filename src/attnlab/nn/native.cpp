@@ -126,6 +126,25 @@ torch::Tensor scaled_keep_mask(int64_t count, int64_t bits, uint64_t state_hi, u
   return out;
 }
 
+// native_attention.cpp
+std::tuple<torch::Tensor, torch::Tensor> short_attention(const torch::Tensor& q, const torch::Tensor& k,
+                                                         const torch::Tensor& v, bool causal, double scale);
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> short_attention_backward(
+    const torch::Tensor& grad_out, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+    const torch::Tensor& probs, bool causal, double scale);
+
+// Operators, not only Python functions, so that dispatch modes (torch.utils.flop_counter) see them.
+TORCH_LIBRARY(attnlab, m) {
+  m.def("short_attention(Tensor q, Tensor k, Tensor v, bool causal, float scale) -> (Tensor, Tensor)");
+  m.def("short_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor probs, bool causal, "
+        "float scale) -> (Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(attnlab, CPU, m) {
+  m.impl("short_attention", &short_attention);
+  m.impl("short_attention_backward", &short_attention_backward);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("transpose", &transpose, "A contiguous transposed copy of a 2-D float32 tensor");
   m.def("scaled_keep_mask", &scaled_keep_mask, "Dropout's scaled keep mask from PCG64 words");

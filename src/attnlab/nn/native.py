@@ -36,10 +36,18 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["kernels", "unavailable_reason", "transpose", "scaled_keep_mask", "SOURCE"]
+__all__ = ["kernels", "unavailable_reason", "transpose", "scaled_keep_mask", "short_attention", "SOURCES"]
 
-SOURCE = Path(__file__).with_name("native.cpp")
-"""The kernels' C++ source, shipped with the package."""
+SOURCES = (Path(__file__).with_name("native.cpp"), Path(__file__).with_name("native_attention.cpp"))
+"""The kernels' C++ sources, shipped with the package."""
+
+# The vector instructions the kernels are compiled for, from the capability PyTorch's own kernels
+# run with on this CPU (``torch.backends.cpu.get_cpu_capability``). The build's name carries it, so
+# a cache shared by machines of different CPUs (a home directory on a cluster) holds one build each.
+_ISA_FLAGS = {
+    "AVX512": ["-mavx512f", "-mavx512vl", "-mavx512bw", "-mavx512dq", "-mavx2", "-mfma"],
+    "AVX2": ["-mavx2", "-mfma"],
+}
 
 _UINT64_MASK = (1 << 64) - 1
 
@@ -53,10 +61,12 @@ def _build() -> tuple[ModuleType | None, str | None]:
 
         _put_ninja_on_path()
         openmp = ["-fopenmp"] if torch.backends.openmp.is_available() else []
+        capability = torch.backends.cpu.get_cpu_capability()
         module = load(
-            name="attnlab_native",
-            sources=[str(SOURCE)],
-            extra_cflags=["-O3", *openmp],
+            name=f"attnlab_native_{capability.lower()}",
+            sources=[str(source) for source in SOURCES],
+            # fp-contract: a * b + c as one FMA (ISO C++ mode would keep them apart).
+            extra_cflags=["-O3", "-ffp-contract=fast", *_ISA_FLAGS.get(capability, []), *openmp],
             extra_ldflags=openmp,
             verbose=False,
         )
@@ -116,3 +126,36 @@ def scaled_keep_mask(
         math.prod(shape), bits, lcg >> 64, lcg & _UINT64_MASK, inc >> 64, inc & _UINT64_MASK, threshold, scale
     )
     return mask.view(shape)
+
+
+def short_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float) -> Tensor:
+    """softmax(scale Q K^T) V, one (batch, head) in L1 at a time, with its backward (``native_attention.cpp``).
+
+    Shape:
+        q: (B, H, T_q, d_k);  k: (B, H, T_k, d_k);  v: (B, H, T_k, d_v), float32 on the CPU, unit
+        stride in d, T_k <= :data:`SHORT_ATTENTION_MAX_KEYS`; returns (B, H, T_q, d_v), laid out
+        as (B, T_q, H, d_v).
+    """
+    _loaded()
+    return _ShortAttention.apply(q, k, v, causal, scale)
+
+
+SHORT_ATTENTION_MAX_KEYS = 256
+SHORT_ATTENTION_MAX_HEAD_DIM = 256
+
+
+class _ShortAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Tensor:  # noqa: ANN001
+        output, probs = torch.ops.attnlab.short_attention(q, k, v, causal, scale)
+        ctx.save_for_backward(q, k, v, probs)
+        ctx.causal, ctx.scale = causal, scale
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_output: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None]:  # noqa: ANN001
+        q, k, v, probs = ctx.saved_tensors
+        if grad_output.stride(-1) != 1:
+            grad_output = grad_output.contiguous()
+        grads = torch.ops.attnlab.short_attention_backward(grad_output, q, k, v, probs, ctx.causal, ctx.scale)
+        return (*grads, None, None)

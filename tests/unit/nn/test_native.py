@@ -1,6 +1,7 @@
 """attnlab's C++ CPU kernels: the same results as the PyTorch and NumPy paths they replace."""
 
 import numpy as np
+import torch.nn.functional as F
 import pytest
 import torch
 from hypothesis import given, settings
@@ -92,3 +93,143 @@ def test_build_can_be_switched_off(monkeypatch):
     monkeypatch.setenv("ATTNLAB_NATIVE", "0")
     module, reason = native._build.__wrapped__()
     assert module is None and "ATTNLAB_NATIVE=0" in reason
+
+
+# ---- short_attention: softmax(scale Q K^T) V and its backward, against float64 ----------------
+
+
+def _reference_attention(q, k, v, causal, scale):  # noqa: ANN001, ANN202
+    """Eq. 1 in float64, causal bottom-right aligned as in attnlab.nn.attention."""
+    scores = (q @ k.transpose(-2, -1)) * scale
+    if causal:
+        t_q, t_k = q.shape[-2], k.shape[-2]
+        scores = scores.masked_fill(~torch.ones(t_q, t_k, dtype=torch.bool).tril(t_k - t_q), float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def _check_short_attention(q, k, v, causal, scale=None, grad=None):  # noqa: ANN001, ANN202
+    """Output and gradients of the kernel on float32 inputs against float64 on the same values."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    leaves64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    reference = _reference_attention(*leaves64, causal, scale)
+    grad = torch.randn(reference.shape, dtype=torch.float64) if grad is None else grad
+    expected = torch.autograd.grad(reference, leaves64, grad)
+    leaves = [t.detach().requires_grad_() if t.is_leaf else t for t in (q, k, v)]
+    out = native.short_attention(*leaves, causal=causal, scale=scale)
+    got = torch.autograd.grad(out, leaves, grad.float())
+    for name, value, ref in zip(("output", "dQ", "dK", "dV"), (out, *got), (reference, *expected)):
+        assert value.dtype == torch.float32 and value.shape == ref.shape, name
+        torch.testing.assert_close(value.double(), ref, rtol=2e-5, atol=2e-5 * max(1.0, ref.abs().max().item()), msg=name)
+    return out
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(
+    ("t_q", "t_k", "d_k", "d_v"),
+    [(64, 64, 32, 32), (5, 7, 8, 6), (2, 2, 1, 1), (16, 16, 16, 16), (33, 200, 40, 17), (64, 256, 64, 64),
+     (100, 100, 64, 64), (17, 17, 96, 48)],
+)
+def test_short_attention_matches_float64(t_q, t_k, d_k, d_v, causal):
+    if causal and t_k < t_q:
+        pytest.skip("causal needs T_k >= T_q")
+    q, k, v = torch.randn(3, 2, t_q, d_k), torch.randn(3, 2, t_k, d_k), torch.randn(3, 2, t_k, d_v)
+    _check_short_attention(q, k, v, causal)
+
+
+def test_short_attention_non_causal_takes_more_queries_than_keys():
+    _check_short_attention(torch.randn(2, 2, 40, 8), torch.randn(2, 2, 9, 8), torch.randn(2, 2, 9, 8), False)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    batch=st.integers(1, 3), heads=st.integers(1, 3), t_q=st.integers(1, 70), extra_keys=st.integers(0, 40),
+    d_k=st.integers(1, 70), d_v=st.integers(1, 70), causal=st.booleans(), scale=st.floats(0.01, 2.0),
+)
+def test_short_attention_property(batch, heads, t_q, extra_keys, d_k, d_v, causal, scale):
+    t_k = t_q + extra_keys
+    q, k, v = torch.randn(batch, heads, t_q, d_k), torch.randn(batch, heads, t_k, d_k), torch.randn(batch, heads, t_k, d_v)
+    _check_short_attention(q, k, v, causal, scale=scale)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_short_attention_reads_heads_of_a_fused_projection(causal):
+    """q, k, v as MultiHeadAttention hands them over: strided views of one (B, T, 3 H d) tensor.
+    The output is laid out (B, T, H, d_v), so the heads' concatenation needs no copy; a gradient
+    that is not contiguous in d is accepted."""
+    b, h, t, d = 4, 3, 20, 16
+    fused = torch.randn(b, t, 3 * h * d, requires_grad=True)
+    q, k, v = (part.view(b, t, h, d).transpose(1, 2) for part in fused.split(h * d, dim=-1))
+    out = _check_short_attention(q, k, v, causal)
+    assert out.transpose(1, 2).is_contiguous()
+    grad = torch.randn(b, h, d, t).transpose(-2, -1)  # stride 1 along T, not d
+    expected = torch.autograd.grad(_reference_attention(q.double(), k.double(), v.double(), causal, d**-0.5), fused, grad.double())
+    got = torch.autograd.grad(native.short_attention(q, k, v, causal=causal, scale=d**-0.5), fused, grad)
+    torch.testing.assert_close(got[0], expected[0], rtol=2e-5, atol=2e-5)
+
+
+def test_short_attention_is_stable_for_large_scores():
+    """Scores of +-1000 would overflow exp() without the running maximum: no inf, no NaN."""
+    q, k, v = torch.randn(2, 2, 8, 4) * 40, torch.randn(2, 2, 9, 4) * 40, torch.randn(2, 2, 9, 4)
+    out = _check_short_attention(q, k, v, False, scale=1.0)
+    assert torch.isfinite(out).all()
+
+
+def test_short_attention_keys_permute_with_their_values():
+    q, k, v = torch.randn(2, 2, 6, 8), torch.randn(2, 2, 11, 8), torch.randn(2, 2, 11, 8)
+    order = torch.randperm(11)
+    torch.testing.assert_close(
+        native.short_attention(q, k, v, causal=False, scale=0.3),
+        native.short_attention(q, k[:, :, order], v[:, :, order], causal=False, scale=0.3),
+        rtol=1e-6, atol=1e-6,
+    )
+
+
+def test_short_attention_causal_query_ignores_later_keys():
+    q, k, v = torch.randn(1, 2, 10, 8), torch.randn(1, 2, 10, 8), torch.randn(1, 2, 10, 8)
+    changed_k, changed_v = k.clone(), v.clone()
+    changed_k[:, :, 6:], changed_v[:, :, 6:] = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8)
+    before = native.short_attention(q, k, v, causal=True, scale=0.3)
+    after = native.short_attention(q, changed_k, changed_v, causal=True, scale=0.3)
+    assert torch.equal(before[:, :, :6], after[:, :, :6]) and not torch.equal(before[:, :, 6:], after[:, :, 6:])
+
+
+def test_short_attention_rejects_what_it_cannot_run():
+    q = torch.randn(1, 1, 4, 8)
+    with pytest.raises(RuntimeError, match="float32 CPU"):
+        native.short_attention(q.double(), q.double(), q.double(), causal=False, scale=1.0)
+    with pytest.raises(RuntimeError, match="at most 256 keys"):
+        long = torch.randn(1, 1, 257, 8)
+        native.short_attention(q, long, long, causal=False, scale=1.0)
+    with pytest.raises(RuntimeError, match="causal needs T_k >= T_q"):
+        native.short_attention(torch.randn(1, 1, 5, 8), q, q, causal=True, scale=1.0)
+
+
+@pytest.mark.parametrize(
+    ("case", "native_kernel"),
+    [("plain", True), ("causal", True), ("mask", False), ("dropout", False), ("float64", False),
+     ("long", False), ("one query", False), ("3-d", False)],
+)
+def test_attention_runs_the_kernel_where_it_applies(case, native_kernel, monkeypatch):
+    """attnlab.nn.attention takes the kernel for float32 (B, H, T, d) heads over at most 256 keys,
+    without a mask or dropout, and PyTorch's fused kernel otherwise; both give the same output."""
+    import importlib
+
+    attention_module = importlib.import_module("attnlab.nn.attention")
+    calls = []
+    real = native.short_attention
+    monkeypatch.setattr(native, "short_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    t_k = 300 if case == "long" else 12
+    t_q = 1 if case == "one query" else 12
+    dtype = torch.float64 if case == "float64" else torch.float32
+    shape = (2, 3) if case != "3-d" else (6,)
+    q, k, v = torch.randn(*shape, t_q, 8, dtype=dtype), torch.randn(*shape, t_k, 8, dtype=dtype), torch.randn(*shape, t_k, 8, dtype=dtype)
+    kwargs = {"causal": case == "causal", "dropout_p": 0.1 if case == "dropout" else 0.0}
+    mask = torch.rand(t_q, t_k) < 0.8 if case == "mask" else None
+    if mask is not None:
+        mask[:, 0] = True
+    torch.manual_seed(0)
+    out = attention_module.attention(q, k, v, mask, **kwargs)
+    assert bool(calls) == native_kernel
+    if case != "dropout":
+        reference = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=kwargs["causal"])
+        torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-5)

@@ -1,0 +1,328 @@
+// Soft attention for short sequences, one (batch, head) at a time, compiled with native.cpp.
+//
+//   S = scale Q K^T,   P = softmax(S) row-wise (causal: keys after the query's position get 0),
+//   O = P V                                                       (Vaswani et al. §3.2.1, Eq. 1)
+//
+// and its backward, from the probabilities P the forward keeps:
+//
+//   dV = P^T dO,   dP = dO V^T,   dS = P * (dP - rowsum(P * dP)),   dQ = scale dS K,   dK = scale dS^T Q.
+//
+// Scores and probabilities are held transposed (S^T = scale K Q^T: a key per row, a query per
+// column), so each softmax is taken down a column, 16 queries at a time, with lane-wise maxima and
+// sums and no reductions across lanes.
+//
+// PyTorch's CPU flash kernel works through blocks of 32 queries with a GEMM call per block; for
+// heads of d_k = 32 over 64 keys those calls are too small to run near the FMA units' rate. Here all
+// of one head (at most kMaxKeys keys) stays in L1: each product is a register-tiled loop over
+// 16-float vectors (GCC's vector extensions: AVX-512 where the build targets it, narrower
+// registers elsewhere), and the (batch, head) pairs are spread over PyTorch's intra-op threads.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+constexpr int kLanes = 16;
+typedef float vf __attribute__((vector_size(kLanes * sizeof(float))));
+typedef int32_t vi __attribute__((vector_size(kLanes * sizeof(int32_t))));
+typedef float vf_unaligned __attribute__((vector_size(kLanes * sizeof(float)), aligned(4), may_alias));
+
+constexpr int64_t kMaxKeys = 256;
+constexpr int64_t kMaxHeadDim = 256;
+
+inline vf splat(float x) { return (vf){} + x; }
+inline vf load(const float* p) { return *reinterpret_cast<const vf_unaligned*>(p); }
+inline void store(float* p, vf x) { *reinterpret_cast<vf_unaligned*>(p) = x; }
+inline int64_t round_up(int64_t n) { return (n + kLanes - 1) / kLanes * kLanes; }
+
+inline vi lane_index() {
+  vi index;
+  for (int l = 0; l < kLanes; ++l) index[l] = l;
+  return index;
+}
+
+// exp(x) for x <= 0 (Cephes' expf polynomial, about 1 ulp): 2^n e^r with n = round(x / ln 2).
+// Arguments below -87 give exp(-87) ~ 1.6e-38 rather than less: nothing next to a softmax's sum >= 1.
+inline vf exp_nonpositive(vf x) {
+  const vf low = splat(-87.0f);
+  x = x < low ? low : x;
+  const vf round_magic = splat(12582912.0f);  // 1.5 * 2^23: adding and subtracting rounds to an integer
+  const vf n = (x * 1.44269504088896341f + round_magic) - round_magic;
+  const vf r = (x - n * 0.693359375f) - n * -2.12194440e-4f;  // ln 2 in two parts, the first exact
+  vf y = r * 1.9875691500E-4f + 1.3981999507E-3f;
+  y = y * r + 8.3334519073E-3f;
+  y = y * r + 4.1665795894E-2f;
+  y = y * r + 1.6666665459E-1f;
+  y = y * r + 5.0000001201E-1f;
+  y = y * (r * r) + r + 1.0f;
+  const vi exponent = (__builtin_convertvector(n, vi) + 127) << 23;
+  return y * reinterpret_cast<const vf&>(exponent);
+}
+
+// C[m, n] = alpha sum_k A(m, k) B[k, n] for an MR x (NV * 16) tile: A read one scalar at a time
+// through strides (so transposed operands need no copy), B row-major with rows of 16-float vectors.
+// Only the first `columns` columns of C are written.
+template <int MR, int NV>
+inline void tile(int64_t depth, const float* a, int64_t a_row, int64_t a_col, const float* b, int64_t ldb, float* c,
+                 int64_t ldc, int64_t columns, float alpha) {
+  vf acc[MR][NV] = {};
+  for (int64_t k = 0; k < depth; ++k) {
+    vf bk[NV];
+    for (int v = 0; v < NV; ++v) bk[v] = load(b + k * ldb + v * kLanes);
+    for (int m = 0; m < MR; ++m) {
+      const float am = a[m * a_row + k * a_col];
+      for (int v = 0; v < NV; ++v) acc[m][v] += am * bk[v];
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < NV; ++v) {
+      const vf out = acc[m][v] * alpha;
+      const int64_t first = v * kLanes;
+      if (first + kLanes <= columns) {
+        store(c + m * ldc + first, out);
+      } else {
+        for (int64_t l = 0; first + l < columns; ++l) c[m * ldc + first + l] = out[l];
+      }
+    }
+}
+
+template <int MR>
+inline void tile_row(int nv, int64_t depth, const float* a, int64_t a_row, int64_t a_col, const float* b, int64_t ldb,
+                     float* c, int64_t ldc, int64_t columns, float alpha) {
+  switch (nv) {
+    case 1: tile<MR, 1>(depth, a, a_row, a_col, b, ldb, c, ldc, columns, alpha); break;
+    case 2: tile<MR, 2>(depth, a, a_row, a_col, b, ldb, c, ldc, columns, alpha); break;
+    case 3: tile<MR, 3>(depth, a, a_row, a_col, b, ldb, c, ldc, columns, alpha); break;
+    default: tile<MR, 4>(depth, a, a_row, a_col, b, ldb, c, ldc, columns, alpha); break;
+  }
+}
+
+// C (rows x columns) = alpha A B, A (rows x depth) through strides, B (depth x round_up(columns)).
+// Tiles of up to 24 accumulators (of the 32 AVX-512 registers): 6 rows x 4 vectors, 12 x 2, 24 x 1.
+void matmul(int64_t rows, int64_t columns, int64_t depth, const float* a, int64_t a_row, int64_t a_col, const float* b,
+            int64_t ldb, float* c, int64_t ldc, float alpha) {
+  constexpr int kVectors = 4;
+  for (int64_t n = 0; n < columns; n += kVectors * kLanes) {
+    const int nv = static_cast<int>(std::min<int64_t>(kVectors, (columns - n + kLanes - 1) / kLanes));
+    const int64_t cols = std::min<int64_t>(columns - n, kVectors * kLanes);
+    const float* bn = b + n;
+    float* cn = c + n;
+    int64_t m = 0;
+    auto rows_of = [&](auto tile_rows) {  // as many tiles of tile_rows rows as fit
+      constexpr int mr = decltype(tile_rows)::value;
+      for (; m + mr <= rows; m += mr)
+        tile_row<mr>(nv, depth, a + m * a_row, a_row, a_col, bn, ldb, cn + m * ldc, ldc, cols, alpha);
+    };
+    if (nv <= 2) rows_of(std::integral_constant<int, 12>{});
+    rows_of(std::integral_constant<int, 6>{});
+    rows_of(std::integral_constant<int, 4>{});
+    rows_of(std::integral_constant<int, 2>{});
+    rows_of(std::integral_constant<int, 1>{});
+  }
+}
+
+// A strided (rows x width) view, transposed into a row-major (width x ld) buffer, zeros after `rows`.
+void copy_transposed(const float* src, int64_t row_stride, int64_t rows, int64_t width, float* dst, int64_t ld) {
+  for (int64_t c = 0; c < width; ++c) {
+    float* out = dst + c * ld;
+    for (int64_t r = 0; r < rows; ++r) out[r] = src[r * row_stride + c];
+    std::fill(out + rows, out + ld, 0.0f);
+  }
+}
+
+// A B operand of matmul: the strided (rows x width) view itself where its rows hold whole vectors
+// (width a multiple of 16, so no vector load runs past the tensor's end), else a zero-padded copy.
+struct Operand {
+  const float* data;
+  int64_t ld;
+};
+
+Operand padded(const float* src, int64_t row_stride, int64_t rows, int64_t width, std::vector<float>& buffer) {
+  if (width % kLanes == 0) return {src, row_stride};
+  const int64_t ld = round_up(width);
+  buffer.resize(rows * ld);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(buffer.data() + r * ld, src + r * row_stride, width * sizeof(float));
+    std::fill(buffer.data() + r * ld + width, buffer.data() + (r + 1) * ld, 0.0f);
+  }
+  return {buffer.data(), ld};
+}
+
+// Lanes (queries first .. first + 15) that may see key j: all, or (causal, bottom-right aligned)
+// the queries i with j <= i + T_k - T_q.
+inline vi lanes_seeing(int64_t j, int64_t first, int64_t t_q, int64_t t_k, bool causal) {
+  const vi query = lane_index() + static_cast<int32_t>(first);
+  return causal ? query >= static_cast<int32_t>(j - (t_k - t_q)) : query == query;
+}
+
+// S^T (T_k x ld) -> P^T in place: each column's softmax over its keys, 0 where a causal query may
+// not see the key.
+void softmax_columns(float* scores, int64_t t_k, int64_t t_q, int64_t ld, bool causal) {
+  const vf minus_inf = splat(-std::numeric_limits<float>::infinity());
+  for (int64_t first = 0; first < ld; first += kLanes) {
+    float* column = scores + first;
+    vf best = minus_inf;
+    for (int64_t j = 0; j < t_k; ++j) {
+      const vf s = load(column + j * ld);
+      best = lanes_seeing(j, first, t_q, t_k, causal) & (s > best) ? s : best;
+    }
+    vf total = {};
+    for (int64_t j = 0; j < t_k; ++j) {
+      const vf e = exp_nonpositive(load(column + j * ld) - best);
+      const vf kept = lanes_seeing(j, first, t_q, t_k, causal) ? e : (vf){};
+      store(column + j * ld, kept);
+      total += kept;
+    }
+    const vf inverse = 1.0f / total;
+    for (int64_t j = 0; j < t_k; ++j) store(column + j * ld, load(column + j * ld) * inverse);
+  }
+}
+
+// dP^T (T_k x ld) -> dS^T = scale P^T * (dP^T - D) in place, D a column's sum of P^T * dP^T.
+void softmax_backward_columns(const float* probs, float* grad, int64_t t_k, int64_t ld, float scale) {
+  for (int64_t first = 0; first < ld; first += kLanes) {
+    vf dot = {};
+    for (int64_t j = 0; j < t_k; ++j) dot += load(probs + j * ld + first) * load(grad + j * ld + first);
+    for (int64_t j = 0; j < t_k; ++j) {
+      float* g = grad + j * ld + first;
+      store(g, load(probs + j * ld + first) * (load(g) - dot) * scale);
+    }
+  }
+}
+
+// Asks for the cache lines of a strided (rows x width) view, ahead of its use: rows of one head lie
+// a whole row of the projection apart (3 KiB for 8 heads of 32), too far for the hardware prefetcher.
+inline void prefetch(const float* src, int64_t row_stride, int64_t rows, int64_t width) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < width; c += 64 / sizeof(float)) __builtin_prefetch(src + r * row_stride + c);
+}
+
+struct Heads {  // a (B, H, T, d) float tensor's data and strides
+  const float* data;
+  int64_t batch, head, row;
+  explicit Heads(const torch::Tensor& t)
+      : data(t.data_ptr<float>()), batch(t.stride(0)), head(t.stride(1)), row(t.stride(2)) {}
+  const float* at(int64_t b, int64_t h) const { return data + b * batch + h * head; }
+};
+
+struct OutHeads {  // the same for a tensor the kernel writes
+  float* data;
+  int64_t batch, head, row;
+  explicit OutHeads(torch::Tensor& t)
+      : data(t.data_ptr<float>()), batch(t.stride(0)), head(t.stride(1)), row(t.stride(2)) {}
+  float* at(int64_t b, int64_t h) const { return data + b * batch + h * head; }
+};
+
+void check_inputs(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+  for (const auto* t : {&q, &k, &v}) {
+    TORCH_CHECK(t->dim() == 4 && t->scalar_type() == torch::kFloat && t->device().is_cpu() && t->stride(3) == 1,
+                "short_attention: q, k and v must be (B, H, T, d) float32 CPU tensors with unit stride in d");
+  }
+  TORCH_CHECK(k.size(0) == q.size(0) && v.size(0) == q.size(0) && k.size(1) == q.size(1) && v.size(1) == q.size(1),
+              "short_attention: q, k and v need the same B and H");
+  TORCH_CHECK(k.size(3) == q.size(3) && v.size(2) == k.size(2), "short_attention: q, k, v shapes disagree");
+  TORCH_CHECK(k.size(2) >= 1 && k.size(2) <= kMaxKeys && q.size(3) <= kMaxHeadDim && v.size(3) <= kMaxHeadDim,
+              "short_attention: at most ", kMaxKeys, " keys and head widths up to ", kMaxHeadDim);
+}
+
+// (B, H, T, d) laid out as (B, T, H, d): the layout the heads' concatenation reads without a copy.
+torch::Tensor empty_heads(int64_t b, int64_t h, int64_t t, int64_t d, const torch::TensorOptions& options) {
+  return torch::empty({b, t, h, d}, options).permute({0, 2, 1, 3});
+}
+
+}  // namespace
+
+// Forward: the output (B, H, T_q, d_v) and P^T (B, H, T_k, round_up(T_q)), kept for the backward.
+std::tuple<torch::Tensor, torch::Tensor> short_attention(const torch::Tensor& q, const torch::Tensor& k,
+                                                         const torch::Tensor& v, bool causal, double scale) {
+  check_inputs(q, k, v);
+  const int64_t batch = q.size(0), heads = q.size(1), t_q = q.size(2), t_k = k.size(2), d_k = q.size(3),
+                d_v = v.size(3);
+  TORCH_CHECK(!causal || t_k >= t_q, "short_attention: causal needs T_k >= T_q");
+  const int64_t ld = round_up(t_q);
+  auto out = empty_heads(batch, heads, t_q, d_v, q.options());
+  auto probs = torch::empty({batch, heads, t_k, ld}, q.options());
+  const Heads qs(q), ks(k), vs(v);
+  const OutHeads os(out);
+  float* const probs_data = probs.data_ptr<float>();
+  const float alpha = static_cast<float>(scale);
+  at::parallel_for(0, batch * heads, 1, [=](int64_t first, int64_t last) {
+    std::vector<float> queries_t(d_k * ld), value_copy;
+    for (int64_t bh = first; bh < last; ++bh) {
+      const int64_t b = bh / heads, h = bh % heads;
+      float* p = probs_data + bh * t_k * ld;
+      if (bh + 1 < last) {
+        const int64_t nb = (bh + 1) / heads, nh = (bh + 1) % heads;
+        prefetch(qs.at(nb, nh), qs.row, t_q, d_k);
+        prefetch(ks.at(nb, nh), ks.row, t_k, d_k);
+        prefetch(vs.at(nb, nh), vs.row, t_k, d_v);
+      }
+      copy_transposed(qs.at(b, h), qs.row, t_q, d_k, queries_t.data(), ld);
+      matmul(t_k, ld, d_k, ks.at(b, h), ks.row, 1, queries_t.data(), ld, p, ld, alpha);  // S^T = scale K Q^T
+      softmax_columns(p, t_k, t_q, ld, causal);
+      const Operand values = padded(vs.at(b, h), vs.row, t_k, d_v, value_copy);
+      matmul(t_q, d_v, t_k, p, 1, ld, values.data, values.ld, os.at(b, h), os.row, 1.0f);  // O = P V
+    }
+  });
+  return {out, probs};
+}
+
+// Backward: dQ, dK, dV from dO and the forward's P^T.
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> short_attention_backward(
+    const torch::Tensor& grad_out, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+    const torch::Tensor& probs, bool causal, double scale) {
+  check_inputs(q, k, v);
+  TORCH_CHECK(grad_out.dim() == 4 && grad_out.scalar_type() == torch::kFloat && grad_out.stride(3) == 1 &&
+                  grad_out.sizes() == torch::IntArrayRef({q.size(0), q.size(1), q.size(2), v.size(3)}),
+              "short_attention_backward: grad_out must be (B, H, T_q, d_v) float32 with unit stride in d");
+  const int64_t batch = q.size(0), heads = q.size(1), t_q = q.size(2), t_k = k.size(2), d_k = q.size(3),
+                d_v = v.size(3);
+  const int64_t ld = round_up(t_q);
+  TORCH_CHECK(probs.is_contiguous() && probs.sizes() == torch::IntArrayRef({batch, heads, t_k, ld}),
+              "short_attention_backward: probs must be the forward's");
+  (void)causal;  // P^T is already 0 where a query may not see a key
+  auto grad_q = empty_heads(batch, heads, t_q, d_k, q.options());
+  auto grad_k = empty_heads(batch, heads, t_k, d_k, q.options());
+  auto grad_v = empty_heads(batch, heads, t_k, d_v, q.options());
+  const Heads gs(grad_out), qs(q), ks(k), vs(v);
+  const OutHeads gqs(grad_q), gks(grad_k), gvs(grad_v);
+  const float* const probs_data = probs.data_ptr<float>();
+  const float alpha = static_cast<float>(scale);
+  at::parallel_for(0, batch * heads, 1, [=](int64_t first, int64_t last) {
+    std::vector<float> grad_t(d_v * ld), grad_scores(t_k * ld), grad_copy, query_copy, key_copy;
+    for (int64_t bh = first; bh < last; ++bh) {
+      const int64_t b = bh / heads, h = bh % heads;
+      const float* p = probs_data + bh * t_k * ld;
+      float* ds = grad_scores.data();
+      if (bh + 1 < last) {
+        const int64_t nb = (bh + 1) / heads, nh = (bh + 1) % heads;
+        prefetch(gs.at(nb, nh), gs.row, t_q, d_v);
+        prefetch(qs.at(nb, nh), qs.row, t_q, d_k);
+        prefetch(ks.at(nb, nh), ks.row, t_k, d_k);
+        prefetch(vs.at(nb, nh), vs.row, t_k, d_v);
+      }
+      const Operand grad_rows = padded(gs.at(b, h), gs.row, t_q, d_v, grad_copy);
+      const Operand queries = padded(qs.at(b, h), qs.row, t_q, d_k, query_copy);
+      const Operand keys = padded(ks.at(b, h), ks.row, t_k, d_k, key_copy);
+      // dV = P^T dO.
+      matmul(t_k, d_v, t_q, p, ld, 1, grad_rows.data, grad_rows.ld, gvs.at(b, h), gvs.row, 1.0f);
+      // dP^T = V dO^T, then dS^T in place.
+      copy_transposed(gs.at(b, h), gs.row, t_q, d_v, grad_t.data(), ld);
+      matmul(t_k, ld, d_v, vs.at(b, h), vs.row, 1, grad_t.data(), ld, ds, ld, 1.0f);
+      softmax_backward_columns(p, ds, t_k, ld, alpha);
+      // dQ = dS K, A(m = i, k = j) = dS^T[j, i];  dK = dS^T Q.
+      matmul(t_q, d_k, t_k, ds, 1, ld, keys.data, keys.ld, gqs.at(b, h), gqs.row, 1.0f);
+      matmul(t_k, d_k, t_q, ds, ld, 1, queries.data, queries.ld, gks.at(b, h), gks.row, 1.0f);
+    }
+  });
+  return {grad_q, grad_k, grad_v};
+}
