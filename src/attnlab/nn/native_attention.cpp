@@ -89,8 +89,10 @@ inline void tile(int64_t depth, const float* a, int64_t a_row, int64_t a_col, co
       const int64_t first = v * kLanes;
       if (first + kLanes <= columns) {
         store(c + m * ldc + first, out);
-      } else {
-        for (int64_t l = 0; first + l < columns; ++l) c[m * ldc + first + l] = out[l];
+      } else if (first < columns) {  // through memory, so that the accumulators stay in registers
+        float part[kLanes];
+        store(part, out);
+        std::memcpy(c + m * ldc + first, part, (columns - first) * sizeof(float));
       }
     }
 }
@@ -130,13 +132,47 @@ void matmul(int64_t rows, int64_t columns, int64_t depth, const float* a, int64_
   }
 }
 
-// A strided (rows x width) view, transposed into a row-major (width x ld) buffer, zeros after `rows`.
-void copy_transposed(const float* src, int64_t row_stride, int64_t rows, int64_t width, float* dst, int64_t ld) {
-  for (int64_t c = 0; c < width; ++c) {
-    float* out = dst + c * ld;
-    for (int64_t r = 0; r < rows; ++r) out[r] = src[r * row_stride + c];
-    std::fill(out + rows, out + ld, 0.0f);
+// Swaps the off-diagonal S x S blocks of every 2S x 2S block of a 16 x 16 tile held as 16 rows.
+// The four stages S = 8, 4, 2, 1 transpose the tile ([[A, B], [C, D]]^T = [[A^T, C^T], [B^T, D^T]]).
+template <int S>
+inline void swap_blocks(vf* rows) {
+  const vi lane = lane_index();
+  const vi from_next = (lane & S) != 0;
+  const vi low = from_next ? lane + (kLanes - S) : lane;  // lane l of the row below, l - S
+  const vi high = from_next ? lane + kLanes : lane + S;
+  for (int i = 0; i < kLanes; ++i) {
+    if (i & S) continue;
+    const vf a = rows[i], b = rows[i + S];
+    rows[i] = __builtin_shuffle(a, b, low);
+    rows[i + S] = __builtin_shuffle(a, b, high);
   }
+}
+
+// A strided (rows x width) view, transposed into a row-major (width x ld) buffer, zeros after
+// `rows` (ld a multiple of 16 and >= rows), 16 x 16 tiles at a time: whole rows are read, where a
+// column walk would touch a cache line per row, lines that rows of a power-of-two stride map to a
+// few L1 sets for.
+void copy_transposed(const float* src, int64_t row_stride, int64_t rows, int64_t width, float* dst, int64_t ld) {
+  for (int64_t r0 = 0; r0 < ld; r0 += kLanes)
+    for (int64_t c0 = 0; c0 < width; c0 += kLanes) {
+      const int64_t columns = std::min<int64_t>(kLanes, width - c0);
+      vf tile[kLanes];
+      for (int i = 0; i < kLanes; ++i) {
+        tile[i] = (vf){};
+        if (r0 + i >= rows) continue;
+        const float* row = src + (r0 + i) * row_stride + c0;
+        if (columns == kLanes) {
+          tile[i] = load(row);
+        } else {
+          for (int64_t c = 0; c < columns; ++c) tile[i][c] = row[c];
+        }
+      }
+      swap_blocks<8>(tile);
+      swap_blocks<4>(tile);
+      swap_blocks<2>(tile);
+      swap_blocks<1>(tile);
+      for (int64_t c = 0; c < columns; ++c) store(dst + (c0 + c) * ld + r0, tile[c]);
+    }
 }
 
 // A B operand of matmul: the strided (rows x width) view itself where its rows hold whole vectors
