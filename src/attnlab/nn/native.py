@@ -1,4 +1,5 @@
-"""attnlab's own CPU kernels (``native.cpp``), compiled with the machine's C++ compiler on first use.
+"""attnlab's own CPU kernels (``native.cpp``, ``native_attention.cpp``), compiled with the machine's
+C++ compiler on first use.
 
 PyTorch runs two memory-bound steps of a training step on one core of a multi-core CPU:
 
@@ -14,11 +15,22 @@ PyTorch runs two memory-bound steps of a training step on one core of a multi-co
 Together they made the ``train`` model's step 4.7% faster (interleaved A/B: 0.953;
 benchmarks/README.md).
 
+:func:`short_attention` is soft attention for short heads (Vaswani Eq. 1, forward and backward).
+PyTorch's CPU flash kernel cuts heads of d_k = 32 over 64 keys into GEMM calls too small to run
+near the FMA units' rate (about 100 GFLOP/s); this kernel keeps one (batch, head) in L1 at a time,
+with register-tiled products, and keeps the probabilities for the backward rather than recomputing
+them. It runs the ``train`` model's attention in about half the time: the step takes 0.90 of its
+time with PyTorch's kernel (interleaved A/B). Its two operators are registered with PyTorch
+(``torch.ops.attnlab.short_attention`` and ``short_attention_backward``), so dispatch modes such as
+``torch.utils.flop_counter`` see them.
+
 The kernels are built once per machine with ``torch.utils.cpp_extension`` (about 20 s; the build is
 cached under PyTorch's extension directory, ``TORCH_EXTENSIONS_DIR``) the first time a training step
-needs them. Where the build cannot run (no C++ compiler, no ``ninja``, a compiler without 128-bit
+needs them, for the vector instructions PyTorch's own kernels use on this CPU (AVX-512, AVX2, or the
+compiler's default), under a name that says which. Where the build cannot run (no C++ compiler, no ``ninja``, a compiler without 128-bit
 integers) :func:`kernels` returns None, the callers take PyTorch's and NumPy's serial paths, and a
-warning says why, once. ``ATTNLAB_NATIVE=0`` in the environment skips the build.
+warning says why, once (attention then runs on PyTorch's fused kernel). ``ATTNLAB_NATIVE=0`` in the
+environment skips the build.
 """
 
 from __future__ import annotations
@@ -74,7 +86,7 @@ def _build() -> tuple[ModuleType | None, str | None]:
         reason = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
         warnings.warn(
             f"attnlab's CPU kernels could not be built ({reason}); training uses PyTorch's serial "
-            "transposes and NumPy's dropout words instead (slower, same results)",
+            "transposes, NumPy's dropout words and PyTorch's fused attention instead (slower, same results)",
             RuntimeWarning,
             stacklevel=3,
         )
@@ -128,20 +140,38 @@ def scaled_keep_mask(
     return mask.view(shape)
 
 
+SHORT_ATTENTION_MAX_KEYS = 256
+"""The most keys :func:`short_attention` takes (kMaxKeys in native_attention.cpp)."""
+SHORT_ATTENTION_MAX_HEAD_DIM = 256
+"""The widest head (d_k, d_v) :func:`short_attention` takes (kMaxHeadDim in native_attention.cpp)."""
+
+
 def short_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float) -> Tensor:
     """softmax(scale Q K^T) V, one (batch, head) in L1 at a time, with its backward (``native_attention.cpp``).
+
+        Attention(Q, K, V) = softmax(scale Q K^T) V                       (Vaswani et al. §3.2.1, Eq. 1)
+
+    ``causal`` gives 0 weight to keys after each query's position, bottom-right aligned when
+    T_k > T_q (query i sees keys j <= i + T_k - T_q), as :func:`attnlab.nn.attention.attention` does.
+    The backward uses the probabilities the forward keeps, (B, H, T_k, T_q rounded up to 16) floats.
+
+    Args:
+        q: queries.
+        k: keys.
+        v: values.
+        causal: mask keys after each query's position.
+        scale: multiplies Q K^T (1/sqrt(d_k) in Eq. 1).
 
     Shape:
         q: (B, H, T_q, d_k);  k: (B, H, T_k, d_k);  v: (B, H, T_k, d_v), float32 on the CPU, unit
         stride in d, T_k <= :data:`SHORT_ATTENTION_MAX_KEYS`; returns (B, H, T_q, d_v), laid out
-        as (B, T_q, H, d_v).
+        as (B, T_q, H, d_v), so the heads' concatenation is a view.
+
+    Returns:
+        The attention output, differentiable with respect to q, k and v.
     """
     _loaded()
     return _ShortAttention.apply(q, k, v, causal, scale)
-
-
-SHORT_ATTENTION_MAX_KEYS = 256
-SHORT_ATTENTION_MAX_HEAD_DIM = 256
 
 
 class _ShortAttention(torch.autograd.Function):
@@ -158,4 +188,23 @@ class _ShortAttention(torch.autograd.Function):
         if grad_output.stride(-1) != 1:
             grad_output = grad_output.contiguous()
         grads = torch.ops.attnlab.short_attention_backward(grad_output, q, k, v, probs, ctx.causal, ctx.scale)
+        if torch.is_grad_enabled():  # create_graph=True: differentiating these gradients must fail loudly
+            grads = _NoSecondDerivative.apply(*grads, q, k, v)
         return (*grads, None, None)
+
+
+class _NoSecondDerivative(torch.autograd.Function):
+    """Passes the gradients through; a derivative of them raises (as for PyTorch's fused kernels)."""
+
+    @staticmethod
+    def forward(ctx, grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, *inputs: Tensor) -> tuple[Tensor, Tensor, Tensor]:  # noqa: ANN001
+        del ctx, inputs  # the inputs only tie these gradients to the graph
+        return grad_q.clone(), grad_k.clone(), grad_v.clone()
+
+    @staticmethod
+    def backward(ctx, *grads: Tensor) -> None:  # noqa: ANN001
+        raise RuntimeError(
+            "attnlab's short attention kernel has no second derivative (nor has PyTorch's fused "
+            "attention); ask attention() for the weights (need_weights / return_weights) to take the "
+            "explicit path, which has one"
+        )

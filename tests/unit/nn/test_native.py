@@ -200,8 +200,23 @@ def test_short_attention_rejects_what_it_cannot_run():
     with pytest.raises(RuntimeError, match="at most 256 keys"):
         long = torch.randn(1, 1, 257, 8)
         native.short_attention(q, long, long, causal=False, scale=1.0)
+    with pytest.raises(RuntimeError, match="head widths up to 256"):
+        wide = torch.randn(1, 1, 4, 257)
+        native.short_attention(wide, wide, wide, causal=False, scale=1.0)
     with pytest.raises(RuntimeError, match="causal needs T_k >= T_q"):
         native.short_attention(torch.randn(1, 1, 5, 8), q, q, causal=True, scale=1.0)
+    edge = torch.randn(1, 1, 3, native.SHORT_ATTENTION_MAX_HEAD_DIM)  # the limits themselves run
+    long = torch.randn(1, 1, native.SHORT_ATTENTION_MAX_KEYS, native.SHORT_ATTENTION_MAX_HEAD_DIM)
+    _check_short_attention(edge, long, long, False)
+
+
+def test_short_attention_has_no_second_derivative():
+    q, k, v = (torch.randn(1, 2, 4, 8, requires_grad=True) for _ in range(3))
+    (grad_q,) = torch.autograd.grad(native.short_attention(q, k, v, causal=False, scale=0.3).sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="no second derivative"):
+        grad_q.sum().backward()
+    first = native.short_attention(q, k, v, causal=False, scale=0.3).sum()
+    torch.testing.assert_close(grad_q, torch.autograd.grad(first, q)[0])  # the first derivative is unchanged
 
 
 @pytest.mark.parametrize(
