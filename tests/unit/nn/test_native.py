@@ -222,11 +222,12 @@ def test_short_attention_has_no_second_derivative():
 @pytest.mark.parametrize(
     ("case", "native_kernel"),
     [("plain", True), ("causal", True), ("mask", False), ("dropout", False), ("float64", False),
-     ("long", False), ("one query", False), ("3-d", False)],
+     ("long", False), ("many queries", False), ("one query", False), ("3-d", False)],
 )
 def test_attention_runs_the_kernel_where_it_applies(case, native_kernel, monkeypatch):
-    """attnlab.nn.attention takes the kernel for float32 (B, H, T, d) heads over at most 256 keys,
-    without a mask or dropout, and PyTorch's fused kernel otherwise; both give the same output."""
+    """attnlab.nn.attention takes the kernel for float32 (B, H, T, d) heads, 2-256 queries over at
+    most 256 keys, without a mask or dropout, and PyTorch's fused kernel otherwise; both give the
+    same output."""
     import importlib
 
     attention_module = importlib.import_module("attnlab.nn.attention")
@@ -234,7 +235,7 @@ def test_attention_runs_the_kernel_where_it_applies(case, native_kernel, monkeyp
     real = native.short_attention
     monkeypatch.setattr(native, "short_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     t_k = 300 if case == "long" else 12
-    t_q = 1 if case == "one query" else 12
+    t_q = {"one query": 1, "many queries": 300}.get(case, 12)
     dtype = torch.float64 if case == "float64" else torch.float32
     shape = (2, 3) if case != "3-d" else (6,)
     q, k, v = torch.randn(*shape, t_q, 8, dtype=dtype), torch.randn(*shape, t_k, 8, dtype=dtype), torch.randn(*shape, t_k, 8, dtype=dtype)
