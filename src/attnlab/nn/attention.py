@@ -203,7 +203,7 @@ def _short_heads_on_cpu(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dr
         and 0 < k.shape[-2] <= native.SHORT_ATTENTION_MAX_KEYS
         and max(q.shape[-1], v.shape[-1]) <= native.SHORT_ATTENTION_MAX_HEAD_DIM
         and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
-        and native.kernels() is not None
+        and native.available()
     )
 
 

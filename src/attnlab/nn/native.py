@@ -48,7 +48,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["kernels", "unavailable_reason", "transpose", "scaled_keep_mask", "short_attention", "SOURCES"]
+__all__ = ["kernels", "available", "unavailable_reason", "transpose", "scaled_keep_mask", "short_attention", "SOURCES"]
 
 SOURCES = (Path(__file__).with_name("native.cpp"), Path(__file__).with_name("native_attention.cpp"))
 """The kernels' C++ sources, shipped with the package."""
@@ -91,7 +91,28 @@ def _build() -> tuple[ModuleType | None, str | None]:
             stacklevel=3,
         )
         return None, reason
+    _register_fake_kernels()
     return module, None
+
+
+def _register_fake_kernels() -> None:
+    """Shapes and layouts of the attention operators' outputs without running them, for tracing
+    (``torch.compile``, FakeTensor)."""
+
+    def heads(like: Tensor, b: int, h: int, t: int, d: int) -> Tensor:  # (B, H, T, d) laid out (B, T, H, d)
+        return like.new_empty(b, t, h, d).permute(0, 2, 1, 3)
+
+    @torch.library.register_fake("attnlab::short_attention")
+    def _forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
+        b, h, t_q, _ = q.shape
+        t_k = k.shape[2]
+        return heads(q, b, h, t_q, v.shape[3]), q.new_empty(b, h, t_k, -(-t_q // 16) * 16)
+
+    @torch.library.register_fake("attnlab::short_attention_backward")
+    def _backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, probs: Tensor, causal: bool, scale: float):  # noqa: ANN202
+        b, h, t_q, d_k = q.shape
+        t_k = k.shape[2]
+        return heads(q, b, h, t_q, d_k), heads(q, b, h, t_k, d_k), heads(q, b, h, t_k, v.shape[3])
 
 
 def _put_ninja_on_path() -> None:
@@ -105,6 +126,12 @@ def _put_ninja_on_path() -> None:
 def kernels() -> ModuleType | None:
     """The compiled kernels, building them on the first call; None where they cannot be built."""
     return _build()[0]
+
+
+@torch.compiler.assume_constant_result  # traced code takes the answer as given, not the build
+def available() -> bool:
+    """Whether the kernels are built (building them on the first call)."""
+    return kernels() is not None
 
 
 def unavailable_reason() -> str | None:
@@ -174,7 +201,8 @@ def short_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: flo
     Returns:
         The attention output, differentiable with respect to q, k and v.
     """
-    _loaded()
+    if not available():
+        _loaded()  # raises, naming the reason
     return _ShortAttention.apply(q, k, v, causal, scale)
 
 

@@ -249,3 +249,16 @@ def test_attention_runs_the_kernel_where_it_applies(case, native_kernel, monkeyp
     if case != "dropout":
         reference = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=kwargs["causal"])
         torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_short_attention_traces_under_torch_compile(causal):
+    """The operators have fake kernels, so torch.compile traces through them (forward and
+    backward, AOT autograd), with the eager kernel's results."""
+    q, k, v = (torch.randn(2, 3, 20, 16, requires_grad=True) for _ in range(3))
+    compiled = torch.compile(lambda q, k, v: native.short_attention(q, k, v, causal=causal, scale=0.25).square().sum(),
+                             backend="aot_eager", fullgraph=True)
+    got = torch.autograd.grad(compiled(q, k, v), (q, k, v))
+    expected = torch.autograd.grad(native.short_attention(q, k, v, causal=causal, scale=0.25).square().sum(), (q, k, v))
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b)
