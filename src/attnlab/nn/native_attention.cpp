@@ -12,10 +12,11 @@
 // sums and no reductions across lanes.
 //
 // PyTorch's CPU flash kernel works through blocks of 32 queries with a GEMM call per block; for
-// heads of d_k = 32 over 64 keys those calls are too small to run near the FMA units' rate. Here all
-// of one head (at most kMaxKeys keys) stays in L1: each product is a register-tiled loop over
-// 16-float vectors (GCC's vector extensions: AVX-512 where the build targets it, narrower
-// registers elsewhere), and the (batch, head) pairs are spread over PyTorch's intra-op threads.
+// heads of d_k = 32 over 64 keys those calls are too small to run near the FMA units' rate. Here one
+// (batch, head) is done at a time, its scores in cache (64 x 64 floats, 16 KiB, for those heads):
+// each product is a register-tiled loop over 16-float vectors (GCC's vector extensions: AVX-512
+// where the build targets it, narrower registers elsewhere), and the (batch, head) pairs are spread
+// over PyTorch's intra-op threads.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
