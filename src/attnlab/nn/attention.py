@@ -191,14 +191,15 @@ def _short_heads_on_cpu(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dr
     """(B, H, T, d) float32 heads, 2 to :data:`native.SHORT_ATTENTION_MAX_QUERIES` queries over at
     most :data:`native.SHORT_ATTENTION_MAX_KEYS` keys, on a CPU, with no mask to materialise and no
     dropout: attnlab's C++ kernel, where it is built."""
+    # The query count first: it turns away a decoding step (one query) in the fewest checks.
     return (
-        mask is None
+        1 < q.shape[-2] <= native.SHORT_ATTENTION_MAX_QUERIES
+        and mask is None
         and dropout_p == 0.0
         and q.device.type == "cpu"
         and q.dtype == k.dtype == v.dtype == torch.float32
         and q.dim() == k.dim() == v.dim() == 4
         and q.shape[:2] == k.shape[:2] == v.shape[:2]
-        and 1 < q.shape[-2] <= native.SHORT_ATTENTION_MAX_QUERIES
         and q.numel() > 0
         and 0 < k.shape[-2] <= native.SHORT_ATTENTION_MAX_KEYS
         and max(q.shape[-1], v.shape[-1]) <= native.SHORT_ATTENTION_MAX_HEAD_DIM
