@@ -2,12 +2,13 @@
 
 FLOPs of one training step (forward and backward) are counted by ``torch.utils.flop_counter``,
 taught the CPU kernels it counts as 0 FLOPs: the fused attention kernels (PyTorch's and attnlab's;
-it knows only the CUDA ones; attention is 5% of the step) and oneDNN's linear op, which runs the linear maps and their
-gradients where :mod:`attnlab.nn.linear` picks it (95% of the step); the peak is the rate of a large fp32 matmul through the fastest GEMM
-kernel attnlab can run its linear maps on (:data:`attnlab.nn.linear.LINEAR_KERNELS`: MKL through
-``F.linear``, and oneDNN where PyTorch has it), each timed in rounds interleaved with the step. A
-peak from MKL alone would undercount a machine whose oneDNN GEMM runs twice as fast (AVX-512 on an
-AMD EPYC), and MFU could then pass 1.
+it knows only the CUDA ones; attention is 5% of the step's FLOPs) and oneDNN's linear op, which
+runs the linear maps and their gradients where :mod:`attnlab.nn.linear` picks it (95% of the
+step's FLOPs). The peak is the rate of a large fp32 matmul through the fastest GEMM kernel attnlab
+can run its linear maps on (:data:`attnlab.nn.linear.LINEAR_KERNELS`: MKL through ``F.linear``,
+and oneDNN where PyTorch has it), each timed in rounds interleaved with the step. A peak from MKL
+alone would undercount a machine whose oneDNN GEMM runs twice as fast (AVX-512 on an AMD EPYC),
+and MFU could then pass 1.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def cpu_kernel_flops() -> dict:
     }
     if onednn_available():
         formulas[torch.ops.mkldnn._linear_pointwise] = _onednn_linear
-    if native.kernels() is not None:
+    if native.available():
         formulas[torch.ops.attnlab.short_attention] = _short_attention_forward
         formulas[torch.ops.attnlab.short_attention_backward] = _short_attention_backward
     return formulas

@@ -27,10 +27,10 @@ time with PyTorch's kernel (interleaved A/B). Its two operators are registered w
 The kernels are built once per machine with ``torch.utils.cpp_extension`` (about 20 s; the build is
 cached under PyTorch's extension directory, ``TORCH_EXTENSIONS_DIR``) the first time a training step
 needs them, for the vector instructions PyTorch's own kernels use on this CPU (AVX-512, AVX2, or the
-compiler's default), under a name that says which. Where the build cannot run (no C++ compiler, no ``ninja``, a compiler without 128-bit
-integers) :func:`kernels` returns None, the callers take PyTorch's and NumPy's serial paths, and a
-warning says why, once (attention then runs on PyTorch's fused kernel). ``ATTNLAB_NATIVE=0`` in the
-environment skips the build.
+compiler's default), under a name that says which. Where the build cannot run (no C++ compiler, no
+``ninja``, a compiler without 128-bit integers) :func:`kernels` returns None, the callers take
+PyTorch's and NumPy's paths (PyTorch's fused attention, serial transposes, NumPy's words), and a
+warning says why, once. ``ATTNLAB_NATIVE=0`` in the environment skips the build.
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ _ISA_FLAGS = {
 }
 
 _UINT64_MASK = (1 << 64) - 1
+_LANES = 16  # kLanes in native_attention.cpp: the kept probabilities' rows are padded to a multiple
 
 
 @cache
@@ -106,10 +107,12 @@ def _register_fake_kernels() -> None:
     def _forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
         b, h, t_q, _ = q.shape
         t_k = k.shape[2]
-        return heads(q, b, h, t_q, v.shape[3]), q.new_empty(b, h, t_k, -(-t_q // 16) * 16)
+        return heads(q, b, h, t_q, v.shape[3]), q.new_empty(b, h, t_k, -(-t_q // _LANES) * _LANES)
 
     @torch.library.register_fake("attnlab::short_attention_backward")
-    def _backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, probs: Tensor, causal: bool, scale: float):  # noqa: ANN202
+    def _backward(
+        grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, probs: Tensor, causal: bool, scale: float
+    ) -> tuple[Tensor, Tensor, Tensor]:
         b, h, t_q, d_k = q.shape
         t_k = k.shape[2]
         return heads(q, b, h, t_q, d_k), heads(q, b, h, t_k, d_k), heads(q, b, h, t_k, v.shape[3])
@@ -229,7 +232,9 @@ class _NoSecondDerivative(torch.autograd.Function):
     """Passes the gradients through; a derivative of them raises (as for PyTorch's fused kernels)."""
 
     @staticmethod
-    def forward(ctx, grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, *inputs: Tensor) -> tuple[Tensor, Tensor, Tensor]:  # noqa: ANN001
+    def forward(  # noqa: ANN001
+        ctx, grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, *inputs: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
         del ctx, inputs  # the inputs only tie these gradients to the graph
         return grad_q.clone(), grad_k.clone(), grad_v.clone()
 

@@ -162,7 +162,8 @@ def test_short_attention_reads_heads_of_a_fused_projection(causal):
     out = _check_short_attention(q, k, v, causal)
     assert out.transpose(1, 2).is_contiguous()
     grad = torch.randn(b, h, d, t).transpose(-2, -1)  # stride 1 along T, not d
-    expected = torch.autograd.grad(_reference_attention(q.double(), k.double(), v.double(), causal, d**-0.5), fused, grad.double())
+    reference = _reference_attention(q.double(), k.double(), v.double(), causal, d**-0.5)
+    expected = torch.autograd.grad(reference, fused, grad.double())
     got = torch.autograd.grad(native.short_attention(q, k, v, causal=causal, scale=d**-0.5), fused, grad)
     torch.testing.assert_close(got[0], expected[0], rtol=2e-5, atol=2e-5)
 
@@ -238,7 +239,8 @@ def test_attention_runs_the_kernel_where_it_applies(case, native_kernel, monkeyp
     t_q = {"one query": 1, "many queries": 300}.get(case, 12)
     dtype = torch.float64 if case == "float64" else torch.float32
     shape = (2, 3) if case != "3-d" else (6,)
-    q, k, v = torch.randn(*shape, t_q, 8, dtype=dtype), torch.randn(*shape, t_k, 8, dtype=dtype), torch.randn(*shape, t_k, 8, dtype=dtype)
+    q = torch.randn(*shape, t_q, 8, dtype=dtype)
+    k, v = torch.randn(*shape, t_k, 8, dtype=dtype), torch.randn(*shape, t_k, 8, dtype=dtype)
     kwargs = {"causal": case == "causal", "dropout_p": 0.1 if case == "dropout" else 0.0}
     mask = torch.rand(t_q, t_k) < 0.8 if case == "mask" else None
     if mask is not None:
