@@ -1,9 +1,9 @@
 """attnlab's C++ CPU kernels: the same results as the PyTorch and NumPy paths they replace."""
 
 import numpy as np
-import torch.nn.functional as F
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -264,3 +264,50 @@ def test_short_attention_traces_under_torch_compile(causal):
     expected = torch.autograd.grad(native.short_attention(q, k, v, causal=causal, scale=0.25).square().sum(), (q, k, v))
     for a, b in zip(got, expected):
         torch.testing.assert_close(a, b)
+
+
+_OTHER_ISA_CHECK = """
+import torch
+from attnlab.nn import native
+from attnlab.nn.dropout import signed_threshold
+assert native.kernels() is not None, native.unavailable_reason()
+assert native.kernels().__name__ == "attnlab_native_" + torch.backends.cpu.get_cpu_capability().lower()
+q, k, v = torch.randn(3, 2, 37, 40), torch.randn(3, 2, 45, 40), torch.randn(3, 2, 45, 24)
+for causal in (False, True):
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = native.short_attention(*leaves, causal=causal, scale=0.2)
+    out.square().sum().backward()
+    ref_leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    scores = ref_leaves[0] @ ref_leaves[1].transpose(-2, -1) * 0.2
+    if causal:
+        scores = scores.masked_fill(~torch.ones(37, 45, dtype=torch.bool).tril(8), float("-inf"))
+    ref = torch.softmax(scores, -1) @ ref_leaves[2]
+    ref.square().sum().backward()
+    torch.testing.assert_close(out.double(), ref, rtol=2e-5, atol=2e-5)
+    for a, b in zip(leaves, ref_leaves):
+        torch.testing.assert_close(a.grad.double(), b.grad, rtol=2e-5, atol=1e-4)
+mask = native.scaled_keep_mask((1000,), seed=7, bits=16, threshold=signed_threshold(0.1), scale=1 / 0.9)
+print("ok", float(mask.sum()))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("capability", ["avx2", "default"])
+def test_kernels_built_for_other_vector_widths_give_the_same_results(capability):
+    """The kernels are compiled for the capability PyTorch runs with; ATEN_CPU_CAPABILITY lowers it,
+    so the AVX2 build and the compiler's default build (the same GCC vector code on narrower
+    registers) are checked on this machine too, each in a process of its own."""
+    import os
+    import subprocess
+    import sys
+
+    if torch.backends.cpu.get_cpu_capability() == "DEFAULT" and capability != "default":
+        pytest.skip("this CPU has no AVX2")
+    run = subprocess.run(
+        [sys.executable, "-c", _OTHER_ISA_CHECK], env={**os.environ, "ATEN_CPU_CAPABILITY": capability},
+        capture_output=True, text=True, timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    words = np.random.PCG64(7).random_raw(250).view(np.int16)  # the same mask as the NumPy path
+    expected = (words >= signed_threshold(0.1)).sum() / 0.9
+    assert float(run.stdout.split()[-1]) == pytest.approx(float(expected), rel=1e-6)
