@@ -135,19 +135,33 @@ void matmul(int64_t rows, int64_t columns, int64_t depth, const float* a, int64_
 
 // Swaps the off-diagonal S x S blocks of every 2S x 2S block of a 16 x 16 tile held as 16 rows.
 // The four stages S = 8, 4, 2, 1 transpose the tile ([[A, B], [C, D]]^T = [[A^T, C^T], [B^T, D^T]]).
+// Of a pair of rows (i, i + S), row i takes lane l - S of row i + S where bit S of l is set; row
+// i + S takes lane l + S of row i where it is clear. Shuffle indices >= 16 pick from the second row.
+#define ATTNLAB_LOW(S, l) (((l) & (S)) ? kLanes + (l) - (S) : (l))
+#define ATTNLAB_HIGH(S, l) (((l) & (S)) ? kLanes + (l) : (l) + (S))
+#define ATTNLAB_LANES(F, S)                                                                              \
+  F(S, 0), F(S, 1), F(S, 2), F(S, 3), F(S, 4), F(S, 5), F(S, 6), F(S, 7), F(S, 8), F(S, 9), F(S, 10), \
+      F(S, 11), F(S, 12), F(S, 13), F(S, 14), F(S, 15)
+
 template <int S>
 inline void swap_blocks(vf* rows) {
-  const vi lane = lane_index();
-  const vi from_next = (lane & S) != 0;
-  const vi low = from_next ? lane + (kLanes - S) : lane;  // lane l of the row below, l - S
-  const vi high = from_next ? lane + kLanes : lane + S;
   for (int i = 0; i < kLanes; ++i) {
     if (i & S) continue;
     const vf a = rows[i], b = rows[i + S];
+#if defined(__clang__) || __GNUC__ >= 12  // __builtin_shufflevector: clang, and GCC from 12
+    rows[i] = __builtin_shufflevector(a, b, ATTNLAB_LANES(ATTNLAB_LOW, S));
+    rows[i + S] = __builtin_shufflevector(a, b, ATTNLAB_LANES(ATTNLAB_HIGH, S));
+#else
+    const vi low = {ATTNLAB_LANES(ATTNLAB_LOW, S)}, high = {ATTNLAB_LANES(ATTNLAB_HIGH, S)};
     rows[i] = __builtin_shuffle(a, b, low);
     rows[i + S] = __builtin_shuffle(a, b, high);
+#endif
   }
 }
+
+#undef ATTNLAB_LANES
+#undef ATTNLAB_HIGH
+#undef ATTNLAB_LOW
 
 // A strided (rows x width) view, transposed into a row-major (width x ld) buffer, zeros after
 // `rows` (ld a multiple of 16 and >= rows), 16 x 16 tiles at a time: whole rows are read, where a
@@ -198,7 +212,7 @@ Operand padded(const float* src, int64_t row_stride, int64_t rows, int64_t width
 // the queries i with j <= i + T_k - T_q.
 inline vi lanes_seeing(int64_t j, int64_t first, int64_t t_q, int64_t t_k, bool causal) {
   const vi query = lane_index() + static_cast<int32_t>(first);
-  return causal ? query >= static_cast<int32_t>(j - (t_k - t_q)) : query == query;
+  return causal ? query >= static_cast<int32_t>(j - (t_k - t_q)) : query >= 0;  // else every lane
 }
 
 // S^T (T_k x ld) -> P^T in place: each column's softmax over its keys, 0 where a causal query may
@@ -210,7 +224,7 @@ void softmax_columns(float* scores, int64_t t_k, int64_t t_q, int64_t ld, bool c
     vf best = minus_inf;
     for (int64_t j = 0; j < t_k; ++j) {
       const vf s = load(column + j * ld);
-      best = lanes_seeing(j, first, t_q, t_k, causal) & (s > best) ? s : best;
+      best = (lanes_seeing(j, first, t_q, t_k, causal) & (s > best)) ? s : best;
     }
     vf total = {};
     for (int64_t j = 0; j < t_k; ++j) {
