@@ -126,7 +126,7 @@ def test_flop_count_includes_the_fused_cpu_attention(causal, kernel, monkeypatch
     q, k, v = (torch.randn(b, h, t, d, requires_grad=True) for _ in range(3))
     if kernel == "sdpa":
         monkeypatch.setattr(attention_module, "_short_heads_on_cpu", lambda *args: False)
-    elif native.kernels() is None:
+    elif not native.available():
         pytest.skip(f"no C++ kernels: {native.unavailable_reason()}")
     calls = []
     spied = {"sdpa": (F, "scaled_dot_product_attention"), "attnlab": (native, "short_attention")}[kernel]

@@ -134,7 +134,7 @@ def machine_info() -> dict[str, Any]:
         "cpu": _cpu_model(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "linear_kernel": preferred_linear_kernel(),
-        "native_kernels": native.kernels() is not None,
+        "native_kernels": native.available(),
         "cpus": os.cpu_count(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "python": platform.python_version(),

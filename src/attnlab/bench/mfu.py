@@ -30,23 +30,15 @@ from attnlab.training.trainer import make_optimizer
 __all__ = ["run_mfu", "count_step_flops", "cpu_kernel_flops"]
 
 
-def _cpu_flash_forward(query, key, value, *args, out_shape=None, **kwargs) -> int:  # noqa: ANN001
-    return sdpa_flop_count(query, key, value)  # 2 B H T_q T_k (d_k + d_v), as for the CUDA kernels
+def _fused_attention_forward(query, key, value, *args, out_shape=None, **kwargs) -> int:  # noqa: ANN001
+    return sdpa_flop_count(query, key, value)  # Q K^T and P V: 2 B H T_q T_k (d_k + d_v), as for the CUDA kernels
 
 
-def _cpu_flash_backward(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:  # noqa: ANN001
+def _fused_attention_backward(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:  # noqa: ANN001
     # Model FLOPs, as MFU counts them (Chowdhery et al., PaLM, App. B): the four products of the
-    # backward, twice the forward's, without the kernel's recomputation of the scores that
-    # ``sdpa_backward_flop_count`` adds. The same count as the explicit bmm path gets.
+    # backward (dV, dP, dQ, dK), twice the forward's, without the flash kernel's recomputation of
+    # the scores that ``sdpa_backward_flop_count`` adds. The same count as the explicit bmm path gets.
     return 2 * sdpa_flop_count(query, key, value)
-
-
-def _short_attention_forward(query, key, value, *args, out_shape=None, **kwargs) -> int:  # noqa: ANN001
-    return sdpa_flop_count(query, key, value)  # Q K^T and P V, as for the fused kernel
-
-
-def _short_attention_backward(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:  # noqa: ANN001
-    return 2 * sdpa_flop_count(query, key, value)  # dV, dP, dQ, dK: the scores are kept, not recomputed
 
 
 def _onednn_linear(x_shape, weight_shape, *args, out_shape=None, **kwargs) -> int:  # noqa: ANN001
@@ -59,14 +51,14 @@ def cpu_kernel_flops() -> dict:
     """FLOP formulas for the CPU kernels ``FlopCounterMode`` does not count by itself: PyTorch's CPU
     SDPA kernel, oneDNN's linear op, and attnlab's attention kernel where it is built."""
     formulas = {
-        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_forward,
-        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_backward,
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _fused_attention_forward,
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _fused_attention_backward,
     }
     if onednn_available():
         formulas[torch.ops.mkldnn._linear_pointwise] = _onednn_linear
     if native.available():
-        formulas[torch.ops.attnlab.short_attention] = _short_attention_forward
-        formulas[torch.ops.attnlab.short_attention_backward] = _short_attention_backward
+        formulas[torch.ops.attnlab.short_attention] = _fused_attention_forward
+        formulas[torch.ops.attnlab.short_attention_backward] = _fused_attention_backward
     return formulas
 
 

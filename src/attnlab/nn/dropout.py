@@ -75,7 +75,7 @@ def scaled_keep_mask(x: Tensor, p: float) -> Tensor:
     scaled mask in one parallel pass; the same mask, bit for bit, as :func:`keep_mask` scaled.
     """
     scale = 1.0 / (1.0 - realised_rate(p))
-    if x.dtype == torch.float32 and x.device.type == "cpu" and native.kernels() is not None:
+    if x.dtype == torch.float32 and x.device.type == "cpu" and native.available():
         bits = word_bits(p)
         return native.scaled_keep_mask(
             x.shape, seed=_numpy_seed(), bits=bits, threshold=signed_threshold(p), scale=scale

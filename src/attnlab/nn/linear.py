@@ -98,7 +98,7 @@ def _transposed(rows: Tensor) -> Tensor:
     """rows^T for oneDNN's first operand, which it needs row-major: a copy on all cores from
     :mod:`attnlab.nn.native` where that is built, else the transposed view (oneDNN's op then copies
     it with aten's serial transpose)."""
-    if rows.is_contiguous() and native.kernels() is not None:
+    if rows.is_contiguous() and native.available():
         return native.transpose(rows)  # (C, R)
     return rows.t()
 

@@ -131,13 +131,13 @@ std::tuple<torch::Tensor, torch::Tensor> short_attention(const torch::Tensor& q,
                                                          const torch::Tensor& v, bool causal, double scale);
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> short_attention_backward(
     const torch::Tensor& grad_out, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-    const torch::Tensor& probs, bool causal, double scale);
+    const torch::Tensor& probs, double scale);
 
 // Operators, not only Python functions, so that dispatch modes (torch.utils.flop_counter) see them.
 TORCH_LIBRARY(attnlab, m) {
   m.def("short_attention(Tensor q, Tensor k, Tensor v, bool causal, float scale) -> (Tensor, Tensor)");
-  m.def("short_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor probs, bool causal, "
-        "float scale) -> (Tensor, Tensor, Tensor)");
+  m.def("short_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor probs, float scale) "
+        "-> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(attnlab, CPU, m) {

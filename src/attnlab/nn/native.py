@@ -111,7 +111,7 @@ def _register_fake_kernels() -> None:
 
     @torch.library.register_fake("attnlab::short_attention_backward")
     def _backward(
-        grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, probs: Tensor, causal: bool, scale: float
+        grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, probs: Tensor, scale: float
     ) -> tuple[Tensor, Tensor, Tensor]:
         b, h, t_q, d_k = q.shape
         t_k = k.shape[2]
@@ -214,7 +214,7 @@ class _ShortAttention(torch.autograd.Function):
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> Tensor:  # noqa: ANN001
         output, probs = torch.ops.attnlab.short_attention(q, k, v, causal, scale)
         ctx.save_for_backward(q, k, v, probs)
-        ctx.causal, ctx.scale = causal, scale
+        ctx.scale = scale
         return output
 
     @staticmethod
@@ -222,7 +222,7 @@ class _ShortAttention(torch.autograd.Function):
         q, k, v, probs = ctx.saved_tensors
         if grad_output.stride(-1) != 1:
             grad_output = grad_output.contiguous()
-        grads = torch.ops.attnlab.short_attention_backward(grad_output, q, k, v, probs, ctx.causal, ctx.scale)
+        grads = torch.ops.attnlab.short_attention_backward(grad_output, q, k, v, probs, ctx.scale)
         if torch.is_grad_enabled():  # create_graph=True: differentiating these gradients must fail loudly
             grads = _NoSecondDerivative.apply(*grads, q, k, v)
         return (*grads, None, None)

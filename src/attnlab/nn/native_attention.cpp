@@ -250,27 +250,22 @@ void softmax_backward_columns(const float* probs, float* grad, int64_t t_k, int6
   }
 }
 
-// Asks for the cache lines of a strided (rows x width) view, ahead of its use: rows of one head lie
-// a whole row of the projection apart (3 KiB for 8 heads of 32), too far for the hardware prefetcher.
-inline void prefetch(const float* src, int64_t row_stride, int64_t rows, int64_t width) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < width; c += 64 / sizeof(float)) __builtin_prefetch(src + r * row_stride + c);
-}
-
-struct Heads {  // a (B, H, T, d) float tensor's data and strides
-  const float* data;
+// A (B, H, T, d) float tensor's data and strides: const float for the inputs, float for the outputs.
+template <typename Float>
+struct Heads {
+  Float* data;
   int64_t batch, head, row;
   explicit Heads(const torch::Tensor& t)
       : data(t.data_ptr<float>()), batch(t.stride(0)), head(t.stride(1)), row(t.stride(2)) {}
-  const float* at(int64_t b, int64_t h) const { return data + b * batch + h * head; }
-};
-
-struct OutHeads {  // the same for a tensor the kernel writes
-  float* data;
-  int64_t batch, head, row;
-  explicit OutHeads(torch::Tensor& t)
-      : data(t.data_ptr<float>()), batch(t.stride(0)), head(t.stride(1)), row(t.stride(2)) {}
-  float* at(int64_t b, int64_t h) const { return data + b * batch + h * head; }
+  Float* at(int64_t b, int64_t h) const { return data + b * batch + h * head; }
+  // The (rows x width) rows of the (batch x head) pair `bh`, asked for ahead of their use: rows of
+  // one head lie a whole row of the projection apart (3 KiB for 8 heads of 32), too far apart for
+  // the hardware prefetcher.
+  void prefetch(int64_t bh, int64_t heads, int64_t rows, int64_t width) const {
+    const float* first = at(bh / heads, bh % heads);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < width; c += 64 / sizeof(float)) __builtin_prefetch(first + r * row + c);
+  }
 };
 
 void check_inputs(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
@@ -302,8 +297,8 @@ std::tuple<torch::Tensor, torch::Tensor> short_attention(const torch::Tensor& q,
   const int64_t ld = round_up(t_q);
   auto out = empty_heads(batch, heads, t_q, d_v, q.options());
   auto probs = torch::empty({batch, heads, t_k, ld}, q.options());
-  const Heads qs(q), ks(k), vs(v);
-  const OutHeads os(out);
+  const Heads<const float> qs(q), ks(k), vs(v);
+  const Heads<float> os(out);
   float* const probs_data = probs.data_ptr<float>();
   const float alpha = static_cast<float>(scale);
   at::parallel_for(0, batch * heads, 1, [=](int64_t first, int64_t last) {
@@ -312,10 +307,9 @@ std::tuple<torch::Tensor, torch::Tensor> short_attention(const torch::Tensor& q,
       const int64_t b = bh / heads, h = bh % heads;
       float* p = probs_data + bh * t_k * ld;
       if (bh + 1 < last) {
-        const int64_t nb = (bh + 1) / heads, nh = (bh + 1) % heads;
-        prefetch(qs.at(nb, nh), qs.row, t_q, d_k);
-        prefetch(ks.at(nb, nh), ks.row, t_k, d_k);
-        prefetch(vs.at(nb, nh), vs.row, t_k, d_v);
+        qs.prefetch(bh + 1, heads, t_q, d_k);
+        ks.prefetch(bh + 1, heads, t_k, d_k);
+        vs.prefetch(bh + 1, heads, t_k, d_v);
       }
       copy_transposed(qs.at(b, h), qs.row, t_q, d_k, queries_t.data(), ld);
       matmul(t_k, ld, d_k, ks.at(b, h), ks.row, 1, queries_t.data(), ld, p, ld, alpha);  // S^T = scale K Q^T
@@ -327,10 +321,11 @@ std::tuple<torch::Tensor, torch::Tensor> short_attention(const torch::Tensor& q,
   return {out, probs};
 }
 
-// Backward: dQ, dK, dV from dO and the forward's P^T.
+// Backward: dQ, dK, dV from dO and the forward's P^T, which is already 0 where a causal query may
+// not see a key (so the backward needs no mask of its own).
 std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> short_attention_backward(
     const torch::Tensor& grad_out, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-    const torch::Tensor& probs, bool causal, double scale) {
+    const torch::Tensor& probs, double scale) {
   check_inputs(q, k, v);
   TORCH_CHECK(grad_out.dim() == 4 && grad_out.scalar_type() == torch::kFloat && grad_out.stride(3) == 1 &&
                   grad_out.sizes() == torch::IntArrayRef({q.size(0), q.size(1), q.size(2), v.size(3)}),
@@ -340,12 +335,11 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> short_attention_backward
   const int64_t ld = round_up(t_q);
   TORCH_CHECK(probs.is_contiguous() && probs.sizes() == torch::IntArrayRef({batch, heads, t_k, ld}),
               "short_attention_backward: probs must be the forward's");
-  (void)causal;  // P^T is already 0 where a query may not see a key
   auto grad_q = empty_heads(batch, heads, t_q, d_k, q.options());
   auto grad_k = empty_heads(batch, heads, t_k, d_k, q.options());
   auto grad_v = empty_heads(batch, heads, t_k, d_v, q.options());
-  const Heads gs(grad_out), qs(q), ks(k), vs(v);
-  const OutHeads gqs(grad_q), gks(grad_k), gvs(grad_v);
+  const Heads<const float> gs(grad_out), qs(q), ks(k), vs(v);
+  const Heads<float> gqs(grad_q), gks(grad_k), gvs(grad_v);
   const float* const probs_data = probs.data_ptr<float>();
   const float alpha = static_cast<float>(scale);
   at::parallel_for(0, batch * heads, 1, [=](int64_t first, int64_t last) {
@@ -355,11 +349,10 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> short_attention_backward
       const float* p = probs_data + bh * t_k * ld;
       float* ds = grad_scores.data();
       if (bh + 1 < last) {
-        const int64_t nb = (bh + 1) / heads, nh = (bh + 1) % heads;
-        prefetch(gs.at(nb, nh), gs.row, t_q, d_v);
-        prefetch(qs.at(nb, nh), qs.row, t_q, d_k);
-        prefetch(ks.at(nb, nh), ks.row, t_k, d_k);
-        prefetch(vs.at(nb, nh), vs.row, t_k, d_v);
+        gs.prefetch(bh + 1, heads, t_q, d_v);
+        qs.prefetch(bh + 1, heads, t_q, d_k);
+        ks.prefetch(bh + 1, heads, t_k, d_k);
+        vs.prefetch(bh + 1, heads, t_k, d_v);
       }
       const Operand grad_rows = padded(gs.at(b, h), gs.row, t_q, d_v, grad_copy);
       const Operand queries = padded(qs.at(b, h), qs.row, t_q, d_k, query_copy);

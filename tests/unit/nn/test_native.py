@@ -12,7 +12,7 @@ from attnlab.nn import linear as linear_module
 from attnlab.nn import native
 from attnlab.nn.dropout import dropout, keep_mask, realised_rate, signed_threshold, word_bits
 
-pytestmark = pytest.mark.skipif(native.kernels() is None, reason=f"no C++ kernels: {native.unavailable_reason()}")
+pytestmark = pytest.mark.skipif(not native.available(), reason=f"no C++ kernels: {native.unavailable_reason()}")
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (3, 5), (64, 64), (65, 130), (2048, 256), (17, 1), (1, 300)])
