@@ -1,15 +1,28 @@
 """The errors attnlab raises for a person to read.
 
 Library code raises these; only :mod:`attnlab.cli` turns them into a one-line message and
-exit code 2. Each message names the field, file or line at fault. ``ConfigError`` and
-``DataError`` are also ``ValueError`` so that plain Python callers can catch them as such.
+the class's :attr:`~AttnlabError.exit_code`. Each message names the field, file or line at fault.
+``ConfigError`` and ``DataError`` are also ``ValueError`` so that plain Python callers can catch
+them as such.
+
+Exit codes (the README and ``attnlab --help`` list them):
+
+* 2: bad usage or input (a key, value, flag, path or text that cannot be used as given);
+* 3: corrupt or unreadable data (a run directory, checkpoint or file that fails verification);
+* 4: a diverged run (the loss became NaN or Inf).
 """
+
+EXIT_USAGE = 2
+EXIT_CORRUPT = 3
+EXIT_DIVERGED = 4
 
 from __future__ import annotations
 
 
 class AttnlabError(Exception):
     """Base class: an error whose message is meant for a person, not a traceback."""
+
+    exit_code: int = EXIT_USAGE
 
 
 class ConfigError(AttnlabError, ValueError):
@@ -22,6 +35,8 @@ class DataError(AttnlabError, ValueError):
 
 class CheckpointError(AttnlabError):
     """A missing, truncated or corrupted checkpoint or run directory."""
+
+    exit_code = EXIT_CORRUPT
 
 
 class UsageError(AttnlabError):

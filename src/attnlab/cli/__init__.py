@@ -1,7 +1,8 @@
 """Command line: the only place that parses argv, prints for people and exits.
 
 Library errors (:class:`attnlab.errors.AttnlabError`) become a one-line ``error: ...`` on stderr
-and exit code 2, never a traceback. Each command group lives in its own module and registers
+and the error's exit code (2 bad usage or input, 3 corrupt or unreadable data, 4 a diverged run),
+never a traceback. Each command group lives in its own module and registers
 itself on :data:`attnlab.cli.app.app` when imported below.
 """
 
@@ -29,16 +30,13 @@ from attnlab.cli import tokenize as _tokenize  # noqa: F401,E402
 from attnlab.cli import view as _view  # noqa: F401,E402
 from attnlab.cli import word2vec as _word2vec  # noqa: F401,E402
 
-USAGE_EXIT_CODE = 2
-
-
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``attnlab`` console script and ``python -m attnlab``."""
     try:
         app(args=argv, standalone_mode=True)
     except AttnlabError as error:
         typer.echo(f"error: {error}", err=True)
-        sys.exit(USAGE_EXIT_CODE)
+        sys.exit(error.exit_code)
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)

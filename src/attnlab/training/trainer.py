@@ -30,7 +30,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from attnlab.errors import AttnlabError, CheckpointError, ConfigError
+from attnlab.errors import EXIT_DIVERGED, AttnlabError, CheckpointError, ConfigError
 from attnlab.embeddings import init_embedding, load_vectors
 from attnlab.experiment import ExperimentConfig, TextCodec, TrainConfig, build_task, model_for_task
 from attnlab.head_ids import held_mask
@@ -52,6 +52,8 @@ Log = Callable[[str], None]
 
 class TrainingDiverged(AttnlabError):
     """The loss became NaN or Inf."""
+
+    exit_code = EXIT_DIVERGED
 
 
 @dataclass(frozen=True)
