@@ -12,11 +12,11 @@ Exit codes (the README and ``attnlab --help`` list them):
 * 4: a diverged run (the loss became NaN or Inf).
 """
 
+from __future__ import annotations
+
 EXIT_USAGE = 2
 EXIT_CORRUPT = 3
 EXIT_DIVERGED = 4
-
-from __future__ import annotations
 
 
 class AttnlabError(Exception):
