@@ -31,7 +31,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from attnlab.errors import CheckpointError
+from attnlab.errors import CheckpointError, UsageError
 from attnlab.storage import (
     atomic_write_json,
     atomic_write_text,
@@ -85,9 +85,9 @@ class RunDir:
     def create(cls, path: str | os.PathLike[str], *, overwrite: bool = False) -> RunDir:
         run = cls(path)
         if run.path.exists() and not run.path.is_dir():
-            raise CheckpointError(f"run directory {run.path} is a file; choose another --out")
+            raise UsageError(f"run directory {run.path} is a file; choose another --out")
         if run.path.exists() and any(run.path.iterdir()) and not overwrite:
-            raise CheckpointError(f"run directory {run.path} already exists and is not empty; choose another --out")
+            raise UsageError(f"run directory {run.path} already exists and is not empty; choose another --out")
         ensure_folder(run.path)
         return run
 
@@ -95,9 +95,9 @@ class RunDir:
     def open(cls, path: str | os.PathLike[str]) -> RunDir:
         run = cls(path)
         if not run.path.is_dir():
-            raise CheckpointError(f"run not found: {run.path}")
+            raise UsageError(f"run not found: {run.path}")
         if not (run.path / cls.CONFIG).is_file():
-            raise CheckpointError(f"{run.path} is not a run directory: it has no {cls.CONFIG}")
+            raise UsageError(f"{run.path} is not a run directory: it has no {cls.CONFIG}")
         return run
 
     # ---- folders ------------------------------------------------------------------------------

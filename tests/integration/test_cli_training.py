@@ -38,8 +38,8 @@ def attnlab(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "attnlab", *args], capture_output=True, text=True, timeout=timeout)
 
 
-def _error(result: subprocess.CompletedProcess[str]) -> str:
-    assert result.returncode == 2, (result.stdout, result.stderr)
+def _error(result: subprocess.CompletedProcess[str], code: int = 2) -> str:
+    assert result.returncode == code, (result.stdout, result.stderr)
     assert "Traceback" not in result.stderr
     return result.stderr
 
@@ -159,7 +159,7 @@ def test_corrupt_checkpoint_is_a_clear_error(trained, tmp_path, damage):
         import pickle
 
         weights.write_bytes(pickle.dumps({"weights": [1, 2, 3]}))
-    stderr = _error(attnlab("eval", str(copy), "--no-progress"))
+    stderr = _error(attnlab("eval", str(copy), "--no-progress"), code=3)
     assert f"weights {weights} is corrupted or not a safetensors file" in stderr
 
 
@@ -170,7 +170,7 @@ def test_missing_published_weights_fall_back_to_the_checkpoint(trained, tmp_path
     assert attnlab("eval", str(copy), "--no-progress").returncode == 0
     for folder in (copy / "checkpoints").iterdir():
         (folder / "model.safetensors").unlink()
-    assert "weights not found" in _error(attnlab("eval", str(copy), "--no-progress"))
+    assert "weights not found" in _error(attnlab("eval", str(copy), "--no-progress"), code=3)
 
 
 def _toy_translation(path: Path, n: int, seed: int) -> None:
