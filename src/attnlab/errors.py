@@ -41,3 +41,9 @@ class CheckpointError(AttnlabError):
 
 class UsageError(AttnlabError):
     """A request that cannot be carried out as asked (bad head index, bad percentage, ...)."""
+
+
+class AttnlabWarning(UserWarning):
+    """Something a person should know that does not stop the work (an old run without a manifest,
+    a resume at another thread count). Raised with :func:`warnings.warn`; the CLI prints each as one
+    ``warning: ...`` line on stderr, Python callers see an ordinary warning."""

@@ -9,11 +9,12 @@ itself on :data:`attnlab.cli.app.app` when imported below.
 from __future__ import annotations
 
 import sys
+import warnings
 
 import typer
 
 from attnlab.cli.app import app
-from attnlab.errors import AttnlabError
+from attnlab.errors import AttnlabError, AttnlabWarning
 
 # Command modules register themselves on `app` when imported.
 from attnlab.cli import attention as _attention  # noqa: F401,E402
@@ -30,8 +31,17 @@ from attnlab.cli import tokenize as _tokenize  # noqa: F401,E402
 from attnlab.cli import view as _view  # noqa: F401,E402
 from attnlab.cli import word2vec as _word2vec  # noqa: F401,E402
 
+def _show_warning(message, category, filename, lineno, file=None, line=None, *, _default=warnings.showwarning):  # noqa: ANN001
+    """Print attnlab's own warnings as one ``warning: ...`` line; others as Python would."""
+    if issubclass(category, AttnlabWarning):
+        typer.echo(f"warning: {message}", err=True)
+    else:
+        _default(message, category, filename, lineno, file, line)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``attnlab`` console script and ``python -m attnlab``."""
+    warnings.showwarning = _show_warning
     try:
         app(args=argv, standalone_mode=True)
     except AttnlabError as error:
