@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from attnlab.errors import CheckpointError
+from attnlab.errors import CheckpointError, UsageError
 from attnlab.nn import DecoderOnly, DecoderOnlyConfig
 from attnlab.runs import RunDir, load_weights_into
 from attnlab.storage import atomic_write_text, load_tensors, save_tensors
@@ -56,16 +56,16 @@ def test_metrics_append_truncate_and_torn_last_line(run):
 
 
 def test_open_errors(tmp_path):
-    with pytest.raises(CheckpointError, match="run not found"):
+    with pytest.raises(UsageError, match="run not found"):
         RunDir.open(tmp_path / "missing")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(CheckpointError, match="no config.json"):
+    with pytest.raises(UsageError, match="no config.json"):
         RunDir.open(tmp_path / "empty")
     RunDir.create(tmp_path / "busy").write_config({})
-    with pytest.raises(CheckpointError, match="not empty"):
+    with pytest.raises(UsageError, match="not empty"):
         RunDir.create(tmp_path / "busy")
     (tmp_path / "a-file").write_text("x")
-    with pytest.raises(CheckpointError, match="is a file; choose another --out"):
+    with pytest.raises(UsageError, match="is a file; choose another --out"):
         RunDir.create(tmp_path / "a-file")
 
 
