@@ -15,11 +15,14 @@ from attnlab.tokenizers import KINDS, Tokenizer, train_tokenizer
 
 def _pick_tokenizer(
     text: str, kind: str | None, tokenizer: Path | None, vocab: Path | None, corpus: Path | None,
-    vocab_size: int, skip_bad_lines: bool,
+    vocab_size: int, skip_bad_lines: bool, lowercase: bool | None = None,
 ) -> Tokenizer:
     sources = [name for name, given in (("--tokenizer", tokenizer), ("--vocab", vocab), ("--train", corpus)) if given]
     if len(sources) > 1:
         raise UsageError(f"give at most one of --tokenizer, --vocab, --train (got {', '.join(sources)})")
+    if lowercase is not None and vocab is None:
+        flag = "--lowercase" if lowercase else "--no-lowercase"
+        raise UsageError(f"{flag}: applies to --vocab only (a tokenizer.json carries its own normalizer)")
     if kind is not None and kind not in KINDS:
         raise UsageError(f"--kind: unknown kind {kind!r}; choose one of {', '.join(KINDS)}")
     if tokenizer is not None:
@@ -30,7 +33,7 @@ def _pick_tokenizer(
     if vocab is not None:
         if kind not in (None, "wordpiece"):
             raise UsageError(f"--vocab: a BERT vocab.txt makes a wordpiece tokenizer, not {kind}")
-        return Tokenizer.from_vocab_txt(vocab)
+        return Tokenizer.from_vocab_txt(vocab, lowercase=lowercase)
     if kind is None:
         raise UsageError("--kind: required unless --tokenizer or --vocab is given")
     if corpus is not None:
@@ -47,7 +50,12 @@ def tokenize(
     text: str = typer.Argument(..., help="The text to tokenize."),
     kind: str = typer.Option(None, "--kind", help=f"Tokenizer kind: {', '.join(KINDS)}."),
     tokenizer: Path = typer.Option(None, "--tokenizer", help="A tokenizer.json (attnlab or Hugging Face)."),
-    vocab: Path = typer.Option(None, "--vocab", help="A BERT vocab.txt (wordpiece)."),
+    vocab: Path = typer.Option(None, "--vocab", help="A BERT vocab.txt (wordpiece); its casing decides (see above)."),
+    lowercase: bool | None = typer.Option(
+        None, "--lowercase/--no-lowercase",
+        help="With --vocab: lowercase and strip accents, or keep case and accents, whatever the "
+        "vocabulary's casing. Default: follow the vocabulary (see above).",
+    ),
     train: Path = typer.Option(None, "--train", help="Train the tokenizer on this UTF-8 corpus, one text per line."),
     vocab_size: int = typer.Option(8000, "--vocab-size", min=7, help="Vocabulary size when training."),
     skip_bad_lines: bool = typer.Option(False, "--skip-bad-lines", help="Skip bad corpus lines (counted)."),
@@ -56,7 +64,11 @@ def tokenize(
     """Print the tokens of TEXT as a JSON list.
 
     Without --tokenizer, --vocab or --train, the vocabulary is learned from TEXT itself.
+
+    Casing with --vocab, as Hugging Face's BERT does: an uncased vocab.txt (lowercasing changes none of its pieces, [CLS]-style specials aside) lowercases TEXT and strips its accents ("Café" -> "cafe"); a cased one keeps case and accents. --lowercase / --no-lowercase override.
+
+    A tokenizer.json keeps its own normalizer, but any padding or truncation it configures is ignored: the output is TEXT's tokens only.
     """
-    tok = _pick_tokenizer(text, kind, tokenizer, vocab, train, vocab_size, skip_bad_lines)
+    tok = _pick_tokenizer(text, kind, tokenizer, vocab, train, vocab_size, skip_bad_lines, lowercase)
     out = tok.encode(text) if ids else tok.tokenize(text)
     typer.echo(json.dumps(out, ensure_ascii=False))

@@ -11,7 +11,7 @@ Example::
 """
 
 from attnlab.tokenizers.kinds import BYTE_TOKENS, KINDS, SPECIAL_TOKENS, check_build_options, infer_kind
-from attnlab.tokenizers.tokenizer import SPECIAL_ALIASES, Tokenizer, check_text, train_tokenizer
+from attnlab.tokenizers.tokenizer import SPECIAL_ALIASES, Tokenizer, check_text, is_uncased, train_tokenizer
 
 __all__ = [
     "BYTE_TOKENS",
@@ -22,5 +22,6 @@ __all__ = [
     "check_build_options",
     "check_text",
     "infer_kind",
+    "is_uncased",
     "train_tokenizer",
 ]

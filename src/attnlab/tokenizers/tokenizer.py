@@ -13,12 +13,22 @@ Policy for special tokens in text: text is always text. The string "[PAD]" insid
 split like any other characters (HF's ``encode_special_tokens``), so only code that asks for
 ``pad_id`` etc. can put a special id into a sequence. (The word kind splits on whitespace only,
 so a whole word "[PAD]" is looked up in its vocabulary and does map to PAD there.)
+
+Policy for padding and truncation: a ``Tokenizer`` turns one text into exactly its tokens. A
+Hugging Face tokenizer.json may configure a fixed padding (e.g. to 128 tokens) or truncation for
+batching; both are switched off when such a file is wrapped, because attnlab pads batches and
+checks lengths itself (``attnlab tokenize`` would otherwise print a tail of ``[PAD]``).
+
+Policy for casing of a BERT vocab.txt (:func:`is_uncased`): an uncased vocabulary, one that
+lowercasing leaves unchanged, gets what Hugging Face's BERT does by default (lowercase, strip
+accents); a cased one keeps case and accents. ``lowercase=`` overrides the choice.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -29,7 +39,7 @@ from attnlab.errors import DataError
 from attnlab.storage import atomic_write_text
 from attnlab.tokenizers.kinds import EXTERNAL_KIND, KINDS, SPECIAL_TOKENS, build, infer_kind
 
-__all__ = ["Tokenizer", "train_tokenizer", "check_text", "SPECIAL_ALIASES"]
+__all__ = ["Tokenizer", "train_tokenizer", "check_text", "is_uncased", "SPECIAL_ALIASES"]
 
 SPECIAL_ALIASES: dict[str, tuple[str, ...]] = {
     "pad": ("[PAD]", "<pad>", "<PAD>"),
@@ -40,6 +50,28 @@ SPECIAL_ALIASES: dict[str, tuple[str, ...]] = {
     "sep": ("[SEP]", "<sep>", "<SEP>"),
 }
 """role -> the spellings recognised in a foreign tokenizer.json or vocab.txt, preferred first."""
+
+
+SPECIAL_SHAPE = re.compile(r"\[[^\[\]\s]+\]|<[^<>\s]+>")
+"""A whole token written like a special one: ``[CLS]``, ``[unused0]``, ``<s>``, ``<pad>``."""
+
+
+def is_uncased(pieces: Iterable[str]) -> bool:
+    """True when lowercasing changes no piece of a vocabulary: a BERT "uncased" vocabulary.
+
+    Special-looking tokens (``[CLS]``, ``[UNK]``, ``<s>``: see :data:`SPECIAL_SHAPE`) are left
+    out, since uncased vocabularies spell them in capitals too. Lowercasing is the ``tokenizers``
+    library's own (``normalizers.Lowercase``), the same one its ``BertNormalizer`` applies to text,
+    so symbols such as "ℝ" that have no lower-case form do not make a vocabulary cased.
+
+    Args:
+        pieces: the vocabulary's tokens (continuation pieces with their ``##``).
+
+    Returns:
+        True for an uncased vocabulary (also one with no letters at all), False for a cased one.
+    """
+    words = "\n".join(piece for piece in pieces if not SPECIAL_SHAPE.fullmatch(piece))
+    return normalizers.Lowercase().normalize_str(words) == words
 
 
 def check_text(text: str) -> str:
@@ -74,6 +106,9 @@ class Tokenizer:
             raise ValueError(f"kind: unknown tokenizer kind {self.kind!r}; choose one of {', '.join(KINDS)}")
         # Text is text: "[PAD]" typed by a user is not the PAD id (see the module docstring).
         hf.encode_special_tokens = True
+        # One text in, exactly its tokens out: no fixed padding or truncation from a foreign file.
+        hf.no_padding()
+        hf.no_truncation()
         self._special_ids = self._resolve_specials()
 
     def _resolve_specials(self) -> dict[str, int]:
@@ -179,6 +214,9 @@ class Tokenizer:
     def load(cls, path: str | os.PathLike[str]) -> Tokenizer:
         """Read a ``tokenizer.json``: one saved by attnlab, or any Hugging Face one (kind ``hf``).
 
+        A padding or truncation that the file configures is switched off (see the module
+        docstring): ``tokenize`` and ``encode`` give the text's own tokens, never ``[PAD]``.
+
         Raises:
             DataError: the file is missing, not UTF-8, not JSON, or not a tokenizer; the message
             names the file (and the line, for JSON syntax errors).
@@ -200,8 +238,10 @@ class Tokenizer:
 
         Args:
             path: the vocab.txt file.
-            lowercase: lowercase and strip accents as BERT "uncased" does; by default, when no
-                token in the file has an upper-case letter.
+            lowercase: lowercase and strip accents as BERT "uncased" does (Hugging Face's
+                ``BertNormalizer(lowercase=True)``), or keep case and accents (False). By default
+                the vocabulary's own casing decides: lowercase when it is uncased
+                (:func:`is_uncased`: lowercasing changes none of its pieces), else keep case.
 
         Raises:
             DataError: empty file, bytes that are not UTF-8, an empty or duplicate token (with
@@ -221,12 +261,12 @@ class Tokenizer:
                 raise DataError(f"{path}:{number}: duplicate token {token!r} (first on line {vocab[token] + 1})")
             vocab[token] = len(vocab)
         if lowercase is None:
-            lowercase = not any(ch.isupper() for token in vocab for ch in token if not token.startswith("["))
+            lowercase = is_uncased(vocab)
         unk = next((s for s in SPECIAL_ALIASES["unk"] if s in vocab), SPECIAL_TOKENS["unk"])
         if unk not in vocab:
             vocab[unk] = len(vocab)  # WordPiece needs its UNK inside the model's own vocabulary
         hf = HFTokenizer(models.WordPiece(vocab=vocab, unk_token=unk))
-        hf.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+        hf.normalizer = normalizers.BertNormalizer(lowercase=lowercase, strip_accents=lowercase)
         hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         hf.decoder = decoders.WordPiece()
         hf.add_special_tokens([t for t in vocab if t.startswith("[") and t.endswith("]")])
