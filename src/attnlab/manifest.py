@@ -2,9 +2,11 @@
 
 A manifest is one JSON file::
 
-    {"format": 1, "files": {"config.json": {"size": 1234, "sha256": "9f86d0..."}, ...}}
+    {"format": 1, "files": {"config.json": {"size": 1234, "sha256": "9f86d0..."}, ...}, "checksum": "..."}
 
-keyed by paths relative to the folder that holds the manifest. A writer records the bytes it
+keyed by paths relative to the folder that holds the manifest. ``checksum`` is the SHA-256 of the
+``files`` object in canonical JSON (sorted keys, no spaces): damage to the manifest itself is named
+as such, never blamed on a file it lists. A writer records the bytes it
 writes (never bytes read back from disk, which could already be damaged); a reader reads a file's
 bytes once, checks them against the manifest and parses those same bytes (no check-then-reopen
 race). Any difference is a :class:`attnlab.errors.CheckpointError` (exit 3) naming the file and
@@ -68,7 +70,8 @@ class Manifest:
         return Manifest({**self.files, **records})
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": FORMAT, "files": {name: self.files[name].to_dict() for name in sorted(self.files)}}
+        files = {name: self.files[name].to_dict() for name in sorted(self.files)}
+        return {"format": FORMAT, "files": files, "checksum": _checksum(files)}
 
     def to_text(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
@@ -102,6 +105,8 @@ def parse_manifest(data: bytes, *, path: str | Path) -> Manifest:
         found = obj.get("format") if isinstance(obj, dict) else None
         raise CheckpointError(f"manifest {path} is corrupted: expected format {FORMAT} with a files object, "
                               f"found format {found!r}")
+    if obj.get("checksum") != _checksum(obj["files"]):
+        raise CheckpointError(f"manifest {path} is damaged: its checksum differs from its contents")
     records: dict[str, FileRecord] = {}
     for name, record in obj["files"].items():
         try:
@@ -143,3 +148,8 @@ def describe_difference(expected: FileRecord, data: bytes) -> str | None:
     if hashlib.sha256(data).hexdigest() != expected.sha256:
         return "sha256 differs from the manifest"
     return None
+
+
+def _checksum(files: Mapping[str, Any]) -> str:
+    canonical = json.dumps(files, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
