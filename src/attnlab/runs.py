@@ -199,12 +199,19 @@ class RunDir:
         return record is not None and describe_difference(record, data) is None
 
     def _warn_unverified(self, folder: Path) -> None:
+        if folder != self.path and not self._has_manifest():
+            folder = self.path  # a run written before manifests: one warning covers all its files
         if folder in self._warned:
             return
         self._warned.add(folder)
         where = f"run {self.path}" if folder == self.path else f"checkpoint {folder}"
+        # stacklevel 2: one place in this module for every caller, so Python's default filter shows
+        # the warning once per process even when several RunDir objects open the same run
         warnings.warn(f"{where} has no {self.MANIFEST} (written before attnlab verified run files): "
-                      f"its files are read unverified", AttnlabWarning, stacklevel=3)
+                      f"its files are read unverified", AttnlabWarning, stacklevel=2)
+
+    def _has_manifest(self) -> bool:
+        return os.path.lexists(self.path / self.MANIFEST)
 
     # ---- writing (each file, then its record in manifest.json) ------------------------------------
 

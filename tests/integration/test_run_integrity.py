@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from attnlab.analysis.pruning import prune_model, write_pruned_run
+from attnlab.cli import main
 from attnlab.errors import AttnlabWarning, CheckpointError
 from attnlab.evaluation.evaluate import evaluate
 from attnlab.experiment import LoadedRun, open_run
@@ -168,12 +169,19 @@ def test_a_run_without_manifests_warns_once_and_works(tiny, copy):
     assert report.ok and report.warnings
 
 
-def test_resuming_an_old_run_gives_it_manifests(tiny, copy):
+def test_resuming_an_old_run_warns_once_and_gives_it_manifests(copy, capsys, monkeypatch):
     for manifest in copy.rglob("manifest.json"):
         manifest.unlink()
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)  # main() replaces it
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", AttnlabWarning)
-        train(tiny_experiment(tiny["folder"], steps=6), copy, resume=True, progress=False)
+        warnings.simplefilter("default", AttnlabWarning)  # Python's own filter: once per place
+        with pytest.raises(SystemExit) as exited:
+            main(["train", "--resume", str(copy), "--set", "train.steps=6", "--no-progress"])
+    err = capsys.readouterr().err
+    assert exited.value.code in (0, None), err
+    assert [line for line in err.splitlines() if line.startswith("warning:")] == [
+        f"warning: run {copy} has no manifest.json (written before attnlab verified run files): "
+        "its files are read unverified"]
     with warnings.catch_warnings():
         warnings.simplefilter("error", AttnlabWarning)
         open_run(copy)

@@ -157,12 +157,11 @@ class _Trainer:
         """The task, and the tokenizer every rank encodes with: rank 0's. Training one per rank
         would not do: Hugging Face's WordPiece trainer can learn different pieces from the same
         corpus on each call (it breaks ties between merges in hash-map order; tokenizers#1794)."""
-        saved = saved_tokenizer(self.run) if resume else None  # verified against the run's manifest
         if not self.dist.enabled:
-            return build_task(self.experiment.task, saved_tokenizer=saved)
+            return build_task(self.experiment.task, saved_tokenizer=self._saved_tokenizer(resume))
         if self.dist.is_main:
             try:
-                task, tokenizer = build_task(self.experiment.task, saved_tokenizer=saved)
+                task, tokenizer = build_task(self.experiment.task, saved_tokenizer=self._saved_tokenizer(resume))
             except Exception as error:
                 broadcast_from_main({"error": str(error)}, self.dist)  # the other ranks must not wait forever
                 raise
@@ -177,6 +176,10 @@ class _Trainer:
             path = Path(folder) / "tokenizer.json"
             path.write_text(sent["tokenizer"], encoding="utf-8")
             return build_task(self.experiment.task, saved_tokenizer=path)
+
+    def _saved_tokenizer(self, resume: bool) -> Tokenizer | None:
+        """On resume, the run's tokenizer.json, verified against its manifest."""
+        return saved_tokenizer(self.run) if resume else None
 
     def _report_skipped_lines(self) -> None:
         """With ``task.skip_bad_lines`` nothing is dropped silently: say how many lines were skipped."""
