@@ -193,8 +193,12 @@ class RunDir:
         raise ValueError(f"{relative}: no manifest covers this path")
 
     def _matches_pointed_checkpoint(self, data: bytes) -> bool:
-        files = self.latest_checkpoint()
-        manifest = read_manifest(files.directory) if files is not None else None
+        """Whether ``data`` are the weights of the checkpoint the pointer names, per its manifest."""
+        try:
+            files = self.latest_checkpoint()
+            manifest = read_manifest(files.directory) if files is not None else None
+        except CheckpointError:  # a damaged pointer or manifest there: the mismatch found first is named
+            return False
         record = manifest.files.get(self.MODEL) if manifest is not None else None
         return record is not None and describe_difference(record, data) is None
 
