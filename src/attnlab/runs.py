@@ -162,12 +162,10 @@ class RunDir:
                 raise
         return data
 
-    def read_config(self) -> dict[str, Any]:
+    def read_config(self) -> Any:
+        """The parsed config.json, verified (its sections are checked by ``ExperimentConfig.from_dict``)."""
         path = self.path / self.CONFIG
-        config = parse_json(self.read_verified(self.CONFIG, what="run config"), path=path, what="run config")
-        if not isinstance(config, dict):
-            raise CheckpointError(f"run config {path} is corrupted: not a JSON object")
-        return config
+        return parse_json(self.read_verified(self.CONFIG, what="run config"), path=path, what="run config")
 
     def read_tokenizer_text(self) -> str | None:
         """The verified text of tokenizer.json; None when the run has none (a task vocabulary run)."""
