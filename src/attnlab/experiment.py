@@ -31,7 +31,7 @@ from typing import Any
 
 from torch import Tensor
 
-from attnlab.errors import ConfigError, UsageError
+from attnlab.errors import CheckpointError, ConfigError, DataError, UsageError
 from attnlab.head_ids import HeadId, held_heads, held_mask
 from attnlab.nn import MODELS, HeadMask, TransformerConfig, TransformerModel, build_model
 from attnlab.nn.config import check_field_types, check_value_types  # the same type rules as the model configs
@@ -326,11 +326,13 @@ MODEL_FOR_TASK_KIND = {
 """The model kind each kind of task trains."""
 
 
-def build_task(section: Mapping[str, Any], *, saved_tokenizer: Path | None = None) -> tuple[Any, Tokenizer | None]:
+def build_task(
+    section: Mapping[str, Any], *, saved_tokenizer: Tokenizer | Path | None = None
+) -> tuple[Any, Tokenizer | None]:
     """The task of a [task] section, and its tokenizer for text tasks.
 
     A text task's tokenizer is, in order: the run's saved ``tokenizer.json`` (``saved_tokenizer``,
-    when resuming or evaluating), the file named by ``task.tokenizer``, or one trained on the
+    when resuming or evaluating: a Tokenizer already read, see :func:`saved_tokenizer`, or a path), the file named by ``task.tokenizer``, or one trained on the
     training file (``task.tokenizer_kind``, default ``bpe``; ``task.vocab_size``, default 8000).
     The ``sentences`` task reads a pretrained encoder's tokenizer, so it never trains one.
     """
@@ -340,7 +342,9 @@ def build_task(section: Mapping[str, Any], *, saved_tokenizer: Path | None = Non
         return get_task(name, **options), None
     keys = TokenizerKeys(**{k: options.pop(k) for k in _TOKENIZER_KEYS if k in options})
     kind, vocab_size, tokenizer_path = keys.tokenizer_kind, keys.vocab_size, keys.tokenizer
-    if saved_tokenizer is not None and saved_tokenizer.exists():
+    if isinstance(saved_tokenizer, Tokenizer):
+        tokenizer = saved_tokenizer
+    elif saved_tokenizer is not None and saved_tokenizer.exists():
         tokenizer = Tokenizer.load(saved_tokenizer)
     elif tokenizer_path is not None:
         tokenizer = Tokenizer.load(tokenizer_path)
@@ -469,11 +473,27 @@ def run_experiment(run: RunDir) -> ExperimentConfig:
         raise ConfigError(f"{run.path / RunDir.CONFIG}: {error}") from None
 
 
+def saved_tokenizer(run: RunDir) -> Tokenizer | None:
+    """The run's tokenizer.json, verified against its manifest; None when the run has none.
+
+    Raises:
+        CheckpointError: the file is damaged or not a tokenizer; the message names it.
+    """
+    text = run.read_tokenizer_text()
+    if text is None:
+        return None
+    try:
+        return Tokenizer.from_str(text, source=run.tokenizer_path)
+    except DataError as error:
+        raise CheckpointError(str(error)) from None
+
+
 def open_run(path: str | Path, *, device: str = "cpu") -> LoadedRun:
-    """Load a run directory: config.json, the task, tokenizer.json and model.safetensors."""
+    """Load a run directory: config.json, the task, tokenizer.json and model.safetensors, each
+    verified against the run's manifest (see :meth:`attnlab.runs.RunDir.read_verified`)."""
     run = RunDir.open(path)
     experiment = run_experiment(run)
-    task, tokenizer = build_task(experiment.task, saved_tokenizer=run.tokenizer_path)
+    task, tokenizer = build_task(experiment.task, saved_tokenizer=saved_tokenizer(run))
     model = model_for_task(experiment, task)
     run.load_weights(model)
     model.to(device).eval()

@@ -3,11 +3,13 @@
 Layout::
 
     RUN/
+      manifest.json               size and SHA-256 of config.json, tokenizer.json, model.safetensors
       config.json                 the fully resolved experiment config
       tokenizer.json              the tokenizer or task vocabulary, when there is one
       model.safetensors           the latest weights (what `eval`, `generate`, `heads`, `view` load)
       checkpoint.json             {"latest": "step-00000100", "step": 100}: the commit record
-      checkpoints/step-XXXXXXXX/  model.safetensors, trainer_state.safetensors, trainer_state.json
+      checkpoints/step-XXXXXXXX/  model.safetensors, trainer_state.safetensors, trainer_state.json,
+                                  manifest.json (their sizes and SHA-256)
       metrics.jsonl               one JSON object per logged step or evaluation
       plots/  analysis/
 
@@ -16,6 +18,15 @@ and data state from the same step. Each file is written atomically, but several 
 renamed at once, so a checkpoint directory is written completely first and ``checkpoint.json`` is
 then replaced atomically to point at it. A kill -9 at any instant leaves the pointer at a complete
 checkpoint. The previous checkpoint is only deleted after the pointer has moved on.
+
+Integrity: every file a command reads is read once with :meth:`RunDir.read_verified`, which checks
+the bytes against the manifest of their folder (:mod:`attnlab.manifest`) before they are parsed;
+any difference is a :class:`~attnlab.errors.CheckpointError` naming the file (exit 3). A
+checkpoint's manifest is written in its staging folder, so it is complete before the pointer moves.
+``model.safetensors`` is published before ``manifest.json`` records it, so in between it is accepted
+when it matches the record of the checkpoint the pointer names: a kill -9 at any instant leaves a
+run that verifies. A run written before manifests existed opens with one :class:`AttnlabWarning`;
+its next checkpoint gives it a manifest (recording its config and tokenizer as they are then).
 """
 
 from __future__ import annotations
@@ -24,25 +35,31 @@ import json
 import os
 import re
 import shutil
+import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from torch import Tensor, nn
 
-from attnlab.errors import CheckpointError, UsageError
+from attnlab import manifest as manifests
+from attnlab.errors import AttnlabWarning, CheckpointError, UsageError
+from attnlab.manifest import FileRecord, Manifest, check_bytes, describe_difference, read_manifest, record_of
 from attnlab.storage import (
+    atomic_write_bytes,
     atomic_write_json,
     atomic_write_text,
     ensure_folder,
     fsync_directory,
-    load_tensors,
+    parse_json,
+    parse_tensors,
+    read_bytes,
     read_json,
-    save_tensors,
+    tensors_to_bytes,
 )
 
-__all__ = ["RunDir", "CheckpointFiles", "weights_to_tensors", "load_weights_into"]
+__all__ = ["RunDir", "CheckpointFiles", "weights_to_tensors", "load_weights_into", "load_tensors_into"]
 
 _ALIASES_KEY = "attnlab.aliases"
 
@@ -75,9 +92,11 @@ class RunDir:
     MODEL = "model.safetensors"
     POINTER = "checkpoint.json"
     METRICS = "metrics.jsonl"
+    MANIFEST = manifests.NAME
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
+        self._warned: set[Path] = set()
 
     # ---- opening ------------------------------------------------------------------------------
 
@@ -89,14 +108,16 @@ class RunDir:
         if run.path.exists() and any(run.path.iterdir()) and not overwrite:
             raise UsageError(f"run directory {run.path} already exists and is not empty; choose another --out")
         ensure_folder(run.path)
+        (run.path / cls.MANIFEST).unlink(missing_ok=True)  # an overwritten run's records start afresh
         return run
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> RunDir:
+        """An existing run. A config.json that is there but damaged (a folder, say) is found when read."""
         run = cls(path)
         if not run.path.is_dir():
             raise UsageError(f"run not found: {run.path}")
-        if not (run.path / cls.CONFIG).is_file():
+        if not os.path.lexists(run.path / cls.CONFIG):
             raise UsageError(f"{run.path} is not a run directory: it has no {cls.CONFIG}")
         return run
 
@@ -113,32 +134,140 @@ class RunDir:
     def _folder(self, name: str) -> Path:
         return ensure_folder(self.path / name)
 
-    # ---- config and tokenizer -----------------------------------------------------------------
+    # ---- verified reading ---------------------------------------------------------------------
+
+    def read_verified(self, relative: str, *, what: str = "file") -> bytes:
+        """The bytes of ``relative`` (a path inside the run), read once and checked against its manifest.
+
+        Parse the bytes returned, never the file again: what was checked is what is used.
+        ``model.safetensors`` may also match the record of the checkpoint ``checkpoint.json`` names
+        (it is published just before the run's manifest records it). A folder without a manifest
+        (a run written before manifests) is read unverified, with one :class:`AttnlabWarning`.
+
+        Raises:
+            CheckpointError: the file is missing, not a regular file, unreadable, not listed in the
+                manifest, or its size or SHA-256 differs; the message names the file.
+        """
+        path = self.path / relative
+        data = read_bytes(path, what=what)
+        folder, name = self._manifest_place(relative)
+        manifest = read_manifest(folder)
+        if manifest is None:
+            self._warn_unverified(folder)
+            return data
+        try:
+            check_bytes(manifest, name, data, path=path)
+        except CheckpointError:
+            if not (relative == self.MODEL and self._matches_pointed_checkpoint(data)):
+                raise
+        return data
+
+    def read_config(self) -> Any:
+        """The parsed config.json, verified (its sections are checked by ``ExperimentConfig.from_dict``)."""
+        path = self.path / self.CONFIG
+        return parse_json(self.read_verified(self.CONFIG, what="run config"), path=path, what="run config")
+
+    def read_tokenizer_text(self) -> str | None:
+        """The verified text of tokenizer.json; None when the run has none (a task vocabulary run)."""
+        if not os.path.lexists(self.tokenizer_path):
+            manifest = read_manifest(self.path)
+            if manifest is not None and self.TOKENIZER in manifest.files:
+                raise CheckpointError(f"tokenizer not found: {self.tokenizer_path} (listed in {self.MANIFEST})")
+            return None
+        data = self.read_verified(self.TOKENIZER, what="tokenizer")
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise CheckpointError(f"tokenizer {self.tokenizer_path} is corrupted: bytes that are not UTF-8 "
+                                  f"(offset {error.start})") from None
+
+    def _manifest_place(self, relative: str) -> tuple[Path, str]:
+        """The folder whose manifest covers ``relative``, and the name it has there."""
+        parts = PurePosixPath(relative).parts
+        if len(parts) == 1:
+            return self.path, parts[0]
+        if len(parts) == 3 and parts[0] == "checkpoints":
+            return self.path / parts[0] / parts[1], parts[2]
+        raise ValueError(f"{relative}: no manifest covers this path")
+
+    def _matches_pointed_checkpoint(self, data: bytes) -> bool:
+        """Whether ``data`` are the weights of the checkpoint the pointer names, per its manifest."""
+        try:
+            files = self.latest_checkpoint()
+            manifest = read_manifest(files.directory) if files is not None else None
+        except CheckpointError:  # a damaged pointer or manifest there: the mismatch found first is named
+            return False
+        record = manifest.files.get(self.MODEL) if manifest is not None else None
+        return record is not None and describe_difference(record, data) is None
+
+    def _warn_unverified(self, folder: Path) -> None:
+        if folder != self.path and not self._has_manifest():
+            folder = self.path  # a run written before manifests: one warning covers all its files
+        if folder in self._warned:
+            return
+        self._warned.add(folder)
+        where = f"run {self.path}" if folder == self.path else f"checkpoint {folder}"
+        # stacklevel 2: one place in this module for every caller, so Python's default filter shows
+        # the warning once per process even when several RunDir objects open the same run
+        warnings.warn(f"{where} has no {self.MANIFEST} (written before attnlab verified run files): "
+                      f"its files are read unverified", AttnlabWarning, stacklevel=2)
+
+    def _has_manifest(self) -> bool:
+        return os.path.lexists(self.path / self.MANIFEST)
+
+    # ---- writing (each file, then its record in manifest.json) ------------------------------------
 
     def write_config(self, config: Mapping[str, Any]) -> None:
-        atomic_write_json(self.path / self.CONFIG, dict(config))
-
-    def read_config(self) -> dict[str, Any]:
-        return read_json(self.path / self.CONFIG, what="run config")
+        self._write_file(self.CONFIG, (json.dumps(dict(config), indent=2, sort_keys=True) + "\n").encode("utf-8"))
 
     def write_tokenizer(self, text: str) -> None:
-        atomic_write_text(self.path / self.TOKENIZER, text)
+        self._write_file(self.TOKENIZER, text.encode("utf-8"))
 
     @property
     def tokenizer_path(self) -> Path:
         return self.path / self.TOKENIZER
 
+    def _write_file(self, relative: str, data: bytes) -> None:
+        atomic_write_bytes(self.path / relative, data)
+        self._record({relative: record_of(data)})
+
+    def _record(self, records: Mapping[str, FileRecord]) -> None:
+        """Add ``records`` to the run's manifest (written atomically)."""
+        current = read_manifest(self.path)
+        if current is None:
+            current = self._adopt(exclude=records)
+        manifests.write_manifest(self.path, current.with_records(records))
+
+    def _adopt(self, *, exclude: Mapping[str, FileRecord]) -> Manifest:
+        """A first manifest for a run that has none: the files a command reads, as they are now."""
+        contents = {name: read_bytes(self.path / name) for name in (self.CONFIG, self.TOKENIZER, self.MODEL)
+                    if name not in exclude and (self.path / name).is_file()}
+        return manifests.build_manifest(contents)
+
     # ---- weights ------------------------------------------------------------------------------
 
     def save_weights(self, model: nn.Module) -> None:
         tensors, metadata = weights_to_tensors(model)
-        save_tensors(self.path / self.MODEL, tensors, metadata)
+        self._write_file(self.MODEL, tensors_to_bytes(tensors, metadata))
 
     def load_weights(self, model: nn.Module) -> None:
-        path = self.path / self.MODEL
-        if not path.exists() and self.latest_checkpoint() is not None:
-            path = self.latest_checkpoint().model  # type: ignore[union-attr]
-        load_weights_into(model, path)
+        """Load model.safetensors (or, when it is missing, the latest checkpoint's), verified."""
+        if not os.path.lexists(self.path / self.MODEL) and self.latest_checkpoint() is not None:
+            self.load_checkpoint_weights(model, self.latest_checkpoint())  # type: ignore[arg-type]
+            return
+        self._load_verified_weights(model, self.MODEL)
+
+    def load_checkpoint_weights(self, model: nn.Module, files: CheckpointFiles) -> None:
+        """Load the weights of checkpoint ``files``, verified against its manifest."""
+        self._load_verified_weights(model, self._relative(files.model))
+
+    def _load_verified_weights(self, model: nn.Module, relative: str) -> None:
+        path = self.path / relative
+        tensors, metadata = parse_tensors(self.read_verified(relative, what="weights"), path=path, what="weights")
+        load_tensors_into(model, tensors, metadata, path=path)
+
+    def _relative(self, path: Path) -> str:
+        return path.relative_to(self.path).as_posix()
 
     # ---- checkpoints --------------------------------------------------------------------------
 
@@ -151,7 +280,8 @@ class RunDir:
         *,
         keep: int = 2,
     ) -> CheckpointFiles:
-        """Write a complete checkpoint, move the pointer to it, publish its weights, prune old ones."""
+        """Write a complete checkpoint with its manifest, move the pointer to it, publish its weights,
+        prune old ones."""
         files = CheckpointFiles(step, self.path / "checkpoints" / f"step-{step:08d}")
         latest = self.latest_checkpoint()
         if latest is not None and latest.step == step:  # already committed (e.g. the final step twice)
@@ -160,9 +290,15 @@ class RunDir:
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         weights, metadata = weights_to_tensors(model)
-        save_tensors(staging / files.model.name, weights, metadata)
-        save_tensors(staging / files.trainer_tensors.name, trainer_tensors)
-        atomic_write_json(staging / files.trainer_json.name, {**trainer_state, "step": step})
+        state_text = json.dumps({**trainer_state, "step": step}, indent=2, sort_keys=True) + "\n"
+        contents = {
+            files.model.name: tensors_to_bytes(weights, metadata),
+            files.trainer_tensors.name: tensors_to_bytes(trainer_tensors),
+            files.trainer_json.name: state_text.encode("utf-8"),
+        }
+        for name, data in contents.items():
+            atomic_write_bytes(staging / name, data)
+        manifests.write_manifest(staging, manifests.build_manifest(contents))  # before the rename: complete
         shutil.rmtree(files.directory, ignore_errors=True)
         os.replace(staging, files.directory)
         fsync_directory(files.directory.parent)
@@ -171,9 +307,19 @@ class RunDir:
         return files
 
     def point_to(self, files: CheckpointFiles) -> None:
-        """Make ``files`` the latest checkpoint (what ``--resume`` starts from) and publish its weights."""
+        """Make ``files`` the latest checkpoint (what ``--resume`` starts from) and publish its weights.
+
+        Order: the pointer, then model.safetensors (a link to the checkpoint's weights), then its
+        record in manifest.json, copied from the checkpoint's manifest (so never from bytes read
+        back). Until that record is written the published weights match the pointed checkpoint's.
+        """
         atomic_write_json(self.path / self.POINTER, {"latest": files.directory.name, "step": files.step})
         self._publish_weights(files.model)
+        manifest = read_manifest(files.directory)
+        record = manifest.files.get(files.model.name) if manifest is not None else None
+        if record is None:  # a checkpoint written before manifests
+            record = record_of(read_bytes(self.path / self.MODEL, what="weights"))
+        self._record({self.MODEL: record})
 
     def checkpoints(self) -> list[CheckpointFiles]:
         """Every complete checkpoint, oldest first."""
@@ -185,21 +331,37 @@ class RunDir:
         return sorted(found, key=lambda files: files.step)
 
     def latest_checkpoint(self) -> CheckpointFiles | None:
+        """The checkpoint ``checkpoint.json`` names; None when there is no pointer.
+
+        Raises:
+            CheckpointError: the pointer is malformed (its name and step disagree, say) or names a
+                missing directory.
+        """
         pointer = self.path / self.POINTER
-        if not pointer.exists():
+        if not os.path.lexists(pointer):
             return None
         record = read_json(pointer, what="checkpoint pointer")
-        try:
-            directory, step = self.path / "checkpoints" / str(record["latest"]), int(record["step"])
-        except (KeyError, TypeError, ValueError):
-            raise CheckpointError(f"checkpoint pointer {pointer} is corrupted") from None
+        name = record.get("latest") if isinstance(record, dict) else None
+        step = record.get("step") if isinstance(record, dict) else None
+        if (not isinstance(name, str) or not re.fullmatch(r"step-\d{8}", name) or isinstance(step, bool)
+                or not isinstance(step, int) or int(name[len("step-"):]) != step):
+            raise CheckpointError(f"checkpoint pointer {pointer} is corrupted: expected "
+                                  f'{{"latest": "step-NNNNNNNN", "step": N}} with the same N')
+        directory = self.path / "checkpoints" / name
         if not directory.is_dir():
             raise CheckpointError(f"checkpoint pointer {pointer} names a missing directory {directory}")
         return CheckpointFiles(step, directory)
 
     def read_trainer_state(self, files: CheckpointFiles) -> tuple[dict[str, Tensor], dict[str, Any]]:
-        tensors, _ = load_tensors(files.trainer_tensors, what="trainer state")
-        return tensors, read_json(files.trainer_json, what="trainer state")
+        """The optimizer, RNG and data state of checkpoint ``files``, verified against its manifest."""
+        tensors_path, json_path = files.trainer_tensors, files.trainer_json
+        tensors, _ = parse_tensors(self.read_verified(self._relative(tensors_path), what="trainer state"),
+                                   path=tensors_path, what="trainer state")
+        state = parse_json(self.read_verified(self._relative(json_path), what="trainer state"),
+                           path=json_path, what="trainer state")
+        if not isinstance(state, dict) or state.get("step") != files.step:
+            raise CheckpointError(f"trainer state {json_path} is corrupted: it is not the state of step {files.step}")
+        return tensors, state
 
     def _publish_weights(self, source: Path) -> None:
         """model.safetensors := the checkpoint's weights (a hard link, renamed into place atomically)."""
@@ -231,28 +393,55 @@ class RunDir:
             os.fsync(handle.fileno())
 
     def read_metrics(self) -> list[dict[str, Any]]:
-        """All complete metric records; a torn last line (a crash mid-write) is ignored."""
+        """All complete metric records; a torn last line (a crash mid-write) is ignored.
+
+        A torn line is what :meth:`append_metrics` leaves when killed mid-write: a last line without
+        its newline that starts like a record (ASCII, ``{``). Anything else malformed is an error.
+
+        Raises:
+            CheckpointError: a line that is not UTF-8, not JSON or not an object; names file:line.
+        """
         path = self.path / self.METRICS
-        if not path.exists():
+        if not os.path.lexists(path):
             return []
-        records = []
-        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-        for number, line in enumerate(lines, start=1):
+        lines = read_bytes(path, what="metrics").split(b"\n")
+        last = lines.pop()  # b"" when the file ends with a newline
+        records = [_metric_record(line, path, number) for number, line in enumerate(lines, start=1)]
+        if last:
+            number = len(lines) + 1
             try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                if number == len(lines) and not line.endswith("\n"):
-                    break
-                raise CheckpointError(f"{path}:{number}: not a JSON object") from None
+                records.append(_metric_record(last, path, number))
+            except CheckpointError:
+                if not (last.isascii() and last.startswith(b"{")):
+                    raise
         return records
 
     def truncate_metrics(self, last_step: int) -> None:
-        """Drop records after ``last_step`` (on resume, so no step is logged twice)."""
-        kept = [r for r in self.read_metrics() if int(r.get("step", 0)) <= last_step]
-        atomic_write_text(self.path / self.METRICS, "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
+        """Drop records after ``last_step`` (on resume, so no step is logged twice), and a torn last line."""
+        path = self.path / self.METRICS
+        kept = []
+        for record in self.read_metrics():
+            step = record.get("step", 0)
+            if isinstance(step, bool) or not isinstance(step, (int, float)):
+                raise CheckpointError(f"{path}: a record has step {step!r}, not a number")
+            if step <= last_step:
+                kept.append(record)
+        atomic_write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
 
     def __iter__(self) -> Iterator[Path]:
         return iter(sorted(self.path.iterdir()))
+
+
+def _metric_record(line: bytes, path: Path, number: int) -> dict[str, Any]:
+    try:
+        record = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{path}:{number}: bytes that are not UTF-8") from None
+    except (json.JSONDecodeError, RecursionError):
+        raise CheckpointError(f"{path}:{number}: not valid JSON") from None
+    if not isinstance(record, dict):
+        raise CheckpointError(f"{path}:{number}: not a JSON object")
+    return record
 
 
 def weights_to_tensors(model: nn.Module) -> tuple[dict[str, Tensor], dict[str, str]]:
@@ -271,14 +460,22 @@ def weights_to_tensors(model: nn.Module) -> tuple[dict[str, Tensor], dict[str, s
 
 
 def load_weights_into(model: nn.Module, path: Path) -> None:
-    """Load a safetensors file into ``model``; a missing, extra or mis-shaped tensor is named."""
-    tensors, metadata = load_tensors(path, what="weights")
+    """Load a safetensors file into ``model``, unverified (for files outside a run: use
+    :meth:`RunDir.load_weights` for a run's); a missing, extra or mis-shaped tensor is named."""
+    tensors, metadata = parse_tensors(read_bytes(path, what="weights"), path=path, what="weights")
+    load_tensors_into(model, tensors, metadata, path=path)
+
+
+def load_tensors_into(model: nn.Module, tensors: dict[str, Tensor], metadata: Mapping[str, str], *, path: Path) -> None:
+    """Load tensors read from ``path`` into ``model``; a missing, extra or mis-shaped tensor is named."""
     try:
         aliases = json.loads(metadata.get(_ALIASES_KEY, "{}"))
-    except json.JSONDecodeError:
+        if not isinstance(aliases, dict):
+            raise ValueError("not an object")
+    except (ValueError, RecursionError):
         raise CheckpointError(f"weights {path} have corrupted metadata") from None
     for alias, canonical in aliases.items():
-        if canonical in tensors:
+        if isinstance(canonical, str) and canonical in tensors:
             tensors[alias] = tensors[canonical]
     expected = model.state_dict()
     missing = sorted(set(expected) - set(tensors))

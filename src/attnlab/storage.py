@@ -5,14 +5,19 @@ target with ``os.replace`` (atomic on POSIX), and then the directory itself is f
 rename survives a power cut. A kill -9 at any instant leaves either the old file or the new one.
 
 Weights and optimizer tensors are stored with ``safetensors``: a JSON header plus raw bytes, so
-loading never executes code (unlike pickle). Any malformed file, truncated, bit-flipped or a pickle
-in disguise, raises :class:`attnlab.errors.CheckpointError` naming the file.
+loading never executes code (unlike pickle). Reading is split in two so that the bytes checked are
+the bytes used: :func:`read_bytes` reads a file once, the caller checks them (a run's files against
+its manifest, :mod:`attnlab.manifest`), and :func:`parse_json` / :func:`parse_tensors` parse those
+bytes. A malformed file (truncated, a damaged header, a pickle in disguise, JSON nested too deeply,
+a folder where a file belongs) raises :class:`attnlab.errors.CheckpointError` naming the file. A flip
+in the tensor data leaves a well-formed file: only the manifest's SHA-256 catches it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -35,6 +40,10 @@ __all__ = [
     "save_tensors",
     "load_tensors",
     "read_json",
+    "read_bytes",
+    "parse_json",
+    "parse_tensors",
+    "tensors_to_bytes",
 ]
 
 
@@ -108,42 +117,90 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
-def read_json(path: Path, *, what: str = "file") -> Any:
-    """Parse a JSON file; a missing or malformed file is a CheckpointError naming it."""
+def read_bytes(path: str | os.PathLike[str], *, what: str = "file") -> bytes:
+    """All the bytes of the regular file ``path``, read once.
+
+    Raises:
+        CheckpointError: ``path`` is missing, a folder or anything but a regular file, or cannot be
+            read (permissions, I/O error); the message names it and says which.
+    """
     path = Path(path)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO must not block the open
+        with os.fdopen(fd, "rb") as handle:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                kind = "a folder" if stat.S_ISDIR(mode) else "a special file"
+                raise CheckpointError(f"{what} {path} is not a regular file ({kind} stands in its place)")
+            return handle.read()
     except FileNotFoundError:
         raise CheckpointError(f"{what} not found: {path}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise CheckpointError(f"{what} {path} is corrupted: {error}") from None
+    except IsADirectoryError:
+        raise CheckpointError(f"{what} {path} is not a regular file (a folder stands in its place)") from None
+    except OSError as error:
+        raise CheckpointError(f"{what} {path}: cannot read: {error.strerror or error}") from None
+
+
+def parse_json(data: bytes, *, path: str | os.PathLike[str], what: str = "file") -> Any:
+    """Parse the bytes of a JSON file; anything malformed is a CheckpointError naming ``path``.
+
+    Malformed includes bytes that are not UTF-8 and nesting too deep for Python's parser (a file of
+    100,000 ``[``), which would otherwise surface as ``RecursionError``.
+    """
+    try:
+        return json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as error:
+        raise CheckpointError(f"{what} {path} is corrupted: bytes that are not UTF-8 (offset {error.start})") from None
+    except json.JSONDecodeError as error:
+        raise CheckpointError(f"{what} {path} is corrupted: line {error.lineno}: {error.msg}") from None
+    except RecursionError:
+        raise CheckpointError(f"{what} {path} is corrupted: JSON nested too deeply") from None
+
+
+def read_json(path: Path, *, what: str = "file") -> Any:
+    """Parse a JSON file; a missing, unreadable or malformed file is a CheckpointError naming it."""
+    return parse_json(read_bytes(path, what=what), path=path, what=what)
+
+
+def tensors_to_bytes(tensors: Mapping[str, Tensor], metadata: Mapping[str, str] | None = None) -> bytes:
+    """The safetensors bytes of ``tensors`` (made contiguous on the CPU) with ``metadata``."""
+    prepared = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}
+    return safetensors_save(prepared, metadata=dict(metadata) if metadata else None)
 
 
 def save_tensors(path: Path, tensors: Mapping[str, Tensor], metadata: Mapping[str, str] | None = None) -> None:
     """Write ``tensors`` as one safetensors file, atomically. Tensors are made contiguous on the CPU."""
-    prepared = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}
-    atomic_write_bytes(path, safetensors_save(prepared, metadata=dict(metadata) if metadata else None))
+    atomic_write_bytes(path, tensors_to_bytes(tensors, metadata))
+
+
+def parse_tensors(
+    data: bytes, *, path: str | os.PathLike[str], what: str = "checkpoint"
+) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """The tensors and metadata held by the bytes of a safetensors file. Never unpickles anything.
+
+    Raises:
+        CheckpointError: the bytes are not a well-formed safetensors file; the message names ``path``.
+    """
+    try:
+        tensors = safetensors_load(data)
+        metadata = _safetensors_metadata(data)
+    except (SafetensorError, ValueError, RuntimeError, OverflowError, RecursionError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"{what} {path} is corrupted or not a safetensors file ({error})") from None
+    return tensors, metadata
 
 
 def load_tensors(path: Path, *, what: str = "checkpoint") -> tuple[dict[str, Tensor], dict[str, str]]:
     """Read a safetensors file; returns (tensors, metadata). Never unpickles anything."""
-    path = Path(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise CheckpointError(f"{what} not found: {path}") from None
-    try:
-        tensors = safetensors_load(data)
-        metadata = _safetensors_metadata(data)
-    except (SafetensorError, ValueError, RuntimeError, OverflowError, json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise CheckpointError(f"{what} {path} is corrupted or not a safetensors file ({error})") from None
-    return tensors, metadata
+    return parse_tensors(read_bytes(path, what=what), path=path, what=what)
 
 
 def _safetensors_metadata(data: bytes) -> dict[str, str]:
     header_size = int.from_bytes(data[:8], "little")
     header = json.loads(data[8 : 8 + header_size].decode("utf-8"))
-    return dict(header.get("__metadata__", {}))
+    metadata = header.get("__metadata__", {}) if isinstance(header, dict) else None
+    if not isinstance(metadata, dict):
+        raise ValueError("the header's __metadata__ is not an object")
+    return dict(metadata)
 
 
 def tensor_nbytes(tensors: Mapping[str, Tensor]) -> int:

@@ -160,7 +160,12 @@ def test_corrupt_checkpoint_is_a_clear_error(trained, tmp_path, damage):
 
         weights.write_bytes(pickle.dumps({"weights": [1, 2, 3]}))
     stderr = _error(attnlab("eval", str(copy), "--no-progress"), code=3)
-    assert f"weights {weights} is corrupted or not a safetensors file" in stderr
+    assert stderr.startswith(f"error: {weights} is damaged: ") and stderr.count("\n") == 1  # per manifest.json
+    if damage == "pickle":  # a run without a manifest (older attnlab): the safetensors reader still refuses
+        (copy / "manifest.json").unlink()
+        stderr = _error(attnlab("eval", str(copy), "--no-progress"), code=3)
+        assert stderr.startswith("warning: ") and "has no manifest.json" in stderr
+        assert f"error: weights {weights} is corrupted or not a safetensors file" in stderr
 
 
 def test_missing_published_weights_fall_back_to_the_checkpoint(trained, tmp_path):

@@ -20,6 +20,7 @@ from attnlab.storage import load_tensors
 from attnlab.training import trainer as trainer_module
 from attnlab.training.schedule import multiplier
 from attnlab.training.trainer import TrainingDiverged, train
+from attnlab.verification import verify_run
 
 BASE = {
     "task": {"name": "parity", "max_train_length": 8, "train_size": 256, "valid_size": 32, "test_size": 32,
@@ -170,10 +171,12 @@ def test_sigkill_while_checkpointing_always_leaves_a_loadable_checkpoint(tmp_pat
         files = opened.latest_checkpoint()
         assert files is not None
         model = model_for_task(experiment, build_task(BASE["task"])[0])
-        load_weights_into(model, files.model)
-        load_weights_into(model, run / "model.safetensors")
         tensors, state = opened.read_trainer_state(files)
         assert state["step"] == files.step and "rng.torch" in tensors
+        opened.load_checkpoint_weights(model, files)  # verified against the checkpoint's manifest
+        opened.load_weights(model)  # model.safetensors (the checkpoint's before its first publication), verified
+        report = verify_run(run)  # and every other file: the kill left a run that verifies
+        assert report.ok and not report.warnings, report.to_dict()
         killed_at.append(files.step)
     assert len(set(killed_at)) > 1  # the kills landed at different points of the run
 

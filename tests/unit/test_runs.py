@@ -11,6 +11,7 @@ import torch
 
 from attnlab.errors import CheckpointError, UsageError
 from attnlab.nn import DecoderOnly, DecoderOnlyConfig
+from attnlab.manifest import read_manifest, record_of
 from attnlab.runs import RunDir, load_weights_into
 from attnlab.storage import atomic_write_text, load_tensors, save_tensors
 
@@ -43,6 +44,19 @@ def test_checkpoint_pointer_and_pruning(run):
     tensors, state = run.read_trainer_state(files)
     assert tensors["t"].item() == 30 and state == {"note": "x", "step": 30}
     assert (run.path / "model.safetensors").samefile(files.model)  # published as a hard link
+
+
+def test_checkpoint_and_run_manifests_record_the_bytes_written(run):
+    files = run.write_checkpoint(10, DecoderOnly(CFG), {"t": torch.tensor([10])}, {"note": "x"})
+    checkpoint = read_manifest(files.directory)
+    assert set(checkpoint.files) == {"model.safetensors", "trainer_state.safetensors", "trainer_state.json"}
+    for name, record in checkpoint.files.items():
+        assert record == record_of((files.directory / name).read_bytes())
+    top = read_manifest(run.path)
+    assert set(top.files) == {"config.json", "model.safetensors"}
+    assert top.files["model.safetensors"] == checkpoint.files["model.safetensors"]
+    assert top.files["config.json"] == record_of((run.path / "config.json").read_bytes())
+    assert run.read_verified("checkpoints/step-00000010/trainer_state.json") == files.trainer_json.read_bytes()
 
 
 def test_metrics_append_truncate_and_torn_last_line(run):

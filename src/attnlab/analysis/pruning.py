@@ -14,7 +14,6 @@ pruned run evaluates like the original with its held heads and the pruned ones m
 
 from __future__ import annotations
 
-import shutil
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -90,8 +89,9 @@ def write_pruned_run(loaded: LoadedRun, pruned_model: TransformerModel, out: Pat
     )
     config["train"]["mask_heads"] = [str(h) for h in held]
     run.write_config(config)
-    if loaded.run.tokenizer_path.exists():
-        shutil.copyfile(loaded.run.tokenizer_path, run.tokenizer_path)
+    tokenizer = loaded.run.read_tokenizer_text()  # verified; written with its record in the new manifest
+    if tokenizer is not None:
+        run.write_tokenizer(tokenizer)
     run.save_weights(pruned_model)
     return run
 

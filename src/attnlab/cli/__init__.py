@@ -28,6 +28,7 @@ from attnlab.cli import imports as _imports  # noqa: F401,E402
 from attnlab.cli import info as _info  # noqa: F401,E402
 from attnlab.cli import train as _train  # noqa: F401,E402
 from attnlab.cli import tokenize as _tokenize  # noqa: F401,E402
+from attnlab.cli import verify as _verify  # noqa: F401,E402
 from attnlab.cli import view as _view  # noqa: F401,E402
 from attnlab.cli import word2vec as _word2vec  # noqa: F401,E402
 

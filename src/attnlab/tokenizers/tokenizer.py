@@ -221,15 +221,25 @@ class Tokenizer:
             DataError: the file is missing, not UTF-8, not JSON, or not a tokenizer; the message
             names the file (and the line, for JSON syntax errors).
         """
-        text = _read_text(Path(path))
+        return cls.from_str(_read_text(Path(path)), source=path)
+
+    @classmethod
+    def from_str(cls, text: str, *, source: str | os.PathLike[str] = "tokenizer.json") -> Tokenizer:
+        """A tokenizer from the text of a ``tokenizer.json`` (already read; ``source`` names it in errors).
+
+        Raises:
+            DataError: the text is not JSON (nested too deeply included) or not a tokenizer.
+        """
         try:
             json.loads(text)
         except json.JSONDecodeError as error:
-            raise DataError(f"{path}:{error.lineno}: not valid JSON: {error.msg}") from None
+            raise DataError(f"{source}:{error.lineno}: not valid JSON: {error.msg}") from None
+        except RecursionError:
+            raise DataError(f"{source}: not valid JSON: nested too deeply") from None
         try:
             hf = HFTokenizer.from_str(text)
         except Exception as error:  # the Rust side raises a bare Exception
-            raise DataError(f"{path}: not a Hugging Face tokenizer.json: {error}") from None
+            raise DataError(f"{source}: not a Hugging Face tokenizer.json: {error}") from None
         return cls(hf)
 
     @classmethod

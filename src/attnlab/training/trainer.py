@@ -32,10 +32,17 @@ from tqdm import tqdm
 
 from attnlab.errors import EXIT_DIVERGED, AttnlabError, CheckpointError, ConfigError
 from attnlab.embeddings import init_embedding, load_vectors
-from attnlab.experiment import ExperimentConfig, TextCodec, TrainConfig, build_task, model_for_task
+from attnlab.experiment import (
+    ExperimentConfig,
+    TextCodec,
+    TrainConfig,
+    build_task,
+    model_for_task,
+    saved_tokenizer,
+)
 from attnlab.head_ids import held_mask
 from attnlab.nn import InputEmbedding
-from attnlab.runs import RunDir, load_weights_into
+from attnlab.runs import RunDir
 from attnlab.tokenizers import Tokenizer
 from attnlab.training.checkpoint import optimizer_from_tensors, optimizer_to_tensors, restore_rng, rng_to_tensors
 from attnlab.training.data import BatchStream
@@ -138,7 +145,7 @@ class _Trainer:
             if dist.is_main:
                 self.run.write_config(experiment.to_dict())
                 if self.tokenizer is not None:
-                    self.tokenizer.save(self.run.tokenizer_path)
+                    self.run.write_tokenizer(self.tokenizer.hf.to_str(pretty=True))
         self.objective = OBJECTIVES[experiment.model_kind]
         self.head_mask = held_mask(self.model, cfg.mask_heads)  # xi_h = 0 for the held heads (Michel §2.3)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "fp16")
@@ -150,12 +157,11 @@ class _Trainer:
         """The task, and the tokenizer every rank encodes with: rank 0's. Training one per rank
         would not do: Hugging Face's WordPiece trainer can learn different pieces from the same
         corpus on each call (it breaks ties between merges in hash-map order; tokenizers#1794)."""
-        saved = self.run.tokenizer_path if resume else None
         if not self.dist.enabled:
-            return build_task(self.experiment.task, saved_tokenizer=saved)
+            return build_task(self.experiment.task, saved_tokenizer=self._saved_tokenizer(resume))
         if self.dist.is_main:
             try:
-                task, tokenizer = build_task(self.experiment.task, saved_tokenizer=saved)
+                task, tokenizer = build_task(self.experiment.task, saved_tokenizer=self._saved_tokenizer(resume))
             except Exception as error:
                 broadcast_from_main({"error": str(error)}, self.dist)  # the other ranks must not wait forever
                 raise
@@ -170,6 +176,10 @@ class _Trainer:
             path = Path(folder) / "tokenizer.json"
             path.write_text(sent["tokenizer"], encoding="utf-8")
             return build_task(self.experiment.task, saved_tokenizer=path)
+
+    def _saved_tokenizer(self, resume: bool) -> Tokenizer | None:
+        """On resume, the run's tokenizer.json, verified against its manifest."""
+        return saved_tokenizer(self.run) if resume else None
 
     def _report_skipped_lines(self) -> None:
         """With ``task.skip_bad_lines`` nothing is dropped silently: say how many lines were skipped."""
@@ -207,7 +217,7 @@ class _Trainer:
         files = self.run.latest_checkpoint()
         if files is None:
             raise CheckpointError(f"{self.run.path} has no checkpoint to resume from")
-        load_weights_into(self.model, files.model)
+        self.run.load_checkpoint_weights(self.model, files)
         tensors, state = self.run.read_trainer_state(files)
         try:
             optimizer_from_tensors(self.optimizer, tensors, state["optimizer"])

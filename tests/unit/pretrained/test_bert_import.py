@@ -14,6 +14,7 @@ from attnlab.errors import CheckpointError, ConfigError, UsageError
 from attnlab.experiment import open_run
 from attnlab.nn import EncoderOnly, EncoderOnlyConfig, mean_pool
 from attnlab.pretrained.bert import find_source, import_bert, model_section
+from attnlab.verification import verify_run
 
 TEXTS = ["the cat sat on the mat.", "A big red house!", "they runs fast, not slow?", "cafe", "zebra xylophone 42"]
 
@@ -69,6 +70,9 @@ def test_run_config_is_a_post_ln_gelu_encoder_with_the_checkpoint_eps(tmp_path):
     assert (model["kind"], model["norm_first"], model["activation"], model["positional"]) == ("encoder", False, "gelu", "learned")
     assert (model["type_vocab_size"], model["embedding_norm"], model["scale_embeddings"]) == (2, True, False)
     assert model["layer_norm_eps"] == 1e-7
+    report = verify_run(tmp_path / "run")  # the import wrote the run's manifest with its files
+    assert report.ok and not report.warnings
+    assert [c.path for c in report.files] == ["manifest.json", "config.json", "tokenizer.json", "model.safetensors"]
 
 
 @pytest.mark.parametrize(
