@@ -7,6 +7,9 @@ them as such.
 
 Exit codes (the README and ``attnlab --help`` list them):
 
+* 0: success;
+* 1: an internal error (a bug in attnlab: the CLI prints its type and message on one line;
+  ``ATTNLAB_TRACEBACK=1`` shows the traceback);
 * 2: bad usage or input (a key, value, flag, path or text that cannot be used as given);
 * 3: corrupt or unreadable data (a run directory, checkpoint or file that fails verification);
 * 4: a diverged run (the loss became NaN or Inf).
@@ -14,6 +17,7 @@ Exit codes (the README and ``attnlab --help`` list them):
 
 from __future__ import annotations
 
+EXIT_INTERNAL = 1
 EXIT_USAGE = 2
 EXIT_CORRUPT = 3
 EXIT_DIVERGED = 4
