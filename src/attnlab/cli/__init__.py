@@ -17,14 +17,15 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from collections.abc import Sequence
 
 import typer
 
 try:  # typer >= 0.24 vendors click; older ones use the click package
-    from typer._click.exceptions import ClickException, NoArgsIsHelpError
+    from typer._click.exceptions import ClickException, MissingParameter, NoArgsIsHelpError
     from typer.exceptions import Abort
 except ImportError:  # pragma: no cover - depends on the installed typer
-    from click.exceptions import Abort, ClickException, NoArgsIsHelpError
+    from click.exceptions import Abort, ClickException, MissingParameter, NoArgsIsHelpError
 
 from attnlab.cli.app import app
 from attnlab.errors import EXIT_INTERNAL, EXIT_USAGE, AttnlabError, AttnlabWarning
@@ -67,18 +68,35 @@ def one_line(message: str) -> str:
     return " ".join(message.split())
 
 
-def usage_message(error: ClickException) -> str:
+def usage_message(error: ClickException, argv: Sequence[str] = ()) -> str:
     """Click's message for a usage error, after the command it concerns (``attnlab eval: ...``).
 
     Args:
         error: a click exception (no such option or command, missing or bad parameter, ...).
+        argv: the command line, to quote the value an option refused (``--port 'http'``).
 
     Returns:
         One line, without click's usage block or "Try --help" hint.
     """
     message = one_line(error.format_message())
+    value = _given_value(argv, getattr(getattr(error, "param", None), "opts", None) or ())
+    if value is not None and not isinstance(error, MissingParameter):
+        message = message.replace(": ", f": {value!r}: ", 1) if ": " in message else f"{message} ({value!r})"
     context = getattr(error, "ctx", None)
     return f"{context.command_path}: {message}" if context is not None else message
+
+
+def _given_value(argv: Sequence[str], options: Sequence[str]) -> str | None:
+    """The last value ``argv`` gives an option named ``options`` (``--port 80`` or ``--port=80``)."""
+    value = None
+    for index, arg in enumerate(argv):
+        name, equals, attached = arg.partition("=")
+        if name in options and name.startswith("-"):
+            if equals:
+                value = attached
+            elif index + 1 < len(argv):
+                value = argv[index + 1]
+    return value
 
 
 def last_resort(error: BaseException) -> tuple[str, int]:
@@ -132,11 +150,12 @@ def main(argv: list[str] | None = None) -> None:
     warnings.showwarning = _show_warning
     try:
         code = app(args=argv, prog_name="attnlab", standalone_mode=False)
-    except NoArgsIsHelpError as error:  # `attnlab` or `attnlab heads` alone: the help, as click shows it
-        error.show()
+    except NoArgsIsHelpError as error:  # `attnlab` or `attnlab heads` alone: the help (rich printed it already)
+        if error.format_message().strip():
+            typer.echo(error.format_message(), err=True)
         sys.exit(error.exit_code)
     except ClickException as error:
-        _fail(usage_message(error), error.exit_code)
+        _fail(usage_message(error, sys.argv[1:] if argv is None else argv), error.exit_code)
     except AttnlabError as error:
         _fail(str(error), error.exit_code)
     except (KeyboardInterrupt, Abort):
