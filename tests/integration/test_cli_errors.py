@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from attnlab.cli import last_resort, main
-from attnlab.errors import EXIT_INTERNAL, EXIT_USAGE
+from attnlab.errors import EXIT_CORRUPT, EXIT_INTERNAL, EXIT_USAGE
 from attnlab.experiment import ExperimentConfig
 from attnlab.training.trainer import train
 
@@ -254,10 +254,16 @@ def test_no_arguments_show_the_help(capsys):
         (PermissionError(13, "Permission denied", "a", None, "b"), EXIT_USAGE, "a -> b: Permission denied"),
         (OSError(36, "File name too long", "x" * 300), EXIT_USAGE, "x" * 300 + ": File name too long"),
         (MemoryError(), EXIT_USAGE, "out of memory; use a smaller model, batch, input or --dim"),
+        (MemoryError("Unable to allocate 7.45 GiB for an array with shape (1000000000, 2)"), EXIT_USAGE,
+         "out of memory (asked for 7.45 GiB); use"),
         (RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
-                      "you tried to allocate 4000000000000 bytes."), EXIT_USAGE, "out of memory: [enforce"),
-        (RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"), EXIT_USAGE, "out of memory: CUDA"),
+                      "you tried to allocate 4000000000000 bytes."), EXIT_USAGE,
+         "out of memory (asked for 4000000000000 bytes); use a smaller model"),
+        (RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has"), EXIT_USAGE,
+         "out of memory (asked for 2.00 GiB); use"),
         (RecursionError("maximum recursion depth exceeded"), EXIT_USAGE, "nested too deeply"),
+        (UnicodeDecodeError("utf-8", b"ok\xff", 2, 3, "invalid start byte"),
+         EXIT_CORRUPT, "not UTF-8 text: byte b'\\xff' at offset 2"),
         (ZeroDivisionError("division by zero"), EXIT_INTERNAL,
          "internal error: ZeroDivisionError: division by zero (set ATTNLAB_TRACEBACK=1 to see the traceback)"),
         (KeyError("x"), EXIT_INTERNAL, "internal error: KeyError: 'x'"),

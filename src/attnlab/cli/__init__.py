@@ -6,7 +6,8 @@ Every error reaches the terminal as one ``error: ...`` line on stderr, never a t
   input, 3 corrupt or unreadable data, 4 a diverged run);
 * click's usage errors (unknown option or command, missing argument, bad value) with exit code 2;
 * anything else through :func:`last_resort`: a file the system refused (``OSError``), memory, too
-  deep nesting (exit 2), or an internal error (exit 1). ``ATTNLAB_TRACEBACK=1`` re-raises instead.
+  deep nesting (exit 2), text that is not UTF-8 (exit 3), or an internal error (exit 1) naming the
+  exception's type. ``ATTNLAB_TRACEBACK=1`` in the environment re-raises instead, with the traceback.
 
 Each command group lives in its own module and registers itself on :data:`attnlab.cli.app.app`
 when imported below.
@@ -15,6 +16,7 @@ when imported below.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import warnings
 from collections.abc import Sequence
@@ -28,7 +30,7 @@ except ImportError:  # pragma: no cover - depends on the installed typer
     from click.exceptions import Abort, ClickException, MissingParameter, NoArgsIsHelpError
 
 from attnlab.cli.app import app
-from attnlab.errors import EXIT_INTERNAL, EXIT_USAGE, AttnlabError, AttnlabWarning
+from attnlab.errors import EXIT_CORRUPT, EXIT_INTERNAL, EXIT_USAGE, AttnlabError, AttnlabWarning
 
 # Command modules register themselves on `app` when imported.
 from attnlab.cli import attention as _attention  # noqa: F401,E402
@@ -107,19 +109,23 @@ def last_resort(error: BaseException) -> tuple[str, int]:
 
     Returns:
         ``(message, exit code)``: a file the system refused (``OSError``: the file and the reason),
-        memory that ran out, or nesting too deep for Python give exit code 2; anything else is an
-        internal error (exit code 1) that names the exception's type and how to see the traceback.
+        memory that ran out, or nesting too deep for Python give exit code 2; bytes that are not
+        UTF-8 give exit code 3 (damaged data); anything else is an internal error (exit code 1)
+        that names the exception's type and how to see the traceback.
     """
     if isinstance(error, OSError):
         return _os_message(error), EXIT_USAGE
     if isinstance(error, MemoryError) or (
         isinstance(error, RuntimeError) and any(part in str(error).lower() for part in _ALLOCATOR_MESSAGES)
     ):
-        detail = one_line(str(error))[:200]
-        return (f"out of memory{': ' + detail if detail else ''}; "
-                "use a smaller model, batch, input or --dim"), EXIT_USAGE
+        asked = re.search(r"(?:tried|unable) to allocate (\d+(?:\.\d+)? ?\w+)", str(error), re.IGNORECASE)
+        detail = f" (asked for {asked.group(1)})" if asked else ""
+        return f"out of memory{detail}; use a smaller model, batch, input or --dim", EXIT_USAGE
     if isinstance(error, RecursionError):
         return "input nested too deeply to read (beyond Python's recursion limit)", EXIT_USAGE
+    if isinstance(error, UnicodeDecodeError):
+        return (f"a file is damaged or not UTF-8 text: byte {error.object[error.start:error.start + 1]!r} "
+                f"at offset {error.start} cannot be decoded"), EXIT_CORRUPT
     detail = one_line(str(error))[:500]
     return (f"internal error: {type(error).__name__}{': ' + detail if detail else ''} "
             f"(set {TRACEBACK_ENV}=1 to see the traceback)"), EXIT_INTERNAL
