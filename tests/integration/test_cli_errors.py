@@ -190,6 +190,19 @@ CASES: list[tuple[list[str], list[str]]] = [
 ]
 
 
+def _commands() -> set[str]:
+    from typer.main import get_command
+
+    from attnlab.cli.app import app
+
+    return set(get_command(app).commands)  # type: ignore[attr-defined]
+
+
+# Commands added beside this file's own (e.g. `verify`) get at least click's usage errors.
+CASES += [([name, "--no-such-flag"], [f"attnlab {name}", "--no-such-flag"])
+          for name in sorted(_commands() - {argv[0] for argv, _ in CASES})]
+
+
 def _fill(text: str, paths: dict[str, Path], out: Path) -> str:
     return text.format(out=out, **{name: str(path) for name, path in paths.items()})
 
@@ -204,12 +217,8 @@ def _call(capsys, argv: list[str]) -> tuple[int, str, str]:
 
 def test_there_are_enough_cases_and_every_command_has_some():
     assert len(CASES) >= 60
-    from attnlab.cli.app import app
-    from typer.main import get_command
-
-    commands = set(get_command(app).commands)  # type: ignore[attr-defined]
     named = {argv[0] for argv, _ in CASES}
-    assert commands <= named, f"commands without a malformed case: {sorted(commands - named)}"
+    assert _commands() <= named, f"commands without a malformed case: {sorted(_commands() - named)}"
 
 
 @pytest.mark.parametrize(("argv", "words"), CASES, ids=[" ".join(argv)[:60] for argv, _ in CASES])
