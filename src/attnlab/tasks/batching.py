@@ -116,8 +116,8 @@ def fit_length(
             )
         if example.label is not None:
             raise ConfigError(
-                f"truncate: example {index} is labelled; cutting a string can change its label, "
-                "so recognition examples are never truncated"
+                f"train.truncate / --truncate: example {index} is labelled; cutting a string can change "
+                "its label, so recognition examples are never truncated"
             )
         source = example.source
         if src_len > max_length:
