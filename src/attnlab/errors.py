@@ -7,13 +7,18 @@ them as such.
 
 Exit codes (the README and ``attnlab --help`` list them):
 
-* 2: bad usage or input (a key, value, flag, path or text that cannot be used as given);
+* 0: success;
+* 1: an internal error (a bug in attnlab: the CLI prints its type and message on one line;
+  ``ATTNLAB_TRACEBACK=1`` shows the traceback);
+* 2: bad usage or input (a key, value, flag, path or text that cannot be used as given; also
+  click's usage errors, a file the system refuses to open or create, and memory that runs out);
 * 3: corrupt or unreadable data (a run directory, checkpoint or file that fails verification);
 * 4: a diverged run (the loss became NaN or Inf).
 """
 
 from __future__ import annotations
 
+EXIT_INTERNAL = 1
 EXIT_USAGE = 2
 EXIT_CORRUPT = 3
 EXIT_DIVERGED = 4

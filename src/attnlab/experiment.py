@@ -237,6 +237,9 @@ def _check_tokenizer_keys(keys: Mapping[str, Any]) -> None:
 
 def _check_model_section(model: Mapping[str, Any]) -> None:
     kind = model.get("kind")
+    if kind is None:
+        _check_model_keys_without_kind(model)
+        raise ConfigError(f"model.kind: missing; allowed: {', '.join(MODELS)}")
     if kind not in MODELS:
         raise ConfigError(f"model.kind: unknown {kind!r}; allowed: {', '.join(MODELS)}")
     config_cls, _ = MODELS[kind]
@@ -246,6 +249,17 @@ def _check_model_section(model: Mapping[str, Any]) -> None:
             raise ConfigError(f"model.{key}: set by the task, not by the config")
         if key != "kind" and key not in allowed:
             raise ConfigError(f"model.{key}: unknown key for kind {kind!r}; allowed: kind, {', '.join(allowed)}")
+
+
+def _check_model_keys_without_kind(model: Mapping[str, Any]) -> None:
+    """Name a key that no model kind has (``model.foo: unknown key``) before saying that
+    ``model.kind`` is missing: the unknown key is the more likely mistake."""
+    allowed = sorted({name for config_cls, _ in MODELS.values() for name in config_cls.field_names()} - set(TASK_DECIDES))
+    for key in model:
+        if key in TASK_DECIDES:
+            raise ConfigError(f"model.{key}: set by the task, not by the config")
+        if key not in allowed:
+            raise ConfigError(f"model.{key}: unknown key; allowed: kind, {', '.join(allowed)}")
 
 
 @dataclass(frozen=True)

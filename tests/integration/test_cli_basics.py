@@ -33,11 +33,15 @@ def test_info_json():
     assert facts["normalizers"] == ["hardmax", "softmax"]
 
 
-@pytest.mark.parametrize("args", [("no-such-command",), ("info", "--no-such-flag")])
-def test_usage_errors_exit_2_without_traceback(args):
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [(("no-such-command",), "error: attnlab: No such command 'no-such-command'."),
+     (("info", "--no-such-flag"), "error: attnlab info: No such option: --no-such-flag")],
+)
+def test_usage_errors_exit_2_with_one_line(args, message):
     result = _run(*args)
     assert result.returncode == 2
-    assert "Traceback" not in result.stderr
+    assert result.stderr == message + "\n" and result.stdout == ""
 
 
 def test_library_errors_become_exit_2(monkeypatch, capsys):

@@ -138,3 +138,21 @@ def test_a_bad_run_config_is_named_by_its_file(tmp_path, config, message):
         run_experiment(run)
     run.write_config({"task": COPY, "model": MODEL})
     assert run_experiment(run).task_name == "copy"
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        ({"foo": 1}, "model.foo: unknown key; allowed: kind, activation"),
+        ({"layers": 2, "foo": 1}, "model.foo: unknown key; allowed: kind,"),
+        ({"vocab_size": 9}, "model.vocab_size: set by the task, not by the config"),
+        ({"layers": 2}, "model.kind: missing; allowed: encoder_decoder, encoder_classifier, decoder_only, encoder"),
+        ({"kind": "encoder_decoder", "foo": 1}, "model.foo: unknown key for kind 'encoder_decoder'; allowed: kind, layers"),
+    ],
+)
+def test_an_unknown_model_key_is_named_with_or_without_a_kind(tmp_path, model, message):
+    lines = "\n".join(f"{key} = {json.dumps(value)}" for key, value in model.items())
+    path = tmp_path / "c.toml"
+    path.write_text(f'[task]\nname = "reverse"\n[model]\n{lines}\n', encoding="utf-8")
+    with pytest.raises(ConfigError, match="^" + re.escape(message)):
+        load_experiment(path)

@@ -9,9 +9,17 @@ import typer
 
 from attnlab import __version__
 
+EXIT_CODES = (
+    "Exit codes: 0 success; 1 internal error (set ATTNLAB_TRACEBACK=1 to see the traceback); "
+    "2 bad usage or input; 3 corrupt or unreadable data; 4 a diverged run (NaN or Inf loss). "
+    "Every error is one 'error: ...' line on stderr."
+)
+"""The exit codes of every command (:mod:`attnlab.errors`), shown under ``attnlab --help``."""
+
 app = typer.Typer(
     name="attnlab",
     help="attnlab: an open laboratory for attention and Transformers.",
+    epilog=EXIT_CODES,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

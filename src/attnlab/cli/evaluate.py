@@ -20,6 +20,11 @@ def evaluate_run(
     batch_size: int = typer.Option(128, "--batch-size", min=1),
     mask_heads: list[str] = typer.Option(None, "--mask-head", help="Mask a head, kind:layer:head (repeatable)."),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
+    truncate: bool = typer.Option(
+        None, "--truncate/--no-truncate",
+        help="Cut examples longer than the model's context (not for recognition tasks) and say how many; "
+             "--no-truncate refuses them with an error. Default: the run's train.truncate (false unless set).",
+    ),
 ) -> None:
     """Evaluate a run: accuracy, loss, perplexity or BLEU, and accuracy per length.
 
@@ -30,19 +35,28 @@ def evaluate_run(
     from attnlab.evaluation.evaluate import evaluate
     from attnlab.experiment import open_run
     from attnlab.head_ids import parse_head
+    from attnlab.tasks.batching import count_too_long
 
     loaded = open_run(run)
     train = loaded.experiment.train
     extra = [parse_head(spec, loaded.model) for spec in mask_heads or []]
+    truncate = train.truncate if truncate is None else truncate
+    max_length = train.max_length or loaded.model.config.max_len
     metrics = evaluate(
         loaded.model, loaded.task, split, kind=loaded.experiment.model_kind, batch_size=batch_size,
-        max_length=train.max_length or loaded.model.config.max_len, truncate=train.truncate,
+        max_length=max_length, truncate=truncate,
         tokenizer=loaded.tokenizer, head_mask=loaded.held_mask(extra), progress=progress and not as_json,
     )
     if metrics["examples"] == 0:  # evaluate built the split once and found it empty
         filled = [name for name in SPLITS if loaded.task.split(name)]
         raise UsageError(f"--split: the {split!r} split of this run's task has no examples; "
                          f"splits with examples: {', '.join(filled) or 'none'}")
+    if truncate:
+        cut = count_too_long(loaded.task.split(split), max_length)
+        metrics["truncated"] = cut
+        if cut:
+            typer.echo(f"note: --truncate cut {cut} of {metrics['examples']} examples to the model's "
+                       f"context of {max_length} positions", err=True)
     if as_json:
         typer.echo(json.dumps(metrics, sort_keys=True))
         return

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -197,60 +198,83 @@ def _sentence_bert_settings(root: Path, folder: Path) -> dict[str, Any]:
 # ---- the config ------------------------------------------------------------------------------------
 
 
-def _field(config: Mapping[str, Any], name: str, default: Any = None) -> Any:
-    if name in config:
-        return config[name]
-    if default is None:
-        raise ConfigError(f"config.json: missing {name!r}")
-    return default
+def _field(config: Mapping[str, Any], name: str, where: str | Path = "config.json") -> Any:
+    if name not in config:
+        raise ConfigError(f"{where}: missing {name!r}")
+    return config[name]
 
 
-def model_section(hf: Mapping[str, Any]) -> dict[str, Any]:
+def _integer(config: Mapping[str, Any], name: str, where: str | Path, *, minimum: int = 1, default: int | None = None) -> int:
+    """``config[name]`` as an integer of at least ``minimum`` (``default`` when absent, if given)."""
+    value = config.get(name, default) if default is not None else _field(config, name, where)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{where}: {name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _real(config: Mapping[str, Any], name: str, where: str | Path, default: float, *, probability: bool = False) -> float:
+    """``config[name]`` as a finite number (``default`` when absent): in [0, 1) for a probability,
+    else positive."""
+    value = config.get(name, default)
+    low, high = (0.0, 1.0) if probability else (0.0, math.inf)
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or not (low <= value < high) or (not probability and value == 0)):
+        allowed = "a number in [0, 1)" if probability else "a positive number"
+        raise ConfigError(f"{where}: {name} must be {allowed}, got {value!r}")
+    return float(value)
+
+
+def model_section(hf: Mapping[str, Any], where: str | Path = "config.json") -> dict[str, Any]:
     """The attnlab ``[model]`` section of a Hugging Face BERT ``config.json``.
 
+    Args:
+        hf: the parsed ``config.json``.
+        where: the file it came from, named in errors.
+
     Raises:
-        ConfigError: a field whose value attnlab does not implement, named with its value.
+        ConfigError: a missing key, a value of the wrong type or range (``num_attention_heads: 0``),
+            or one attnlab does not implement; names the file, the key and its value.
     """
     model_type = hf.get("model_type", "bert")
     if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ConfigError(f"config.json: model_type {model_type!r} is not supported; attnlab imports: bert")
+        raise ConfigError(f"{where}: model_type {model_type!r} is not supported; attnlab imports: bert")
     position = hf.get("position_embedding_type", "absolute")
     if position != "absolute":
         raise ConfigError(
-            f"config.json: position_embedding_type {position!r} is not supported; attnlab implements "
+            f"{where}: position_embedding_type {position!r} is not supported; attnlab implements "
             "learned absolute positions only"
         )
     for flag in ("is_decoder", "add_cross_attention"):
         if hf.get(flag):
-            raise ConfigError(f"config.json: {flag}=true is not supported; attnlab imports BERT encoders only")
+            raise ConfigError(f"{where}: {flag}=true is not supported; attnlab imports BERT encoders only")
     act = hf.get("hidden_act", "gelu")
-    if act not in ACTIVATIONS_FROM_HF:
-        raise ConfigError(f"config.json: hidden_act {act!r} is not supported; allowed: {', '.join(ACTIVATIONS_FROM_HF)}")
-    d_model = int(_field(hf, "hidden_size"))
+    if not isinstance(act, str) or act not in ACTIVATIONS_FROM_HF:
+        raise ConfigError(f"{where}: hidden_act {act!r} is not supported; allowed: {', '.join(ACTIVATIONS_FROM_HF)}")
+    d_model = _integer(hf, "hidden_size", where)
     embedding_size = hf.get("embedding_size", d_model)
     if embedding_size != d_model:
-        raise ConfigError(f"config.json: embedding_size {embedding_size} differs from hidden_size {d_model}; not supported")
-    heads = int(_field(hf, "num_attention_heads"))
+        raise ConfigError(f"{where}: embedding_size {embedding_size} differs from hidden_size {d_model}; not supported")
+    heads = _integer(hf, "num_attention_heads", where)
     if d_model % heads:
-        raise ConfigError(f"config.json: hidden_size {d_model} is not divisible by num_attention_heads {heads}")
+        raise ConfigError(f"{where}: hidden_size {d_model} is not divisible by num_attention_heads {heads}")
     return {
         "kind": "encoder",
-        "layers": int(_field(hf, "num_hidden_layers")),
+        "layers": _integer(hf, "num_hidden_layers", where),
         "d_model": d_model,
         "heads": heads,
-        "d_ff": int(_field(hf, "intermediate_size")),
-        "dropout": float(hf.get("hidden_dropout_prob", 0.1)),
-        "attention_dropout": float(hf.get("attention_probs_dropout_prob", 0.1)),
+        "d_ff": _integer(hf, "intermediate_size", where),
+        "dropout": _real(hf, "hidden_dropout_prob", where, 0.1, probability=True),
+        "attention_dropout": _real(hf, "attention_probs_dropout_prob", where, 0.1, probability=True),
         "attention": "soft",
         "score": "scaled_dot",
         "positional": "learned",
         "positional_combine": "add",
-        "max_len": int(_field(hf, "max_position_embeddings")),
+        "max_len": _integer(hf, "max_position_embeddings", where),
         "activation": ACTIVATIONS_FROM_HF[act],
         "norm_first": False,
-        "layer_norm_eps": float(hf.get("layer_norm_eps", 1e-12)),
+        "layer_norm_eps": _real(hf, "layer_norm_eps", where, 1e-12),
         "scale_embeddings": False,
-        "type_vocab_size": int(hf.get("type_vocab_size", 2)),
+        "type_vocab_size": _integer(hf, "type_vocab_size", where, minimum=0, default=2),
         "embedding_norm": True,
         "bias": True,
     }
@@ -377,18 +401,18 @@ def import_bert(
     """
     say = progress or (lambda _message: None)
     hf_config = _read_json(source.config)
-    model = model_section(hf_config)
+    model = model_section(hf_config, source.config)
     tokenizer = load_bert_tokenizer(source)
     pad = hf_config.get("pad_token_id", tokenizer.pad_id)
     if pad != tokenizer.pad_id:
-        raise ConfigError(f"config.json: pad_token_id {pad} differs from the tokenizer's [PAD] id {tokenizer.pad_id}")
+        raise ConfigError(f"{source.config}: pad_token_id {pad} differs from the tokenizer's [PAD] id {tokenizer.pad_id}")
     max_tokens = min(source.max_tokens or model["max_len"], model["max_len"])
     task_section = {"name": "sentences", "max_tokens": max_tokens, "pooling": source.pooling}
     experiment = ExperimentConfig(task=task_section, model=model)
     task = SentencesTask(tokenizer, max_tokens=max_tokens, pooling=source.pooling)
     if task.vocab_size != hf_config.get("vocab_size", task.vocab_size):
         raise ConfigError(
-            f"config.json: vocab_size {hf_config['vocab_size']} differs from the tokenizer's {task.vocab_size} tokens"
+            f"{source.config}: vocab_size {hf_config['vocab_size']} differs from the tokenizer's {task.vocab_size} tokens"
         )
     network = model_for_task(experiment, task)
     config: EncoderOnlyConfig = network.config  # type: ignore[assignment]

@@ -111,12 +111,13 @@ def fit_length(
             which, n = ("source", src_len) if src_len > max_length else ("target", tgt_len)
             raise DataError(
                 f"example {index}: the {which} needs {n} positions, more than the model's "
-                f"max_length={max_length}; shorten it, or opt in to truncation (truncate=True, --truncate)"
+                f"max_length={max_length}; shorten it, or opt in to truncation "
+                "(--set train.truncate=true to train, attnlab eval --truncate)"
             )
         if example.label is not None:
             raise ConfigError(
-                f"truncate: example {index} is labelled; cutting a string can change its label, "
-                "so recognition examples are never truncated"
+                f"train.truncate / --truncate: example {index} is labelled; cutting a string can change "
+                "its label, so recognition examples are never truncated"
             )
         source = example.source
         if src_len > max_length:
@@ -125,6 +126,13 @@ def fit_length(
         target = example.target[: max_length - 1] if example.target is not None else None
         out.append(replace(example, source=source, target=target))
     return out
+
+
+def count_too_long(examples: Sequence[Example], max_length: int) -> int:
+    """How many of ``examples`` :func:`fit_length` would cut (or reject) at ``max_length``."""
+    return sum(
+        max(len(e.source), len(e.target) + 1 if e.target is not None else 0) > max_length for e in examples
+    )
 
 
 def make_batches(

@@ -86,6 +86,42 @@ def test_unsupported_config_field_is_named(field, value):
         model_section(config)
 
 
+_VALID = {"hidden_size": 8, "num_attention_heads": 2, "num_hidden_layers": 1, "intermediate_size": 8,
+          "max_position_embeddings": 8}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"num_attention_heads": 0}, "num_attention_heads must be an integer >= 1, got 0"),
+        ({"num_attention_heads": -2}, "num_attention_heads must be an integer >= 1, got -2"),
+        ({"num_attention_heads": 3}, "hidden_size 8 is not divisible by num_attention_heads 3"),
+        ({"hidden_size": "8"}, "hidden_size must be an integer >= 1, got '8'"),
+        ({"num_hidden_layers": 1.5}, "num_hidden_layers must be an integer >= 1, got 1.5"),
+        ({"intermediate_size": True}, "intermediate_size must be an integer >= 1, got True"),
+        ({"max_position_embeddings": None}, "max_position_embeddings must be an integer >= 1, got None"),
+        ({"type_vocab_size": -1}, "type_vocab_size must be an integer >= 0, got -1"),
+        ({"hidden_dropout_prob": 1.5}, r"hidden_dropout_prob must be a number in \[0, 1\), got 1.5"),
+        ({"layer_norm_eps": 0}, "layer_norm_eps must be a positive number, got 0"),
+        ({"hidden_size": None, "drop": "hidden_size"}, "missing 'hidden_size'"),
+    ],
+)
+def test_invalid_config_values_name_the_file_and_key(change, message):
+    config = {**_VALID, **{k: v for k, v in change.items() if k != "drop"}}
+    config.pop(change.get("drop", ""), None)
+    with pytest.raises(ConfigError, match=f"^bert/config.json: {message}$"):
+        model_section(config, "bert/config.json")
+
+
+def test_import_of_zero_heads_names_the_file(tmp_path):
+    folder = write_tiny_bert(tmp_path / "src")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "num_attention_heads": 0}))
+    with pytest.raises(ConfigError, match=f"{folder / 'config.json'}: num_attention_heads must be an integer >= 1, got 0"):
+        import_bert(find_source(folder), tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
 def test_shape_mismatch_names_the_tensor(tmp_path):
     folder = write_tiny_bert(tmp_path / "src")
     tensors = load_file(folder / "model.safetensors")
