@@ -17,6 +17,10 @@ from attnlab.nn.multi_head import MultiHeadAttention
 from attnlab.nn.scores import AdditiveScore
 
 HALF = [torch.float16, torch.bfloat16]
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")),
+]
 EPS = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}  # unit roundoff of the output's dtype
 
 
@@ -51,7 +55,7 @@ def _outputs_and_grads(fn, inputs, upstream):
     return out, [t.grad for t in inputs]
 
 
-def _assert_close_to_float64(fn, reference_fn, inputs, dtype, tol=8.0):
+def _assert_close_to_float64(fn, reference_fn, inputs, dtype, tol=8.0, device="cpu"):
     """Outputs and gradients finite, in ``dtype``, and within ``tol`` unit roundoffs of float64's,
     each relative to its tensor's scale: max |value| for the output (a convex combination of the
     values); for a gradient the larger of its own max and, for q and k, the bound of what rounding
@@ -59,7 +63,8 @@ def _assert_close_to_float64(fn, reference_fn, inputs, dtype, tol=8.0):
     one-hot in float64 and the q, k gradients are 0 there; only rounding moves them."""
     g = torch.Generator().manual_seed(1)
     upstream = torch.randn(reference_fn(*inputs).shape, generator=g, dtype=torch.float64)
-    out, grads = _outputs_and_grads(fn, inputs, upstream)
+    out, grads = _outputs_and_grads(fn, [t.to(device) for t in inputs], upstream.to(device))
+    out, grads = out.cpu(), [grad.cpu() for grad in grads]
     ref_out, ref_grads = _outputs_and_grads(reference_fn, [t.double() for t in inputs], upstream)
     q, k, v = (t.double().abs().max().item() for t in inputs)
     rounding = upstream.abs().max().item() * v / math.sqrt(inputs[0].shape[-1])
@@ -72,18 +77,20 @@ def _assert_close_to_float64(fn, reference_fn, inputs, dtype, tol=8.0):
         torch.testing.assert_close(got.double(), expected, rtol=0.0, atol=tol * EPS[dtype] * scale)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("std", [1.0, 100.0])
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize(
     "case",
     ["fused", "fused_causal", "fused_mask", "weights", "weights_mask", "decoding_step", "straight_through"],
 )
-def test_half_precision_is_finite_and_close_to_float64(dtype, case, std):
+def test_half_precision_is_finite_and_close_to_float64(dtype, case, std, device):
     t_q = 1 if case == "decoding_step" else 5
     batch = 64 if case == "decoding_step" else 2  # 192 (batch x head) rows: the explicit decoding path
     inputs = _qkv(dtype, batch=batch, t_q=t_q, std=std)
     mask = torch.rand(5, 7, generator=torch.Generator().manual_seed(2)) < 0.6 if "mask" in case else None
     causal = case == "fused_causal"
+    on_device = None if mask is None else mask.to(device)
     if case == "straight_through":
         def fn(q, k, v):  # forward: hard attention; backward: soft attention's gradient
             return attention(q, k, v, normalizer="hardmax", straight_through=True)
@@ -95,13 +102,13 @@ def test_half_precision_is_finite_and_close_to_float64(dtype, case, std):
         weights = case.startswith("weights")  # the explicit path, which also returns the weights
 
         def fn(q, k, v):
-            result = attention(q, k, v, mask, causal=causal, return_weights=weights)
+            result = attention(q, k, v, on_device, causal=causal, return_weights=weights)
             return result[0] if weights else result
 
         def reference_fn(q, k, v):
             return _reference(q, k, v, mask, causal=causal)
 
-    _assert_close_to_float64(fn, reference_fn, inputs, dtype)
+    _assert_close_to_float64(fn, reference_fn, inputs, dtype, device=device)
 
 
 @pytest.mark.parametrize("std", [1.0, 100.0])
