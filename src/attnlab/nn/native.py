@@ -33,10 +33,10 @@ CPU capability, and the torch and Python versions. Installs of attnlab that woul
 kernels (two virtual environments, two checkouts) share one build; any that would build other
 kernels get their own, and never rebuild each other's. Concurrent first uses build once: the build
 runs under an OS file lock in its directory (released if the process dies), and a process that
-finds the lock taken waits, then loads what the first one built. Where the build cannot run (no C++ compiler, no
-``ninja``, a compiler without 128-bit integers) :func:`kernels` returns None, the callers take
-PyTorch's and NumPy's paths (PyTorch's fused attention, serial transposes, NumPy's words), and a
-warning says why, once. ``ATTNLAB_NATIVE=0`` in the environment skips the build.
+finds the lock taken waits, then loads what the first one built. Where the build cannot run (no
+C++ compiler, no ``ninja``, a compiler without 128-bit integers) :func:`kernels` returns None, the
+callers take PyTorch's and NumPy's paths (PyTorch's fused attention, serial transposes, NumPy's
+words), and a warning says why, once. ``ATTNLAB_NATIVE=0`` in the environment skips the build.
 """
 
 from __future__ import annotations
