@@ -23,6 +23,12 @@ Three code paths, chosen by what is asked, none a silent fallback for another:
 * soft with weights, or with a custom score function -> explicit scores and softmax;
 * hard -> blocks of queries x keys with a running first maximum, so the T_q x T_k scores exist
   only block by block (the one-hot weights whole only when asked for).
+
+float16 and bfloat16 inputs are scored and normalised in float32 and the output (and weights)
+returned in the input dtype, as fused kernels accumulate: the explicit path upcasts q, k and v
+(:func:`_in_float32`), the fused kernels do it themselves, and hard attention takes its argmax over
+float32 scores. In float16, q . k passes 65504 for inputs of std 100 over d_k = 16, and a row of
+inf scores made NaN outputs and gradients. float32 and float64 inputs take the paths above unchanged.
 """
 
 from __future__ import annotations
