@@ -29,14 +29,16 @@ needs them, for the vector instructions PyTorch's own kernels use on this CPU (A
 compiler's default). The build is cached in PyTorch's extension directory (``TORCH_EXTENSIONS_DIR``,
 by default ``~/.cache/torch_extensions``) under a name keyed by everything that makes one build
 differ from another (:func:`build_spec`): the sources' bytes, the compiler flags, the compiler, the
-CPU capability, and the torch and Python versions. Installs of attnlab that would build the same
-kernels (two virtual environments, two checkouts) share one build; any that would build other
-kernels get their own, and never rebuild each other's. Concurrent first uses build once: the build
-runs under an OS file lock in its directory (released if the process dies), and a process that
-finds the lock taken waits, then loads what the first one built. Where the build cannot run (no
-C++ compiler, no ``ninja``, a compiler without 128-bit integers) :func:`kernels` returns None, the
-callers take PyTorch's and NumPy's paths (PyTorch's fused attention, serial transposes, NumPy's
-words), and a warning says why, once. ``ATTNLAB_NATIVE=0`` in the environment skips the build.
+CPU capability, the torch and Python versions, and where torch and Python's headers are installed.
+Installs of attnlab that would build the same kernels (two checkouts in one environment: the
+sources are built from copies in the build directory) share one build; any that would build other
+kernels (another virtual environment) get their own, and never rebuild each other's. Concurrent
+first uses build once: the build runs under an OS file lock in its directory (released if the
+process dies), and a process that finds the lock taken waits, then loads what the first one built.
+
+Where the build cannot run (no C++ compiler, no ``ninja``, a compiler without 128-bit integers)
+:func:`kernels` returns None, the callers take PyTorch's and NumPy's paths (PyTorch's fused
+attention, serial transposes, NumPy's words), and a warning says why, once. ``ATTNLAB_NATIVE=0`` in the environment skips the build.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ import math
 import os
 import shutil
 import sys
+import sysconfig
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -120,8 +123,14 @@ def build_flags(capability: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 def build_key(capability: str, cflags: tuple[str, ...], ldflags: tuple[str, ...]) -> str:
     """16 hex digits of a SHA-256 over what makes a build differ: the sources' names and bytes, the
-    flags, the CPU capability, the torch version (and commit), the Python version and ABI, and the
-    compiler (its resolved path, size and modification time: an upgrade changes them)."""
+    flags, the CPU capability, the torch version (and commit), the Python version and ABI, the
+    compiler (its resolved path, size and modification time: an upgrade changes them), and where
+    torch and Python's headers are installed.
+
+    The last two are in PyTorch's build commands (``-isystem``, ``-L``), and ``ninja`` rebuilds when
+    a command changes: two virtual environments get a build each rather than rebuilding one in
+    turn. The sources' own location is not in the key: they are built from copies in the build
+    directory (:func:`_stage_sources`), so two checkouts in one environment share a build."""
     digest = hashlib.sha256(b"attnlab-native-build-1")
     parts = [
         *(part for source in SOURCES for part in (source.name.encode(), source.read_bytes())),
@@ -134,6 +143,8 @@ def build_key(capability: str, cflags: tuple[str, ...], ldflags: tuple[str, ...]
         sys.version.encode(),
         getattr(sys, "abiflags", "").encode(),
         _compiler_identity().encode(),
+        os.path.dirname(os.path.realpath(torch.__file__)).encode(),
+        str(sysconfig.get_path("include")).encode(),
     ]
     for part in parts:  # length-prefixed, so no two different lists of parts hash alike
         digest.update(len(part).to_bytes(8, "little"))
@@ -195,12 +206,31 @@ def _load_once(spec: BuildSpec, load: Callable[..., ModuleType]) -> ModuleType:
         (spec.directory / "lock").unlink(missing_ok=True)
         return load(
             name=spec.name,
-            sources=[str(source) for source in SOURCES],
+            sources=_stage_sources(spec.directory),
             extra_cflags=list(spec.cflags),
             extra_ldflags=list(spec.ldflags),
             build_directory=str(spec.directory),
             verbose=False,
         )
+
+
+def _stage_sources(directory: Path) -> list[str]:
+    """Copies of :data:`SOURCES` in ``directory/sources``, the files PyTorch builds: its build
+    commands then name the same paths from every checkout of the same sources, and ``ninja`` has
+    nothing to rebuild. A copy is written only where it is missing or differs (its modification
+    time is what ``ninja`` compares), through a temporary file, so a killed write leaves none half
+    written. Called under the build lock."""
+    staged = directory / "sources"
+    staged.mkdir(exist_ok=True)
+    paths = []
+    for source in SOURCES:
+        data, target = source.read_bytes(), staged / source.name
+        if not target.is_file() or target.read_bytes() != data:
+            partial = target.with_name(target.name + ".partial")
+            partial.write_bytes(data)
+            os.replace(partial, target)
+        paths.append(str(target))
+    return paths
 
 
 @cache

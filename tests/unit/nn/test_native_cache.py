@@ -86,9 +86,10 @@ def test_flags_change_the_name():
         (torch.version, "git_version", "0" * 40),
         (sys, "version", "3.99.0 (main) [GCC 99]"),
         (sys, "abiflags", "t"),
+        (torch, "__file__", "/another/venv/lib/python3.11/site-packages/torch/__init__.py"),
     ],
 )
-def test_torch_and_python_versions_change_the_name(monkeypatch, target, attribute, value):
+def test_torch_and_python_versions_and_places_change_the_name(monkeypatch, target, attribute, value):
     before = _key()
     monkeypatch.setattr(target, attribute, value, raising=False)
     assert _key() != before
@@ -185,11 +186,37 @@ def test_a_killed_builder_releases_the_lock(tmp_path):
             os.waitpid(child, 0)
 
 
+def test_sources_are_built_from_copies_in_the_build_directory(monkeypatch, tmp_path):
+    """Two checkouts of the same sources hand PyTorch the same paths (its build commands name them,
+    and ninja rebuilds when a command changes); a copy is rewritten only when it differs."""
+    spec = native.BuildSpec(name="attnlab_native_test_2", directory=tmp_path / "ext", cflags=(), ldflags=())
+    calls = []
+
+    def fake_load(*, sources, **_kwargs):
+        calls.append(sources)
+        return types.ModuleType("m")
+
+    native._load_once(spec, fake_load)
+    staged = [Path(path) for path in calls[0]]
+    assert [path.parent for path in staged] == [spec.directory / "sources"] * len(native.SOURCES)
+    assert [path.read_bytes() for path in staged] == [source.read_bytes() for source in native.SOURCES]
+    for path in staged:
+        os.utime(path, ns=(1, 1))
+    monkeypatch.setattr(native, "SOURCES", _copy_sources(tmp_path, "other_checkout"))
+    native._load_once(spec, fake_load)
+    assert calls[1] == calls[0]
+    assert [path.stat().st_mtime_ns for path in staged] == [1] * len(staged)  # not rewritten
+    edited = native.SOURCES[0]
+    edited.write_bytes(edited.read_bytes() + b"\n// edited\n")
+    native._load_once(spec, fake_load)
+    assert staged[0].read_bytes() == edited.read_bytes()
+
+
 _FIRST_USE = """
 from attnlab.nn import native
 module = native.kernels()
 assert module is not None, native.unavailable_reason()
-print(module.__name__)
+print(native.__file__, module.__name__)
 """
 
 
@@ -217,7 +244,12 @@ def test_two_processes_building_at_once_build_once(tmp_path):
     compiles = [line for line in log.read_text().splitlines() if " -c " in f" {line} "]
     for source in native.SOURCES:
         assert sum(source.name in line for line in compiles) == 1, compiles
-    # A third first use, later, builds nothing.
+    # A first use from another checkout of the same sources, later, builds nothing.
+    checkout = tmp_path / "checkout"
+    shutil.copytree(Path(native.__file__).parents[1], checkout / "attnlab", ignore=shutil.ignore_patterns("__pycache__"))
+    env["PYTHONPATH"] = str(checkout)
     again = subprocess.run([sys.executable, "-c", _FIRST_USE], env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-2000:]
+    assert again.stdout.split()[-2].startswith(str(checkout))  # this checkout's attnlab
+    assert again.stdout.split()[-1] == outputs[0][0].split()[-1]
     assert [line for line in log.read_text().splitlines() if " -c " in f" {line} "] == compiles
