@@ -23,6 +23,12 @@ Three code paths, chosen by what is asked, none a silent fallback for another:
 * soft with weights, or with a custom score function -> explicit scores and softmax;
 * hard -> blocks of queries x keys with a running first maximum, so the T_q x T_k scores exist
   only block by block (the one-hot weights whole only when asked for).
+
+float16 and bfloat16 inputs are scored and normalised in float32 and the output (and weights)
+returned in the input dtype, as fused kernels accumulate: the explicit path upcasts q, k and v
+(:func:`_in_float32`), the fused kernels do it themselves, and hard attention takes its argmax over
+float32 scores. In float16, q . k passes 65504 for inputs of std 100 over d_k = 16, and a row of
+inf scores made NaN outputs and gradients. float32 and float64 inputs take the paths above unchanged.
 """
 
 from __future__ import annotations
@@ -246,17 +252,47 @@ def _softmax_explicit(
     score_fn: ScoreFn | None,
     dropout_p: float,
 ) -> tuple[Tensor, Tensor]:
+    """Explicit scores, softmax and weighted sum; float16/bfloat16 inputs are computed in float32
+    and the output and weights returned in the values' dtype (see :func:`_in_float32`)."""
+    if q.dtype in _HALF_DTYPES or k.dtype in _HALF_DTYPES or v.dtype in _HALF_DTYPES:
+        return _in_float32(q, k, v, mask, causal=causal, scale=scale, score_fn=score_fn, dropout_p=dropout_p)
     scores = score_fn(q, k) if score_fn is not None else _dot_scores(q, k, scale)  # (..., T_q, T_k)
     mask = _full_mask(mask, causal, q.shape[-2], k.shape[-2], q.device)
     if mask is not None:
         # finfo.min, not -inf: a fully masked row then stays finite, and `* mask` zeroes it.
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    # fp16/bf16 scores are normalised in fp32; fp32 and fp64 keep their own precision.
     weights = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(v.dtype)
     if mask is not None:
         weights = weights * mask
     dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
     return torch.matmul(dropped, v), weights
+
+
+_HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _in_float32(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    *,
+    causal: bool,
+    scale: float,
+    score_fn: ScoreFn | None,
+    dropout_p: float,
+) -> tuple[Tensor, Tensor]:
+    """Soft attention of float16/bfloat16 inputs with the scores, softmax and weighted sum in float32
+    (as fused kernels accumulate), the output and weights cast back to the values' dtype.
+
+    In float16, q . k overflows past 65504 (inputs of std 100 over d_k = 16 reach it) and the
+    softmax of an inf row is NaN, in the output and every gradient. The casts are differentiable,
+    so the gradients come back in the inputs' dtypes, also computed in float32.
+    """
+    output, weights = _softmax_explicit(
+        q.float(), k.float(), v.float(), mask, causal=causal, scale=scale, score_fn=score_fn, dropout_p=dropout_p
+    )
+    return output.to(v.dtype), weights.to(v.dtype)
 
 
 # --------------------------------------------------------------------------------------------
@@ -282,7 +318,7 @@ def _hardmax_attention(
     lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     key_block = max(1, min(t_k, _HARD_KEY_BLOCK))
     chunk = max(1, _HARD_CHUNK_ELEMENTS // max(1, math.prod(lead) * key_block))
-    scores_of = _hard_scores(score_fn, scale)
+    scores_of = _hard_scores(score_fn, scale, upcast=q.dtype in _HALF_DTYPES or k.dtype in _HALF_DTYPES)
     # Filled chunk by chunk: small tensors kept across the loop would pin the heap between the
     # blocks' score buffers and grow it by a block each time (1.4 GiB peak RSS at T = 32k).
     index = torch.empty(*lead, t_q, dtype=torch.long, device=q.device)  # (..., T_q)
@@ -342,14 +378,20 @@ def _first_argmax(
     return index
 
 
-def _hard_scores(score_fn: ScoreFn | None, scale: float) -> ScoreFn:
+def _hard_scores(score_fn: ScoreFn | None, scale: float, *, upcast: bool = False) -> ScoreFn:
     """The scores hard attention takes the argmax of. A positive scale cannot move the argmax, so
-    dot-product scores skip it (a full pass over every T_q x T_k chunk)."""
+    dot-product scores skip it (a full pass over every T_q x T_k chunk). With ``upcast``
+    (float16/bfloat16 queries or keys) the scores are computed in float32: in float16 they overflow
+    to inf past 65504, and the first of several infs is not the largest score."""
     if score_fn is not None:
-        return score_fn
-    if scale > 0:
-        return lambda q, k: torch.matmul(q, k.transpose(-2, -1))  # (..., T_q, T_k)
-    return lambda q, k: _dot_scores(q, k, scale)
+        scores_of = score_fn
+    elif scale > 0:
+        scores_of = lambda q, k: torch.matmul(q, k.transpose(-2, -1))  # noqa: E731  (..., T_q, T_k)
+    else:
+        scores_of = lambda q, k: _dot_scores(q, k, scale)  # noqa: E731
+    if not upcast:
+        return scores_of
+    return lambda q, k: scores_of(q.float(), k.float())
 
 
 def _chunk_mask(

@@ -24,22 +24,35 @@ time with PyTorch's kernel (interleaved A/B). Its two operators are registered w
 (``torch.ops.attnlab.short_attention`` and ``short_attention_backward``), so dispatch modes such as
 ``torch.utils.flop_counter`` see them.
 
-The kernels are built once per machine with ``torch.utils.cpp_extension`` (about 20 s; the build is
-cached under PyTorch's extension directory, ``TORCH_EXTENSIONS_DIR``) the first time a training step
+The kernels are built with ``torch.utils.cpp_extension`` (about 20 s) the first time a training step
 needs them, for the vector instructions PyTorch's own kernels use on this CPU (AVX-512, AVX2, or the
-compiler's default), under a name that says which. Where the build cannot run (no C++ compiler, no
-``ninja``, a compiler without 128-bit integers) :func:`kernels` returns None, the callers take
-PyTorch's and NumPy's paths (PyTorch's fused attention, serial transposes, NumPy's words), and a
-warning says why, once. ``ATTNLAB_NATIVE=0`` in the environment skips the build.
+compiler's default). The build is cached in PyTorch's extension directory (``TORCH_EXTENSIONS_DIR``,
+by default ``~/.cache/torch_extensions``) under a name keyed by everything that makes one build
+differ from another (:func:`build_spec`): the sources' bytes, the compiler flags, the compiler, the
+CPU capability, the torch and Python versions, and where torch and Python's headers are installed.
+Installs of attnlab that would build the same kernels (two checkouts in one environment: the
+sources are built from copies in the build directory) share one build; any that would build other
+kernels (another virtual environment) get their own, and never rebuild each other's. Concurrent
+first uses build once: the build runs under an OS file lock in its directory (released if the
+process dies), and a process that finds the lock taken waits, then loads what the first one built.
+
+Where the build cannot run (no C++ compiler, no ``ninja``, a compiler without 128-bit integers)
+:func:`kernels` returns None, the callers take PyTorch's and NumPy's paths (PyTorch's fused
+attention, serial transposes, NumPy's words), and a warning says why, once. ``ATTNLAB_NATIVE=0`` in the environment skips the build.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import shutil
 import sys
+import sysconfig
 import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -48,14 +61,32 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["kernels", "available", "unavailable_reason", "transpose", "scaled_keep_mask", "short_attention", "SOURCES"]
+try:
+    import fcntl
+except ImportError:  # Windows: PyTorch's own lock file (FileBaton) alone keeps builds apart
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = [
+    "kernels",
+    "available",
+    "unavailable_reason",
+    "transpose",
+    "scaled_keep_mask",
+    "short_attention",
+    "SOURCES",
+    "BuildSpec",
+    "build_spec",
+    "build_flags",
+    "build_key",
+]
 
 SOURCES = (Path(__file__).with_name("native.cpp"), Path(__file__).with_name("native_attention.cpp"))
 """The kernels' C++ sources, shipped with the package."""
 
 # The vector instructions the kernels are compiled for, from the capability PyTorch's own kernels
-# run with on this CPU (``torch.backends.cpu.get_cpu_capability``). The build's name carries it, so
-# a cache shared by machines of different CPUs (a home directory on a cluster) holds one build each.
+# run with on this CPU (``torch.backends.cpu.get_cpu_capability``). The build's name carries it (and
+# its key the flags), so a cache shared by machines of different CPUs (a home directory on a
+# cluster) holds one build each.
 _ISA_FLAGS = {
     "AVX512": ["-mavx512f", "-mavx512vl", "-mavx512bw", "-mavx512dq", "-mavx2", "-mfma"],
     "AVX2": ["-mavx2", "-mfma"],
@@ -63,6 +94,143 @@ _ISA_FLAGS = {
 
 _UINT64_MASK = (1 << 64) - 1
 _LANES = 16  # kLanes in native_attention.cpp: the kept probabilities' rows are padded to a multiple
+
+
+@dataclass(frozen=True)
+class BuildSpec:
+    """What one build of the kernels is made from, and where it is cached.
+
+    Attributes:
+        name: the extension's name, ``attnlab_native_{capability}_{key}``, where ``key`` is 16 hex
+            digits of a SHA-256 over everything that makes one build differ from another.
+        directory: its build directory, ``TORCH_EXTENSIONS_DIR`` (or PyTorch's default root) / name.
+        cflags: the extra compiler flags.
+        ldflags: the extra linker flags.
+    """
+
+    name: str
+    directory: Path
+    cflags: tuple[str, ...]
+    ldflags: tuple[str, ...]
+
+
+def build_flags(capability: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The extra compiler and linker flags for a CPU of ``capability`` (``AVX512``, ``AVX2``, ...)."""
+    openmp = ("-fopenmp",) if torch.backends.openmp.is_available() else ()
+    # fp-contract: a * b + c as one FMA (ISO C++ mode would keep them apart).
+    return ("-O3", "-ffp-contract=fast", *_ISA_FLAGS.get(capability, []), *openmp), openmp
+
+
+def build_key(capability: str, cflags: tuple[str, ...], ldflags: tuple[str, ...]) -> str:
+    """16 hex digits of a SHA-256 over what makes a build differ: the sources' names and bytes, the
+    flags, the CPU capability, the torch version (and commit), the Python version and ABI, the
+    compiler (its resolved path, size and modification time: an upgrade changes them), and where
+    torch and Python's headers are installed.
+
+    The last two are in PyTorch's build commands (``-isystem``, ``-L``), and ``ninja`` rebuilds when
+    a command changes: two virtual environments get a build each rather than rebuilding one in
+    turn. The sources' own location is not in the key: they are built from copies in the build
+    directory (:func:`_stage_sources`), so two checkouts in one environment share a build."""
+    digest = hashlib.sha256(b"attnlab-native-build-1")
+    parts = [
+        *(part for source in SOURCES for part in (source.name.encode(), source.read_bytes())),
+        *(flag.encode() for flag in cflags),
+        b"--ldflags--",
+        *(flag.encode() for flag in ldflags),
+        capability.encode(),
+        str(torch.__version__).encode(),
+        str(getattr(torch.version, "git_version", "")).encode(),
+        sys.version.encode(),
+        getattr(sys, "abiflags", "").encode(),
+        _compiler_identity().encode(),
+        os.path.dirname(os.path.realpath(torch.__file__)).encode(),
+        str(sysconfig.get_path("include")).encode(),
+    ]
+    for part in parts:  # length-prefixed, so no two different lists of parts hash alike
+        digest.update(len(part).to_bytes(8, "little"))
+        digest.update(part)
+    return digest.hexdigest()[:16]
+
+
+def _compiler_identity() -> str:
+    """The C++ compiler PyTorch's build runs (``$CXX``, else ``c++``): its resolved path, size and
+    modification time, or ``missing``. A ``stat``, not a ``--version`` run: a few microseconds."""
+    found = shutil.which(os.environ.get("CXX", "c++"))
+    if found is None:
+        return "missing"
+    path = os.path.realpath(found)
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return f"{path}:unreadable"
+    return f"{path}:{stat.st_size}:{stat.st_mtime_ns}"
+
+
+def build_spec(capability: str | None = None) -> BuildSpec:
+    """The build of the kernels for this machine and install (``capability``: default this CPU's,
+    ``torch.backends.cpu.get_cpu_capability()``)."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    capability = torch.backends.cpu.get_cpu_capability() if capability is None else capability
+    cflags, ldflags = build_flags(capability)
+    name = f"attnlab_native_{capability.lower()}_{build_key(capability, cflags, ldflags)}"
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
+    return BuildSpec(name=name, directory=Path(root) / name, cflags=cflags, ldflags=ldflags)
+
+
+@contextmanager
+def _exclusive(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive OS lock on ``lock_path`` (``flock``: the OS releases it when the process
+    dies, so a killed build never leaves a stale lock). Other processes wait for it."""
+    if fcntl is None:
+        yield
+        return
+    with open(lock_path, "a") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _load_once(spec: BuildSpec, load: Callable[..., ModuleType]) -> ModuleType:
+    """Build (or find built) and load the kernels of ``spec``, one process at a time.
+
+    Under the lock, PyTorch's own lock file (``lock``, a FileBaton that a killed build leaves
+    behind, after which every later build would wait forever) can only be a dead process's, and
+    is removed. A process that waited finds the library built: PyTorch's ``ninja`` run then
+    has no work to do, and it loads the library.
+    """
+    spec.directory.mkdir(parents=True, exist_ok=True)
+    with _exclusive(spec.directory / "attnlab-build.lock"):
+        (spec.directory / "lock").unlink(missing_ok=True)
+        return load(
+            name=spec.name,
+            sources=_stage_sources(spec.directory),
+            extra_cflags=list(spec.cflags),
+            extra_ldflags=list(spec.ldflags),
+            build_directory=str(spec.directory),
+            verbose=False,
+        )
+
+
+def _stage_sources(directory: Path) -> list[str]:
+    """Copies of :data:`SOURCES` in ``directory/sources``, the files PyTorch builds: its build
+    commands then name the same paths from every checkout of the same sources, and ``ninja`` has
+    nothing to rebuild. A copy is written only where it is missing or differs (its modification
+    time is what ``ninja`` compares), through a temporary file, so a killed write leaves none half
+    written. Called under the build lock."""
+    staged = directory / "sources"
+    staged.mkdir(exist_ok=True)
+    paths = []
+    for source in SOURCES:
+        data, target = source.read_bytes(), staged / source.name
+        if not target.is_file() or target.read_bytes() != data:
+            partial = target.with_name(target.name + ".partial")
+            partial.write_bytes(data)
+            os.replace(partial, target)
+        paths.append(str(target))
+    return paths
 
 
 @cache
@@ -73,16 +241,7 @@ def _build() -> tuple[ModuleType | None, str | None]:
         from torch.utils.cpp_extension import load
 
         _put_ninja_on_path()
-        openmp = ["-fopenmp"] if torch.backends.openmp.is_available() else []
-        capability = torch.backends.cpu.get_cpu_capability()
-        module = load(
-            name=f"attnlab_native_{capability.lower()}",
-            sources=[str(source) for source in SOURCES],
-            # fp-contract: a * b + c as one FMA (ISO C++ mode would keep them apart).
-            extra_cflags=["-O3", "-ffp-contract=fast", *_ISA_FLAGS.get(capability, []), *openmp],
-            extra_ldflags=openmp,
-            verbose=False,
-        )
+        module = _load_once(build_spec(), load)
     except Exception as error:  # a missing compiler or ninja surfaces as several exception types
         reason = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
         warnings.warn(

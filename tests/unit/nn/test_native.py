@@ -271,7 +271,8 @@ import torch
 from attnlab.nn import native
 from attnlab.nn.dropout import signed_threshold
 assert native.kernels() is not None, native.unavailable_reason()
-assert native.kernels().__name__ == "attnlab_native_" + torch.backends.cpu.get_cpu_capability().lower()
+assert native.kernels().__name__ == native.build_spec().name
+assert native.build_spec().name.startswith("attnlab_native_" + torch.backends.cpu.get_cpu_capability().lower() + "_")
 q, k, v = torch.randn(3, 2, 37, 40), torch.randn(3, 2, 45, 40), torch.randn(3, 2, 45, 24)
 for causal in (False, True):
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]

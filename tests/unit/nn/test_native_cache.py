@@ -1,0 +1,255 @@
+"""The kernels' build cache: a name keyed by what makes a build differ, and one build at a time.
+
+The key's inputs are monkeypatched one by one (sources, flags, capability, torch and Python
+versions, compiler): each changes the name, and nothing else does. The lock is checked with a
+stand-in for PyTorch's ``load`` (two threads, one builds) and with a process killed while holding
+it; the slow test builds the real kernels from two processes at once into an empty extensions
+directory and counts the compiler's runs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnlab.nn import native
+
+FLAGS = ("-O3", "-mavx2")
+LDFLAGS = ("-fopenmp",)
+
+
+def _key(capability: str = "AVX2", cflags: tuple[str, ...] = FLAGS, ldflags: tuple[str, ...] = LDFLAGS) -> str:
+    return native.build_key(capability, cflags, ldflags)
+
+
+def test_the_name_is_stable_and_says_the_capability():
+    spec = native.build_spec("AVX512")
+    assert spec == native.build_spec("AVX512")
+    assert re.fullmatch(r"attnlab_native_avx512_[0-9a-f]{16}", spec.name)
+    assert spec.cflags == native.build_flags("AVX512")[0] and "-mavx512f" in spec.cflags
+    assert native.build_spec("AVX2").name.startswith("attnlab_native_avx2_")
+    assert native.build_spec("AVX2").name != spec.name
+
+
+def test_the_build_directory_is_the_name_under_torch_extensions_dir(monkeypatch, tmp_path):
+    name = native.build_spec("AVX2").name
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    assert native.build_spec("AVX2").directory == tmp_path / name  # the directory is no part of the key
+
+
+def _copy_sources(tmp_path: Path, folder: str) -> tuple[Path, ...]:
+    (tmp_path / folder).mkdir()
+    return tuple(Path(shutil.copy(source, tmp_path / folder / source.name)) for source in native.SOURCES)
+
+
+def test_another_checkout_of_the_same_sources_shares_the_build(monkeypatch, tmp_path):
+    before = _key()
+    monkeypatch.setattr(native, "SOURCES", _copy_sources(tmp_path, "other_checkout"))
+    assert _key() == before
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_a_changed_source_byte_changes_the_name(monkeypatch, tmp_path, which):
+    sources = _copy_sources(tmp_path, "edited")
+    monkeypatch.setattr(native, "SOURCES", sources)
+    before = _key()
+    data = bytearray(sources[which].read_bytes())
+    data[len(data) // 2] ^= 0x01
+    sources[which].write_bytes(bytes(data))
+    assert _key() != before
+
+
+def test_flags_change_the_name():
+    before = _key()
+    assert _key(cflags=FLAGS + ("-O2",)) != before
+    assert _key(cflags=("-mavx2", "-O3")) != before  # order matters to a compiler
+    assert _key(ldflags=()) != before
+    assert _key(cflags=FLAGS + LDFLAGS, ldflags=()) != before  # a flag moved from the link to the compile
+    assert _key() == before
+
+
+@pytest.mark.parametrize(
+    "target, attribute, value",
+    [
+        (torch, "__version__", "9.9.9+cpu"),
+        (torch.version, "git_version", "0" * 40),
+        (sys, "version", "3.99.0 (main) [GCC 99]"),
+        (sys, "abiflags", "t"),
+        (torch, "__file__", "/another/venv/lib/python3.11/site-packages/torch/__init__.py"),
+    ],
+)
+def test_torch_and_python_versions_and_places_change_the_name(monkeypatch, target, attribute, value):
+    before = _key()
+    monkeypatch.setattr(target, attribute, value, raising=False)
+    assert _key() != before
+
+
+def test_the_capability_changes_the_name():
+    assert _key("AVX2") != _key("AVX512") != _key("DEFAULT")
+
+
+def test_the_compiler_changes_the_name(monkeypatch, tmp_path):
+    before = _key()
+    compiler = tmp_path / "g++"
+    compiler.write_text("#!/bin/sh\nexit 0\n")
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CXX", str(compiler))
+    other = _key()
+    assert other != before
+    os.utime(compiler, ns=(0, 0))  # an upgraded compiler in place: another modification time
+    assert _key() != other
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    assert _key() not in (before, other)
+
+
+def test_two_concurrent_first_uses_build_once(tmp_path):
+    """Two threads ask for the same build at once; a stand-in for PyTorch's ``load`` builds (0.3 s)
+    when the library is missing. The lock makes the second wait and find it built."""
+    spec = native.BuildSpec(name="attnlab_native_test_0", directory=tmp_path / "ext", cflags=(), ldflags=())
+    builds, results = [], []
+    start = threading.Barrier(2)
+
+    def fake_load(*, name, build_directory, **_kwargs):
+        library = Path(build_directory) / f"{name}.so"
+        if not library.exists():
+            builds.append(threading.get_ident())
+            time.sleep(0.3)
+            library.write_text("built")
+        return types.ModuleType(name)
+
+    def first_use():
+        start.wait()
+        results.append(native._load_once(spec, fake_load).__name__)
+
+    threads = [threading.Thread(target=first_use) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert results == [spec.name, spec.name]
+    assert len(builds) == 1
+
+
+def test_a_stale_torch_lock_file_is_removed_under_the_lock(tmp_path):
+    """PyTorch's FileBaton (``lock``) left by a killed build would make every later build wait forever."""
+    spec = native.BuildSpec(name="attnlab_native_test_1", directory=tmp_path / "ext", cflags=(), ldflags=())
+    spec.directory.mkdir()
+    (spec.directory / "lock").write_text("")
+    seen = []
+    native._load_once(spec, lambda **kwargs: seen.append((spec.directory / "lock").exists()) or types.ModuleType("m"))
+    assert seen == [False]
+
+
+@pytest.mark.skipif(native.fcntl is None or not hasattr(os, "fork"), reason="no fcntl or fork on this platform")
+def test_a_killed_builder_releases_the_lock(tmp_path):
+    """A process killed (SIGKILL) while it holds the build lock leaves none behind: a waiter gets it."""
+    lock = tmp_path / "attnlab-build.lock"
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # the "builder": takes the lock, says so, and waits to be killed
+        try:
+            with native._exclusive(lock):
+                os.write(write_end, b"locked")
+                time.sleep(120)
+        finally:
+            os._exit(0)
+    try:
+        os.close(write_end)
+        assert os.read(read_end, 6) == b"locked"
+        acquired = threading.Event()
+
+        def take():
+            with native._exclusive(lock):
+                acquired.set()
+
+        threading.Thread(target=take, daemon=True).start()
+        assert not acquired.wait(0.5)  # held by the builder
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+        child = 0
+        assert acquired.wait(30)
+    finally:
+        os.close(read_end)
+        if child:
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+
+
+def test_sources_are_built_from_copies_in_the_build_directory(monkeypatch, tmp_path):
+    """Two checkouts of the same sources hand PyTorch the same paths (its build commands name them,
+    and ninja rebuilds when a command changes); a copy is rewritten only when it differs."""
+    spec = native.BuildSpec(name="attnlab_native_test_2", directory=tmp_path / "ext", cflags=(), ldflags=())
+    calls = []
+
+    def fake_load(*, sources, **_kwargs):
+        calls.append(sources)
+        return types.ModuleType("m")
+
+    native._load_once(spec, fake_load)
+    staged = [Path(path) for path in calls[0]]
+    assert [path.parent for path in staged] == [spec.directory / "sources"] * len(native.SOURCES)
+    assert [path.read_bytes() for path in staged] == [source.read_bytes() for source in native.SOURCES]
+    for path in staged:
+        os.utime(path, ns=(1, 1))
+    monkeypatch.setattr(native, "SOURCES", _copy_sources(tmp_path, "other_checkout"))
+    native._load_once(spec, fake_load)
+    assert calls[1] == calls[0]
+    assert [path.stat().st_mtime_ns for path in staged] == [1] * len(staged)  # not rewritten
+    edited = native.SOURCES[0]
+    edited.write_bytes(edited.read_bytes() + b"\n// edited\n")
+    native._load_once(spec, fake_load)
+    assert staged[0].read_bytes() == edited.read_bytes()
+
+
+_FIRST_USE = """
+from attnlab.nn import native
+module = native.kernels()
+assert module is not None, native.unavailable_reason()
+print(native.__file__, module.__name__)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler")
+def test_two_processes_building_at_once_build_once(tmp_path):
+    """Two processes' first uses of the kernels, at once, into an empty TORCH_EXTENSIONS_DIR: the
+    compiler (a wrapper that logs each run) compiles each source once, and both load the build."""
+    log = tmp_path / "compiler.log"
+    wrapper = tmp_path / "bin" / "g++"  # a name PyTorch's compiler check accepts
+    wrapper.parent.mkdir()
+    wrapper.write_text(f'#!/bin/sh\necho "$@" >> {log}\nexec {os.path.realpath(shutil.which("c++"))} "$@"\n')
+    wrapper.chmod(0o755)
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions"), "CXX": str(wrapper)}
+    env.pop("ATTNLAB_NATIVE", None)
+    processes = [
+        subprocess.Popen([sys.executable, "-c", _FIRST_USE], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    outputs = [process.communicate(timeout=900) for process in processes]
+    for process, (_out, err) in zip(processes, outputs):
+        assert process.returncode == 0, err[-2000:]
+    names = {out.split()[-1] for out, _err in outputs}
+    assert len(names) == 1 and names.pop().startswith("attnlab_native_")
+    compiles = [line for line in log.read_text().splitlines() if " -c " in f" {line} "]
+    for source in native.SOURCES:
+        assert sum(source.name in line for line in compiles) == 1, compiles
+    # A first use from another checkout of the same sources, later, builds nothing.
+    checkout = tmp_path / "checkout"
+    shutil.copytree(Path(native.__file__).parents[1], checkout / "attnlab", ignore=shutil.ignore_patterns("__pycache__"))
+    env["PYTHONPATH"] = str(checkout)
+    again = subprocess.run([sys.executable, "-c", _FIRST_USE], env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert again.stdout.split()[-2].startswith(str(checkout))  # this checkout's attnlab
+    assert again.stdout.split()[-1] == outputs[0][0].split()[-1]
+    assert [line for line in log.read_text().splitlines() if " -c " in f" {line} "] == compiles
