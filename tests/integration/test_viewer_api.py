@@ -344,6 +344,7 @@ def test_importance_csv_becomes_a_kind_layer_head_table(clients):
         ("kind,layer,head,importance\nself,0,0,nan\n", "line 2: importance must be finite"),
         ("kind,layer,head,importance\nself,0,0,1\nself,0,0,2\n", "line 3: self layer 0 head 0 is listed twice"),
         ("kind,layer,head,importance\nself,0\n", "line 2: expected the 4 fields"),
+        ("kind,layer,head,importance\n" + "a" * 200_000, "line 2: not CSV: field larger than field limit"),
     ],
 )
 def test_bad_importance_csv_gets_400_naming_the_line(clients, csv, message):
