@@ -14,6 +14,7 @@ import urllib.request
 import pytest
 
 from attnlab.cli import main
+from attnlab.viewer.importance import MAX_IMPORTANCE_BYTES
 from tests.unit.analysis.tiny_runs import tiny_run
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -169,3 +170,12 @@ def test_a_served_viewer_answers_400_to_bad_bodies_and_hosts_keeps_serving_and_p
             process.wait()
         process.stdout.close()
         process.stderr.close()
+
+
+def test_view_refuses_an_importance_file_over_the_cap_before_reading_it(runs, tmp_path, capsys):
+    big = tmp_path / "big.csv"
+    with big.open("wb") as file:
+        file.truncate(MAX_IMPORTANCE_BYTES + 1)  # sparse: nothing to read but its size
+    code, stdout, stderr = run_main(["view", str(runs["encoder_decoder"]), "--importance", str(big)], capsys)
+    assert (code, stdout) == (2, "")
+    assert stderr.strip() == f"error: {big}: larger than {MAX_IMPORTANCE_BYTES} bytes"

@@ -30,6 +30,8 @@ def read_importance(path: str | Path, heads: Collection[HeadId]) -> Importance:
     """Read and check an importance CSV file (see :func:`parse_importance`)."""
     path = Path(path)
     try:
+        if path.is_file() and path.stat().st_size > MAX_IMPORTANCE_BYTES:  # checked before reading it
+            raise DataError(f"{path}: larger than {MAX_IMPORTANCE_BYTES} bytes")
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise DataError(f"{path}: cannot read the importance CSV: {error}") from None
