@@ -133,7 +133,8 @@ def _check_text(text: Any) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as error:  # a lone surrogate such as "\ud800"
-        raise RequestError(f'"text" is not valid Unicode: character {error.start} is a lone surrogate', "text") from None
+        message = f'"text" is not valid Unicode: character {error.start} is a lone surrogate'
+        raise RequestError(message, "text") from None
     return text
 
 

@@ -16,7 +16,9 @@ __all__ = ["listen", "make_server", "is_loopback", "url_of", "allowed_hosts", "L
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 """Host names every viewer answers to (the only ones, when it listens on a loopback address)."""
-_HOST_NAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_-]*[A-Za-z0-9_])?(\.[A-Za-z0-9_]([A-Za-z0-9_-]*[A-Za-z0-9_])?)*")
+_LABEL = r"[A-Za-z0-9_]([A-Za-z0-9_-]*[A-Za-z0-9_])?"
+_HOST_NAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*")
+"""A DNS name: dot-separated labels of letters, digits, ``_`` and inner ``-``; no port, no wildcard."""
 
 
 def allowed_hosts(host: str, names: Sequence[str]) -> tuple[str, ...]:
