@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import re
 import signal
 import socket
@@ -133,9 +134,12 @@ def _raw(port: int, request: bytes) -> bytes:
 
 def test_a_served_viewer_answers_400_to_bad_bodies_and_hosts_keeps_serving_and_prints_no_traceback(runs):
     """The real server (uvicorn) on all interfaces with one allowed name: issue 23's probes."""
+    # PyTorch's attention, not attnlab's C++ kernels: this test is about HTTP, and a fresh process
+    # must not wait for a kernel build that another checkout of attnlab may have replaced
+    env = {**os.environ, "ATTNLAB_NATIVE": "0"}
     process = subprocess.Popen([sys.executable, "-m", "attnlab", "view", str(runs["encoder_decoder"]), "--port", "0",
                                 "--host", "0.0.0.0", "--allow-host", "viewer.example"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         line = process.stdout.readline()
         found = re.search(r"http://0\.0\.0\.0:(\d+)/", line)
