@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -9,13 +13,14 @@ from starlette.testclient import TestClient
 
 from attnlab.analysis.maps import attention_view
 from attnlab.decoding import DecodeOptions, decode
+from attnlab.errors import UsageError
 from attnlab.experiment import open_run
 from attnlab.head_ids import HeadId, mask_without
 from attnlab.nn import capture
 from attnlab.viewer import create_app
-from attnlab.viewer.requests import MAX_INPUT_CHARS, MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS
-from attnlab.viewer.serve import LOOPBACK_HOSTS
-from attnlab.viewer.server import MAX_BODY_BYTES, STATIC_DIR
+from attnlab.viewer.requests import MAX_INPUT_CHARS, MAX_INPUT_TOKENS, MAX_JSON_DEPTH, MAX_OUTPUT_TOKENS
+from attnlab.viewer.serve import LOOPBACK_HOSTS, allowed_hosts
+from attnlab.viewer.server import MAX_BODY_BYTES, MAX_RUN_BODY_BYTES, STATIC_DIR, host_name
 from tests.unit.analysis.tiny_runs import HELD, XSS, tiny_run
 
 KINDS = ("encoder_decoder", "encoder_classifier", "decoder_only")
@@ -179,10 +184,132 @@ def test_a_body_that_is_not_json_or_not_sent_as_json_gets_400(clients):
     assert client.get("/api/run").status_code == 405
 
 
-def test_a_huge_body_is_refused_before_it_is_read(clients):
-    response = clients["encoder_decoder"].post("/api/run", content=b"x" * (MAX_BODY_BYTES + 1),
-                                               headers={"content-type": "application/json"})
-    assert response.status_code == 413
+def asgi_post(app, path: str, headers: dict[str, str], body: bytes) -> tuple[int, dict, int]:  # noqa: ANN001
+    """POST straight through ASGI (headers exactly as given, no client adding any); returns the
+    status, the JSON answer and how many times the app asked for the body."""
+    messages, asked = [], []
+
+    async def receive() -> dict:
+        asked.append(1)
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict) -> None:
+        messages.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+             "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()],
+             "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8765)}
+    asyncio.run(app(scope, receive, send))
+    status = next(m["status"] for m in messages if m["type"] == "http.response.start")
+    answer = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.response.body")
+    return status, json.loads(answer), len(asked)
+
+
+JSON = {"content-type": "application/json"}
+
+
+@pytest.mark.parametrize(
+    ("headers", "field", "message"),
+    [
+        ({**JSON, "content-length": str(MAX_RUN_BODY_BYTES + 1)}, "body", f"takes at most {MAX_RUN_BODY_BYTES}"),
+        ({**JSON, "content-length": "99999999999999999999"}, "body", f"takes at most {MAX_RUN_BODY_BYTES}"),
+        ({**JSON, "content-length": "12abc"}, "Content-Length", "is not a number of bytes"),
+        ({**JSON, "content-length": "-1"}, "Content-Length", "is not a number of bytes"),
+        ({**JSON, "content-length": "9" * 100}, "Content-Length", "is not a number of bytes"),
+        ({**JSON, "transfer-encoding": "chunked"}, "Content-Length", "with a Content-Length header"),
+    ],
+)
+def test_a_body_without_an_acceptable_content_length_is_refused_unread(runs, headers, field, message):
+    status, answer, asked = asgi_post(create_app(runs["encoder_decoder"]), "/api/run", headers, b'{"text": "ab"}')
+    assert (status, answer["field"], asked) == (400, field, 0)
+    assert message in answer["error"]
+
+
+def test_a_body_longer_than_its_content_length_says_is_refused_at_the_cap(runs):
+    status, answer, _ = asgi_post(create_app(runs["encoder_decoder"]), "/api/run",
+                                  {**JSON, "content-length": "10"}, b"[" * (MAX_RUN_BODY_BYTES + 1))
+    assert status == 400 and answer["field"] == "body" and f"larger than {MAX_RUN_BODY_BYTES}" in answer["error"]
+
+
+def test_huge_bodies_get_400_on_both_routes(clients):
+    client = clients["encoder_decoder"]
+    run = client.post("/api/run", content=b"x" * (MAX_RUN_BODY_BYTES + 1), headers=JSON)
+    csv = client.post("/api/importance", content=b"x" * (MAX_BODY_BYTES + 1))
+    assert [run.status_code, csv.status_code] == [400, 400]
+    assert run.json()["field"] == csv.json()["field"] == "body"
+
+
+def _deep(depth: int) -> bytes:
+    return b'{"text": "ab", "off": ' + b"[" * depth + b"]" * depth + b"}"
+
+
+MALFORMED = [  # (body, field, part of the message)
+    (b'{"text": "ab"', "body", "not valid JSON"),
+    (b"", "body", "not valid JSON"),
+    (b"\xef\xbb\xbf{}", "body", "not valid JSON"),  # a UTF-8 byte order mark
+    (b'{"text": "ab", "off": [01]}', "body", "not valid JSON"),
+    (b'{"text": "ab", "off": [{"kind": "cross", "layer": ' + b"9" * 5000 + b', "head": 0}]}', "body", "not valid JSON"),
+    (b'{"text": "\xff\xfe"}', "body", "not UTF-8 text (byte 10)"),
+    (b"\xff" * 64, "body", "not UTF-8 text"),
+    (b"[" * 100_000, "body", f"the viewer takes at most {MAX_RUN_BODY_BYTES}"),  # issue 23: it was a 500
+    (b"[" * 60_000, "body", f"more than {MAX_JSON_DEPTH} levels deep"),
+    (b"[" * 30_000 + b"]" * 30_000, "body", f"more than {MAX_JSON_DEPTH} levels deep"),
+    (b"{" * 60_000, "body", f"more than {MAX_JSON_DEPTH} levels deep"),
+    (b'{"a": ' * 5_000 + b"1" + b"}" * 5_000, "body", f"more than {MAX_JSON_DEPTH} levels deep"),
+    (_deep(MAX_JSON_DEPTH), "body", f"more than {MAX_JSON_DEPTH} levels deep"),
+    (_deep(MAX_JSON_DEPTH - 1), "off[0]", "must be an object with exactly"),
+    (b'{"text": "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["}', "text", "symbol '[' is not in the task's alphabet"),
+    (b"null", "body", "must be a JSON object"),
+    (b"3", "body", "must be a JSON object"),
+    (b'"abcd"', "body", "must be a JSON object"),
+    (b'{"text": NaN}', "text", '"text" must be a string'),
+    (b'{"text": null}', "text", '"text" must be a string'),
+    (b'{"text": ["a", "b"]}', "text", '"text" must be a string'),
+    (b'{"text": {"a": 1}}', "text", '"text" must be a string'),
+    (b'{"text": ""}', "text", '"text" is empty'),
+    (b'{"text": "   "}', "text", '"text" has no tokens'),
+    (b'{"text": "ab\\ud800"}', "text", "character 2 is a lone surrogate"),
+    (b'{"text": "ab", "extra": 1}', "extra", "unknown field 'extra'; allowed: text, off"),
+    (b'{"text": "ab", "\\ud800": 1}', "\ud800", "unknown field '\\ud800'"),
+    (b'{"text": "ab", "off": null}', "off", '"off" must be a list'),
+    (b'{"text": "ab", "off": {"kind": "cross"}}', "off", '"off" must be a list'),
+    (b'{"text": "ab", "off": [1]}', "off[0]", "off[0] must be an object with exactly"),
+    (b'{"text": "ab", "off": [null]}', "off[0]", "off[0] must be an object with exactly"),
+    (b'{"text": "ab", "off": [{"kind": "cross", "layer": 0, "head": 0, "x": 1}]}', "off[0]", "with exactly"),
+    (b'{"text": "ab", "off": [{"kind": 1, "layer": 0, "head": 0}]}', "off[0].kind", "this model has no 1 attention"),
+    (b'{"text": "ab", "off": [{"kind": ["cross"], "layer": 0, "head": 0}]}', "off[0].kind", "no ['cross'] attention"),
+    (b'{"text": "ab", "off": [{"kind": "cross", "layer": 0.0, "head": 0}]}', "off[0].layer", "got 0.0"),
+    (b'{"text": "ab", "off": [{"kind": "cross", "layer": null, "head": 0}]}', "off[0].layer", "got None"),
+    (b'{"text": "ab", "off": [{"kind": "cross", "layer": 0, "head": 1e999}]}', "off[0].head", "got inf"),
+    (b'{"text": "ab", "off": [{"kind": "cross", "layer": 0, "head": false}]}', "off[0].head", "got False"),
+    (b'{"text": "ab", "off": [{"kind": "cross", "layer": 0, "head": "' + b"9" * 200 + b'"}]}', "off[0].head", "..."),
+]
+
+
+@pytest.mark.parametrize(("body", "field", "message"), MALFORMED, ids=[f"malformed-{i}" for i in range(len(MALFORMED))])
+def test_every_malformed_run_body_gets_400_naming_the_field_and_the_viewer_goes_on(clients, body, field, message):
+    client = clients["encoder_decoder"]
+    response = client.post("/api/run", content=body, headers=JSON)
+    assert response.status_code == 400, response.text
+    assert response.headers["content-type"] == "application/json"
+    assert response.json()["field"] == field
+    assert message in response.json()["error"] and len(response.json()["error"]) < 400
+    assert post_run(client, "abcd").status_code == 200
+
+
+def test_the_model_context_bounds_the_input_and_the_output(runs, monkeypatch):
+    """A model of 8 positions: BOS, the prompt and the continuation must fit (decoder-only)."""
+    loaded = runs["decoder_only"]
+    monkeypatch.setattr(loaded.model, "config", dataclasses.replace(loaded.model.config, max_len=8))
+    client = TestClient(create_app(loaded))
+    answer = post_run(client, "the c")
+    assert answer.status_code == 200
+    assert len(answer.json()["attention"][0]["queries"]) <= 8  # <s>, 5 input tokens, at most 2 generated
+    refused = post_run(client, "the cat")
+    assert refused.status_code == 400 and refused.json()["field"] == "text"
+    assert refused.json()["error"] == ("the input is 7 tokens long; this model reads at most 8 positions, "
+                                       "so it takes at most 6 input tokens")
 
 
 def test_markup_in_the_input_comes_back_as_plain_json_strings(clients):
@@ -217,6 +344,7 @@ def test_importance_csv_becomes_a_kind_layer_head_table(clients):
         ("kind,layer,head,importance\nself,0,0,nan\n", "line 2: importance must be finite"),
         ("kind,layer,head,importance\nself,0,0,1\nself,0,0,2\n", "line 3: self layer 0 head 0 is listed twice"),
         ("kind,layer,head,importance\nself,0\n", "line 2: expected the 4 fields"),
+        ("kind,layer,head,importance\n" + "a" * 200_000, "line 2: not CSV: field larger than field limit"),
     ],
 )
 def test_bad_importance_csv_gets_400_naming_the_line(clients, csv, message):
@@ -232,8 +360,41 @@ def test_importance_given_at_start_is_in_the_model_description(runs):
 
 
 def test_a_loopback_viewer_answers_only_loopback_host_names(runs):
-    app = create_app(runs["encoder_classifier"], allowed_hosts=LOOPBACK_HOSTS)
+    app = create_app(runs["encoder_classifier"], allowed_hosts=allowed_hosts("127.0.0.1", []))
     assert TestClient(app, base_url="http://127.0.0.1:8765").get("/api/model").status_code == 200
     assert TestClient(app, base_url="http://localhost:8765").get("/api/model").status_code == 200
     assert TestClient(app, base_url="http://[::1]:8765").get("/api/model").status_code == 200
-    assert TestClient(app, base_url="http://attacker.example").get("/api/model").status_code == 400
+    refused = TestClient(app, base_url="http://attacker.example").get("/api/model")
+    assert refused.status_code == 400 and refused.json()["field"] == "Host"
+
+
+def test_a_viewer_on_all_interfaces_answers_only_the_names_allowed_and_loopback(runs):
+    app = create_app(runs["encoder_classifier"], allowed_hosts=allowed_hosts("0.0.0.0", ["Viewer.Example", "[fe80::1]"]))
+    for base in ("http://viewer.example:8765", "http://VIEWER.example", "http://[fe80::1]:8765", "http://localhost:8765",
+                 "http://127.0.0.1", "http://[::1]:8765"):
+        assert TestClient(app, base_url=base).get("/api/model").status_code == 200, base
+    for base in ("http://attacker.example:8765", "http://viewer.example.attacker.example", "http://10.0.0.1:8765"):
+        assert TestClient(app, base_url=base).get("/api/model").status_code == 400, base
+        assert TestClient(app, base_url=base).post("/api/run", json={"text": "(())"}).status_code == 400, base
+    assert TestClient(app, base_url="http://viewer.example").post("/api/run", json={"text": "(())"}).status_code == 200
+    for host in ("evil@viewer.example", "viewer.example:80x", "[::1", "", "viewer.example, attacker.example"):
+        status, answer, asked = asgi_post(app, "/api/run", {**JSON, "host": host, "content-length": "2"}, b"{}")
+        assert (status, answer["field"], asked) == (400, "Host", 0), host
+
+
+def test_host_names_are_parsed_strictly():
+    assert [host_name(h) for h in ("localhost", "LOCALHOST:80", "[::1]:8765", "127.0.0.1:", "my-host.local:8765")] == [
+        "localhost", "localhost", "::1", "127.0.0.1", "my-host.local"]
+    assert [host_name(h) for h in ("evil@localhost", "[::1", "a:b:c", "", "[::1]x", "localhost:8x", "a/b")] == [None] * 7
+
+
+def test_allowed_hosts_need_names_for_a_non_loopback_address_and_check_them():
+    assert allowed_hosts("127.0.0.1", []) == allowed_hosts("::1", []) == allowed_hosts("localhost", []) == LOOPBACK_HOSTS
+    assert allowed_hosts("0.0.0.0", ["Box.LAN", "[FE80::0:1]", "192.168.1.20"]) == (
+        *LOOPBACK_HOSTS, "box.lan", "fe80::1", "192.168.1.20")
+    for host in ("0.0.0.0", "::", "192.168.1.20"):
+        with pytest.raises(UsageError, match=f"--host {host} is not a loopback address: .* --allow-host NAME"):
+            allowed_hosts(host, [])
+    for name in ("*", "box.lan:8765", "http://box.lan", "", "box lan", "*.lan", "box..lan", "-box"):
+        with pytest.raises(UsageError, match="not a host name or IP address"):
+            allowed_hosts("0.0.0.0", [name])

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import http.client
 import json
+import os
 import re
 import signal
 import socket
@@ -13,6 +15,7 @@ import urllib.request
 import pytest
 
 from attnlab.cli import main
+from attnlab.viewer.importance import MAX_IMPORTANCE_BYTES
 from tests.unit.analysis.tiny_runs import tiny_run
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -96,3 +99,87 @@ def test_view_checks_the_importance_file_before_serving(runs, tmp_path, capsys):
     code, stdout, stderr = run_main(["view", str(runs["encoder_decoder"]), "--importance", str(bad)], capsys)
     assert code == 2 and "http" not in stdout
     assert stderr.strip() == f"error: {bad}: line 2: this model has no 'self' attention; it has: cross, decoder_self, encoder_self"
+
+
+def test_view_refuses_a_non_loopback_host_without_allow_host_before_serving(runs, capsys):
+    code, stdout, stderr = run_main(["view", str(runs["encoder_decoder"]), "--host", "0.0.0.0", "--port", "0"], capsys)
+    assert (code, stdout) == (2, "")
+    assert stderr.startswith("error: --host 0.0.0.0 is not a loopback address: ") and "--allow-host NAME" in stderr
+    assert stderr.count("\n") == 1
+
+
+def test_view_refuses_an_allowed_host_that_is_not_a_host_name(runs, capsys):
+    code, stdout, stderr = run_main(["view", str(runs["encoder_decoder"]), "--host", "0.0.0.0", "--port", "0",
+                                     "--allow-host", "box.lan:8765"], capsys)
+    assert (code, stdout) == (2, "")
+    assert stderr.startswith("error: --allow-host 'box.lan:8765': not a host name or IP address") and stderr.count("\n") == 1
+
+
+def _ask(port: int, method: str, path: str, body: bytes | None = None, headers: dict | None = None) -> tuple[int, dict]:
+    # a generous guard, not a timing check: a fresh process's first model run may build the C++ kernels
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    try:
+        connection.request(method, path, body=body, headers=headers or {})
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()
+
+
+def _raw(port: int, request: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        sock.sendall(request)
+        return sock.recv(65536)
+
+
+def test_a_served_viewer_answers_400_to_bad_bodies_and_hosts_keeps_serving_and_prints_no_traceback(runs):
+    """The real server (uvicorn) on all interfaces with one allowed name: issue 23's probes."""
+    # PyTorch's attention, not attnlab's C++ kernels: this test is about HTTP, and a fresh process
+    # must not wait for a kernel build that another checkout of attnlab may have replaced
+    env = {**os.environ, "ATTNLAB_NATIVE": "0"}
+    process = subprocess.Popen([sys.executable, "-m", "attnlab", "view", str(runs["encoder_decoder"]), "--port", "0",
+                                "--host", "0.0.0.0", "--allow-host", "viewer.example"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = process.stdout.readline()
+        found = re.search(r"http://0\.0\.0\.0:(\d+)/", line)
+        assert found, (line, process.stderr.read() if process.poll() is not None else "")
+        port = int(found[1])
+        named = {"Host": f"viewer.example:{port}", "Content-Type": "application/json"}
+        probes = [b"[" * 100_000, b"[" * 60_000, b"\xff\xfe\x00", b'{"text": ', b'{"text": ""}', b'{"text": 1}',
+                  b'{"text": "ab", "x": 1}', b'{"text": "ab", "off": [{"kind": "cross", "layer": 0.5, "head": 0}]}']
+        for body in probes:
+            status, answer = _ask(port, "POST", "/api/run", body, named)
+            assert status == 400 and answer["field"], (body[:40], status, answer)
+        assert _ask(port, "GET", "/api/model", headers={"Host": "attacker.example"}) == (
+            400, {"error": "this viewer only answers to the host names 127.0.0.1, ::1, localhost, viewer.example",
+                  "field": "Host"})
+        chunked = (b"POST /api/run HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                   b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n2\r\n{}\r\n0\r\n\r\n")
+        assert _raw(port, chunked).startswith(b"HTTP/1.1 400 ")
+        bad_length = (b"POST /api/run HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: abc\r\nConnection: close\r\n\r\n{}")
+        assert _raw(port, bad_length).startswith(b"HTTP/1.1 400 ")
+        for host in (f"viewer.example:{port}", f"localhost:{port}", f"127.0.0.1:{port}"):
+            status, answer = _ask(port, "POST", "/api/run", b'{"text": "abcd"}', {**named, "Host": host})
+            assert status == 200 and answer["tokens"] == ["a", "b", "c", "d"]
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) in (0, 130)
+        stderr = process.stderr.read()
+        assert "Traceback" not in stderr and "Error" not in stderr, stderr
+        assert stderr.startswith("warning: listening on 0.0.0.0: anyone who can reach this machine as viewer.example")
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        process.stdout.close()
+        process.stderr.close()
+
+
+def test_view_refuses_an_importance_file_over_the_cap_before_reading_it(runs, tmp_path, capsys):
+    big = tmp_path / "big.csv"
+    with big.open("wb") as file:
+        file.truncate(MAX_IMPORTANCE_BYTES + 1)  # sparse: nothing to read but its size
+    code, stdout, stderr = run_main(["view", str(runs["encoder_decoder"]), "--importance", str(big)], capsys)
+    assert (code, stdout) == (2, "")
+    assert stderr.strip() == f"error: {big}: larger than {MAX_IMPORTANCE_BYTES} bytes"

@@ -30,6 +30,8 @@ def read_importance(path: str | Path, heads: Collection[HeadId]) -> Importance:
     """Read and check an importance CSV file (see :func:`parse_importance`)."""
     path = Path(path)
     try:
+        if path.is_file() and path.stat().st_size > MAX_IMPORTANCE_BYTES:  # checked before reading it
+            raise DataError(f"{path}: larger than {MAX_IMPORTANCE_BYTES} bytes")
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise DataError(f"{path}: cannot read the importance CSV: {error}") from None
@@ -41,6 +43,17 @@ def parse_importance(text: str, heads: Collection[HeadId], *, source: str = "imp
     if len(text.encode("utf-8")) > MAX_IMPORTANCE_BYTES:
         raise DataError(f"{source}: larger than {MAX_IMPORTANCE_BYTES} bytes")
     reader = csv.DictReader(io.StringIO(text))
+    try:
+        table, rows = _read_rows(reader, heads, source)
+    except csv.Error as error:  # a field over csv's size limit, a NUL byte
+        raise DataError(f"{source}: line {reader.line_num + 1}: not CSV: {error}") from None
+    if rows == 0:
+        raise DataError(f"{source}: no rows after the header")
+    return table
+
+
+def _read_rows(reader: csv.DictReader, heads: Collection[HeadId], source: str) -> tuple[Importance, int]:
+    """The table of ``reader``'s rows and how many there were; csv.Error passes through."""
     missing = [column for column in _COLUMNS if column not in (reader.fieldnames or [])]
     if missing:
         raise DataError(f"{source}: line 1: the header must name {','.join(_COLUMNS)}; missing {', '.join(missing)}")
@@ -53,9 +66,7 @@ def parse_importance(text: str, heads: Collection[HeadId], *, source: str = "imp
             raise DataError(f"{where}: {head.kind} layer {head.layer} head {head.head} is listed twice")
         table[head.kind][head.layer][head.head] = value
         rows += 1
-    if rows == 0:
-        raise DataError(f"{source}: no rows after the header")
-    return table
+    return table, rows
 
 
 def _empty_table(heads: Collection[HeadId]) -> Importance:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from attnlab.analysis.maps import KIND_TITLES, AttentionView, attention_view, kind_maps
+from attnlab.errors import UsageError
 from attnlab.experiment import LoadedRun
 from attnlab.head_ids import HeadId, head_ids, mask_without
 from attnlab.viewer.importance import Importance
@@ -16,6 +17,7 @@ from attnlab.viewer.requests import (
     MAX_INPUT_CHARS,
     MAX_INPUT_TOKENS,
     MAX_OUTPUT_TOKENS,
+    RequestError,
     RunRequest,
     check_input_length,
 )
@@ -73,12 +75,21 @@ def run_payload(loaded: LoadedRun, request: RunRequest) -> dict[str, Any]:
     """Run ``loaded.model`` on ``request.text`` with ``request.off`` switched off; the JSON answer.
 
     The run's held heads (``train.mask_heads``) are off too, whatever ``off`` says: the model is
-    the one ``attnlab eval`` measures, and the user switches heads off on top of it.
+    the one ``attnlab eval`` measures, and the user switches heads off on top of it. The input is
+    checked against the viewer's caps and the model's context (``max_len``) before the model runs;
+    the output is at most :data:`MAX_OUTPUT_TOKENS` tokens, fewer where the context leaves less room.
+
+    Raises:
+        RequestError: (field ``"text"``) for an input the model cannot read (see
+            :func:`~attnlab.viewer.requests.check_input_length`) or a symbol outside the task's alphabet.
     """
-    ids = loaded.codec.encode(request.text)
-    check_input_length(len(ids))
+    try:
+        ids = loaded.codec.encode(request.text)
+    except UsageError as error:  # a symbol outside a synthetic task's alphabet
+        raise RequestError(str(error), "text") from None
+    outputs = check_input_length(len(ids), model_kind=loaded.experiment.model_kind, context=loaded.model.config.max_len)
     mask = mask_without(loaded.model, request.off) if request.off else None
-    view = attention_view(loaded, request.text, head_mask=mask, max_length=MAX_OUTPUT_TOKENS)
+    view = attention_view(loaded, request.text, head_mask=mask, max_length=outputs)
     return {
         "input": request.text,
         "tokens": loaded.codec.tokens(ids),

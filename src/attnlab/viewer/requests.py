@@ -1,12 +1,16 @@
-"""What the page may ask for, checked: the input text and the heads switched off.
+"""What the page may ask for, checked: the request body, the input text and the heads switched off.
 
-Every problem is a :class:`~attnlab.errors.UsageError` whose message names the field at fault; the
-server answers it with status 400. The caps keep one request small enough that the page never
-freezes: longer inputs get a message instead of a run.
+Every problem is a :class:`RequestError` (a :class:`~attnlab.errors.UsageError`) whose message and
+``field`` name the part at fault; the server answers it with status 400. The caps keep one request
+small enough that the page never freezes: longer inputs get a message instead of a run. Bodies are
+checked before they are parsed: UTF-8 text, at most :data:`MAX_JSON_DEPTH` levels of nesting (so a
+body of 100,000 ``[`` never reaches the recursive JSON parser), then JSON.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
@@ -15,14 +19,20 @@ from attnlab.errors import UsageError
 from attnlab.head_ids import HeadId
 
 __all__ = [
+    "MAX_JSON_DEPTH",
     "MAX_INPUT_CHARS",
     "MAX_INPUT_TOKENS",
     "MAX_OUTPUT_TOKENS",
+    "RequestError",
     "RunRequest",
+    "decode_json_body",
     "parse_run_request",
     "parse_head_object",
     "check_input_length",
 ]
+
+MAX_JSON_DEPTH = 8
+"""Deepest nesting of arrays and objects a JSON body may have (a run request needs 3)."""
 
 MAX_INPUT_CHARS = 500
 """Longest input text, in characters, checked before tokenizing."""
@@ -33,6 +43,52 @@ MAX_OUTPUT_TOKENS = 32
 
 _RUN_FIELDS = ("text", "off")
 _HEAD_FIELDS = ("kind", "layer", "head")
+_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[\]{}]')
+"""A JSON string (to its closing quote or the end of the text) or a bracket: one left-to-right pass."""
+
+
+class RequestError(UsageError):
+    """A request the viewer cannot carry out; ``field`` names the part at fault (``"body"``,
+    ``"text"``, ``"off[0].layer"``, a header such as ``"Content-Length"``)."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def decode_json_body(body: bytes) -> Any:
+    """The JSON value of a request body: UTF-8 text, at most :data:`MAX_JSON_DEPTH` levels deep.
+
+    Raises:
+        RequestError: (field ``"body"``) for bytes that are not UTF-8, nesting deeper than the
+            cap, or text that is not JSON.
+    """
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise RequestError(f"the request body is not UTF-8 text (byte {error.start})", "body") from None
+    if _nesting_exceeds(text, MAX_JSON_DEPTH):
+        raise RequestError(f"the request body nests JSON more than {MAX_JSON_DEPTH} levels deep", "body")
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as error:
+        raise RequestError(f"the request body is not valid JSON: {error}", "body") from None
+
+
+def _nesting_exceeds(text: str, limit: int) -> bool:
+    """True when the brackets outside JSON strings of ``text`` nest deeper than ``limit``.
+
+    Linear in the text and stops at the first bracket past the limit; it only counts, so text that
+    is not JSON at all passes here and fails in the parser.
+    """
+    depth = 0
+    for token in _JSON_TOKEN.finditer(text):
+        symbol = token.group()[0]
+        if symbol != '"':
+            depth += 1 if symbol in "[{" else -1
+            if depth > limit:
+                return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -48,38 +104,56 @@ def parse_run_request(body: Any, heads: Collection[HeadId]) -> RunRequest:
 
     ``off`` may be left out (no head off). ``heads`` are the model's heads
     (:func:`attnlab.head_ids.head_ids`).
+
+    Raises:
+        RequestError: naming the field: not an object, an unknown field, ``text`` not a string,
+            empty, not valid Unicode or over :data:`MAX_INPUT_CHARS`, a bad ``off``.
     """
     if not isinstance(body, dict):
-        raise UsageError('the request body must be a JSON object like {"text": "...", "off": []}')
+        raise RequestError('the request body must be a JSON object like {"text": "...", "off": []}', "body")
     unknown = sorted(set(body) - set(_RUN_FIELDS))
     if unknown:
-        raise UsageError(f"unknown field {unknown[0]!r}; allowed: {', '.join(_RUN_FIELDS)}")
-    text = body.get("text")
-    if not isinstance(text, str):
-        raise UsageError('"text" must be a string')
-    if len(text) > MAX_INPUT_CHARS:
-        raise UsageError(f"the input is {len(text)} characters long; the viewer takes at most {MAX_INPUT_CHARS}")
+        raise RequestError(f"unknown field {_shown(unknown[0])}; allowed: {', '.join(_RUN_FIELDS)}", unknown[0])
+    text = _check_text(body.get("text"))
     off = body.get("off", [])
     if not isinstance(off, list):
-        raise UsageError('"off" must be a list of {"kind", "layer", "head"} objects')
+        raise RequestError('"off" must be a list of {"kind", "layer", "head"} objects', "off")
     chosen = (parse_head_object(item, heads, where=f"off[{index}]") for index, item in enumerate(off))
     return RunRequest(text, tuple(dict.fromkeys(chosen)))
 
 
+def _check_text(text: Any) -> str:
+    if not isinstance(text, str):
+        raise RequestError('"text" must be a string', "text")
+    if not text:
+        raise RequestError('"text" is empty: type an input', "text")
+    if len(text) > MAX_INPUT_CHARS:
+        raise RequestError(f"the input is {len(text)} characters long; the viewer takes at most {MAX_INPUT_CHARS}",
+                           "text")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:  # a lone surrogate such as "\ud800"
+        message = f'"text" is not valid Unicode: character {error.start} is a lone surrogate'
+        raise RequestError(message, "text") from None
+    return text
+
+
 def parse_head_object(item: Any, heads: Collection[HeadId], *, where: str) -> HeadId:
-    """``{"kind": str, "layer": int, "head": int}`` -> a head of the model, or a UsageError naming ``where``."""
+    """``{"kind": str, "layer": int, "head": int}`` -> a head of the model, or a RequestError naming ``where``."""
     if not isinstance(item, dict) or sorted(item) != sorted(_HEAD_FIELDS):
-        raise UsageError(f'{where} must be an object with exactly "kind", "layer" and "head"')
+        raise RequestError(f'{where} must be an object with exactly "kind", "layer" and "head"', where)
     kind, layer, head = item["kind"], item["layer"], item["head"]
     kinds = sorted({h.kind for h in heads})
-    if kind not in kinds:
-        raise UsageError(f"{where}.kind: this model has no {kind!r} attention; it has: {', '.join(kinds)}")
+    if not isinstance(kind, str) or kind not in kinds:
+        raise RequestError(f"{where}.kind: this model has no {_shown(kind)} attention; it has: {', '.join(kinds)}",
+                           f"{where}.kind")
     layers = sorted({h.layer for h in heads if h.kind == kind})
     if not _is_index(layer) or layer not in layers:
-        raise UsageError(f"{where}.layer: {kind} has layers 0 to {layers[-1]}, got {layer!r}")
+        raise RequestError(f"{where}.layer: {kind} has layers 0 to {layers[-1]}, got {_shown(layer)}", f"{where}.layer")
     per_layer = sorted(h.head for h in heads if h.kind == kind and h.layer == layer)
     if not _is_index(head) or head not in per_layer:
-        raise UsageError(f"{where}.head: {kind} layer {layer} has heads 0 to {per_layer[-1]}, got {head!r}")
+        raise RequestError(f"{where}.head: {kind} layer {layer} has heads 0 to {per_layer[-1]}, got {_shown(head)}",
+                           f"{where}.head")
     return HeadId(kind, layer, head)
 
 
@@ -87,9 +161,42 @@ def _is_index(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def check_input_length(tokens: int) -> None:
-    """Refuse inputs longer than :data:`MAX_INPUT_TOKENS` tokens."""
+def _shown(value: Any, limit: int = 60) -> str:
+    """``repr(value)``, cut to ``limit`` characters: a message stays one short line."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def check_input_length(tokens: int, *, model_kind: str, context: int) -> int:
+    """Check an input of ``tokens`` tokens against the viewer's cap and the model's context.
+
+    Args:
+        tokens: the input's length in tokens (the codec's ids, without BOS or EOS).
+        model_kind: ``encoder_decoder``, ``encoder_classifier``, ``decoder_only`` or ``encoder``.
+        context: the model's ``max_len``, the most positions it can read.
+
+    Returns:
+        The most output tokens to decode or generate: :data:`MAX_OUTPUT_TOKENS`, fewer where the
+        model's context leaves less room (BOS plus the output must fit, after the prompt for a
+        decoder-only model).
+
+    Raises:
+        RequestError: (field ``"text"``) for an input of no tokens, over :data:`MAX_INPUT_TOKENS`,
+            or longer than the context takes.
+    """
+    if tokens == 0:
+        raise RequestError('"text" has no tokens: type an input', "text")
     if tokens > MAX_INPUT_TOKENS:
-        raise UsageError(
-            f"the input is {tokens} tokens long; the viewer shows at most {MAX_INPUT_TOKENS} so that the page stays quick"
-        )
+        raise RequestError(
+            f"the input is {tokens} tokens long; the viewer shows at most {MAX_INPUT_TOKENS} so that the page stays quick",
+            "text")
+    # positions the input takes beside its tokens: EOS (encoders), BOS and one generated token (decoder-only)
+    extra = {"encoder": 0, "decoder_only": 2}.get(model_kind, 1)
+    if tokens + extra > context:
+        raise RequestError(f"the input is {tokens} tokens long; this model reads at most {context} positions, "
+                           f"so it takes at most {context - extra} input tokens", "text")
+    if model_kind == "decoder_only":
+        return min(MAX_OUTPUT_TOKENS, context - 1 - tokens)
+    if model_kind == "encoder_decoder":
+        return min(MAX_OUTPUT_TOKENS, context - 1)
+    return MAX_OUTPUT_TOKENS

@@ -3,17 +3,52 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
+from collections.abc import Sequence
 
 import uvicorn
 from starlette.applications import Starlette
 
 from attnlab.errors import UsageError
 
-__all__ = ["listen", "make_server", "is_loopback", "url_of", "LOOPBACK_HOSTS"]
+__all__ = ["listen", "make_server", "is_loopback", "url_of", "allowed_hosts", "LOOPBACK_HOSTS"]
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
-"""Host names a viewer listening on a loopback address answers to."""
+"""Host names every viewer answers to (the only ones, when it listens on a loopback address)."""
+_LABEL = r"[A-Za-z0-9_]([A-Za-z0-9_-]*[A-Za-z0-9_])?"
+_HOST_NAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*")
+"""A DNS name: dot-separated labels of letters, digits, ``_`` and inner ``-``; no port, no wildcard."""
+
+
+def allowed_hosts(host: str, names: Sequence[str]) -> tuple[str, ...]:
+    """The Host header names a viewer listening on ``host`` answers to: :data:`LOOPBACK_HOSTS` and
+    ``names`` (the ``--allow-host`` values), lower case, IPv6 addresses without brackets.
+
+    A viewer on a non-loopback address answers only to names given explicitly, so that a web page
+    elsewhere cannot reach it through a DNS name of its own (DNS rebinding).
+
+    Raises:
+        UsageError: ``host`` is not a loopback address and ``names`` is empty, or a name is not a
+            host name or IP address (a port, a scheme or a wildcard in it).
+    """
+    if not names and not is_loopback(host):
+        raise UsageError(
+            f"--host {host} is not a loopback address: name each host name the viewer may answer to with "
+            "--allow-host NAME (repeatable), e.g. --allow-host myhost.local")
+    return tuple(dict.fromkeys([*LOOPBACK_HOSTS, *(_check_host_name(name) for name in names)]))
+
+
+def _check_host_name(name: str) -> str:
+    bare = name[1:-1] if name.startswith("[") and name.endswith("]") else name
+    try:
+        return str(ipaddress.ip_address(bare))
+    except ValueError:
+        pass
+    if _HOST_NAME.fullmatch(bare):
+        return bare.lower()
+    raise UsageError(f"--allow-host {name!r}: not a host name or IP address; give it without a scheme, port or "
+                     "wildcard, like myhost.local or 192.168.1.20")
 
 
 def listen(host: str, port: int) -> socket.socket:

@@ -2,7 +2,11 @@
 
 The app holds one loaded run and answers every request from it; model runs take a lock, because
 capturing attention registers recorders on the model for the length of a forward pass. Library
-errors (:class:`~attnlab.errors.AttnlabError`) become status 400 with ``{"error": message}``.
+errors (:class:`~attnlab.errors.AttnlabError`) become status 400 with ``{"error": message}`` (and
+``"field"``, the part at fault, for a :class:`~attnlab.viewer.requests.RequestError`). A body is
+read only after its ``Content-Length`` is checked against the route's cap, then checked as UTF-8,
+for its nesting depth and as JSON before it is parsed (:func:`~attnlab.viewer.requests.decode_json_body`):
+no request body gets anything but 200 or 400.
 Every response forbids framing and inline scripts (a Content-Security-Policy), as defence in
 depth: the page itself only ever puts token text into text nodes.
 """
@@ -10,11 +14,11 @@ depth: the page itself only ever puts token text into text nodes.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -27,18 +31,21 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from attnlab.errors import AttnlabError, UsageError
+from attnlab.errors import AttnlabError
 from attnlab.experiment import LoadedRun
 from attnlab.head_ids import head_ids
 from attnlab.viewer.importance import MAX_IMPORTANCE_BYTES, Importance, parse_importance
 from attnlab.viewer.payload import describe_model, run_payload
-from attnlab.viewer.requests import parse_run_request
+from attnlab.viewer.requests import RequestError, decode_json_body, parse_run_request
 
-__all__ = ["create_app", "STATIC_DIR", "MAX_BODY_BYTES", "SECURITY_HEADERS"]
+__all__ = ["create_app", "host_name", "STATIC_DIR", "MAX_BODY_BYTES", "MAX_RUN_BODY_BYTES", "SECURITY_HEADERS"]
 
 STATIC_DIR = Path(__file__).with_name("static")
 MAX_BODY_BYTES = MAX_IMPORTANCE_BYTES + 4096
-"""Largest request body read (an importance CSV fits); a larger one gets status 413."""
+"""Largest body of ``POST /api/importance`` (an importance CSV fits); a larger one gets status 400."""
+MAX_RUN_BODY_BYTES = 64 * 1024
+"""Largest body of ``POST /api/run``: a 500-character input written entirely as ``\\u`` escapes
+and a list of heads fit many times over; a larger one gets status 400."""
 
 SECURITY_HEADERS = {
     "content-security-policy": (
@@ -57,8 +64,9 @@ def create_app(
 ) -> Starlette:
     """The viewer app for ``loaded``; ``importance`` colours heads from the start.
 
-    ``allowed_hosts`` limits the Host header (against DNS rebinding when serving on localhost);
-    None accepts any host.
+    ``allowed_hosts`` limits the Host header (against DNS rebinding): names without a port, IPv6
+    addresses without brackets, compared case-insensitively; any other Host header gets status
+    400. None accepts any host (``attnlab view`` always passes a list).
     """
     heads = frozenset(head_ids(loaded.model))
     lock = threading.Lock()
@@ -76,20 +84,16 @@ def create_app(
 
     async def run(request: Request) -> Response:
         if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
-            raise UsageError("send the request as JSON, with Content-Type: application/json")
-        body = await _read_body(request)
-        try:
-            decoded = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as error:
-            raise UsageError(f"the request body is not valid JSON: {error}") from None
+            raise RequestError("send the request as JSON, with Content-Type: application/json", "Content-Type")
+        decoded = decode_json_body(await _read_body(request, MAX_RUN_BODY_BYTES))
         return JSONResponse(await run_in_threadpool(locked_run, decoded))
 
     async def load_importance(request: Request) -> Response:
-        body = await _read_body(request)
+        body = await _read_body(request, MAX_BODY_BYTES)
         try:
             text = body.decode("utf-8")
         except UnicodeDecodeError:
-            raise UsageError("the importance CSV must be UTF-8 text") from None
+            raise RequestError("the importance CSV must be UTF-8 text", "body") from None
         return JSONResponse({"importance": parse_importance(text, heads, source="importance CSV")})
 
     routes = [
@@ -101,7 +105,7 @@ def create_app(
     ]
     middleware = [Middleware(_SecurityHeaders)]
     if allowed_hosts is not None:
-        middleware.append(Middleware(_HostCheck, allowed=frozenset(allowed_hosts)))
+        middleware.append(Middleware(_HostCheck, allowed=frozenset(name.lower() for name in allowed_hosts)))
     handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
         AttnlabError: _bad_request,
         HTTPException: _http_error,
@@ -109,26 +113,48 @@ def create_app(
     return Starlette(routes=routes, middleware=middleware, exception_handlers=handlers)
 
 
-async def _read_body(request: Request) -> bytes:
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise HTTPException(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
+async def _read_body(request: Request, cap: int) -> bytes:
+    """The body of ``request``, refused (status 400) unless a Content-Length of at most ``cap``
+    bytes announces it; the bytes read are counted too."""
+    declared = request.headers.get("content-length")
+    if declared is None:
+        raise RequestError("send the request body with a Content-Length header", "Content-Length")
+    if not re.fullmatch(r"[0-9]{1,20}", declared.strip()):
+        raise RequestError(f"Content-Length {_cut(declared)!r} is not a number of bytes", "Content-Length")
+    if int(declared) > cap:
+        raise RequestError(f"the request body is {int(declared)} bytes; the viewer takes at most {cap}", "body")
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise HTTPException(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
+        if size > cap:
+            raise RequestError(f"the request body is larger than {cap} bytes", "body")
         chunks.append(chunk)
     return b"".join(chunks)
 
 
+def _cut(text: str, limit: int = 40) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class _ErrorResponse(JSONResponse):
+    """JSON with every non-ASCII character escaped: an error message quoting any input renders."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
+def _error_json(message: str, status: int, field: str | None = None, headers: Any = None) -> Response:
+    content = {"error": message} if field is None else {"error": message, "field": field}
+    return _ErrorResponse(content, status_code=status, headers=headers)
+
+
 async def _bad_request(_: Request, error: Exception) -> Response:
-    return JSONResponse({"error": str(error)}, status_code=400)
+    return _error_json(str(error), 400, getattr(error, "field", None))
 
 
 async def _http_error(_: Request, error: Exception) -> Response:
     assert isinstance(error, HTTPException)
-    return JSONResponse({"error": error.detail}, status_code=error.status_code, headers=error.headers)
+    return _error_json(str(error.detail), error.status_code, headers=error.headers)
 
 
 class _SecurityHeaders:
@@ -152,6 +178,15 @@ class _SecurityHeaders:
         await self.app(scope, receive, send_with_headers)
 
 
+def host_name(header: str) -> str | None:
+    """The host name of a Host header, lower case, without the port or an IPv6 address's brackets;
+    None for a header that is not ``name``, ``name:port``, ``[address]`` or ``[address]:port``."""
+    match = re.fullmatch(r"(?:\[([0-9a-fA-F:.]+)\]|([^:\[\]@/\s]+))(?::[0-9]*)?", header.strip())
+    if match is None:
+        return None
+    return (match[1] or match[2]).lower()
+
+
 class _HostCheck:
     """Answers 400 unless the Host header names one of ``allowed`` (a guard against DNS rebinding)."""
 
@@ -159,11 +194,8 @@ class _HostCheck:
         self.app, self.allowed = app, allowed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            host = Headers(scope=scope).get("host", "")
-            name = urlsplit(f"//{host}").hostname or ""  # without the port and the brackets of [::1]
-            if name not in self.allowed:
-                response = JSONResponse({"error": f"this viewer only answers to {', '.join(sorted(self.allowed))}"}, 400)
-                await response(scope, receive, send)
-                return
+        if scope["type"] == "http" and host_name(Headers(scope=scope).get("host", "")) not in self.allowed:
+            message = f"this viewer only answers to the host names {', '.join(sorted(self.allowed))}"
+            await _error_json(message, 400, "Host")(scope, receive, send)
+            return
         await self.app(scope, receive, send)
