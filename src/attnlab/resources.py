@@ -13,6 +13,8 @@ The documented caps:
 * :data:`MAX_NEW_TOKENS`: ``generate --max-length`` / ``attention --max-length`` (tokens decoded).
 * :data:`MAX_SPLIT_EXAMPLES`: ``task.train_size`` and the other split sizes of a synthetic task.
 * :data:`MAX_VECTOR_DIM`: ``word2vec --dim``.
+* :data:`MAX_LAYERS`: ``model.layers`` and ``model.decoder_layers``.
+* ``train.batch_size``: at most the number of training examples.
 
 Sizes of models are not capped by a number but by a memory estimate (:func:`training_memory`,
 :func:`word2vec_memory`) compared with the memory the machine has free (:func:`available_memory`).
@@ -35,6 +37,7 @@ __all__ = [
     "MAX_NEW_TOKENS",
     "MAX_SPLIT_EXAMPLES",
     "MAX_VECTOR_DIM",
+    "MAX_LAYERS",
     "SPLIT_SIZE_KEYS",
     "MemoryEstimate",
     "check_input_text",
@@ -44,6 +47,9 @@ __all__ = [
     "check_split_sizes",
     "check_batch_size",
     "check_vector_dim",
+    "check_layers",
+    "longest_sequence",
+    "check_training_resources",
     "parameter_count",
     "training_memory",
     "word2vec_memory",
@@ -68,6 +74,10 @@ held in memory before training starts (a few hundred bytes each)."""
 
 MAX_VECTOR_DIM = 65_536
 """Widest word2vec vectors (``word2vec --dim``); model widths here are 16 to 1024."""
+
+MAX_LAYERS = 1024
+"""Most layers (``model.layers``, ``model.decoder_layers``); the deepest published Transformers
+have about a hundred. Deeper models that would still fit in memory are refused here too."""
 
 SPLIT_SIZE_KEYS = ("train_size", "valid_size", "test_size", "length_generalisation_size")
 """The [task] keys that set how many examples a split generates."""
@@ -162,7 +172,54 @@ def check_batch_size(batch_size: int, examples: int, *, key: str = "train.batch_
 def check_vector_dim(dim: int, *, flag: str = "--dim") -> None:
     """Refuse word vectors wider than :data:`MAX_VECTOR_DIM` (or narrower than 1)."""
     if not 1 <= dim <= MAX_VECTOR_DIM:
-        raise UsageError(f"{flag}: must lie in [1, {MAX_VECTOR_DIM:,}] (attnlab.resources.MAX_VECTOR_DIM), got {dim:,}")
+        raise ConfigError(f"{flag}: must lie in [1, {MAX_VECTOR_DIM:,}] (attnlab.resources.MAX_VECTOR_DIM), got {dim:,}")
+
+
+def check_layers(config) -> None:  # noqa: ANN001
+    """Refuse more than :data:`MAX_LAYERS` layers (encoder or decoder) in a model config."""
+    for name in ("layers", "decoder_layers"):
+        value = getattr(config, name, None)
+        if value is not None and value > MAX_LAYERS:
+            raise ConfigError(f"model.{name}: {value:,} layers, more than the cap of {MAX_LAYERS:,} "
+                              "(attnlab.resources.MAX_LAYERS); lower it")
+
+
+def longest_sequence(examples: Iterable) -> int:  # noqa: ANN001  (attnlab.tasks.base.Example)
+    """The most positions one example takes: its source, or BOS + its target."""
+    longest = 0
+    for example in examples:
+        target = len(example.target) + 1 if example.target is not None else 0
+        longest = max(longest, len(example.source), target)
+    return longest
+
+
+def check_training_resources(config, *, batch_size: int, examples: Sequence, max_length: int,  # noqa: ANN001
+                             available: int | None = None) -> MemoryEstimate:
+    """Everything about a training run's size that can be refused before the model exists.
+
+    Checks the layer cap, that the batch is not larger than the training split, and that
+    :func:`training_memory` of the model on batches of ``batch_size`` sequences as long as the longest
+    training example (at most ``max_length``) fits in the available memory.
+
+    Args:
+        config: the model's config (from :func:`attnlab.experiment.model_config_for_task`).
+        batch_size: ``train.batch_size``.
+        examples: the training split.
+        max_length: the longest sequence training feeds (``train.max_length`` or ``model.max_len``).
+        available: bytes free; default :func:`available_memory`.
+
+    Returns:
+        The memory estimate that was accepted.
+    """
+    check_layers(config)
+    if not examples:
+        raise ConfigError("the task's train split is empty: nothing to train on")
+    check_batch_size(batch_size, len(examples))
+    seq_len = max(1, min(max_length, longest_sequence(examples)))
+    estimate = training_memory(config, batch_size=batch_size, seq_len=seq_len)
+    check_memory(estimate, what=f"training this model (batches of {batch_size} x {seq_len} tokens)",
+                 reduce=("model.layers", "model.d_model", "model.d_ff", "train.batch_size"), available=available)
+    return estimate
 
 
 # ---- memory -------------------------------------------------------------------------------------
