@@ -245,8 +245,9 @@ class MemoryEstimate:
 
 
 def gib(n_bytes: float) -> str:
-    """``n_bytes`` in GiB, for messages (``"12.3 GiB"``)."""
-    return f"{n_bytes / 2**30:,.1f} GiB"
+    """``n_bytes`` in GiB, for messages (``"12.3 GiB"``; ``"1.8e+11 GiB"`` beyond a million)."""
+    value = n_bytes / 2**30
+    return f"{value:,.1f} GiB" if value < 1e6 else f"{value:.2g} GiB"
 
 
 def _attention_parameters(d: int, heads: int, d_k: int, d_v: int, *, bias: bool) -> int:
