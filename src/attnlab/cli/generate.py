@@ -9,7 +9,14 @@ import torch
 import typer
 
 from attnlab.cli.app import app
-from attnlab.resources import MAX_BEAM, MAX_NEW_TOKENS, check_beam, check_input_text, check_input_tokens, check_new_tokens
+from attnlab.resources import (
+    MAX_BEAM,
+    MAX_NEW_TOKENS,
+    check_beam,
+    check_input_text,
+    check_input_tokens,
+    check_new_tokens,
+)
 
 
 @app.command()
