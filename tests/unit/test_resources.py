@@ -192,3 +192,15 @@ def test_split_sizes_and_vector_width():
     check_vector_dim(MAX_VECTOR_DIM)
     with pytest.raises(ConfigError, match="--dim: must lie in"):
         check_vector_dim(10**9)
+
+
+def test_word2vec_is_refused_before_gensim_allocates(monkeypatch):
+    from attnlab.embeddings import train_word2vec
+
+    monkeypatch.setattr(resources, "available_memory", lambda: 2**20)  # 1 MiB free
+    sentences = [["the", "cat", "sat"], ["the", "dog"]]
+    # 4 words x 60,000 dims x 4 bytes x 3 copies = 2.9 MB > 1 MiB
+    with pytest.raises(ConfigError, match="word2vec with 4 words x 60,000 dims needs about .* reduce dim \\(--dim\\)"):
+        train_word2vec(sentences, 60_000)
+    with pytest.raises(ConfigError, match="dim: must lie in"):
+        train_word2vec(sentences, 10**9)
