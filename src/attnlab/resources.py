@@ -44,6 +44,8 @@ __all__ = [
     "check_input_tokens",
     "check_beam",
     "check_new_tokens",
+    "check_decode_length",
+    "FIXED_POSITIONS",
     "check_split_sizes",
     "check_batch_size",
     "check_vector_dim",
@@ -143,6 +145,38 @@ def check_new_tokens(count: int, *, flag: str = "--max-length") -> None:
         raise UsageError(
             f"{flag}: must lie in [1, {MAX_NEW_TOKENS}] (attnlab.resources.MAX_NEW_TOKENS), got {count:,}"
         )
+
+
+FIXED_POSITIONS = ("learned", "gehring_joint", "gehring_sum")
+"""Positional encodings with one table row per position: no position past ``model.max_len`` exists.
+(Sinusoidal positions extrapolate; ``none`` has no positions.)"""
+
+
+def check_decode_length(prompt: int, new: int, *, config) -> int:  # noqa: ANN001
+    """The most new tokens a decoding may produce: ``new``, or fewer where the model's positions end.
+
+    A model with fixed positions (:data:`FIXED_POSITIONS`) has none past ``model.max_len``, so its
+    decoding stops there (as it would at EOS) instead of failing mid-way; a prompt that leaves no
+    position at all is refused.
+
+    Args:
+        prompt: positions the decoder side holds before the first new token (BOS, plus the prompt
+            of a language model).
+        new: most new tokens asked for (``--max-length``).
+        config: the model's :class:`attnlab.nn.TransformerConfig`.
+
+    Raises:
+        UsageError: the prompt already fills every position.
+    """
+    if config.positional not in FIXED_POSITIONS:
+        return new
+    room = config.max_len - prompt
+    if room < 1:
+        raise UsageError(
+            f"TEXT: {prompt:,} positions leave no room to generate in the model's context of {config.max_len:,} "
+            f"(model.max_len, {config.positional} positions); shorten the input"
+        )
+    return min(new, room)
 
 
 # ---- training data ------------------------------------------------------------------------------

@@ -142,3 +142,17 @@ def test_normal_inputs_still_work(place, trained, capsys):
         main(["generate", str(trained), "--beam", "2", "abc"])
     assert exited.value.code == 0
     assert capsys.readouterr().out.startswith("abc\t")
+
+
+def test_decoding_stops_at_the_last_learned_position(tmp_path, capsys, monkeypatch):
+    """A model with learned positions has none past model.max_len: decoding stops there, no crash."""
+    monkeypatch.setattr(runtime, "keep_freed_memory", lambda: True)
+    experiment = {**EXPERIMENT, "model": {**EXPERIMENT["model"], "positional": "learned", "max_len": 8}}
+    run = tmp_path / "learned"
+    train(ExperimentConfig.from_dict(experiment), run, progress=False)
+    for argv in (["generate", str(run), "abc", "--max-length", "64"],
+                 ["attention", str(run), "abc", "--max-length", "64", "--out", str(tmp_path / "pictures")]):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == 0, capsys.readouterr().err
+    assert capsys.readouterr().out.startswith("abc\t")

@@ -22,6 +22,7 @@ from attnlab.resources import (
     MAX_VECTOR_DIM,
     MemoryEstimate,
     check_batch_size,
+    check_decode_length,
     check_beam,
     check_input_text,
     check_input_tokens,
@@ -204,3 +205,13 @@ def test_word2vec_is_refused_before_gensim_allocates(monkeypatch):
         train_word2vec(sentences, 60_000)
     with pytest.raises(ConfigError, match="dim: must lie in"):
         train_word2vec(sentences, 10**9)
+
+
+def test_decoding_stops_at_the_last_learned_position():
+    learned = DecoderOnlyConfig(vocab_size=10, layers=1, d_model=8, heads=2, d_ff=8, positional="learned", max_len=32)
+    assert check_decode_length(12, 20, config=learned) == 20
+    assert check_decode_length(12, 64, config=learned) == 20
+    assert check_decode_length(31, 64, config=learned) == 1
+    with pytest.raises(UsageError, match="32 positions leave no room to generate .*model.max_len"):
+        check_decode_length(32, 64, config=learned)
+    assert check_decode_length(12, 4000, config=learned.replace(positional="sinusoidal")) == 4000  # extrapolates

@@ -14,6 +14,7 @@ from attnlab.resources import (
     MAX_NEW_TOKENS,
     check_beam,
     check_input_text,
+    check_decode_length,
     check_input_tokens,
     check_new_tokens,
 )
@@ -45,15 +46,18 @@ def generate(
 
         raise UsageError(f"{run} is a sentence encoder: it generates nothing; use `attnlab encode RUN TEXT...`")
     task, codec, model = loaded.task, loaded.codec, loaded.model
-    options = DecodeOptions(max_length=max_length, beam_size=beam, length_penalty=length_penalty)
     head_mask = loaded.held_mask()
     context = model.config.max_len
-    encoded = []
+    encoded, new_tokens = [], []
     for number, text in enumerate(texts, start=1):  # every input checked before the first is decoded
         ids = codec.encode(text)
         check_input_tokens(len(ids) + 1, context=context, what=_which(number, len(texts)))  # + EOS or BOS
+        prompt = 1 + (len(ids) if loaded.experiment.model_kind == "decoder_only" else 0)  # BOS (+ the prompt)
+        decodes = loaded.experiment.model_kind != "encoder_classifier"
+        new_tokens.append(check_decode_length(prompt, max_length, config=model.config) if decodes else max_length)
         encoded.append(ids)
-    for text, ids in zip(texts, encoded, strict=True):
+    for text, ids, new in zip(texts, encoded, new_tokens, strict=True):
+        options = DecodeOptions(max_length=new, beam_size=beam, length_penalty=length_penalty)
         kind = loaded.experiment.model_kind
         if kind == "encoder_decoder":
             hypothesis = decode(model, torch.tensor([ids + [task.eos_id]]), bos_id=task.bos_id, eos_id=task.eos_id,
