@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from attnlab.errors import ConfigError, DataError
+from attnlab.resources import check_memory, check_vector_dim, word2vec_memory
 from attnlab.storage import atomic_write
 
 __all__ = ["WordVectors", "Coverage", "train_word2vec", "save_vectors", "load_vectors", "init_embedding"]
@@ -106,15 +107,20 @@ def train_word2vec(
 
     if dim < 1:
         raise ConfigError(f"dim: must be >= 1, got {dim}")
+    check_vector_dim(dim, flag="dim")
     corpus = [list(sentence) for sentence in sentences if len(sentence) > 0]
     if not corpus:
         raise DataError("word2vec: the corpus has no tokens")
+    counts = Counter(token for sentence in corpus for token in sentence)
+    words = sum(1 for count in counts.values() if count >= min_count)
+    check_memory(word2vec_memory(words, dim), what=f"word2vec with {words:,} words x {dim:,} dims",
+                 reduce=("dim (--dim)", "the vocabulary (raise min_count, --min-count)"))  # before gensim allocates
     model = Word2Vec(vector_size=dim, window=window, min_count=min_count, sg=1, negative=negative, epochs=epochs,
                      seed=seed, workers=1)
     model.build_vocab(corpus)
     words = list(model.wv.index_to_key)
     if not words:  # gensim would stop in train() with "you must first build vocabulary"
-        top = max(Counter(token for sentence in corpus for token in sentence).values())
+        top = max(counts.values())
         raise DataError(f"word2vec: no word occurs at least min_count={min_count} times (the most frequent occurs {top})")
     # What Word2Vec(sentences=corpus, ...) does after building the vocabulary.
     model.train(corpus, total_examples=model.corpus_count, total_words=model.corpus_total_words, epochs=model.epochs,

@@ -35,6 +35,7 @@ from attnlab.errors import CheckpointError, ConfigError, DataError, UsageError
 from attnlab.head_ids import HeadId, held_heads, held_mask
 from attnlab.nn import MODELS, HeadMask, TransformerConfig, TransformerModel, build_model
 from attnlab.nn.config import check_field_types, check_value_types  # the same type rules as the model configs
+from attnlab.resources import check_split_sizes
 from attnlab.runs import RunDir
 from attnlab.tasks.base import Vocab
 from attnlab.tasks.registry import TASKS, check_task_types, get_task, task_options
@@ -51,6 +52,7 @@ __all__ = [
     "parse_overrides",
     "build_task",
     "model_for_task",
+    "model_config_for_task",
     "TextCodec",
     "LoadedRun",
     "open_run",
@@ -223,6 +225,7 @@ def _check_task_section(task: Mapping[str, Any]) -> None:
     keys = {k: v for k, v in task.items() if k != "name"}
     _check_tokenizer_keys({k: v for k, v in keys.items() if k in _TOKENIZER_KEYS})
     check_task_types(name, {k: v for k, v in keys.items() if k not in _TOKENIZER_KEYS})
+    check_split_sizes(task)  # generated and held in memory before training: capped
 
 
 def _check_tokenizer_keys(keys: Mapping[str, Any]) -> None:
@@ -388,6 +391,11 @@ def _corpus(name: str, options: Mapping[str, Any]) -> list[str]:
 
 def model_for_task(experiment: ExperimentConfig, task: Any) -> TransformerModel:
     """The model of the experiment, sized by the task (vocabularies, classes, padding id)."""
+    return build_model(model_config_for_task(experiment, task))
+
+
+def model_config_for_task(experiment: ExperimentConfig, task: Any) -> TransformerConfig:
+    """The config of :func:`model_for_task`'s model, without building it (for memory estimates)."""
     wanted = MODEL_FOR_TASK_KIND[task.kind]
     if experiment.model_kind != wanted:
         raise ConfigError(
@@ -400,7 +408,7 @@ def model_for_task(experiment: ExperimentConfig, task: Any) -> TransformerModel:
         "num_classes": 2,
         "pad_id": task.pad_id,
     }
-    return build_model(experiment.model_config(**decided))
+    return experiment.model_config(**decided)
 
 
 class TextCodec:

@@ -29,6 +29,7 @@ from attnlab.experiment import LoadedRun
 from attnlab.head_ids import HeadId, heads_off
 from attnlab.nn import AttentionRecord, capture
 from attnlab.nn.models import POOLINGS
+from attnlab.resources import check_decode_length, check_input_text, check_input_tokens
 
 __all__ = ["AttentionView", "attention_view", "kind_maps", "KIND_TITLES"]
 
@@ -75,11 +76,20 @@ def attention_view(
     """Run ``loaded.model`` on ``text`` and capture its attention.
 
     The run's held heads (``train.mask_heads``) are off; ``head_mask`` switches more heads off
-    (``loaded.held_mask(base=head_mask)``).
+    (``loaded.held_mask(base=head_mask)``). An empty text, one longer than
+    :data:`attnlab.resources.MAX_TEXT_CHARS` or one whose tokens exceed ``model.max_len`` is a
+    :class:`~attnlab.errors.UsageError`, raised before the model runs.
     """
+    check_input_text(text)
+    ids = loaded.codec.encode(text)
+    check_input_tokens(len(ids) + 1, context=loaded.model.config.max_len)  # + EOS (or BOS)
+    kind = loaded.experiment.model_kind
+    if kind in ("encoder_decoder", "decoder_only"):  # decoding stops at the model's last position
+        prompt = 1 + (len(ids) if kind == "decoder_only" else 0)  # BOS (+ the prompt)
+        max_length = check_decode_length(prompt, max_length, config=loaded.model.config)
     mask = loaded.held_mask(base=head_mask)
     view = VIEWS[loaded.experiment.model_kind]
-    found = view(loaded, loaded.codec.encode(text), head_mask=mask, max_length=max_length, top_k=top_k)
+    found = view(loaded, ids, head_mask=mask, max_length=max_length, top_k=top_k)
     return dataclasses.replace(found, off=tuple(heads_off(loaded.model, mask)))
 
 

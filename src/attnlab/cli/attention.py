@@ -13,6 +13,7 @@ from pathlib import Path
 import typer
 
 from attnlab.cli.app import app
+from attnlab.resources import MAX_NEW_TOKENS
 
 
 @app.command()
@@ -22,7 +23,8 @@ def attention(
     out: Path = typer.Option(..., "--out", help="Folder to write the PNG files into (created if missing)."),
     argmax: bool | None = typer.Option(
         None, "--argmax/--no-argmax", help="Draw the argmax pattern (default: only for hard attention)."),
-    max_length: int = typer.Option(64, "--max-length", min=1, help="Most output tokens to decode."),
+    max_length: int = typer.Option(
+        64, "--max-length", min=1, help=f"Most output tokens to decode (at most {MAX_NEW_TOKENS})."),
 ) -> None:
     """Draw every attention map of RUN on TEXT: per head, per layer (grid), and the argmax pattern.
 
@@ -32,7 +34,12 @@ def attention(
     from attnlab.analysis.maps import attention_view
     from attnlab.analysis.plots import save_attention_pictures
     from attnlab.experiment import open_run
+    from attnlab.output_paths import check_output_path
+    from attnlab.resources import check_input_text, check_new_tokens
 
+    check_input_text(text, what="TEXT")
+    check_new_tokens(max_length, flag="--max-length")
+    check_output_path(out, kind="folder", flag="--out")
     loaded = open_run(run)
     view = attention_view(loaded, text, max_length=max_length)
     hard = loaded.experiment.model.get("attention") == "hard"

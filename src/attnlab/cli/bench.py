@@ -24,9 +24,13 @@ def bench(
     from attnlab.runtime import keep_freed_memory
     from attnlab.storage import atomic_write_text
 
+    from attnlab.output_paths import check_output_path
+
     names = list(BENCHMARKS) if name == "all" else [name]
     if name != "all" and name not in BENCHMARKS:
         raise UsageError(f"benchmark: unknown {name!r}; allowed: {', '.join(BENCHMARKS)}, all")
+    if save is not None:
+        check_output_path(save, kind="folder", flag="--save")
     keep_freed_memory()  # as `attnlab train` does; every system timed here shares this process
     outputs = []
     for benchmark in names:

@@ -36,8 +36,11 @@ def demo(
     from attnlab.evaluation.evaluate import evaluate
     from attnlab.training.trainer import train
 
+    from attnlab.output_paths import check_output_path
+
     experiment = ExperimentConfig.from_dict(DEMO_CONFIG)
     run_path = out or Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
+    check_output_path(run_path, kind="run", flag="--out")
     typer.echo(f"training an encoder-decoder to reverse strings of up to 8 symbols ({run_path})")
     started = time.perf_counter()
     train(experiment, run_path, progress=progress)

@@ -22,8 +22,11 @@ def encode(
 ) -> None:
     """For each text: its WordPiece tokens, the last hidden states (T x d) and the sentence embedding."""
     from attnlab.experiment import open_run
+    from attnlab.resources import check_input_text
     from attnlab.sentence_embedding import encode_texts
 
+    for number, text in enumerate(texts, start=1):
+        check_input_text(text, what="TEXT" if len(texts) == 1 else f"TEXT {number}")
     loaded = open_run(run)
     results = encode_texts(loaded, texts, batch_size=batch_size)
     pooling = loaded.experiment.task.get("pooling", "mean")

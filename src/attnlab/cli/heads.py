@@ -8,6 +8,7 @@ import typer
 
 from attnlab.cli.app import app
 from attnlab.errors import UsageError
+from attnlab.output_paths import check_output_path
 
 heads_app = typer.Typer(help="Head analysis: ablation, importance and pruning (Michel et al.).", no_args_is_help=True)
 app.add_typer(heads_app, name="heads")
@@ -70,6 +71,8 @@ def ablate_command(
     from attnlab.analysis.heads import ablate, head_ids
     from attnlab.analysis.reports import head_matrix_plot, write_rows
 
+    if out is not None:
+        check_output_path(out, kind="folder", flag="--out")
     loaded, probe = _probe(run, split, batch_size, texts, pairs)
     folder = out or loaded.run.analysis
     total = 2 * len(head_ids(loaded.model, kinds or None))
@@ -106,6 +109,9 @@ def importance_command(
     from attnlab.analysis.heads import importance
     from attnlab.analysis.reports import head_matrix_plot, write_rows
 
+    if out is not None:
+        check_output_path(out, kind="file", flag="--out")
+        check_output_path(out.with_suffix(".png"), kind="file", flag="--out (its heatmap)")
     loaded, probe = _probe(run, split, batch_size, texts, pairs)
     path = out or loaded.run.analysis / "importance.csv"
     rows = importance(probe, normalize_per_layer=normalize_per_layer, kinds=kinds or None)
@@ -143,6 +149,10 @@ def prune_command(
     from attnlab.analysis.heads import check_percents
 
     check_percents(percents)
+    if physical and out is None:
+        raise UsageError("--physical: give --out NEW_RUN for the pruned run")
+    if out is not None:
+        check_output_path(out, kind="run" if physical else "folder", flag="--out")
     loaded, probe = _probe(run, split, batch_size, texts, pairs)
     if physical:
         _prune_physically(loaded, probe, percents, out, keep_one_per_layer, kinds or None)

@@ -26,10 +26,12 @@ def bert_command(
     force: bool = typer.Option(False, "--force", help="Write into --out even if it is not empty."),
 ) -> None:
     """Convert a BERT checkpoint into a run directory that every attnlab command can open."""
+    from attnlab.output_paths import check_output_path
     from attnlab.pretrained.bert import find_source, import_bert, package_source
 
     if (source is None) == (package is None):
         raise UsageError("give either SOURCE (a folder) or --package NAME, not both and not neither")
+    check_output_path(out, kind="run", flag="--out", overwrite=force)
     found = package_source(package) if package is not None else find_source(source)
     imported = import_bert(found, out, overwrite=force)
     config = imported.model.config

@@ -13,6 +13,7 @@ import typer
 from attnlab.cli.app import app
 from attnlab.errors import UsageError
 from attnlab.experiment import load_experiment, run_experiment
+from attnlab.output_paths import check_output_path
 from attnlab.runs import RunDir
 
 
@@ -41,6 +42,7 @@ def train(
     else:
         experiment = load_experiment(config, overrides)
         run_path = out or Path("runs") / f"{experiment.task_name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        check_output_path(run_path, kind="run", flag="--out")
     if nproc > 1:
         _spawn(nproc, config, overrides, run_path, resume is not None, progress)
         return

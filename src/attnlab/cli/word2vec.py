@@ -9,6 +9,8 @@ from tqdm import tqdm
 
 from attnlab.cli.app import app
 from attnlab.embeddings import save_vectors, train_word2vec
+from attnlab.output_paths import check_output_path
+from attnlab.resources import MAX_VECTOR_DIM, check_vector_dim
 from attnlab.tasks.text import read_lines
 from attnlab.tokenizers import Tokenizer
 
@@ -16,7 +18,7 @@ from attnlab.tokenizers import Tokenizer
 @app.command("word2vec")
 def word2vec(
     corpus: Path = typer.Argument(..., help="UTF-8 text, one sentence per line."),
-    dim: int = typer.Option(..., "--dim", min=1, help="Vector width (use the model's d_model)."),
+    dim: int = typer.Option(..., "--dim", min=1, help=f"Vector width (use the model's d_model; at most {MAX_VECTOR_DIM:,})."),
     out: Path = typer.Option(..., "--out", help="Where to write the vectors (word2vec text format)."),
     tokenizer: Path = typer.Option(None, "--tokenizer", help="Split lines with this tokenizer.json; default: whitespace."),
     window: int = typer.Option(5, "--window", min=1, help="Context words on each side."),
@@ -26,6 +28,8 @@ def word2vec(
     skip_bad_lines: bool = typer.Option(False, "--skip-bad-lines", help="Skip bad lines (counted)."),
 ) -> None:
     """Train skip-gram word2vec vectors with gensim and write them to --out."""
+    check_vector_dim(dim, flag="--dim")
+    check_output_path(out, kind="file", flag="--out")
     lines = read_lines(corpus, skip_bad_lines=skip_bad_lines)
     if lines.skipped:
         typer.echo(f"skipped {len(lines.skipped)} bad lines in {corpus}", err=True)

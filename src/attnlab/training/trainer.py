@@ -37,11 +37,14 @@ from attnlab.experiment import (
     TextCodec,
     TrainConfig,
     build_task,
+    model_config_for_task,
     model_for_task,
     saved_tokenizer,
 )
 from attnlab.head_ids import held_mask
 from attnlab.nn import InputEmbedding
+from attnlab.output_paths import check_output_path
+from attnlab.resources import check_training_resources
 from attnlab.runs import RunDir
 from attnlab.tokenizers import Tokenizer
 from attnlab.training.checkpoint import optimizer_from_tensors, optimizer_to_tensors, restore_rng, rng_to_tensors
@@ -124,17 +127,23 @@ class _Trainer:
         self.experiment, self.dist, self.progress = experiment, dist, progress
         self.log = log if (log is not None and dist.is_main) else (lambda message: None)
         self.device = resolve_device(cfg.device if not dist.enabled or cfg.device == "cpu" else f"cuda:{dist.local_rank}")
-        self.run = RunDir.open(path) if resume else (RunDir.create(path) if dist.is_main else RunDir(path))
+        if not resume and dist.is_main:
+            check_output_path(path, kind="run")  # before a tokenizer trains on the corpus
+        self.run = RunDir.open(path) if resume else RunDir(path)
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
         self.task, self.tokenizer = self._build_task(resume)
+        train_examples = self.task.split("train")
+        self._check_resources(train_examples)  # before the model and the run directory exist
+        if not resume and dist.is_main:
+            self.run = RunDir.create(path)
         self._report_skipped_lines()
         self.model = model_for_task(experiment, self.task).to(self.device)
         self.max_length = cfg.max_length or self.model.config.max_len
         self.optimizer = self._optimizer()
         self.scheduler = make_scheduler(self.optimizer, cfg.schedule, warmup=cfg.warmup, total=cfg.steps)
         self.stream = BatchStream(
-            self.task.split("train"), cfg.batch_size, pad_id=self.task.pad_id, bos_id=self.task.bos_id,
+            train_examples, cfg.batch_size, pad_id=self.task.pad_id, bos_id=self.task.bos_id,
             eos_id=self.task.eos_id, seed=cfg.seed, max_length=self.max_length, truncate=cfg.truncate, dist=dist,
         )
         self.step = 0
@@ -180,6 +189,16 @@ class _Trainer:
     def _saved_tokenizer(self, resume: bool) -> Tokenizer | None:
         """On resume, the run's tokenizer.json, verified against its manifest."""
         return saved_tokenizer(self.run) if resume else None
+
+    def _check_resources(self, train_examples: list) -> None:
+        """Refuse a model or batch that cannot fit (layers, batch size, memory estimate), before any
+        of it is allocated; see :func:`attnlab.resources.check_training_resources`."""
+        config = model_config_for_task(self.experiment, self.task)
+        available = None
+        if self.device.type == "cuda":
+            available = torch.cuda.mem_get_info(self.device)[0]
+        check_training_resources(config, batch_size=self.cfg.batch_size, examples=train_examples,
+                                 max_length=self.cfg.max_length or config.max_len, available=available)
 
     def _report_skipped_lines(self) -> None:
         """With ``task.skip_bad_lines`` nothing is dropped silently: say how many lines were skipped."""

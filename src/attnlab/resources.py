@@ -1,0 +1,430 @@
+"""Bounded resources: caps on inputs and settings, and memory estimates checked before any work.
+
+An input or setting whose cost grows without bound (a 100,000-character text, a beam of a million,
+ten thousand layers, a batch of a billion) is refused here, before a model is built or a run
+directory is created, with one :class:`~attnlab.errors.UsageError` or
+:class:`~attnlab.errors.ConfigError` (exit code 2) that names the flag or key and says what to do.
+
+The documented caps:
+
+* :data:`MAX_TEXT_CHARS`: characters of one input text (``generate``, ``attention``, ``encode``,
+  the viewer); after tokenization a text must also fit the model's context, ``model.max_len``.
+* :data:`MAX_BEAM`: ``generate --beam``.
+* :data:`MAX_NEW_TOKENS`: ``generate --max-length`` / ``attention --max-length`` (tokens decoded).
+* :data:`MAX_SPLIT_EXAMPLES`: ``task.train_size`` and the other split sizes of a synthetic task.
+* :data:`MAX_VECTOR_DIM`: ``word2vec --dim``.
+* :data:`MAX_LAYERS`: ``model.layers`` and ``model.decoder_layers``.
+* ``train.batch_size``: at most the number of training examples.
+
+Sizes of models are not capped by a number but by a memory estimate (:func:`training_memory`,
+:func:`word2vec_memory`) compared with the memory the machine has free (:func:`available_memory`).
+The estimate is deliberately simple and on the high side for short sequences; it exists to turn
+"allocator error after 47 s" or "swapping for an hour" into an immediate, explained refusal, not to
+predict the peak to the megabyte.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from attnlab.errors import ConfigError, UsageError
+
+__all__ = [
+    "MAX_TEXT_CHARS",
+    "MAX_BEAM",
+    "MAX_NEW_TOKENS",
+    "MAX_SPLIT_EXAMPLES",
+    "MAX_VECTOR_DIM",
+    "MAX_LAYERS",
+    "SPLIT_SIZE_KEYS",
+    "MemoryEstimate",
+    "check_input_text",
+    "check_input_tokens",
+    "check_beam",
+    "check_new_tokens",
+    "check_decode_length",
+    "FIXED_POSITIONS",
+    "check_split_sizes",
+    "check_batch_size",
+    "check_vector_dim",
+    "check_layers",
+    "longest_sequence",
+    "check_training_resources",
+    "parameter_count",
+    "training_memory",
+    "word2vec_memory",
+    "available_memory",
+    "check_memory",
+    "gib",
+]
+
+MAX_TEXT_CHARS = 20_000
+"""Most characters in one input text. Far above any model context here (``max_len`` defaults to
+512 tokens); it stops a pasted book before it is tokenized."""
+
+MAX_BEAM = 256
+"""Largest beam: each beam row holds its own KV cache, so memory grows linearly with the beam."""
+
+MAX_NEW_TOKENS = 4096
+"""Most tokens one decoding may produce (``--max-length``)."""
+
+MAX_SPLIT_EXAMPLES = 1_000_000
+"""Most examples in one split of a synthetic task (``task.train_size`` etc.): they are generated and
+held in memory before training starts (a few hundred bytes each)."""
+
+MAX_VECTOR_DIM = 65_536
+"""Widest word2vec vectors (``word2vec --dim``); model widths here are 16 to 1024."""
+
+MAX_LAYERS = 1024
+"""Most layers (``model.layers``, ``model.decoder_layers``); the deepest published Transformers
+have about a hundred. Deeper models that would still fit in memory are refused here too."""
+
+SPLIT_SIZE_KEYS = ("train_size", "valid_size", "test_size", "length_generalisation_size")
+"""The [task] keys that set how many examples a split generates."""
+
+BYTES_PER_FLOAT = 4
+TRAINING_BYTES_PER_PARAMETER = 16
+"""fp32 weight, its gradient and Adam's two moments: 4 x 4 bytes."""
+
+WORD2VEC_COPIES = 3
+"""gensim's input vectors and negative-sampling output vectors, plus attnlab's float32 copy."""
+
+
+# ---- input texts --------------------------------------------------------------------------------
+
+
+def check_input_text(text: str, *, what: str = "TEXT", cap: int = MAX_TEXT_CHARS) -> None:
+    """Refuse an empty (or all-whitespace) text, or one longer than ``cap`` characters.
+
+    Args:
+        text: the input as given.
+        what: how the person gave it (``TEXT``, ``--text``, "line 3 of texts.txt"), for the message.
+        cap: most characters (default :data:`MAX_TEXT_CHARS`).
+
+    Raises:
+        UsageError: naming ``what``, the length and the cap.
+    """
+    if not text.strip():
+        raise UsageError(f"{what}: empty input; give some text (e.g. symbols of the task such as abcd)")
+    if len(text) > cap:
+        raise UsageError(
+            f"{what}: {len(text):,} characters, more than the cap of {cap:,} (attnlab.resources.MAX_TEXT_CHARS); "
+            "shorten the input or split it into several texts"
+        )
+
+
+def check_input_tokens(count: int, *, context: int, what: str = "TEXT") -> None:
+    """Refuse a tokenized input longer than the model's context.
+
+    Args:
+        count: positions the input takes, specials included.
+        context: the model's context, ``model.max_len``.
+        what: how the person gave the input, for the message.
+    """
+    if count > context:
+        raise UsageError(
+            f"{what}: {count:,} tokens, longer than the model's context of {context:,} (model.max_len); "
+            "shorten the input"
+        )
+
+
+# ---- decoding -----------------------------------------------------------------------------------
+
+
+def check_beam(beam: int, *, flag: str = "--beam") -> None:
+    """Refuse a beam larger than :data:`MAX_BEAM` (or below 1)."""
+    if not 1 <= beam <= MAX_BEAM:
+        raise UsageError(f"{flag}: must lie in [1, {MAX_BEAM}] (attnlab.resources.MAX_BEAM), got {beam:,}")
+
+
+def check_new_tokens(count: int, *, flag: str = "--max-length") -> None:
+    """Refuse more than :data:`MAX_NEW_TOKENS` tokens to decode (or fewer than 1)."""
+    if not 1 <= count <= MAX_NEW_TOKENS:
+        raise UsageError(
+            f"{flag}: must lie in [1, {MAX_NEW_TOKENS}] (attnlab.resources.MAX_NEW_TOKENS), got {count:,}"
+        )
+
+
+FIXED_POSITIONS = ("learned", "gehring_joint", "gehring_sum")
+"""Positional encodings with one table row per position: no position past ``model.max_len`` exists.
+(Sinusoidal positions extrapolate; ``none`` has no positions.)"""
+
+
+def check_decode_length(prompt: int, new: int, *, config) -> int:  # noqa: ANN001
+    """The most new tokens a decoding may produce: ``new``, or fewer where the model's positions end.
+
+    A model with fixed positions (:data:`FIXED_POSITIONS`) has none past ``model.max_len``, so its
+    decoding stops there (as it would at EOS) instead of failing mid-way; a prompt that leaves no
+    position at all is refused.
+
+    Args:
+        prompt: positions the decoder side holds before the first new token (BOS, plus the prompt
+            of a language model).
+        new: most new tokens asked for (``--max-length``).
+        config: the model's :class:`attnlab.nn.TransformerConfig`.
+
+    Raises:
+        UsageError: the prompt already fills every position.
+    """
+    if config.positional not in FIXED_POSITIONS:
+        return new
+    room = config.max_len - prompt
+    if room < 1:
+        raise UsageError(
+            f"TEXT: {prompt:,} positions leave no room to generate in the model's context of {config.max_len:,} "
+            f"(model.max_len, {config.positional} positions); shorten the input"
+        )
+    return min(new, room)
+
+
+# ---- training data ------------------------------------------------------------------------------
+
+
+def check_split_sizes(task: dict, *, section: str = "task") -> None:
+    """Refuse a split size above :data:`MAX_SPLIT_EXAMPLES` in a [task] section."""
+    for key in SPLIT_SIZE_KEYS:
+        value = task.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > MAX_SPLIT_EXAMPLES:
+            raise ConfigError(
+                f"{section}.{key}: {value:,} examples, more than the cap of {MAX_SPLIT_EXAMPLES:,} "
+                "(attnlab.resources.MAX_SPLIT_EXAMPLES); lower it"
+            )
+
+
+def check_batch_size(batch_size: int, examples: int, *, key: str = "train.batch_size") -> None:
+    """Refuse a batch larger than the training split: every step would be the whole split, which
+    is not what the number asks for and usually a typo."""
+    if batch_size > examples:
+        raise ConfigError(
+            f"{key}: {batch_size:,} is larger than the training split ({examples:,} examples); "
+            f"lower it to at most {examples:,}"
+        )
+
+
+def check_vector_dim(dim: int, *, flag: str = "--dim") -> None:
+    """Refuse word vectors wider than :data:`MAX_VECTOR_DIM` (or narrower than 1)."""
+    if not 1 <= dim <= MAX_VECTOR_DIM:
+        raise ConfigError(f"{flag}: must lie in [1, {MAX_VECTOR_DIM:,}] (attnlab.resources.MAX_VECTOR_DIM), got {dim:,}")
+
+
+def check_layers(config) -> None:  # noqa: ANN001
+    """Refuse more than :data:`MAX_LAYERS` layers (encoder or decoder) in a model config."""
+    for name in ("layers", "decoder_layers"):
+        value = getattr(config, name, None)
+        if value is not None and value > MAX_LAYERS:
+            raise ConfigError(f"model.{name}: {value:,} layers, more than the cap of {MAX_LAYERS:,} "
+                              "(attnlab.resources.MAX_LAYERS); lower it")
+
+
+def longest_sequence(examples: Iterable) -> int:  # noqa: ANN001  (attnlab.tasks.base.Example)
+    """The most positions one example takes: its source, or BOS + its target."""
+    longest = 0
+    for example in examples:
+        target = len(example.target) + 1 if example.target is not None else 0
+        longest = max(longest, len(example.source), target)
+    return longest
+
+
+def check_training_resources(config, *, batch_size: int, examples: Sequence, max_length: int,  # noqa: ANN001
+                             available: int | None = None) -> MemoryEstimate:
+    """Everything about a training run's size that can be refused before the model exists.
+
+    Checks the layer cap, that the batch is not larger than the training split, and that
+    :func:`training_memory` of the model on batches of ``batch_size`` sequences as long as the longest
+    training example (at most ``max_length``) fits in the available memory.
+
+    Args:
+        config: the model's config (from :func:`attnlab.experiment.model_config_for_task`).
+        batch_size: ``train.batch_size``.
+        examples: the training split.
+        max_length: the longest sequence training feeds (``train.max_length`` or ``model.max_len``).
+        available: bytes free; default :func:`available_memory`.
+
+    Returns:
+        The memory estimate that was accepted.
+    """
+    check_layers(config)
+    if not examples:
+        raise ConfigError("the task's train split is empty: nothing to train on")
+    check_batch_size(batch_size, len(examples))
+    seq_len = max(1, min(max_length, longest_sequence(examples)))
+    estimate = training_memory(config, batch_size=batch_size, seq_len=seq_len)
+    check_memory(estimate, what=f"training this model (batches of {batch_size} x {seq_len} tokens)",
+                 reduce=("model.layers", "model.d_model", "model.d_ff", "train.batch_size"), available=available)
+    return estimate
+
+
+# ---- memory -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes a piece of work is expected to hold at its peak.
+
+    Attributes:
+        parameters: how many model parameters (or vector entries).
+        parameter_bytes: bytes for the parameters and what is kept per parameter (gradients, Adam).
+        activation_bytes: bytes for activations kept for the backward pass.
+    """
+
+    parameters: int
+    parameter_bytes: int
+    activation_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.parameter_bytes + self.activation_bytes
+
+
+def gib(n_bytes: float) -> str:
+    """``n_bytes`` in GiB, for messages (``"12.3 GiB"``; ``"1.8e+11 GiB"`` beyond a million)."""
+    value = n_bytes / 2**30
+    return f"{value:,.1f} GiB" if value < 1e6 else f"{value:.2g} GiB"
+
+
+def _attention_parameters(d: int, heads: int, d_k: int, d_v: int, *, bias: bool) -> int:
+    """W_Q, W_K (d x H d_k), W_V (d x H d_v), W_O (H d_v x d), and their biases when ``bias``."""
+    weights = 2 * d * heads * d_k + d * heads * d_v + heads * d_v * d
+    return weights + (2 * heads * d_k + heads * d_v + d if bias else 0)
+
+
+def parameter_count(config) -> int:  # noqa: ANN001  (a TransformerConfig; imported lazily: no torch here)
+    """The number of parameters of the model ``config`` describes, computed without building it.
+
+    Counts embeddings, positions (learned ones), token types, every attention module (Q, K, V, O
+    and their biases), every feed-forward network (two linear maps with biases), the LayerNorms and the
+    output layer (shared when embeddings are tied). Score functions with their own parameters
+    (``bilinear``, ``additive``: a d_k x d_k matrix or a small network per layer) and Gehring position
+    networks (a max_len x k table and two small maps) are left out; pruned layers (``heads_per_layer``) are counted with all heads.
+
+    Args:
+        config: a :class:`attnlab.nn.TransformerConfig` (any kind).
+
+    Returns:
+        The parameter count (exact for the default options; tests compare it to the built model).
+    """
+    d, f, heads = config.d_model, config.d_ff, config.heads
+    attention = _attention_parameters(d, heads, config.head_dim_k, config.head_dim_v, bias=config.bias)
+    ffn = 2 * d * f + f + d
+    norm = 2 * d
+    encoder_layer = attention + ffn + 2 * norm
+    concat = config.positional_combine == "concat" and config.positional in ("sinusoidal", "learned")
+    token_width = d - config.positional_width if concat else d
+    positions = config.max_len * (config.positional_width if concat else d) if config.positional == "learned" else 0
+    embedding = config.vocab_size * token_width + positions + config.type_vocab_size * d
+    embedding += norm if config.embedding_norm else 0
+    final_norm = norm if config.norm_first else 0
+    kind = config.kind
+    if kind == "encoder_decoder":
+        target = config.target_vocab_size
+        decoder_layer = 2 * attention + ffn + 3 * norm
+        tgt_embedding = target * token_width + positions
+        output = (0 if config.tie_embeddings else target * d) + target
+        return (embedding + tgt_embedding + config.layers * encoder_layer + config.decoder_depth * decoder_layer
+                + 2 * final_norm + output)
+    body = embedding + config.layers * encoder_layer + final_norm
+    if kind == "decoder_only":
+        return body + (0 if config.tie_embeddings else config.vocab_size * d) + config.vocab_size
+    if kind == "encoder_classifier":
+        return body + d * config.num_classes + config.num_classes
+    return body
+
+
+def _activation_floats_per_token(config, seq_len: int) -> int:  # noqa: ANN001
+    """Floats kept for the backward pass per token position, summed over layers (see training_memory)."""
+    d, f, heads, T = config.d_model, config.d_ff, config.heads, seq_len
+    layer = 12 * d + 2 * f + 3 * heads * T
+    cross = 6 * d + 3 * heads * T
+    if config.kind == "encoder_decoder":
+        layers = config.layers * layer + config.decoder_depth * (layer + cross)
+        vocab = config.target_vocab_size
+    else:
+        layers = config.layers * layer
+        vocab = config.vocab_size if config.kind == "decoder_only" else 0
+    return layers + 3 * vocab
+
+
+def training_memory(config, *, batch_size: int, seq_len: int) -> MemoryEstimate:  # noqa: ANN001
+    """Peak memory of training ``config`` with Adam in fp32 on batches of ``batch_size`` x ``seq_len``.
+
+    Parameters: 16 bytes each (:data:`TRAINING_BYTES_PER_PARAMETER`: the fp32 weight, its gradient,
+    and Adam's first and second moments).
+
+    Activations, in bytes, with B = batch_size, T = seq_len, L layers, H heads, V the output
+    vocabulary::
+
+        4 * B * T * (L * (12 d + 2 d_ff + 3 H T) + 3 V)
+
+    Per token and layer, autograd keeps about 12 d floats around attention and the residual
+    paths (the layer input, Q, K, V, the concatenated heads, the output projection, the dropout
+    masks and the two LayerNorms' inputs and outputs), 2 d_ff in the feed-forward network (the hidden
+    layer before and after its activation) and 3 H T in attention (the scores, the softmax weights
+    and their dropout or gradient: one T-vector per head). A decoder layer's cross-attention adds
+    6 d + 3 H T. The output layer keeps the logits, their log-softmax and its gradient: 3 V per
+    token. Gradients of activations live one layer at a time and are not counted.
+
+    Args:
+        config: the model's :class:`attnlab.nn.TransformerConfig`.
+        batch_size: examples per step (B).
+        seq_len: the longest sequence in a batch (T), specials included.
+
+    Returns:
+        The estimate; compare it with :func:`available_memory` through :func:`check_memory`.
+    """
+    parameters = parameter_count(config)
+    activations = BYTES_PER_FLOAT * batch_size * seq_len * _activation_floats_per_token(config, seq_len)
+    return MemoryEstimate(parameters, TRAINING_BYTES_PER_PARAMETER * parameters, activations)
+
+
+def word2vec_memory(vocab_size: int, dim: int) -> MemoryEstimate:
+    """Memory of skip-gram word2vec: ``vocab_size x dim`` float32 values, :data:`WORD2VEC_COPIES` times
+    (gensim's input and output vectors, and the float32 copy attnlab returns)."""
+    entries = vocab_size * dim
+    return MemoryEstimate(entries, WORD2VEC_COPIES * BYTES_PER_FLOAT * entries, 0)
+
+
+def available_memory() -> int:
+    """Bytes of memory this machine can give a new allocation now.
+
+    ``MemAvailable`` of ``/proc/meminfo`` (Linux: free memory plus reclaimable caches); elsewhere
+    the free physical pages (``os.sysconf``), or the total when that is not known either.
+    """
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    page = _sysconf("SC_PAGE_SIZE")
+    pages = _sysconf("SC_AVPHYS_PAGES") or _sysconf("SC_PHYS_PAGES")
+    return page * pages if page and pages else 2**63 - 1
+
+
+def _sysconf(name: str) -> int:
+    try:
+        return int(os.sysconf(name))
+    except (AttributeError, ValueError, OSError):
+        return 0
+
+
+def check_memory(estimate: MemoryEstimate, *, what: str, reduce: Sequence[str] | Iterable[str],
+                 available: int | None = None, error: type[Exception] = ConfigError) -> None:
+    """Refuse work whose estimated peak memory exceeds the memory available.
+
+    Args:
+        estimate: from :func:`training_memory` or :func:`word2vec_memory`.
+        what: the work, for the message (``"training this model"``).
+        reduce: the keys or flags that lower the estimate, named in the message.
+        available: bytes free; default :func:`available_memory`.
+        error: the class to raise (ConfigError for config keys, UsageError for flags).
+    """
+    free = available_memory() if available is None else available
+    if estimate.total_bytes > free:
+        raise error(
+            f"{what} needs about {gib(estimate.total_bytes)} of memory ({estimate.parameters:,} parameters: "
+            f"{gib(estimate.parameter_bytes)}; activations: {gib(estimate.activation_bytes)}), more than the "
+            f"{gib(free)} this machine has available; reduce {', '.join(reduce)}"
+        )

@@ -1,0 +1,158 @@
+"""Unbounded inputs and unusable outputs are refused before any work: one ``error:`` line, exit 2,
+nothing created (issue 23, "Bounded resources"). Run in-process through :func:`attnlab.cli.main`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from attnlab import resources, runtime
+from attnlab.cli import main
+from attnlab.experiment import ExperimentConfig
+from attnlab.training.trainer import train
+
+EXPERIMENT = {
+    "task": {"name": "reverse", "max_train_length": 4, "train_size": 40, "valid_size": 8, "test_size": 8,
+             "length_generalisation_size": 4},
+    # linear = "aten": no C++ kernel to build on a fresh machine; the checks tested here come before any kernel.
+    "model": {"kind": "encoder_decoder", "layers": 1, "d_model": 16, "heads": 2, "d_ff": 32, "dropout": 0.0,
+              "linear": "aten"},
+    "train": {"steps": 2, "batch_size": 8, "log_every": 0},
+}
+
+CONFIG_TOML = """
+[task]
+name = "reverse"
+max_train_length = 4
+train_size = 40
+valid_size = 8
+test_size = 8
+length_generalisation_size = 4
+
+[model]
+kind = "encoder_decoder"
+layers = 1
+d_model = 16
+heads = 2
+d_ff = 32
+linear = "aten"
+
+[train]
+steps = 2
+batch_size = 8
+log_every = 0
+"""
+
+LONG_TEXT = "a" * 100_000
+LONG_NAME = "x" * 300
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("limits") / "run"
+    train(ExperimentConfig.from_dict(EXPERIMENT), path, progress=False)
+    return path
+
+
+@pytest.fixture
+def place(tmp_path, trained, monkeypatch) -> Path:
+    """A working folder with a config, a corpus, a file, a full folder and a copy of the run's path."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(runtime, "keep_freed_memory", lambda: True)  # leave pytest's malloc alone
+    (tmp_path / "c.toml").write_text(CONFIG_TOML)
+    (tmp_path / "corpus.txt").write_text("the cat sat on the mat\nthe dog sat\n")
+    (tmp_path / "existing.csv").write_text("kind,layer\n")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "config.json").write_text("{}")
+    return tmp_path
+
+
+def _listing(*folders: Path) -> list[tuple[str, int]]:
+    return sorted((str(p), p.stat().st_size) for folder in folders for p in folder.rglob("*"))
+
+
+CASES = [
+    # (argv, words the error line must hold)
+    (["train", "c.toml", "--out", "new", "--set", "model.layers=10000"], ["model.layers", "10,000"]),
+    (["train", "c.toml", "--out", "new", "--set", "model.d_model=1000000000"],
+     ["needs about", "GiB", "available", "model.d_model"]),
+    (["train", "c.toml", "--out", "new", "--set", "train.batch_size=1000000000"],
+     ["train.batch_size", "training split (40 examples)"]),
+    (["train", "c.toml", "--out", "new", "--set", "task.train_size=1000000000"], ["task.train_size", "cap"]),
+    (["train", "c.toml", "--out", LONG_NAME], ["--out", "300 bytes long"]),
+    (["train", "c.toml", "--out", "full"], ["--out full", "not empty"]),
+    (["train", "c.toml", "--out", "existing.csv/run"], ["--out", "existing.csv is a file"]),
+    (["demo", "--out", LONG_NAME], ["--out", "300 bytes long"]),
+    (["generate", "{run}", LONG_TEXT], ["TEXT", "100,000 characters", "20,000"]),
+    (["generate", "{run}", "a" * 600], ["TEXT", "tokens", "model.max_len"]),
+    (["generate", "{run}", "abc", "a" * 600], ["TEXT 2", "tokens", "model.max_len"]),
+    (["generate", "{run}", ""], ["TEXT", "empty"]),
+    (["generate", "{run}", "--beam", "1000000", "abc"], ["--beam", "256"]),
+    (["generate", "{run}", "--max-length", "100000000", "abc"], ["--max-length", "4096"]),
+    (["attention", "{run}", LONG_TEXT, "--out", "pictures"], ["TEXT", "100,000 characters"]),
+    (["attention", "{run}", "", "--out", "pictures"], ["TEXT", "empty"]),
+    (["attention", "{run}", "a" * 600, "--out", "pictures"], ["TEXT", "tokens", "model.max_len"]),
+    (["attention", "{run}", "abc", "--out", "existing.csv"], ["--out", "existing.csv is a file"]),
+    (["encode", "{run}", ""], ["TEXT", "empty"]),
+    (["encode", "{run}", "fine", LONG_TEXT], ["TEXT 2", "100,000 characters"]),
+    (["word2vec", "corpus.txt", "--dim", "1000000000", "--out", "v.txt"], ["--dim", "65,536"]),
+    (["word2vec", "corpus.txt", "--dim", "8", "--out", "full"], ["--out full", "is a folder"]),
+    (["word2vec", "corpus.txt", "--dim", "8", "--out", LONG_NAME], ["--out", "300 bytes long"]),
+    (["heads", "ablate", "{run}", "--out", "existing.csv"], ["--out", "existing.csv is a file"]),
+    (["heads", "importance", "{run}", "--out", "full"], ["--out full", "is a folder"]),
+    (["heads", "prune", "{run}", "--percent", "50", "--out", "existing.csv"], ["--out", "existing.csv is a file"]),
+    (["heads", "prune", "{run}", "--percent", "50", "--physical", "--out", "full"], ["--out full", "not empty"]),
+    (["import", "bert", "nowhere", "--out", "full"], ["--out full", "not empty"]),
+    (["bench", "attention", "--save", "existing.csv"], ["--save", "existing.csv is a file"]),
+]
+
+
+@pytest.mark.parametrize("argv,words", CASES, ids=[" ".join(a)[:60] for a, _ in CASES])
+def test_refused_before_any_work(place, trained, capsys, argv, words):
+    argv = [arg.replace("{run}", str(trained)) for arg in argv]
+    before = _listing(place, trained)
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    captured = capsys.readouterr()
+    assert exited.value.code == 2, captured.err
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), captured.err
+    assert "Traceback" not in captured.err
+    for word in words:
+        assert word in lines[0], lines[0]
+    assert _listing(place, trained) == before  # no run directory, no pictures, no vectors, nothing
+
+
+def test_a_model_too_large_for_this_machine_names_the_estimate_and_the_memory(place, capsys, monkeypatch):
+    monkeypatch.setattr(resources, "available_memory", lambda: 2**30)  # 1 GiB free
+    before = _listing(place)
+    with pytest.raises(SystemExit) as exited:
+        main(["train", "c.toml", "--out", "new", "--set", "model.d_model=2048", "--set", "model.d_ff=8192",
+              "--set", "model.layers=8"])
+    error = capsys.readouterr().err.strip()
+    assert exited.value.code == 2
+    assert error.startswith("error: training this model") and "needs about" in error
+    assert "1.0 GiB this machine has available" in error and "reduce model.layers, model.d_model" in error
+    assert _listing(place) == before
+
+
+def test_normal_inputs_still_work(place, trained, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["generate", str(trained), "--beam", "2", "abc"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.startswith("abc\t")
+
+
+def test_decoding_stops_at_the_last_learned_position(tmp_path, capsys, monkeypatch):
+    """A model with learned positions has none past model.max_len: decoding stops there, no crash."""
+    monkeypatch.setattr(runtime, "keep_freed_memory", lambda: True)
+    experiment = {**EXPERIMENT, "model": {**EXPERIMENT["model"], "positional": "learned", "max_len": 8}}
+    run = tmp_path / "learned"
+    train(ExperimentConfig.from_dict(experiment), run, progress=False)
+    for argv in (["generate", str(run), "abc", "--max-length", "64"],
+                 ["attention", str(run), "abc", "--max-length", "64", "--out", str(tmp_path / "pictures")]):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == 0, capsys.readouterr().err
+    assert capsys.readouterr().out.startswith("abc\t")
