@@ -7,7 +7,7 @@ import os
 import pytest
 
 from attnlab.errors import UsageError
-from attnlab.output_paths import check_output_path, name_max
+from attnlab.output_paths import _shown, check_output_path, name_max
 
 
 @pytest.fixture
@@ -48,7 +48,7 @@ def test_usable_outputs_pass_and_nothing_is_created(place, name, kind):
 def test_clashes_are_refused_with_the_flag_and_path(place, name, kind, message):
     with pytest.raises(UsageError, match=message) as caught:
         check_output_path(place / name, kind=kind)
-    assert str(caught.value).startswith(f"--out {place / name}")
+    assert str(caught.value).startswith(f"--out {_shown(place / name)}")  # long paths are shortened
 
 
 def test_overwrite_allows_a_full_run_directory(place):
