@@ -10,6 +10,7 @@ Layout::
       checkpoints/step-XXXXXXXX/  model.safetensors, trainer_state.safetensors, trainer_state.json
       metrics.jsonl               one JSON object per logged step or evaluation
       plots/  analysis/
+      .lock                       the writer's lock (attnlab.runlock): one writer at a time
 
 Why a checkpoint is a directory plus a pointer: resuming needs the weights *and* the optimizer, RNG
 and data state from the same step. Each file is written atomically, but several files cannot be
@@ -32,6 +33,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from attnlab.errors import CheckpointError, UsageError
+from attnlab.runlock import LOCK_NAME, RunLock
 from attnlab.storage import (
     atomic_write_json,
     atomic_write_text,
@@ -75,6 +77,7 @@ class RunDir:
     MODEL = "model.safetensors"
     POINTER = "checkpoint.json"
     METRICS = "metrics.jsonl"
+    LOCK = LOCK_NAME  # the writer's lock (attnlab.runlock); its presence alone means nothing
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
@@ -86,7 +89,7 @@ class RunDir:
         run = cls(path)
         if run.path.exists() and not run.path.is_dir():
             raise UsageError(f"run directory {run.path} is a file; choose another --out")
-        if run.path.exists() and any(run.path.iterdir()) and not overwrite:
+        if run.path.exists() and any(p.name != cls.LOCK for p in run.path.iterdir()) and not overwrite:
             raise UsageError(f"run directory {run.path} already exists and is not empty; choose another --out")
         ensure_folder(run.path)
         return run
@@ -99,6 +102,10 @@ class RunDir:
         if not (run.path / cls.CONFIG).is_file():
             raise UsageError(f"{run.path} is not a run directory: it has no {cls.CONFIG}")
         return run
+
+    def lock(self, *, enabled: bool = True) -> RunLock:
+        """The writer's lock on this run: hold it (``with run.lock(): ...``) while writing."""
+        return RunLock(self.path, enabled=enabled)
 
     # ---- folders ------------------------------------------------------------------------------
 
