@@ -62,6 +62,10 @@ TASK_DECIDES = ("vocab_size", "tgt_vocab_size", "num_classes", "pad_id")
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 
+MAX_THREADS = 1024
+"""The most ``train.threads`` may ask for: more than the machine has is allowed (to repeat a run
+made on a bigger machine bit for bit), unbounded is not."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
@@ -132,6 +136,8 @@ class TrainConfig:
         for name in ("warmup", "log_every", "eval_every", "checkpoint_every", "max_length", "threads"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name}: must be >= 0, got {getattr(self, name)}")
+        if self.threads > MAX_THREADS:
+            raise ConfigError(f"train.threads: must be <= {MAX_THREADS} (0 = this machine's count), got {self.threads}")
         if self.lr <= 0:
             raise ConfigError(f"train.lr: must be > 0, got {self.lr}")
         for name in ("label_smoothing", "beta1", "beta2"):

@@ -97,3 +97,12 @@ def test_a_checkpoint_without_a_record_is_not_compared():
         warnings.simplefilter("error", AttnlabWarning)
         warn_if_platform_differs(None, platform_record(2), where="RUN", step=1)
         warn_if_platform_differs({"threads": 2}, platform_record(2), where="RUN", step=1)  # fields missing: skipped
+
+
+@pytest.mark.parametrize("threads,message", [(-1, "train.threads: must be >= 0, got -1"),
+                                             (10**6, "train.threads: must be <= 1024")])
+def test_a_bad_thread_count_is_a_config_error(threads, message):
+    from attnlab.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        _experiment(threads=threads)
