@@ -152,7 +152,8 @@ def test_every_option_is_filled_in_so_config_json_is_complete(kind, task):
 
     config = ExperimentConfig.from_dict({"task": task, "model": {"kind": kind}}).to_dict()
     assert set(config["model"]) == {"kind"} | set(MODELS[kind][0].field_names()) - set(TASK_DECIDES)
-    assert set(config["task"]) == {"name"} | set(task_options(task["name"])) | set(TEXT_TASK_EXTRAS.get(task["name"], ()))
+    extras = set(TEXT_TASK_EXTRAS.get(task["name"], ()))
+    assert set(config["task"]) == {"name"} | set(task_options(task["name"])) | extras
     assert set(config["train"]) == {f.name for f in dataclasses.fields(TrainConfig)}
     assert json.loads(json.dumps(config)) == config  # what config.json holds, read back unchanged
     assert ExperimentConfig.from_dict(config).to_dict() == config

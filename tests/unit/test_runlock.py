@@ -33,7 +33,8 @@ def test_a_second_writer_is_refused_until_the_holder_is_killed_with_sigkill(tmp_
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(run)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
-        with pytest.raises(UsageError, match=rf"being written by another process \(PID {holder.pid} on host \S+ since 20"):
+        refused = rf"being written by another process \(PID {holder.pid} on host \S+ since 20"
+        with pytest.raises(UsageError, match=refused):
             RunLock(run).acquire()
         assert UsageError.exit_code == 2
         # readers never take the lock: they read on while it is held

@@ -41,7 +41,8 @@ def _trainer_state(run: Path) -> dict:
 def test_threads_are_applied_while_training_and_recorded(tmp_path, monkeypatch):
     seen = []
     step = trainer_module._Trainer._train_step
-    monkeypatch.setattr(trainer_module._Trainer, "_train_step", lambda self: seen.append(torch.get_num_threads()) or step(self))
+    spy = lambda self: seen.append(torch.get_num_threads()) or step(self)  # noqa: E731
+    monkeypatch.setattr(trainer_module._Trainer, "_train_step", spy)
     before = torch.get_num_threads()
     train(_experiment(threads=OTHER), tmp_path / "run", progress=False)
     assert seen == [OTHER, OTHER]
