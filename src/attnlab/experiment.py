@@ -64,6 +64,10 @@ TASK_DECIDES = ("vocab_size", "tgt_vocab_size", "num_classes", "pad_id")
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 
+MAX_THREADS = 1024
+"""The most ``train.threads`` may ask for: more than the machine has is allowed (to repeat a run
+made on a bigger machine bit for bit), unbounded is not."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class TrainConfig:
@@ -92,6 +96,10 @@ class TrainConfig:
             (Agarwal §2.2). The coverage is reported. Its width must equal the token width.
         mask_heads: heads held at zero during training and evaluation, as ``kind:layer:head``
             (Michel §2.3's xi_h = 0), e.g. to fine-tune with some heads switched off.
+        threads: CPU threads for PyTorch (:func:`torch.set_num_threads`); 0 = PyTorch's count for
+            the process at the start (the machine's cores, or ``OMP_NUM_THREADS``). The run's
+            config.json records the resolved count: a run repeats bit for bit only at the same
+            count (see :mod:`attnlab.training.reproducibility`).
     """
 
     steps: int = 1000
@@ -117,6 +125,7 @@ class TrainConfig:
     precision: str = "fp32"
     init_embeddings: str = ""
     mask_heads: list[str] = field(default_factory=list)
+    threads: int = 0
 
     def __post_init__(self) -> None:
         try:
@@ -126,9 +135,11 @@ class TrainConfig:
         for name in ("steps", "batch_size", "eval_batch_size", "keep_checkpoints"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name}: must be >= 1, got {getattr(self, name)}")
-        for name in ("warmup", "log_every", "eval_every", "checkpoint_every", "max_length"):
+        for name in ("warmup", "log_every", "eval_every", "checkpoint_every", "max_length", "threads"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name}: must be >= 0, got {getattr(self, name)}")
+        if self.threads > MAX_THREADS:
+            raise ConfigError(f"train.threads: must be <= {MAX_THREADS} (0 = this machine's count), got {self.threads}")
         if self.lr <= 0:
             raise ConfigError(f"train.lr: must be > 0, got {self.lr}")
         for name in ("label_smoothing", "beta1", "beta2"):
@@ -148,6 +159,10 @@ class TrainConfig:
 class ExperimentConfig:
     """The resolved sections of one experiment.
 
+    Every option a section leaves out is filled in with its default on construction, so
+    :meth:`to_dict` (what ``config.json`` holds) names every value the run used; a config.json
+    written before an option existed still loads, with that option's default.
+
     Attributes:
         task: ``name`` plus that task's options.
         model: ``kind`` plus options of that kind's config class (all but :data:`TASK_DECIDES`).
@@ -161,6 +176,8 @@ class ExperimentConfig:
     def __post_init__(self) -> None:
         _check_task_section(self.task)
         _check_model_section(self.model)
+        object.__setattr__(self, "task", complete_task_section(self.task))
+        object.__setattr__(self, "model", complete_model_section(self.model))
 
     @property
     def task_name(self) -> str:
@@ -263,6 +280,46 @@ def _check_model_keys_without_kind(model: Mapping[str, Any]) -> None:
             raise ConfigError(f"model.{key}: set by the task, not by the config")
         if key not in allowed:
             raise ConfigError(f"model.{key}: unknown key; allowed: kind, {', '.join(allowed)}")
+
+
+def complete_task_section(task: Mapping[str, Any]) -> dict[str, Any]:
+    """A checked [task] section with every option it leaves out set to its default (the task
+    class's, or :class:`TokenizerKeys`' for the tokenizer keys); an option without a default (a
+    text task's ``train_file``) stays out, for :func:`build_task` to ask for."""
+    name = task["name"]
+    defaults = _field_defaults(TASKS[name].func if hasattr(TASKS[name], "func") else TASKS[name])
+    defaults.update(_field_defaults(TokenizerKeys))
+    keys = task_options(name) + list(TEXT_TASK_EXTRAS.get(name, ()))
+    complete = {"name": name}
+    for key in keys:
+        if key in task:
+            complete[key] = task[key]
+        elif key in defaults:
+            complete[key] = defaults[key]
+    return complete
+
+
+def complete_model_section(model: Mapping[str, Any]) -> dict[str, Any]:
+    """A checked [model] section with every field of its kind's config class (but the ones the
+    task decides) present, at its default when the section leaves it out."""
+    config_cls, _ = MODELS[model["kind"]]
+    defaults = _field_defaults(config_cls)
+    complete = {"kind": model["kind"]}
+    for name in config_cls.field_names():
+        if name not in TASK_DECIDES:
+            complete[name] = model[name] if name in model else defaults[name]
+    return complete
+
+
+def _field_defaults(cls: type) -> dict[str, Any]:
+    """Field name -> default value of dataclass ``cls``, for the fields that have one."""
+    defaults = {}
+    for item in dataclasses.fields(cls):
+        if item.default is not dataclasses.MISSING:
+            defaults[item.name] = item.default
+        elif item.default_factory is not dataclasses.MISSING:
+            defaults[item.name] = item.default_factory()
+    return defaults
 
 
 @dataclass(frozen=True)

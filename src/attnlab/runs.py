@@ -12,6 +12,7 @@ Layout::
                                   manifest.json (their sizes and SHA-256)
       metrics.jsonl               one JSON object per logged step or evaluation
       plots/  analysis/
+      .lock                       the writer's lock (attnlab.runlock): one writer at a time
 
 Why a checkpoint is a directory plus a pointer: resuming needs the weights *and* the optimizer, RNG
 and data state from the same step. Each file is written atomically, but several files cannot be
@@ -46,6 +47,8 @@ from torch import Tensor, nn
 from attnlab import manifest as manifests
 from attnlab.errors import AttnlabWarning, CheckpointError, UsageError
 from attnlab.manifest import FileRecord, Manifest, check_bytes, describe_difference, read_manifest, record_of
+from attnlab.errors import CheckpointError, UsageError
+from attnlab.runlock import LOCK_NAME, RunLock
 from attnlab.storage import (
     atomic_write_bytes,
     atomic_write_json,
@@ -93,6 +96,7 @@ class RunDir:
     POINTER = "checkpoint.json"
     METRICS = "metrics.jsonl"
     MANIFEST = manifests.NAME
+    LOCK = LOCK_NAME  # the writer's lock (attnlab.runlock); its presence alone means nothing
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
@@ -105,7 +109,7 @@ class RunDir:
         run = cls(path)
         if run.path.exists() and not run.path.is_dir():
             raise UsageError(f"run directory {run.path} is a file; choose another --out")
-        if run.path.exists() and any(run.path.iterdir()) and not overwrite:
+        if run.path.exists() and any(p.name != cls.LOCK for p in run.path.iterdir()) and not overwrite:
             raise UsageError(f"run directory {run.path} already exists and is not empty; choose another --out")
         ensure_folder(run.path)
         (run.path / cls.MANIFEST).unlink(missing_ok=True)  # an overwritten run's records start afresh
@@ -120,6 +124,10 @@ class RunDir:
         if not os.path.lexists(run.path / cls.CONFIG):
             raise UsageError(f"{run.path} is not a run directory: it has no {cls.CONFIG}")
         return run
+
+    def lock(self, *, enabled: bool = True) -> RunLock:
+        """The writer's lock on this run: hold it (``with run.lock(): ...``) while writing."""
+        return RunLock(self.path, enabled=enabled)
 
     # ---- folders ------------------------------------------------------------------------------
 

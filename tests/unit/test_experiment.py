@@ -156,3 +156,38 @@ def test_an_unknown_model_key_is_named_with_or_without_a_kind(tmp_path, model, m
     path.write_text(f'[task]\nname = "reverse"\n[model]\n{lines}\n', encoding="utf-8")
     with pytest.raises(ConfigError, match="^" + re.escape(message)):
         load_experiment(path)
+
+
+@pytest.mark.parametrize("kind", ["encoder_decoder", "encoder_classifier", "decoder_only", "encoder"])
+@pytest.mark.parametrize("task", [{"name": "copy"}, {"name": "parity"}, {"name": "lm", "train_file": "t.txt"},
+                                  {"name": "translation", "train_file": "t.tsv"}, {"name": "sentences"}])
+def test_every_option_is_filled_in_so_config_json_is_complete(kind, task):
+    import dataclasses
+
+    from attnlab.experiment import TASK_DECIDES, TEXT_TASK_EXTRAS, TrainConfig
+    from attnlab.nn import MODELS
+    from attnlab.tasks.registry import task_options
+
+    config = ExperimentConfig.from_dict({"task": task, "model": {"kind": kind}}).to_dict()
+    assert set(config["model"]) == {"kind"} | set(MODELS[kind][0].field_names()) - set(TASK_DECIDES)
+    extras = set(TEXT_TASK_EXTRAS.get(task["name"], ()))
+    assert set(config["task"]) == {"name"} | set(task_options(task["name"])) | extras
+    assert set(config["train"]) == {f.name for f in dataclasses.fields(TrainConfig)}
+    assert json.loads(json.dumps(config)) == config  # what config.json holds, read back unchanged
+    assert ExperimentConfig.from_dict(config).to_dict() == config
+
+
+def test_an_old_config_json_without_newer_keys_still_loads(tmp_path):
+    run = RunDir.create(tmp_path / "run")
+    run.write_config({"task": {"name": "copy"}, "model": {"kind": "encoder_decoder", "layers": 1},
+                      "train": {"steps": 5}})  # written before max_len, threads, ... were recorded
+    experiment = run_experiment(run)
+    assert experiment.model["layers"] == 1 and experiment.model["max_len"] == 512
+    assert experiment.train.threads == 0 and experiment.task["num_symbols"] == 10
+
+
+def test_given_values_are_kept_and_a_changed_kind_is_still_checked():
+    config = _config(COPY, {**MODEL, "max_len": 64})
+    assert config.model["max_len"] == 64 and config.task["train_size"] == 8
+    with pytest.raises(ConfigError, match="model.decoder_layers: unknown key for kind 'decoder_only'"):
+        config.with_overrides(["model.kind=\"decoder_only\""])

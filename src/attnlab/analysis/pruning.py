@@ -88,11 +88,12 @@ def write_pruned_run(loaded: LoadedRun, pruned_model: TransformerModel, out: Pat
         heads_per_layer=pruned_config.heads_per_layer, d_k=pruned_config.d_k, d_v=pruned_config.d_v
     )
     config["train"]["mask_heads"] = [str(h) for h in held]
-    run.write_config(config)
-    tokenizer = loaded.run.read_tokenizer_text()  # verified; written with its record in the new manifest
-    if tokenizer is not None:
-        run.write_tokenizer(tokenizer)
-    run.save_weights(pruned_model)
+    with run.lock():  # one writer at a time (attnlab.runlock)
+        run.write_config(config)
+        tokenizer = loaded.run.read_tokenizer_text()  # verified; written with its record in the new manifest
+        if tokenizer is not None:
+            run.write_tokenizer(tokenizer)
+        run.save_weights(pruned_model)
     return run
 
 

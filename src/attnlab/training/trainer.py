@@ -12,12 +12,19 @@ One call, :func:`train`, does a whole run:
 
 With several processes (torchrun) the model is wrapped in DistributedDataParallel and only rank 0
 writes anything.
+
+While it trains, rank 0 holds the run's writer lock (:mod:`attnlab.runlock`): a second writer of the
+same run directory is refused, naming this process. The run trains on ``train.threads`` threads,
+recorded in config.json, and each checkpoint records the platform; a resume on another one warns
+(:mod:`attnlab.training.reproducibility`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import random
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterable
@@ -53,6 +60,7 @@ from attnlab.training.distributed import DistInfo, all_reduce_sum, broadcast_fro
 from attnlab.evaluation.evaluate import evaluate
 from attnlab.evaluation.objectives import OBJECTIVES
 from attnlab.training.plots import plot_curves
+from attnlab.training.reproducibility import applied_threads, platform_record, warn_if_platform_differs
 from attnlab.training.schedule import make_scheduler
 
 __all__ = ["TrainingDiverged", "TrainResult", "train", "resolve_device", "make_optimizer"]
@@ -110,33 +118,54 @@ def train(
 ) -> TrainResult:
     """Train (or resume) the run at ``run_path``; see the module docstring."""
     dist = from_environment(experiment.train.device)
+    path = Path(run_path)
+    new_folder = not resume and dist.is_main and not path.exists()
+    run = None
     try:
-        result = _Trainer(experiment, Path(run_path), resume=resume, dist=dist, progress=progress, log=log).fit()
+        run = _run_directory(path, resume=resume, dist=dist)
+        with run.lock(enabled=dist.is_main), applied_threads(experiment.train.threads) as threads:
+            experiment = dataclasses.replace(experiment, train=dataclasses.replace(experiment.train, threads=threads))
+            result = _Trainer(experiment, run, resume=resume, dist=dist, progress=progress, log=log).fit()
     except BaseException:
+        if new_folder and run is not None:
+            _remove_if_unused(run)  # a refused config (memory, batch size, ...) leaves nothing behind
         shutdown(dist)  # without waiting: a failed peer never reaches the barrier
         raise
     shutdown(dist, wait_for_peers=True)
     return result
 
 
+def _run_directory(path: Path, *, resume: bool, dist: DistInfo) -> RunDir:
+    """The run to resume, or a new one (made by rank 0 only)."""
+    if resume:
+        return RunDir.open(path)
+    if not dist.is_main:
+        return RunDir(path)
+    check_output_path(path, kind="run")  # before a tokenizer trains on the corpus
+    return RunDir.create(path)
+
+
+def _remove_if_unused(run: RunDir) -> None:
+    """Remove a run folder this process made if nothing but the writer's lock file was written."""
+    if run.path.is_dir() and all(p.name == RunDir.LOCK for p in run.path.iterdir()):
+        shutil.rmtree(run.path, ignore_errors=True)
+
+
 class _Trainer:
     def __init__(
-        self, experiment: ExperimentConfig, path: Path, *, resume: bool, dist: DistInfo, progress: bool, log: Log | None
+        self, experiment: ExperimentConfig, run: RunDir, *, resume: bool, dist: DistInfo, progress: bool, log: Log | None
     ) -> None:
         cfg = self.cfg = experiment.train
         self.experiment, self.dist, self.progress = experiment, dist, progress
         self.log = log if (log is not None and dist.is_main) else (lambda message: None)
         self.device = resolve_device(cfg.device if not dist.enabled or cfg.device == "cpu" else f"cuda:{dist.local_rank}")
-        if not resume and dist.is_main:
-            check_output_path(path, kind="run")  # before a tokenizer trains on the corpus
-        self.run = RunDir.open(path) if resume else RunDir(path)
+        self.run = run
+        self.platform = platform_record(cfg.threads)
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
         self.task, self.tokenizer = self._build_task(resume)
         train_examples = self.task.split("train")
-        self._check_resources(train_examples)  # before the model and the run directory exist
-        if not resume and dist.is_main:
-            self.run = RunDir.create(path)
+        self._check_resources(train_examples)  # before the model exists or a file is written
         self._report_skipped_lines()
         self.model = model_for_task(experiment, self.task).to(self.device)
         self.max_length = cfg.max_length or self.model.config.max_len
@@ -247,6 +276,7 @@ class _Trainer:
         except (KeyError, TypeError, ValueError) as error:
             raise CheckpointError(f"trainer state in {files.directory} is corrupted: {error}") from None
         if self.dist.is_main:
+            warn_if_platform_differs(state.get("platform"), self.platform, where=str(files.directory), step=self.step)
             self.run.truncate_metrics(self.step)
         self.log(f"resumed {self.run.path} at step {self.step}")
 
@@ -363,6 +393,7 @@ class _Trainer:
             "scheduler": self.scheduler.state_dict(),
             "data": self.stream.state(),
             "rng": rng_meta,
+            "platform": self.platform,
         }
         self.run.write_checkpoint(
             self.step, self.model, {**optimizer_tensors, **rng_tensors}, state, keep=self.cfg.keep_checkpoints
