@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import json
 
@@ -200,7 +201,10 @@ def asgi_post(app, path: str, headers: dict[str, str], body: bytes) -> tuple[int
              "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
              "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()],
              "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8765)}
-    asyncio.run(app(scope, receive, send))
+    # A thread of its own: Playwright's sync API (the browser tests) leaves an event loop running
+    # in this worker's main thread, where asyncio.run refuses to start another.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(asyncio.run, app(scope, receive, send)).result()
     status = next(m["status"] for m in messages if m["type"] == "http.response.start")
     answer = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.response.body")
     return status, json.loads(answer), len(asked)
