@@ -47,7 +47,6 @@ from torch import Tensor, nn
 from attnlab import manifest as manifests
 from attnlab.errors import AttnlabWarning, CheckpointError, UsageError
 from attnlab.manifest import FileRecord, Manifest, check_bytes, describe_difference, read_manifest, record_of
-from attnlab.errors import CheckpointError, UsageError
 from attnlab.runlock import LOCK_NAME, RunLock
 from attnlab.storage import (
     atomic_write_bytes,
