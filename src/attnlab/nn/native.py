@@ -17,7 +17,8 @@ benchmarks/README.md).
 PyTorch's CPU flash kernel cuts heads of d_k = 32 over 64 keys into GEMM calls too small to run
 near the FMA units' rate; this kernel keeps one (batch, head) in L1 at a time, with register-tiled
 products, and keeps the probabilities for the backward rather than recomputing them, so the
-``train`` model's attention and step take less time than with PyTorch's kernel (benchmarks/README.md).
+``train`` model's attention and step take less time than with PyTorch's kernel
+(benchmarks/README.md).
 Its two operators are registered with PyTorch (``torch.ops.attnlab.short_attention`` and
 ``short_attention_backward``), so dispatch modes such as ``torch.utils.flop_counter`` see them.
 
@@ -151,7 +152,8 @@ def build_key(capability: str, cflags: tuple[str, ...], ldflags: tuple[str, ...]
 
 def _compiler_identity() -> str:
     """The C++ compiler PyTorch's build runs (``$CXX``, else ``c++``): its resolved path, size and
-    modification time, or ``missing``. A ``stat``, not a ``--version`` run, which would start a process."""
+    modification time, or ``missing``. A ``stat``, not a ``--version`` run, which would start a
+    process."""
     found = shutil.which(os.environ.get("CXX", "c++"))
     if found is None:
         return "missing"
@@ -332,7 +334,8 @@ SHORT_ATTENTION_MAX_HEAD_DIM = 256
 """The widest head (d_k, d_v) :func:`short_attention` takes (kMaxHeadDim in native_attention.cpp)."""
 SHORT_ATTENTION_MAX_QUERIES = 256
 """The most queries :func:`attnlab.nn.attention.attention` hands the kernel. It takes more, but a
-head's kept probabilities then outgrow L2 and PyTorch's fused kernel is faster (benchmarks/README.md)."""
+head's kept probabilities then outgrow L2 and PyTorch's fused kernel is faster
+(benchmarks/README.md)."""
 
 
 def short_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float) -> Tensor:
