@@ -3,9 +3,8 @@
 A training step frees and allocates the same tens of megabytes every step: activations, their
 gradients, dropout noise. glibc's malloc hands large freed blocks back to the system (a block above
 its mmap threshold is unmapped; free memory at the top of the heap above the trim threshold is
-trimmed), so the next step writes into fresh pages that the kernel must fault in and zero. On the
-project's benchmark machine that was 10-13 thousand page faults (40-50 MB) in every step of the
-``train`` model, about 8% of the step's time.
+trimmed), so the next step writes into fresh pages that the kernel must fault in and zero: tens of
+megabytes of page faults in every step of the ``train`` model (benchmarks/README.md).
 
 :func:`keep_freed_memory` sets both thresholds once: the mmap threshold to its largest value
 (32 MiB on 64-bit systems), the trim threshold to 2 GiB. This is what ``MALLOC_MMAP_THRESHOLD_``

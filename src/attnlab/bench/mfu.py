@@ -7,7 +7,7 @@ runs the linear maps and their gradients where :mod:`attnlab.nn.linear` picks it
 step's FLOPs). The peak is the rate of a large fp32 matmul through the fastest GEMM kernel attnlab
 can run its linear maps on (:data:`attnlab.nn.linear.LINEAR_KERNELS`: MKL through ``F.linear``,
 and oneDNN where PyTorch has it), each timed in rounds interleaved with the step. A peak from MKL
-alone would undercount a machine whose oneDNN GEMM runs twice as fast (AVX-512 on an AMD EPYC),
+alone would undercount a machine whose oneDNN GEMM runs much faster (AVX-512 on an AMD EPYC),
 and MFU could then pass 1.
 """
 

@@ -18,8 +18,8 @@ Three code paths, chosen by what is asked, none a silent fallback for another:
 * soft, no weights, dot-product score -> ``torch.nn.functional.scaled_dot_product_attention``
   (fused, O(T) memory), except for one query row over at least :data:`EXPLICIT_SINGLE_QUERY_ROWS`
   (batch x head) rows on a CPU, a decoding step at batch 16 and up, which takes the explicit path:
-  there its two batched matmuls beat the fused kernel's cost per row (8 heads, 64 keys, batch 32:
-  76 against 106 us; at batch 1 the fused kernel wins, 6 against 14 us);
+  for one query over many rows its two batched matmuls beat the fused kernel's cost per row, while
+  at small batches the fused kernel wins (measurements in benchmarks/README.md);
 * soft with weights, or with a custom score function -> explicit scores and softmax;
 * hard -> blocks of queries x keys with a running first maximum, so the T_q x T_k scores exist
   only block by block (the one-hot weights whole only when asked for).
@@ -57,7 +57,7 @@ _HARD_KEY_BLOCK = 1024
 
 EXPLICIT_SINGLE_QUERY_ROWS = 128
 """From this many (batch x head) rows, one query on a CPU is scored explicitly rather than by the
-fused kernel (the crossover measured for 8 heads over 64 keys of width 32: 44 against 56 us)."""
+fused kernel: the crossover measured for the models' heads (benchmarks/README.md)."""
 
 
 def attention(
@@ -218,8 +218,8 @@ def _one_query_over_many_rows(q: Tensor, k: Tensor, dropout_p: float) -> bool:
     """A decoding step whose (batch x head) rows are many enough to score faster explicitly."""
     if q.shape[-2] != 1 or dropout_p != 0.0 or q.device.type != "cpu":
         return False
-    # Plain products, not torch.broadcast_shapes (tens of microseconds a call on a decoding step's
-    # path). The larger product is a lower bound of the broadcast one, enough for this choice.
+    # Plain products, not torch.broadcast_shapes, whose cost per call shows on a decoding step's
+    # path. The larger product is a lower bound of the broadcast one, enough for this choice.
     return max(math.prod(q.shape[:-2]), math.prod(k.shape[:-2])) >= EXPLICIT_SINGLE_QUERY_ROWS
 
 

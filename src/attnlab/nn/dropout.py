@@ -16,12 +16,12 @@ A float32 ``rand() >= p`` resolves p to 2^-24, and noise in a 16-bit input's own
 
 On a CPU the words come from NumPy's PCG64, seeded from torch's default generator on every call,
 so ``torch.manual_seed`` (and a run's saved RNG state) fixes every mask. PyTorch's CPU generator is a
-serial Mersenne twister: on the project's 2-core benchmark machine dropout took 8% of a training
-step with ``torch.rand`` noise (1.06 ms for a (32, 64, 256) tensor), and 16-bit PCG64 words made the
-whole step about 2% faster (benchmarks/README.md). For float32 CPU tensors the kernels of
-:mod:`attnlab.nn.native`, where they are built, draw the same PCG64 words on all cores and write the
-scaled mask in one pass (:func:`scaled_keep_mask`): the same masks, bit for bit. Other devices draw
-``torch.randint`` on the device, whose generators are parallel.
+serial Mersenne twister, so ``torch.rand`` noise made dropout a visible part of a training step;
+16-bit PCG64 words, four to a draw, make the whole step faster (benchmarks/README.md). For float32
+CPU tensors the kernels of :mod:`attnlab.nn.native`, where they are built, draw the same PCG64
+words on all cores and write the scaled mask in one pass (:func:`scaled_keep_mask`): the same
+masks, bit for bit. Other devices draw ``torch.randint`` on the device, whose generators are
+parallel.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def scaled_keep_mask(x: Tensor, p: float) -> Tensor:
             x.shape, seed=_numpy_seed(), bits=bits, threshold=signed_threshold(p), scale=scale
         )
     # m / (1 - p) built in place on the mask: one temporary and two passes fewer than
-    # `x * mask.to(dtype) * scale` (forward + backward of a (32, 64, 256) tensor: 2.6 against 3.6 ms).
+    # `x * mask.to(dtype) * scale`, which the forward and backward both feel (benchmarks/README.md).
     return keep_mask(x.shape, p, device=x.device).to(x.dtype).mul_(scale)
 
 

@@ -2,7 +2,7 @@
 
 Every projection of the model is this affine map: W^Q, W^K, W^V and W^O of multi-head attention
 (Vaswani §3.2.2), the two maps of the FFN (Vaswani §3.3, Eq. 2; Agarwal Def. 6.5), and the output
-layer. They hold 60-75% of a training step's time, so which fp32 GEMM runs them matters more than
+layer. They hold most of a training step's time, so which fp32 GEMM runs them matters more than
 anything else the model does on a CPU.
 
 Kernels, in the registry :data:`LINEAR_KERNELS` (name -> a factory; each module makes its own):
@@ -11,12 +11,11 @@ Kernels, in the registry :data:`LINEAR_KERNELS` (name -> a factory; each module 
   AVX2 kernels on AMD processors even where they have AVX-512.
 * ``onednn``: :class:`OneDNNLinear`, the same map through PyTorch's oneDNN fp32 matmul
   (``torch.ops.mkldnn._linear_pointwise``), which picks its kernels from the processor's features.
-  Forward and both gradients run there. It is full fp32 (no reduced-precision accumulation). On the
-  project's AVX-512 EPYC it ran the model's GEMMs at 440-500 GFLOP/s against MKL's 220
+  Forward and both gradients run there. It is full fp32 (no reduced-precision accumulation). On a
+  Zen 5 EPYC (AVX-512) it ran the model's GEMMs far faster than MKL, on a Zen 4 EPYC no faster
   (benchmarks/README.md). A map with fewer than :data:`MIN_ONEDNN_ROWS` rows (one decoding step at
   batch 1), and every tensor that is not a float32 CPU tensor, take ``F.linear``: there oneDNN's
-  fixed cost per call is larger than MKL's (18 against 12 us for one row), or oneDNN has no kernel
-  (float64).
+  fixed cost per call is larger than MKL's, or oneDNN has no kernel (float64).
 
 ``auto`` (:func:`preferred_linear_kernel`) picks ``onednn`` where PyTorch reports AVX-512 and ships
 oneDNN, and ``aten`` elsewhere: on the AVX2-only EPYC that measured the project's earlier
@@ -54,7 +53,7 @@ LinearKernel = Callable[[Tensor, Tensor, "Tensor | None"], Tensor]
 
 MIN_ONEDNN_ROWS = 4
 """Fewer rows than this go to ``F.linear``: oneDNN's cost per call beats MKL's only from 4 rows
-(24 against 33 us for 4 rows of 256 -> 768; 25 against 21 us for 2)."""
+(the crossover measured on the model's shapes; benchmarks/README.md)."""
 
 
 def aten_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
@@ -86,8 +85,8 @@ def _weight_gradient(grad_rows: Tensor, x_rows: Tensor) -> Tensor:
     :mod:`attnlab.nn.native` where it is built (aten's 2-D transpose is serial).
 
     oneDNN streams its second operand as the "weight" of a linear map, and runs this reduction over
-    R fastest when that operand is the wider of the two (d_out = 1024, d_in = 256: 343 against 237
-    GFLOP/s), so the product is formed as (X^T G)^T when d_out is the wider.
+    R fastest when that operand is the wider of the two (benchmarks/README.md), so the product is
+    formed as (X^T G)^T when d_out is the wider.
     """
     if grad_rows.shape[1] >= x_rows.shape[1]:
         return _onednn_matmul(_transposed(x_rows), grad_rows.t()).t().contiguous()  # (X^T G)^T: (d_out, d_in)
@@ -166,10 +165,10 @@ class OneDNNLinear:
     Without gradients (evaluation, decoding) each weight is packed once into oneDNN's blocked
     layout and the packed copy reused, as long as the weight is unchanged (the same tensor, storage
     and version counter, which every in-place update such as an optimizer step or
-    ``load_state_dict`` bumps). Unpacked, oneDNN lays the weight out again on every call: on the
-    benchmark machine a batch-32 decoding step took 3.92 ms against 3.58 ms packed, a batch-8 step
-    2.46 against 1.95 ms. Packed copies cost the weights' memory once more; a forward pass that
-    needs a weight's gradient drops that weight's copy, so training keeps none.
+    ``load_state_dict`` bumps). Unpacked, oneDNN lays the weight out again on every call, which
+    slows decoding steps measurably (benchmarks/README.md). Packed copies cost the weights' memory
+    once more; a forward pass that needs a weight's gradient drops that weight's copy, so training
+    keeps none.
 
     One instance per module (:func:`linear_kernel` makes them), so the copies live and die with the
     module whose weights they are.

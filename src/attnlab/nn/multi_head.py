@@ -116,8 +116,8 @@ class KVCache:
         if self._keys is None or self._values is None:
             keys, values = project()
             # Stored contiguous: every later step streams them, and the head-split view of the fused
-            # K|V projection (rows of d_k floats 2 * d_model apart) streams at half the speed from
-            # memory (SDPA, batch 32, 64 keys: 780 against 340 us on the benchmark machine).
+            # K|V projection (rows of d_k floats 2 * d_model apart) streams more slowly from memory
+            # (benchmarks/README.md).
             self._keys, self._values = keys.contiguous(), values.contiguous()
             self._length = self._keys.shape[-2]
         return self.key, self.value  # type: ignore[return-value]

@@ -4,27 +4,25 @@ C++ compiler on first use.
 PyTorch runs two memory-bound steps of a training step on one core of a multi-core CPU:
 
 * the transposed copy oneDNN needs for each weight gradient G^T X (:mod:`attnlab.nn.linear`): aten's
-  2-D transpose is a serial blocked loop (0.21 ms for 2048 x 256 on the benchmark machine, against
-  0.06-0.08 ms for :func:`transpose` on two cores);
+  2-D transpose is a serial blocked loop, where :func:`transpose` copies on all cores;
 * dropout's mask (:mod:`attnlab.nn.dropout`): NumPy's PCG64 draws its words serially, and three
   more passes compare, convert and scale them. :func:`scaled_keep_mask` draws the same PCG64 words
   on all cores (each thread jumps ahead to its share of the stream) and writes the scaled mask in
-  one pass: the same masks, bit for bit, as the NumPy path, in 0.16 against 0.41 ms for a
-  (32, 64, 256) tensor.
+  one pass: the same masks, bit for bit, as the NumPy path, in less time.
 
-Together they made the ``train`` model's step 4.7% faster (interleaved A/B: 0.953;
+Together they take two serial passes off one core in every training step (measured in
 benchmarks/README.md).
 
 :func:`short_attention` is soft attention for short heads (Vaswani Eq. 1, forward and backward).
 PyTorch's CPU flash kernel cuts heads of d_k = 32 over 64 keys into GEMM calls too small to run
-near the FMA units' rate (about 100 GFLOP/s); this kernel keeps one (batch, head) in L1 at a time,
-with register-tiled products, and keeps the probabilities for the backward rather than recomputing
-them. It runs the ``train`` model's attention in about half the time: the step takes 0.90 of its
-time with PyTorch's kernel (interleaved A/B). Its two operators are registered with PyTorch
-(``torch.ops.attnlab.short_attention`` and ``short_attention_backward``), so dispatch modes such as
-``torch.utils.flop_counter`` see them.
+near the FMA units' rate; this kernel keeps one (batch, head) in L1 at a time, with register-tiled
+products, and keeps the probabilities for the backward rather than recomputing them, so the
+``train`` model's attention and step take less time than with PyTorch's kernel
+(benchmarks/README.md).
+Its two operators are registered with PyTorch (``torch.ops.attnlab.short_attention`` and
+``short_attention_backward``), so dispatch modes such as ``torch.utils.flop_counter`` see them.
 
-The kernels are built with ``torch.utils.cpp_extension`` (about 20 s) the first time a training step
+The kernels are built with ``torch.utils.cpp_extension`` (once) the first time a training step
 needs them, for the vector instructions PyTorch's own kernels use on this CPU (AVX-512, AVX2, or the
 compiler's default). The build is cached in PyTorch's extension directory (``TORCH_EXTENSIONS_DIR``,
 by default ``~/.cache/torch_extensions``) under a name keyed by everything that makes one build
@@ -154,7 +152,8 @@ def build_key(capability: str, cflags: tuple[str, ...], ldflags: tuple[str, ...]
 
 def _compiler_identity() -> str:
     """The C++ compiler PyTorch's build runs (``$CXX``, else ``c++``): its resolved path, size and
-    modification time, or ``missing``. A ``stat``, not a ``--version`` run: a few microseconds."""
+    modification time, or ``missing``. A ``stat``, not a ``--version`` run, which would start a
+    process."""
     found = shutil.which(os.environ.get("CXX", "c++"))
     if found is None:
         return "missing"
@@ -335,8 +334,8 @@ SHORT_ATTENTION_MAX_HEAD_DIM = 256
 """The widest head (d_k, d_v) :func:`short_attention` takes (kMaxHeadDim in native_attention.cpp)."""
 SHORT_ATTENTION_MAX_QUERIES = 256
 """The most queries :func:`attnlab.nn.attention.attention` hands the kernel. It takes more, but a
-head's kept probabilities then outgrow L2: at 1024 queries over 256 keys its forward took 1.5x
-PyTorch's fused kernel's time (at 64-256 queries 0.4-0.6x, forward + backward 0.4-0.5x)."""
+head's kept probabilities then outgrow L2 and PyTorch's fused kernel is faster
+(benchmarks/README.md)."""
 
 
 def short_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float) -> Tensor:

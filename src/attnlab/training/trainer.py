@@ -101,7 +101,7 @@ def resolve_device(name: str) -> torch.device:
 
 def make_optimizer(parameters: Iterable[nn.Parameter], cfg: TrainConfig) -> torch.optim.Optimizer:
     """Adam (Vaswani §5.3), or AdamW with weight decay, in PyTorch's fused implementation (one kernel
-    for all parameters: about half the time of the multi-tensor one on this project's CPU benchmark)."""
+    for all parameters, faster than the multi-tensor one on a CPU; benchmarks/README.md)."""
     options = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=True)
     if cfg.weight_decay > 0:
         return torch.optim.AdamW(parameters, weight_decay=cfg.weight_decay, **options)
