@@ -150,7 +150,7 @@ CASES: list[tuple[list[str], list[str]]] = [
     (["train", "{config}", "--set", "model.heads=0"], ["model.heads"]),
     (["train", "{config}", "--set", "task.name=nope"], ["task.name", "nope"]),
     (["train", "{config}", "--device", "tpu"], ["train.device", "tpu"]),
-    (["train", "{config}", "--precision", "fp8"], ["train.precision", "fp8"]),
+    (["train", "{config}", "--precision", "fp8"], ["--precision", "fp8", "fp32", "bf16", "fp16"]),
     (["train", "{missing}"], ["{missing}"]),
     (["train", "{broken}"], ["{broken}", "invalid TOML"]),
     (["train", "{config}", "--out", "{long}"], [LONG_NAME[:17], "long"]),

@@ -81,7 +81,7 @@ def usage_message(error: ClickException, argv: Sequence[str] = ()) -> str:
     Returns:
         One line, without click's usage block or "Try --help" hint.
     """
-    message = one_line(error.format_message())
+    message = one_line(error.format_message()).replace("Value error, ", "")  # typer's pydantic prefix
     value = _given_value(argv, getattr(getattr(error, "param", None), "opts", None) or ())
     if value is not None and not isinstance(error, MissingParameter):
         message = message.replace(": ", f": {value!r}: ", 1) if ": " in message else f"{message} ({value!r})"
