@@ -183,7 +183,7 @@ CASES: list[tuple[list[str], list[str]]] = [
     (["import", "bert", "--out", "{out}/run"], ["SOURCE", "--package"]),
     (["import", "bert", "{missing}", "--out", "{out}/run"], ["{missing}", "not a folder"]),
     (["import", "bert", "{bert}", "--package", "x", "--out", "{out}/run"], ["SOURCE", "--package"]),
-    (["bench", "nope"], ["nope", "allowed"]),
+    (["bench", "nope"], ["name", "nope", "not one of", "train-headmask", "all"]),
     (["view", "{missing}"], ["run not found"]),
     (["demo", "--out", "{long}"], [LONG_NAME[:17], "long"]),
     (["demo", "--out", "{file}"], ["a_file"]),

@@ -17,7 +17,7 @@ import pytest
 import typer
 
 from attnlab.cli import app, main
-from attnlab.cli.choices import Precision, Split, TokenizerKind
+from attnlab.cli.choices import Benchmark, HeadKind, Precision, Split, TokenizerKind
 
 HEAVY = ("torch", "numpy", "attnlab.nn", "attnlab.experiment", "attnlab.tasks", "safetensors")
 """Modules that neither the help pages nor ``attnlab tokenize`` may load."""
@@ -110,13 +110,17 @@ def test_help_pages_name_types_and_choices(capsys, monkeypatch):
 
 
 def test_choice_enums_match_the_library():
+    from attnlab.bench import BENCHMARKS
     from attnlab.experiment import PRECISIONS
+    from attnlab.nn import ATTENTION_KINDS
     from attnlab.tasks.base import SPLITS
     from attnlab.tokenizers import KINDS
 
     assert [s.value for s in Split] == list(SPLITS)
     assert [k.value for k in TokenizerKind] == list(KINDS)
     assert [p.value for p in Precision] == list(PRECISIONS)
+    assert [k.value for k in HeadKind] == list(ATTENTION_KINDS)
+    assert [b.value for b in Benchmark] == [*BENCHMARKS, "all"]
 
 
 def test_show_completion_prints_a_bash_script(capsys):

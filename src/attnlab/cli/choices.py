@@ -3,7 +3,8 @@ the shell completes them.
 
 Plain string values, so that the CLI needs no torch to show them; ``tests/unit/test_cli_imports.py``
 checks that each enum matches the library's own list (``attnlab.tasks.base.SPLITS``,
-``attnlab.tokenizers.KINDS``, ``attnlab.experiment.PRECISIONS``).
+``attnlab.tokenizers.KINDS``, ``attnlab.experiment.PRECISIONS``, ``attnlab.nn.ATTENTION_KINDS``,
+``attnlab.bench.BENCHMARKS``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,27 @@ class TokenizerKind(str, Enum):
     char = "char"
     wordpiece = "wordpiece"
     bpe = "bpe"
+
+
+class HeadKind(str, Enum):
+    """An attention kind of a model's heads (:data:`attnlab.nn.ATTENTION_KINDS`)."""
+
+    encoder_self = "encoder_self"
+    decoder_self = "decoder_self"
+    cross = "cross"
+    self = "self"
+
+
+class Benchmark(str, Enum):
+    """A benchmark of ``attnlab bench`` (:data:`attnlab.bench.BENCHMARKS`), or all of them."""
+
+    train = "train"
+    train_headmask = "train-headmask"
+    decode = "decode"
+    attention = "attention"
+    heads = "heads"
+    mfu = "mfu"
+    all = "all"
 
 
 class Precision(str, Enum):
