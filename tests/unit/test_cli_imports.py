@@ -136,3 +136,14 @@ def test_completion_offers_the_choices():
                             capture_output=True, text=True, timeout=60, env=env, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["word", "wordpiece"]
+
+
+def test_the_public_api_keeps_its_names():
+    """``import attnlab`` loads no torch (see above); each public name comes from attnlab.nn on first use."""
+    import attnlab
+    import attnlab.nn
+
+    for name in attnlab.__all__:
+        assert getattr(attnlab, name) is getattr(attnlab.nn, name, attnlab.__version__)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        attnlab.nope  # noqa: B018
