@@ -10,7 +10,10 @@ Every error reaches the terminal as one ``error: ...`` line on stderr, never a t
   exception's type. ``ATTNLAB_TRACEBACK=1`` in the environment re-raises instead, with the traceback.
 
 Each command group lives in its own module and registers itself on :data:`attnlab.cli.app.app`
-when imported below.
+when imported below. A command module imports at its top only what needs no torch (typer,
+:mod:`attnlab.errors`, :mod:`attnlab.cli.choices`, ...); anything that imports torch is imported inside
+the command that uses it, so that ``--help``, shell completion and ``attnlab tokenize`` answer at once
+(``tests/unit/test_cli_imports.py`` checks it).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ PAIRS_HELP = ("Sentence encoders: a TSV file sentence1<TAB>sentence2<TAB>score; 
               "correlation of the embeddings' cosine with the score.")
 
 
-def _probe(run: Path, split: str, batch_size: int, texts: Path | None = None, pairs: Path | None = None):  # noqa: ANN202
+def _probe(run: Path, split: Split | str, batch_size: int, texts: Path | None = None, pairs: Path | None = None):  # noqa: ANN202
     """The objective: the run's task split, or for a sentence encoder --texts (fidelity) / --pairs.
 
     Every probe starts from the run's held heads (train.mask_heads) switched off, as `attnlab eval` does.
