@@ -147,3 +147,13 @@ def test_the_public_api_keeps_its_names():
         assert getattr(attnlab, name) is getattr(attnlab.nn, name, attnlab.__version__)
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         attnlab.nope  # noqa: B018
+
+
+def test_install_completion_writes_the_script_into_home(tmp_path):
+    env = {**os.environ, "HOME": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-c", "from attnlab.cli import main; main()", "--install-completion", "bash"],
+                            capture_output=True, text=True, timeout=60, env=env, check=False)
+    assert result.returncode == 0, result.stderr
+    scripts = list(tmp_path.rglob("attnlab*"))
+    assert scripts and "_attnlab_completion" in scripts[0].read_text()
+    assert str(scripts[0].relative_to(tmp_path)) in (tmp_path / ".bashrc").read_text()
