@@ -33,26 +33,28 @@ Quick start::
 
 __version__ = "0.1.0"
 
-from attnlab.nn import (  # noqa: E402
-    AttentionRecord,
-    DecoderOnly,
-    DecoderOnlyConfig,
-    EncoderClassifier,
-    EncoderClassifierConfig,
-    EncoderDecoder,
-    EncoderDecoderConfig,
-    KVCache,
-    MultiHeadAttention,
-    PositionwiseFeedForward,
-    TransformerConfig,
-    attention,
-    build_model,
-    capture,
-    causal_mask,
-    full_head_mask,
-    padding_mask,
-    preset,
-)
+# The public API lives in attnlab.nn, which imports PyTorch: load it on first use (PEP 562), so
+# that `import attnlab` (and the CLI's help and tokenize) stay free of torch.
+_FROM_NN = frozenset({
+    "AttentionRecord",
+    "DecoderOnly",
+    "DecoderOnlyConfig",
+    "EncoderClassifier",
+    "EncoderClassifierConfig",
+    "EncoderDecoder",
+    "EncoderDecoderConfig",
+    "KVCache",
+    "MultiHeadAttention",
+    "PositionwiseFeedForward",
+    "TransformerConfig",
+    "attention",
+    "build_model",
+    "capture",
+    "causal_mask",
+    "full_head_mask",
+    "padding_mask",
+    "preset",
+})
 
 __all__ = [
     "__version__",
@@ -75,3 +77,18 @@ __all__ = [
     "padding_mask",
     "preset",
 ]
+
+
+def __getattr__(name: str):  # noqa: ANN202 - PEP 562 module attribute hook
+    """``attnlab.X`` for a public name of :mod:`attnlab.nn`, imported on first use."""
+    if name in _FROM_NN:
+        import attnlab.nn
+
+        value = getattr(attnlab.nn, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

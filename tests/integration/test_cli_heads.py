@@ -216,7 +216,7 @@ def test_generate_decodes_with_the_held_heads_off(held_run):
         (("heads", "prune", "{run}", "--percent", "10", "20", "--physical", "--out", "{tmp}/x"), "--physical: give exactly one --percent"),
         (("heads", "prune", "{run}", "--percent", "10", "--physical"), "--physical: give --out NEW_RUN"),
         (("heads", "ablate", "{run}", "--kind", "self"), "this run has no 'self' attention; it has: cross, decoder_self, encoder_self"),
-        (("heads", "importance", "{run}", "--split", "dev"), "--split: unknown 'dev'"),
+        (("heads", "importance", "{run}", "--split", "dev"), "Invalid value for '--split': 'dev': 'dev' is not one of 'train', 'valid'"),
         (("eval", "{run}", "--mask-head", "cross:0:5"), "head 5 is out of range; cross layer 0 has heads 0..1"),
         (("eval", "{run}", "--mask-head", "cross:9:0"), "layer 9 is out of range; cross has layers 0..1"),
         (("heads", "importance", "no/such/run"), "run not found"),

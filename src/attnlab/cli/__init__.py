@@ -10,7 +10,10 @@ Every error reaches the terminal as one ``error: ...`` line on stderr, never a t
   exception's type. ``ATTNLAB_TRACEBACK=1`` in the environment re-raises instead, with the traceback.
 
 Each command group lives in its own module and registers itself on :data:`attnlab.cli.app.app`
-when imported below.
+when imported below. A command module imports at its top only what needs no torch (typer,
+:mod:`attnlab.errors`, :mod:`attnlab.cli.choices`, ...); anything that imports torch is imported inside
+the command that uses it, so that ``--help``, shell completion and ``attnlab tokenize`` answer at once
+(``tests/unit/test_cli_imports.py`` checks it).
 """
 
 from __future__ import annotations
@@ -81,7 +84,7 @@ def usage_message(error: ClickException, argv: Sequence[str] = ()) -> str:
     Returns:
         One line, without click's usage block or "Try --help" hint.
     """
-    message = one_line(error.format_message())
+    message = one_line(error.format_message()).replace("Value error, ", "")  # typer's pydantic prefix
     value = _given_value(argv, getattr(getattr(error, "param", None), "opts", None) or ())
     if value is not None and not isinstance(error, MissingParameter):
         message = message.replace(": ", f": {value!r}: ", 1) if ": " in message else f"{message} ({value!r})"

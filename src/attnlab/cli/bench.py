@@ -8,12 +8,12 @@ from pathlib import Path
 import typer
 
 from attnlab.cli.app import app
-from attnlab.errors import UsageError
+from attnlab.cli.choices import Benchmark
 
 
 @app.command()
 def bench(
-    name: str = typer.Argument(..., help="train, train-headmask, decode, attention, heads, mfu, or all."),
+    name: Benchmark = typer.Argument(..., help="The benchmark to run, or all of them."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (a list of them for `all`)."),
     quick: bool = typer.Option(False, "--quick", help="Small sizes: a smoke test of every code path."),
     save: Path = typer.Option(None, "--save", help="Write <name>.json (and plots) into this folder."),
@@ -26,9 +26,8 @@ def bench(
 
     from attnlab.output_paths import check_output_path
 
+    name = name.value
     names = list(BENCHMARKS) if name == "all" else [name]
-    if name != "all" and name not in BENCHMARKS:
-        raise UsageError(f"benchmark: unknown {name!r}; allowed: {', '.join(BENCHMARKS)}, all")
     if save is not None:
         check_output_path(save, kind="folder", flag="--save")
     keep_freed_memory()  # as `attnlab train` does; every system timed here shares this process

@@ -9,13 +9,13 @@ import typer
 
 from attnlab.cli.app import app
 from attnlab.errors import UsageError
-from attnlab.tasks.base import SPLITS
+from attnlab.cli.choices import Split
 
 
 @app.command("eval")
 def evaluate_run(
     run: Path = typer.Argument(..., help="A run directory written by `attnlab train`."),
-    split: str = typer.Option("test", "--split", help=f"One of: {', '.join(SPLITS)}."),
+    split: Split = typer.Option(Split.test, "--split", help="The split to evaluate on."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object of metrics."),
     batch_size: int = typer.Option(128, "--batch-size", min=1),
     mask_heads: list[str] = typer.Option(None, "--mask-head", help="Mask a head, kind:layer:head (repeatable)."),
@@ -30,13 +30,14 @@ def evaluate_run(
 
     Heads held at zero in training (train.mask_heads) stay masked; --mask-head masks more.
     """
-    if split not in SPLITS:
-        raise UsageError(f"--split: unknown {split!r}; allowed: {', '.join(SPLITS)}")
     from attnlab.evaluation.evaluate import evaluate
     from attnlab.experiment import open_run
     from attnlab.head_ids import parse_head
     from attnlab.tasks.batching import count_too_long
 
+    from attnlab.tasks.base import SPLITS
+
+    split = split.value
     loaded = open_run(run)
     train = loaded.experiment.train
     extra = [parse_head(spec, loaded.model) for spec in mask_heads or []]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
 import typer
 
 from attnlab.cli.app import app
@@ -33,6 +32,8 @@ def generate(
 
     Heads held at zero in training (train.mask_heads) stay off, as in `attnlab eval`.
     """
+    import torch
+
     from attnlab.decoding import DecodeOptions, decode, generate_continuations
     from attnlab.experiment import open_run
 

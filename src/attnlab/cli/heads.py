@@ -7,21 +7,22 @@ from pathlib import Path
 import typer
 
 from attnlab.cli.app import app
+from attnlab.cli.choices import HeadKind, Split, value_of
 from attnlab.errors import UsageError
 from attnlab.output_paths import check_output_path
 
 heads_app = typer.Typer(help="Head analysis: ablation, importance and pruning (Michel et al.).", no_args_is_help=True)
 app.add_typer(heads_app, name="heads")
 
-SPLIT_HELP = "The split to measure on (train, valid, test, length_generalisation)."
-KIND_HELP = "Only heads of this attention kind (encoder_self, decoder_self, cross, self); repeatable."
+SPLIT_HELP = "The split to measure on."
+KIND_HELP = "Only heads of this attention kind; repeatable."
 TEXTS_HELP = ("Sentence encoders: a text file, one text per line; the objective is the fidelity of the "
               "sentence embeddings to the unmasked model (1 - cosine).")
 PAIRS_HELP = ("Sentence encoders: a TSV file sentence1<TAB>sentence2<TAB>score; the metric is the Spearman "
               "correlation of the embeddings' cosine with the score.")
 
 
-def _probe(run: Path, split: str, batch_size: int, texts: Path | None = None, pairs: Path | None = None):  # noqa: ANN202
+def _probe(run: Path, split: Split | str, batch_size: int, texts: Path | None = None, pairs: Path | None = None):  # noqa: ANN202
     """The objective: the run's task split, or for a sentence encoder --texts (fidelity) / --pairs.
 
     Every probe starts from the run's held heads (train.mask_heads) switched off, as `attnlab eval` does.
@@ -29,12 +30,10 @@ def _probe(run: Path, split: str, batch_size: int, texts: Path | None = None, pa
     from attnlab.analysis.fidelity import FidelityProbe, PairProbe
     from attnlab.analysis.heads import TaskProbe
     from attnlab.experiment import open_run
-    from attnlab.tasks.base import SPLITS
 
     if texts is not None and pairs is not None:
         raise UsageError("give --texts or --pairs, not both")
-    if split not in SPLITS:
-        raise UsageError(f"--split: unknown {split!r}; allowed: {', '.join(SPLITS)}")
+    split = Split(split).value
     loaded = open_run(run)
     if texts is not None:
         return loaded, FidelityProbe(loaded, texts, batch_size=batch_size, base_mask=loaded.held_mask())
@@ -58,9 +57,9 @@ def _held_note(loaded) -> str | None:  # noqa: ANN001
 @heads_app.command("ablate")
 def ablate_command(
     run: Path = typer.Argument(..., help="A run directory."),
-    split: str = typer.Option("valid", "--split", help=SPLIT_HELP),
+    split: Split = typer.Option(Split.valid, "--split", help=SPLIT_HELP),
     out: Path = typer.Option(None, "--out", help="Folder for the CSVs and heatmaps (default RUN/analysis)."),
-    kinds: list[str] = typer.Option(None, "--kind", help=KIND_HELP),
+    kinds: list[HeadKind] = typer.Option(None, "--kind", help=KIND_HELP),
     batch_size: int = typer.Option(128, "--batch-size", min=1),
     texts: Path = typer.Option(None, "--texts", help=TEXTS_HELP),
     pairs: Path = typer.Option(None, "--pairs", help=PAIRS_HELP),
@@ -73,6 +72,7 @@ def ablate_command(
 
     if out is not None:
         check_output_path(out, kind="folder", flag="--out")
+    kinds = [value_of(kind) for kind in kinds or ()]
     loaded, probe = _probe(run, split, batch_size, texts, pairs)
     folder = out or loaded.run.analysis
     total = 2 * len(head_ids(loaded.model, kinds or None))
@@ -97,10 +97,10 @@ def ablate_command(
 @heads_app.command("importance")
 def importance_command(
     run: Path = typer.Argument(..., help="A run directory."),
-    split: str = typer.Option("valid", "--split", help=SPLIT_HELP),
+    split: Split = typer.Option(Split.valid, "--split", help=SPLIT_HELP),
     normalize_per_layer: bool = typer.Option(False, "--normalize-per-layer", help="Divide each layer's scores by their l2 norm."),
     out: Path = typer.Option(None, "--out", help="The CSV to write (default RUN/analysis/importance.csv)."),
-    kinds: list[str] = typer.Option(None, "--kind", help=KIND_HELP),
+    kinds: list[HeadKind] = typer.Option(None, "--kind", help=KIND_HELP),
     batch_size: int = typer.Option(128, "--batch-size", min=1),
     texts: Path = typer.Option(None, "--texts", help=TEXTS_HELP),
     pairs: Path = typer.Option(None, "--pairs", help=PAIRS_HELP),
@@ -112,6 +112,7 @@ def importance_command(
     if out is not None:
         check_output_path(out, kind="file", flag="--out")
         check_output_path(out.with_suffix(".png"), kind="file", flag="--out (its heatmap)")
+    kinds = [value_of(kind) for kind in kinds or ()]
     loaded, probe = _probe(run, split, batch_size, texts, pairs)
     path = out or loaded.run.analysis / "importance.csv"
     rows = importance(probe, normalize_per_layer=normalize_per_layer, kinds=kinds or None)
@@ -134,8 +135,8 @@ def prune_command(
     keep_one_per_layer: bool = typer.Option(False, "--keep-one-per-layer", help="Never prune a layer's last head."),
     physical: bool = typer.Option(False, "--physical", help="Write a new run without the pruned heads (one --percent)."),
     out: Path = typer.Option(None, "--out", help="Folder for curve.csv/curve.png, or the new run with --physical."),
-    split: str = typer.Option("valid", "--split", help=SPLIT_HELP),
-    kinds: list[str] = typer.Option(None, "--kind", help=KIND_HELP),
+    split: Split = typer.Option(Split.valid, "--split", help=SPLIT_HELP),
+    kinds: list[HeadKind] = typer.Option(None, "--kind", help=KIND_HELP),
     batch_size: int = typer.Option(128, "--batch-size", min=1),
     texts: Path = typer.Option(None, "--texts", help=TEXTS_HELP),
     pairs: Path = typer.Option(None, "--pairs", help=PAIRS_HELP),
@@ -153,6 +154,7 @@ def prune_command(
         raise UsageError("--physical: give --out NEW_RUN for the pruned run")
     if out is not None:
         check_output_path(out, kind="run" if physical else "folder", flag="--out")
+    kinds = [value_of(kind) for kind in kinds or ()]
     loaded, probe = _probe(run, split, batch_size, texts, pairs)
     if physical:
         _prune_physically(loaded, probe, percents, out, keep_one_per_layer, kinds or None)

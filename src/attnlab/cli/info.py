@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import json
 
-import torch
 import typer
 
 from attnlab import __version__
 from attnlab.cli.app import app
-from attnlab.nn import ACTIVATIONS, MODELS, NORMALIZERS, POSITIONAL, SCORES
 
 
 @app.command()
 def info(as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
     """Show versions, threads, devices and the registered model variants."""
+    import torch
+
+    from attnlab.nn import ACTIVATIONS, MODELS, NORMALIZERS, POSITIONAL, SCORES
+
     facts = {
         "attnlab": __version__,
         "torch": torch.__version__,

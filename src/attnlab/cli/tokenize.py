@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from attnlab.cli.app import app
 from attnlab.errors import UsageError
-from attnlab.tasks.text import read_lines
-from attnlab.tokenizers import KINDS, Tokenizer, train_tokenizer
+from attnlab.cli.choices import TokenizerKind, value_of
+
+if TYPE_CHECKING:  # the tokenizers import at run time, inside the command
+    from attnlab.tokenizers import Tokenizer
 
 
 def _pick_tokenizer(
@@ -23,8 +26,8 @@ def _pick_tokenizer(
     if lowercase is not None and vocab is None:
         flag = "--lowercase" if lowercase else "--no-lowercase"
         raise UsageError(f"{flag}: applies to --vocab only (a tokenizer.json carries its own normalizer)")
-    if kind is not None and kind not in KINDS:
-        raise UsageError(f"--kind: unknown kind {kind!r}; choose one of {', '.join(KINDS)}")
+    from attnlab.tokenizers import Tokenizer, train_tokenizer
+
     if tokenizer is not None:
         loaded = Tokenizer.load(tokenizer)
         if kind is not None and kind != loaded.kind:
@@ -37,6 +40,8 @@ def _pick_tokenizer(
     if kind is None:
         raise UsageError("--kind: required unless --tokenizer or --vocab is given")
     if corpus is not None:
+        from attnlab.tasks.text import read_lines
+
         lines = read_lines(corpus, skip_bad_lines=skip_bad_lines)
         if lines.skipped:
             typer.echo(f"skipped {len(lines.skipped)} bad lines in {corpus}", err=True)
@@ -48,7 +53,7 @@ def _pick_tokenizer(
 @app.command("tokenize")
 def tokenize(
     text: str = typer.Argument(..., help="The text to tokenize."),
-    kind: str = typer.Option(None, "--kind", help=f"Tokenizer kind: {', '.join(KINDS)}."),
+    kind: TokenizerKind = typer.Option(None, "--kind", help="Tokenizer kind."),
     tokenizer: Path = typer.Option(None, "--tokenizer", help="A tokenizer.json (attnlab or Hugging Face)."),
     vocab: Path = typer.Option(None, "--vocab", help="A BERT vocab.txt (wordpiece); its casing decides (see above)."),
     lowercase: bool | None = typer.Option(
@@ -69,6 +74,6 @@ def tokenize(
 
     A tokenizer.json keeps its own normalizer, but any padding or truncation it configures is ignored: the output is TEXT's tokens only.
     """
-    tok = _pick_tokenizer(text, kind, tokenizer, vocab, train, vocab_size, skip_bad_lines, lowercase)
+    tok = _pick_tokenizer(text, value_of(kind), tokenizer, vocab, train, vocab_size, skip_bad_lines, lowercase)
     out = tok.encode(text) if ids else tok.tokenize(text)
     typer.echo(json.dumps(out, ensure_ascii=False))

@@ -11,10 +11,9 @@ from pathlib import Path
 import typer
 
 from attnlab.cli.app import app
+from attnlab.cli.choices import Precision, value_of
 from attnlab.errors import UsageError
-from attnlab.experiment import load_experiment, run_experiment
 from attnlab.output_paths import check_output_path
-from attnlab.runs import RunDir
 
 
 @app.command()
@@ -25,15 +24,18 @@ def train(
     resume: Path = typer.Option(None, "--resume", help="Continue the run in this directory from its last checkpoint."),
     nproc: int = typer.Option(1, "--nproc", min=1, help="Train on N processes with DistributedDataParallel (torchrun)."),
     device: str = typer.Option(None, "--device", help="cpu, cuda or cuda:N (same as --set train.device=...)."),
-    precision: str = typer.Option(None, "--precision", help="fp32, bf16 or fp16 (same as --set train.precision=...)."),
+    precision: Precision = typer.Option(None, "--precision", help="Same as --set train.precision=..."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
 ) -> None:
     """Train a model on a task; writes a run directory (config, weights, checkpoints, metrics, plots)."""
+    from attnlab.experiment import load_experiment, run_experiment
+    from attnlab.runs import RunDir
+
     overrides = list(overrides)
     if device:
         overrides.append(f"train.device={device!r}".replace("'", '"'))
     if precision:
-        overrides.append(f'train.precision="{precision}"')
+        overrides.append(f'train.precision="{value_of(precision)}"')
     if resume is not None:
         experiment = run_experiment(RunDir.open(resume)).with_overrides(overrides)
         run_path = resume

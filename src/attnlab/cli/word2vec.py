@@ -5,14 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from tqdm import tqdm
 
 from attnlab.cli.app import app
-from attnlab.embeddings import save_vectors, train_word2vec
 from attnlab.output_paths import check_output_path
 from attnlab.resources import MAX_VECTOR_DIM, check_vector_dim
-from attnlab.tasks.text import read_lines
-from attnlab.tokenizers import Tokenizer
 
 
 @app.command("word2vec")
@@ -28,6 +24,12 @@ def word2vec(
     skip_bad_lines: bool = typer.Option(False, "--skip-bad-lines", help="Skip bad lines (counted)."),
 ) -> None:
     """Train skip-gram word2vec vectors with gensim and write them to --out."""
+    from tqdm import tqdm
+
+    from attnlab.embeddings import save_vectors, train_word2vec
+    from attnlab.tasks.text import read_lines
+    from attnlab.tokenizers import Tokenizer
+
     check_vector_dim(dim, flag="--dim")
     check_output_path(out, kind="file", flag="--out")
     lines = read_lines(corpus, skip_bad_lines=skip_bad_lines)

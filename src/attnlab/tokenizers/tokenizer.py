@@ -36,7 +36,6 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers
 
 from attnlab.errors import DataError
-from attnlab.storage import atomic_write_text
 from attnlab.tokenizers.kinds import EXTERNAL_KIND, KINDS, SPECIAL_TOKENS, build, infer_kind
 
 __all__ = ["Tokenizer", "train_tokenizer", "check_text", "is_uncased", "SPECIAL_ALIASES"]
@@ -208,6 +207,8 @@ class Tokenizer:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write Hugging Face ``tokenizer.json`` (atomically: a reader never sees half a file)."""
+        from attnlab.storage import atomic_write_text  # imports torch: only when saving
+
         atomic_write_text(Path(path), self.hf.to_str(pretty=True))
 
     @classmethod
