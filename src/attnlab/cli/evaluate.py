@@ -33,7 +33,7 @@ def evaluate_run(
     if split not in SPLITS:
         raise UsageError(f"--split: unknown {split!r}; allowed: {', '.join(SPLITS)}")
     from attnlab.evaluation.evaluate import evaluate
-    from attnlab.experiment import open_run
+    from attnlab.loaded_run import open_run
     from attnlab.head_ids import parse_head
     from attnlab.tasks.batching import count_too_long
 

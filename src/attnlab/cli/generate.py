@@ -34,7 +34,7 @@ def generate(
     Heads held at zero in training (train.mask_heads) stay off, as in `attnlab eval`.
     """
     from attnlab.decoding import DecodeOptions, decode, generate_continuations
-    from attnlab.experiment import open_run
+    from attnlab.loaded_run import open_run
 
     check_beam(beam, flag="--beam")
     check_new_tokens(max_length, flag="--max-length")

@@ -28,7 +28,7 @@ def _probe(run: Path, split: str, batch_size: int, texts: Path | None = None, pa
     """
     from attnlab.analysis.fidelity import FidelityProbe, PairProbe
     from attnlab.analysis.heads import TaskProbe
-    from attnlab.experiment import open_run
+    from attnlab.loaded_run import open_run
     from attnlab.tasks.base import SPLITS
 
     if texts is not None and pairs is not None:

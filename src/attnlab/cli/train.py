@@ -12,7 +12,8 @@ import typer
 
 from attnlab.cli.app import app
 from attnlab.errors import UsageError
-from attnlab.experiment import load_experiment, run_experiment
+from attnlab.experiment import load_experiment
+from attnlab.loaded_run import run_experiment
 from attnlab.output_paths import check_output_path
 from attnlab.runs import RunDir
 

@@ -36,7 +36,8 @@ import torch
 from torch import Tensor
 
 from attnlab.errors import CheckpointError, ConfigError, UsageError
-from attnlab.experiment import ExperimentConfig, model_for_task
+from attnlab.experiment import ExperimentConfig
+from attnlab.tasks.factory import model_for_task
 from attnlab.nn import EncoderOnlyConfig, TransformerModel
 from attnlab.runs import RunDir
 from attnlab.storage import load_tensors
