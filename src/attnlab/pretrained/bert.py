@@ -397,7 +397,7 @@ def import_bert(
 ) -> ImportedBert:
     """Convert ``source`` into the run directory ``out``: config.json, tokenizer.json, model.safetensors.
 
-    The run's task is ``sentences`` (task kind ``embedding``), so :func:`attnlab.experiment.open_run`
+    The run's task is ``sentences`` (task kind ``embedding``), so :func:`attnlab.loaded_run.open_run`
     loads it like any other run.
     """
     say = progress or (lambda _message: None)
