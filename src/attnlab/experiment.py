@@ -24,23 +24,18 @@ from __future__ import annotations
 
 import dataclasses
 import tomllib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torch import Tensor
-
-from attnlab.errors import CheckpointError, ConfigError, DataError, UsageError
-from attnlab.head_ids import HeadId, held_heads, held_mask
-from attnlab.nn import MODELS, HeadMask, TransformerConfig, TransformerModel, build_model
+from attnlab.errors import ConfigError
+from attnlab.nn import MODELS, TransformerConfig
 from attnlab.nn.config import check_field_types, check_value_types  # the same type rules as the model configs
 from attnlab.resources import check_split_sizes
-from attnlab.runs import RunDir
-from attnlab.tasks.base import Vocab
-from attnlab.tasks.registry import TASKS, check_task_types, get_task, task_options
-from attnlab.tasks.text import read_lines, read_parallel
-from attnlab.tokenizers import Tokenizer, check_build_options, train_tokenizer
+from attnlab.tasks.factory import TEXT_TASK_EXTRAS, TOKENIZER_KEYS, TokenizerKeys
+from attnlab.tasks.registry import TASKS, check_task_types, task_options
+from attnlab.tokenizers import check_build_options
 
 SCHEDULE_NAMES = ("noam", "constant", "cosine")
 
@@ -50,13 +45,9 @@ __all__ = [
     "TASK_DECIDES",
     "load_experiment",
     "parse_overrides",
-    "build_task",
-    "model_for_task",
-    "model_config_for_task",
-    "TextCodec",
-    "LoadedRun",
-    "open_run",
-    "run_experiment",
+    "apply_overrides",
+    "complete_task_section",
+    "complete_model_section",
 ]
 
 TASK_DECIDES = ("vocab_size", "tgt_vocab_size", "num_classes", "pad_id")
@@ -240,8 +231,8 @@ def _check_task_section(task: Mapping[str, Any]) -> None:
         raise ConfigError(f"task.{unknown[0]}: unknown key for task {name!r}; allowed: {', '.join(allowed)}")
     # Checked here, before a text task reads its training file to train a tokenizer.
     keys = {k: v for k, v in task.items() if k != "name"}
-    _check_tokenizer_keys({k: v for k, v in keys.items() if k in _TOKENIZER_KEYS})
-    check_task_types(name, {k: v for k, v in keys.items() if k not in _TOKENIZER_KEYS})
+    _check_tokenizer_keys({k: v for k, v in keys.items() if k in TOKENIZER_KEYS})
+    check_task_types(name, {k: v for k, v in keys.items() if k not in TOKENIZER_KEYS})
     check_split_sizes(task)  # generated and held in memory before training: capped
 
 
@@ -285,7 +276,7 @@ def _check_model_keys_without_kind(model: Mapping[str, Any]) -> None:
 def complete_task_section(task: Mapping[str, Any]) -> dict[str, Any]:
     """A checked [task] section with every option it leaves out set to its default (the task
     class's, or :class:`TokenizerKeys`' for the tokenizer keys); an option without a default (a
-    text task's ``train_file``) stays out, for :func:`build_task` to ask for."""
+    text task's ``train_file``) stays out, for :func:`attnlab.tasks.factory.build_task` to ask for."""
     name = task["name"]
     defaults = _field_defaults(TASKS[name].func if hasattr(TASKS[name], "func") else TASKS[name])
     defaults.update(_field_defaults(TokenizerKeys))
@@ -320,25 +311,6 @@ def _field_defaults(cls: type) -> dict[str, Any]:
         elif item.default_factory is not dataclasses.MISSING:
             defaults[item.name] = item.default_factory()
     return defaults
-
-
-@dataclass(frozen=True)
-class TokenizerKeys:
-    """The [task] keys of a text task that choose its tokenizer rather than configure the task: a
-    tokenizer.json to load, or the kind and size of one to train on the training file."""
-
-    tokenizer: str | None = None
-    tokenizer_kind: str = "bpe"
-    vocab_size: int = 8000
-
-
-_TOKENIZER_KEYS = tuple(f.name for f in dataclasses.fields(TokenizerKeys))
-
-TEXT_TASK_EXTRAS: dict[str, tuple[str, ...]] = {
-    "translation": ("tokenizer_kind", "vocab_size"),
-    "lm": ("tokenizer_kind", "vocab_size"),
-}
-"""Keys text tasks take besides their own: how to build the tokenizer when none is given."""
 
 
 def parse_overrides(overrides: Sequence[str]) -> list[tuple[str, str, Any]]:
@@ -385,195 +357,3 @@ def load_experiment(path: str | Path, overrides: Sequence[str] = ()) -> Experime
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: invalid TOML: {error}") from None
     return ExperimentConfig.from_dict(apply_overrides(data, parse_overrides(overrides)))
-
-
-# ---- from a config to a task and a model ------------------------------------------------------
-
-TEXT_TASKS = ("translation", "lm", "sentences")
-
-MODEL_FOR_TASK_KIND = {
-    "recognition": "encoder_classifier",
-    "seq2seq": "encoder_decoder",
-    "lm": "decoder_only",
-    "embedding": "encoder",
-}
-"""The model kind each kind of task trains."""
-
-
-def build_task(
-    section: Mapping[str, Any], *, saved_tokenizer: Tokenizer | Path | None = None
-) -> tuple[Any, Tokenizer | None]:
-    """The task of a [task] section, and its tokenizer for text tasks.
-
-    A text task's tokenizer is, in order: the run's saved ``tokenizer.json`` (``saved_tokenizer``,
-    when resuming or evaluating: a Tokenizer already read, see :func:`saved_tokenizer`, or a path), the file named by ``task.tokenizer``, or one trained on the
-    training file (``task.tokenizer_kind``, default ``bpe``; ``task.vocab_size``, default 8000).
-    The ``sentences`` task reads a pretrained encoder's tokenizer, so it never trains one.
-    """
-    options = {k: v for k, v in section.items() if k != "name"}
-    name = section["name"]
-    if name not in TEXT_TASKS:
-        return get_task(name, **options), None
-    keys = TokenizerKeys(**{k: options.pop(k) for k in _TOKENIZER_KEYS if k in options})
-    kind, vocab_size, tokenizer_path = keys.tokenizer_kind, keys.vocab_size, keys.tokenizer
-    if isinstance(saved_tokenizer, Tokenizer):
-        tokenizer = saved_tokenizer
-    elif saved_tokenizer is not None and saved_tokenizer.exists():
-        tokenizer = Tokenizer.load(saved_tokenizer)
-    elif tokenizer_path is not None:
-        tokenizer = Tokenizer.load(tokenizer_path)
-    elif name in PRETRAINED_TOKENIZER_TASKS:
-        raise ConfigError(f"task.tokenizer: required for task {name!r} (the pretrained model's tokenizer.json)")
-    else:
-        if "train_file" not in options:
-            raise ConfigError(f"task.train_file: required for task {name!r}")
-        tokenizer = train_tokenizer(kind, _corpus(name, options), vocab_size)
-    return get_task(name, tokenizer=tokenizer, **options), tokenizer
-
-
-PRETRAINED_TOKENIZER_TASKS = ("sentences",)
-"""Text tasks whose tokenizer comes with a pretrained model and is never trained here."""
-
-
-def _corpus(name: str, options: Mapping[str, Any]) -> list[str]:
-    reader_options = {k: options[k] for k in ("max_line_chars", "skip_bad_lines") if k in options}
-    try:
-        if name == "translation":
-            pairs = read_parallel(options["train_file"], **reader_options).items
-            return [side for pair in pairs for side in pair]
-        return list(read_lines(options["train_file"], **reader_options).items)
-    except ConfigError as error:  # "max_line_chars: must be >= 1": a [task] key
-        raise ConfigError(f"task.{error}") from None
-
-
-def model_for_task(experiment: ExperimentConfig, task: Any) -> TransformerModel:
-    """The model of the experiment, sized by the task (vocabularies, classes, padding id)."""
-    return build_model(model_config_for_task(experiment, task))
-
-
-def model_config_for_task(experiment: ExperimentConfig, task: Any) -> TransformerConfig:
-    """The config of :func:`model_for_task`'s model, without building it (for memory estimates)."""
-    wanted = MODEL_FOR_TASK_KIND[task.kind]
-    if experiment.model_kind != wanted:
-        raise ConfigError(
-            f"model.kind: task {experiment.task_name!r} trains a {wanted} model, not {experiment.model_kind}"
-        )
-    target = getattr(task, "target", None)
-    decided = {
-        "vocab_size": task.vocab_size,
-        "tgt_vocab_size": target.vocab_size if target is not None else task.vocab_size,
-        "num_classes": 2,
-        "pad_id": task.pad_id,
-    }
-    return experiment.model_config(**decided)
-
-
-class TextCodec:
-    """Text <-> token ids for a task: its tokenizer (text tasks) or its symbol vocabulary.
-
-    Synthetic tasks write one symbol per character ("abc", "12+5", "(()())"); symbols may also be
-    separated by spaces ("a b c"). A task with a ``frame`` (the ``sentences`` task: BERT's
-    ``[CLS] ... [SEP]``) puts the tokenizer's ids in it; the others take them as they are.
-    """
-
-    def __init__(self, task: Any, tokenizer: Tokenizer | None) -> None:
-        self.task, self.tokenizer = task, tokenizer
-        self._frame = FRAMES.get(getattr(task, "kind", ""), _unframed)(task)
-
-    def encode(self, text: str) -> list[int]:
-        if self.tokenizer is not None:
-            return self._frame(self.tokenizer.encode(text))
-        vocab: Vocab = self.task.vocab
-        symbols = text.split() if " " in text.strip() else list(text.strip())
-        allowed = vocab.tokens[3:]
-        for symbol in symbols:
-            if symbol not in allowed:
-                raise UsageError(f"input {text!r}: symbol {symbol!r} is not in the task's alphabet {' '.join(allowed)}")
-        return list(vocab.encode(tuple(symbols)))
-
-    def decode(self, ids: list[int]) -> str:
-        if self.tokenizer is not None:
-            return getattr(self.task, "target", self.tokenizer).decode(ids)
-        return "".join(self.task.vocab.tokens[i] for i in ids)
-
-    def vocabulary(self) -> dict[str, int]:
-        """token text -> id, specials excluded (what word vectors can be looked up by)."""
-        if self.tokenizer is not None:
-            specials = set(self.tokenizer.special_ids.values())
-            return {t: i for t, i in self.tokenizer.vocab.items() if i not in specials}
-        return {t: i for i, t in enumerate(self.task.vocab.tokens) if i >= 3}
-
-    def tokens(self, ids: list[int]) -> list[str]:
-        """One label per id (for plots and the viewer)."""
-        if self.tokenizer is not None:
-            return [self.tokenizer.id_to_token(i) or "?" for i in ids]
-        return [self.task.vocab.tokens[i] for i in ids]
-
-
-def _unframed(task: Any) -> Any:
-    return list
-
-
-FRAMES: dict[str, Any] = {"embedding": lambda task: task.frame}
-"""Task kind -> (task -> the function that puts a text's token ids into the model's input frame)."""
-
-
-@dataclass(frozen=True)
-class LoadedRun:
-    """A trained run, ready to use: its config, task, codec and model (weights loaded, eval mode)."""
-
-    run: RunDir
-    experiment: ExperimentConfig
-    task: Any
-    tokenizer: Tokenizer | None
-    codec: TextCodec
-    model: TransformerModel
-
-    @property
-    def held_heads(self) -> list[HeadId]:
-        """The heads ``train.mask_heads`` held at zero in training (Michel §2.3's xi_h = 0)."""
-        return held_heads(self.model, self.experiment.train.mask_heads)
-
-    def held_mask(self, off: Iterable[HeadId] = (), *, base: HeadMask | None = None) -> dict[str, Tensor] | None:
-        """The head mask to run this model with: the held heads and ``off`` at 0, on top of ``base``.
-
-        The run's model *is* the model with its held heads off (they never trained), so evaluation,
-        decoding, attention maps and head analysis all start from this mask; None when nothing is
-        masked. See :func:`attnlab.head_ids.held_mask`.
-        """
-        return held_mask(self.model, self.experiment.train.mask_heads, off, base=base)
-
-
-def run_experiment(run: RunDir) -> ExperimentConfig:
-    """The experiment a run was made with, from its config.json; an error names that file."""
-    try:
-        return ExperimentConfig.from_dict(run.read_config())
-    except ConfigError as error:
-        raise ConfigError(f"{run.path / RunDir.CONFIG}: {error}") from None
-
-
-def saved_tokenizer(run: RunDir) -> Tokenizer | None:
-    """The run's tokenizer.json, verified against its manifest; None when the run has none.
-
-    Raises:
-        CheckpointError: the file is damaged or not a tokenizer; the message names it.
-    """
-    text = run.read_tokenizer_text()
-    if text is None:
-        return None
-    try:
-        return Tokenizer.from_str(text, source=run.tokenizer_path)
-    except DataError as error:
-        raise CheckpointError(str(error)) from None
-
-
-def open_run(path: str | Path, *, device: str = "cpu") -> LoadedRun:
-    """Load a run directory: config.json, the task, tokenizer.json and model.safetensors, each
-    verified against the run's manifest (see :meth:`attnlab.runs.RunDir.read_verified`)."""
-    run = RunDir.open(path)
-    experiment = run_experiment(run)
-    task, tokenizer = build_task(experiment.task, saved_tokenizer=saved_tokenizer(run))
-    model = model_for_task(experiment, task)
-    run.load_weights(model)
-    model.to(device).eval()
-    return LoadedRun(run, experiment, task, tokenizer, TextCodec(task, tokenizer), model)

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.errors import UsageError
-from attnlab.experiment import LoadedRun
+from attnlab.loaded_run import LoadedRun
 from attnlab.nn.models import POOLINGS
 from attnlab.tasks.base import Example
 from attnlab.tasks.batching import collate

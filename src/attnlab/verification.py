@@ -140,7 +140,7 @@ def _verify_top_level(run: RunDir, report: VerifyReport) -> None:
 
 
 def _read_tokenizer(run: RunDir) -> object:
-    from attnlab.experiment import saved_tokenizer  # the tokenizer libraries load only when needed
+    from attnlab.loaded_run import saved_tokenizer  # the tokenizer libraries load only when needed
 
     return saved_tokenizer(run)
 

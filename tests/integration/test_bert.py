@@ -20,7 +20,7 @@ from attnlab.analysis.maps import attention_view  # noqa: E402
 from attnlab.analysis.fidelity import FidelityProbe, spearman  # noqa: E402
 from attnlab.analysis.heads import ablate, importance  # noqa: E402
 from attnlab.analysis.maps import kind_maps  # noqa: E402
-from attnlab.experiment import open_run  # noqa: E402
+from attnlab.loaded_run import open_run  # noqa: E402
 from attnlab.nn import mean_pool  # noqa: E402
 from attnlab.pretrained.bert import package_source  # noqa: E402
 

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnlab.experiment import ExperimentConfig, build_task, model_for_task, open_run
+from attnlab.experiment import ExperimentConfig
+from attnlab.loaded_run import open_run
+from attnlab.tasks.factory import build_task, model_for_task
 from attnlab.runs import RunDir
 from attnlab.training.trainer import train
 

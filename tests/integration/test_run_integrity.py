@@ -15,7 +15,7 @@ from attnlab.analysis.pruning import prune_model, write_pruned_run
 from attnlab.cli import main
 from attnlab.errors import AttnlabWarning, CheckpointError
 from attnlab.evaluation.evaluate import evaluate
-from attnlab.experiment import LoadedRun, open_run
+from attnlab.loaded_run import LoadedRun, open_run
 from attnlab.head_ids import head_ids
 from attnlab.manifest import read_manifest, write_manifest
 from attnlab.runs import RunDir

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from attnlab.errors import AttnlabError, CheckpointError
-from attnlab.experiment import ExperimentConfig, build_task, model_for_task
+from attnlab.experiment import ExperimentConfig
+from attnlab.tasks.factory import build_task, model_for_task
 from attnlab.runs import RunDir, load_weights_into
 from attnlab.storage import load_tensors
 from attnlab.training import trainer as trainer_module

@@ -15,7 +15,7 @@ from starlette.testclient import TestClient
 from attnlab.analysis.maps import attention_view
 from attnlab.decoding import DecodeOptions, decode
 from attnlab.errors import UsageError
-from attnlab.experiment import open_run
+from attnlab.loaded_run import open_run
 from attnlab.head_ids import HeadId, mask_without
 from attnlab.nn import capture
 from attnlab.viewer import create_app

@@ -87,7 +87,8 @@ def cli_flags() -> set[str]:
 
 def config_keys() -> set[str]:
     """Every ``section.key`` an experiment config may hold."""
-    from attnlab.experiment import TASK_DECIDES, TEXT_TASK_EXTRAS, TrainConfig
+    from attnlab.experiment import TASK_DECIDES, TrainConfig
+    from attnlab.tasks.factory import TEXT_TASK_EXTRAS
     from attnlab.nn import MODELS
     from attnlab.tasks.registry import TASKS, task_options
 

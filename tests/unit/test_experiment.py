@@ -9,7 +9,9 @@ import re
 import pytest
 
 from attnlab.errors import ConfigError
-from attnlab.experiment import ExperimentConfig, build_task, load_experiment, run_experiment
+from attnlab.experiment import ExperimentConfig, load_experiment
+from attnlab.loaded_run import run_experiment
+from attnlab.tasks.factory import build_task
 from attnlab.runs import RunDir
 from attnlab.tasks import get_task
 
@@ -164,7 +166,8 @@ def test_an_unknown_model_key_is_named_with_or_without_a_kind(tmp_path, model, m
 def test_every_option_is_filled_in_so_config_json_is_complete(kind, task):
     import dataclasses
 
-    from attnlab.experiment import TASK_DECIDES, TEXT_TASK_EXTRAS, TrainConfig
+    from attnlab.experiment import TASK_DECIDES, TrainConfig
+    from attnlab.tasks.factory import TEXT_TASK_EXTRAS
     from attnlab.nn import MODELS
     from attnlab.tasks.registry import task_options
 

@@ -104,7 +104,10 @@ def test_import_bert_into_a_locked_run_is_refused(tmp_path):
 
 def test_writing_a_pruned_run_into_a_locked_directory_is_refused(tmp_path):
     from attnlab.analysis.pruning import write_pruned_run
-    from attnlab.experiment import ExperimentConfig, LoadedRun, TextCodec, build_task, model_for_task, open_run
+    from attnlab.experiment import ExperimentConfig
+    from attnlab.loaded_run import LoadedRun, open_run
+    from attnlab.tasks.codec import TextCodec
+    from attnlab.tasks.factory import build_task, model_for_task
 
     experiment = ExperimentConfig.from_dict({"task": {"name": "copy"}, "model": {
         "kind": "encoder_decoder", "layers": 1, "d_model": 8, "heads": 2, "d_ff": 8}})

@@ -34,7 +34,7 @@ from torch import Tensor
 from attnlab.errors import UsageError
 from attnlab.evaluation import evaluate
 from attnlab.evaluation.objectives import PREDICTIONS, example_losses
-from attnlab.experiment import LoadedRun
+from attnlab.loaded_run import LoadedRun
 from attnlab.head_ids import HeadId, head_ids, heads_off, mask_without, parse_head
 from attnlab.nn import HeadMask, TransformerModel
 from attnlab.tasks.batching import make_batches

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from attnlab.decoding import DecodeOptions, decode, generate_continuations
-from attnlab.experiment import LoadedRun
+from attnlab.loaded_run import LoadedRun
 from attnlab.head_ids import HeadId, heads_off
 from attnlab.nn import AttentionRecord, capture
 from attnlab.nn.models import POOLINGS

@@ -23,7 +23,7 @@ import torch
 
 from attnlab.analysis.heads import HeadId
 from attnlab.errors import UsageError
-from attnlab.experiment import LoadedRun
+from attnlab.loaded_run import LoadedRun
 from attnlab.nn import TransformerModel, build_model
 from attnlab.runs import RunDir
 

@@ -33,7 +33,7 @@ def attention(
     """
     from attnlab.analysis.maps import attention_view
     from attnlab.analysis.plots import save_attention_pictures
-    from attnlab.experiment import open_run
+    from attnlab.loaded_run import open_run
     from attnlab.output_paths import check_output_path
     from attnlab.resources import check_input_text, check_new_tokens
 

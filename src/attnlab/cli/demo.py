@@ -32,7 +32,8 @@ def demo(
     """Train a small encoder-decoder to reverse strings, report its accuracy, and draw its attention."""
     from attnlab.analysis.maps import attention_view
     from attnlab.analysis.plots import layer_grid
-    from attnlab.experiment import ExperimentConfig, open_run
+    from attnlab.experiment import ExperimentConfig
+    from attnlab.loaded_run import open_run
     from attnlab.evaluation.evaluate import evaluate
     from attnlab.training.trainer import train
 

@@ -21,7 +21,7 @@ def encode(
     batch_size: int = typer.Option(32, "--batch-size", min=1),
 ) -> None:
     """For each text: its WordPiece tokens, the last hidden states (T x d) and the sentence embedding."""
-    from attnlab.experiment import open_run
+    from attnlab.loaded_run import open_run
     from attnlab.resources import check_input_text
     from attnlab.sentence_embedding import encode_texts
 

@@ -31,7 +31,7 @@ def evaluate_run(
     Heads held at zero in training (train.mask_heads) stay masked; --mask-head masks more.
     """
     from attnlab.evaluation.evaluate import evaluate
-    from attnlab.experiment import open_run
+    from attnlab.loaded_run import open_run
     from attnlab.head_ids import parse_head
     from attnlab.tasks.batching import count_too_long
 

@@ -35,7 +35,7 @@ def generate(
     import torch
 
     from attnlab.decoding import DecodeOptions, decode, generate_continuations
-    from attnlab.experiment import open_run
+    from attnlab.loaded_run import open_run
 
     check_beam(beam, flag="--beam")
     check_new_tokens(max_length, flag="--max-length")

@@ -29,7 +29,7 @@ def _probe(run: Path, split: Split | str, batch_size: int, texts: Path | None = 
     """
     from attnlab.analysis.fidelity import FidelityProbe, PairProbe
     from attnlab.analysis.heads import TaskProbe
-    from attnlab.experiment import open_run
+    from attnlab.loaded_run import open_run
 
     if texts is not None and pairs is not None:
         raise UsageError("give --texts or --pairs, not both")

@@ -28,7 +28,8 @@ def train(
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
 ) -> None:
     """Train a model on a task; writes a run directory (config, weights, checkpoints, metrics, plots)."""
-    from attnlab.experiment import load_experiment, run_experiment
+    from attnlab.experiment import load_experiment
+    from attnlab.loaded_run import run_experiment
     from attnlab.runs import RunDir
 
     overrides = list(overrides)

@@ -22,7 +22,7 @@ def view(
         None, "--importance", help="CSV from `attnlab heads importance`, to colour heads by importance."),
 ) -> None:
     """Start the attention viewer: type an input, see every head's attention, switch heads off live."""
-    from attnlab.experiment import open_run
+    from attnlab.loaded_run import open_run
     from attnlab.head_ids import head_ids
     from attnlab.viewer.importance import read_importance
     from attnlab.viewer.serve import LOOPBACK_HOSTS, allowed_hosts, is_loopback, listen, make_server, url_of

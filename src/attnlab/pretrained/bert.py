@@ -36,7 +36,8 @@ import torch
 from torch import Tensor
 
 from attnlab.errors import CheckpointError, ConfigError, UsageError
-from attnlab.experiment import ExperimentConfig, model_for_task
+from attnlab.experiment import ExperimentConfig
+from attnlab.tasks.factory import model_for_task
 from attnlab.nn import EncoderOnlyConfig, TransformerModel
 from attnlab.runs import RunDir
 from attnlab.storage import load_tensors
@@ -396,7 +397,7 @@ def import_bert(
 ) -> ImportedBert:
     """Convert ``source`` into the run directory ``out``: config.json, tokenizer.json, model.safetensors.
 
-    The run's task is ``sentences`` (task kind ``embedding``), so :func:`attnlab.experiment.open_run`
+    The run's task is ``sentences`` (task kind ``embedding``), so :func:`attnlab.loaded_run.open_run`
     loads it like any other run.
     """
     say = progress or (lambda _message: None)

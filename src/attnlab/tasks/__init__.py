@@ -7,6 +7,9 @@
 * :mod:`.sentences`: texts for a sentence encoder, framed as BERT reads them.
 * :mod:`.batching`: pad + mask, bucket by length, deterministic shuffle, max-length policy.
 * :mod:`.registry`: ``get_task(name, **options)``.
+* :mod:`.factory`: ``TASK_PROPERTIES`` (one row per task name), ``build_task`` (a [task] section ->
+  task and tokenizer), ``model_for_task``.
+* :mod:`.codec`: ``TextCodec``, text <-> token ids.
 
 Every task gives ``train()``, ``valid()``, ``test()`` and ``length_generalisation()`` (lengths
 1..L vs L+1..2L), and never puts one string in two splits.

@@ -39,20 +39,15 @@ from tqdm import tqdm
 
 from attnlab.errors import EXIT_DIVERGED, AttnlabError, CheckpointError, ConfigError
 from attnlab.embeddings import init_embedding, load_vectors
-from attnlab.experiment import (
-    ExperimentConfig,
-    TextCodec,
-    TrainConfig,
-    build_task,
-    model_config_for_task,
-    model_for_task,
-    saved_tokenizer,
-)
+from attnlab.experiment import ExperimentConfig, TrainConfig
 from attnlab.head_ids import held_mask
+from attnlab.loaded_run import saved_tokenizer
 from attnlab.nn import InputEmbedding
 from attnlab.output_paths import check_output_path
 from attnlab.resources import check_training_resources
 from attnlab.runs import RunDir
+from attnlab.tasks.codec import TextCodec
+from attnlab.tasks.factory import build_task, model_config_for_task, model_for_task
 from attnlab.tokenizers import Tokenizer
 from attnlab.training.checkpoint import optimizer_from_tensors, optimizer_to_tensors, restore_rng, rng_to_tensors
 from attnlab.training.data import BatchStream

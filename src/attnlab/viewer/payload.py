@@ -10,7 +10,7 @@ from typing import Any
 
 from attnlab.analysis.maps import KIND_TITLES, AttentionView, attention_view, kind_maps
 from attnlab.errors import UsageError
-from attnlab.experiment import LoadedRun
+from attnlab.loaded_run import LoadedRun
 from attnlab.head_ids import HeadId, head_ids, mask_without
 from attnlab.viewer.importance import Importance
 from attnlab.viewer.requests import (

@@ -32,7 +32,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from attnlab.errors import AttnlabError
-from attnlab.experiment import LoadedRun
+from attnlab.loaded_run import LoadedRun
 from attnlab.head_ids import head_ids
 from attnlab.viewer.importance import MAX_IMPORTANCE_BYTES, Importance, parse_importance
 from attnlab.viewer.payload import describe_model, run_payload

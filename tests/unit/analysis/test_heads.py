@@ -18,7 +18,8 @@ from attnlab.analysis.heads import (
 from attnlab.analysis.pruning import prune_model
 from attnlab.errors import UsageError
 from attnlab.evaluation.objectives import PREDICTIONS
-from attnlab.experiment import ExperimentConfig, open_run
+from attnlab.experiment import ExperimentConfig
+from attnlab.loaded_run import open_run
 from attnlab.head_ids import HeadId, head_ids, mask_without, parse_head
 from attnlab.nn.linear import onednn_available
 from attnlab.training.trainer import train

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from attnlab.analysis.maps import attention_view, kind_maps
-from attnlab.experiment import open_run
+from attnlab.loaded_run import open_run
 from attnlab.head_ids import HeadId, mask_without
 from tests.unit.analysis.tiny_runs import tiny_run
 

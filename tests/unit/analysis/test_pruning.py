@@ -7,7 +7,7 @@ import pytest
 from attnlab.analysis.pruning import prune_model, renumber_heads, write_pruned_run
 from attnlab.errors import UsageError
 from attnlab.evaluation import evaluate
-from attnlab.experiment import open_run
+from attnlab.loaded_run import open_run
 from attnlab.head_ids import HeadId
 from tests.unit.analysis.tiny_runs import tiny_run
 

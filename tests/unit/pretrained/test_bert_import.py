@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 from tests.unit.pretrained.tiny_bert import transformers, write_tiny_bert
 
 from attnlab.errors import CheckpointError, ConfigError, UsageError
-from attnlab.experiment import open_run
+from attnlab.loaded_run import open_run
 from attnlab.nn import EncoderOnly, EncoderOnlyConfig, mean_pool
 from attnlab.pretrained.bert import find_source, import_bert, model_section
 from attnlab.verification import verify_run

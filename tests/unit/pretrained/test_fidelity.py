@@ -10,7 +10,7 @@ from tests.unit.pretrained.tiny_bert import write_tiny_bert
 from attnlab.analysis.fidelity import FidelityProbe, PairProbe, average_ranks, read_pairs, spearman
 from attnlab.analysis.heads import ablate, head_ids, importance, mask_without
 from attnlab.errors import DataError, UsageError
-from attnlab.experiment import open_run
+from attnlab.loaded_run import open_run
 from attnlab.pretrained.bert import find_source, import_bert
 
 TEXTS = ["the cat sat on the mat.", "a big red house", "they run fast", "one two three", "the dog is slow",

@@ -1,0 +1,83 @@
+"""Opening a trained run: its config, task, tokenizer, codec and model, each verified against the
+run's manifest (see :meth:`attnlab.runs.RunDir.read_verified`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch import Tensor
+
+from attnlab.errors import CheckpointError, ConfigError, DataError
+from attnlab.experiment import ExperimentConfig
+from attnlab.head_ids import HeadId, held_heads, held_mask
+from attnlab.nn import HeadMask, TransformerModel
+from attnlab.runs import RunDir
+from attnlab.tasks.base import Task
+from attnlab.tasks.codec import TextCodec
+from attnlab.tasks.factory import build_task, model_for_task
+from attnlab.tokenizers import Tokenizer
+
+__all__ = ["LoadedRun", "open_run", "run_experiment", "saved_tokenizer"]
+
+
+@dataclass(frozen=True)
+class LoadedRun:
+    """A trained run, ready to use: its config, task, codec and model (weights loaded, eval mode)."""
+
+    run: RunDir
+    experiment: ExperimentConfig
+    task: Task
+    tokenizer: Tokenizer | None
+    codec: TextCodec
+    model: TransformerModel
+
+    @property
+    def held_heads(self) -> list[HeadId]:
+        """The heads ``train.mask_heads`` held at zero in training (Michel §2.3's xi_h = 0)."""
+        return held_heads(self.model, self.experiment.train.mask_heads)
+
+    def held_mask(self, off: Iterable[HeadId] = (), *, base: HeadMask | None = None) -> dict[str, Tensor] | None:
+        """The head mask to run this model with: the held heads and ``off`` at 0, on top of ``base``.
+
+        The run's model *is* the model with its held heads off (they never trained), so evaluation,
+        decoding, attention maps and head analysis all start from this mask; None when nothing is
+        masked. See :func:`attnlab.head_ids.held_mask`.
+        """
+        return held_mask(self.model, self.experiment.train.mask_heads, off, base=base)
+
+
+def run_experiment(run: RunDir) -> ExperimentConfig:
+    """The experiment a run was made with, from its config.json; an error names that file."""
+    try:
+        return ExperimentConfig.from_dict(run.read_config())
+    except ConfigError as error:
+        raise ConfigError(f"{run.path / RunDir.CONFIG}: {error}") from None
+
+
+def saved_tokenizer(run: RunDir) -> Tokenizer | None:
+    """The run's tokenizer.json, verified against its manifest; None when the run has none.
+
+    Raises:
+        CheckpointError: the file is damaged or not a tokenizer; the message names it.
+    """
+    text = run.read_tokenizer_text()
+    if text is None:
+        return None
+    try:
+        return Tokenizer.from_str(text, source=run.tokenizer_path)
+    except DataError as error:
+        raise CheckpointError(str(error)) from None
+
+
+def open_run(path: str | Path, *, device: str = "cpu") -> LoadedRun:
+    """Load a run directory: config.json, the task, tokenizer.json and model.safetensors, each
+    verified against the run's manifest (see :meth:`attnlab.runs.RunDir.read_verified`)."""
+    run = RunDir.open(path)
+    experiment = run_experiment(run)
+    task, tokenizer = build_task(experiment.task, saved_tokenizer=saved_tokenizer(run))
+    model = model_for_task(experiment, task)
+    run.load_weights(model)
+    model.to(device).eval()
+    return LoadedRun(run, experiment, task, tokenizer, TextCodec(task, tokenizer), model)
