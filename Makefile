@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.attnlab-installed
 EXTRAS ?= dev,pretrained
 
-.PHONY: install browser test test-all demo bench clean
+.PHONY: install browser lint test test-all demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,10 +29,15 @@ browser:
 			|| echo "could not install chromium: the browser tests will be skipped"; \
 	fi
 
-test: $(STAMP) browser
+# Ruff (configured in pyproject.toml): lint and formatting; `make test` fails on either.
+lint: $(STAMP)
+	$(PY) -m ruff check src tests
+	$(PY) -m ruff format --check src tests
+
+test: $(STAMP) browser lint
 	$(PY) -m pytest -m "not slow" -q -n 2
 
-test-all: $(STAMP) browser
+test-all: $(STAMP) browser lint
 	$(PY) -m pytest -q -n 2
 
 demo: $(STAMP)

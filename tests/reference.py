@@ -84,9 +84,12 @@ def multi_head(module, query, key=None, allowed=None, head_mask=None):
     allowed = np.ones((x.shape[0], mem.shape[0]), bool) if allowed is None else allowed
     w_o = params["out_proj.weight"]
     out = np.zeros((x.shape[0], module.d_model)) + params.get("out_proj.bias", 0.0)
-    score = {"ScaledDotScore": "scaled_dot", "DotScore": "dot", "BilinearScore": "bilinear", "AdditiveScore": "additive"}[
-        type(module.score).__name__
-    ]
+    score = {
+        "ScaledDotScore": "scaled_dot",
+        "DotScore": "dot",
+        "BilinearScore": "bilinear",
+        "AdditiveScore": "additive",
+    }[type(module.score).__name__]
     for i in range(h):
         qi = x @ w_q[i * d_k : (i + 1) * d_k].T + b_q[i * d_k : (i + 1) * d_k]
         ki = mem @ w_k[i * d_k : (i + 1) * d_k].T + b_k[i * d_k : (i + 1) * d_k]

@@ -19,12 +19,21 @@ def tiny_experiment(folder: Path, *, steps: int = 4) -> ExperimentConfig:
         rng = random.Random(0)
         lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 8))) for _ in range(120)]
         corpus.write_text("\n".join(lines) + "\n")
-    return ExperimentConfig.from_dict({
-        "task": {"name": "lm", "train_file": str(corpus), "tokenizer_kind": "word", "vocab_size": 64},
-        "model": {"kind": "decoder_only", "layers": 1, "d_model": 8, "heads": 2, "d_ff": 16, "max_len": 16,
-                  "dropout": 0.0},
-        "train": {"steps": steps, "batch_size": 8, "log_every": 1, "checkpoint_every": 2, "eval_every": 0},
-    })
+    return ExperimentConfig.from_dict(
+        {
+            "task": {"name": "lm", "train_file": str(corpus), "tokenizer_kind": "word", "vocab_size": 64},
+            "model": {
+                "kind": "decoder_only",
+                "layers": 1,
+                "d_model": 8,
+                "heads": 2,
+                "d_ff": 16,
+                "max_len": 16,
+                "dropout": 0.0,
+            },
+            "train": {"steps": steps, "batch_size": 8, "log_every": 1, "checkpoint_every": 2, "eval_every": 0},
+        }
+    )
 
 
 def build_tiny_run(folder: Path) -> tuple[ExperimentConfig, Path]:

@@ -35,26 +35,28 @@ __version__ = "0.1.0"
 
 # The public API lives in attnlab.nn, which imports PyTorch: load it on first use (PEP 562), so
 # that `import attnlab` (and the CLI's help and tokenize) stay free of torch.
-_FROM_NN = frozenset({
-    "AttentionRecord",
-    "DecoderOnly",
-    "DecoderOnlyConfig",
-    "EncoderClassifier",
-    "EncoderClassifierConfig",
-    "EncoderDecoder",
-    "EncoderDecoderConfig",
-    "KVCache",
-    "MultiHeadAttention",
-    "PositionwiseFeedForward",
-    "TransformerConfig",
-    "attention",
-    "build_model",
-    "capture",
-    "causal_mask",
-    "full_head_mask",
-    "padding_mask",
-    "preset",
-})
+_FROM_NN = frozenset(
+    {
+        "AttentionRecord",
+        "DecoderOnly",
+        "DecoderOnlyConfig",
+        "EncoderClassifier",
+        "EncoderClassifierConfig",
+        "EncoderDecoder",
+        "EncoderDecoderConfig",
+        "KVCache",
+        "MultiHeadAttention",
+        "PositionwiseFeedForward",
+        "TransformerConfig",
+        "attention",
+        "build_model",
+        "capture",
+        "causal_mask",
+        "full_head_mask",
+        "padding_mask",
+        "preset",
+    }
+)
 
 __all__ = [
     "__version__",

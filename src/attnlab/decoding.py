@@ -86,7 +86,9 @@ class Stepper(Protocol):
 class EncoderDecoderStepper:
     """Steps an :class:`EncoderDecoder` over one encoded source batch."""
 
-    def __init__(self, model: EncoderDecoder, src: Tensor, *, use_cache: bool, head_mask: HeadMask | None = None) -> None:
+    def __init__(
+        self, model: EncoderDecoder, src: Tensor, *, use_cache: bool, head_mask: HeadMask | None = None
+    ) -> None:
         self.model, self.head_mask = model, head_mask
         self.memory: EncodedSource = model.encode(src, head_mask=head_mask)
         self.state = model.new_state() if use_cache else None

@@ -113,18 +113,37 @@ def train_word2vec(
         raise DataError("word2vec: the corpus has no tokens")
     counts = Counter(token for sentence in corpus for token in sentence)
     words = sum(1 for count in counts.values() if count >= min_count)
-    check_memory(word2vec_memory(words, dim), what=f"word2vec with {words:,} words x {dim:,} dims",
-                 reduce=("dim (--dim)", "the vocabulary (raise min_count, --min-count)"))  # before gensim allocates
-    model = Word2Vec(vector_size=dim, window=window, min_count=min_count, sg=1, negative=negative, epochs=epochs,
-                     seed=seed, workers=1)
+    check_memory(
+        word2vec_memory(words, dim),
+        what=f"word2vec with {words:,} words x {dim:,} dims",
+        reduce=("dim (--dim)", "the vocabulary (raise min_count, --min-count)"),
+    )  # before gensim allocates
+    model = Word2Vec(
+        vector_size=dim,
+        window=window,
+        min_count=min_count,
+        sg=1,
+        negative=negative,
+        epochs=epochs,
+        seed=seed,
+        workers=1,
+    )
     model.build_vocab(corpus)
     words = list(model.wv.index_to_key)
     if not words:  # gensim would stop in train() with "you must first build vocabulary"
         top = max(counts.values())
-        raise DataError(f"word2vec: no word occurs at least min_count={min_count} times (the most frequent occurs {top})")
+        raise DataError(
+            f"word2vec: no word occurs at least min_count={min_count} times (the most frequent occurs {top})"
+        )
     # What Word2Vec(sentences=corpus, ...) does after building the vocabulary.
-    model.train(corpus, total_examples=model.corpus_count, total_words=model.corpus_total_words, epochs=model.epochs,
-                start_alpha=model.alpha, end_alpha=model.min_alpha)
+    model.train(
+        corpus,
+        total_examples=model.corpus_count,
+        total_words=model.corpus_total_words,
+        epochs=model.epochs,
+        start_alpha=model.alpha,
+        end_alpha=model.min_alpha,
+    )
     matrix = torch.from_numpy(model.wv.vectors.copy()).to(torch.float32)
     return WordVectors({word: i for i, word in enumerate(words)}, matrix)
 

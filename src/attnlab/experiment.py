@@ -265,7 +265,9 @@ def _check_model_section(model: Mapping[str, Any]) -> None:
 def _check_model_keys_without_kind(model: Mapping[str, Any]) -> None:
     """Name a key that no model kind has (``model.foo: unknown key``) before saying that
     ``model.kind`` is missing: the unknown key is the more likely mistake."""
-    allowed = sorted({name for config_cls, _ in MODELS.values() for name in config_cls.field_names()} - set(TASK_DECIDES))
+    allowed = sorted(
+        {name for config_cls, _ in MODELS.values() for name in config_cls.field_names()} - set(TASK_DECIDES)
+    )
     for key in model:
         if key in TASK_DECIDES:
             raise ConfigError(f"model.{key}: set by the task, not by the config")

@@ -65,7 +65,9 @@ def parse_head(spec: str, model: TransformerModel) -> HeadId:
     if (kind, layer) not in sites:
         raise UsageError(f"head {spec!r}: layer {layer} is out of range; {kind} has layers 0..{layers[-1]}")
     if not 0 <= head < sites[(kind, layer)]:
-        raise UsageError(f"head {spec!r}: head {head} is out of range; {kind} layer {layer} has heads 0..{sites[(kind, layer)] - 1}")
+        raise UsageError(
+            f"head {spec!r}: head {head} is out of range; {kind} layer {layer} has heads 0..{sites[(kind, layer)] - 1}"
+        )
     return HeadId(kind, layer, head)
 
 
@@ -88,7 +90,10 @@ def heads_off(model: TransformerModel, mask: HeadMask | None) -> list[HeadId]:
     """The heads whose entry of ``mask`` is 0 (in every row of a per-example mask), in :func:`head_ids` order."""
     if not mask:
         return []
-    zero = {kind: (tensor == 0) if tensor.dim() == 2 else (tensor == 0).flatten(0, -3).all(0) for kind, tensor in mask.items()}
+    zero = {
+        kind: (tensor == 0) if tensor.dim() == 2 else (tensor == 0).flatten(0, -3).all(0)
+        for kind, tensor in mask.items()
+    }
     return [h for h in head_ids(model) if h.kind in zero and bool(zero[h.kind][h.layer, h.head])]
 
 

@@ -30,8 +30,18 @@ from typing import Any
 from attnlab.errors import CheckpointError
 from attnlab.storage import atomic_write_text, parse_json, read_bytes
 
-__all__ = ["FORMAT", "NAME", "FileRecord", "Manifest", "record_of", "build_manifest", "check_bytes",
-           "write_manifest", "read_manifest", "parse_manifest"]
+__all__ = [
+    "FORMAT",
+    "NAME",
+    "FileRecord",
+    "Manifest",
+    "record_of",
+    "build_manifest",
+    "check_bytes",
+    "write_manifest",
+    "read_manifest",
+    "parse_manifest",
+]
 
 FORMAT = 1
 """The manifest format this version writes and reads."""
@@ -103,8 +113,9 @@ def parse_manifest(data: bytes, *, path: str | Path) -> Manifest:
     obj = parse_json(data, path=path, what="manifest")
     if not isinstance(obj, dict) or obj.get("format") != FORMAT or not isinstance(obj.get("files"), dict):
         found = obj.get("format") if isinstance(obj, dict) else None
-        raise CheckpointError(f"manifest {path} is corrupted: expected format {FORMAT} with a files object, "
-                              f"found format {found!r}")
+        raise CheckpointError(
+            f"manifest {path} is corrupted: expected format {FORMAT} with a files object, found format {found!r}"
+        )
     if obj.get("checksum") != _checksum(obj["files"]):
         raise CheckpointError(f"manifest {path} is damaged: its checksum differs from its contents")
     records: dict[str, FileRecord] = {}

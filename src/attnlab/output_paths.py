@@ -126,11 +126,13 @@ def _check_lengths(path: Path, existing: Path, where: str) -> None:
             )
     total = len(os.fsencode(os.path.abspath(path)))
     if total > path_max(folder):
-        raise UsageError(f"{where}: the path is {total} bytes long, more than the file system allows "
-                         f"({path_max(folder)}); choose a shorter path")
+        raise UsageError(
+            f"{where}: the path is {total} bytes long, more than the file system allows "
+            f"({path_max(folder)}); choose a shorter path"
+        )
 
 
 def _shown(path: Path, limit: int = 80) -> str:
     """The path for a one-line message, shortened in the middle when it is very long."""
     text = str(path)
-    return text if len(text) <= limit else f"{text[: limit // 2]}...{text[-(limit // 2) + 3:]}"
+    return text if len(text) <= limit else f"{text[: limit // 2]}...{text[-(limit // 2) + 3 :]}"

@@ -142,9 +142,7 @@ def check_beam(beam: int, *, flag: str = "--beam") -> None:
 def check_new_tokens(count: int, *, flag: str = "--max-length") -> None:
     """Refuse more than :data:`MAX_NEW_TOKENS` tokens to decode (or fewer than 1)."""
     if not 1 <= count <= MAX_NEW_TOKENS:
-        raise UsageError(
-            f"{flag}: must lie in [1, {MAX_NEW_TOKENS}] (attnlab.resources.MAX_NEW_TOKENS), got {count:,}"
-        )
+        raise UsageError(f"{flag}: must lie in [1, {MAX_NEW_TOKENS}] (attnlab.resources.MAX_NEW_TOKENS), got {count:,}")
 
 
 FIXED_POSITIONS = ("learned", "gehring_joint", "gehring_sum")
@@ -206,7 +204,9 @@ def check_batch_size(batch_size: int, examples: int, *, key: str = "train.batch_
 def check_vector_dim(dim: int, *, flag: str = "--dim") -> None:
     """Refuse word vectors wider than :data:`MAX_VECTOR_DIM` (or narrower than 1)."""
     if not 1 <= dim <= MAX_VECTOR_DIM:
-        raise ConfigError(f"{flag}: must lie in [1, {MAX_VECTOR_DIM:,}] (attnlab.resources.MAX_VECTOR_DIM), got {dim:,}")
+        raise ConfigError(
+            f"{flag}: must lie in [1, {MAX_VECTOR_DIM:,}] (attnlab.resources.MAX_VECTOR_DIM), got {dim:,}"
+        )
 
 
 def check_layers(config) -> None:  # noqa: ANN001
@@ -214,8 +214,10 @@ def check_layers(config) -> None:  # noqa: ANN001
     for name in ("layers", "decoder_layers"):
         value = getattr(config, name, None)
         if value is not None and value > MAX_LAYERS:
-            raise ConfigError(f"model.{name}: {value:,} layers, more than the cap of {MAX_LAYERS:,} "
-                              "(attnlab.resources.MAX_LAYERS); lower it")
+            raise ConfigError(
+                f"model.{name}: {value:,} layers, more than the cap of {MAX_LAYERS:,} "
+                "(attnlab.resources.MAX_LAYERS); lower it"
+            )
 
 
 def longest_sequence(examples: Iterable) -> int:  # noqa: ANN001  (attnlab.tasks.base.Example)
@@ -227,8 +229,14 @@ def longest_sequence(examples: Iterable) -> int:  # noqa: ANN001  (attnlab.tasks
     return longest
 
 
-def check_training_resources(config, *, batch_size: int, examples: Sequence, max_length: int,  # noqa: ANN001
-                             available: int | None = None) -> MemoryEstimate:
+def check_training_resources(
+    config,
+    *,
+    batch_size: int,
+    examples: Sequence,
+    max_length: int,  # noqa: ANN001
+    available: int | None = None,
+) -> MemoryEstimate:
     """Everything about a training run's size that can be refused before the model exists.
 
     Checks the layer cap, that the batch is not larger than the training split, and that
@@ -251,8 +259,12 @@ def check_training_resources(config, *, batch_size: int, examples: Sequence, max
     check_batch_size(batch_size, len(examples))
     seq_len = max(1, min(max_length, longest_sequence(examples)))
     estimate = training_memory(config, batch_size=batch_size, seq_len=seq_len)
-    check_memory(estimate, what=f"training this model (batches of {batch_size} x {seq_len} tokens)",
-                 reduce=("model.layers", "model.d_model", "model.d_ff", "train.batch_size"), available=available)
+    check_memory(
+        estimate,
+        what=f"training this model (batches of {batch_size} x {seq_len} tokens)",
+        reduce=("model.layers", "model.d_model", "model.d_ff", "train.batch_size"),
+        available=available,
+    )
     return estimate
 
 
@@ -297,7 +309,8 @@ def parameter_count(config) -> int:  # noqa: ANN001  (a TransformerConfig; impor
     and their biases), every feed-forward network (two linear maps with biases), the LayerNorms and the
     output layer (shared when embeddings are tied). Score functions with their own parameters
     (``bilinear``, ``additive``: a d_k x d_k matrix or a small network per layer) and Gehring position
-    networks (a max_len x k table and two small maps) are left out; pruned layers (``heads_per_layer``) are counted with all heads.
+    networks (a max_len x k table and two small maps) are left out; pruned layers
+    (``heads_per_layer``) are counted with all heads.
 
     Args:
         config: a :class:`attnlab.nn.TransformerConfig` (any kind).
@@ -322,8 +335,14 @@ def parameter_count(config) -> int:  # noqa: ANN001  (a TransformerConfig; impor
         decoder_layer = 2 * attention + ffn + 3 * norm
         tgt_embedding = target * token_width + positions
         output = (0 if config.tie_embeddings else target * d) + target
-        return (embedding + tgt_embedding + config.layers * encoder_layer + config.decoder_depth * decoder_layer
-                + 2 * final_norm + output)
+        return (
+            embedding
+            + tgt_embedding
+            + config.layers * encoder_layer
+            + config.decoder_depth * decoder_layer
+            + 2 * final_norm
+            + output
+        )
     body = embedding + config.layers * encoder_layer + final_norm
     if kind == "decoder_only":
         return body + (0 if config.tie_embeddings else config.vocab_size * d) + config.vocab_size
@@ -410,8 +429,14 @@ def _sysconf(name: str) -> int:
         return 0
 
 
-def check_memory(estimate: MemoryEstimate, *, what: str, reduce: Sequence[str] | Iterable[str],
-                 available: int | None = None, error: type[Exception] = ConfigError) -> None:
+def check_memory(
+    estimate: MemoryEstimate,
+    *,
+    what: str,
+    reduce: Sequence[str] | Iterable[str],
+    available: int | None = None,
+    error: type[Exception] = ConfigError,
+) -> None:
     """Refuse work whose estimated peak memory exceeds the memory available.
 
     Args:

@@ -68,14 +68,19 @@ class RunLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise UsageError(f"run directory {self.directory} is being written by another process "
-                             f"({self._holder()}); wait for it to finish or stop it") from None
+            raise UsageError(
+                f"run directory {self.directory} is being written by another process "
+                f"({self._holder()}); wait for it to finish or stop it"
+            ) from None
         except OSError as error:  # a file system without flock
             os.close(fd)
             raise UsageError(f"cannot lock {self.path}: {error.strerror}") from None
         self._fd = fd
-        record = {"pid": os.getpid(), "host": socket.gethostname(),
-                  "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        record = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
         return self

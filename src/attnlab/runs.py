@@ -185,8 +185,9 @@ class RunDir:
         try:
             return data.decode("utf-8")
         except UnicodeDecodeError as error:
-            raise CheckpointError(f"tokenizer {self.tokenizer_path} is corrupted: bytes that are not UTF-8 "
-                                  f"(offset {error.start})") from None
+            raise CheckpointError(
+                f"tokenizer {self.tokenizer_path} is corrupted: bytes that are not UTF-8 (offset {error.start})"
+            ) from None
 
     def _manifest_place(self, relative: str) -> tuple[Path, str]:
         """The folder whose manifest covers ``relative``, and the name it has there."""
@@ -216,8 +217,12 @@ class RunDir:
         where = f"run {self.path}" if folder == self.path else f"checkpoint {folder}"
         # stacklevel 2: one place in this module for every caller, so Python's default filter shows
         # the warning once per process even when several RunDir objects open the same run
-        warnings.warn(f"{where} has no {self.MANIFEST} (written before attnlab verified run files): "
-                      f"its files are read unverified", AttnlabWarning, stacklevel=2)
+        warnings.warn(
+            f"{where} has no {self.MANIFEST} (written before attnlab verified run files): "
+            f"its files are read unverified",
+            AttnlabWarning,
+            stacklevel=2,
+        )
 
     def _has_manifest(self) -> bool:
         return os.path.lexists(self.path / self.MANIFEST)
@@ -247,8 +252,11 @@ class RunDir:
 
     def _adopt(self, *, exclude: Mapping[str, FileRecord]) -> Manifest:
         """A first manifest for a run that has none: the files a command reads, as they are now."""
-        contents = {name: read_bytes(self.path / name) for name in (self.CONFIG, self.TOKENIZER, self.MODEL)
-                    if name not in exclude and (self.path / name).is_file()}
+        contents = {
+            name: read_bytes(self.path / name)
+            for name in (self.CONFIG, self.TOKENIZER, self.MODEL)
+            if name not in exclude and (self.path / name).is_file()
+        }
         return manifests.build_manifest(contents)
 
     # ---- weights ------------------------------------------------------------------------------
@@ -333,8 +341,11 @@ class RunDir:
         folder = self.path / "checkpoints"
         if not folder.is_dir():
             return []
-        found = [CheckpointFiles(int(p.name[len("step-"):]), p) for p in folder.iterdir()
-                 if re.fullmatch(r"step-\d{8}", p.name) and p.is_dir()]
+        found = [
+            CheckpointFiles(int(p.name[len("step-") :]), p)
+            for p in folder.iterdir()
+            if re.fullmatch(r"step-\d{8}", p.name) and p.is_dir()
+        ]
         return sorted(found, key=lambda files: files.step)
 
     def latest_checkpoint(self) -> CheckpointFiles | None:
@@ -350,10 +361,17 @@ class RunDir:
         record = read_json(pointer, what="checkpoint pointer")
         name = record.get("latest") if isinstance(record, dict) else None
         step = record.get("step") if isinstance(record, dict) else None
-        if (not isinstance(name, str) or not re.fullmatch(r"step-\d{8}", name) or isinstance(step, bool)
-                or not isinstance(step, int) or int(name[len("step-"):]) != step):
-            raise CheckpointError(f"checkpoint pointer {pointer} is corrupted: expected "
-                                  f'{{"latest": "step-NNNNNNNN", "step": N}} with the same N')
+        if (
+            not isinstance(name, str)
+            or not re.fullmatch(r"step-\d{8}", name)
+            or isinstance(step, bool)
+            or not isinstance(step, int)
+            or int(name[len("step-") :]) != step
+        ):
+            raise CheckpointError(
+                f"checkpoint pointer {pointer} is corrupted: expected "
+                f'{{"latest": "step-NNNNNNNN", "step": N}} with the same N'
+            )
         directory = self.path / "checkpoints" / name
         if not directory.is_dir():
             raise CheckpointError(f"checkpoint pointer {pointer} names a missing directory {directory}")
@@ -362,10 +380,14 @@ class RunDir:
     def read_trainer_state(self, files: CheckpointFiles) -> tuple[dict[str, Tensor], dict[str, Any]]:
         """The optimizer, RNG and data state of checkpoint ``files``, verified against its manifest."""
         tensors_path, json_path = files.trainer_tensors, files.trainer_json
-        tensors, _ = parse_tensors(self.read_verified(self._relative(tensors_path), what="trainer state"),
-                                   path=tensors_path, what="trainer state")
-        state = parse_json(self.read_verified(self._relative(json_path), what="trainer state"),
-                           path=json_path, what="trainer state")
+        tensors, _ = parse_tensors(
+            self.read_verified(self._relative(tensors_path), what="trainer state"),
+            path=tensors_path,
+            what="trainer state",
+        )
+        state = parse_json(
+            self.read_verified(self._relative(json_path), what="trainer state"), path=json_path, what="trainer state"
+        )
         if not isinstance(state, dict) or state.get("step") != files.step:
             raise CheckpointError(f"trainer state {json_path} is corrupted: it is not the state of step {files.step}")
         return tensors, state
@@ -383,8 +405,11 @@ class RunDir:
 
     def _prune_checkpoints(self, keep: int, *, current: str) -> None:
         complete = [files.directory for files in self.checkpoints()]
-        stale = [p for p in (self.path / "checkpoints").iterdir()
-                 if p.name.startswith("step-") and p.name.endswith(".partial")]  # left by a crash mid-write
+        stale = [
+            p
+            for p in (self.path / "checkpoints").iterdir()
+            if p.name.startswith("step-") and p.name.endswith(".partial")
+        ]  # left by a crash mid-write
         for old in complete[: max(0, len(complete) - keep)] + stale:
             if old.name != current:
                 shutil.rmtree(old, ignore_errors=True)

@@ -44,7 +44,12 @@ class EncodedText:
 
 
 def sentence_embeddings(
-    model: nn.Module, tokens: Tensor, *, pad_id: int, pooling: str = "mean", head_mask: Mapping[str, Tensor] | None = None
+    model: nn.Module,
+    tokens: Tensor,
+    *,
+    pad_id: int,
+    pooling: str = "mean",
+    head_mask: Mapping[str, Tensor] | None = None,
 ) -> Tensor:
     """e(x) for each row of ``tokens`` (B, T) -> (B, d_model); differentiable in ``head_mask``."""
     hidden = model(tokens, head_mask=head_mask)

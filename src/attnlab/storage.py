@@ -205,4 +205,3 @@ def _safetensors_metadata(data: bytes) -> dict[str, str]:
 
 def tensor_nbytes(tensors: Mapping[str, Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
-

@@ -119,8 +119,9 @@ def _verify_top_level(run: RunDir, report: VerifyReport) -> None:
     readers: dict[str, Callable[[], object]] = {
         RunDir.CONFIG: run.read_config,
         RunDir.TOKENIZER: lambda: _read_tokenizer(run),
-        RunDir.MODEL: lambda: parse_tensors(run.read_verified(RunDir.MODEL, what="weights"),
-                                            path=run.path / RunDir.MODEL, what="weights"),
+        RunDir.MODEL: lambda: parse_tensors(
+            run.read_verified(RunDir.MODEL, what="weights"), path=run.path / RunDir.MODEL, what="weights"
+        ),
     }
     present = {name for name in readers if os.path.lexists(run.path / name)}
     names = listed | present
@@ -177,7 +178,9 @@ def _verify_checkpoint(run: RunDir, directory: Path, report: VerifyReport) -> No
         _check(report, relative, lambda relative=relative, name=name: _parse(run, relative, name))
     for entry in sorted(directory.iterdir()):
         if entry.name not in names and entry.name != RunDir.MANIFEST and not entry.name.startswith("."):
-            report.files.append(FileCheck(f"{prefix}/{entry.name}", UNVERIFIED, "not covered by the checkpoint's manifest"))
+            report.files.append(
+                FileCheck(f"{prefix}/{entry.name}", UNVERIFIED, "not covered by the checkpoint's manifest")
+            )
 
 
 def _parse(run: RunDir, relative: str, name: str) -> object:

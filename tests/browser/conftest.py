@@ -19,8 +19,16 @@ import pytest
 from attnlab.viewer.serve import listen, make_server, url_of
 
 CHROMIUM = Path(os.environ.get("ATTNLAB_CHROMIUM", "/usr/bin/chromium"))
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts" / "browser"
 SERVER_LIFETIME_S = 180.0
 """A test server stops itself after this long, even if a test never stops it."""
@@ -29,7 +37,8 @@ SERVER_LIFETIME_S = 180.0
 @pytest.fixture(scope="session")
 def browser():  # noqa: ANN201
     sync_api = pytest.importorskip(
-        "playwright.sync_api", reason="Playwright for Python is not installed (pip install -e '.[dev]')")
+        "playwright.sync_api", reason="Playwright for Python is not installed (pip install -e '.[dev]')"
+    )
     if not os.access(CHROMIUM, os.X_OK):
         pytest.skip(f"no chromium at {CHROMIUM}: `make browser` installs it with apt-get (as root)")
     with sync_api.sync_playwright() as playwright:

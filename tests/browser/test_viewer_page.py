@@ -18,12 +18,17 @@ from tests.unit.analysis.tiny_runs import XSS, tiny_run
 @pytest.fixture(scope="module")
 def runs(browser, tmp_path_factory):  # noqa: ANN001 -- needs the browser first, so a skip costs no training
     folder = tmp_path_factory.mktemp("viewer-browser")
-    return {kind: open_run(tiny_run(folder, kind)) for kind in ("encoder_decoder", "encoder_classifier", "decoder_only")}
+    return {
+        kind: open_run(tiny_run(folder, kind)) for kind in ("encoder_decoder", "encoder_classifier", "decoder_only")
+    }
 
 
 def api_run(url: str, text: str, off: list[dict[str, Any]]) -> dict[str, Any]:
-    request = urllib.request.Request(url + "api/run", data=json.dumps({"text": text, "off": off}).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url + "api/run",
+        data=json.dumps({"text": text, "off": off}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.load(response)
 
@@ -41,7 +46,8 @@ def runs_done(page) -> int:  # noqa: ANN001
 
 def wait_for_run(page, after: int) -> None:  # noqa: ANN001
     page.wait_for_function(
-        "n => Number(document.body.dataset.runs) > n && document.body.dataset.state !== 'busy'", arg=after)
+        "n => Number(document.body.dataset.runs) > n && document.body.dataset.state !== 'busy'", arg=after
+    )
 
 
 def open_viewer(page, url: str) -> None:  # noqa: ANN001
@@ -99,7 +105,7 @@ def test_markup_typed_as_input_shows_as_text(page, runs):
         assert page.locator("#error").is_hidden()
         assert page.locator("#input-tokens .token-chip").all_text_contents() == list(XSS)
         queries = page.locator("#head-view text[data-side='query']").all_text_contents()
-        assert queries[1:len(XSS) + 1] == list(XSS)
+        assert queries[1 : len(XSS) + 1] == list(XSS)
         assert page.locator("#output-table tbody tr").count() == 5  # the next-token distribution
         assert page.evaluate("document.querySelectorAll('img, script:not([src])').length") == 0
         screenshot(page, "xss-as-tokens")
@@ -122,7 +128,8 @@ def test_an_input_over_the_caps_gets_a_visible_message(page, runs):
         assert page.text_content("#output-main") == ""
         type_input(page, "(" * (MAX_INPUT_CHARS + 50))  # checked in the page, before any request
         assert page.text_content("#error") == (
-            f"The input is {MAX_INPUT_CHARS + 50} characters long; the viewer takes at most {MAX_INPUT_CHARS}.")
+            f"The input is {MAX_INPUT_CHARS + 50} characters long; the viewer takes at most {MAX_INPUT_CHARS}."
+        )
         assert "stale" in page.get_attribute("body", "class")
         screenshot(page, "input-too-long")
         type_input(page, "(())")
@@ -133,14 +140,17 @@ def test_an_importance_csv_colours_heads_and_a_bad_one_is_explained(page, runs):
     csv = "kind,layer,head,importance\nself,0,0,0.9\nself,0,1,0.1\nself,1,0,0.5\nself,1,1,0.3\n"
     with serving(create_app(runs["encoder_classifier"])) as url:
         open_viewer(page, url)
-        page.set_input_files("#importance-file", files=[{"name": "importance.csv", "mimeType": "text/csv",
-                                                          "buffer": csv.encode()}])
+        page.set_input_files(
+            "#importance-file", files=[{"name": "importance.csv", "mimeType": "text/csv", "buffer": csv.encode()}]
+        )
         page.wait_for_function("() => document.querySelectorAll('.head-cell[data-importance]').length === 4")
         assert cell(page, "self", 0, 0).get_attribute("data-importance") == "0.9"
         assert "importance.csv" in page.text_content("#importance-status")
         screenshot(page, "importance")
-        page.set_input_files("#importance-file", files=[{"name": "bad.csv", "mimeType": "text/csv",
-                                                          "buffer": b"kind,layer,head,importance\ncross,0,0,1\n"}])
+        page.set_input_files(
+            "#importance-file",
+            files=[{"name": "bad.csv", "mimeType": "text/csv", "buffer": b"kind,layer,head,importance\ncross,0,0,1\n"}],
+        )
         page.wait_for_function("() => !document.getElementById('error').hidden")
         assert "bad.csv: importance CSV: line 2: this model has no 'cross' attention" in page.text_content("#error")
 
@@ -150,8 +160,10 @@ def test_the_encoder_decoder_page_shows_all_three_kinds(page, runs):
         open_viewer(page, url)
         type_input(page, "abcd")
         assert page.locator(".kind-block h3").all_text_contents() == [
-            "encoder self-attention (encoder_self)", "decoder masked self-attention (decoder_self)",
-            "encoder-decoder attention (cross)"]
+            "encoder self-attention (encoder_self)",
+            "decoder masked self-attention (decoder_self)",
+            "encoder-decoder attention (cross)",
+        ]
         assert page.locator(".head-cell").count() == 12
         assert page.text_content("#output-label") == "decoded sequence"
         assert page.text_content("#output-main") == api_run(url, "abcd", [])["output"]["text"]

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import subprocess
 import sys
-
-import importlib
 
 import pytest
 import torch
@@ -28,7 +27,9 @@ attention_module = importlib.import_module("attnlab.nn.attention")  # the functi
 def test_all_quick_reports_every_benchmark(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "attnlab", "bench", "all", "--quick", "--json", "--save", str(tmp_path)],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     reports = json.loads(result.stdout)
@@ -45,7 +46,9 @@ def test_all_quick_reports_every_benchmark(tmp_path):
 
 
 def test_unknown_benchmark_is_exit_2():
-    result = subprocess.run([sys.executable, "-m", "attnlab", "bench", "speed"], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "attnlab", "bench", "speed"], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 2 and "'speed' is not one of 'train', 'train-headmask'" in result.stderr
 
 
@@ -187,9 +190,16 @@ def _random_entries_drawn(model: torch.nn.Module, batch) -> int:  # noqa: ANN001
 
     class Count(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-            if func._overloadpacket in (torch.ops.aten.bernoulli_, torch.ops.aten.bernoulli, torch.ops.aten.uniform_,
-                                        torch.ops.aten.rand, torch.ops.aten.native_dropout):
-                drawn["entries"] += args[0].numel() if args and isinstance(args[0], torch.Tensor) else math.prod(args[0])
+            if func._overloadpacket in (
+                torch.ops.aten.bernoulli_,
+                torch.ops.aten.bernoulli,
+                torch.ops.aten.uniform_,
+                torch.ops.aten.rand,
+                torch.ops.aten.native_dropout,
+            ):
+                drawn["entries"] += (
+                    args[0].numel() if args and isinstance(args[0], torch.Tensor) else math.prod(args[0])
+                )
             return func(*args, **(kwargs or {}))
 
     model.train()

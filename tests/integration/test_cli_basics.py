@@ -35,8 +35,10 @@ def test_info_json():
 
 @pytest.mark.parametrize(
     ("args", "message"),
-    [(("no-such-command",), "error: attnlab: No such command 'no-such-command'."),
-     (("info", "--no-such-flag"), "error: attnlab info: No such option: --no-such-flag")],
+    [
+        (("no-such-command",), "error: attnlab: No such command 'no-such-command'."),
+        (("info", "--no-such-flag"), "error: attnlab info: No such option: --no-such-flag"),
+    ],
 )
 def test_usage_errors_exit_2_with_one_line(args, message):
     result = _run(*args)

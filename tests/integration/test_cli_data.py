@@ -35,7 +35,10 @@ def test_tokenize_trains_saves_and_loads(capsys, tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--kind", "nope", "x"], "Invalid value for '--kind': 'nope': 'nope' is not one of 'word', 'rule', 'char', 'wordpiece', 'bpe'"),
+        (
+            ["--kind", "nope", "x"],
+            "Invalid value for '--kind': 'nope': 'nope' is not one of 'word', 'rule', 'char', 'wordpiece', 'bpe'",
+        ),
         (["x"], "--kind: required"),
         (["--kind", "word", "--train", "{empty}", "x"], "empty.txt: empty file"),
         (["--kind", "word", "--train", "{binary}", "x"], "binary.txt:2: bytes that are not UTF-8"),

@@ -19,13 +19,33 @@ from attnlab.experiment import ExperimentConfig
 from attnlab.training.trainer import train
 
 EXPERIMENT = {
-    "task": {"name": "reverse", "max_train_length": 4, "train_size": 64, "valid_size": 8, "test_size": 8,
-             "length_generalisation_size": 8},
+    "task": {
+        "name": "reverse",
+        "max_train_length": 4,
+        "train_size": 64,
+        "valid_size": 8,
+        "test_size": 8,
+        "length_generalisation_size": 8,
+    },
     # max_len 8: lengths 5..8 of the length-generalisation split need 9 positions (with EOS).
-    "model": {"kind": "encoder_decoder", "layers": 1, "d_model": 8, "heads": 2, "d_ff": 16, "dropout": 0.0,
-              "max_len": 8},
-    "train": {"steps": 2, "batch_size": 16, "lr": 3e-3, "warmup": 1, "log_every": 0, "eval_every": 0,
-              "checkpoint_every": 0},
+    "model": {
+        "kind": "encoder_decoder",
+        "layers": 1,
+        "d_model": 8,
+        "heads": 2,
+        "d_ff": 16,
+        "dropout": 0.0,
+        "max_len": 8,
+    },
+    "train": {
+        "steps": 2,
+        "batch_size": 16,
+        "lr": 3e-3,
+        "warmup": 1,
+        "log_every": 0,
+        "eval_every": 0,
+        "checkpoint_every": 0,
+    },
 }
 
 TOML = """[task]
@@ -66,8 +86,15 @@ def paths(tmp_path_factory) -> dict[str, Path]:
     (folder / "not_a_run").mkdir()
     bert = folder / "bert"
     bert.mkdir()
-    hf = {"model_type": "bert", "vocab_size": 8, "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 0,
-          "intermediate_size": 16, "max_position_embeddings": 16}
+    hf = {
+        "model_type": "bert",
+        "vocab_size": 8,
+        "hidden_size": 8,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 0,
+        "intermediate_size": 16,
+        "max_position_embeddings": 16,
+    }
     (bert / "config.json").write_text(json.dumps(hf), encoding="utf-8")
     (bert / "model.safetensors").write_bytes(b"")  # never read: the config is refused first
     (bert / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\ncat\nsat\n", encoding="utf-8")
@@ -83,11 +110,21 @@ def paths(tmp_path_factory) -> dict[str, Path]:
     without_width = {key: value for key, value in hf.items() if key != "hidden_size"}
     (missing_key / "config.json").write_text(json.dumps({**without_width, "num_attention_heads": 2}), encoding="utf-8")
     return {
-        "run": run, "dir": folder, "config": folder / "config.toml", "unknown_key": folder / "unknown_key.toml",
-        "unknown_key_kind": folder / "unknown_key_kind.toml", "broken": folder / "broken.toml",
-        "corpus": folder / "corpus.txt", "binary": folder / "binary.txt", "file": folder / "a_file",
-        "not_a_run": folder / "not_a_run", "missing": folder / "missing", "bert": bert, "bert3": indivisible,
-        "bert_missing": missing_key, "long": folder / LONG_NAME,
+        "run": run,
+        "dir": folder,
+        "config": folder / "config.toml",
+        "unknown_key": folder / "unknown_key.toml",
+        "unknown_key_kind": folder / "unknown_key_kind.toml",
+        "broken": folder / "broken.toml",
+        "corpus": folder / "corpus.txt",
+        "binary": folder / "binary.txt",
+        "file": folder / "a_file",
+        "not_a_run": folder / "not_a_run",
+        "missing": folder / "missing",
+        "bert": bert,
+        "bert3": indivisible,
+        "bert_missing": missing_key,
+        "long": folder / LONG_NAME,
     }
 
 
@@ -162,7 +199,10 @@ CASES: list[tuple[list[str], list[str]]] = [
     (["eval", "{run}", "--split", "nope"], ["--split", "nope"]),
     (["eval", "{run}", "--mask-head", "bogus"], ["bogus"]),
     (["eval", "{run}", "--mask-head", "cross:7:0"], ["cross:7:0"]),
-    (["eval", "{run}", "--split", "length_generalisation", "--no-truncate", "--no-progress"], ["max_length=8", "--truncate"]),
+    (
+        ["eval", "{run}", "--split", "length_generalisation", "--no-truncate", "--no-progress"],
+        ["max_length=8", "--truncate"],
+    ),
     (["generate", "{missing}", "ab"], ["run not found"]),
     (["attention", "{run}", "ab", "--out", "{file}"], ["a_file"]),
     (["encode", "{run}", "ab"], ["encode", "sentence encoder"]),
@@ -199,8 +239,10 @@ def _commands() -> set[str]:
 
 
 # Commands added beside this file's own (e.g. `verify`) get at least click's usage errors.
-CASES += [([name, "--no-such-flag"], [f"attnlab {name}", "--no-such-flag"])
-          for name in sorted(_commands() - {argv[0] for argv, _ in CASES})]
+CASES += [
+    ([name, "--no-such-flag"], [f"attnlab {name}", "--no-such-flag"])
+    for name in sorted(_commands() - {argv[0] for argv, _ in CASES})
+]
 
 
 def _fill(text: str, paths: dict[str, Path], out: Path) -> str:
@@ -234,12 +276,16 @@ def test_malformed_invocation_is_one_error_line(paths, tmp_path, capsys, argv, w
 
 
 def test_eval_truncate_cuts_long_inputs_and_says_how_many(paths, capsys):
-    code, out, err = _call(capsys, ["eval", str(paths["run"]), "--split", "length_generalisation", "--truncate",
-                                    "--json", "--no-progress"])
+    code, out, err = _call(
+        capsys, ["eval", str(paths["run"]), "--split", "length_generalisation", "--truncate", "--json", "--no-progress"]
+    )
     assert code == 0, err
     metrics = json.loads(out)
     assert metrics["examples"] == 8 and 0 < metrics["truncated"] <= 8
-    assert err.strip() == f"note: --truncate cut {metrics['truncated']} of 8 examples to the model's context of 8 positions"
+    assert (
+        err.strip()
+        == f"note: --truncate cut {metrics['truncated']} of 8 examples to the model's context of 8 positions"
+    )
 
 
 def test_help_and_version_exit_0(capsys):
@@ -259,22 +305,43 @@ def test_no_arguments_show_the_help(capsys):
 @pytest.mark.parametrize(
     ("error", "code", "message"),
     [
-        (IsADirectoryError(21, "Is a directory", "run/model.safetensors"), EXIT_USAGE, "run/model.safetensors: Is a directory"),
+        (
+            IsADirectoryError(21, "Is a directory", "run/model.safetensors"),
+            EXIT_USAGE,
+            "run/model.safetensors: Is a directory",
+        ),
         (PermissionError(13, "Permission denied", "a", None, "b"), EXIT_USAGE, "a -> b: Permission denied"),
         (OSError(36, "File name too long", "x" * 300), EXIT_USAGE, "x" * 300 + ": File name too long"),
         (MemoryError(), EXIT_USAGE, "out of memory; use a smaller model, batch, input or --dim"),
-        (MemoryError("Unable to allocate 7.45 GiB for an array with shape (1000000000, 2)"), EXIT_USAGE,
-         "out of memory (asked for 7.45 GiB); use"),
-        (RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
-                      "you tried to allocate 4000000000000 bytes."), EXIT_USAGE,
-         "out of memory (asked for 4000000000000 bytes); use a smaller model"),
-        (RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has"), EXIT_USAGE,
-         "out of memory (asked for 2.00 GiB); use"),
+        (
+            MemoryError("Unable to allocate 7.45 GiB for an array with shape (1000000000, 2)"),
+            EXIT_USAGE,
+            "out of memory (asked for 7.45 GiB); use",
+        ),
+        (
+            RuntimeError(
+                "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
+                "you tried to allocate 4000000000000 bytes."
+            ),
+            EXIT_USAGE,
+            "out of memory (asked for 4000000000000 bytes); use a smaller model",
+        ),
+        (
+            RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has"),
+            EXIT_USAGE,
+            "out of memory (asked for 2.00 GiB); use",
+        ),
         (RecursionError("maximum recursion depth exceeded"), EXIT_USAGE, "nested too deeply"),
-        (UnicodeDecodeError("utf-8", b"ok\xff", 2, 3, "invalid start byte"),
-         EXIT_CORRUPT, "not UTF-8 text: byte b'\\xff' at offset 2"),
-        (ZeroDivisionError("division by zero"), EXIT_INTERNAL,
-         "internal error: ZeroDivisionError: division by zero (set ATTNLAB_TRACEBACK=1 to see the traceback)"),
+        (
+            UnicodeDecodeError("utf-8", b"ok\xff", 2, 3, "invalid start byte"),
+            EXIT_CORRUPT,
+            "not UTF-8 text: byte b'\\xff' at offset 2",
+        ),
+        (
+            ZeroDivisionError("division by zero"),
+            EXIT_INTERNAL,
+            "internal error: ZeroDivisionError: division by zero (set ATTNLAB_TRACEBACK=1 to see the traceback)",
+        ),
         (KeyError("x"), EXIT_INTERNAL, "internal error: KeyError: 'x'"),
     ],
 )
@@ -305,8 +372,10 @@ def test_an_unexpected_exception_is_one_line_unless_asked_for_the_traceback(caps
             monkeypatch.delenv("ATTNLAB_TRACEBACK", raising=False)
             code, _, err = _call(capsys, ["raise-something"])
             assert code == EXIT_INTERNAL
-            assert err == ("error: internal error: ZeroDivisionError: division by zero "
-                           "(set ATTNLAB_TRACEBACK=1 to see the traceback)\n")
+            assert err == (
+                "error: internal error: ZeroDivisionError: division by zero "
+                "(set ATTNLAB_TRACEBACK=1 to see the traceback)\n"
+            )
     finally:
         app.registered_commands.pop()
 

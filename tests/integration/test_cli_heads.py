@@ -14,13 +14,19 @@ import torch
 
 from attnlab.experiment import ExperimentConfig
 from attnlab.loaded_run import open_run
-from attnlab.tasks.factory import build_task, model_for_task
 from attnlab.runs import RunDir
+from attnlab.tasks.factory import build_task, model_for_task
 from attnlab.training.trainer import train
 
 EXPERIMENT = {
-    "task": {"name": "reverse", "max_train_length": 4, "train_size": 300, "valid_size": 30, "test_size": 30,
-             "length_generalisation_size": 10},
+    "task": {
+        "name": "reverse",
+        "max_train_length": 4,
+        "train_size": 300,
+        "valid_size": 30,
+        "test_size": 30,
+        "length_generalisation_size": 10,
+    },
     "model": {"kind": "encoder_decoder", "layers": 2, "d_model": 16, "heads": 2, "d_ff": 32, "dropout": 0.0},
     "train": {"steps": 60, "batch_size": 16, "lr": 3e-3, "warmup": 5, "log_every": 0},
 }
@@ -65,7 +71,9 @@ def test_importance_csv_and_heatmap(run, tmp_path):
 
 
 def test_prune_curve(run, tmp_path):
-    result = attnlab("heads", "prune", str(run), "--percent", "0", "25", "50", "100", "--recompute", "--out", str(tmp_path))
+    result = attnlab(
+        "heads", "prune", str(run), "--percent", "0", "25", "50", "100", "--recompute", "--out", str(tmp_path)
+    )
     assert result.returncode == 0, result.stderr
     columns, rows = _csv(tmp_path / "curve.csv")
     assert columns == ["percent", "heads_pruned", "metric", "loss"]
@@ -81,16 +89,26 @@ def test_physical_pruning_writes_a_smaller_run_with_the_same_outputs(run, tmp_pa
     pruned_heads = result.stdout.split("heads: ")[1].splitlines()[0].split(", ")
     smaller = open_run(out)
     assert smaller.model.num_parameters() < open_run(run).model.num_parameters()
-    masked = json.loads(attnlab("eval", str(run), "--split", "valid", "--json", "--no-progress",
-                                *[a for h in pruned_heads for a in ("--mask-head", h)]).stdout)
+    masked = json.loads(
+        attnlab(
+            "eval",
+            str(run),
+            "--split",
+            "valid",
+            "--json",
+            "--no-progress",
+            *[a for h in pruned_heads for a in ("--mask-head", h)],
+        ).stdout
+    )
     cut = json.loads(attnlab("eval", str(out), "--split", "valid", "--json", "--no-progress").stdout)
     assert cut["accuracy"] == masked["accuracy"]
     assert cut["loss"] == pytest.approx(masked["loss"], abs=1e-5)
 
 
 def test_cli_head_mask_equals_zeroed_output_columns(run, tmp_path):
-    masked = json.loads(attnlab("eval", str(run), "--split", "valid", "--json", "--no-progress",
-                                "--mask-head", "cross:1:0").stdout)
+    masked = json.loads(
+        attnlab("eval", str(run), "--split", "valid", "--json", "--no-progress", "--mask-head", "cross:1:0").stdout
+    )
     copy = tmp_path / "zeroed"
     subprocess.run(["cp", "-r", str(run), str(copy)], check=True)
     loaded = open_run(copy)
@@ -105,7 +123,10 @@ def test_cli_head_mask_equals_zeroed_output_columns(run, tmp_path):
 
 
 def test_training_with_heads_held_at_zero(tmp_path):
-    config = {**EXPERIMENT, "train": {**EXPERIMENT["train"], "steps": 20, "mask_heads": ["cross:0:1", "encoder_self:1:0"]}}
+    config = {
+        **EXPERIMENT,
+        "train": {**EXPERIMENT["train"], "steps": 20, "mask_heads": ["cross:0:1", "encoder_self:1:0"]},
+    }
     experiment = ExperimentConfig.from_dict(config)
     train(experiment, tmp_path / "run", progress=False)
     torch.manual_seed(experiment.train.seed)
@@ -122,7 +143,9 @@ def test_training_with_heads_held_at_zero(tmp_path):
         other = slice(0, d) if head == 1 else slice(d, 2 * d)
         assert not torch.equal(after.in_proj_weight[other], before.in_proj_weight[other])
     final = [r for r in RunDir.open(tmp_path / "run").read_metrics() if r.get("split") == "valid"][-1]
-    reevaluated = json.loads(attnlab("eval", str(tmp_path / "run"), "--split", "valid", "--json", "--no-progress").stdout)
+    reevaluated = json.loads(
+        attnlab("eval", str(tmp_path / "run"), "--split", "valid", "--json", "--no-progress").stdout
+    )
     assert reevaluated["loss"] == pytest.approx(final["loss"], abs=1e-6)  # the mask stays on in eval
 
 
@@ -133,14 +156,24 @@ HELD = ["cross:0:1", "encoder_self:1:0"]
 def held_run(tmp_path_factory) -> Path:
     """A run trained with two heads held at zero (train.mask_heads)."""
     path = tmp_path_factory.mktemp("held") / "run"
-    train(ExperimentConfig.from_dict({**EXPERIMENT, "train": {**EXPERIMENT["train"], "steps": 30, "mask_heads": HELD}}),
-          path, progress=False)
+    train(
+        ExperimentConfig.from_dict({**EXPERIMENT, "train": {**EXPERIMENT["train"], "steps": 30, "mask_heads": HELD}}),
+        path,
+        progress=False,
+    )
     return path
 
 
 def _eval(run: Path, *masked: str) -> dict:
-    result = attnlab("eval", str(run), "--split", "valid", "--json", "--no-progress",
-                     *[a for h in masked for a in ("--mask-head", h)])
+    result = attnlab(
+        "eval",
+        str(run),
+        "--split",
+        "valid",
+        "--json",
+        "--no-progress",
+        *[a for h in masked for a in ("--mask-head", h)],
+    )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
@@ -150,8 +183,10 @@ def test_heads_commands_start_from_the_held_heads_as_eval_does(held_run, tmp_pat
     expected = _eval(held_run)
     ablated = attnlab("heads", "ablate", str(held_run), "--kind", "cross", "--out", str(tmp_path))
     assert ablated.returncode == 0, ablated.stderr
-    assert f"with the held heads off: metric {expected['accuracy']:.4f} (valid accuracy), loss {expected['loss']:.4f}" \
+    assert (
+        f"with the held heads off: metric {expected['accuracy']:.4f} (valid accuracy), loss {expected['loss']:.4f}"
         in ablated.stdout
+    )
     assert "cross:0:1, encoder_self:1:0" in ablated.stdout
     _, rows = _csv(tmp_path / "ablation.csv")
     held_row = next(r for r in rows if (r["kind"], r["layer"], r["head"]) == ("cross", "0", "1"))
@@ -204,7 +239,9 @@ def test_generate_decodes_with_the_held_heads_off(held_run):
     for text in texts:
         src = torch.tensor([loaded.codec.encode(text) + [task.eos_id]])
         for mask, into in ((held, expected), (None, unmasked)):
-            tokens = decode(loaded.model, src, bos_id=task.bos_id, eos_id=task.eos_id, pad_id=task.pad_id, head_mask=mask)[0].tokens
+            tokens = decode(
+                loaded.model, src, bos_id=task.bos_id, eos_id=task.eos_id, pad_id=task.pad_id, head_mask=mask
+            )[0].tokens
             into.append(loaded.codec.decode(tokens))
     assert outputs == expected
     assert expected != unmasked  # the held heads change what is decoded, so the test can tell
@@ -215,10 +252,19 @@ def test_generate_decodes_with_the_held_heads_off(held_run):
     [
         (("heads", "prune", "{run}", "--percent", "150"), "--percent: 150 is outside [0, 100]"),
         (("heads", "prune", "{run}", "--percent", "-5"), "--percent: -5 is outside [0, 100]"),
-        (("heads", "prune", "{run}", "--percent", "10", "20", "--physical", "--out", "{tmp}/x"), "--physical: give exactly one --percent"),
+        (
+            ("heads", "prune", "{run}", "--percent", "10", "20", "--physical", "--out", "{tmp}/x"),
+            "--physical: give exactly one --percent",
+        ),
         (("heads", "prune", "{run}", "--percent", "10", "--physical"), "--physical: give --out NEW_RUN"),
-        (("heads", "ablate", "{run}", "--kind", "self"), "this run has no 'self' attention; it has: cross, decoder_self, encoder_self"),
-        (("heads", "importance", "{run}", "--split", "dev"), "Invalid value for '--split': 'dev': 'dev' is not one of 'train', 'valid'"),
+        (
+            ("heads", "ablate", "{run}", "--kind", "self"),
+            "this run has no 'self' attention; it has: cross, decoder_self, encoder_self",
+        ),
+        (
+            ("heads", "importance", "{run}", "--split", "dev"),
+            "Invalid value for '--split': 'dev': 'dev' is not one of 'train', 'valid'",
+        ),
         (("eval", "{run}", "--mask-head", "cross:0:5"), "head 5 is out of range; cross layer 0 has heads 0..1"),
         (("eval", "{run}", "--mask-head", "cross:9:0"), "layer 9 is out of range; cross has layers 0..1"),
         (("heads", "importance", "no/such/run"), "run not found"),

@@ -13,11 +13,24 @@ from attnlab.experiment import ExperimentConfig
 from attnlab.training.trainer import train
 
 EXPERIMENT = {
-    "task": {"name": "reverse", "max_train_length": 4, "train_size": 40, "valid_size": 8, "test_size": 8,
-             "length_generalisation_size": 4},
+    "task": {
+        "name": "reverse",
+        "max_train_length": 4,
+        "train_size": 40,
+        "valid_size": 8,
+        "test_size": 8,
+        "length_generalisation_size": 4,
+    },
     # linear = "aten": no C++ kernel to build on a fresh machine; the checks tested here come before any kernel.
-    "model": {"kind": "encoder_decoder", "layers": 1, "d_model": 16, "heads": 2, "d_ff": 32, "dropout": 0.0,
-              "linear": "aten"},
+    "model": {
+        "kind": "encoder_decoder",
+        "layers": 1,
+        "d_model": 16,
+        "heads": 2,
+        "d_ff": 32,
+        "dropout": 0.0,
+        "linear": "aten",
+    },
     "train": {"steps": 2, "batch_size": 8, "log_every": 0},
 }
 
@@ -75,10 +88,14 @@ def _listing(*folders: Path) -> list[tuple[str, int]]:
 CASES = [
     # (argv, words the error line must hold)
     (["train", "c.toml", "--out", "new", "--set", "model.layers=10000"], ["model.layers", "10,000"]),
-    (["train", "c.toml", "--out", "new", "--set", "model.d_model=1000000000"],
-     ["needs about", "GiB", "available", "model.d_model"]),
-    (["train", "c.toml", "--out", "new", "--set", "train.batch_size=1000000000"],
-     ["train.batch_size", "training split (40 examples)"]),
+    (
+        ["train", "c.toml", "--out", "new", "--set", "model.d_model=1000000000"],
+        ["needs about", "GiB", "available", "model.d_model"],
+    ),
+    (
+        ["train", "c.toml", "--out", "new", "--set", "train.batch_size=1000000000"],
+        ["train.batch_size", "training split (40 examples)"],
+    ),
     (["train", "c.toml", "--out", "new", "--set", "task.train_size=1000000000"], ["task.train_size", "cap"]),
     (["train", "c.toml", "--out", LONG_NAME], ["--out", "300 bytes long"]),
     (["train", "c.toml", "--out", "full"], ["--out full", "not empty"]),
@@ -128,8 +145,20 @@ def test_a_model_too_large_for_this_machine_names_the_estimate_and_the_memory(pl
     monkeypatch.setattr(resources, "available_memory", lambda: 2**30)  # 1 GiB free
     before = _listing(place)
     with pytest.raises(SystemExit) as exited:
-        main(["train", "c.toml", "--out", "new", "--set", "model.d_model=2048", "--set", "model.d_ff=8192",
-              "--set", "model.layers=8"])
+        main(
+            [
+                "train",
+                "c.toml",
+                "--out",
+                "new",
+                "--set",
+                "model.d_model=2048",
+                "--set",
+                "model.d_ff=8192",
+                "--set",
+                "model.layers=8",
+            ]
+        )
     error = capsys.readouterr().err.strip()
     assert exited.value.code == 2
     assert error.startswith("error: training this model") and "needs about" in error
@@ -150,8 +179,10 @@ def test_decoding_stops_at_the_last_learned_position(tmp_path, capsys, monkeypat
     experiment = {**EXPERIMENT, "model": {**EXPERIMENT["model"], "positional": "learned", "max_len": 8}}
     run = tmp_path / "learned"
     train(ExperimentConfig.from_dict(experiment), run, progress=False)
-    for argv in (["generate", str(run), "abc", "--max-length", "64"],
-                 ["attention", str(run), "abc", "--max-length", "64", "--out", str(tmp_path / "pictures")]):
+    for argv in (
+        ["generate", str(run), "abc", "--max-length", "64"],
+        ["attention", str(run), "abc", "--max-length", "64", "--out", str(tmp_path / "pictures")],
+    ):
         with pytest.raises(SystemExit) as exited:
             main(argv)
         assert exited.value.code == 0, capsys.readouterr().err

@@ -106,23 +106,41 @@ def test_resume_continues_to_more_steps(trained, tmp_path):
         (("train", "missing.toml"), "config file not found: missing.toml"),
         (("train",), "give a CONFIG.toml to train, or --resume RUN"),
         (("train", "{config}", "--set", "model.heads=3"), "model.d_model: 16 is not divisible by heads=3"),
-        (("train", "{config}", "--set", "model.score=cosine"), "model.score: unknown 'cosine'; allowed: additive, bilinear, dot, scaled_dot"),
-        (("train", "{config}", "--set", "model.depth=3"), "model.depth: unknown key for kind 'encoder_decoder'; allowed: kind, layers"),
+        (
+            ("train", "{config}", "--set", "model.score=cosine"),
+            "model.score: unknown 'cosine'; allowed: additive, bilinear, dot, scaled_dot",
+        ),
+        (
+            ("train", "{config}", "--set", "model.depth=3"),
+            "model.depth: unknown key for kind 'encoder_decoder'; allowed: kind, layers",
+        ),
         (("train", "{config}", "--set", "train.steps=-1"), "train.steps: must be >= 1"),
         (("train", "{config}", "--set", "train.lr=fast"), "train.lr: expected float or int, got 'fast'"),
         (("train", "{config}", "--set", "task.name=fibonacci"), "task.name: unknown 'fibonacci'; allowed: parity"),
-        (("train", "{config}", "--set", "task.colour=3"), "task.colour: unknown key for task 'reverse'; allowed: max_train_length"),
+        (
+            ("train", "{config}", "--set", "task.colour=3"),
+            "task.colour: unknown key for task 'reverse'; allowed: max_train_length",
+        ),
         (("train", "{config}", "--set", "oops"), "--set 'oops': expected section.key=value"),
-        (("train", "{config}", "--set", "model.kind=decoder_only"), "model.kind: task 'reverse' trains a encoder_decoder model"),
+        (
+            ("train", "{config}", "--set", "model.kind=decoder_only"),
+            "model.kind: task 'reverse' trains a encoder_decoder model",
+        ),
         (("train", "{config}", "--device", "cuda"), "no CUDA device is visible"),
-        (("train", "{config}", "--precision", "fp8"), "Invalid value for '--precision': 'fp8': 'fp8' is not one of 'fp32', 'bf16', 'fp16'"),
+        (
+            ("train", "{config}", "--precision", "fp8"),
+            "Invalid value for '--precision': 'fp8': 'fp8' is not one of 'fp32', 'bf16', 'fp16'",
+        ),
         (("train", "{bad_toml}"), "invalid TOML"),
         (("train", "{scalar_toml}"), "task: expected a [task] table, got str 'reverse'"),
         (("train", "{config}", "--set", "task.train_size=many"), "task.train_size: expected int, got 'many'"),
         (("train", "{config}", "--out", "{run}"), "already exists and is not empty"),
         (("train", "--resume", "{empty}"), "is not a run directory: it has no config.json"),
         (("eval", "no/such/run"), "run not found: no/such/run"),
-        (("eval", "{run}", "--split", "dev"), "Invalid value for '--split': 'dev': 'dev' is not one of 'train', 'valid'"),
+        (
+            ("eval", "{run}", "--split", "dev"),
+            "Invalid value for '--split': 'dev': 'dev' is not one of 'train', 'valid'",
+        ),
         (("generate", "{run}", "xyz"), "symbol 'x' is not in the task's alphabet"),
         (("generate", "no/such/run", "abc"), "run not found"),
     ],
@@ -211,13 +229,17 @@ def test_translation_with_word2vec_initialisation_reports_bleu(tmp_path):
 def test_language_model_reports_perplexity(tmp_path):
     corpus = tmp_path / "corpus.txt"
     rng = random.Random(0)
-    corpus.write_text("\n".join(" ".join(rng.choice(["the cat", "a dog", "sat", "ran", "on the mat"]) for _ in range(4))
-                                for _ in range(300)) + "\n")
+    corpus.write_text(
+        "\n".join(
+            " ".join(rng.choice(["the cat", "a dog", "sat", "ran", "on the mat"]) for _ in range(4)) for _ in range(300)
+        )
+        + "\n"
+    )
     config = tmp_path / "lm.toml"
     config.write_text(
         f'[task]\nname = "lm"\ntrain_file = "{corpus}"\ntokenizer_kind = "bpe"\nvocab_size = 300\n'
         '[model]\nkind = "decoder_only"\nlayers = 1\nd_model = 16\nheads = 2\nd_ff = 32\ntie_embeddings = true\n'
-        '[train]\nsteps = 20\nbatch_size = 16\nlr = 3e-3\nwarmup = 5\n'
+        "[train]\nsteps = 20\nbatch_size = 16\nlr = 3e-3\nwarmup = 5\n"
     )
     result = attnlab("train", str(config), "--out", str(tmp_path / "run"), "--no-progress")
     assert result.returncode == 0, result.stderr
@@ -237,10 +259,12 @@ def test_skipped_bad_lines_are_counted(tmp_path):
     config.write_text(
         f'[task]\nname = "translation"\ntrain_file = "{data}"\ntokenizer_kind = "word"\nvocab_size = 50\n'
         '[model]\nkind = "encoder_decoder"\nlayers = 1\nd_model = 16\nheads = 2\nd_ff = 32\n'
-        '[train]\nsteps = 2\nbatch_size = 8\n'
+        "[train]\nsteps = 2\nbatch_size = 8\n"
     )
     refused = attnlab("train", str(config), "--out", str(tmp_path / "a"), "--no-progress")
     assert refused.returncode == 2 and f"{data}:201" in refused.stderr
-    result = attnlab("train", str(config), "--out", str(tmp_path / "b"), "--no-progress", "--set", "task.skip_bad_lines=true")
+    result = attnlab(
+        "train", str(config), "--out", str(tmp_path / "b"), "--no-progress", "--set", "task.skip_bad_lines=true"
+    )
     assert result.returncode == 0, result.stderr
     assert "skipped 2 bad lines" in result.stdout

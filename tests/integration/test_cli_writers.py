@@ -24,8 +24,14 @@ from attnlab.runs import RunDir
 from attnlab.training.trainer import train
 
 TINY = {
-    "task": {"name": "reverse", "max_train_length": 4, "train_size": 64, "valid_size": 8, "test_size": 8,
-             "length_generalisation_size": 4},
+    "task": {
+        "name": "reverse",
+        "max_train_length": 4,
+        "train_size": 64,
+        "valid_size": 8,
+        "test_size": 8,
+        "length_generalisation_size": 4,
+    },
     "model": {"kind": "encoder_decoder", "layers": 1, "d_model": 16, "heads": 2, "d_ff": 32},
     "train": {"steps": 3, "batch_size": 8, "log_every": 1, "threads": 1},
 }
@@ -93,4 +99,3 @@ def test_two_resumes_at_once_one_is_refused_naming_the_holder(tiny_run, tmp_path
     finals = [r for r in records if r.get("split") == "valid" and r["step"] == 30]
     assert len(finals) == 1
     assert (run / RunDir.LOCK).read_text() == ""  # released at the end
-

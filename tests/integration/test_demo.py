@@ -10,7 +10,9 @@ import sys
 def test_demo_reaches_its_accuracy_and_draws_attention(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "attnlab", "demo", "--out", str(tmp_path / "demo"), "--no-progress"],
-        capture_output=True, text=True, timeout=900,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert result.returncode == 0, result.stderr
     accuracy = float(re.search(r"held-out sequence accuracy \(test split, 200 strings\): ([0-9.]+)", result.stdout)[1])

@@ -57,19 +57,35 @@ def _sentences(path: Path) -> None:
     rng = random.Random(1)
     subjects, verbs = ["the cat", "a dog", "my friend", "the teacher", "a bird"], ["sees", "likes", "finds", "follows"]
     objects = ["the ball", "a tree", "the river", "an apple"]
-    path.write_text("".join(f"{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(objects)} .\n" for _ in range(3000)))
+    path.write_text(
+        "".join(f"{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(objects)} .\n" for _ in range(3000))
+    )
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,make,metric,bound", [
-    ("translation", _number_words, "bleu", 90.0),
-    ("lm", _sentences, "perplexity", 3.0),
-])
+@pytest.mark.parametrize(
+    "name,make,metric,bound",
+    [
+        ("translation", _number_words, "bleu", 90.0),
+        ("lm", _sentences, "perplexity", 3.0),
+    ],
+)
 def test_text_tasks_learn_generated_data(name, make, metric, bound, tmp_path):
     data = tmp_path / ("train.tsv" if name == "translation" else "corpus.txt")
     make(data)
-    result = attnlab("train", str(CONFIGS / f"{name}.toml"), "--out", str(tmp_path / "run"), "--no-progress",
-                     "--set", f'task.train_file="{data}"', "--set", "train.steps=800", "--set", "task.vocab_size=200")
+    result = attnlab(
+        "train",
+        str(CONFIGS / f"{name}.toml"),
+        "--out",
+        str(tmp_path / "run"),
+        "--no-progress",
+        "--set",
+        f'task.train_file="{data}"',
+        "--set",
+        "train.steps=800",
+        "--set",
+        "task.vocab_size=200",
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     metrics = json.loads(attnlab("eval", str(tmp_path / "run"), "--split", "test", "--json", "--no-progress").stdout)
     value = metrics[metric]

@@ -15,8 +15,8 @@ from attnlab.analysis.pruning import prune_model, write_pruned_run
 from attnlab.cli import main
 from attnlab.errors import AttnlabWarning, CheckpointError
 from attnlab.evaluation.evaluate import evaluate
-from attnlab.loaded_run import LoadedRun, open_run
 from attnlab.head_ids import head_ids
+from attnlab.loaded_run import LoadedRun, open_run
 from attnlab.manifest import read_manifest, write_manifest
 from attnlab.runs import RunDir
 from attnlab.training.trainer import TrainingDiverged, train
@@ -25,13 +25,24 @@ from tests.tiny_run import build_tiny_run, tiny_experiment
 
 CHECKPOINT = "checkpoints/step-00000004"
 RUN_FILES = ["config.json", "tokenizer.json", "model.safetensors", "manifest.json", "checkpoint.json"]
-CHECKPOINT_FILES = [f"{CHECKPOINT}/{name}" for name in
-                    ("model.safetensors", "trainer_state.safetensors", "trainer_state.json", "manifest.json")]
+CHECKPOINT_FILES = [
+    f"{CHECKPOINT}/{name}"
+    for name in ("model.safetensors", "trainer_state.safetensors", "trainer_state.json", "manifest.json")
+]
 
 
 def _metrics(loaded: LoadedRun) -> dict:
-    return evaluate(loaded.model, loaded.task, "test", kind=loaded.experiment.model_kind, batch_size=64,
-                    max_length=16, tokenizer=loaded.tokenizer, head_mask=loaded.held_mask(), progress=False)
+    return evaluate(
+        loaded.model,
+        loaded.task,
+        "test",
+        kind=loaded.experiment.model_kind,
+        batch_size=64,
+        max_length=16,
+        tokenizer=loaded.tokenizer,
+        head_mask=loaded.held_mask(),
+        progress=False,
+    )
 
 
 def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -53,8 +64,14 @@ def tiny(tmp_path_factory):
     folder = tmp_path_factory.mktemp("integrity")
     experiment, run = build_tiny_run(folder)
     loaded = open_run(run)
-    return {"folder": folder, "experiment": experiment, "run": run, "metrics": _metrics(loaded),
-            "weights": _weights(loaded.model), "checkpoint": _checkpoint_state(run)}
+    return {
+        "folder": folder,
+        "experiment": experiment,
+        "run": run,
+        "metrics": _metrics(loaded),
+        "weights": _weights(loaded.model),
+        "checkpoint": _checkpoint_state(run),
+    }
 
 
 @pytest.fixture
@@ -181,7 +198,8 @@ def test_resuming_an_old_run_warns_once_and_gives_it_manifests(copy, capsys, mon
     assert exited.value.code in (0, None), err
     assert [line for line in err.splitlines() if line.startswith("warning:")] == [
         f"warning: run {copy} has no manifest.json (written before attnlab verified run files): "
-        "its files are read unverified"]
+        "its files are read unverified"
+    ]
     with warnings.catch_warnings():
         warnings.simplefilter("error", AttnlabWarning)
         open_run(copy)

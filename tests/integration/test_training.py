@@ -15,20 +15,34 @@ import torch
 
 from attnlab.errors import AttnlabError, CheckpointError
 from attnlab.experiment import ExperimentConfig
-from attnlab.tasks.factory import build_task, model_for_task
 from attnlab.runs import RunDir, load_weights_into
 from attnlab.storage import load_tensors
+from attnlab.tasks.factory import build_task, model_for_task
 from attnlab.training import trainer as trainer_module
 from attnlab.training.schedule import multiplier
 from attnlab.training.trainer import TrainingDiverged, train
 from attnlab.verification import verify_run
 
 BASE = {
-    "task": {"name": "parity", "max_train_length": 8, "train_size": 256, "valid_size": 32, "test_size": 32,
-             "length_generalisation_size": 16},
+    "task": {
+        "name": "parity",
+        "max_train_length": 8,
+        "train_size": 256,
+        "valid_size": 32,
+        "test_size": 32,
+        "length_generalisation_size": 16,
+    },
     "model": {"kind": "encoder_classifier", "layers": 1, "d_model": 16, "heads": 2, "d_ff": 32, "dropout": 0.1},
-    "train": {"steps": 12, "batch_size": 16, "lr": 3e-3, "warmup": 4, "log_every": 1, "eval_every": 0,
-              "checkpoint_every": 5, "eval_batch_size": 64},
+    "train": {
+        "steps": 12,
+        "batch_size": 16,
+        "lr": 3e-3,
+        "warmup": 4,
+        "log_every": 1,
+        "eval_every": 0,
+        "checkpoint_every": 5,
+        "eval_batch_size": 64,
+    },
 }
 
 
@@ -115,7 +129,9 @@ def test_a_checkpoint_of_the_weights_that_diverged_is_not_called_good(tmp_path, 
         train(_experiment(checkpoint_every=1), tmp_path / "run", progress=False)
     run = RunDir.open(tmp_path / "run")
     assert run.latest_checkpoint().step == 5
-    assert load_tensors(run.path / "model.safetensors")[0].keys() == load_tensors(run.latest_checkpoint().model)[0].keys()
+    assert (
+        load_tensors(run.path / "model.safetensors")[0].keys() == load_tensors(run.latest_checkpoint().model)[0].keys()
+    )
     for name, tensor in load_tensors(run.path / "model.safetensors")[0].items():
         assert torch.equal(tensor, load_tensors(run.latest_checkpoint().model)[0][name])
     monkeypatch.setitem(trainer_module.OBJECTIVES, "encoder_classifier", real)
@@ -130,8 +146,9 @@ def test_resume_without_checkpoint_is_a_clear_error(tmp_path):
 
 
 def _cli(*args: str, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "attnlab", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kwargs)
+    return subprocess.Popen(
+        [sys.executable, "-m", "attnlab", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs
+    )
 
 
 def _write_config(path: Path, **train_changes) -> Path:
@@ -183,7 +200,9 @@ def test_sigkill_while_checkpointing_always_leaves_a_loadable_checkpoint(tmp_pat
 
 
 WORDPIECE_CORPUS = [
-    f"{a} {b} {c}" for a in ("Tokenization", "splits", "first") for b in ("amazing tokens", "didn't split", "first steps")
+    f"{a} {b} {c}"
+    for a in ("Tokenization", "splits", "first")
+    for b in ("amazing tokens", "didn't split", "first steps")
     for c in ("on the mat.", "it's the first step.", "splitting")
 ] * 3
 """Words whose pieces HF's WordPiece trainer picks differently from call to call (merge ties)."""
@@ -199,13 +218,22 @@ def test_every_process_encodes_with_the_tokenizer_of_rank_0(tmp_path):
     config.write_text(
         f'[task]\nname = "lm"\ntrain_file = "{corpus}"\ntokenizer_kind = "wordpiece"\nvocab_size = 400\n'
         '[model]\nkind = "decoder_only"\nlayers = 1\nd_model = 16\nheads = 2\nd_ff = 32\ndropout = 0.0\n'
-        '[train]\nsteps = 4\nbatch_size = 8\nlr = 3e-3\nwarmup = 2\nlog_every = 1\ncheckpoint_every = 0\n'
+        "[train]\nsteps = 4\nbatch_size = 8\nlr = 3e-3\nwarmup = 2\nlog_every = 1\ncheckpoint_every = 0\n"
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     two = _cli("train", str(config), "--out", str(tmp_path / "two"), "--nproc", "2", "--no-progress", env=env)
     assert two.wait(timeout=240) == 0, two.stderr.read()
     saved = tmp_path / "two" / "tokenizer.json"
-    one = _cli("train", str(config), "--out", str(tmp_path / "one"), "--no-progress", "--set", f'task.tokenizer="{saved}"', env=env)
+    one = _cli(
+        "train",
+        str(config),
+        "--out",
+        str(tmp_path / "one"),
+        "--no-progress",
+        "--set",
+        f'task.tokenizer="{saved}"',
+        env=env,
+    )
     assert one.wait(timeout=240) == 0, one.stderr.read()
     for step, loss in _losses(tmp_path / "one").items():
         assert loss == pytest.approx(_losses(tmp_path / "two")[step], abs=1e-5)
@@ -218,7 +246,9 @@ def test_two_processes_equal_one_process_with_the_whole_batch(tmp_path, attentio
     overrides = ["--set", "model.dropout=0.0", "--set", f'model.attention="{attention}"']
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     one = _cli("train", str(config), "--out", str(tmp_path / "one"), "--no-progress", *overrides, env=env)
-    two = _cli("train", str(config), "--out", str(tmp_path / "two"), "--nproc", "2", "--no-progress", *overrides, env=env)
+    two = _cli(
+        "train", str(config), "--out", str(tmp_path / "two"), "--nproc", "2", "--no-progress", *overrides, env=env
+    )
     for process in (one, two):
         _, err = process.communicate(timeout=240)
         assert process.returncode == 0, err
@@ -246,5 +276,8 @@ def test_two_processes_equal_one_process_with_the_whole_batch(tmp_path, attentio
 
 def test_training_errors_are_attnlab_errors(tmp_path):
     with pytest.raises(AttnlabError, match="model.kind: task 'parity' trains a encoder_classifier model"):
-        train(ExperimentConfig.from_dict({**BASE, "model": {**BASE["model"], "kind": "decoder_only"}}),
-              tmp_path / "x", progress=False)
+        train(
+            ExperimentConfig.from_dict({**BASE, "model": {**BASE["model"], "kind": "decoder_only"}}),
+            tmp_path / "x",
+            progress=False,
+        )

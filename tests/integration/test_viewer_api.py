@@ -15,8 +15,8 @@ from starlette.testclient import TestClient
 from attnlab.analysis.maps import attention_view
 from attnlab.decoding import DecodeOptions, decode
 from attnlab.errors import UsageError
-from attnlab.loaded_run import open_run
 from attnlab.head_ids import HeadId, mask_without
+from attnlab.loaded_run import open_run
 from attnlab.nn import capture
 from attnlab.viewer import create_app
 from attnlab.viewer.requests import MAX_INPUT_CHARS, MAX_INPUT_TOKENS, MAX_JSON_DEPTH, MAX_OUTPUT_TOKENS
@@ -39,7 +39,7 @@ def clients(runs):
 
 
 def post_run(client: TestClient, text: str, off=()):  # noqa: ANN001, ANN201
-    return client.post("/api/run", json={"text": text, "off": [dict(kind=k, layer=l, head=h) for k, l, h in off]})
+    return client.post("/api/run", json={"text": text, "off": [dict(kind=k, layer=i, head=h) for k, i, h in off]})
 
 
 def test_the_page_and_its_files_are_served_with_a_strict_policy(clients):
@@ -55,7 +55,15 @@ def test_the_page_and_its_files_are_served_with_a_strict_policy(clients):
 
 def test_the_page_never_writes_text_as_html():
     script = (STATIC_DIR / "viewer.js").read_text()
-    for sink in (".innerHTML", ".outerHTML", ".insertAdjacentHTML", "document.write", "eval(", "new Function", "DOMParser"):
+    for sink in (
+        ".innerHTML",
+        ".outerHTML",
+        ".insertAdjacentHTML",
+        "document.write",
+        "eval(",
+        "new Function",
+        "DOMParser",
+    ):
         assert sink not in script
     assert "<script>" not in (STATIC_DIR / "index.html").read_text()  # no inline script: the policy forbids it
 
@@ -64,9 +72,15 @@ def test_model_lists_kinds_layers_heads_and_limits(clients):
     info = clients["encoder_decoder"].get("/api/model").json()
     assert info["model_kind"] == "encoder_decoder" and info["task"] == "reverse" and info["attention"] == "soft"
     assert [(k["kind"], k["layers"], k["heads"]) for k in info["heads"]] == [
-        ("encoder_self", 2, 2), ("decoder_self", 2, 2), ("cross", 2, 2)]
-    assert info["limits"] == {"max_input_chars": MAX_INPUT_CHARS, "max_input_tokens": MAX_INPUT_TOKENS,
-                              "max_output_tokens": MAX_OUTPUT_TOKENS}
+        ("encoder_self", 2, 2),
+        ("decoder_self", 2, 2),
+        ("cross", 2, 2),
+    ]
+    assert info["limits"] == {
+        "max_input_chars": MAX_INPUT_CHARS,
+        "max_input_tokens": MAX_INPUT_TOKENS,
+        "max_output_tokens": MAX_OUTPUT_TOKENS,
+    }
     assert set(info["example"]) <= set("abcdefghij") and info["importance"] is None
 
 
@@ -74,12 +88,19 @@ def test_encoder_decoder_answer_is_the_greedy_decoding_and_every_map(runs, clien
     loaded = runs["encoder_decoder"]
     answer = post_run(clients["encoder_decoder"], "abcd").json()
     task = loaded.task
-    hypothesis = decode(loaded.model, torch.tensor([loaded.codec.encode("abcd") + [task.eos_id]]), bos_id=task.bos_id,
-                        eos_id=task.eos_id, pad_id=task.pad_id, options=DecodeOptions(max_length=MAX_OUTPUT_TOKENS))[0]
+    hypothesis = decode(
+        loaded.model,
+        torch.tensor([loaded.codec.encode("abcd") + [task.eos_id]]),
+        bos_id=task.bos_id,
+        eos_id=task.eos_id,
+        pad_id=task.pad_id,
+        options=DecodeOptions(max_length=MAX_OUTPUT_TOKENS),
+    )[0]
     assert answer["output"] == {"type": "sequence", "text": loaded.codec.decode(hypothesis.tokens)}
     assert answer["tokens"] == ["a", "b", "c", "d"]
     assert [(m["kind"], m["layer"]) for m in answer["attention"]] == [
-        (kind, layer) for kind in ("encoder_self", "decoder_self", "cross") for layer in (0, 1)]
+        (kind, layer) for kind in ("encoder_self", "decoder_self", "cross") for layer in (0, 1)
+    ]
     cross = answer["attention"][-1]
     assert cross["keys"] == ["a", "b", "c", "d", "</s>"] and cross["queries"][0] == "<s>"
     weights = np.array(cross["weights"])
@@ -111,9 +132,10 @@ def test_switching_heads_off_gives_what_the_head_mask_gives(runs, clients, kind)
     first = loaded.model.attention_sites()[0].kind
     off = [(first, 0, 1), (first, 1, 0)]
     answer = post_run(clients[kind], text, off).json()
-    expected = attention_view(loaded, text, max_length=MAX_OUTPUT_TOKENS,
-                              head_mask=mask_without(loaded.model, [HeadId(*o) for o in off]))
-    assert answer["off"] == [dict(kind=k, layer=l, head=h) for k, l, h in off]
+    expected = attention_view(
+        loaded, text, max_length=MAX_OUTPUT_TOKENS, head_mask=mask_without(loaded.model, [HeadId(*o) for o in off])
+    )
+    assert answer["off"] == [dict(kind=k, layer=i, head=h) for k, i, h in off]
     if kind == "encoder_classifier":
         assert answer["output"]["probability"] == pytest.approx(expected.probability, abs=1e-6)
     else:
@@ -135,10 +157,17 @@ def test_heads_held_in_training_are_always_off_and_listed(tmp_path_factory):
     src = torch.tensor([loaded.codec.encode("abcd") + [task.eos_id]])
     for off in ([], [("decoder_self", 1, 0)], [("cross", 0, 0)]):  # the last one is held already
         answer = post_run(client, "abcd", off).json()
-        assert answer["held"] == listed and answer["off"] == [dict(kind=k, layer=l, head=h) for k, l, h in off]
+        assert answer["held"] == listed and answer["off"] == [dict(kind=k, layer=i, head=h) for k, i, h in off]
         mask = mask_without(loaded.model, [*held, *(HeadId(*o) for o in off)])
-        hypothesis = decode(loaded.model, src, bos_id=task.bos_id, eos_id=task.eos_id, pad_id=task.pad_id,
-                            options=DecodeOptions(max_length=MAX_OUTPUT_TOKENS), head_mask=mask)[0]
+        hypothesis = decode(
+            loaded.model,
+            src,
+            bos_id=task.bos_id,
+            eos_id=task.eos_id,
+            pad_id=task.pad_id,
+            options=DecodeOptions(max_length=MAX_OUTPUT_TOKENS),
+            head_mask=mask,
+        )[0]
         assert answer["output"]["text"] == loaded.codec.decode(hypothesis.tokens)
         expected = attention_view(loaded, "abcd", max_length=MAX_OUTPUT_TOKENS, head_mask=mask)
         later = next(m for m in answer["attention"] if (m["kind"], m["layer"]) == ("encoder_self", 1))
@@ -157,10 +186,13 @@ def test_heads_held_in_training_are_always_off_and_listed(tmp_path_factory):
         ({"off": []}, '"text" must be a string'),
         ({"text": "ab", "heads": []}, "unknown field 'heads'"),
         ({"text": "ab", "off": "cross:0:0"}, '"off" must be a list'),
-        ({"text": "ab", "off": [{"kind": "cross", "layer": 0}]}, 'off[0] must be an object with exactly'),
+        ({"text": "ab", "off": [{"kind": "cross", "layer": 0}]}, "off[0] must be an object with exactly"),
         ({"text": "ab", "off": [{"kind": "self", "layer": 0, "head": 0}]}, "off[0].kind: this model has no 'self'"),
         ({"text": "ab", "off": [{"kind": "cross", "layer": 2, "head": 0}]}, "off[0].layer: cross has layers 0 to 1"),
-        ({"text": "ab", "off": [{"kind": "cross", "layer": 0, "head": -1}]}, "off[0].head: cross layer 0 has heads 0 to 1"),
+        (
+            {"text": "ab", "off": [{"kind": "cross", "layer": 0, "head": -1}]},
+            "off[0].head: cross layer 0 has heads 0 to 1",
+        ),
         ({"text": "ab", "off": [{"kind": "cross", "layer": 0, "head": True}]}, "off[0].head"),
         ({"text": "ab", "off": [{"kind": "cross", "layer": "0", "head": 0}]}, "off[0].layer"),
         ({"text": "abz"}, "symbol 'z' is not in the task's alphabet"),
@@ -197,10 +229,20 @@ def asgi_post(app, path: str, headers: dict[str, str], body: bytes) -> tuple[int
     async def send(message: dict) -> None:
         messages.append(message)
 
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
-             "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()],
-             "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8765)}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8765),
+    }
     # A thread of its own: Playwright's sync API (the browser tests) leaves an event loop running
     # in this worker's main thread, where asyncio.run refuses to start another.
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
@@ -231,8 +273,12 @@ def test_a_body_without_an_acceptable_content_length_is_refused_unread(runs, hea
 
 
 def test_a_body_longer_than_its_content_length_says_is_refused_at_the_cap(runs):
-    status, answer, _ = asgi_post(create_app(runs["encoder_decoder"]), "/api/run",
-                                  {**JSON, "content-length": "10"}, b"[" * (MAX_RUN_BODY_BYTES + 1))
+    status, answer, _ = asgi_post(
+        create_app(runs["encoder_decoder"]),
+        "/api/run",
+        {**JSON, "content-length": "10"},
+        b"[" * (MAX_RUN_BODY_BYTES + 1),
+    )
     assert status == 400 and answer["field"] == "body" and f"larger than {MAX_RUN_BODY_BYTES}" in answer["error"]
 
 
@@ -312,15 +358,16 @@ def test_the_model_context_bounds_the_input_and_the_output(runs, monkeypatch):
     assert len(answer.json()["attention"][0]["queries"]) <= 8  # <s>, 5 input tokens, at most 2 generated
     refused = post_run(client, "the cat")
     assert refused.status_code == 400 and refused.json()["field"] == "text"
-    assert refused.json()["error"] == ("the input is 7 tokens long; this model reads at most 8 positions, "
-                                       "so it takes at most 6 input tokens")
+    assert refused.json()["error"] == (
+        "the input is 7 tokens long; this model reads at most 8 positions, so it takes at most 6 input tokens"
+    )
 
 
 def test_markup_in_the_input_comes_back_as_plain_json_strings(clients):
     answer = post_run(clients["decoder_only"], XSS)
     assert answer.status_code == 200 and answer.headers["content-type"] == "application/json"
     assert "".join(answer.json()["tokens"]) == XSS
-    assert answer.json()["attention"][0]["queries"][1:len(XSS) + 1] == list(XSS)
+    assert answer.json()["attention"][0]["queries"][1 : len(XSS) + 1] == list(XSS)
     refused = post_run(clients["encoder_decoder"], XSS)
     assert refused.status_code == 400 and refused.headers["content-type"] == "application/json"
     assert XSS in refused.json()["error"]  # the page shows this message as text
@@ -330,8 +377,9 @@ IMPORTANCE = "kind,layer,head,importance\nself,0,0,0.5\nself,0,1,0.25\nself,1,1,
 
 
 def test_importance_csv_becomes_a_kind_layer_head_table(clients):
-    response = clients["encoder_classifier"].post("/api/importance", content=IMPORTANCE.encode(),
-                                                  headers={"content-type": "text/csv"})
+    response = clients["encoder_classifier"].post(
+        "/api/importance", content=IMPORTANCE.encode(), headers={"content-type": "text/csv"}
+    )
     assert response.status_code == 200
     assert response.json() == {"importance": {"self": [[0.5, 0.25], [None, 0.001]]}}
 
@@ -373,9 +421,17 @@ def test_a_loopback_viewer_answers_only_loopback_host_names(runs):
 
 
 def test_a_viewer_on_all_interfaces_answers_only_the_names_allowed_and_loopback(runs):
-    app = create_app(runs["encoder_classifier"], allowed_hosts=allowed_hosts("0.0.0.0", ["Viewer.Example", "[fe80::1]"]))
-    for base in ("http://viewer.example:8765", "http://VIEWER.example", "http://[fe80::1]:8765", "http://localhost:8765",
-                 "http://127.0.0.1", "http://[::1]:8765"):
+    app = create_app(
+        runs["encoder_classifier"], allowed_hosts=allowed_hosts("0.0.0.0", ["Viewer.Example", "[fe80::1]"])
+    )
+    for base in (
+        "http://viewer.example:8765",
+        "http://VIEWER.example",
+        "http://[fe80::1]:8765",
+        "http://localhost:8765",
+        "http://127.0.0.1",
+        "http://[::1]:8765",
+    ):
         assert TestClient(app, base_url=base).get("/api/model").status_code == 200, base
     for base in ("http://attacker.example:8765", "http://viewer.example.attacker.example", "http://10.0.0.1:8765"):
         assert TestClient(app, base_url=base).get("/api/model").status_code == 400, base
@@ -388,14 +444,27 @@ def test_a_viewer_on_all_interfaces_answers_only_the_names_allowed_and_loopback(
 
 def test_host_names_are_parsed_strictly():
     assert [host_name(h) for h in ("localhost", "LOCALHOST:80", "[::1]:8765", "127.0.0.1:", "my-host.local:8765")] == [
-        "localhost", "localhost", "::1", "127.0.0.1", "my-host.local"]
-    assert [host_name(h) for h in ("evil@localhost", "[::1", "a:b:c", "", "[::1]x", "localhost:8x", "a/b")] == [None] * 7
+        "localhost",
+        "localhost",
+        "::1",
+        "127.0.0.1",
+        "my-host.local",
+    ]
+    assert [host_name(h) for h in ("evil@localhost", "[::1", "a:b:c", "", "[::1]x", "localhost:8x", "a/b")] == [
+        None
+    ] * 7
 
 
 def test_allowed_hosts_need_names_for_a_non_loopback_address_and_check_them():
-    assert allowed_hosts("127.0.0.1", []) == allowed_hosts("::1", []) == allowed_hosts("localhost", []) == LOOPBACK_HOSTS
+    assert (
+        allowed_hosts("127.0.0.1", []) == allowed_hosts("::1", []) == allowed_hosts("localhost", []) == LOOPBACK_HOSTS
+    )
     assert allowed_hosts("0.0.0.0", ["Box.LAN", "[FE80::0:1]", "192.168.1.20"]) == (
-        *LOOPBACK_HOSTS, "box.lan", "fe80::1", "192.168.1.20")
+        *LOOPBACK_HOSTS,
+        "box.lan",
+        "fe80::1",
+        "192.168.1.20",
+    )
     for host in ("0.0.0.0", "::", "192.168.1.20"):
         with pytest.raises(UsageError, match=f"--host {host} is not a loopback address: .* --allow-host NAME"):
             allowed_hosts(host, [])

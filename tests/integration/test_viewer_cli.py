@@ -42,20 +42,29 @@ def test_attention_draws_every_head_and_a_grid_per_layer_of_each_kind(runs, tmp_
     code, stdout, stderr = run_main(["attention", str(runs["encoder_decoder"]), "abc", "--out", str(out)], capsys)
     assert code == 0, stderr
     names = sorted(p.name for p in out.iterdir())
-    assert names == sorted(f"{kind}_layer{layer}_{what}.png" for kind in ("encoder_self", "decoder_self", "cross")
-                           for layer in (0, 1) for what in ("head0", "head1", "heads"))
+    assert names == sorted(
+        f"{kind}_layer{layer}_{what}.png"
+        for kind in ("encoder_self", "decoder_self", "cross")
+        for layer in (0, 1)
+        for what in ("head0", "head1", "heads")
+    )
     assert all((out / name).read_bytes()[:8] == PNG for name in names)
     assert f"wrote {len(names)} attention pictures to {out}" in stdout
 
 
 def test_attention_of_a_hard_attention_model_adds_the_argmax_pattern(runs, tmp_path):
     out = tmp_path / "hard"
-    result = subprocess.run([sys.executable, "-m", "attnlab", "attention", str(runs["hard"]), "abcd", "--out", str(out)],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "attnlab", "attention", str(runs["hard"]), "abcd", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     argmax = sorted(p.name for p in out.glob("*_argmax.png"))
-    assert argmax == sorted(f"{kind}_layer{layer}_argmax.png" for kind in ("encoder_self", "decoder_self", "cross")
-                            for layer in (0, 1))
+    assert argmax == sorted(
+        f"{kind}_layer{layer}_argmax.png" for kind in ("encoder_self", "decoder_self", "cross") for layer in (0, 1)
+    )
 
 
 def test_attention_refuses_symbols_outside_the_alphabet(runs, tmp_path, capsys):
@@ -65,8 +74,12 @@ def test_attention_refuses_symbols_outside_the_alphabet(runs, tmp_path, capsys):
 
 
 def test_view_prints_its_url_serves_the_api_and_stops_on_ctrl_c(runs):
-    process = subprocess.Popen([sys.executable, "-m", "attnlab", "view", str(runs["encoder_decoder"]), "--port", "0"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "attnlab", "view", str(runs["encoder_decoder"]), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = process.stdout.readline()
         url = re.search(r"(http://127\.0\.0\.1:\d+/)", line)
@@ -98,7 +111,10 @@ def test_view_checks_the_importance_file_before_serving(runs, tmp_path, capsys):
     bad.write_text("kind,layer,head,importance\nself,0,0,1.0\n")
     code, stdout, stderr = run_main(["view", str(runs["encoder_decoder"]), "--importance", str(bad)], capsys)
     assert code == 2 and "http" not in stdout
-    assert stderr.strip() == f"error: {bad}: line 2: this model has no 'self' attention; it has: cross, decoder_self, encoder_self"
+    assert (
+        stderr.strip()
+        == f"error: {bad}: line 2: this model has no 'self' attention; it has: cross, decoder_self, encoder_self"
+    )
 
 
 def test_view_refuses_a_non_loopback_host_without_allow_host_before_serving(runs, capsys):
@@ -109,10 +125,15 @@ def test_view_refuses_a_non_loopback_host_without_allow_host_before_serving(runs
 
 
 def test_view_refuses_an_allowed_host_that_is_not_a_host_name(runs, capsys):
-    code, stdout, stderr = run_main(["view", str(runs["encoder_decoder"]), "--host", "0.0.0.0", "--port", "0",
-                                     "--allow-host", "box.lan:8765"], capsys)
+    code, stdout, stderr = run_main(
+        ["view", str(runs["encoder_decoder"]), "--host", "0.0.0.0", "--port", "0", "--allow-host", "box.lan:8765"],
+        capsys,
+    )
     assert (code, stdout) == (2, "")
-    assert stderr.startswith("error: --allow-host 'box.lan:8765': not a host name or IP address") and stderr.count("\n") == 1
+    assert (
+        stderr.startswith("error: --allow-host 'box.lan:8765': not a host name or IP address")
+        and stderr.count("\n") == 1
+    )
 
 
 def _ask(port: int, method: str, path: str, body: bytes | None = None, headers: dict | None = None) -> tuple[int, dict]:
@@ -137,28 +158,60 @@ def test_a_served_viewer_answers_400_to_bad_bodies_and_hosts_keeps_serving_and_p
     # PyTorch's attention, not attnlab's C++ kernels: this test is about HTTP, and a fresh process
     # must not wait for a kernel build that another checkout of attnlab may have replaced
     env = {**os.environ, "ATTNLAB_NATIVE": "0"}
-    process = subprocess.Popen([sys.executable, "-m", "attnlab", "view", str(runs["encoder_decoder"]), "--port", "0",
-                                "--host", "0.0.0.0", "--allow-host", "viewer.example"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "attnlab",
+            "view",
+            str(runs["encoder_decoder"]),
+            "--port",
+            "0",
+            "--host",
+            "0.0.0.0",
+            "--allow-host",
+            "viewer.example",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         line = process.stdout.readline()
         found = re.search(r"http://0\.0\.0\.0:(\d+)/", line)
         assert found, (line, process.stderr.read() if process.poll() is not None else "")
         port = int(found[1])
         named = {"Host": f"viewer.example:{port}", "Content-Type": "application/json"}
-        probes = [b"[" * 100_000, b"[" * 60_000, b"\xff\xfe\x00", b'{"text": ', b'{"text": ""}', b'{"text": 1}',
-                  b'{"text": "ab", "x": 1}', b'{"text": "ab", "off": [{"kind": "cross", "layer": 0.5, "head": 0}]}']
+        probes = [
+            b"[" * 100_000,
+            b"[" * 60_000,
+            b"\xff\xfe\x00",
+            b'{"text": ',
+            b'{"text": ""}',
+            b'{"text": 1}',
+            b'{"text": "ab", "x": 1}',
+            b'{"text": "ab", "off": [{"kind": "cross", "layer": 0.5, "head": 0}]}',
+        ]
         for body in probes:
             status, answer = _ask(port, "POST", "/api/run", body, named)
             assert status == 400 and answer["field"], (body[:40], status, answer)
         assert _ask(port, "GET", "/api/model", headers={"Host": "attacker.example"}) == (
-            400, {"error": "this viewer only answers to the host names 127.0.0.1, ::1, localhost, viewer.example",
-                  "field": "Host"})
-        chunked = (b"POST /api/run HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-                   b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n2\r\n{}\r\n0\r\n\r\n")
+            400,
+            {
+                "error": "this viewer only answers to the host names 127.0.0.1, ::1, localhost, viewer.example",
+                "field": "Host",
+            },
+        )
+        chunked = (
+            b"POST /api/run HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n2\r\n{}\r\n0\r\n\r\n"
+        )
         assert _raw(port, chunked).startswith(b"HTTP/1.1 400 ")
-        bad_length = (b"POST /api/run HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-                      b"Content-Length: abc\r\nConnection: close\r\n\r\n{}")
+        bad_length = (
+            b"POST /api/run HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            b"Content-Length: abc\r\nConnection: close\r\n\r\n{}"
+        )
         assert _raw(port, bad_length).startswith(b"HTTP/1.1 400 ")
         for host in (f"viewer.example:{port}", f"localhost:{port}", f"127.0.0.1:{port}"):
             status, answer = _ask(port, "POST", "/api/run", b'{"text": "abcd"}', {**named, "Host": host})

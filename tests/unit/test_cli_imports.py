@@ -42,7 +42,11 @@ def _loaded_after(argvs: list[list[str]], env: dict[str, str] | None = None) -> 
     """The modules of :data:`HEAVY` a fresh process holds after running each of ``argvs``."""
     result = subprocess.run(
         [sys.executable, "-c", PROBE, json.dumps(argvs), json.dumps(HEAVY)],
-        capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})}, check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.splitlines()[-1])
@@ -69,7 +73,9 @@ def test_every_help_page_loads_no_torch():
 
 
 def test_tokenize_loads_no_torch():
-    assert _loaded_after([["tokenize", "--kind", "char", "hello"], ["tokenize", "--kind", "bpe", "--ids", "ab ab"]]) == []
+    assert (
+        _loaded_after([["tokenize", "--kind", "char", "hello"], ["tokenize", "--kind", "bpe", "--ids", "ab ab"]]) == []
+    )
 
 
 def test_shell_completion_loads_no_torch():
@@ -84,13 +90,16 @@ def _run(capsys, *argv: str) -> tuple[int, str, str]:  # noqa: ANN001
     return exit.value.code, " ".join(out.split()), err
 
 
-@pytest.mark.parametrize(("argv", "usage"), [
-    (["encode"], "Usage: attnlab encode [OPTIONS] RUN TEXTS..."),
-    (["eval"], "Usage: attnlab eval [OPTIONS] RUN"),
-    (["heads", "ablate"], "Usage: attnlab heads ablate [OPTIONS] RUN"),
-    (["tokenize"], "Usage: attnlab tokenize [OPTIONS] TEXT"),
-    ([], "Usage: attnlab [OPTIONS] COMMAND [ARGS]..."),
-])
+@pytest.mark.parametrize(
+    ("argv", "usage"),
+    [
+        (["encode"], "Usage: attnlab encode [OPTIONS] RUN TEXTS..."),
+        (["eval"], "Usage: attnlab eval [OPTIONS] RUN"),
+        (["heads", "ablate"], "Usage: attnlab heads ablate [OPTIONS] RUN"),
+        (["tokenize"], "Usage: attnlab tokenize [OPTIONS] TEXT"),
+        ([], "Usage: attnlab [OPTIONS] COMMAND [ARGS]..."),
+    ],
+)
 def test_help_pages_read_as_click_writes_them(capsys, argv, usage):
     code, out, err = _run(capsys, *argv, "--help")
     assert code == 0 and err == ""
@@ -130,10 +139,20 @@ def test_show_completion_prints_a_bash_script(capsys):
 
 
 def test_completion_offers_the_choices():
-    env = {**os.environ, "_ATTNLAB_COMPLETE": "complete_bash", "COMP_WORDS": "attnlab tokenize --kind w",
-           "COMP_CWORD": "3"}
-    result = subprocess.run([sys.executable, "-c", "from attnlab.cli import main; main()"],
-                            capture_output=True, text=True, timeout=60, env=env, check=False)
+    env = {
+        **os.environ,
+        "_ATTNLAB_COMPLETE": "complete_bash",
+        "COMP_WORDS": "attnlab tokenize --kind w",
+        "COMP_CWORD": "3",
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", "from attnlab.cli import main; main()"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["word", "wordpiece"]
 
@@ -151,8 +170,14 @@ def test_the_public_api_keeps_its_names():
 
 def test_install_completion_writes_the_script_into_home(tmp_path):
     env = {**os.environ, "HOME": str(tmp_path)}
-    result = subprocess.run([sys.executable, "-c", "from attnlab.cli import main; main()", "--install-completion", "bash"],
-                            capture_output=True, text=True, timeout=60, env=env, check=False)
+    result = subprocess.run(
+        [sys.executable, "-c", "from attnlab.cli import main; main()", "--install-completion", "bash"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     scripts = list(tmp_path.rglob("attnlab*"))
     assert scripts and "_attnlab_completion" in scripts[0].read_text()

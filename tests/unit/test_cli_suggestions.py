@@ -57,8 +57,11 @@ def suggestions(source: str, where: str = "<string>") -> list[tuple[str, str]]:
             continue
         for text in _strings(node):
             found += [(flag, f"{where}:{node.lineno}") for flag in FLAG.findall(text)]
-            found += [(match.group(0), f"{where}:{node.lineno}") for match in KEY.finditer(text)
-                      if match.group(2) not in FILE_SUFFIXES]
+            found += [
+                (match.group(0), f"{where}:{node.lineno}")
+                for match in KEY.finditer(text)
+                if match.group(2) not in FILE_SUFFIXES
+            ]
     return found
 
 
@@ -88,8 +91,8 @@ def cli_flags() -> set[str]:
 def config_keys() -> set[str]:
     """Every ``section.key`` an experiment config may hold."""
     from attnlab.experiment import TASK_DECIDES, TrainConfig
-    from attnlab.tasks.factory import TEXT_TASK_EXTRAS
     from attnlab.nn import MODELS
+    from attnlab.tasks.factory import TEXT_TASK_EXTRAS
     from attnlab.tasks.registry import TASKS, task_options
 
     task = {"name"} | {key for name in TASKS for key in task_options(name)}
@@ -97,7 +100,9 @@ def config_keys() -> set[str]:
     model = {"kind"} | {name for config_cls, _ in MODELS.values() for name in config_cls.field_names()}
     model -= set(TASK_DECIDES)
     train = {field.name for field in dataclasses.fields(TrainConfig)}
-    return {f"{section}.{key}" for section, keys in (("task", task), ("model", model), ("train", train)) for key in keys}
+    return {
+        f"{section}.{key}" for section, keys in (("task", task), ("model", model), ("train", train)) for key in keys
+    }
 
 
 def test_every_suggested_flag_exists():
@@ -120,14 +125,14 @@ def test_the_scanner_finds_known_suggestions():
 
 
 def test_the_scanner_reports_what_does_not_exist():
-    source = '''
+    source = """
 import warnings
 def f(x):
     if x:
         raise ValueError(f"x: {x} is too big; try --no-such-flag or model.no_such_key, not model.safetensors")
     warnings.warn("set train.no_such_option=1", UserWarning)
     print("--not-a-message model.not_a_message")  # neither raised nor warned: not collected
-'''
+"""
     found = [suggestion for suggestion, _ in suggestions(source)]
     assert found == ["--no-such-flag", "model.no_such_key", "train.no_such_option"]
     assert "--no-such-flag" not in cli_flags()

@@ -55,8 +55,14 @@ def test_cached_and_uncached_logits_agree(seq2seq):
 def test_cache_does_not_change_tokens(seq2seq, beam_size):
     src = _src()
     runs = [
-        decode(seq2seq, src, bos_id=BOS, eos_id=EOS, pad_id=PAD,
-               options=DecodeOptions(max_length=10, beam_size=beam_size, use_cache=use_cache))
+        decode(
+            seq2seq,
+            src,
+            bos_id=BOS,
+            eos_id=EOS,
+            pad_id=PAD,
+            options=DecodeOptions(max_length=10, beam_size=beam_size, use_cache=use_cache),
+        )
         for use_cache in (True, False)
     ]
     assert [h.tokens for h in runs[0]] == [h.tokens for h in runs[1]]
@@ -82,7 +88,9 @@ def test_rows_that_stop_early_are_frozen_so_batch_equals_alone(seed, length_pena
     """A row whose search has stopped must not keep collecting hypotheses while other rows run
     (with alpha > 0 a later, longer one could outscore what the row alone returns)."""
     torch.manual_seed(seed)
-    model = EncoderDecoder(EncoderDecoderConfig(**{**CFG, "vocab_size": 12, "d_model": 16, "heads": 2, "d_ff": 32})).eval()
+    model = EncoderDecoder(
+        EncoderDecoderConfig(**{**CFG, "vocab_size": 12, "d_model": 16, "heads": 2, "d_ff": 32})
+    ).eval()
     generator = torch.Generator().manual_seed(seed)
     sources = [torch.cat([torch.randint(3, 12, (n,), generator=generator), torch.tensor([EOS])]) for n in (3, 7, 5)]
     padded = torch.stack([F.pad(s, (0, 8 - len(s)), value=PAD) for s in sources])
@@ -121,8 +129,14 @@ def test_wide_beam_finds_the_best_sequence_by_brute_force():
         (seq + (EOS,) for n in range(max_length) for seq in itertools.product(symbols, repeat=n)),
         key=lambda seq: _sequence_log_prob(model, src, list(seq)),
     )
-    found = decode(model, src, bos_id=BOS, eos_id=EOS, pad_id=PAD,
-                   options=DecodeOptions(max_length=max_length, beam_size=8, length_penalty=0.0))[0]
+    found = decode(
+        model,
+        src,
+        bos_id=BOS,
+        eos_id=EOS,
+        pad_id=PAD,
+        options=DecodeOptions(max_length=max_length, beam_size=8, length_penalty=0.0),
+    )[0]
     assert found.finished and tuple(found.tokens) + (EOS,) == best
     assert found.log_prob == pytest.approx(_sequence_log_prob(model, src, list(best)), abs=1e-5)
 
@@ -139,8 +153,13 @@ def test_decoder_only_cache_and_mixed_prompt_lengths(beam_size):
     prompts = [[BOS, 3, 4, 5], [BOS, 6], [BOS, 7, 8, 3], [BOS]]
     options = DecodeOptions(max_length=6, beam_size=beam_size)
     together = generate_continuations(model, prompts, eos_id=EOS, banned=(PAD, BOS), options=options)
-    plain = generate_continuations(model, prompts, eos_id=EOS, banned=(PAD, BOS),
-                                   options=DecodeOptions(max_length=6, beam_size=beam_size, use_cache=False))
+    plain = generate_continuations(
+        model,
+        prompts,
+        eos_id=EOS,
+        banned=(PAD, BOS),
+        options=DecodeOptions(max_length=6, beam_size=beam_size, use_cache=False),
+    )
     assert [h.tokens for h in together] == [h.tokens for h in plain]
     for prompt, hypothesis in zip(prompts, together):
         alone = generate_continuations(model, [prompt], eos_id=EOS, banned=(PAD, BOS), options=options)[0]

@@ -11,14 +11,20 @@ import pytest
 from attnlab.errors import ConfigError
 from attnlab.experiment import ExperimentConfig, load_experiment
 from attnlab.loaded_run import run_experiment
-from attnlab.tasks.factory import build_task
 from attnlab.runs import RunDir
 from attnlab.tasks import get_task
+from attnlab.tasks.factory import build_task
 
 MODEL = {"kind": "encoder_decoder", "layers": 1, "d_model": 16, "heads": 2, "d_ff": 32}
 LM_MODEL = {"kind": "decoder_only", "layers": 1, "d_model": 16, "heads": 2, "d_ff": 32}
-COPY = {"name": "copy", "max_train_length": 4, "train_size": 8, "valid_size": 4, "test_size": 4,
-        "length_generalisation_size": 4}
+COPY = {
+    "name": "copy",
+    "max_train_length": 4,
+    "train_size": 8,
+    "valid_size": 4,
+    "test_size": 4,
+    "length_generalisation_size": 4,
+}
 
 
 def _config(task: dict, model: dict = MODEL) -> ExperimentConfig:
@@ -30,7 +36,10 @@ def _config(task: dict, model: dict = MODEL) -> ExperimentConfig:
     [
         ('task = "copy"\n[model]\nkind = "encoder_decoder"\n', "task: expected a [task] table, got str 'copy'"),
         ('model = 3\n[task]\nname = "copy"\n', "model: expected a [model] table, got int 3"),
-        ('train = [1, 2]\n[task]\nname = "copy"\n[model]\nkind = "encoder_decoder"\n', "train: expected a [train] table"),
+        (
+            'train = [1, 2]\n[task]\nname = "copy"\n[model]\nkind = "encoder_decoder"\n',
+            "train: expected a [train] table",
+        ),
         ('[model]\nkind = "encoder_decoder"\n', "missing section [task]"),
     ],
 )
@@ -149,7 +158,10 @@ def test_a_bad_run_config_is_named_by_its_file(tmp_path, config, message):
         ({"layers": 2, "foo": 1}, "model.foo: unknown key; allowed: kind,"),
         ({"vocab_size": 9}, "model.vocab_size: set by the task, not by the config"),
         ({"layers": 2}, "model.kind: missing; allowed: encoder_decoder, encoder_classifier, decoder_only, encoder"),
-        ({"kind": "encoder_decoder", "foo": 1}, "model.foo: unknown key for kind 'encoder_decoder'; allowed: kind, layers"),
+        (
+            {"kind": "encoder_decoder", "foo": 1},
+            "model.foo: unknown key for kind 'encoder_decoder'; allowed: kind, layers",
+        ),
     ],
 )
 def test_an_unknown_model_key_is_named_with_or_without_a_kind(tmp_path, model, message):
@@ -161,14 +173,22 @@ def test_an_unknown_model_key_is_named_with_or_without_a_kind(tmp_path, model, m
 
 
 @pytest.mark.parametrize("kind", ["encoder_decoder", "encoder_classifier", "decoder_only", "encoder"])
-@pytest.mark.parametrize("task", [{"name": "copy"}, {"name": "parity"}, {"name": "lm", "train_file": "t.txt"},
-                                  {"name": "translation", "train_file": "t.tsv"}, {"name": "sentences"}])
+@pytest.mark.parametrize(
+    "task",
+    [
+        {"name": "copy"},
+        {"name": "parity"},
+        {"name": "lm", "train_file": "t.txt"},
+        {"name": "translation", "train_file": "t.tsv"},
+        {"name": "sentences"},
+    ],
+)
 def test_every_option_is_filled_in_so_config_json_is_complete(kind, task):
     import dataclasses
 
     from attnlab.experiment import TASK_DECIDES, TrainConfig
-    from attnlab.tasks.factory import TEXT_TASK_EXTRAS
     from attnlab.nn import MODELS
+    from attnlab.tasks.factory import TEXT_TASK_EXTRAS
     from attnlab.tasks.registry import task_options
 
     config = ExperimentConfig.from_dict({"task": task, "model": {"kind": kind}}).to_dict()
@@ -182,8 +202,9 @@ def test_every_option_is_filled_in_so_config_json_is_complete(kind, task):
 
 def test_an_old_config_json_without_newer_keys_still_loads(tmp_path):
     run = RunDir.create(tmp_path / "run")
-    run.write_config({"task": {"name": "copy"}, "model": {"kind": "encoder_decoder", "layers": 1},
-                      "train": {"steps": 5}})  # written before max_len, threads, ... were recorded
+    run.write_config(
+        {"task": {"name": "copy"}, "model": {"kind": "encoder_decoder", "layers": 1}, "train": {"steps": 5}}
+    )  # written before max_len, threads, ... were recorded
     experiment = run_experiment(run)
     assert experiment.model["layers"] == 1 and experiment.model["max_len"] == 512
     assert experiment.train.threads == 0 and experiment.task["num_symbols"] == 10
@@ -193,4 +214,4 @@ def test_given_values_are_kept_and_a_changed_kind_is_still_checked():
     config = _config(COPY, {**MODEL, "max_len": 64})
     assert config.model["max_len"] == 64 and config.task["train_size"] == 8
     with pytest.raises(ConfigError, match="model.decoder_layers: unknown key for kind 'decoder_only'"):
-        config.with_overrides(["model.kind=\"decoder_only\""])
+        config.with_overrides(['model.kind="decoder_only"'])

@@ -24,8 +24,10 @@ def test_held_mask_holds_the_named_heads_and_more_on_top_of_a_base(model):
     more = held_mask(model, ["cross:0:1"], [HeadId("decoder_self", 0, 0)])
     assert heads_off(model, more) == [HeadId("decoder_self", 0, 0), HeadId("cross", 0, 1)]
     base = mask_without(model, [HeadId("encoder_self", 0, 0)])
-    assert heads_off(model, held_mask(model, ["cross:0:1"], base=base)) == [HeadId("encoder_self", 0, 0),
-                                                                          HeadId("cross", 0, 1)]
+    assert heads_off(model, held_mask(model, ["cross:0:1"], base=base)) == [
+        HeadId("encoder_self", 0, 0),
+        HeadId("cross", 0, 1),
+    ]
     assert held_mask(model, [], base=base) == base
 
 

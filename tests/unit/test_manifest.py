@@ -60,12 +60,17 @@ def test_every_single_byte_flip_of_a_manifest_is_an_error_naming_it(tmp_path):
             parse_manifest(bytes(damaged), path=tmp_path / "manifest.json")
 
 
-@pytest.mark.parametrize("obj", [
-    [], {"format": 2, "files": {}}, {"format": 1, "files": []},
-    {"format": 1, "files": {"a": {"size": -1, "sha256": "0" * 64}}},
-    {"format": 1, "files": {"a": {"size": 1, "sha256": "X" * 64}}},
-    {"format": 1, "files": {"a": {"size": 1}}},
-])
+@pytest.mark.parametrize(
+    "obj",
+    [
+        [],
+        {"format": 2, "files": {}},
+        {"format": 1, "files": []},
+        {"format": 1, "files": {"a": {"size": -1, "sha256": "0" * 64}}},
+        {"format": 1, "files": {"a": {"size": 1, "sha256": "X" * 64}}},
+        {"format": 1, "files": {"a": {"size": 1}}},
+    ],
+)
 def test_malformed_manifests_are_errors(tmp_path, obj):
     if isinstance(obj, dict) and isinstance(obj.get("files"), dict):  # a correct checksum: the records are at fault
         obj["checksum"] = _checksum(obj["files"])
@@ -85,9 +90,14 @@ def test_read_bytes_names_a_folder_a_missing_file(tmp_path):
         read_bytes(tmp_path / "missing", what="weights")
 
 
-@pytest.mark.parametrize("data, reason", [
-    (b"[" * 100_000, "nested too deeply"), (b"\xff{}", "not UTF-8"), (b'{"a": ', "line 1"),
-])
+@pytest.mark.parametrize(
+    "data, reason",
+    [
+        (b"[" * 100_000, "nested too deeply"),
+        (b"\xff{}", "not UTF-8"),
+        (b'{"a": ', "line 1"),
+    ],
+)
 def test_parse_json_errors_name_the_file(tmp_path, data, reason):
     with pytest.raises(CheckpointError, match=reason) as caught:
         parse_json(data, path=tmp_path / "config.json", what="run config")

@@ -25,8 +25,18 @@ def _listing(folder):
 
 @pytest.mark.parametrize(
     "name,kind",
-    [("new.csv", "file"), ("plain", "file"), ("a/b/c.csv", "file"), ("empty", "folder"), ("full", "folder"),
-     ("new", "folder"), ("a/b", "folder"), ("empty", "run"), ("new", "run"), ("a/b/run", "run")],
+    [
+        ("new.csv", "file"),
+        ("plain", "file"),
+        ("a/b/c.csv", "file"),
+        ("empty", "folder"),
+        ("full", "folder"),
+        ("new", "folder"),
+        ("a/b", "folder"),
+        ("empty", "run"),
+        ("new", "run"),
+        ("a/b/run", "run"),
+    ],
 )
 def test_usable_outputs_pass_and_nothing_is_created(place, name, kind):
     before = _listing(place)

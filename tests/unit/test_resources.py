@@ -22,8 +22,8 @@ from attnlab.resources import (
     MAX_VECTOR_DIM,
     MemoryEstimate,
     check_batch_size,
-    check_decode_length,
     check_beam,
+    check_decode_length,
     check_input_text,
     check_input_tokens,
     check_memory,
@@ -44,16 +44,44 @@ GiB = 2**30
     "config",
     [
         EncoderDecoderConfig(vocab_size=11, tgt_vocab_size=13, layers=2, d_model=16, heads=2, d_ff=32),
-        EncoderDecoderConfig(vocab_size=11, layers=1, decoder_layers=3, d_model=16, heads=4, d_ff=32,
-                             tie_embeddings=True, norm_first=True),
+        EncoderDecoderConfig(
+            vocab_size=11,
+            layers=1,
+            decoder_layers=3,
+            d_model=16,
+            heads=4,
+            d_ff=32,
+            tie_embeddings=True,
+            norm_first=True,
+        ),
         EncoderDecoderConfig(vocab_size=11, layers=2, d_model=16, heads=2, d_ff=32, d_k=4, d_v=6, bias=False),
-        EncoderDecoderConfig(vocab_size=11, layers=2, d_model=16, heads=2, d_ff=32, positional="learned",
-                             positional_combine="concat", positional_dim=4, max_len=30),
+        EncoderDecoderConfig(
+            vocab_size=11,
+            layers=2,
+            d_model=16,
+            heads=2,
+            d_ff=32,
+            positional="learned",
+            positional_combine="concat",
+            positional_dim=4,
+            max_len=30,
+        ),
         DecoderOnlyConfig(vocab_size=50, layers=2, d_model=32, heads=4, d_ff=64, positional="learned", max_len=40),
         DecoderOnlyConfig(vocab_size=50, layers=2, d_model=32, heads=4, d_ff=64, tie_embeddings=True),
         EncoderClassifierConfig(vocab_size=7, layers=3, d_model=16, heads=2, d_ff=16),
-        EncoderOnlyConfig(vocab_size=30, layers=2, d_model=16, heads=2, d_ff=64, positional="learned", max_len=20,
-                          type_vocab_size=2, embedding_norm=True, scale_embeddings=False, activation="gelu"),
+        EncoderOnlyConfig(
+            vocab_size=30,
+            layers=2,
+            d_model=16,
+            heads=2,
+            d_ff=64,
+            positional="learned",
+            max_len=20,
+            type_vocab_size=2,
+            embedding_norm=True,
+            scale_embeddings=False,
+            activation="gelu",
+        ),
     ],
     ids=lambda c: type(c).__name__,
 )
@@ -75,8 +103,9 @@ def test_training_memory_by_hand():
 
 
 def test_training_memory_of_an_encoder_decoder_counts_cross_attention_and_the_output_layer():
-    config = EncoderDecoderConfig(vocab_size=10, tgt_vocab_size=20, layers=1, decoder_layers=2, d_model=8, heads=2,
-                                  d_ff=16)
+    config = EncoderDecoderConfig(
+        vocab_size=10, tgt_vocab_size=20, layers=1, decoder_layers=2, d_model=8, heads=2, d_ff=16
+    )
     estimate = training_memory(config, batch_size=1, seq_len=4)
     layer = 12 * 8 + 2 * 16 + 3 * 2 * 4  # 152
     cross = 6 * 8 + 3 * 2 * 4  # 72
@@ -90,8 +119,9 @@ def test_word2vec_memory():
 def test_check_memory_refuses_with_the_estimate_the_memory_and_the_keys():
     estimate = MemoryEstimate(1000, 3 * GiB, GiB)
     with pytest.raises(ConfigError) as caught:
-        check_memory(estimate, what="training this model", reduce=("model.layers", "train.batch_size"),
-                     available=2 * GiB)
+        check_memory(
+            estimate, what="training this model", reduce=("model.layers", "train.batch_size"), available=2 * GiB
+        )
     message = str(caught.value)
     assert "about 4.0 GiB" in message and "2.0 GiB this machine has available" in message
     assert "model.layers, train.batch_size" in message and "\n" not in message
@@ -126,8 +156,7 @@ SMALL = EncoderDecoderConfig(vocab_size=12, layers=2, d_model=16, heads=2, d_ff=
 
 
 def test_a_normal_config_is_accepted():
-    estimate = check_training_resources(SMALL, batch_size=16, examples=_examples(100, 6), max_length=512,
-                                        available=GiB)
+    estimate = check_training_resources(SMALL, batch_size=16, examples=_examples(100, 6), max_length=512, available=GiB)
     assert estimate.total_bytes < GiB
 
 
@@ -137,20 +166,24 @@ def test_a_normal_config_is_accepted():
 )
 def test_too_many_layers_are_refused(change, key):
     with pytest.raises(ConfigError, match=f"{key}: .* more than the cap of {MAX_LAYERS:,}"):
-        check_training_resources(SMALL.replace(**change), batch_size=16, examples=_examples(100, 6), max_length=512,
-                                 available=1000 * GiB)
+        check_training_resources(
+            SMALL.replace(**change), batch_size=16, examples=_examples(100, 6), max_length=512, available=1000 * GiB
+        )
 
 
 def test_a_model_too_large_for_memory_is_refused():
     huge = SMALL.replace(d_model=1_000_000_000)
-    with pytest.raises(ConfigError, match="needs about .* GiB of memory .* more than the 1.0 GiB .* reduce model.layers"):
+    with pytest.raises(
+        ConfigError, match="needs about .* GiB of memory .* more than the 1.0 GiB .* reduce model.layers"
+    ):
         check_training_resources(huge, batch_size=16, examples=_examples(100, 6), max_length=512, available=GiB)
 
 
 def test_a_large_batch_of_long_sequences_is_refused_by_its_activations():
     with pytest.raises(ConfigError, match="batches of 100 x 512 tokens"):
-        check_training_resources(SMALL, batch_size=100, examples=_examples(100, 2000), max_length=512,
-                                 available=100 * 2**20)
+        check_training_resources(
+            SMALL, batch_size=100, examples=_examples(100, 2000), max_length=512, available=100 * 2**20
+        )
 
 
 def test_the_batch_may_not_exceed_the_training_split():

@@ -109,8 +109,12 @@ def test_writing_a_pruned_run_into_a_locked_directory_is_refused(tmp_path):
     from attnlab.tasks.codec import TextCodec
     from attnlab.tasks.factory import build_task, model_for_task
 
-    experiment = ExperimentConfig.from_dict({"task": {"name": "copy"}, "model": {
-        "kind": "encoder_decoder", "layers": 1, "d_model": 8, "heads": 2, "d_ff": 8}})
+    experiment = ExperimentConfig.from_dict(
+        {
+            "task": {"name": "copy"},
+            "model": {"kind": "encoder_decoder", "layers": 1, "d_model": 8, "heads": 2, "d_ff": 8},
+        }
+    )
     task, _ = build_task(experiment.task)
     model = model_for_task(experiment, task)
     loaded = LoadedRun(RunDir(tmp_path / "source"), experiment, task, None, TextCodec(task, None), model)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from attnlab.errors import CheckpointError, UsageError
-from attnlab.nn import DecoderOnly, DecoderOnlyConfig
 from attnlab.manifest import read_manifest, record_of
+from attnlab.nn import DecoderOnly, DecoderOnlyConfig
 from attnlab.runs import RunDir, load_weights_into
 from attnlab.storage import atomic_write_text, load_tensors, save_tensors
 
@@ -132,7 +132,10 @@ def test_pickle_payload_is_rejected_and_not_executed(tmp_path, run):
 def test_shape_mismatch_names_the_tensor(run):
     run.save_weights(DecoderOnly(CFG))
     bigger = DecoderOnly(CFG.replace(d_ff=16))
-    with pytest.raises(CheckpointError, match=r"tensor 'body.layers.0.feed_forward.linear1.weight' has shape \(8, 8\), the model expects \(16, 8\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"tensor 'body.layers.0.feed_forward.linear1.weight' has shape \(8, 8\), the model expects \(16, 8\)",
+    ):
         run.load_weights(bigger)
 
 

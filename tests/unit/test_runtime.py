@@ -23,7 +23,8 @@ from attnlab.runtime import keep_freed_memory
 
 class Mallinfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+                 "uordblks", "fordblks", "keepcost")]
 
 libc = ctypes.CDLL(ctypes.util.find_library("c"))
 libc.mallinfo2.restype = Mallinfo2
@@ -56,7 +57,9 @@ def test_large_blocks_come_from_the_heap_and_stay_there():
 
 def test_the_library_does_not_change_the_process_on_import():
     """Only the train and bench commands call it: importing attnlab leaves malloc as it was."""
-    probe = PROBE.replace("from attnlab.runtime import keep_freed_memory", "import attnlab, attnlab.runtime, attnlab.training.trainer")
+    probe = PROBE.replace(
+        "from attnlab.runtime import keep_freed_memory", "import attnlab, attnlab.runtime, attnlab.training.trainer"
+    )
     probe = probe.replace('took = keep_freed_memory() if sys.argv[1] == "keep" else None', "took = None")
     result = subprocess.run([sys.executable, "-c", probe, "default"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]

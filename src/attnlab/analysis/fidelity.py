@@ -112,7 +112,12 @@ class FidelityProbe(_EncoderProbe):
     metric_name = "embedding fidelity (mean cosine similarity)"
 
     def __init__(
-        self, loaded: LoadedRun, texts_file: str | os.PathLike[str], *, batch_size: int = 32, seed: int = 0,
+        self,
+        loaded: LoadedRun,
+        texts_file: str | os.PathLike[str],
+        *,
+        batch_size: int = 32,
+        seed: int = 0,
         base_mask: HeadMask | None = None,
     ) -> None:
         super().__init__(loaded, "--texts (embedding fidelity)", batch_size, base_mask)
@@ -143,9 +148,12 @@ class FidelityProbe(_EncoderProbe):
 
     @torch.no_grad()
     def evaluate(self, head_mask: HeadMask | None) -> Score:
-        cosines = torch.cat([
-            F.cosine_similarity(self._embed(self.model, b.tokens, head_mask), b.reference, dim=-1) for b in self._batches
-        ])
+        cosines = torch.cat(
+            [
+                F.cosine_similarity(self._embed(self.model, b.tokens, head_mask), b.reference, dim=-1)
+                for b in self._batches
+            ]
+        )
         return Score(float(cosines.mean()), float((1.0 - cosines).mean()))
 
     def outputs(self, model: nn.Module, batch: FidelityBatch, head_mask: HeadMask | None) -> Tensor:
@@ -235,7 +243,12 @@ class PairProbe(_EncoderProbe):
     metric_name = "Spearman correlation with the pair scores"
 
     def __init__(
-        self, loaded: LoadedRun, pairs_file: str | os.PathLike[str], *, batch_size: int = 32, base_mask: HeadMask | None = None,
+        self,
+        loaded: LoadedRun,
+        pairs_file: str | os.PathLike[str],
+        *,
+        batch_size: int = 32,
+        base_mask: HeadMask | None = None,
     ) -> None:
         super().__init__(loaded, "--pairs (scored sentence pairs)", batch_size, base_mask)
         pairs, scores = read_pairs(pairs_file)
@@ -245,7 +258,9 @@ class PairProbe(_EncoderProbe):
         for chunk in _length_sorted_chunks([a + b for a, b in rows], batch_size):
             tokens = pad_ids([rows[i][0] for i in chunk] + [rows[i][1] for i in chunk], pad_id=self.pad_id)
             score = torch.tensor([scores[i] for i in chunk], dtype=torch.float32)
-            self._batches.append(PairBatch(tokens.to(self.device), ((score - low) / (high - low)).to(self.device), score))
+            self._batches.append(
+                PairBatch(tokens.to(self.device), ((score - low) / (high - low)).to(self.device), score)
+            )
         self.pairs = len(rows)
 
     def batches(self) -> Iterator[PairBatch]:

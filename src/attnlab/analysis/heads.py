@@ -34,8 +34,8 @@ from torch import Tensor
 from attnlab.errors import UsageError
 from attnlab.evaluation import evaluate
 from attnlab.evaluation.objectives import PREDICTIONS, example_losses
-from attnlab.loaded_run import LoadedRun
 from attnlab.head_ids import HeadId, head_ids, heads_off, mask_without, parse_head
+from attnlab.loaded_run import LoadedRun
 from attnlab.nn import HeadMask, TransformerModel
 from attnlab.tasks.batching import make_batches
 
@@ -105,7 +105,9 @@ class TaskProbe:
     Pass an all-ones mask (:func:`attnlab.nn.full_head_mask`) to analyse with the held heads on.
     """
 
-    def __init__(self, loaded: LoadedRun, split: str = "valid", *, batch_size: int = 128, base_mask: HeadMask | None = None) -> None:
+    def __init__(
+        self, loaded: LoadedRun, split: str = "valid", *, batch_size: int = 128, base_mask: HeadMask | None = None
+    ) -> None:
         self.loaded, self.split, self.batch_size = loaded, split, batch_size
         self.model = loaded.model.eval()
         self.kind = loaded.experiment.model_kind
@@ -121,8 +123,14 @@ class TaskProbe:
     def batches(self) -> Iterator[Any]:
         task = self.loaded.task
         return make_batches(
-            self.examples, self.batch_size, pad_id=task.pad_id, bos_id=task.bos_id, eos_id=task.eos_id,
-            shuffle=False, max_length=self.max_length, truncate=self.truncate,
+            self.examples,
+            self.batch_size,
+            pad_id=task.pad_id,
+            bos_id=task.bos_id,
+            eos_id=task.eos_id,
+            shuffle=False,
+            max_length=self.max_length,
+            truncate=self.truncate,
         )
 
     def example_losses(self, batch: Any, head_mask: HeadMask | None) -> Tensor:
@@ -130,8 +138,15 @@ class TaskProbe:
 
     def evaluate(self, head_mask: HeadMask | None) -> Score:
         result = evaluate(
-            self.model, self.loaded.task, self.split, kind=self.kind, batch_size=self.batch_size,
-            max_length=self.max_length, truncate=self.truncate, tokenizer=self.loaded.tokenizer, head_mask=head_mask,
+            self.model,
+            self.loaded.task,
+            self.split,
+            kind=self.kind,
+            batch_size=self.batch_size,
+            max_length=self.max_length,
+            truncate=self.truncate,
+            tokenizer=self.loaded.tokenizer,
+            head_mask=head_mask,
         )
         return Score(float(result["accuracy"]), float(result["loss"]))
 
@@ -232,7 +247,10 @@ def importance(
     examples = 0
     for batch in probe.batches():
         rows = _batch_rows(batch)
-        xi = {kind: torch.ones(rows, *shape, device=point[kind].device, requires_grad=True) for kind, shape in shapes.items()}
+        xi = {
+            kind: torch.ones(rows, *shape, device=point[kind].device, requires_grad=True)
+            for kind, shape in shapes.items()
+        }
         losses = probe.example_losses(batch, {kind: xi[kind] * point[kind] for kind in shapes})
         grads = torch.autograd.grad(losses.sum(), list(xi.values()))
         for kind, grad in zip(xi, grads):
@@ -241,7 +259,9 @@ def importance(
     scores = {kind: total / max(1, examples) for kind, total in totals.items()}
     if normalize_per_layer:
         scores = {kind: s / s.norm(dim=-1, keepdim=True).clamp_min(1e-20) for kind, s in scores.items()}
-    return [ImportanceRow(h.kind, h.layer, h.head, float(scores[h.kind][h.layer, h.head])) for h in head_ids(model, kinds)]
+    return [
+        ImportanceRow(h.kind, h.layer, h.head, float(scores[h.kind][h.layer, h.head])) for h in head_ids(model, kinds)
+    ]
 
 
 def _batch_rows(batch: Any) -> int:
@@ -261,11 +281,17 @@ class CurveRow:
 
 def pruning_order(scores: Sequence[ImportanceRow]) -> list[HeadId]:
     """Heads from least to most important, ranked globally across layers and kinds."""
-    return [HeadId(r.kind, r.layer, r.head) for r in sorted(scores, key=lambda r: (r.importance, r.kind, r.layer, r.head))]
+    return [
+        HeadId(r.kind, r.layer, r.head) for r in sorted(scores, key=lambda r: (r.importance, r.kind, r.layer, r.head))
+    ]
 
 
 def heads_to_prune(
-    order: Sequence[HeadId], count: int, *, already: Iterable[HeadId] = (), keep_one_per_layer: bool = False,
+    order: Sequence[HeadId],
+    count: int,
+    *,
+    already: Iterable[HeadId] = (),
+    keep_one_per_layer: bool = False,
     all_heads: Sequence[HeadId] = (),
 ) -> list[HeadId]:
     """Extend ``already`` with heads from ``order`` until ``count`` are pruned.
@@ -317,8 +343,11 @@ def pruning_curve(
     for percent in sorted(percents):
         count = round(percent / 100 * len(live))
         if recompute and pruned:
-            remaining = [r for r in importance(probe, base_mask=mask_without(probe.model, pruned, base=base), kinds=kinds)
-                         if HeadId(r.kind, r.layer, r.head) in alive and HeadId(r.kind, r.layer, r.head) not in pruned]
+            remaining = [
+                r
+                for r in importance(probe, base_mask=mask_without(probe.model, pruned, base=base), kinds=kinds)
+                if HeadId(r.kind, r.layer, r.head) in alive and HeadId(r.kind, r.layer, r.head) not in pruned
+            ]
             order = pruned + pruning_order(remaining)
         pruned = heads_to_prune(order, count, already=pruned, keep_one_per_layer=keep_one_per_layer, all_heads=live)
         score = probe.evaluate(mask_without(probe.model, pruned, base=base))
@@ -334,7 +363,11 @@ def live_heads(probe: HeadProbe, kinds: Sequence[str] | None = None) -> list[Hea
 
 
 def heads_to_remove(
-    probe: HeadProbe, percent: float, *, keep_one_per_layer: bool = False, kinds: Sequence[str] | None = None,
+    probe: HeadProbe,
+    percent: float,
+    *,
+    keep_one_per_layer: bool = False,
+    kinds: Sequence[str] | None = None,
 ) -> tuple[list[HeadId], list[HeadId]]:
     """What physical pruning at ``percent`` removes: (held heads, least important other heads).
 
@@ -346,7 +379,9 @@ def heads_to_remove(
     held = set(held_by(probe))
     live = [h for h in head_ids(probe.model, kinds) if h not in held]
     order = [h for h in pruning_order(importance(probe, kinds=kinds)) if h not in held]
-    chosen = heads_to_prune(order, round(percent / 100 * len(live)), keep_one_per_layer=keep_one_per_layer, all_heads=live)
+    chosen = heads_to_prune(
+        order, round(percent / 100 * len(live)), keep_one_per_layer=keep_one_per_layer, all_heads=live
+    )
     return [h for h in head_ids(probe.model, kinds) if h in held], chosen
 
 

@@ -25,8 +25,8 @@ import torch
 from torch import Tensor
 
 from attnlab.decoding import DecodeOptions, decode, generate_continuations
-from attnlab.loaded_run import LoadedRun
 from attnlab.head_ids import HeadId, heads_off
+from attnlab.loaded_run import LoadedRun
 from attnlab.nn import AttentionRecord, capture
 from attnlab.nn.models import POOLINGS
 from attnlab.resources import check_decode_length, check_input_text, check_input_tokens
@@ -97,8 +97,15 @@ def _seq2seq_view(loaded: LoadedRun, ids: list[int], *, head_mask, max_length: i
     """Decode greedily, then one teacher-forced pass over (source, BOS + output) records all kinds."""
     task, codec, model = loaded.task, loaded.codec, loaded.model
     src = torch.tensor([ids + [task.eos_id]])
-    hypothesis = decode(model, src, bos_id=task.bos_id, eos_id=task.eos_id, pad_id=task.pad_id,
-                        options=DecodeOptions(max_length=max_length), head_mask=head_mask)[0]
+    hypothesis = decode(
+        model,
+        src,
+        bos_id=task.bos_id,
+        eos_id=task.eos_id,
+        pad_id=task.pad_id,
+        options=DecodeOptions(max_length=max_length),
+        head_mask=head_mask,
+    )[0]
     tgt_in = torch.tensor([[task.bos_id, *hypothesis.tokens]])
     with capture(model) as records:
         model(src, tgt_in, head_mask=head_mask)
@@ -124,8 +131,14 @@ def _language_model_view(loaded: LoadedRun, ids: list[int], *, head_mask, max_le
     """The greedy continuation, the next-token distribution, and the maps over prompt + continuation."""
     task, codec, model = loaded.task, loaded.codec, loaded.model
     prompt = [task.bos_id, *ids]
-    hypothesis = generate_continuations(model, [prompt], eos_id=task.eos_id, banned=(task.pad_id, task.bos_id),
-                                        options=DecodeOptions(max_length=max_length), head_mask=head_mask)[0]
+    hypothesis = generate_continuations(
+        model,
+        [prompt],
+        eos_id=task.eos_id,
+        banned=(task.pad_id, task.bos_id),
+        options=DecodeOptions(max_length=max_length),
+        head_mask=head_mask,
+    )[0]
     full = torch.tensor([prompt + hypothesis.tokens])
     with capture(model) as records:
         logits = model(full, head_mask=head_mask)

@@ -54,8 +54,10 @@ def head_heatmap(
 ) -> Figure:
     """One head's (T_q, T_k) weights; with ``argmax`` each row's maximum is outlined (hard attention)."""
     weights = np.asarray(weights, dtype=float)
-    size = (_inches(len(key_tokens), 0.45, 1.5, 3.0, _MAX_MAP_INCHES),
-            _inches(len(query_tokens), 0.45, 1.2, 2.5, _MAX_MAP_INCHES))
+    size = (
+        _inches(len(key_tokens), 0.45, 1.5, 3.0, _MAX_MAP_INCHES),
+        _inches(len(query_tokens), 0.45, 1.2, 2.5, _MAX_MAP_INCHES),
+    )
     fig, ax = plt.subplots(figsize=size)
     image = ax.imshow(weights, cmap=_CMAP, vmin=0.0, vmax=1.0, aspect="auto")
     _label_axes(ax, query_tokens, key_tokens)
@@ -140,15 +142,23 @@ def attention_figures(view: AttentionView, *, argmax: bool = False) -> Iterator[
         maps = kind_maps(view, kind)
         title = KIND_TITLES.get(kind, kind)
         for layer, heads in enumerate(maps):
-            names = [f"head {head}" + (" (off)" if HeadId(kind, layer, head) in off else "") for head in range(len(heads))]
+            names = [
+                f"head {head}" + (" (off)" if HeadId(kind, layer, head) in off else "") for head in range(len(heads))
+            ]
             for head, weights in enumerate(heads):
-                yield f"{kind}_layer{layer}_head{head}", head_heatmap(
-                    weights, queries, keys, title=f"{title}, layer {layer}, {names[head]}", argmax=argmax)
-            yield f"{kind}_layer{layer}_heads", layer_grid(heads, queries, keys, title=f"{title}, layer {layer}",
-                                                           head_labels=names)
+                yield (
+                    f"{kind}_layer{layer}_head{head}",
+                    head_heatmap(weights, queries, keys, title=f"{title}, layer {layer}, {names[head]}", argmax=argmax),
+                )
+            yield (
+                f"{kind}_layer{layer}_heads",
+                layer_grid(heads, queries, keys, title=f"{title}, layer {layer}", head_labels=names),
+            )
             if argmax:
-                yield f"{kind}_layer{layer}_argmax", layer_grid(
-                    argmax_pattern(heads), queries, keys, title=f"{title}, layer {layer}: argmax pattern")
+                yield (
+                    f"{kind}_layer{layer}_argmax",
+                    layer_grid(argmax_pattern(heads), queries, keys, title=f"{title}, layer {layer}: argmax pattern"),
+                )
 
 
 def save_attention_pictures(view: AttentionView, out_dir: Path, *, argmax: bool = False) -> list[Path]:

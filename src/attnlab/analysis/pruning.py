@@ -63,13 +63,19 @@ def renumber_heads(heads: Iterable[HeadId], pruned: Iterable[HeadId]) -> list[He
     """
     pruned = set(pruned)
     return [
-        HeadId(h.kind, h.layer, h.head - sum(1 for p in pruned if (p.kind, p.layer) == (h.kind, h.layer) and p.head < h.head))
+        HeadId(
+            h.kind,
+            h.layer,
+            h.head - sum(1 for p in pruned if (p.kind, p.layer) == (h.kind, h.layer) and p.head < h.head),
+        )
         for h in heads
         if h not in pruned
     ]
 
 
-def write_pruned_run(loaded: LoadedRun, pruned_model: TransformerModel, out: Path, *, pruned: Sequence[HeadId]) -> RunDir:
+def write_pruned_run(
+    loaded: LoadedRun, pruned_model: TransformerModel, out: Path, *, pruned: Sequence[HeadId]
+) -> RunDir:
     """A new run directory holding the pruned model, loadable by every command.
 
     ``pruned`` are the heads of ``loaded.model`` that ``pruned_model`` lacks; the run's
@@ -84,9 +90,7 @@ def write_pruned_run(loaded: LoadedRun, pruned_model: TransformerModel, out: Pat
     run = RunDir.create(out)
     config = loaded.experiment.to_dict()
     pruned_config = pruned_model.config
-    config["model"].update(
-        heads_per_layer=pruned_config.heads_per_layer, d_k=pruned_config.d_k, d_v=pruned_config.d_v
-    )
+    config["model"].update(heads_per_layer=pruned_config.heads_per_layer, d_k=pruned_config.d_k, d_v=pruned_config.d_v)
     config["train"]["mask_heads"] = [str(h) for h in held]
     with run.lock():  # one writer at a time (attnlab.runlock)
         run.write_config(config)
@@ -107,8 +111,10 @@ def _check_pruned(model: TransformerModel, pruned_model: TransformerModel, prune
     for site, heads in before.items():
         left = heads - sum(1 for h in gone if (h.kind, h.layer) == site)
         if after.get(site) != left:
-            raise UsageError(f"the pruned model has {after.get(site)} heads in {site[0]} layer {site[1]}, "
-                             f"but pruning {sorted(map(str, gone))} from {heads} leaves {left}")
+            raise UsageError(
+                f"the pruned model has {after.get(site)} heads in {site[0]} layer {site[1]}, "
+                f"but pruning {sorted(map(str, gone))} from {heads} leaves {left}"
+            )
 
 
 @torch.no_grad()

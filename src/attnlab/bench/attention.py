@@ -100,7 +100,10 @@ def loglog_slope(points: list[tuple[float, float]]) -> float:
 
 
 def _measure(system: str, length: int, repeats: int) -> dict[str, float]:
-    code = f"import json; from attnlab.bench.attention import point; print(json.dumps(point({system!r}, {length}, {repeats})))"
+    code = (
+        "import json; from attnlab.bench.attention import point; "
+        f"print(json.dumps(point({system!r}, {length}, {repeats})))"
+    )
     completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     if completed.returncode != 0:
         raise RuntimeError(f"attention benchmark point {system} T={length} failed: {completed.stderr.strip()[-400:]}")
@@ -116,7 +119,9 @@ def run_attention(quick: bool = False, repeats: int = MIN_REPEATS, plot: Path | 
         for system in SYSTEMS:
             naive_bytes = 3 * HEADS * length * length * 4  # scores, weights and their gradient
             if system == "naive" and naive_bytes > NAIVE_LIMIT_BYTES:
-                result.notes.append(f"naive skipped at T={length}: it would hold ~{naive_bytes / 2**30:.0f} GiB of T x T tensors")
+                result.notes.append(
+                    f"naive skipped at T={length}: it would hold ~{naive_bytes / 2**30:.0f} GiB of T x T tensors"
+                )
                 continue
             values = _measure(system, length, repeats)
             result.add(system, f"seconds_T{length}", values["seconds"], "s")
@@ -131,8 +136,9 @@ def run_attention(quick: bool = False, repeats: int = MIN_REPEATS, plot: Path | 
     for system, points in measured.items():
         if len(points) >= 2:  # 2 for quadratic work
             result.ratios[f"{system}_time_exponent"] = loglog_slope([(t, s) for t, s, _ in points])
-    result.notes.append(f"peak RSS includes the interpreter and torch: {max(baselines) / 2**20:.0f} MiB "
-                        "before a point's first tensor")
+    result.notes.append(
+        f"peak RSS includes the interpreter and torch: {max(baselines) / 2**20:.0f} MiB before a point's first tensor"
+    )
     if plot is not None:
         _plot(measured, plot)
         result.notes.append(f"plot: {plot}")

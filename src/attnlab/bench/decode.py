@@ -33,30 +33,41 @@ def run_decode(quick: bool = False, repeats: int = 5) -> BenchResult:
             @torch.no_grad()
             def go() -> None:
                 stepper = EncoderDecoderStepper(model, src, use_cache=use_cache)
-                greedy_search(stepper, torch.full((batch_size, 1), BOS), eos_id=EOS, banned=(0, BOS, EOS),
-                              max_length=new_tokens)
+                greedy_search(
+                    stepper, torch.full((batch_size, 1), BOS), eos_id=EOS, banned=(0, BOS, EOS), max_length=new_tokens
+                )
 
             return go
 
         systems = {"attnlab cached": attnlab_decode(True), "attnlab uncached": attnlab_decode(False)}
         if bart is not None:
+
             @torch.no_grad()
             def hf_generate() -> None:
-                bart.generate(input_ids=src, attention_mask=torch.ones_like(src), max_new_tokens=new_tokens,
-                              min_new_tokens=new_tokens, do_sample=False, num_beams=1, use_cache=True,
-                              decoder_start_token_id=BOS, eos_token_id=EOS, pad_token_id=0)
+                bart.generate(
+                    input_ids=src,
+                    attention_mask=torch.ones_like(src),
+                    max_new_tokens=new_tokens,
+                    min_new_tokens=new_tokens,
+                    do_sample=False,
+                    num_beams=1,
+                    use_cache=True,
+                    decoder_start_token_id=BOS,
+                    eos_token_id=EOS,
+                    pad_token_id=0,
+                )
 
             systems["hf generate"] = hf_generate
         metric = f"tokens_per_s_batch{batch_size}"
         for label, seconds in interleaved_median_times(systems, repeats=repeats).items():
             result.add(label, metric, batch_size * new_tokens / seconds, "tokens/s")
-        result.ratios[f"cache_vs_nocache_batch{batch_size}"] = (
-            result.value("attnlab cached", metric) / result.value("attnlab uncached", metric)
+        result.ratios[f"cache_vs_nocache_batch{batch_size}"] = result.value("attnlab cached", metric) / result.value(
+            "attnlab uncached", metric
         )
         result.targets[f"cache_vs_nocache_batch{batch_size}"] = (">=", 4.0)
         if bart is not None:
-            result.ratios[f"cached_vs_hf_batch{batch_size}"] = (
-                result.value("attnlab cached", metric) / result.value("hf generate", metric)
+            result.ratios[f"cached_vs_hf_batch{batch_size}"] = result.value("attnlab cached", metric) / result.value(
+                "hf generate", metric
             )
             result.targets[f"cached_vs_hf_batch{batch_size}"] = (">=", 1.5)
     if bart is None:

@@ -71,7 +71,11 @@ class BenchResult:
     def met(self) -> dict[str, bool]:
         """Whether each ratio meets its target."""
         checks = {">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b}
-        return {name: checks[op](self.ratios[name], bound) for name, (op, bound) in self.targets.items() if name in self.ratios}
+        return {
+            name: checks[op](self.ratios[name], bound)
+            for name, (op, bound) in self.targets.items()
+            if name in self.ratios
+        }
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -79,7 +83,9 @@ class BenchResult:
             "machine": self.machine,
             "results": [asdict(m) for m in self.results],
             "ratios": self.ratios,
-            "targets": {k: {"op": op, "bound": bound, "met": self.met().get(k)} for k, (op, bound) in self.targets.items()},
+            "targets": {
+                k: {"op": op, "bound": bound, "met": self.met().get(k)} for k, (op, bound) in self.targets.items()
+            },
             "notes": self.notes,
         }
 
@@ -118,7 +124,9 @@ def interleaved_median_times(
             elapsed = time.perf_counter() - start
             if isinstance(units, int):
                 if units < 1:
-                    raise ValueError(f"{name}: a system that counts its units of work must do at least one, got {units}")
+                    raise ValueError(
+                        f"{name}: a system that counts its units of work must do at least one, got {units}"
+                    )
                 elapsed /= units
             times[name].append(elapsed)
     return {name: statistics.median(seconds) for name, seconds in times.items()}
@@ -155,8 +163,10 @@ def _cpu_model() -> str:
 
 def format_table(result: BenchResult) -> str:
     """A plain-text table of the measurements, then the ratios against their targets."""
-    lines = [f"benchmark: {result.benchmark}   (torch {result.machine['torch']}, {result.machine['threads']} threads, "
-             f"{result.machine['cpu']})"]
+    lines = [
+        f"benchmark: {result.benchmark}   (torch {result.machine['torch']}, {result.machine['threads']} threads, "
+        f"{result.machine['cpu']})"
+    ]
     width = max([len(m.system) for m in result.results] + [6])
     for m in result.results:
         lines.append(f"  {m.system:<{width}}  {m.metric:<22} {m.value:>14.4g} {m.unit}")

@@ -78,8 +78,11 @@ def run_heads(quick: bool = False, repeats: int = 5) -> BenchResult:
         return len(ablated)
 
     result = BenchResult("heads")
-    systems = {"attnlab one-pass importance": one_pass, "one forward+backward": forward_backward,
-               "naive per-head ablation loop": per_head_loop_slice}
+    systems = {
+        "attnlab one-pass importance": one_pass,
+        "one forward+backward": forward_backward,
+        "naive per-head ablation loop": per_head_loop_slice,
+    }
     # The per-head loop runs the forward pass the two other systems already warmed up, on the
     # same model and batches; a warm-up run of its own would ablate heads for nothing.
     warmup = {"naive per-head ablation loop": 0}
@@ -93,6 +96,8 @@ def run_heads(quick: bool = False, repeats: int = 5) -> BenchResult:
     result.ratios["per_head_loop_vs_importance"] = result.value("naive per-head ablation loop", "seconds") / ours
     result.targets["per_head_loop_vs_importance"] = (">=", 20.0)
     result.notes.append(f"{len(heads)} heads, {len(batches)} batches of {sizes.batch}")
-    result.notes.append(f"per-head loop: {len(units)} forwards per batch (reference + one per head), run once over "
-                        f"{repeats} rounds of {len(slices[0])}; its time is the median per-unit time x {len(units)}")
+    result.notes.append(
+        f"per-head loop: {len(units)} forwards per batch (reference + one per head), run once over "
+        f"{repeats} rounds of {len(slices[0])}; its time is the median per-unit time x {len(units)}"
+    )
     return result

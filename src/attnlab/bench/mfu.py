@@ -85,7 +85,9 @@ def run_mfu(quick: bool = False, repeats: int = 15) -> BenchResult:
     flops = count_step_flops(step)
     n = 512 if quick else 2048
     a, w = torch.randn(n, n), torch.randn(n, n)
-    matmuls = {f"fp32 matmul ({name})": _square_matmul(linear_kernel(name), a, w) for name in available_linear_kernels()}
+    matmuls = {
+        f"fp32 matmul ({name})": _square_matmul(linear_kernel(name), a, w) for name in available_linear_kernels()
+    }
     seconds = interleaved_median_times({"step": step, **matmuls}, repeats=repeats, warmup=2)
     achieved = flops / seconds["step"]
     rates = {system: 2 * n**3 / seconds[system] for system in matmuls}
@@ -98,8 +100,10 @@ def run_mfu(quick: bool = False, repeats: int = 15) -> BenchResult:
     result.add("fp32 matmul", "peak", rates[peak_system] / 1e9, "GFLOP/s")
     result.ratios["mfu"] = achieved / rates[peak_system]
     result.targets["mfu"] = (">=", 0.6)
-    result.notes.append(f"peak: the fastest of {', '.join(rates)} on {n} x {n} x {n}; the model's linear maps use "
-                        f"the kernel '{model.config.linear}' picks")
+    result.notes.append(
+        f"peak: the fastest of {', '.join(rates)} on {n} x {n} x {n}; the model's linear maps use "
+        f"the kernel '{model.config.linear}' picks"
+    )
     return result
 
 

@@ -21,7 +21,16 @@ from torch import Tensor, nn
 from attnlab.nn import EncoderDecoder, EncoderDecoderConfig
 from attnlab.tasks.batching import Batch
 
-__all__ = ["Sizes", "FULL", "QUICK", "attnlab_model", "TorchTransformerSeq2Seq", "hf_bart", "random_batch", "hf_available"]
+__all__ = [
+    "Sizes",
+    "FULL",
+    "QUICK",
+    "attnlab_model",
+    "TorchTransformerSeq2Seq",
+    "hf_bart",
+    "random_batch",
+    "hf_available",
+]
 
 
 @dataclass(frozen=True)
@@ -41,10 +50,17 @@ QUICK = Sizes(d_model=64, heads=4, layers=2, d_ff=128, vocab=200, batch=8, lengt
 
 
 def attnlab_model(sizes: Sizes) -> EncoderDecoder:
-    return EncoderDecoder(EncoderDecoderConfig(
-        vocab_size=sizes.vocab, layers=sizes.layers, d_model=sizes.d_model, heads=sizes.heads, d_ff=sizes.d_ff,
-        dropout=sizes.dropout, max_len=max(512, 4 * sizes.length),
-    ))
+    return EncoderDecoder(
+        EncoderDecoderConfig(
+            vocab_size=sizes.vocab,
+            layers=sizes.layers,
+            d_model=sizes.d_model,
+            heads=sizes.heads,
+            d_ff=sizes.d_ff,
+            dropout=sizes.dropout,
+            max_len=max(512, 4 * sizes.length),
+        )
+    )
 
 
 class TorchTransformerSeq2Seq(nn.Module):
@@ -74,7 +90,9 @@ class TorchTransformerSeq2Seq(nn.Module):
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         mask = nn.Transformer.generate_square_subsequent_mask(tgt_in.shape[1], device=tgt_in.device)
-        source, target = (self.embedding_dropout(e) for e in (self.source_embedding(src), self.target_embedding(tgt_in)))
+        source, target = (
+            self.embedding_dropout(e) for e in (self.source_embedding(src), self.target_embedding(tgt_in))
+        )
         hidden = self.transformer(source, target, tgt_mask=mask, tgt_is_causal=True)
         return self.output(hidden)
 
@@ -92,11 +110,25 @@ def hf_bart(sizes: Sizes) -> nn.Module:
     from transformers import BartConfig, BartForConditionalGeneration
 
     config = BartConfig(
-        vocab_size=sizes.vocab, d_model=sizes.d_model, encoder_layers=sizes.layers, decoder_layers=sizes.layers,
-        encoder_attention_heads=sizes.heads, decoder_attention_heads=sizes.heads, encoder_ffn_dim=sizes.d_ff,
-        decoder_ffn_dim=sizes.d_ff, max_position_embeddings=max(512, 4 * sizes.length), dropout=sizes.dropout,
-        attention_dropout=0.0, activation_dropout=0.0, activation_function="relu", pad_token_id=0, bos_token_id=1,
-        eos_token_id=2, decoder_start_token_id=1, forced_eos_token_id=None, forced_bos_token_id=None,
+        vocab_size=sizes.vocab,
+        d_model=sizes.d_model,
+        encoder_layers=sizes.layers,
+        decoder_layers=sizes.layers,
+        encoder_attention_heads=sizes.heads,
+        decoder_attention_heads=sizes.heads,
+        encoder_ffn_dim=sizes.d_ff,
+        decoder_ffn_dim=sizes.d_ff,
+        max_position_embeddings=max(512, 4 * sizes.length),
+        dropout=sizes.dropout,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        activation_function="relu",
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        decoder_start_token_id=1,
+        forced_eos_token_id=None,
+        forced_bos_token_id=None,
     )
     return BartForConditionalGeneration._from_config(config, attn_implementation="sdpa")
 
@@ -108,5 +140,11 @@ def random_batch(sizes: Sizes, *, seed: int = 0) -> Batch:
     target = torch.randint(3, sizes.vocab, (sizes.batch, sizes.length), generator=generator)
     tgt_in = torch.cat([torch.ones(sizes.batch, 1, dtype=torch.long), target[:, :-1]], dim=1)
     is_token = torch.ones(sizes.batch, sizes.length, dtype=torch.bool)
-    return Batch(lengths=torch.full((sizes.batch,), sizes.length), src=src, src_is_token=is_token, tgt_in=tgt_in,
-                 tgt_out=target, tgt_is_token=is_token)
+    return Batch(
+        lengths=torch.full((sizes.batch,), sizes.length),
+        src=src,
+        src_is_token=is_token,
+        tgt_in=tgt_in,
+        tgt_out=target,
+        tgt_is_token=is_token,
+    )

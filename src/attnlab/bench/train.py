@@ -14,7 +14,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.bench.harness import BenchResult, interleaved_median_times
-from attnlab.bench.models import FULL, QUICK, Sizes, TorchTransformerSeq2Seq, attnlab_model, hf_available, hf_bart, random_batch
+from attnlab.bench.models import (
+    FULL,
+    QUICK,
+    Sizes,
+    TorchTransformerSeq2Seq,
+    attnlab_model,
+    hf_available,
+    hf_bart,
+    random_batch,
+)
 from attnlab.experiment import TrainConfig
 from attnlab.nn import EncoderDecoder
 from attnlab.nn.linear import preferred_linear_kernel
@@ -68,13 +77,17 @@ def run_train(quick: bool = False, repeats: int = 15) -> BenchResult:
     else:
         result.notes.append("transformers is not installed (pip install 'attnlab[bench]'): Hugging Face skipped")
     _add_throughputs(result, steps, sizes, repeats)
-    result.ratios["attnlab_vs_torch"] = result.value("attnlab", "train_throughput") / result.value("torch.nn.Transformer", "train_throughput")
-    result.ratios["attnlab_aten_linear_vs_torch"] = (
-        result.value(ATEN_SYSTEM, "train_throughput") / result.value("torch.nn.Transformer", "train_throughput")
+    result.ratios["attnlab_vs_torch"] = result.value("attnlab", "train_throughput") / result.value(
+        "torch.nn.Transformer", "train_throughput"
+    )
+    result.ratios["attnlab_aten_linear_vs_torch"] = result.value(ATEN_SYSTEM, "train_throughput") / result.value(
+        "torch.nn.Transformer", "train_throughput"
     )
     result.targets["attnlab_vs_torch"] = (">=", 1.15)
     if "hf BART (sdpa)" in steps:
-        result.ratios["attnlab_vs_hf"] = result.value("attnlab", "train_throughput") / result.value("hf BART (sdpa)", "train_throughput")
+        result.ratios["attnlab_vs_hf"] = result.value("attnlab", "train_throughput") / result.value(
+            "hf BART (sdpa)", "train_throughput"
+        )
         result.targets["attnlab_vs_hf"] = (">=", 1.15)
     result.notes.append(f"sizes: {sizes}")
     result.notes.append(f"attnlab's linear maps: '{ours.config.linear}' -> {preferred_linear_kernel()} on this machine")
@@ -100,11 +113,13 @@ def run_train_headmask(quick: bool = False, repeats: int = 15) -> BenchResult:
     masked.load_state_dict(model.state_dict())  # same weights; its own optimizer and parameters
     steps = {
         "attnlab unmasked": _training_step(model, lambda: model(batch.src, batch.tgt_in), batch.tgt_out),
-        "attnlab 25% heads masked": _training_step(masked, lambda: masked(batch.src, batch.tgt_in, head_mask=mask), batch.tgt_out),
+        "attnlab 25% heads masked": _training_step(
+            masked, lambda: masked(batch.src, batch.tgt_in, head_mask=mask), batch.tgt_out
+        ),
     }
     _add_throughputs(result, steps, sizes, repeats)
-    result.ratios["masked_vs_unmasked"] = (
-        result.value("attnlab 25% heads masked", "train_throughput") / result.value("attnlab unmasked", "train_throughput")
+    result.ratios["masked_vs_unmasked"] = result.value("attnlab 25% heads masked", "train_throughput") / result.value(
+        "attnlab unmasked", "train_throughput"
     )
     result.targets["masked_vs_unmasked"] = (">=", 0.95)
     return result

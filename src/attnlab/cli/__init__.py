@@ -32,9 +32,6 @@ try:  # typer >= 0.24 vendors click; older ones use the click package
 except ImportError:  # pragma: no cover - depends on the installed typer
     from click.exceptions import Abort, ClickException, MissingParameter, NoArgsIsHelpError
 
-from attnlab.cli.app import app
-from attnlab.errors import EXIT_CORRUPT, EXIT_INTERNAL, EXIT_USAGE, AttnlabError, AttnlabWarning
-
 # Command modules register themselves on `app` when imported.
 from attnlab.cli import attention as _attention  # noqa: F401,E402
 from attnlab.cli import bench as _bench  # noqa: F401,E402
@@ -45,11 +42,13 @@ from attnlab.cli import generate as _generate  # noqa: F401,E402
 from attnlab.cli import heads as _heads  # noqa: F401,E402
 from attnlab.cli import imports as _imports  # noqa: F401,E402
 from attnlab.cli import info as _info  # noqa: F401,E402
-from attnlab.cli import train as _train  # noqa: F401,E402
 from attnlab.cli import tokenize as _tokenize  # noqa: F401,E402
+from attnlab.cli import train as _train  # noqa: F401,E402
 from attnlab.cli import verify as _verify  # noqa: F401,E402
 from attnlab.cli import view as _view  # noqa: F401,E402
 from attnlab.cli import word2vec as _word2vec  # noqa: F401,E402
+from attnlab.cli.app import app
+from attnlab.errors import EXIT_CORRUPT, EXIT_INTERNAL, EXIT_USAGE, AttnlabError, AttnlabWarning
 
 EXIT_INTERRUPTED = 130
 """The shell's code for a process stopped by Ctrl-C (128 + SIGINT)."""
@@ -128,11 +127,15 @@ def last_resort(error: BaseException) -> tuple[str, int]:
     if isinstance(error, RecursionError):
         return "input nested too deeply to read (beyond Python's recursion limit)", EXIT_USAGE
     if isinstance(error, UnicodeDecodeError):
-        return (f"a file is damaged or not UTF-8 text: byte {error.object[error.start:error.start + 1]!r} "
-                f"at offset {error.start} cannot be decoded"), EXIT_CORRUPT
+        return (
+            f"a file is damaged or not UTF-8 text: byte {error.object[error.start : error.start + 1]!r} "
+            f"at offset {error.start} cannot be decoded"
+        ), EXIT_CORRUPT
     detail = one_line(str(error))[:500]
-    return (f"internal error: {type(error).__name__}{': ' + detail if detail else ''} "
-            f"(set {TRACEBACK_ENV}=1 to see the traceback)"), EXIT_INTERNAL
+    return (
+        f"internal error: {type(error).__name__}{': ' + detail if detail else ''} "
+        f"(set {TRACEBACK_ENV}=1 to see the traceback)"
+    ), EXIT_INTERNAL
 
 
 def _os_message(error: OSError) -> str:

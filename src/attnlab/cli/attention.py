@@ -22,9 +22,11 @@ def attention(
     text: str = typer.Argument(..., help="The input: symbols of the task (e.g. abcd) or text."),
     out: Path = typer.Option(..., "--out", help="Folder to write the PNG files into (created if missing)."),
     argmax: bool | None = typer.Option(
-        None, "--argmax/--no-argmax", help="Draw the argmax pattern (default: only for hard attention)."),
+        None, "--argmax/--no-argmax", help="Draw the argmax pattern (default: only for hard attention)."
+    ),
     max_length: int = typer.Option(
-        64, "--max-length", min=1, help=f"Most output tokens to decode (at most {MAX_NEW_TOKENS})."),
+        64, "--max-length", min=1, help=f"Most output tokens to decode (at most {MAX_NEW_TOKENS})."
+    ),
 ) -> None:
     """Draw every attention map of RUN on TEXT: per head, per layer (grid), and the argmax pattern.
 

@@ -21,10 +21,9 @@ def bench(
     """Time attnlab and the systems a user would pick instead: medians of 5+ runs, and their ratios."""
     from attnlab.bench import BENCHMARKS, run_benchmark
     from attnlab.bench.harness import format_table
+    from attnlab.output_paths import check_output_path
     from attnlab.runtime import keep_freed_memory
     from attnlab.storage import atomic_write_text
-
-    from attnlab.output_paths import check_output_path
 
     name = name.value
     names = list(BENCHMARKS) if name == "all" else [name]

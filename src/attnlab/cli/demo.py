@@ -14,12 +14,36 @@ import typer
 from attnlab.cli.app import app
 
 DEMO_CONFIG = {
-    "task": {"name": "reverse", "max_train_length": 8, "num_symbols": 8, "train_size": 4000,
-             "valid_size": 200, "test_size": 200, "length_generalisation_size": 200, "seed": 0},
-    "model": {"kind": "encoder_decoder", "layers": 2, "d_model": 64, "heads": 4, "d_ff": 128,
-              "dropout": 0.0, "positional": "sinusoidal"},
-    "train": {"steps": 1200, "batch_size": 64, "lr": 2e-3, "schedule": "noam", "warmup": 100,
-              "log_every": 50, "eval_every": 0, "checkpoint_every": 400, "seed": 0},
+    "task": {
+        "name": "reverse",
+        "max_train_length": 8,
+        "num_symbols": 8,
+        "train_size": 4000,
+        "valid_size": 200,
+        "test_size": 200,
+        "length_generalisation_size": 200,
+        "seed": 0,
+    },
+    "model": {
+        "kind": "encoder_decoder",
+        "layers": 2,
+        "d_model": 64,
+        "heads": 4,
+        "d_ff": 128,
+        "dropout": 0.0,
+        "positional": "sinusoidal",
+    },
+    "train": {
+        "steps": 1200,
+        "batch_size": 64,
+        "lr": 2e-3,
+        "schedule": "noam",
+        "warmup": 100,
+        "log_every": 50,
+        "eval_every": 0,
+        "checkpoint_every": 400,
+        "seed": 0,
+    },
 }
 """The demo's experiment: the same keys as a configs/*.toml file."""
 
@@ -32,12 +56,11 @@ def demo(
     """Train a small encoder-decoder to reverse strings, report its accuracy, and draw its attention."""
     from attnlab.analysis.maps import attention_view
     from attnlab.analysis.plots import layer_grid
+    from attnlab.evaluation.evaluate import evaluate
     from attnlab.experiment import ExperimentConfig
     from attnlab.loaded_run import open_run
-    from attnlab.evaluation.evaluate import evaluate
-    from attnlab.training.trainer import train
-
     from attnlab.output_paths import check_output_path
+    from attnlab.training.trainer import train
 
     experiment = ExperimentConfig.from_dict(DEMO_CONFIG)
     run_path = out or Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -58,7 +81,12 @@ def demo(
     last_cross = [r for r in view.records if r.kind == "cross"][-1]
     queries, keys = view.axes["cross"]
     path = loaded.run.plots / "attention.png"
-    layer_grid(last_cross.weights[0].numpy(), queries, keys,
-               title=f"encoder-decoder attention, layer {last_cross.layer}", path=path)
+    layer_grid(
+        last_cross.weights[0].numpy(),
+        queries,
+        keys,
+        title=f"encoder-decoder attention, layer {last_cross.layer}",
+        path=path,
+    )
     typer.echo(f"attention heatmap: {path}")
     typer.echo(f"loss and accuracy curves: {loaded.run.plots}")

@@ -31,14 +31,23 @@ def encode(
     results = encode_texts(loaded, texts, batch_size=batch_size)
     pooling = loaded.experiment.task.get("pooling", "mean")
     if as_json:
-        typer.echo(json.dumps({
-            "run": str(run),
-            "pooling": pooling,
-            "texts": [
-                {"text": r.text, "tokens": r.tokens, "hidden": r.hidden.tolist(), "embedding": r.embedding.tolist()}
-                for r in results
-            ],
-        }))
+        typer.echo(
+            json.dumps(
+                {
+                    "run": str(run),
+                    "pooling": pooling,
+                    "texts": [
+                        {
+                            "text": r.text,
+                            "tokens": r.tokens,
+                            "hidden": r.hidden.tolist(),
+                            "embedding": r.embedding.tolist(),
+                        }
+                        for r in results
+                    ],
+                }
+            )
+        )
         return
     for r in results:
         length, width = r.hidden.shape

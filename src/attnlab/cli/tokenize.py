@@ -9,16 +9,22 @@ from typing import TYPE_CHECKING
 import typer
 
 from attnlab.cli.app import app
-from attnlab.errors import UsageError
 from attnlab.cli.choices import TokenizerKind, value_of
+from attnlab.errors import UsageError
 
 if TYPE_CHECKING:  # the tokenizers import at run time, inside the command
     from attnlab.tokenizers import Tokenizer
 
 
 def _pick_tokenizer(
-    text: str, kind: str | None, tokenizer: Path | None, vocab: Path | None, corpus: Path | None,
-    vocab_size: int, skip_bad_lines: bool, lowercase: bool | None = None,
+    text: str,
+    kind: str | None,
+    tokenizer: Path | None,
+    vocab: Path | None,
+    corpus: Path | None,
+    vocab_size: int,
+    skip_bad_lines: bool,
+    lowercase: bool | None = None,
 ) -> Tokenizer:
     sources = [name for name, given in (("--tokenizer", tokenizer), ("--vocab", vocab), ("--train", corpus)) if given]
     if len(sources) > 1:
@@ -57,7 +63,8 @@ def tokenize(
     tokenizer: Path = typer.Option(None, "--tokenizer", help="A tokenizer.json (attnlab or Hugging Face)."),
     vocab: Path = typer.Option(None, "--vocab", help="A BERT vocab.txt (wordpiece); its casing decides (see above)."),
     lowercase: bool | None = typer.Option(
-        None, "--lowercase/--no-lowercase",
+        None,
+        "--lowercase/--no-lowercase",
         help="With --vocab: lowercase and strip accents, or keep case and accents, whatever the "
         "vocabulary's casing. Default: follow the vocabulary (see above).",
     ),
@@ -70,9 +77,12 @@ def tokenize(
 
     Without --tokenizer, --vocab or --train, the vocabulary is learned from TEXT itself.
 
-    Casing with --vocab, as Hugging Face's BERT does: an uncased vocab.txt (lowercasing changes none of its pieces, [CLS]-style specials aside) lowercases TEXT and strips its accents ("Café" -> "cafe"); a cased one keeps case and accents. --lowercase / --no-lowercase override.
+    Casing with --vocab, as Hugging Face's BERT does: an uncased vocab.txt (lowercasing changes none
+    of its pieces, [CLS]-style specials aside) lowercases TEXT and strips its accents ("Café" ->
+    "cafe"); a cased one keeps case and accents. --lowercase / --no-lowercase override.
 
-    A tokenizer.json keeps its own normalizer, but any padding or truncation it configures is ignored: the output is TEXT's tokens only.
+    A tokenizer.json keeps its own normalizer, but any padding or truncation it configures is
+    ignored: the output is TEXT's tokens only.
     """
     tok = _pick_tokenizer(text, value_of(kind), tokenizer, vocab, train, vocab_size, skip_bad_lines, lowercase)
     out = tok.encode(text) if ids else tok.tokenize(text)

@@ -22,7 +22,9 @@ def train(
     overrides: list[str] = typer.Option([], "--set", help="Override a key: section.key=value (repeatable)."),
     out: Path = typer.Option(None, "--out", help="The run directory to create (default runs/<task>-<time>)."),
     resume: Path = typer.Option(None, "--resume", help="Continue the run in this directory from its last checkpoint."),
-    nproc: int = typer.Option(1, "--nproc", min=1, help="Train on N processes with DistributedDataParallel (torchrun)."),
+    nproc: int = typer.Option(
+        1, "--nproc", min=1, help="Train on N processes with DistributedDataParallel (torchrun)."
+    ),
     device: str = typer.Option(None, "--device", help="cpu, cuda or cuda:N (same as --set train.device=...)."),
     precision: Precision = typer.Option(None, "--precision", help="Same as --set train.precision=..."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
@@ -59,8 +61,16 @@ def train(
 
 def _spawn(nproc: int, config: Path | None, overrides: list[str], run_path: Path, resume: bool, progress: bool) -> None:
     """Re-run this command under torchrun with N processes (a fixed --out so all ranks agree)."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               "-m", "attnlab", "train"]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "attnlab",
+        "train",
+    ]
     command += ["--resume", str(run_path)] if resume else [str(config), "--out", str(run_path)]
     for item in overrides:
         command += ["--set", item]
@@ -76,4 +86,6 @@ def _report(run: Path, metrics: dict | None) -> None:
     typer.echo(f"run: {run}")
     if metrics:
         shown = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
-        typer.echo("valid: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()))
+        typer.echo(
+            "valid: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items())
+        )

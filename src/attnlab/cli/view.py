@@ -12,18 +12,30 @@ from attnlab.cli.app import app
 @app.command()
 def view(
     run: Path = typer.Argument(..., help="A run directory written by `attnlab train`."),
-    host: str = typer.Option("127.0.0.1", "--host", help=(
-        "Address to listen on (default: this machine only). Any other than a loopback address needs --allow-host.")),
-    allow_host: list[str] = typer.Option(None, "--allow-host", metavar="NAME", help=(
-        "A host name (or IP address) the viewer answers to besides localhost, 127.0.0.1 and [::1]; "
-        "repeatable. Requests with any other Host header get status 400.")),
+    host: str = typer.Option(
+        "127.0.0.1",
+        "--host",
+        help=(
+            "Address to listen on (default: this machine only). Any other than a loopback address needs --allow-host."
+        ),
+    ),
+    allow_host: list[str] = typer.Option(
+        None,
+        "--allow-host",
+        metavar="NAME",
+        help=(
+            "A host name (or IP address) the viewer answers to besides localhost, 127.0.0.1 and [::1]; "
+            "repeatable. Requests with any other Host header get status 400."
+        ),
+    ),
     port: int = typer.Option(8765, "--port", min=0, max=65535, help="Port to listen on (0 = any free port)."),
     importance: Path = typer.Option(
-        None, "--importance", help="CSV from `attnlab heads importance`, to colour heads by importance."),
+        None, "--importance", help="CSV from `attnlab heads importance`, to colour heads by importance."
+    ),
 ) -> None:
     """Start the attention viewer: type an input, see every head's attention, switch heads off live."""
-    from attnlab.loaded_run import open_run
     from attnlab.head_ids import head_ids
+    from attnlab.loaded_run import open_run
     from attnlab.viewer.importance import read_importance
     from attnlab.viewer.serve import LOOPBACK_HOSTS, allowed_hosts, is_loopback, listen, make_server, url_of
     from attnlab.viewer.server import create_app
@@ -34,7 +46,10 @@ def view(
     app_ = create_app(loaded, importance=scores, allowed_hosts=names)
     sock = listen(host, port)
     if not is_loopback(host):
-        typer.echo(f"warning: listening on {host}: anyone who can reach this machine as "
-                   f"{', '.join(names[len(LOOPBACK_HOSTS):]) or 'localhost'} can use the viewer", err=True)
+        typer.echo(
+            f"warning: listening on {host}: anyone who can reach this machine as "
+            f"{', '.join(names[len(LOOPBACK_HOSTS) :]) or 'localhost'} can use the viewer",
+            err=True,
+        )
     typer.echo(f"attention viewer for {run}: {url_of(sock)}  (Ctrl-C to stop)")
     make_server(app_).run(sockets=[sock])

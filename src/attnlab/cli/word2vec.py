@@ -14,9 +14,13 @@ from attnlab.resources import MAX_VECTOR_DIM, check_vector_dim
 @app.command("word2vec")
 def word2vec(
     corpus: Path = typer.Argument(..., help="UTF-8 text, one sentence per line."),
-    dim: int = typer.Option(..., "--dim", min=1, help=f"Vector width (use the model's d_model; at most {MAX_VECTOR_DIM:,})."),
+    dim: int = typer.Option(
+        ..., "--dim", min=1, help=f"Vector width (use the model's d_model; at most {MAX_VECTOR_DIM:,})."
+    ),
     out: Path = typer.Option(..., "--out", help="Where to write the vectors (word2vec text format)."),
-    tokenizer: Path = typer.Option(None, "--tokenizer", help="Split lines with this tokenizer.json; default: whitespace."),
+    tokenizer: Path = typer.Option(
+        None, "--tokenizer", help="Split lines with this tokenizer.json; default: whitespace."
+    ),
     window: int = typer.Option(5, "--window", min=1, help="Context words on each side."),
     epochs: int = typer.Option(5, "--epochs", min=1, help="Passes over the corpus."),
     min_count: int = typer.Option(1, "--min-count", min=1, help="Ignore rarer words."),
@@ -40,8 +44,14 @@ def word2vec(
     vectors = train_word2vec(sentences, dim, window=window, min_count=min_count, epochs=epochs, seed=seed)
     left_out = save_vectors(vectors, out)
     tokens = sum(len(s) for s in sentences)
-    typer.echo(f"{len(vectors) - len(left_out)} words x {vectors.dim} dims from {len(sentences)} lines ({tokens} tokens) -> {out}")
+    typer.echo(
+        f"{len(vectors) - len(left_out)} words x {vectors.dim} dims "
+        f"from {len(sentences)} lines ({tokens} tokens) -> {out}"
+    )
     if left_out:
         shown = ", ".join(repr(word) for word in left_out[:5]) + (", ..." if len(left_out) > 5 else "")
-        typer.echo(f"left out {len(left_out)} tokens that hold a space or a line break, which the word2vec text "
-                   f"format cannot store: {shown}", err=True)
+        typer.echo(
+            f"left out {len(left_out)} tokens that hold a space or a line break, which the word2vec text "
+            f"format cannot store: {shown}",
+            err=True,
+        )

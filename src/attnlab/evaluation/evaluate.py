@@ -16,11 +16,11 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from attnlab.decoding import DecodeOptions, decode
+from attnlab.evaluation import metrics
+from attnlab.evaluation.objectives import OBJECTIVES
 from attnlab.tasks.base import Example
 from attnlab.tasks.batching import Batch, make_batches
 from attnlab.tokenizers import Tokenizer
-from attnlab.evaluation import metrics
-from attnlab.evaluation.objectives import OBJECTIVES
 
 __all__ = ["evaluate"]
 
@@ -53,8 +53,15 @@ def evaluate(
     was_training = model.training
     model.eval()
     batches = make_batches(
-        examples, batch_size, pad_id=task.pad_id, bos_id=task.bos_id, eos_id=task.eos_id,
-        shuffle=False, bucket=True, max_length=max_length, truncate=truncate,
+        examples,
+        batch_size,
+        pad_id=task.pad_id,
+        bos_id=task.bos_id,
+        eos_id=task.eos_id,
+        shuffle=False,
+        bucket=True,
+        max_length=max_length,
+        truncate=truncate,
     )
     totals = {"loss": 0.0, "count": 0}
     correct: list[bool] = []
@@ -127,8 +134,13 @@ def _score_seq2seq(model: nn.Module, batch: Batch, context: _Context, acc: _Accu
     references = [row[mask].tolist() for row, mask in zip(batch.tgt_out, batch.tgt_is_token)]
     references = [r[:-1] for r in references]  # drop EOS
     hypotheses = decode(
-        model, batch.src, bos_id=task.bos_id, eos_id=task.eos_id, pad_id=task.pad_id,
-        options=DecodeOptions(max_length=context.decode_limit), head_mask=context.head_mask,
+        model,
+        batch.src,
+        bos_id=task.bos_id,
+        eos_id=task.eos_id,
+        pad_id=task.pad_id,
+        options=DecodeOptions(max_length=context.decode_limit),
+        head_mask=context.head_mask,
     )
     predictions = [h.tokens for h in hypotheses]
     for p, r in zip(predictions, references):

@@ -27,6 +27,7 @@ from attnlab.tasks.batching import Batch
 
 __all__ = ["LossParts", "Predictions", "PREDICTIONS", "OBJECTIVES", "example_losses"]
 
+
 class Predictions(NamedTuple):
     """Logits (B, T, V) or (B, V), the targets they predict (B, T) or (B,), and the ignored id."""
 
@@ -54,7 +55,7 @@ def _language_model(model: nn.Module, batch: Batch, head_mask: Mapping[str, Tens
     return Predictions(model(batch.tgt_in, head_mask=head_mask), batch.tgt_out, pad_id)
 
 
-PREDICTIONS: dict[str, Callable[[nn.Module, Batch, "Mapping[str, Tensor] | None", int], Predictions]] = {
+PREDICTIONS: dict[str, Callable[[nn.Module, Batch, Mapping[str, Tensor] | None, int], Predictions]] = {
     "encoder_decoder": _seq2seq,
     "encoder_classifier": _classification,
     "decoder_only": _language_model,
@@ -76,7 +77,12 @@ def _token_losses(predictions: Predictions, label_smoothing: float) -> tuple[Ten
 
 
 def _summed(
-    kind: str, model: nn.Module, batch: Batch, head_mask: Mapping[str, Tensor] | None, pad_id: int, label_smoothing: float
+    kind: str,
+    model: nn.Module,
+    batch: Batch,
+    head_mask: Mapping[str, Tensor] | None,
+    pad_id: int,
+    label_smoothing: float,
 ) -> LossParts:
     losses, real = _token_losses(PREDICTIONS[kind](model, batch, head_mask, pad_id), label_smoothing)
     return LossParts(losses.sum(), real.sum())

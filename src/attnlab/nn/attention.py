@@ -104,8 +104,10 @@ def attention(
     check_mask(mask, q.shape[-2], k.shape[-2])
     _check_mask_batch_dims(mask, q, k, v)
     if causal and k.shape[-2] < q.shape[-2]:
-        raise ValueError(f"attention: causal needs T_k >= T_q (the queries are the last T_q keys), got "
-                         f"T_q={q.shape[-2]}, T_k={k.shape[-2]}")
+        raise ValueError(
+            f"attention: causal needs T_k >= T_q (the queries are the last T_q keys), got "
+            f"T_q={q.shape[-2]}, T_k={k.shape[-2]}"
+        )
     try:
         implementation = NORMALIZERS[normalizer]
     except KeyError:
@@ -136,8 +138,10 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
     try:
         torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     except RuntimeError:
-        raise ValueError(f"attention: the batch dims of q {tuple(q.shape[:-2])}, k {tuple(k.shape[:-2])} and "
-                         f"v {tuple(v.shape[:-2])} do not broadcast") from None
+        raise ValueError(
+            f"attention: the batch dims of q {tuple(q.shape[:-2])}, k {tuple(k.shape[:-2])} and "
+            f"v {tuple(v.shape[:-2])} do not broadcast"
+        ) from None
 
 
 def _check_mask_batch_dims(mask: Tensor | None, q: Tensor, k: Tensor, v: Tensor) -> None:
@@ -151,8 +155,10 @@ def _check_mask_batch_dims(mask: Tensor | None, q: Tensor, k: Tensor, v: Tensor)
     except RuntimeError:
         fits = False
     if not fits:
-        raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to the attention's "
-                         f"(..., T_q, T_k) = {(*batch, q.shape[-2], k.shape[-2])}")
+        raise ValueError(
+            f"mask of shape {tuple(mask.shape)} does not broadcast to the attention's "
+            f"(..., T_q, T_k) = {(*batch, q.shape[-2], k.shape[-2])}"
+        )
 
 
 def _full_mask(mask: Tensor | None, causal: bool, t_q: int, t_k: int, device: torch.device) -> Tensor | None:
@@ -235,9 +241,7 @@ def _softmax_fused(
     mask = _full_mask(mask, causal, t_q, t_k, q.device)
     # A row with no allowed key would be NaN inside the kernel: open it, then zero its output.
     has_key = mask.any(dim=-1, keepdim=True)  # (..., T_q, 1)
-    output = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask | ~has_key, dropout_p=dropout_p, scale=scale
-    )
+    output = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~has_key, dropout_p=dropout_p, scale=scale)
     return output * has_key
 
 
@@ -329,7 +333,9 @@ def _hardmax_attention(
             chunk_mask = _chunk_mask(mask, causal, start, stop, t_q, t_k, q.device)
             # Causal: no query of this chunk sees a key past its last query's position.
             keys_seen = min(t_k, t_k - t_q + stop) if causal else t_k
-            index[..., start:stop] = _first_argmax(q[..., start:stop, :], k, chunk_mask, scores_of, key_block, max(1, keys_seen))
+            index[..., start:stop] = _first_argmax(
+                q[..., start:stop, :], k, chunk_mask, scores_of, key_block, max(1, keys_seen)
+            )
             if has_key is not None and chunk_mask is not None:
                 has_key[..., start:stop] = chunk_mask.any(dim=-1)
     # One gather for all chunks: its backward scatters into one (..., T_k, d_v) gradient, where a
@@ -343,8 +349,16 @@ def _hardmax_attention(
         weights = None if weights is None else weights * keeps_row
     if straight_through:
         soft = _softmax_attention(
-            q, k, v, mask, causal=causal, scale=scale, score_fn=score_fn, dropout_p=0.0,
-            need_weights=False, straight_through=False,
+            q,
+            k,
+            v,
+            mask,
+            causal=causal,
+            scale=scale,
+            score_fn=score_fn,
+            dropout_p=0.0,
+            need_weights=False,
+            straight_through=False,
         )[0]
         output = soft + (output - soft).detach()  # forward: hard; backward: soft
     return output, weights

@@ -155,9 +155,13 @@ class TransformerConfig:
             raise ValueError("heads_per_layer: needs d_k set explicitly (pruned layers keep the original head size)")
         for kind, counts in self.heads_per_layer.items():
             if kind not in ("encoder_self", "decoder_self", "cross", "self"):
-                raise ValueError(f"heads_per_layer: unknown kind {kind!r}; allowed: cross, decoder_self, encoder_self, self")
+                raise ValueError(
+                    f"heads_per_layer: unknown kind {kind!r}; allowed: cross, decoder_self, encoder_self, self"
+                )
             if not isinstance(counts, list) or any(not _is_int(c) or not 0 <= c <= self.heads for c in counts):
-                raise ValueError(f"heads_per_layer[{kind!r}]: expected a list of head counts in [0, {self.heads}], got {counts!r}")
+                raise ValueError(
+                    f"heads_per_layer[{kind!r}]: expected a list of head counts in [0, {self.heads}], got {counts!r}"
+                )
 
     def heads_at(self, kind: str, layer: int) -> int:
         """Heads of the attention module of ``kind`` in ``layer`` (``heads`` unless pruned)."""

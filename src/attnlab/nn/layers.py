@@ -173,8 +173,6 @@ class DecoderLayer(nn.Module):
         )
         y = self.cross_attn_norm(
             y,
-            lambda z: self.cross_attn(
-                z, memory, mask=memory_mask, head_mask=cross_head_mask, cache=cross_cache
-            ).output,
+            lambda z: self.cross_attn(z, memory, mask=memory_mask, head_mask=cross_head_mask, cache=cross_cache).output,
         )
         return self.ffn_norm(y, self.feed_forward)

@@ -183,7 +183,9 @@ class OneDNNLinear:
             return F.linear(x, weight, bias)
         if torch.is_autocast_enabled(x.device.type):  # mixed precision: autocast casts F.linear's inputs
             return F.linear(x, weight, bias)  # (PyTorch runs its bf16 GEMMs on oneDNN itself)
-        if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
+        if torch.is_grad_enabled() and (
+            x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+        ):
             if self._packed:  # training: this weight changes every step, so its copy is dropped
                 self._packed.pop(_key(_owner(weight), weight), None)
             return _OneDNNLinear.apply(x, weight, bias)
@@ -249,7 +251,9 @@ def check_linear_kernel(name: str) -> None:
     if name != "auto" and name not in LINEAR_KERNELS:
         raise ValueError(f"linear: unknown {name!r}; allowed: auto, {', '.join(LINEAR_KERNELS)}")
     if name != "auto" and name not in available_linear_kernels():
-        raise ValueError(f"linear: {name!r} needs a PyTorch build with oneDNN (torch.backends.mkldnn); use 'aten' or 'auto'")
+        raise ValueError(
+            f"linear: {name!r} needs a PyTorch build with oneDNN (torch.backends.mkldnn); use 'aten' or 'auto'"
+        )
 
 
 def linear_kernel(name: str) -> LinearKernel:

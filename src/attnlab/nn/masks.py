@@ -47,9 +47,7 @@ def padding_mask(is_token: Tensor) -> Tensor:
         returns (B, 1, 1, T_k), bool: every query may attend to every real key.
     """
     if is_token.dtype != torch.bool or is_token.dim() != 2:
-        raise TypeError(
-            f"padding_mask: expected a (B, T_k) bool tensor, got {tuple(is_token.shape)} {is_token.dtype}"
-        )
+        raise TypeError(f"padding_mask: expected a (B, T_k) bool tensor, got {tuple(is_token.shape)} {is_token.dtype}")
     return is_token[:, None, None, :]  # (B, 1, 1, T_k)
 
 

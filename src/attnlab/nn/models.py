@@ -188,7 +188,11 @@ def _multi_head(config: TransformerConfig, kind: str, layer: int) -> MultiHeadAt
 
 def _feed_forward(config: TransformerConfig) -> PositionwiseFeedForward:
     return PositionwiseFeedForward(
-        config.d_model, config.d_ff, activation=config.activation, dropout=config.activation_dropout, linear=config.linear
+        config.d_model,
+        config.d_ff,
+        activation=config.activation,
+        dropout=config.activation_dropout,
+        linear=config.linear,
     )
 
 
@@ -241,7 +245,9 @@ class Encoder(nn.Module):
         tokens: (B, T);  head_mask: (N, H) or (B, N, H);  returns (B, T, d_model).
     """
 
-    def __init__(self, config: TransformerConfig, *, vocab_size: int, causal: bool = False, kind: str = "encoder_self") -> None:
+    def __init__(
+        self, config: TransformerConfig, *, vocab_size: int, causal: bool = False, kind: str = "encoder_self"
+    ) -> None:
         super().__init__()
         self.pad_id, self.causal, self.kind = config.pad_id, causal, kind
         self.embedding = InputEmbedding(vocab_size, config)
@@ -512,7 +518,9 @@ class DecoderOnly(TransformerModel):
         if config.tie_embeddings:
             self.lm_head.weight = self.body.embedding.token.weight
 
-    def forward(self, tokens: Tensor, *, head_mask: HeadMask | None = None, state: DecodingState | None = None) -> Tensor:
+    def forward(
+        self, tokens: Tensor, *, head_mask: HeadMask | None = None, state: DecodingState | None = None
+    ) -> Tensor:
         self.check_head_mask(head_mask)
         hidden = self.body(tokens, head_mask=kind_mask(head_mask, "self"), state=state)
         return self.lm_head(hidden)
@@ -540,7 +548,9 @@ class EncoderOnly(TransformerModel):
         self.config = config
         self.encoder = Encoder(config, vocab_size=config.vocab_size, kind="self")
 
-    def forward(self, tokens: Tensor, *, head_mask: HeadMask | None = None, token_types: Tensor | None = None) -> Tensor:
+    def forward(
+        self, tokens: Tensor, *, head_mask: HeadMask | None = None, token_types: Tensor | None = None
+    ) -> Tensor:
         self.check_head_mask(head_mask)
         return self.encoder(tokens, head_mask=kind_mask(head_mask, "self"), token_types=token_types)
 
@@ -572,4 +582,3 @@ def build_model(config: TransformerConfig) -> TransformerModel:
         if type(config) is config_cls:
             return model_cls(config)  # type: ignore[call-arg]
     raise ValueError(f"no model for config class {type(config).__name__}; allowed kinds: {', '.join(MODELS)}")
-

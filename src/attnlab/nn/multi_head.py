@@ -320,7 +320,9 @@ class MultiHeadAttention(nn.Module):
 
         def project_memory() -> tuple[Tensor, Tensor]:  # not called again once a cache keeps K, V
             if value is key:  # encoder-decoder attention, K = V = memory: one matmul
-                k_, v_ = self._linear(key, weight[qk:], None if bias is None else bias[qk:]).split(self._split[1:], dim=-1)
+                k_, v_ = self._linear(key, weight[qk:], None if bias is None else bias[qk:]).split(
+                    self._split[1:], dim=-1
+                )
             else:
                 _, w_k, w_v = weight.split(self._split, dim=0)
                 b_k, b_v = (None, None) if bias is None else bias.split(self._split)[1:]
@@ -336,7 +338,9 @@ class MultiHeadAttention(nn.Module):
 
     def _head_scale(self, head_mask: Tensor, heads: Tensor) -> Tensor:
         if head_mask.dim() not in (1, 2) or head_mask.shape[-1] != self.heads:
-            raise ValueError(f"head_mask must have shape ({self.heads},) or (B, {self.heads}), got {tuple(head_mask.shape)}")
+            raise ValueError(
+                f"head_mask must have shape ({self.heads},) or (B, {self.heads}), got {tuple(head_mask.shape)}"
+            )
         if head_mask.dim() == 2 and head_mask.shape[0] not in (1, heads.shape[0]):
             raise ValueError(f"head_mask batch size {head_mask.shape[0]} does not match the input's {heads.shape[0]}")
         return head_mask.to(heads.dtype).reshape(-1, self.heads, 1, 1)  # (B|1, H, 1, 1)
@@ -358,7 +362,10 @@ class MultiHeadAttention(nn.Module):
         rows = torch.tensor(qk_rows + [qk + r for r in qk_rows] + [2 * qk + r for r in v_rows], dtype=torch.long)
         columns = torch.tensor(v_rows, dtype=torch.long)
         index = torch.tensor(keep, dtype=torch.long)
-        state = {"in_proj_weight": self.in_proj_weight.detach()[rows], "out_proj.weight": self.out_proj.weight.detach()[:, columns]}
+        state = {
+            "in_proj_weight": self.in_proj_weight.detach()[rows],
+            "out_proj.weight": self.out_proj.weight.detach()[:, columns],
+        }
         if self.in_proj_bias is not None:
             state["in_proj_bias"] = self.in_proj_bias.detach()[rows]
             state["out_proj.bias"] = self.out_proj.bias.detach().clone()

@@ -36,7 +36,8 @@ process dies), and a process that finds the lock taken waits, then loads what th
 
 Where the build cannot run (no C++ compiler, no ``ninja``, a compiler without 128-bit integers)
 :func:`kernels` returns None, the callers take PyTorch's and NumPy's paths (PyTorch's fused
-attention, serial transposes, NumPy's words), and a warning says why, once. ``ATTNLAB_NATIVE=0`` in the environment skips the build.
+attention, serial transposes, NumPy's words), and a warning says why, once. ``ATTNLAB_NATIVE=0``
+in the environment skips the build.
 """
 
 from __future__ import annotations

@@ -240,7 +240,9 @@ def make_positional(
     if combine == "concat" and not 0 < positional_dim < d_model:
         raise ValueError(f"positional_dim must lie in (0, d_model={d_model}) to concatenate, got {positional_dim}")
     return POSITIONAL[name](
-        d_model=d_model, max_len=max_len, combine=combine, positional_dim=positional_dim,
+        d_model=d_model,
+        max_len=max_len,
+        combine=combine,
+        positional_dim=positional_dim,
         hidden=d_model if hidden is None else hidden,
     )
-

@@ -37,10 +37,10 @@ from torch import Tensor
 
 from attnlab.errors import CheckpointError, ConfigError, UsageError
 from attnlab.experiment import ExperimentConfig
-from attnlab.tasks.factory import model_for_task
 from attnlab.nn import EncoderOnlyConfig, TransformerModel
 from attnlab.runs import RunDir
 from attnlab.storage import load_tensors
+from attnlab.tasks.factory import model_for_task
 from attnlab.tasks.sentences import SentencesTask
 from attnlab.tokenizers import Tokenizer
 
@@ -137,8 +137,14 @@ def find_source(path: str | Path) -> BertSource:
         raise UsageError(f"{folder}: no tokenizer.json or vocab.txt")
     settings = _sentence_bert_settings(root, folder)
     max_tokens = settings.get("max_seq_length")
-    return BertSource(folder, tokenizer_json, vocab_txt, _pooling(root), int(max_tokens) if max_tokens else None,
-                      bool(settings.get("do_lower_case", False)))
+    return BertSource(
+        folder,
+        tokenizer_json,
+        vocab_txt,
+        _pooling(root),
+        int(max_tokens) if max_tokens else None,
+        bool(settings.get("do_lower_case", False)),
+    )
 
 
 def package_source(package: str) -> BertSource:
@@ -180,11 +186,14 @@ def _pooling(root: Path) -> str:
     config = root / "1_Pooling" / "config.json"
     if not config.is_file():
         return "mean"
-    switched_on = [key for key, value in _read_json(config).items() if key.startswith("pooling_mode_") and value is True]
+    switched_on = [
+        key for key, value in _read_json(config).items() if key.startswith("pooling_mode_") and value is True
+    ]
     if len(switched_on) != 1 or switched_on[0] not in _POOLING_MODES:
         on = ", ".join(switched_on) or "none"
-        raise ConfigError(f"{config}: attnlab supports exactly one of {', '.join(_POOLING_MODES)} switched on; "
-                          f"this model has {on}")
+        raise ConfigError(
+            f"{config}: attnlab supports exactly one of {', '.join(_POOLING_MODES)} switched on; this model has {on}"
+        )
     return _POOLING_MODES[switched_on[0]]
 
 
@@ -205,7 +214,9 @@ def _field(config: Mapping[str, Any], name: str, where: str | Path = "config.jso
     return config[name]
 
 
-def _integer(config: Mapping[str, Any], name: str, where: str | Path, *, minimum: int = 1, default: int | None = None) -> int:
+def _integer(
+    config: Mapping[str, Any], name: str, where: str | Path, *, minimum: int = 1, default: int | None = None
+) -> int:
     """``config[name]`` as an integer of at least ``minimum`` (``default`` when absent, if given)."""
     value = config.get(name, default) if default is not None else _field(config, name, where)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -213,13 +224,20 @@ def _integer(config: Mapping[str, Any], name: str, where: str | Path, *, minimum
     return value
 
 
-def _real(config: Mapping[str, Any], name: str, where: str | Path, default: float, *, probability: bool = False) -> float:
+def _real(
+    config: Mapping[str, Any], name: str, where: str | Path, default: float, *, probability: bool = False
+) -> float:
     """``config[name]`` as a finite number (``default`` when absent): in [0, 1) for a probability,
     else positive."""
     value = config.get(name, default)
     low, high = (0.0, 1.0) if probability else (0.0, math.inf)
-    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-            or not (low <= value < high) or (not probability and value == 0)):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or not (low <= value < high)
+        or (not probability and value == 0)
+    ):
         allowed = "a number in [0, 1)" if probability else "a positive number"
         raise ConfigError(f"{where}: {name} must be {allowed}, got {value!r}")
     return float(value)
@@ -382,7 +400,9 @@ def convert_state_dict(
             pieces.append(tensor.to(torch.float32))
             used.add(name)
         state[mine] = torch.cat(pieces, dim=0) if len(pieces) > 1 else pieces[0].contiguous()
-    skipped = tuple(sorted(n for n in theirs if n.startswith(_SKIPPED_PREFIXES) or n in _SKIPPED_NAMES)) + tuple(outside)
+    skipped = tuple(sorted(n for n in theirs if n.startswith(_SKIPPED_PREFIXES) or n in _SKIPPED_NAMES)) + tuple(
+        outside
+    )
     unused = sorted(set(theirs) - used - set(skipped))
     if unused:
         raise CheckpointError(f"{where}: tensor {unused[0]!r} is not part of a BERT encoder that attnlab can import")
@@ -406,14 +426,17 @@ def import_bert(
     tokenizer = load_bert_tokenizer(source)
     pad = hf_config.get("pad_token_id", tokenizer.pad_id)
     if pad != tokenizer.pad_id:
-        raise ConfigError(f"{source.config}: pad_token_id {pad} differs from the tokenizer's [PAD] id {tokenizer.pad_id}")
+        raise ConfigError(
+            f"{source.config}: pad_token_id {pad} differs from the tokenizer's [PAD] id {tokenizer.pad_id}"
+        )
     max_tokens = min(source.max_tokens or model["max_len"], model["max_len"])
     task_section = {"name": "sentences", "max_tokens": max_tokens, "pooling": source.pooling}
     experiment = ExperimentConfig(task=task_section, model=model)
     task = SentencesTask(tokenizer, max_tokens=max_tokens, pooling=source.pooling)
     if task.vocab_size != hf_config.get("vocab_size", task.vocab_size):
         raise ConfigError(
-            f"{source.config}: vocab_size {hf_config['vocab_size']} differs from the tokenizer's {task.vocab_size} tokens"
+            f"{source.config}: vocab_size {hf_config['vocab_size']} differs from "
+            f"the tokenizer's {task.vocab_size} tokens"
         )
     network = model_for_task(experiment, task)
     config: EncoderOnlyConfig = network.config  # type: ignore[assignment]

@@ -87,9 +87,7 @@ def collate(examples: Sequence[Example], *, pad_id: int, bos_id: int, eos_id: in
     return Batch(lengths=mask.sum(dim=1), split_lengths=split_lengths, **fields)
 
 
-def fit_length(
-    examples: Sequence[Example], max_length: int, *, eos_id: int, truncate: bool = False
-) -> list[Example]:
+def fit_length(examples: Sequence[Example], max_length: int, *, eos_id: int, truncate: bool = False) -> list[Example]:
     """Check every sequence fits ``max_length`` positions; cut the long ones only if ``truncate``.
 
     A target needs ``len(target) + 1`` positions (BOS or EOS is added to it).
@@ -130,9 +128,7 @@ def fit_length(
 
 def count_too_long(examples: Sequence[Example], max_length: int) -> int:
     """How many of ``examples`` :func:`fit_length` would cut (or reject) at ``max_length``."""
-    return sum(
-        max(len(e.source), len(e.target) + 1 if e.target is not None else 0) > max_length for e in examples
-    )
+    return sum(max(len(e.source), len(e.target) + 1 if e.target is not None else 0) > max_length for e in examples)
 
 
 def make_batches(

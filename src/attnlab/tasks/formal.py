@@ -37,7 +37,7 @@ import random
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 from attnlab.errors import ConfigError
 from attnlab.tasks.base import Example, Vocab, VocabIds, check_sizes, check_split_name, split_of, weigh_lengths
@@ -96,7 +96,7 @@ def _parity_positive(rng: random.Random, n: int) -> str | None:
     return "".join(bits)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _dyck_completions(steps: int, depth: int) -> int:
     """Number of bracket shapes of ``steps`` more symbols that close ``depth`` open brackets."""
     if depth < 0 or depth > steps:

@@ -234,7 +234,9 @@ class TranslationTask(_TextTask):
     def _example(self, item: tuple[str, str]) -> Example:
         source = self.tokenizer.encode(item[0])
         return Example(
-            source=tuple(source) + (self.tokenizer.eos_id,), target=tuple(self.target.encode(item[1])), length=len(source)
+            source=tuple(source) + (self.tokenizer.eos_id,),
+            target=tuple(self.target.encode(item[1])),
+            length=len(source),
         )
 
 

@@ -81,9 +81,7 @@ def check_text(text: str) -> str:
         text.encode("utf-8")
     except UnicodeEncodeError as error:
         code = ord(text[error.start])
-        raise DataError(
-            f"text is not valid Unicode: lone surrogate U+{code:04X} at character {error.start}"
-        ) from None
+        raise DataError(f"text is not valid Unicode: lone surrogate U+{code:04X} at character {error.start}") from None
     return text
 
 
@@ -201,7 +199,9 @@ class Tokenizer:
         """Lowercase every text before the tokenizer's own normalisation (what sentence-transformers
         does with ``do_lower_case``); kept in the saved tokenizer.json."""
         own = self.hf.normalizer
-        self.hf.normalizer = normalizers.Lowercase() if own is None else normalizers.Sequence([normalizers.Lowercase(), own])
+        self.hf.normalizer = (
+            normalizers.Lowercase() if own is None else normalizers.Sequence([normalizers.Lowercase(), own])
+        )
 
     # ---- files ------------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from attnlab.training.distributed import DistInfo
 
 __all__ = ["BatchStream", "rows_of"]
 
+
 def rows_of(batch: Batch, index: torch.Tensor | slice) -> Batch:
     """The rows ``index`` of every tensor in ``batch``."""
     values = {f.name: getattr(batch, f.name) for f in fields(batch)}
@@ -51,7 +52,9 @@ class BatchStream:
         if batch_size < dist.world_size:
             raise ConfigError(f"train.batch_size={batch_size} is smaller than the {dist.world_size} processes")
         self._examples = list(examples)
-        self._options = dict(pad_id=pad_id, bos_id=bos_id, eos_id=eos_id, seed=seed, max_length=max_length, truncate=truncate)
+        self._options = dict(
+            pad_id=pad_id, bos_id=bos_id, eos_id=eos_id, seed=seed, max_length=max_length, truncate=truncate
+        )
         self.batch_size = batch_size
         self.dist = dist
         self.position = StreamPosition()

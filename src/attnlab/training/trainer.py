@@ -37,8 +37,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from attnlab.errors import EXIT_DIVERGED, AttnlabError, CheckpointError, ConfigError
 from attnlab.embeddings import init_embedding, load_vectors
+from attnlab.errors import EXIT_DIVERGED, AttnlabError, CheckpointError, ConfigError
+from attnlab.evaluation.evaluate import evaluate
+from attnlab.evaluation.objectives import OBJECTIVES
 from attnlab.experiment import ExperimentConfig, TrainConfig
 from attnlab.head_ids import held_mask
 from attnlab.loaded_run import saved_tokenizer
@@ -52,8 +54,6 @@ from attnlab.tokenizers import Tokenizer
 from attnlab.training.checkpoint import optimizer_from_tensors, optimizer_to_tensors, restore_rng, rng_to_tensors
 from attnlab.training.data import BatchStream
 from attnlab.training.distributed import DistInfo, all_reduce_sum, broadcast_from_main, from_environment, shutdown
-from attnlab.evaluation.evaluate import evaluate
-from attnlab.evaluation.objectives import OBJECTIVES
 from attnlab.training.plots import plot_curves
 from attnlab.training.reproducibility import applied_threads, platform_record, warn_if_platform_differs
 from attnlab.training.schedule import make_scheduler
@@ -148,12 +148,21 @@ def _remove_if_unused(run: RunDir) -> None:
 
 class _Trainer:
     def __init__(
-        self, experiment: ExperimentConfig, run: RunDir, *, resume: bool, dist: DistInfo, progress: bool, log: Log | None
+        self,
+        experiment: ExperimentConfig,
+        run: RunDir,
+        *,
+        resume: bool,
+        dist: DistInfo,
+        progress: bool,
+        log: Log | None,
     ) -> None:
         cfg = self.cfg = experiment.train
         self.experiment, self.dist, self.progress = experiment, dist, progress
         self.log = log if (log is not None and dist.is_main) else (lambda message: None)
-        self.device = resolve_device(cfg.device if not dist.enabled or cfg.device == "cpu" else f"cuda:{dist.local_rank}")
+        self.device = resolve_device(
+            cfg.device if not dist.enabled or cfg.device == "cpu" else f"cuda:{dist.local_rank}"
+        )
         self.run = run
         self.platform = platform_record(cfg.threads)
         torch.manual_seed(cfg.seed)
@@ -167,8 +176,15 @@ class _Trainer:
         self.optimizer = self._optimizer()
         self.scheduler = make_scheduler(self.optimizer, cfg.schedule, warmup=cfg.warmup, total=cfg.steps)
         self.stream = BatchStream(
-            train_examples, cfg.batch_size, pad_id=self.task.pad_id, bos_id=self.task.bos_id,
-            eos_id=self.task.eos_id, seed=cfg.seed, max_length=self.max_length, truncate=cfg.truncate, dist=dist,
+            train_examples,
+            cfg.batch_size,
+            pad_id=self.task.pad_id,
+            bos_id=self.task.bos_id,
+            eos_id=self.task.eos_id,
+            seed=cfg.seed,
+            max_length=self.max_length,
+            truncate=cfg.truncate,
+            dist=dist,
         )
         self.step = 0
         if resume:
@@ -221,8 +237,13 @@ class _Trainer:
         available = None
         if self.device.type == "cuda":
             available = torch.cuda.mem_get_info(self.device)[0]
-        check_training_resources(config, batch_size=self.cfg.batch_size, examples=train_examples,
-                                 max_length=self.cfg.max_length or config.max_len, available=available)
+        check_training_resources(
+            config,
+            batch_size=self.cfg.batch_size,
+            examples=train_examples,
+            max_length=self.cfg.max_length or config.max_len,
+            available=available,
+        )
 
     def _report_skipped_lines(self) -> None:
         """With ``task.skip_bad_lines`` nothing is dropped silently: say how many lines were skipped."""
@@ -241,8 +262,15 @@ class _Trainer:
                 coverage = init_embedding(module.token, vocabulary, vectors)
                 self.log(f"{name}: {coverage}")
                 if self.dist.is_main:
-                    self.run.append_metrics({"step": 0, "embedding": name, "found": coverage.found,
-                                             "total": coverage.total, "coverage": coverage.ratio})
+                    self.run.append_metrics(
+                        {
+                            "step": 0,
+                            "embedding": name,
+                            "found": coverage.found,
+                            "total": coverage.total,
+                            "coverage": coverage.ratio,
+                        }
+                    )
 
     def _optimizer(self) -> torch.optim.Optimizer:
         return make_optimizer(self.model.parameters(), self.cfg)
@@ -291,8 +319,13 @@ class _Trainer:
             bar.update(1)
             if self._due(cfg.log_every):
                 elapsed = max(time.perf_counter() - window_start, 1e-9)
-                record = {"step": self.step, "loss": loss, "lr": outcome.lr,
-                          "tokens_per_s": window_tokens / elapsed, "epoch": self.stream.position.epoch}
+                record = {
+                    "step": self.step,
+                    "loss": loss,
+                    "lr": outcome.lr,
+                    "tokens_per_s": window_tokens / elapsed,
+                    "epoch": self.stream.position.epoch,
+                }
                 self._write_metrics(record)
                 bar.set_postfix(loss=f"{loss:.4f}", lr=f"{record['lr']:.2e}", tok_s=f"{record['tokens_per_s']:.0f}")
                 window_tokens, window_start = 0, time.perf_counter()
@@ -343,11 +376,15 @@ class _Trainer:
         latest = self.run.latest_checkpoint()
         if latest is not None and latest.step == self.step:
             if not good:
-                return (f"the only checkpoint (step {latest.step}) holds the weights that gave it, so resuming from it "
-                        f"would diverge again; lower train.lr and start over")
+                return (
+                    f"the only checkpoint (step {latest.step}) holds the weights that gave it, so resuming from it "
+                    f"would diverge again; lower train.lr and start over"
+                )
             self.run.point_to(good[-1])
-            return (f"the last good checkpoint (step {good[-1].step}) is kept in {self.run.path}, and the run points "
-                    f"back to it (the one of step {latest.step} holds the weights that gave the loss)")
+            return (
+                f"the last good checkpoint (step {good[-1].step}) is kept in {self.run.path}, and the run points "
+                f"back to it (the one of step {latest.step} holds the weights that gave the loss)"
+            )
         if latest is None:
             return "no checkpoint was written yet"
         return f"the last good checkpoint (step {latest.step}) is kept in {self.run.path}"
@@ -364,9 +401,17 @@ class _Trainer:
         if not self.dist.is_main:
             return None
         result = evaluate(
-            self.model, self.task, split, kind=self.experiment.model_kind, batch_size=self.cfg.eval_batch_size,
-            max_length=self.max_length, truncate=self.cfg.truncate, tokenizer=self.tokenizer, device=self.device,
-            head_mask=self.head_mask, progress=self.progress,
+            self.model,
+            self.task,
+            split,
+            kind=self.experiment.model_kind,
+            batch_size=self.cfg.eval_batch_size,
+            max_length=self.max_length,
+            truncate=self.cfg.truncate,
+            tokenizer=self.tokenizer,
+            device=self.device,
+            head_mask=self.head_mask,
+            progress=self.progress,
         )
         self._write_metrics({"step": self.step, **result})
         return result
@@ -395,4 +440,3 @@ class _Trainer:
         )
         plot_curves(self.run.read_metrics(), self.run.plots)
         self.log(f"checkpoint at step {self.step} in {self.run.path}")
-

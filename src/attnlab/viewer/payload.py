@@ -10,8 +10,8 @@ from typing import Any
 
 from attnlab.analysis.maps import KIND_TITLES, AttentionView, attention_view, kind_maps
 from attnlab.errors import UsageError
-from attnlab.loaded_run import LoadedRun
 from attnlab.head_ids import HeadId, head_ids, mask_without
+from attnlab.loaded_run import LoadedRun
 from attnlab.viewer.importance import Importance
 from attnlab.viewer.requests import (
     MAX_INPUT_CHARS,
@@ -39,8 +39,11 @@ def describe_model(loaded: LoadedRun, importance: Importance | None = None) -> d
         "attention": str(loaded.experiment.model.get("attention", "soft")),
         "heads": [_kind_info(kind, heads) for kind in dict.fromkeys(h.kind for h in heads)],
         "held": [_head_json(h) for h in loaded.held_heads],
-        "limits": {"max_input_chars": MAX_INPUT_CHARS, "max_input_tokens": MAX_INPUT_TOKENS,
-                   "max_output_tokens": MAX_OUTPUT_TOKENS},
+        "limits": {
+            "max_input_chars": MAX_INPUT_CHARS,
+            "max_input_tokens": MAX_INPUT_TOKENS,
+            "max_output_tokens": MAX_OUTPUT_TOKENS,
+        },
         "importance": importance,
         "example": example_input(loaded),
     }
@@ -49,8 +52,13 @@ def describe_model(loaded: LoadedRun, importance: Importance | None = None) -> d
 def _kind_info(kind: str, heads: list[HeadId]) -> dict[str, Any]:
     layers = max(h.layer for h in heads if h.kind == kind) + 1
     per_layer = [sum(1 for h in heads if h.kind == kind and h.layer == layer) for layer in range(layers)]
-    return {"kind": kind, "title": KIND_TITLES.get(kind, kind), "layers": layers, "heads": max(per_layer),
-            "heads_per_layer": per_layer}
+    return {
+        "kind": kind,
+        "title": KIND_TITLES.get(kind, kind),
+        "layers": layers,
+        "heads": max(per_layer),
+        "heads_per_layer": per_layer,
+    }
 
 
 FALLBACK_EXAMPLE = "The quick brown fox jumps over the lazy dog."
@@ -106,11 +114,18 @@ def _head_json(head: HeadId) -> dict[str, Any]:
 
 def _output(model_kind: str, view: AttentionView) -> dict[str, Any]:
     if model_kind == "encoder_classifier":
-        return {"type": "class", "label": view.output, "probability": view.probability,
-                "classes": [{"label": label, "probability": p} for label, p in view.distribution or []]}
+        return {
+            "type": "class",
+            "label": view.output,
+            "probability": view.probability,
+            "classes": [{"label": label, "probability": p} for label, p in view.distribution or []],
+        }
     if model_kind == "decoder_only":
-        return {"type": "continuation", "text": view.output,
-                "next_tokens": [{"token": token, "probability": p} for token, p in view.distribution or []]}
+        return {
+            "type": "continuation",
+            "text": view.output,
+            "next_tokens": [{"token": token, "probability": p} for token, p in view.distribution or []],
+        }
     return {"type": "sequence", "text": view.output}
 
 
@@ -118,6 +133,13 @@ def _maps(view: AttentionView) -> list[dict[str, Any]]:
     maps = []
     for kind, (queries, keys) in view.axes.items():
         for layer, weights in enumerate(kind_maps(view, kind)):
-            maps.append({"kind": kind, "layer": layer, "queries": queries, "keys": keys,
-                         "weights": weights.astype(float).round(DECIMALS).tolist()})
+            maps.append(
+                {
+                    "kind": kind,
+                    "layer": layer,
+                    "queries": queries,
+                    "keys": keys,
+                    "weights": weights.astype(float).round(DECIMALS).tolist(),
+                }
+            )
     return maps

@@ -128,8 +128,9 @@ def _check_text(text: Any) -> str:
     if not text:
         raise RequestError('"text" is empty: type an input', "text")
     if len(text) > MAX_INPUT_CHARS:
-        raise RequestError(f"the input is {len(text)} characters long; the viewer takes at most {MAX_INPUT_CHARS}",
-                           "text")
+        raise RequestError(
+            f"the input is {len(text)} characters long; the viewer takes at most {MAX_INPUT_CHARS}", "text"
+        )
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as error:  # a lone surrogate such as "\ud800"
@@ -145,15 +146,17 @@ def parse_head_object(item: Any, heads: Collection[HeadId], *, where: str) -> He
     kind, layer, head = item["kind"], item["layer"], item["head"]
     kinds = sorted({h.kind for h in heads})
     if not isinstance(kind, str) or kind not in kinds:
-        raise RequestError(f"{where}.kind: this model has no {_shown(kind)} attention; it has: {', '.join(kinds)}",
-                           f"{where}.kind")
+        raise RequestError(
+            f"{where}.kind: this model has no {_shown(kind)} attention; it has: {', '.join(kinds)}", f"{where}.kind"
+        )
     layers = sorted({h.layer for h in heads if h.kind == kind})
     if not _is_index(layer) or layer not in layers:
         raise RequestError(f"{where}.layer: {kind} has layers 0 to {layers[-1]}, got {_shown(layer)}", f"{where}.layer")
     per_layer = sorted(h.head for h in heads if h.kind == kind and h.layer == layer)
     if not _is_index(head) or head not in per_layer:
-        raise RequestError(f"{where}.head: {kind} layer {layer} has heads 0 to {per_layer[-1]}, got {_shown(head)}",
-                           f"{where}.head")
+        raise RequestError(
+            f"{where}.head: {kind} layer {layer} has heads 0 to {per_layer[-1]}, got {_shown(head)}", f"{where}.head"
+        )
     return HeadId(kind, layer, head)
 
 
@@ -188,13 +191,18 @@ def check_input_length(tokens: int, *, model_kind: str, context: int) -> int:
         raise RequestError('"text" has no tokens: type an input', "text")
     if tokens > MAX_INPUT_TOKENS:
         raise RequestError(
-            f"the input is {tokens} tokens long; the viewer shows at most {MAX_INPUT_TOKENS} so that the page stays quick",
-            "text")
+            f"the input is {tokens} tokens long; "
+            f"the viewer shows at most {MAX_INPUT_TOKENS} so that the page stays quick",
+            "text",
+        )
     # positions the input takes beside its tokens: EOS (encoders), BOS and one generated token (decoder-only)
     extra = {"encoder": 0, "decoder_only": 2}.get(model_kind, 1)
     if tokens + extra > context:
-        raise RequestError(f"the input is {tokens} tokens long; this model reads at most {context} positions, "
-                           f"so it takes at most {context - extra} input tokens", "text")
+        raise RequestError(
+            f"the input is {tokens} tokens long; this model reads at most {context} positions, "
+            f"so it takes at most {context - extra} input tokens",
+            "text",
+        )
     if model_kind == "decoder_only":
         return min(MAX_OUTPUT_TOKENS, context - 1 - tokens)
     if model_kind == "encoder_decoder":

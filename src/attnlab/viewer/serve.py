@@ -35,7 +35,8 @@ def allowed_hosts(host: str, names: Sequence[str]) -> tuple[str, ...]:
     if not names and not is_loopback(host):
         raise UsageError(
             f"--host {host} is not a loopback address: name each host name the viewer may answer to with "
-            "--allow-host NAME (repeatable), e.g. --allow-host myhost.local")
+            "--allow-host NAME (repeatable), e.g. --allow-host myhost.local"
+        )
     return tuple(dict.fromkeys([*LOOPBACK_HOSTS, *(_check_host_name(name) for name in names)]))
 
 
@@ -47,8 +48,10 @@ def _check_host_name(name: str) -> str:
         pass
     if _HOST_NAME.fullmatch(bare):
         return bare.lower()
-    raise UsageError(f"--allow-host {name!r}: not a host name or IP address; give it without a scheme, port or "
-                     "wildcard, like myhost.local or 192.168.1.20")
+    raise UsageError(
+        f"--allow-host {name!r}: not a host name or IP address; give it without a scheme, port or "
+        "wildcard, like myhost.local or 192.168.1.20"
+    )
 
 
 def listen(host: str, port: int) -> socket.socket:

@@ -22,9 +22,9 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
@@ -32,8 +32,8 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from attnlab.errors import AttnlabError
-from attnlab.loaded_run import LoadedRun
 from attnlab.head_ids import head_ids
+from attnlab.loaded_run import LoadedRun
 from attnlab.viewer.importance import MAX_IMPORTANCE_BYTES, Importance, parse_importance
 from attnlab.viewer.payload import describe_model, run_payload
 from attnlab.viewer.requests import RequestError, decode_json_body, parse_run_request

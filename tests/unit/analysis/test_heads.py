@@ -19,24 +19,43 @@ from attnlab.analysis.pruning import prune_model
 from attnlab.errors import UsageError
 from attnlab.evaluation.objectives import PREDICTIONS
 from attnlab.experiment import ExperimentConfig
-from attnlab.loaded_run import open_run
 from attnlab.head_ids import HeadId, head_ids, mask_without, parse_head
+from attnlab.loaded_run import open_run
 from attnlab.nn.linear import onednn_available
 from attnlab.training.trainer import train
 from tests.unit.analysis.tiny_runs import HELD, tiny_run
 
 EXPERIMENTS = {
     "encoder_decoder": {
-        "task": {"name": "reverse", "max_train_length": 4, "train_size": 200, "valid_size": 24, "test_size": 24,
-                 "length_generalisation_size": 8},
+        "task": {
+            "name": "reverse",
+            "max_train_length": 4,
+            "train_size": 200,
+            "valid_size": 24,
+            "test_size": 24,
+            "length_generalisation_size": 8,
+        },
         "model": {"kind": "encoder_decoder", "layers": 2, "d_model": 16, "heads": 2, "d_ff": 32, "dropout": 0.0},
         "train": {"steps": 40, "batch_size": 16, "lr": 3e-3, "warmup": 5, "log_every": 0},
     },
     "encoder_classifier": {
-        "task": {"name": "dyck1", "max_train_length": 6, "train_size": 200, "valid_size": 24, "test_size": 24,
-                 "length_generalisation_size": 8},
-        "model": {"kind": "encoder_classifier", "layers": 2, "d_model": 16, "heads": 2, "d_ff": 32, "dropout": 0.0,
-                  "score": "additive"},
+        "task": {
+            "name": "dyck1",
+            "max_train_length": 6,
+            "train_size": 200,
+            "valid_size": 24,
+            "test_size": 24,
+            "length_generalisation_size": 8,
+        },
+        "model": {
+            "kind": "encoder_classifier",
+            "layers": 2,
+            "d_model": 16,
+            "heads": 2,
+            "d_ff": 32,
+            "dropout": 0.0,
+            "score": "additive",
+        },
         "train": {"steps": 40, "batch_size": 16, "lr": 3e-3, "warmup": 5, "log_every": 0},
     },
 }
@@ -135,8 +154,10 @@ def test_heads_to_prune_respects_order_and_layers():
     assert heads_to_prune(order, 2) == [heads[0], heads[1]]
     assert heads_to_prune(order, 2, keep_one_per_layer=True) == [heads[0], heads[3]]
     assert heads_to_prune(order, 4, keep_one_per_layer=True) == [heads[0], heads[3]]
-    scores = [type("R", (), {"kind": h.kind, "layer": h.layer, "head": h.head, "importance": i})()
-              for h, i in zip(heads, [0.3, 0.1, 0.2, 0.0])]
+    scores = [
+        type("R", (), {"kind": h.kind, "layer": h.layer, "head": h.head, "importance": i})()
+        for h, i in zip(heads, [0.3, 0.1, 0.2, 0.0])
+    ]
     assert pruning_order(scores) == [heads[3], heads[1], heads[2], heads[0]]
 
 
@@ -146,7 +167,7 @@ def test_pruned_model_equals_masked_model(run, fraction):
     model = loaded.model
     probe = TaskProbe(loaded, "valid")
     heads = head_ids(model)
-    pruned = heads[:: 2][: int(len(heads) * fraction)] if fraction < 1 else heads
+    pruned = heads[::2][: int(len(heads) * fraction)] if fraction < 1 else heads
     smaller = prune_model(model, pruned)
     assert smaller.num_parameters() < model.num_parameters()
     kind = loaded.experiment.model_kind
@@ -169,7 +190,9 @@ def test_pruning_twice_composes(run):
     with torch.no_grad():
         torch.testing.assert_close(
             PREDICTIONS[kind](twice, batch, None, 0).logits,
-            PREDICTIONS[kind](model, batch, mask_without(model, expected_off), 0).logits, atol=1e-5, rtol=1e-5,
+            PREDICTIONS[kind](model, batch, mask_without(model, expected_off), 0).logits,
+            atol=1e-5,
+            rtol=1e-5,
         )
 
 
@@ -214,9 +237,16 @@ def _eval_with_held(loaded):  # noqa: ANN001, ANN202
     """What `attnlab eval` measures: the valid split with the run's held heads masked."""
     from attnlab.evaluation import evaluate
 
-    result = evaluate(loaded.model, loaded.task, "valid", kind="encoder_decoder", batch_size=128,
-                      max_length=loaded.model.config.max_len, tokenizer=None,
-                      head_mask=mask_without(loaded.model, [parse_head(s, loaded.model) for s in HELD]))
+    result = evaluate(
+        loaded.model,
+        loaded.task,
+        "valid",
+        kind="encoder_decoder",
+        batch_size=128,
+        max_length=loaded.model.config.max_len,
+        tokenizer=None,
+        head_mask=mask_without(loaded.model, [parse_head(s, loaded.model) for s in HELD]),
+    )
     return float(result["accuracy"]), float(result["loss"])
 
 

@@ -7,15 +7,17 @@ import pytest
 import torch
 
 from attnlab.analysis.maps import attention_view, kind_maps
-from attnlab.loaded_run import open_run
 from attnlab.head_ids import HeadId, mask_without
+from attnlab.loaded_run import open_run
 from tests.unit.analysis.tiny_runs import tiny_run
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("maps")
-    return {kind: open_run(tiny_run(folder, kind)) for kind in ("encoder_decoder", "encoder_classifier", "decoder_only")}
+    return {
+        kind: open_run(tiny_run(folder, kind)) for kind in ("encoder_decoder", "encoder_classifier", "decoder_only")
+    }
 
 
 def test_classifier_distribution_is_every_class_and_holds_the_label(runs):
@@ -55,8 +57,10 @@ def test_kind_maps_stacks_layers_with_rows_that_sum_to_one(runs):
 def test_a_head_switched_off_changes_later_layers_only(runs):
     loaded = runs["encoder_decoder"]
     plain = kind_maps(attention_view(loaded, "abcd"), "encoder_self")
-    masked = kind_maps(attention_view(loaded, "abcd", head_mask=mask_without(loaded.model, [HeadId("encoder_self", 0, 0)])),
-                       "encoder_self")
+    masked = kind_maps(
+        attention_view(loaded, "abcd", head_mask=mask_without(loaded.model, [HeadId("encoder_self", 0, 0)])),
+        "encoder_self",
+    )
     np.testing.assert_allclose(masked[0], plain[0], atol=1e-6)  # xi scales outputs, not weights
     assert not np.allclose(masked[1], plain[1], atol=1e-4)
 
@@ -76,17 +80,27 @@ def test_heads_held_in_training_are_off_in_every_view(tmp_path_factory):
         expected_mask = mask_without(loaded.model, off)
         task = loaded.task
         src = torch.tensor([loaded.codec.encode("abcd") + [task.eos_id]])
-        hypothesis = decode(loaded.model, src, bos_id=task.bos_id, eos_id=task.eos_id, pad_id=task.pad_id,
-                            options=DecodeOptions(max_length=64), head_mask=expected_mask)[0]
+        hypothesis = decode(
+            loaded.model,
+            src,
+            bos_id=task.bos_id,
+            eos_id=task.eos_id,
+            pad_id=task.pad_id,
+            options=DecodeOptions(max_length=64),
+            head_mask=expected_mask,
+        )[0]
         assert view.output == loaded.codec.decode(hypothesis.tokens)
         with torch.no_grad(), capture(loaded.model) as records:
             loaded.model(src, torch.tensor([[task.bos_id, *hypothesis.tokens]]), head_mask=expected_mask)
         for kind in ("encoder_self", "decoder_self", "cross"):
-            expected = np.stack([r.weights[0].numpy() for r in sorted(records, key=lambda r: r.layer) if r.kind == kind])
+            expected = np.stack(
+                [r.weights[0].numpy() for r in sorted(records, key=lambda r: r.layer) if r.kind == kind]
+            )
             np.testing.assert_allclose(kind_maps(view, kind), expected, atol=1e-6)
     plain = attention_view(loaded, "abcd", head_mask=mask_without(loaded.model, []))
     with torch.no_grad(), capture(loaded.model) as records:
-        loaded.model(torch.tensor([loaded.codec.encode("abcd") + [loaded.task.eos_id]]),
-                     torch.tensor([[loaded.task.bos_id]]))
+        loaded.model(
+            torch.tensor([loaded.codec.encode("abcd") + [loaded.task.eos_id]]), torch.tensor([[loaded.task.bos_id]])
+        )
     unmasked = [r.weights[0].numpy() for r in records if (r.kind, r.layer) == ("encoder_self", 1)][0]
     assert not np.allclose(kind_maps(plain, "encoder_self")[1], unmasked, atol=1e-4)  # the held heads did matter

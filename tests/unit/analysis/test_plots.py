@@ -32,8 +32,12 @@ def test_argmax_pattern_is_one_hot_with_ties_to_the_first_key():
 
 def test_attention_figures_draw_each_head_and_a_grid_per_layer_and_kind():
     stems = [stem for stem, figure in attention_figures(_view()) if plt.close(figure) is None]
-    expected = [f"{kind}_layer{layer}_{name}" for kind in ("encoder_self", "cross") for layer in (0, 1)
-                for name in ("head0", "head1", "head2", "heads")]
+    expected = [
+        f"{kind}_layer{layer}_{name}"
+        for kind in ("encoder_self", "cross")
+        for layer in (0, 1)
+        for name in ("head0", "head1", "head2", "heads")
+    ]
     assert stems == expected
 
 
@@ -51,7 +55,13 @@ def test_argmax_adds_one_pattern_per_layer_and_outlines_the_chosen_keys():
 def test_save_attention_pictures_writes_pngs_named_by_kind_layer_and_head(tmp_path):
     paths = save_attention_pictures(_view(layers=1, heads=1), tmp_path / "pictures")
     assert sorted(p.name for p in paths) == sorted(
-        ["encoder_self_layer0_head0.png", "encoder_self_layer0_heads.png", "cross_layer0_head0.png", "cross_layer0_heads.png"])
+        [
+            "encoder_self_layer0_head0.png",
+            "encoder_self_layer0_heads.png",
+            "cross_layer0_head0.png",
+            "cross_layer0_heads.png",
+        ]
+    )
     assert all(p.read_bytes()[:8] == PNG for p in paths)
     assert not list((tmp_path / "pictures").glob(".*"))  # no temporary file left
 

@@ -7,8 +7,8 @@ import pytest
 from attnlab.analysis.pruning import prune_model, renumber_heads, write_pruned_run
 from attnlab.errors import UsageError
 from attnlab.evaluation import evaluate
-from attnlab.loaded_run import open_run
 from attnlab.head_ids import HeadId
+from attnlab.loaded_run import open_run
 from tests.unit.analysis.tiny_runs import tiny_run
 
 
@@ -18,16 +18,34 @@ def held_run(tmp_path_factory):
 
 
 def _valid(loaded, head_mask):  # noqa: ANN001, ANN202
-    result = evaluate(loaded.model, loaded.task, "valid", kind="encoder_decoder", batch_size=128,
-                      max_length=loaded.model.config.max_len, tokenizer=None, head_mask=head_mask)
+    result = evaluate(
+        loaded.model,
+        loaded.task,
+        "valid",
+        kind="encoder_decoder",
+        batch_size=128,
+        max_length=loaded.model.config.max_len,
+        tokenizer=None,
+        head_mask=head_mask,
+    )
     return float(result["accuracy"]), float(result["loss"])
 
 
 def test_renumber_drops_pruned_heads_and_shifts_the_others_down():
     pruned = [HeadId("self", 0, 0), HeadId("self", 0, 2), HeadId("self", 1, 1)]
-    heads = [HeadId("self", 0, 3), HeadId("self", 0, 2), HeadId("self", 0, 1), HeadId("self", 1, 0), HeadId("cross", 0, 3)]
-    assert renumber_heads(heads, pruned) == [HeadId("self", 0, 1), HeadId("self", 0, 0), HeadId("self", 1, 0),
-                                             HeadId("cross", 0, 3)]
+    heads = [
+        HeadId("self", 0, 3),
+        HeadId("self", 0, 2),
+        HeadId("self", 0, 1),
+        HeadId("self", 1, 0),
+        HeadId("cross", 0, 3),
+    ]
+    assert renumber_heads(heads, pruned) == [
+        HeadId("self", 0, 1),
+        HeadId("self", 0, 0),
+        HeadId("self", 1, 0),
+        HeadId("cross", 0, 3),
+    ]
 
 
 def test_pruned_run_renumbers_its_held_heads_and_evaluates_like_the_masked_original(held_run, tmp_path):

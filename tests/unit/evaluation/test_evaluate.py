@@ -3,8 +3,6 @@ that decides each example's split."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -31,8 +29,10 @@ def test_text_metrics_do_not_depend_on_the_batch_size(tmp_path):
     write_number_words(data, 300, seed=0, max_digits=6)
     section = {"name": "translation", "train_file": str(data), "tokenizer_kind": "word", "vocab_size": 60}
     model, task, tokenizer = _untrained(section, "encoder_decoder")
-    results = [evaluate(model, task, "valid", kind="encoder_decoder", batch_size=size, tokenizer=tokenizer)
-               for size in (1, 3, 64)]
+    results = [
+        evaluate(model, task, "valid", kind="encoder_decoder", batch_size=size, tokenizer=tokenizer)
+        for size in (1, 3, 64)
+    ]
     assert "bleu" in results[0]
     exact = lambda result: {k: v for k, v in result.items() if k not in ("loss", "perplexity")}  # noqa: E731
     for result in results[1:]:
@@ -58,4 +58,6 @@ def test_accuracy_by_length_is_keyed_by_the_split_length(section, kind):
         widths = {str(e.length) for e in task.split(split)}
         assert set(result["accuracy_by_length"]) == widths
     L = section["max_train_length"]
-    assert {int(n) for n in evaluate(model, task, "length_generalisation", kind=kind)["accuracy_by_length"]} <= set(range(L + 1, 2 * L + 1))
+    assert {int(n) for n in evaluate(model, task, "length_generalisation", kind=kind)["accuracy_by_length"]} <= set(
+        range(L + 1, 2 * L + 1)
+    )

@@ -85,7 +85,10 @@ SINGLE_QUERY_BATCHES = [2, 48]
 def test_single_query_equals_sdpa_and_float64_reference(batch, mask_kind, causal):
     """One query against a (strided) KV-cache view, as in a decoding step."""
     q, _, _ = _qkv(b=batch, t_q=1, dtype=torch.float64)
-    cache_k, cache_v = torch.randn(batch, 3, 16, 8, dtype=torch.float64), torch.randn(batch, 3, 16, 6, dtype=torch.float64)
+    cache_k, cache_v = (
+        torch.randn(batch, 3, 16, 8, dtype=torch.float64),
+        torch.randn(batch, 3, 16, 6, dtype=torch.float64),
+    )
     k, v = cache_k[:, :, :7], cache_v[:, :, :7]  # views of a longer buffer, like KVCache.key
     is_token = torch.ones(batch, 7, dtype=torch.bool)
     is_token[1, 3:] = False
@@ -102,8 +105,9 @@ def test_single_query_equals_sdpa_and_float64_reference(batch, mask_kind, causal
     has_key = allowed.any(-1, keepdim=True)
     expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=allowed | ~has_key) * has_key
     torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
-    ref_out, _ = reference.batched_attention(q.numpy(), k.numpy(), v.numpy(), allowed.numpy(), score="scaled_dot",
-                                             normalizer="softmax")
+    ref_out, _ = reference.batched_attention(
+        q.numpy(), k.numpy(), v.numpy(), allowed.numpy(), score="scaled_dot", normalizer="softmax"
+    )
     np.testing.assert_allclose(attention(q, k, v, mask, causal=causal).numpy(), ref_out, atol=1e-12)
 
 
@@ -124,7 +128,9 @@ def test_single_query_path_is_chosen_by_rows(monkeypatch, batch, t_q, dropout_p,
     assert attention_module.EXPLICIT_SINGLE_QUERY_ROWS == 128  # 42 x 3 = 126 < 128 <= 43 x 3
     calls = []
     sdpa, short = F.scaled_dot_product_attention, native.short_attention
-    monkeypatch.setattr(attention_module.F, "scaled_dot_product_attention", lambda *a, **kw: calls.append(1) or sdpa(*a, **kw))
+    monkeypatch.setattr(
+        attention_module.F, "scaled_dot_product_attention", lambda *a, **kw: calls.append(1) or sdpa(*a, **kw)
+    )
     monkeypatch.setattr(native, "short_attention", lambda *a, **kw: calls.append(1) or short(*a, **kw))
     q, k, v = _qkv(b=batch, t_q=t_q)
     attention(q, k, v, dropout_p=dropout_p)
@@ -138,7 +144,11 @@ def test_float64_reference(normalizer, scale):
     mask = _random_mask(2, 3, 5, 7)
     out, weights = attention(q, k, v, mask, normalizer=normalizer, scale=scale, return_weights=True)
     ref_out, ref_w = reference.batched_attention(
-        q.numpy(), k.numpy(), v.numpy(), mask.numpy(), score="scaled_dot" if scale is None else "dot",
+        q.numpy(),
+        k.numpy(),
+        v.numpy(),
+        mask.numpy(),
+        score="scaled_dot" if scale is None else "dot",
         normalizer=normalizer,
     )
     np.testing.assert_allclose(out.numpy(), ref_out, atol=1e-12)
@@ -277,7 +287,13 @@ def test_fully_masked_rows_give_zeros_and_finite_gradients(normalizer, dtype, ne
     mask[0, :, 2, :] = False  # one empty row
     mask[1] = False  # a whole empty example
     result = attention(
-        q, k, v, mask, normalizer=normalizer, return_weights=need_weights, causal=causal,
+        q,
+        k,
+        v,
+        mask,
+        normalizer=normalizer,
+        return_weights=need_weights,
+        causal=causal,
         straight_through=normalizer == "hardmax",
     )
     out = result[0] if need_weights else result
@@ -291,7 +307,9 @@ def test_fully_masked_rows_give_zeros_and_finite_gradients(normalizer, dtype, ne
     assert (v.grad[1] == 0).all()  # nothing attended in example 1
 
 
-@pytest.mark.parametrize("bad", [torch.ones(5, 7), torch.ones(5, 7, dtype=torch.int64), torch.zeros(5, 7, dtype=torch.uint8)])
+@pytest.mark.parametrize(
+    "bad", [torch.ones(5, 7), torch.ones(5, 7, dtype=torch.int64), torch.zeros(5, 7, dtype=torch.uint8)]
+)
 def test_non_bool_mask_is_rejected(bad):
     q, k, v = _qkv()
     with pytest.raises(TypeError, match="torch.bool"):
@@ -314,8 +332,14 @@ def test_mask_with_more_batch_dims_than_the_inputs_is_rejected(normalizer, need_
     q, k, v = _qkv()  # batch dims (2, 3)
     for mask_batch in [(4, 2, 3), (3, 3), (2, 1, 1, 1)]:
         with pytest.raises(ValueError, match="does not broadcast"):
-            attention(q, k, v, torch.ones(*mask_batch, 5, 7, dtype=torch.bool), normalizer=normalizer,
-                      return_weights=need_weights)
+            attention(
+                q,
+                k,
+                v,
+                torch.ones(*mask_batch, 5, 7, dtype=torch.bool),
+                normalizer=normalizer,
+                return_weights=need_weights,
+            )
     narrower = attention(q, k, v, torch.ones(3, 5, 7, dtype=torch.bool), normalizer=normalizer)
     torch.testing.assert_close(narrower, attention(q, k, v, normalizer=normalizer))
 

@@ -92,6 +92,7 @@ def test_half_precision_is_finite_and_close_to_float64(dtype, case, std, device)
     causal = case == "fused_causal"
     on_device = None if mask is None else mask.to(device)
     if case == "straight_through":
+
         def fn(q, k, v):  # forward: hard attention; backward: soft attention's gradient
             return attention(q, k, v, normalizer="hardmax", straight_through=True)
 
@@ -132,8 +133,9 @@ def test_weights_are_returned_in_the_input_dtype_and_sum_to_one(dtype):
     out, weights = attention(q, k, v, return_weights=True)
     assert out.dtype == weights.dtype == dtype
     assert torch.isfinite(weights).all()
-    torch.testing.assert_close(weights.double().sum(-1), torch.ones(weights.shape[:-1], dtype=torch.float64),
-                               rtol=0, atol=8 * EPS[dtype])
+    torch.testing.assert_close(
+        weights.double().sum(-1), torch.ones(weights.shape[:-1], dtype=torch.float64), rtol=0, atol=8 * EPS[dtype]
+    )
 
 
 @pytest.mark.parametrize("dtype", HALF)

@@ -25,7 +25,12 @@ def test_records_of_an_encoder_decoder():
         captured = model(src, tgt)
     torch.testing.assert_close(captured, plain, atol=1e-6, rtol=0)
     assert [(r.kind, r.layer) for r in records] == [
-        ("encoder_self", 0), ("encoder_self", 1), ("decoder_self", 0), ("cross", 0), ("decoder_self", 1), ("cross", 1)
+        ("encoder_self", 0),
+        ("encoder_self", 1),
+        ("decoder_self", 0),
+        ("cross", 0),
+        ("decoder_self", 1),
+        ("cross", 1),
     ]
     shapes = {r.kind: (tuple(r.weights.shape), tuple(r.head_outputs.shape)) for r in records}
     assert shapes == {

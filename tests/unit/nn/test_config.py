@@ -18,7 +18,10 @@ from attnlab.nn.config import PRESETS
         ({"d_ff": 0}, "d_ff: must be a positive integer"),
         ({"score": "cosine"}, "score: unknown 'cosine'; allowed: additive, bilinear, dot, scaled_dot"),
         ({"attention": "sparse"}, "attention: unknown 'sparse'; allowed: hard, soft"),
-        ({"positional": "rope"}, "positional: unknown 'rope'; allowed: gehring_joint, gehring_sum, learned, none, sinusoidal"),
+        (
+            {"positional": "rope"},
+            "positional: unknown 'rope'; allowed: gehring_joint, gehring_sum, learned, none, sinusoidal",
+        ),
         ({"activation": "tanh"}, "activation: unknown 'tanh'"),
         ({"dropout": 1.5}, r"dropout: must lie in \[0, 1\)"),
         ({"d_model": "64"}, "d_model: expected int, got '64'"),
@@ -30,7 +33,10 @@ from attnlab.nn.config import PRESETS
         ({"layer_norm_eps": float("nan")}, "layer_norm_eps: must be a finite number, got nan"),
         ({"layer_norm_eps": float("inf")}, "layer_norm_eps: must be a finite number, got inf"),
         ({"dropout": float("nan")}, "dropout: must be a finite number"),
-        ({"d_k": 16, "heads_per_layer": {"self": [True, False]}}, r"heads_per_layer\['self'\]: expected a list of head counts"),
+        (
+            {"d_k": 16, "heads_per_layer": {"self": [True, False]}},
+            r"heads_per_layer\['self'\]: expected a list of head counts",
+        ),
     ],
 )
 @pytest.mark.parametrize("cls", [EncoderDecoderConfig, EncoderClassifierConfig, DecoderOnlyConfig])
@@ -51,7 +57,9 @@ def test_model_specific_fields():
 
 
 def test_from_dict_rejects_unknown_keys_listing_allowed():
-    with pytest.raises(ValueError, match=r"unknown key 'n_layers' for EncoderDecoderConfig; allowed: vocab_size, layers"):
+    with pytest.raises(
+        ValueError, match=r"unknown key 'n_layers' for EncoderDecoderConfig; allowed: vocab_size, layers"
+    ):
         EncoderDecoderConfig.from_dict({"n_layers": 3})
     cfg = EncoderDecoderConfig.from_dict({"layers": 3, "tgt_vocab_size": 50})
     assert cfg.layers == 3 and cfg.target_vocab_size == 50 and cfg.decoder_depth == 3

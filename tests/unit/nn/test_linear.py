@@ -13,7 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab.nn import EncoderDecoder, EncoderDecoderConfig, TransformerConfig
-from attnlab.nn.linear import LINEAR_KERNELS, MIN_ONEDNN_ROWS, OneDNNLinear, check_linear_kernel, linear_kernel, onednn_available
+from attnlab.nn.linear import (
+    LINEAR_KERNELS,
+    MIN_ONEDNN_ROWS,
+    OneDNNLinear,
+    check_linear_kernel,
+    linear_kernel,
+    onednn_available,
+)
 
 linear_module = importlib.import_module("attnlab.nn.linear")
 
@@ -74,7 +81,9 @@ def test_batched_strided_inputs_and_weight_views(kernel_name):
 
 
 @needs_onednn
-@pytest.mark.parametrize("needs", [(True, False, False), (False, True, True), (False, False, True), (True, True, False)])
+@pytest.mark.parametrize(
+    "needs", [(True, False, False), (False, True, True), (False, False, True), (True, True, False)]
+)
 def test_onednn_gradients_for_any_subset_of_leaves(needs):
     """Frozen weights, frozen inputs, a trainable bias alone: only the asked-for gradients exist."""
     g = torch.Generator().manual_seed(2)
@@ -82,7 +91,9 @@ def test_onednn_gradients_for_any_subset_of_leaves(needs):
     leaves = [t.requires_grad_(flag) for t, flag in zip((x, weight, bias), needs)]
     out = OneDNNLinear()(*leaves)
     out.sum().backward()
-    for leaf, flag, wanted in zip(leaves, needs, (torch.ones(8, 20) @ weight.detach(), torch.ones(20, 8) @ x.detach(), torch.full((20,), 8.0))):
+    for leaf, flag, wanted in zip(
+        leaves, needs, (torch.ones(8, 20) @ weight.detach(), torch.ones(20, 8) @ x.detach(), torch.full((20,), 8.0))
+    ):
         assert (leaf.grad is not None) == flag
         if flag:
             torch.testing.assert_close(leaf.grad, wanted, atol=1e-5, rtol=1e-5)

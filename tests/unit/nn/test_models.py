@@ -125,8 +125,11 @@ def test_decoder_only_cache_equals_full():
 
 @pytest.mark.parametrize("kind", ["encoder_decoder", "encoder_classifier", "decoder_only"])
 def test_head_mask_shapes_and_all_ones(kind):
-    config_cls = {"encoder_decoder": EncoderDecoderConfig, "encoder_classifier": EncoderClassifierConfig,
-                  "decoder_only": DecoderOnlyConfig}[kind]
+    config_cls = {
+        "encoder_decoder": EncoderDecoderConfig,
+        "encoder_classifier": EncoderClassifierConfig,
+        "decoder_only": DecoderOnlyConfig,
+    }[kind]
     model = build_model(config_cls(**SMALL)).eval()
     expected_kinds = {"encoder_decoder": {"encoder_self", "decoder_self", "cross"}}.get(kind, {"self"})
     shapes = model.head_mask_shapes()
@@ -180,7 +183,9 @@ def _train_steps(model, batch_fn, loss_fn, steps=40, lr=3e-3):
     return losses
 
 
-@pytest.mark.parametrize("variant", [{}, {"attention": "hard", "straight_through": True}, {"score": "additive"}], ids=str)
+@pytest.mark.parametrize(
+    "variant", [{}, {"attention": "hard", "straight_through": True}, {"score": "additive"}], ids=str
+)
 def test_encoder_decoder_learns_to_copy(variant):
     model = EncoderDecoder(EncoderDecoderConfig(**SMALL, **variant))
     src = _tokens(16, 6)

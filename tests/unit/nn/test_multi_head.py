@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-import torch
 from torch import nn
 
-from attnlab.nn import native
-from attnlab.nn import KVCache, MultiHeadAttention, causal_mask, padding_mask
+from attnlab.nn import KVCache, MultiHeadAttention, causal_mask, native, padding_mask
 from attnlab.nn.scores import SCORES
 from tests import reference
 

@@ -119,15 +119,25 @@ def _check_short_attention(q, k, v, causal, scale=None, grad=None):  # noqa: ANN
     got = torch.autograd.grad(out, leaves, grad.float())
     for name, value, ref in zip(("output", "dQ", "dK", "dV"), (out, *got), (reference, *expected)):
         assert value.dtype == torch.float32 and value.shape == ref.shape, name
-        torch.testing.assert_close(value.double(), ref, rtol=2e-5, atol=2e-5 * max(1.0, ref.abs().max().item()), msg=name)
+        torch.testing.assert_close(
+            value.double(), ref, rtol=2e-5, atol=2e-5 * max(1.0, ref.abs().max().item()), msg=name
+        )
     return out
 
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize(
     ("t_q", "t_k", "d_k", "d_v"),
-    [(64, 64, 32, 32), (5, 7, 8, 6), (2, 2, 1, 1), (16, 16, 16, 16), (33, 200, 40, 17), (64, 256, 64, 64),
-     (100, 100, 64, 64), (17, 17, 96, 48)],
+    [
+        (64, 64, 32, 32),
+        (5, 7, 8, 6),
+        (2, 2, 1, 1),
+        (16, 16, 16, 16),
+        (33, 200, 40, 17),
+        (64, 256, 64, 64),
+        (100, 100, 64, 64),
+        (17, 17, 96, 48),
+    ],
 )
 def test_short_attention_matches_float64(t_q, t_k, d_k, d_v, causal):
     if causal and t_k < t_q:
@@ -142,12 +152,22 @@ def test_short_attention_non_causal_takes_more_queries_than_keys():
 
 @settings(max_examples=25, deadline=None)
 @given(
-    batch=st.integers(1, 3), heads=st.integers(1, 3), t_q=st.integers(1, 70), extra_keys=st.integers(0, 40),
-    d_k=st.integers(1, 70), d_v=st.integers(1, 70), causal=st.booleans(), scale=st.floats(0.01, 2.0),
+    batch=st.integers(1, 3),
+    heads=st.integers(1, 3),
+    t_q=st.integers(1, 70),
+    extra_keys=st.integers(0, 40),
+    d_k=st.integers(1, 70),
+    d_v=st.integers(1, 70),
+    causal=st.booleans(),
+    scale=st.floats(0.01, 2.0),
 )
 def test_short_attention_property(batch, heads, t_q, extra_keys, d_k, d_v, causal, scale):
     t_k = t_q + extra_keys
-    q, k, v = torch.randn(batch, heads, t_q, d_k), torch.randn(batch, heads, t_k, d_k), torch.randn(batch, heads, t_k, d_v)
+    q, k, v = (
+        torch.randn(batch, heads, t_q, d_k),
+        torch.randn(batch, heads, t_k, d_k),
+        torch.randn(batch, heads, t_k, d_v),
+    )
     _check_short_attention(q, k, v, causal, scale=scale)
 
 
@@ -181,7 +201,8 @@ def test_short_attention_keys_permute_with_their_values():
     torch.testing.assert_close(
         native.short_attention(q, k, v, causal=False, scale=0.3),
         native.short_attention(q, k[:, :, order], v[:, :, order], causal=False, scale=0.3),
-        rtol=1e-6, atol=1e-6,
+        rtol=1e-6,
+        atol=1e-6,
     )
 
 
@@ -213,7 +234,9 @@ def test_short_attention_rejects_what_it_cannot_run():
 
 def test_short_attention_has_no_second_derivative():
     q, k, v = (torch.randn(1, 2, 4, 8, requires_grad=True) for _ in range(3))
-    (grad_q,) = torch.autograd.grad(native.short_attention(q, k, v, causal=False, scale=0.3).sum(), q, create_graph=True)
+    (grad_q,) = torch.autograd.grad(
+        native.short_attention(q, k, v, causal=False, scale=0.3).sum(), q, create_graph=True
+    )
     with pytest.raises(RuntimeError, match="no second derivative"):
         grad_q.sum().backward()
     first = native.short_attention(q, k, v, causal=False, scale=0.3).sum()
@@ -222,8 +245,17 @@ def test_short_attention_has_no_second_derivative():
 
 @pytest.mark.parametrize(
     ("case", "native_kernel"),
-    [("plain", True), ("causal", True), ("mask", False), ("dropout", False), ("float64", False),
-     ("long", False), ("many queries", False), ("one query", False), ("3-d", False)],
+    [
+        ("plain", True),
+        ("causal", True),
+        ("mask", False),
+        ("dropout", False),
+        ("float64", False),
+        ("long", False),
+        ("many queries", False),
+        ("one query", False),
+        ("3-d", False),
+    ],
 )
 def test_attention_runs_the_kernel_where_it_applies(case, native_kernel, monkeypatch):
     """attnlab.nn.attention takes the kernel for float32 (B, H, T, d) heads, 2-256 queries over at
@@ -258,8 +290,11 @@ def test_short_attention_traces_under_torch_compile(causal):
     """The operators have fake kernels, so torch.compile traces through them (forward and
     backward, AOT autograd), with the eager kernel's results."""
     q, k, v = (torch.randn(2, 3, 20, 16, requires_grad=True) for _ in range(3))
-    compiled = torch.compile(lambda q, k, v: native.short_attention(q, k, v, causal=causal, scale=0.25).square().sum(),
-                             backend="aot_eager", fullgraph=True)
+    compiled = torch.compile(
+        lambda q, k, v: native.short_attention(q, k, v, causal=causal, scale=0.25).square().sum(),
+        backend="aot_eager",
+        fullgraph=True,
+    )
     got = torch.autograd.grad(compiled(q, k, v), (q, k, v))
     expected = torch.autograd.grad(native.short_attention(q, k, v, causal=causal, scale=0.25).square().sum(), (q, k, v))
     for a, b in zip(got, expected):
@@ -305,8 +340,11 @@ def test_kernels_built_for_other_vector_widths_give_the_same_results(capability)
     if torch.backends.cpu.get_cpu_capability() == "DEFAULT" and capability != "default":
         pytest.skip("this CPU has no AVX2")
     run = subprocess.run(
-        [sys.executable, "-c", _OTHER_ISA_CHECK], env={**os.environ, "ATEN_CPU_CAPABILITY": capability},
-        capture_output=True, text=True, timeout=600,
+        [sys.executable, "-c", _OTHER_ISA_CHECK],
+        env={**os.environ, "ATEN_CPU_CAPABILITY": capability},
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert run.returncode == 0, run.stderr[-2000:]
     words = np.random.PCG64(7).random_raw(250).view(np.int16)  # the same mask as the NumPy path

@@ -233,7 +233,9 @@ def test_two_processes_building_at_once_build_once(tmp_path):
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions"), "CXX": str(wrapper)}
     env.pop("ATTNLAB_NATIVE", None)
     processes = [
-        subprocess.Popen([sys.executable, "-c", _FIRST_USE], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", _FIRST_USE], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         for _ in range(2)
     ]
     outputs = [process.communicate(timeout=900) for process in processes]
@@ -246,7 +248,9 @@ def test_two_processes_building_at_once_build_once(tmp_path):
         assert sum(source.name in line for line in compiles) == 1, compiles
     # A first use from another checkout of the same sources, later, builds nothing.
     checkout = tmp_path / "checkout"
-    shutil.copytree(Path(native.__file__).parents[1], checkout / "attnlab", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        Path(native.__file__).parents[1], checkout / "attnlab", ignore=shutil.ignore_patterns("__pycache__")
+    )
     env["PYTHONPATH"] = str(checkout)
     again = subprocess.run([sys.executable, "-c", _FIRST_USE], env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-2000:]

@@ -33,7 +33,10 @@ def test_sinusoidal_extrapolates_past_max_len():
 
 def _float64_formula(positions: range, dim: int) -> torch.Tensor:
     return torch.tensor(
-        [[(math.sin if j % 2 == 0 else math.cos)(n / 10000 ** ((j - j % 2) / dim)) for j in range(dim)] for n in positions],
+        [
+            [(math.sin if j % 2 == 0 else math.cos)(n / 10000 ** ((j - j % 2) / dim)) for j in range(dim)]
+            for n in positions
+        ],
         dtype=torch.float64,
     )
 
@@ -94,7 +97,9 @@ def test_gehring_sum_formula():
     enc = GehringSum(8, max_len=10, hidden=5)
     x = torch.randn(2, 4, 8)
     one_hot = torch.eye(10)[:4]
-    expected = torch.relu(x @ enc.w_x.weight.T) @ enc.w_zx.weight.T + torch.relu(one_hot @ enc.w_e.weight) @ enc.w_ze.weight.T
+    expected = (
+        torch.relu(x @ enc.w_x.weight.T) @ enc.w_zx.weight.T + torch.relu(one_hot @ enc.w_e.weight) @ enc.w_ze.weight.T
+    )
     torch.testing.assert_close(enc(x), expected)
 
 

@@ -25,7 +25,9 @@ DTYPES = {
     torch.bfloat16: 1e-1,
 }
 TIE_MARGIN = {torch.float64: 1e-9, torch.float32: 1e-4, torch.float16: 0.05, torch.bfloat16: 0.3}
-PROPERTY_SETTINGS = settings(max_examples=250, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY_SETTINGS = settings(
+    max_examples=250, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 @st.composite
@@ -85,7 +87,13 @@ def test_attention_matches_float64_reference(case):
     mask = _mask(case, rng)
     q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
     result = attention(
-        q, k, v, mask, normalizer=case["normalizer"], causal=case["causal"], return_weights=case["weights"],
+        q,
+        k,
+        v,
+        mask,
+        normalizer=case["normalizer"],
+        causal=case["causal"],
+        return_weights=case["weights"],
         straight_through=case["normalizer"] == "hardmax",
     )
     out = result[0] if case["weights"] else result

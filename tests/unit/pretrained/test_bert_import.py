@@ -8,13 +8,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tests.unit.pretrained.tiny_bert import transformers, write_tiny_bert
-
 from attnlab.errors import CheckpointError, ConfigError, UsageError
 from attnlab.loaded_run import open_run
 from attnlab.nn import EncoderOnly, EncoderOnlyConfig, mean_pool
 from attnlab.pretrained.bert import find_source, import_bert, model_section
 from attnlab.verification import verify_run
+from tests.unit.pretrained.tiny_bert import transformers, write_tiny_bert
 
 TEXTS = ["the cat sat on the mat.", "A big red house!", "they runs fast, not slow?", "cafe", "zebra xylophone 42"]
 
@@ -35,8 +34,15 @@ def test_imported_model_equals_hugging_face(tmp_path, head):
     loaded = open_run(tmp_path / "run")
     if head:  # the masked-LM head is skipped; the encoder is the same as BertModel's
         folder = write_tiny_bert(tmp_path / "plain", head=False)
-        save_file({k.removeprefix("bert."): v for k, v in load_file(tmp_path / "src" / "model.safetensors").items()
-                   if k.startswith("bert.")}, folder / "model.safetensors", metadata={"format": "pt"})
+        save_file(
+            {
+                k.removeprefix("bert."): v
+                for k, v in load_file(tmp_path / "src" / "model.safetensors").items()
+                if k.startswith("bert.")
+            },
+            folder / "model.safetensors",
+            metadata={"format": "pt"},
+        )
         assert any(name.startswith("cls.") for name in imported.skipped)
     tokenizer, batch, reference = _hf_outputs(folder, TEXTS)
     for text, ids, mask in zip(TEXTS, batch["input_ids"], batch["attention_mask"], strict=True):
@@ -67,7 +73,12 @@ def test_run_config_is_a_post_ln_gelu_encoder_with_the_checkpoint_eps(tmp_path):
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     model = config["model"]
     assert config["task"]["name"] == "sentences"
-    assert (model["kind"], model["norm_first"], model["activation"], model["positional"]) == ("encoder", False, "gelu", "learned")
+    assert (model["kind"], model["norm_first"], model["activation"], model["positional"]) == (
+        "encoder",
+        False,
+        "gelu",
+        "learned",
+    )
     assert (model["type_vocab_size"], model["embedding_norm"], model["scale_embeddings"]) == (2, True, False)
     assert model["layer_norm_eps"] == 1e-7
     report = verify_run(tmp_path / "run")  # the import wrote the run's manifest with its files
@@ -77,17 +88,33 @@ def test_run_config_is_a_post_ln_gelu_encoder_with_the_checkpoint_eps(tmp_path):
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("position_embedding_type", "relative_key"), ("hidden_act", "swish"), ("model_type", "roberta"), ("is_decoder", True)],
+    [
+        ("position_embedding_type", "relative_key"),
+        ("hidden_act", "swish"),
+        ("model_type", "roberta"),
+        ("is_decoder", True),
+    ],
 )
 def test_unsupported_config_field_is_named(field, value):
-    config = {"hidden_size": 8, "num_attention_heads": 2, "num_hidden_layers": 1, "intermediate_size": 8,
-              "max_position_embeddings": 8, field: value}
+    config = {
+        "hidden_size": 8,
+        "num_attention_heads": 2,
+        "num_hidden_layers": 1,
+        "intermediate_size": 8,
+        "max_position_embeddings": 8,
+        field: value,
+    }
     with pytest.raises(ConfigError, match=field):
         model_section(config)
 
 
-_VALID = {"hidden_size": 8, "num_attention_heads": 2, "num_hidden_layers": 1, "intermediate_size": 8,
-          "max_position_embeddings": 8}
+_VALID = {
+    "hidden_size": 8,
+    "num_attention_heads": 2,
+    "num_hidden_layers": 1,
+    "intermediate_size": 8,
+    "max_position_embeddings": 8,
+}
 
 
 @pytest.mark.parametrize(
@@ -117,7 +144,9 @@ def test_import_of_zero_heads_names_the_file(tmp_path):
     folder = write_tiny_bert(tmp_path / "src")
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "num_attention_heads": 0}))
-    with pytest.raises(ConfigError, match=f"{folder / 'config.json'}: num_attention_heads must be an integer >= 1, got 0"):
+    with pytest.raises(
+        ConfigError, match=f"{folder / 'config.json'}: num_attention_heads must be an integer >= 1, got 0"
+    ):
         import_bert(find_source(folder), tmp_path / "run")
     assert not (tmp_path / "run").exists()
 
@@ -172,8 +201,14 @@ def test_sentence_transformers_layout_is_found_one_folder_down(tmp_path):
     [
         ({"pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": False}, "mean"),
         ({"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False}, "first"),
-        ({"pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": True}, "pooling_mode_mean_tokens, pooling_mode_max_tokens"),
-        ({"pooling_mode_cls_token": True, "pooling_mode_mean_sqrt_len_tokens": True}, "pooling_mode_cls_token, pooling_mode_mean_sqrt_len"),
+        (
+            {"pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": True},
+            "pooling_mode_mean_tokens, pooling_mode_max_tokens",
+        ),
+        (
+            {"pooling_mode_cls_token": True, "pooling_mode_mean_sqrt_len_tokens": True},
+            "pooling_mode_cls_token, pooling_mode_mean_sqrt_len",
+        ),
         ({"pooling_mode_max_tokens": True}, "this model has pooling_mode_max_tokens"),
         ({"pooling_mode_lasttoken": True}, "this model has pooling_mode_lasttoken"),
         ({"pooling_mode_mean_tokens": False}, "this model has none"),
@@ -197,7 +232,9 @@ def test_sentence_transformers_do_lower_case_lowercases_the_text_first(tmp_path,
     """sentence-transformers lowercases every text before a cased tokenizer sees it."""
     folder = write_tiny_bert(tmp_path / "st" / "0_Transformer")
     (folder / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False}))  # a cased tokenizer
-    (tmp_path / "st" / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 16, "do_lower_case": lower}))
+    (tmp_path / "st" / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": 16, "do_lower_case": lower})
+    )
     import_bert(find_source(tmp_path / "st"), tmp_path / "run")
     codec = open_run(tmp_path / "run").codec
     cased = transformers.BertTokenizerFast(str(folder / "vocab.txt"), do_lower_case=False)
@@ -211,8 +248,19 @@ def test_encoder_only_options_are_chosen_once():
     plain = EncoderOnly(EncoderOnlyConfig(vocab_size=20, layers=1, d_model=8, heads=2, d_ff=16))
     names = set(plain.state_dict())
     assert not any("token_type" in n or "embedding.norm" in n for n in names)  # old runs keep their weights
-    bert_like = EncoderOnly(EncoderOnlyConfig(vocab_size=20, layers=1, d_model=8, heads=2, d_ff=16, type_vocab_size=2,
-                                              embedding_norm=True, positional="learned", max_len=10))
+    bert_like = EncoderOnly(
+        EncoderOnlyConfig(
+            vocab_size=20,
+            layers=1,
+            d_model=8,
+            heads=2,
+            d_ff=16,
+            type_vocab_size=2,
+            embedding_norm=True,
+            positional="learned",
+            max_len=10,
+        )
+    )
     assert {"encoder.embedding.token_type.weight", "encoder.embedding.norm.weight"} <= set(bert_like.state_dict())
     with pytest.raises(ValueError, match="type_vocab_size"):
         EncoderOnlyConfig(type_vocab_size=-1)

@@ -5,22 +5,31 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.unit.pretrained.tiny_bert import write_tiny_bert
-
 from attnlab.analysis.fidelity import FidelityProbe, PairProbe, average_ranks, read_pairs, spearman
 from attnlab.analysis.heads import ablate, head_ids, importance, mask_without
 from attnlab.errors import DataError, UsageError
 from attnlab.loaded_run import open_run
 from attnlab.pretrained.bert import find_source, import_bert
+from tests.unit.pretrained.tiny_bert import write_tiny_bert
 
-TEXTS = ["the cat sat on the mat.", "a big red house", "they run fast", "one two three", "the dog is slow",
-         "she was in the tree", "blue and red", "we sat on it!"]
+TEXTS = [
+    "the cat sat on the mat.",
+    "a big red house",
+    "they run fast",
+    "one two three",
+    "the dog is slow",
+    "she was in the tree",
+    "blue and red",
+    "we sat on it!",
+]
 
 
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory):
     folder = tmp_path_factory.mktemp("bert")
-    import_bert(find_source(write_tiny_bert(folder / "src", initializer_range=0.1)), folder / "run")  # heads that matter
+    import_bert(
+        find_source(write_tiny_bert(folder / "src", initializer_range=0.1)), folder / "run"
+    )  # heads that matter
     return open_run(folder / "run")
 
 
@@ -49,7 +58,10 @@ def test_fidelity_is_one_unmasked_and_drops_when_heads_go(loaded, texts):
 def test_example_losses_are_one_minus_cosine_with_a_second_order_gradient(loaded, texts):
     probe = FidelityProbe(loaded, texts, batch_size=4)
     batch = next(probe.batches())
-    ones = {kind: torch.ones(len(batch), *shape, requires_grad=True) for kind, shape in loaded.model.head_mask_shapes().items()}
+    ones = {
+        kind: torch.ones(len(batch), *shape, requires_grad=True)
+        for kind, shape in loaded.model.head_mask_shapes().items()
+    }
     losses = probe.example_losses(batch, ones)
     assert losses.abs().max() < 1e-6  # the value is 1 - cos = 0 at xi = 1 ...
     (grad,) = torch.autograd.grad(losses.sum(), list(ones.values()))
@@ -72,7 +84,9 @@ def test_importance_ranks_heads_like_ablation(loaded, tmp_path):
 
 def test_pair_probe_metric_and_losses(loaded, tmp_path):
     path = tmp_path / "pairs.tsv"
-    path.write_text("the cat sat\tthe cat sat\t5\nthe cat sat\tblue tree\t0\nred house\tbig red house\t3\n", encoding="utf-8")
+    path.write_text(
+        "the cat sat\tthe cat sat\t5\nthe cat sat\tblue tree\t0\nred house\tbig red house\t3\n", encoding="utf-8"
+    )
     probe = PairProbe(loaded, path, batch_size=2)
     score = probe.evaluate(None)
     assert -1.0 <= score.metric <= 1.0 and score.loss >= 0
@@ -88,8 +102,12 @@ def test_pair_probe_metric_and_losses(loaded, tmp_path):
 
 @pytest.mark.parametrize(
     ("text", "message"),
-    [("a\tb\n", "expected 'sentence1<TAB>sentence2<TAB>score'"), ("a\tb\tfive\nc\td\t1\n", "'five' is not a number"),
-     ("a\t \t1\n", "empty sentence"), ("a\tb\t1\nc\td\t1\n", "same score")],
+    [
+        ("a\tb\n", "expected 'sentence1<TAB>sentence2<TAB>score'"),
+        ("a\tb\tfive\nc\td\t1\n", "'five' is not a number"),
+        ("a\t \t1\n", "empty sentence"),
+        ("a\tb\t1\nc\td\t1\n", "same score"),
+    ],
 )
 def test_pair_file_errors_name_the_line(tmp_path, text, message):
     path = tmp_path / "pairs.tsv"
@@ -102,10 +120,18 @@ def test_probes_refuse_runs_that_are_not_encoders(tmp_path, texts):
     from attnlab.experiment import ExperimentConfig
     from attnlab.training.trainer import train
 
-    experiment = {"task": {"name": "parity", "max_train_length": 4, "train_size": 20, "valid_size": 8, "test_size": 8,
-                           "length_generalisation_size": 4},
-                  "model": {"kind": "encoder_classifier", "layers": 1, "d_model": 8, "heads": 2, "d_ff": 16},
-                  "train": {"steps": 1, "batch_size": 4, "log_every": 0}}
+    experiment = {
+        "task": {
+            "name": "parity",
+            "max_train_length": 4,
+            "train_size": 20,
+            "valid_size": 8,
+            "test_size": 8,
+            "length_generalisation_size": 4,
+        },
+        "model": {"kind": "encoder_classifier", "layers": 1, "d_model": 8, "heads": 2, "d_ff": 16},
+        "train": {"steps": 1, "batch_size": 4, "log_every": 0},
+    }
     train(ExperimentConfig.from_dict(experiment), tmp_path / "run", progress=False)
     with pytest.raises(UsageError, match="sentence encoder"):
         FidelityProbe(open_run(tmp_path / "run"), texts)

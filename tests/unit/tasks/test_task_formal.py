@@ -37,8 +37,15 @@ def _strings(task, examples):
 
 @pytest.fixture(scope="module", params=list(LANGUAGES))
 def task_and_splits(request):
-    task = RecognitionTask(language=request.param, max_train_length=12, train_size=600, valid_size=100,
-                           test_size=100, length_generalisation_size=100, seed=3)
+    task = RecognitionTask(
+        language=request.param,
+        max_train_length=12,
+        train_size=600,
+        valid_size=100,
+        test_size=100,
+        length_generalisation_size=100,
+        seed=3,
+    )
     return task, {name: task.split(name) for name in ("train", "valid", "test", "length_generalisation")}
 
 
@@ -64,7 +71,8 @@ def test_negatives_are_near_misses(task_and_splits):
         if label == 0:
             assert any(task.lang.contains(m) for m in near_misses(string, task.lang.alphabet)) or any(
                 task.lang.contains(string[:i] + c + string[i:])  # the negative dropped a symbol
-                for i in range(len(string) + 1) for c in task.lang.alphabet
+                for i in range(len(string) + 1)
+                for c in task.lang.alphabet
             ), string
 
 

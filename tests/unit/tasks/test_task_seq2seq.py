@@ -89,9 +89,11 @@ def test_too_long_is_rejected_or_truncated_on_request():
 def test_count_too_long_counts_what_fit_length_cuts():
     from attnlab.tasks.batching import count_too_long
 
-    examples = [Example(source=(5, 2), target=(5,), length=1),  # 2 positions each
-                Example(source=(5, 6, 7, 2), target=(5, 6, 7), length=3),  # source 4, target 3 + 1
-                Example(source=(5, 6, 2), target=(5, 6, 7, 8), length=2)]  # target 4 + 1 = 5
+    examples = [
+        Example(source=(5, 2), target=(5,), length=1),  # 2 positions each
+        Example(source=(5, 6, 7, 2), target=(5, 6, 7), length=3),  # source 4, target 3 + 1
+        Example(source=(5, 6, 2), target=(5, 6, 7, 8), length=2),
+    ]  # target 4 + 1 = 5
     assert [count_too_long(examples, n) for n in (2, 3, 4, 5)] == [2, 2, 1, 0]
     cut = fit_length(examples, 3, eos_id=2, truncate=True)
     assert sum(a != b for a, b in zip(examples, cut, strict=True)) == count_too_long(examples, 3)

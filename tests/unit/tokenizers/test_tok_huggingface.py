@@ -236,7 +236,9 @@ def _run(capsys, *argv: str) -> tuple[int, str, str]:
 def test_cli_vocab_follows_the_vocabulary_casing(capsys, folders, casing):
     hf = _hf(folders[casing])
     for text in ["Hello World, Café NAÏVE!", TEXTS[4], TEXTS[9]]:
-        code, out, err = _run(capsys, "tokenize", "--kind", "wordpiece", "--vocab", str(folders[casing] / "vocab.txt"), text)
+        code, out, err = _run(
+            capsys, "tokenize", "--kind", "wordpiece", "--vocab", str(folders[casing] / "vocab.txt"), text
+        )
         assert code == 0 and err == ""
         assert json.loads(out) == _hf_tokens_and_ids(hf, text)[0]
         code, out, _ = _run(capsys, "tokenize", "--vocab", str(folders[casing] / "vocab.txt"), "--ids", text)
@@ -248,7 +250,10 @@ def test_cli_lowercase_flags_override(capsys, folders):
     code, out, _ = _run(capsys, "tokenize", "--vocab", uncased, "Hello hello")
     assert code == 0 and json.loads(out) == ["hello", "hello"]
     code, out, _ = _run(capsys, "tokenize", "--vocab", uncased, "--no-lowercase", "Hello hello")
-    assert code == 0 and json.loads(out) == _hf_tokens_and_ids(_hf(folders["uncased"], do_lower_case=False), "Hello hello")[0]
+    assert (
+        code == 0
+        and json.loads(out) == _hf_tokens_and_ids(_hf(folders["uncased"], do_lower_case=False), "Hello hello")[0]
+    )
     assert json.loads(out)[-1] == "hello" and json.loads(out)[0] != "hello"
     cased = str(folders["cased"] / "vocab.txt")
     code, out, _ = _run(capsys, "tokenize", "--vocab", cased, "--lowercase", "Café")

@@ -72,7 +72,15 @@ def test_rule_kind_splits_contractions_as_in_the_seed(trained):
     assert trained["rule"].tokenize(SEED_SENTENCE) == ["Is", "n't", "this", "project", "amazing", "?"]
     other = "I'm sure they'll see John's cat"
     assert train_tokenizer("rule", [other], 100).tokenize(other) == [
-        "I", "'m", "sure", "they", "'ll", "see", "John", "'s", "cat",
+        "I",
+        "'m",
+        "sure",
+        "they",
+        "'ll",
+        "see",
+        "John",
+        "'s",
+        "cat",
     ]
 
 
@@ -191,7 +199,9 @@ TRICKY = st.sampled_from(["\u200d", "👩", "💻", "\u0301", "\u0300", "\x00", 
 ANY_TEXT = st.lists(st.one_of(st.characters(codec=None), st.characters(codec="utf-8"), TRICKY), max_size=30).map(
     "".join
 )
-VALID_TEXT = st.lists(st.one_of(st.characters(codec="utf-8"), TRICKY.filter(lambda s: s not in ("\ud800", "\udc00"))), max_size=30).map("".join)
+VALID_TEXT = st.lists(
+    st.one_of(st.characters(codec="utf-8"), TRICKY.filter(lambda s: s not in ("\ud800", "\udc00"))), max_size=30
+).map("".join)
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 

@@ -21,8 +21,14 @@ from attnlab.training.reproducibility import platform_differences, platform_reco
 from attnlab.training.trainer import train
 
 TINY = {
-    "task": {"name": "copy", "max_train_length": 3, "train_size": 16, "valid_size": 4, "test_size": 4,
-             "length_generalisation_size": 2},
+    "task": {
+        "name": "copy",
+        "max_train_length": 3,
+        "train_size": 16,
+        "valid_size": 4,
+        "test_size": 4,
+        "length_generalisation_size": 2,
+    },
     "model": {"kind": "encoder_decoder", "layers": 1, "d_model": 8, "heads": 2, "d_ff": 8},
     "train": {"steps": 2, "batch_size": 4, "log_every": 1},
 }
@@ -87,8 +93,10 @@ def test_resume_at_another_thread_count_warns_once(tmp_path):
 def test_another_cpu_or_torch_version_is_named():
     here = platform_record(2)
     recorded = {**here, "cpu": "Some Other CPU", "torch": "1.0.0", "python": "3.0.0"}
-    assert platform_differences(recorded, here) == [f"CPU Some Other CPU -> {here['cpu']}",
-                                                    f"torch 1.0.0 -> {torch.__version__}"]
+    assert platform_differences(recorded, here) == [
+        f"CPU Some Other CPU -> {here['cpu']}",
+        f"torch 1.0.0 -> {torch.__version__}",
+    ]
     with pytest.warns(AttnlabWarning, match=r"RUN/checkpoints/step-00000007 was trained up to step 7 .*CPU Some"):
         warn_if_platform_differs(recorded, here, where="RUN/checkpoints/step-00000007", step=7)
 
@@ -100,8 +108,9 @@ def test_a_checkpoint_without_a_record_is_not_compared():
         warn_if_platform_differs({"threads": 2}, platform_record(2), where="RUN", step=1)  # fields missing: skipped
 
 
-@pytest.mark.parametrize("threads,message", [(-1, "train.threads: must be >= 0, got -1"),
-                                             (10**6, "train.threads: must be <= 1024")])
+@pytest.mark.parametrize(
+    "threads,message", [(-1, "train.threads: must be >= 0, got -1"), (10**6, "train.threads: must be <= 1024")]
+)
 def test_a_bad_thread_count_is_a_config_error(threads, message):
     from attnlab.errors import ConfigError
 
