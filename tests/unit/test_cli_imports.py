@@ -132,9 +132,23 @@ def test_choice_enums_match_the_library():
     assert [b.value for b in Benchmark] == [*BENCHMARKS, "all"]
 
 
-def test_show_completion_prints_a_bash_script(capsys):
-    code, out, err = _run(capsys, "--show-completion", "bash")
-    assert code == 0, err
+# Typer detects the user's shell from the process tree (under `make` it finds sh, which it cannot
+# complete); its documented test switch makes --show-completion/--install-completion take the
+# shell's name instead.
+NAMED_SHELL = {"_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION": "1"}
+
+
+def test_show_completion_prints_a_bash_script():
+    result = subprocess.run(
+        [sys.executable, "-c", "from attnlab.cli import main; main()", "--show-completion", "bash"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **NAMED_SHELL},
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = " ".join(result.stdout.split())
     assert "_ATTNLAB_COMPLETE=complete_bash" in out and "complete -o default -F _attnlab_completion attnlab" in out
 
 
@@ -169,7 +183,7 @@ def test_the_public_api_keeps_its_names():
 
 
 def test_install_completion_writes_the_script_into_home(tmp_path):
-    env = {**os.environ, "HOME": str(tmp_path)}
+    env = {**os.environ, **NAMED_SHELL, "HOME": str(tmp_path)}
     result = subprocess.run(
         [sys.executable, "-c", "from attnlab.cli import main; main()", "--install-completion", "bash"],
         capture_output=True,
@@ -178,7 +192,7 @@ def test_install_completion_writes_the_script_into_home(tmp_path):
         env=env,
         check=False,
     )
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 0, result.stdout + result.stderr
     scripts = list(tmp_path.rglob("attnlab*"))
     assert scripts and "_attnlab_completion" in scripts[0].read_text()
     assert str(scripts[0].relative_to(tmp_path)) in (tmp_path / ".bashrc").read_text()
