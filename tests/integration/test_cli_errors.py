@@ -167,6 +167,8 @@ CASES: list[tuple[list[str], list[str]]] = [
     (["heads", "importance", "{run}", "--no-such-flag"], ["attnlab heads importance", "--no-such-flag"]),
     (["heads", "prune", "{run}"], ["Missing option", "--percent"]),
     (["heads", "prune", "{run}", "--percent", "half"], ["--percent", "half"]),
+    (["heads", "prune", "{run}", "--percent", "10", "20", "stray"], ["unexpected extra argument", "stray"]),
+    (["heads", "prune", "{run}", "--percent", "10", "--percent", "x"], ["--percent", "'x'"]),
     (["import", "no-such-format"], ["attnlab import", "no-such-format"]),
     (["import", "bert", "{bert}"], ["Missing option", "--out"]),
     (["demo", "--no-such-flag"], ["attnlab demo", "--no-such-flag"]),

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from attnlab.cli import main
 from attnlab.experiment import ExperimentConfig
 from attnlab.loaded_run import open_run
 from attnlab.runs import RunDir
@@ -68,6 +69,33 @@ def test_importance_csv_and_heatmap(run, tmp_path):
     assert columns == ["kind", "layer", "head", "importance"] and len(rows) == 12
     assert all(float(r["importance"]) >= 0 for r in rows)
     assert out.with_suffix(".png").exists()
+
+
+def _main(capsys, *args: str) -> tuple[int, str, str]:
+    """``attnlab ARGS`` in this process: (exit code, stdout, stderr)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(args))
+    out, err = capsys.readouterr()
+    return exit_info.value.code or 0, out, err
+
+
+@pytest.mark.parametrize(
+    "percents",
+    [("--percent", "10", "20", "30"), ("--percent", "10", "--percent", "20", "30"), ("--percent=10", "20", "30")],
+)
+def test_prune_percent_takes_several_values(run, tmp_path, capsys, percents):
+    code, out, err = _main(capsys, "heads", "prune", *percents, str(run), "--out", str(tmp_path), "--no-progress")
+    assert code == 0, err
+    _, rows = _csv(tmp_path / "curve.csv")
+    assert [float(r["percent"]) for r in rows] == [10, 20, 30]
+    assert err == ""  # --no-progress: no bar on stderr
+
+
+def test_progress_bars_go_to_stderr_unless_switched_off(run, tmp_path, capsys):
+    code, out, err = _main(capsys, "heads", "prune", str(run), "--percent", "50", "--out", str(tmp_path))
+    assert code == 0 and "prune: 100%" in err and "prune:" not in out
+    code, out, err = _main(capsys, "heads", "ablate", str(run), "--out", str(tmp_path), "--no-progress")
+    assert code == 0 and err == "" and "ablation.csv" in out
 
 
 def test_prune_curve(run, tmp_path):

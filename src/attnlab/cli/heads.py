@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
-from attnlab.cli.app import app
+from attnlab.cli.app import ClassicCommand, ClassicOption, app
 from attnlab.cli.choices import HeadKind, Split, value_of
 from attnlab.errors import UsageError
 from attnlab.output_paths import check_output_path
@@ -20,10 +21,56 @@ TEXTS_HELP = (
     "Sentence encoders: a text file, one text per line; the objective is the fidelity of the "
     "sentence embeddings to the unmasked model (1 - cosine)."
 )
+PROGRESS_HELP = "Show progress bars (on stderr)."
 PAIRS_HELP = (
     "Sentence encoders: a TSV file sentence1<TAB>sentence2<TAB>score; the metric is the Spearman "
     "correlation of the embeddings' cosine with the score."
 )
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+class ManyValuesOption(ClassicOption):
+    """A repeatable option that also takes the numbers after it: ``--percent 10 20 30``.
+
+    Click gives an option a fixed number of values; this one takes its first value as click does
+    (so ``--percent half`` is click's bad-value error) and then every following argument that reads
+    as a number, up to the next option or the first word that is not a number (a positional
+    argument, or a stray one, which click then reports as an unexpected extra argument).
+    """
+
+    def add_to_parser(self, parser: Any, ctx: Any) -> None:
+        super().add_to_parser(parser, ctx)
+        for name in self.opts:
+            option = parser._long_opt.get(name) or parser._short_opt.get(name)  # click has no public hook
+            take = option.process
+
+            def process(value: Any, state: Any, take: Any = take) -> None:
+                take(value, state)
+                while state.rargs and _is_number(state.rargs[0]):
+                    take(state.rargs.pop(0), state)
+
+            option.process = process
+
+    def display_type_rich(self, ctx: Any) -> str | None:
+        return f"{super().display_type_rich(ctx)}..."
+
+
+class PruneCommand(ClassicCommand):
+    """``heads prune``, whose ``--percent`` takes several numbers (:class:`ManyValuesOption`)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        params = super().get_params(ctx)
+        for param in params:
+            if param.name == "percent" and type(param) is ClassicOption:
+                param.__class__ = ManyValuesOption
+        return params
 
 
 def _probe(run: Path, split: Split | str, batch_size: int, texts: Path | None = None, pairs: Path | None = None):  # noqa: ANN202
@@ -67,6 +114,7 @@ def ablate_command(
     batch_size: int = typer.Option(128, "--batch-size", min=1),
     texts: Path = typer.Option(None, "--texts", help=TEXTS_HELP),
     pairs: Path = typer.Option(None, "--pairs", help=PAIRS_HELP),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help=PROGRESS_HELP),
 ) -> None:
     """The metric and loss with each head masked alone, and with all heads of a layer but one."""
     from tqdm import tqdm
@@ -80,7 +128,7 @@ def ablate_command(
     loaded, probe = _probe(run, split, batch_size, texts, pairs)
     folder = out or loaded.run.analysis
     total = 2 * len(head_ids(loaded.model, kinds or None))
-    with tqdm(total=total, desc="ablate") as bar:
+    with tqdm(total=total, desc="ablate", disable=not progress) as bar:
         result = ablate(probe, kinds or None, progress=lambda: bar.update(1))
     columns = ("kind", "layer", "head", "metric", "loss", "delta")
     single = write_rows(result.single, folder / "ablation.csv", columns)
@@ -141,11 +189,12 @@ def importance_command(
         typer.echo(f"{note} (importance 0)")
 
 
-@heads_app.command("prune", context_settings={"allow_extra_args": True, "ignore_unknown_options": False})
+@heads_app.command("prune", cls=PruneCommand)
 def prune_command(
-    ctx: typer.Context,
     run: Path = typer.Argument(..., help="A run directory."),
-    percent: float = typer.Option(..., "--percent", help="Percentages of heads to prune: --percent 10 20 30 ..."),
+    percent: list[float] = typer.Option(
+        ..., "--percent", help="Percentages of heads to prune: --percent 10 20 30 (or --percent 10 --percent 20)."
+    ),
     recompute: bool = typer.Option(False, "--recompute", help="Recompute importances after each step."),
     keep_one_per_layer: bool = typer.Option(False, "--keep-one-per-layer", help="Never prune a layer's last head."),
     physical: bool = typer.Option(
@@ -157,13 +206,14 @@ def prune_command(
     batch_size: int = typer.Option(128, "--batch-size", min=1),
     texts: Path = typer.Option(None, "--texts", help=TEXTS_HELP),
     pairs: Path = typer.Option(None, "--pairs", help=PAIRS_HELP),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help=PROGRESS_HELP),
 ) -> None:
     """Mask the least important heads (ranked globally) and evaluate; or remove them for good.
 
     Heads held at zero by train.mask_heads stay off and are not counted in --percent; --physical
     removes them too (they contribute nothing).
     """
-    percents = [percent] + [_number(arg) for arg in ctx.args]
+    percents = list(percent)
     from attnlab.analysis.heads import check_percents
 
     check_percents(percents)
@@ -182,7 +232,7 @@ def prune_command(
     from attnlab.analysis.reports import curve_plot, write_rows
 
     folder = out or loaded.run.analysis
-    with tqdm(total=len(percents), desc="prune") as bar:
+    with tqdm(total=len(percents), desc="prune", disable=not progress) as bar:
         rows = pruning_curve(
             probe,
             percents,
@@ -242,10 +292,3 @@ def _prune_physically(loaded, probe, percents, out, keep_one_per_layer, kinds) -
         f"({masked_time / pruned_time:.2f}x)"
     )
     typer.echo(f"pruned run: {new_run.path}")
-
-
-def _number(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise UsageError(f"--percent: {text!r} is not a number") from None
