@@ -35,31 +35,7 @@ __version__ = "0.1.0"
 
 # The public API lives in attnlab.nn, which imports PyTorch: load it on first use (PEP 562), so
 # that `import attnlab` (and the CLI's help and tokenize) stay free of torch.
-_FROM_NN = frozenset(
-    {
-        "AttentionRecord",
-        "DecoderOnly",
-        "DecoderOnlyConfig",
-        "EncoderClassifier",
-        "EncoderClassifierConfig",
-        "EncoderDecoder",
-        "EncoderDecoderConfig",
-        "KVCache",
-        "MultiHeadAttention",
-        "PositionwiseFeedForward",
-        "TransformerConfig",
-        "attention",
-        "build_model",
-        "capture",
-        "causal_mask",
-        "full_head_mask",
-        "padding_mask",
-        "preset",
-    }
-)
-
-__all__ = [
-    "__version__",
+_FROM_NN = (
     "AttentionRecord",
     "DecoderOnly",
     "DecoderOnlyConfig",
@@ -78,7 +54,9 @@ __all__ = [
     "full_head_mask",
     "padding_mask",
     "preset",
-]
+)
+
+__all__ = ["__version__", *_FROM_NN]
 
 
 def __getattr__(name: str):  # noqa: ANN202 - PEP 562 module attribute hook

@@ -267,9 +267,11 @@ class RunDir:
 
     def load_weights(self, model: nn.Module) -> None:
         """Load model.safetensors (or, when it is missing, the latest checkpoint's), verified."""
-        if not os.path.lexists(self.path / self.MODEL) and self.latest_checkpoint() is not None:
-            self.load_checkpoint_weights(model, self.latest_checkpoint())  # type: ignore[arg-type]
-            return
+        if not os.path.lexists(self.path / self.MODEL):
+            latest = self.latest_checkpoint()
+            if latest is not None:
+                self.load_checkpoint_weights(model, latest)
+                return
         self._load_verified_weights(model, self.MODEL)
 
     def load_checkpoint_weights(self, model: nn.Module, files: CheckpointFiles) -> None:

@@ -304,11 +304,10 @@ def model_section(hf: Mapping[str, Any], where: str | Path = "config.json") -> d
 
 def load_bert_tokenizer(source: BertSource) -> Tokenizer:
     """The checkpoint's WordPiece tokenizer, without the fixed padding or truncation that a
-    Hugging Face tokenizer.json may carry (attnlab pads batches and cuts inputs itself)."""
+    Hugging Face tokenizer.json may carry (:class:`Tokenizer` switches both off; attnlab pads
+    batches and cuts inputs itself)."""
     if source.tokenizer_json is not None:
         tokenizer = Tokenizer.load(source.tokenizer_json)
-        tokenizer.hf.no_padding()
-        tokenizer.hf.no_truncation()
     else:
         assert source.vocab_txt is not None
         settings = source.folder / "tokenizer_config.json"

@@ -166,7 +166,11 @@ def _is_index(value: Any) -> bool:
 
 def _shown(value: Any, limit: int = 60) -> str:
     """``repr(value)``, cut to ``limit`` characters: a message stays one short line."""
-    text = repr(value)
+    return cut(repr(value), limit)
+
+
+def cut(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, ending in "..." when cut."""
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

@@ -36,7 +36,7 @@ from attnlab.head_ids import head_ids
 from attnlab.loaded_run import LoadedRun
 from attnlab.viewer.importance import MAX_IMPORTANCE_BYTES, Importance, parse_importance
 from attnlab.viewer.payload import describe_model, run_payload
-from attnlab.viewer.requests import RequestError, decode_json_body, parse_run_request
+from attnlab.viewer.requests import RequestError, cut, decode_json_body, parse_run_request
 
 __all__ = ["create_app", "host_name", "STATIC_DIR", "MAX_BODY_BYTES", "MAX_RUN_BODY_BYTES", "SECURITY_HEADERS"]
 
@@ -120,7 +120,7 @@ async def _read_body(request: Request, cap: int) -> bytes:
     if declared is None:
         raise RequestError("send the request body with a Content-Length header", "Content-Length")
     if not re.fullmatch(r"[0-9]{1,20}", declared.strip()):
-        raise RequestError(f"Content-Length {_cut(declared)!r} is not a number of bytes", "Content-Length")
+        raise RequestError(f"Content-Length {cut(declared, 40)!r} is not a number of bytes", "Content-Length")
     if int(declared) > cap:
         raise RequestError(f"the request body is {int(declared)} bytes; the viewer takes at most {cap}", "body")
     chunks, size = [], 0
@@ -130,10 +130,6 @@ async def _read_body(request: Request, cap: int) -> bytes:
             raise RequestError(f"the request body is larger than {cap} bytes", "body")
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-def _cut(text: str, limit: int = 40) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class _ErrorResponse(JSONResponse):
