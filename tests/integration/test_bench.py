@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import subprocess
@@ -12,16 +11,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from attnlab import kernels
 from attnlab.bench import BENCHMARKS
 from attnlab.bench.attention import _measure, loglog_slope
 from attnlab.bench.harness import BenchResult, interleaved_median_times
 from attnlab.bench.heads import equal_slices
 from attnlab.bench.mfu import count_step_flops
-from attnlab.nn import native
+from attnlab.kernels import native
+from attnlab.kernels.linear import onednn_available
 from attnlab.nn.attention import attention
-from attnlab.nn.linear import onednn_available
-
-attention_module = importlib.import_module("attnlab.nn.attention")  # the function of that name shadows it
 
 
 def test_all_quick_reports_every_benchmark(tmp_path):
@@ -128,11 +126,11 @@ def test_flop_count_includes_the_fused_cpu_attention(causal, kernel, monkeypatch
     b, h, t, d = 2, 3, 16, 8
     q, k, v = (torch.randn(b, h, t, d, requires_grad=True) for _ in range(3))
     if kernel == "sdpa":
-        monkeypatch.setattr(attention_module, "_short_heads_on_cpu", lambda *args: False)
+        monkeypatch.setattr(kernels, "short_attention_applies", lambda *args: False)
     elif not native.available():
         pytest.skip(f"no C++ kernels: {native.unavailable_reason()}")
     calls = []
-    spied = {"sdpa": (F, "scaled_dot_product_attention"), "attnlab": (native, "short_attention")}[kernel]
+    spied = {"sdpa": (F, "scaled_dot_product_attention"), "attnlab": (kernels, "short_attention")}[kernel]
     real = getattr(*spied)
     monkeypatch.setattr(*spied, lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs))
 
@@ -211,7 +209,7 @@ def _random_entries_drawn(model: torch.nn.Module, batch) -> int:  # noqa: ANN001
 def _mask_entries_drawn(model: torch.nn.Module, batch, monkeypatch) -> int:  # noqa: ANN001
     """Entries of dropout masks one training forward of an attnlab model draws (its words come
     from NumPy on a CPU, which torch's dispatcher does not see)."""
-    from attnlab.nn import dropout as dropout_module
+    from attnlab.kernels import dropout_masks as dropout_module
 
     drawn = {"entries": 0}
     scaled_keep_mask = dropout_module.scaled_keep_mask

@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from attnlab.nn import native
-from attnlab.nn.linear import preferred_linear_kernel
+from attnlab.kernels import native
+from attnlab.kernels.linear import preferred_linear_kernel
 
 __all__ = [
     "MIN_REPEATS",
@@ -135,7 +135,7 @@ def interleaved_median_times(
 def machine_info() -> dict[str, Any]:
     """What the numbers depend on: torch version, threads, CPU model and the vector instructions
     PyTorch runs on it, the GEMM kernel of attnlab's linear maps there, whether attnlab's C++ CPU
-    kernels (:mod:`attnlab.nn.native`) are built, devices."""
+    kernels (:mod:`attnlab.kernels.native`) are built, devices."""
     return {
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),

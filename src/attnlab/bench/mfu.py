@@ -3,9 +3,9 @@
 FLOPs of one training step (forward and backward) are counted by ``torch.utils.flop_counter``,
 taught the CPU kernels it counts as 0 FLOPs: the fused attention kernels (PyTorch's and attnlab's;
 it knows only the CUDA ones; attention is 5% of the step's FLOPs) and oneDNN's linear op, which
-runs the linear maps and their gradients where :mod:`attnlab.nn.linear` picks it (95% of the
+runs the linear maps and their gradients where :mod:`attnlab.kernels.linear` picks it (95% of the
 step's FLOPs). The peak is the rate of a large fp32 matmul through the fastest GEMM kernel attnlab
-can run its linear maps on (:data:`attnlab.nn.linear.LINEAR_KERNELS`: MKL through ``F.linear``,
+can run its linear maps on (:data:`attnlab.kernels.linear.LINEAR_KERNELS`: MKL through ``F.linear``,
 and oneDNN where PyTorch has it), each timed in rounds interleaved with the step. A peak from MKL
 alone would undercount a machine whose oneDNN GEMM runs much faster (AVX-512 on an AMD EPYC),
 and MFU could then pass 1.
@@ -23,8 +23,8 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 from attnlab.bench.harness import BenchResult, interleaved_median_times
 from attnlab.bench.models import FULL, QUICK, attnlab_model, random_batch
 from attnlab.experiment import TrainConfig
-from attnlab.nn import native
-from attnlab.nn.linear import available_linear_kernels, linear_kernel, onednn_available
+from attnlab.kernels import native
+from attnlab.kernels.linear import available_linear_kernels, linear_kernel, onednn_available
 from attnlab.training.trainer import make_optimizer
 
 __all__ = ["run_mfu", "count_step_flops", "cpu_kernel_flops"]

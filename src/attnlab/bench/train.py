@@ -25,8 +25,8 @@ from attnlab.bench.models import (
     random_batch,
 )
 from attnlab.experiment import TrainConfig
+from attnlab.kernels.linear import preferred_linear_kernel
 from attnlab.nn import EncoderDecoder
-from attnlab.nn.linear import preferred_linear_kernel
 from attnlab.training.trainer import make_optimizer
 
 __all__ = ["run_train", "run_train_headmask", "ATEN_SYSTEM"]

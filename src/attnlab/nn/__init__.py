@@ -1,6 +1,8 @@
 """The model, in pure PyTorch: tensors in, tensors out. No files, tokenizers or tasks.
 
-Imports point down only: nothing here imports from attnlab outside ``attnlab.nn``.
+Imports point down only: nothing here imports from attnlab outside ``attnlab.nn`` but
+``attnlab.kernels``, the CPU-speed machinery behind a few calls (GEMM kernels of the linear maps,
+dropout's masks, soft attention of short heads), which computes the same functions faster.
 """
 
 from attnlab.nn.attention import NORMALIZERS, attention

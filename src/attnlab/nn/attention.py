@@ -13,14 +13,15 @@ A boolean mask (True = may attend, :mod:`attnlab.nn.masks`) blocks pairs by sett
 -inf (Li's slides, "Masked attention"). A query row with no allowed key yields a zero output and
 zero gradients, never NaN.
 
-Three code paths, chosen by what is asked, none a silent fallback for another:
+The file reads top-down: :func:`attention`, then the two normalizers of :data:`NORMALIZERS`, each
+the formula first, then how it is run:
 
-* soft, no weights, dot-product score -> ``torch.nn.functional.scaled_dot_product_attention``
-  (fused, O(T) memory), except for one query row over at least :data:`EXPLICIT_SINGLE_QUERY_ROWS`
-  (batch x head) rows on a CPU, a decoding step at batch 16 and up, which takes the explicit path:
-  for one query over many rows its two batched matmuls beat the fused kernel's cost per row, while
-  at small batches the fused kernel wins (measurements in benchmarks/README.md);
-* soft with weights, or with a custom score function -> explicit scores and softmax;
+* soft, with weights or a custom score function -> the formula step by step
+  (:func:`_softmax_explicit`);
+* soft otherwise -> a fused kernel that computes the same without keeping the T_q x T_k weights:
+  attnlab's CPU kernel for short heads, else ``torch.nn.functional.scaled_dot_product_attention``
+  (O(T) memory). Which is fastest for a call's shapes on a CPU is :mod:`attnlab.kernels`' answer:
+  one decoding query over many (batch x head) rows takes the formula step by step;
 * hard -> blocks of queries x keys with a running first maximum, so the T_q x T_k scores exist
   only block by block (the one-hot weights whole only when asked for).
 
@@ -41,23 +42,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab.nn import native
+from attnlab import kernels
 from attnlab.nn.masks import causal_mask, check_mask, combine_masks
 
-__all__ = ["attention", "NORMALIZERS", "ScoreFn", "Normalizer", "EXPLICIT_SINGLE_QUERY_ROWS"]
+__all__ = ["attention", "NORMALIZERS", "ScoreFn", "Normalizer"]
 
 Normalizer = Literal["softmax", "hardmax"]
 ScoreFn = Callable[[Tensor, Tensor], Tensor]
 """Maps queries (..., T_q, d_k) and keys (..., T_k, d_k) to scores (..., T_q, T_k)."""
-
-# Hard attention scores one block of (query rows x keys) at a time: at most 2**20 scores (4 MiB in
-# fp32) over at most 1024 keys, so a block stays in cache between its matmul and its max.
-_HARD_CHUNK_ELEMENTS = 2**20
-_HARD_KEY_BLOCK = 1024
-
-EXPLICIT_SINGLE_QUERY_ROWS = 128
-"""From this many (batch x head) rows, one query on a CPU is scored explicitly rather than by the
-fused kernel: the crossover measured for the models' heads (benchmarks/README.md)."""
 
 
 def attention(
@@ -128,48 +120,6 @@ def attention(
     return (output, weights) if return_weights else output
 
 
-def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
-    if q.dim() < 2 or k.dim() < 2 or v.dim() < 2:
-        raise ValueError("attention: q, k and v need at least 2 dims (..., T, d)")
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"attention: q has d_k={q.shape[-1]} but k has d_k={k.shape[-1]}")
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"attention: k has T_k={k.shape[-2]} but v has T_k={v.shape[-2]}")
-    try:
-        torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    except RuntimeError:
-        raise ValueError(
-            f"attention: the batch dims of q {tuple(q.shape[:-2])}, k {tuple(k.shape[:-2])} and "
-            f"v {tuple(v.shape[:-2])} do not broadcast"
-        ) from None
-
-
-def _check_mask_batch_dims(mask: Tensor | None, q: Tensor, k: Tensor, v: Tensor) -> None:
-    """The mask may broadcast over the batch dims of q, k and v, but not add to them (which would
-    silently change the output's shape)."""
-    if mask is None:
-        return
-    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    try:
-        fits = torch.broadcast_shapes(batch, mask.shape[:-2]) == batch
-    except RuntimeError:
-        fits = False
-    if not fits:
-        raise ValueError(
-            f"mask of shape {tuple(mask.shape)} does not broadcast to the attention's "
-            f"(..., T_q, T_k) = {(*batch, q.shape[-2], k.shape[-2])}"
-        )
-
-
-def _full_mask(mask: Tensor | None, causal: bool, t_q: int, t_k: int, device: torch.device) -> Tensor | None:
-    """The mask with the causal constraint folded in (materialised only when needed)."""
-    return combine_masks(mask, causal_mask(t_q, t_k, device=device) if causal else None)
-
-
-def _dot_scores(q: Tensor, k: Tensor, scale: float) -> Tensor:
-    return torch.matmul(q, k.transpose(-2, -1)) * scale  # (..., T_q, T_k)
-
-
 # --------------------------------------------------------------------------------------------
 # softmax: a(x) = softmax(x)
 # --------------------------------------------------------------------------------------------
@@ -188,61 +138,15 @@ def _softmax_attention(
     need_weights: bool,
     straight_through: bool,
 ) -> tuple[Tensor, Tensor | None]:
+    """softmax(mask(scale Q K^T)) V: step by step where the weights are wanted, the score is custom,
+    or that is the faster way (:func:`attnlab.kernels.explicit_is_faster`); else by a fused kernel."""
     del straight_through  # a soft forward pass already has the soft gradient
-    if need_weights or score_fn is not None:
-        return _softmax_explicit(q, k, v, mask, causal=causal, scale=scale, score_fn=score_fn, dropout_p=dropout_p)
-    if _short_heads_on_cpu(q, k, v, mask, dropout_p):
-        return native.short_attention(q, k, v, causal=causal, scale=scale), None
-    if _one_query_over_many_rows(q, k, dropout_p):
-        # A single query is the last position: causal or not, it may see every key.
-        return _softmax_explicit(q, k, v, mask, causal=False, scale=scale, score_fn=None, dropout_p=0.0)[0], None
+    if need_weights or score_fn is not None or kernels.explicit_is_faster(q, k, dropout_p):
+        output, weights = _softmax_explicit(
+            q, k, v, mask, causal=causal, scale=scale, score_fn=score_fn, dropout_p=dropout_p
+        )
+        return output, weights if need_weights else None
     return _softmax_fused(q, k, v, mask, causal=causal, scale=scale, dropout_p=dropout_p), None
-
-
-def _short_heads_on_cpu(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float) -> bool:
-    """(B, H, T, d) float32 heads, 2 to :data:`native.SHORT_ATTENTION_MAX_QUERIES` queries over at
-    most :data:`native.SHORT_ATTENTION_MAX_KEYS` keys, on a CPU, with no mask to materialise and no
-    dropout: attnlab's C++ kernel, where it is built."""
-    # The query count first: it turns away a decoding step (one query) in the fewest checks.
-    return (
-        1 < q.shape[-2] <= native.SHORT_ATTENTION_MAX_QUERIES
-        and mask is None
-        and dropout_p == 0.0
-        and q.device.type == "cpu"
-        and q.dtype == k.dtype == v.dtype == torch.float32
-        and q.dim() == k.dim() == v.dim() == 4
-        and q.shape[:2] == k.shape[:2] == v.shape[:2]
-        and q.numel() > 0
-        and 0 < k.shape[-2] <= native.SHORT_ATTENTION_MAX_KEYS
-        and max(q.shape[-1], v.shape[-1]) <= native.SHORT_ATTENTION_MAX_HEAD_DIM
-        and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
-        and native.available()
-    )
-
-
-def _one_query_over_many_rows(q: Tensor, k: Tensor, dropout_p: float) -> bool:
-    """A decoding step whose (batch x head) rows are many enough to score faster explicitly."""
-    if q.shape[-2] != 1 or dropout_p != 0.0 or q.device.type != "cpu":
-        return False
-    # Plain products, not torch.broadcast_shapes, whose cost per call shows on a decoding step's
-    # path. The larger product is a lower bound of the broadcast one, enough for this choice.
-    return max(math.prod(q.shape[:-2]), math.prod(k.shape[:-2])) >= EXPLICIT_SINGLE_QUERY_ROWS
-
-
-def _softmax_fused(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, causal: bool, scale: float, dropout_p: float
-) -> Tensor:
-    """PyTorch's fused kernel; the bool mask is handed over as is (True = may attend there too)."""
-    t_q, t_k = q.shape[-2], k.shape[-2]
-    if mask is None and (not causal or t_q == t_k):
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal, scale=scale)
-    if mask is None and t_q == 1:  # one new query against a cache: it may see every key
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)
-    mask = _full_mask(mask, causal, t_q, t_k, q.device)
-    # A row with no allowed key would be NaN inside the kernel: open it, then zero its output.
-    has_key = mask.any(dim=-1, keepdim=True)  # (..., T_q, 1)
-    output = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~has_key, dropout_p=dropout_p, scale=scale)
-    return output * has_key
 
 
 def _softmax_explicit(
@@ -273,30 +177,6 @@ def _softmax_explicit(
 
 
 _HALF_DTYPES = (torch.float16, torch.bfloat16)
-
-
-def _in_float32(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Tensor | None,
-    *,
-    causal: bool,
-    scale: float,
-    score_fn: ScoreFn | None,
-    dropout_p: float,
-) -> tuple[Tensor, Tensor]:
-    """Soft attention of float16/bfloat16 inputs with the scores, softmax and weighted sum in float32
-    (as fused kernels accumulate), the output and weights cast back to the values' dtype.
-
-    In float16, q . k overflows past 65504 (inputs of std 100 over d_k = 16 reach it) and the
-    softmax of an inf row is NaN, in the output and every gradient. The casts are differentiable,
-    so the gradients come back in the inputs' dtypes, also computed in float32.
-    """
-    output, weights = _softmax_explicit(
-        q.float(), k.float(), v.float(), mask, causal=causal, scale=scale, score_fn=score_fn, dropout_p=dropout_p
-    )
-    return output.to(v.dtype), weights.to(v.dtype)
 
 
 # --------------------------------------------------------------------------------------------
@@ -364,6 +244,70 @@ def _hardmax_attention(
     return output, weights
 
 
+NORMALIZERS: dict[str, Callable[..., tuple[Tensor, Tensor | None]]] = {
+    "softmax": _softmax_attention,
+    "hardmax": _hardmax_attention,
+}
+"""Registry of normalizers ``a(.)``: name -> implementation with the common keyword signature
+``(q, k, v, mask, *, causal, scale, score_fn, dropout_p, need_weights, straight_through)`` returning
+``(output, weights or None)``."""
+
+
+# --------------------------------------------------------------------------------------------
+# how the formula runs: fused kernels, float32 for half inputs, blocks of hard scores, checks
+# --------------------------------------------------------------------------------------------
+
+
+def _softmax_fused(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, causal: bool, scale: float, dropout_p: float
+) -> Tensor:
+    """softmax(mask(scale Q K^T)) V without keeping the weights: attnlab's CPU kernel where it takes
+    the call (:func:`attnlab.kernels.short_attention_applies`), else PyTorch's fused kernel, which
+    takes the bool mask as is (True = may attend there too)."""
+    if kernels.short_attention_applies(q, k, v, mask, dropout_p):
+        return kernels.short_attention(q, k, v, causal=causal, scale=scale)
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    if mask is None and (not causal or t_q == t_k):
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal, scale=scale)
+    if mask is None and t_q == 1:  # one new query against a cache: it may see every key
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)
+    mask = _full_mask(mask, causal, t_q, t_k, q.device)
+    # A row with no allowed key would be NaN inside the kernel: open it, then zero its output.
+    has_key = mask.any(dim=-1, keepdim=True)  # (..., T_q, 1)
+    output = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~has_key, dropout_p=dropout_p, scale=scale)
+    return output * has_key
+
+
+def _in_float32(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    *,
+    causal: bool,
+    scale: float,
+    score_fn: ScoreFn | None,
+    dropout_p: float,
+) -> tuple[Tensor, Tensor]:
+    """Soft attention of float16/bfloat16 inputs with the scores, softmax and weighted sum in float32
+    (as fused kernels accumulate), the output and weights cast back to the values' dtype.
+
+    In float16, q . k overflows past 65504 (inputs of std 100 over d_k = 16 reach it) and the
+    softmax of an inf row is NaN, in the output and every gradient. The casts are differentiable,
+    so the gradients come back in the inputs' dtypes, also computed in float32.
+    """
+    output, weights = _softmax_explicit(
+        q.float(), k.float(), v.float(), mask, causal=causal, scale=scale, score_fn=score_fn, dropout_p=dropout_p
+    )
+    return output.to(v.dtype), weights.to(v.dtype)
+
+
+# Hard attention scores one block of (query rows x keys) at a time: at most 2**20 scores (4 MiB in
+# fp32) over at most 1024 keys, so a block stays in cache between its matmul and its max.
+_HARD_CHUNK_ELEMENTS = 2**20
+_HARD_KEY_BLOCK = 1024
+
+
 def _first_argmax(
     q: Tensor, k: Tensor, mask: Tensor | None, scores_of: ScoreFn, key_block: int, keys_seen: int
 ) -> Tensor:
@@ -420,8 +364,44 @@ def _chunk_mask(
     return combine_masks(rows, key_pos <= query_pos)
 
 
-NORMALIZERS: dict[str, Callable[..., tuple[Tensor, Tensor | None]]] = {
-    "softmax": _softmax_attention,
-    "hardmax": _hardmax_attention,
-}
-"""Registry of normalizers ``a(.)``: name -> implementation with the common keyword signature."""
+def _full_mask(mask: Tensor | None, causal: bool, t_q: int, t_k: int, device: torch.device) -> Tensor | None:
+    """The mask with the causal constraint folded in (materialised only when needed). A single query
+    is the last position: causal or not, it may see every key."""
+    return combine_masks(mask, causal_mask(t_q, t_k, device=device) if causal and t_q > 1 else None)
+
+
+def _dot_scores(q: Tensor, k: Tensor, scale: float) -> Tensor:
+    return torch.matmul(q, k.transpose(-2, -1)) * scale  # (..., T_q, T_k)
+
+
+def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
+    if q.dim() < 2 or k.dim() < 2 or v.dim() < 2:
+        raise ValueError("attention: q, k and v need at least 2 dims (..., T, d)")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"attention: q has d_k={q.shape[-1]} but k has d_k={k.shape[-1]}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"attention: k has T_k={k.shape[-2]} but v has T_k={v.shape[-2]}")
+    try:
+        torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    except RuntimeError:
+        raise ValueError(
+            f"attention: the batch dims of q {tuple(q.shape[:-2])}, k {tuple(k.shape[:-2])} and "
+            f"v {tuple(v.shape[:-2])} do not broadcast"
+        ) from None
+
+
+def _check_mask_batch_dims(mask: Tensor | None, q: Tensor, k: Tensor, v: Tensor) -> None:
+    """The mask may broadcast over the batch dims of q, k and v, but not add to them (which would
+    silently change the output's shape)."""
+    if mask is None:
+        return
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    try:
+        fits = torch.broadcast_shapes(batch, mask.shape[:-2]) == batch
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(
+            f"mask of shape {tuple(mask.shape)} does not broadcast to the attention's "
+            f"(..., T_q, T_k) = {(*batch, q.shape[-2], k.shape[-2])}"
+        )

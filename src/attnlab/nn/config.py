@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
+from attnlab.kernels import check_linear_kernel
 from attnlab.nn.feed_forward import ACTIVATIONS
-from attnlab.nn.linear import check_linear_kernel
 from attnlab.nn.positional import COMBINES, POSITIONAL
 from attnlab.nn.scores import SCORES
 
@@ -36,7 +36,10 @@ __all__ = [
 ]
 
 ATTENTION_NORMALIZERS = {"soft": "softmax", "hard": "hardmax"}
-"""``attention`` option -> normalizer of :func:`attnlab.nn.attention.attention`."""
+"""The one place the two vocabularies of the same choice meet: a config's ``attention`` (``soft`` or
+``hard``, the words of config.json and TOML files) -> the normalizer ``a`` of
+:func:`attnlab.nn.attention.attention` and :class:`attnlab.nn.multi_head.MultiHeadAttention`
+(``softmax`` or ``hardmax``, the names of :data:`attnlab.nn.attention.NORMALIZERS`)."""
 
 POOLINGS = ("eos", "first", "mean")
 """Readouts of :class:`attnlab.nn.models.EncoderClassifier` (``eos``: Hahn §3)."""
@@ -74,7 +77,7 @@ class TransformerConfig:
             the token and position vectors as in BERT; 0 means none.
         embedding_norm: LayerNorm the summed input embedding (BERT) before dropout.
         bias: biases in the attention projections.
-        linear: the GEMM kernel of every linear map (:mod:`attnlab.nn.linear`): ``aten``
+        linear: the GEMM kernel of every linear map (:mod:`attnlab.kernels.linear`): ``aten``
             (``F.linear``, MKL on a CPU), ``onednn``, or ``auto`` (oneDNN where PyTorch runs
             AVX-512 code). The same function either way, up to float rounding.
         heads_per_layer: after physical head pruning: attention kind -> the number of heads left

@@ -14,8 +14,7 @@ from functools import partial
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.nn.dropout import Dropout, dropout
-from attnlab.nn.linear import linear_kernel
+from attnlab.kernels import Dropout, dropout, linear_kernel
 
 __all__ = ["PositionwiseFeedForward", "ACTIVATIONS"]
 
@@ -36,7 +35,7 @@ class PositionwiseFeedForward(nn.Module):
         activation: a name in :data:`ACTIVATIONS` (``relu`` as in the paper, ``gelu`` for BERT).
         dropout: dropout on the hidden activations during training (not in Vaswani et al., whose
             dropout is on sub-layer outputs; BART calls it ``activation_dropout``).
-        linear: GEMM kernel of W_1 and W_2, a name in :data:`attnlab.nn.linear.LINEAR_KERNELS` or ``auto``.
+        linear: GEMM kernel of W_1 and W_2, a name in :data:`attnlab.kernels.LINEAR_KERNELS` or ``auto``.
 
     Shape:
         x: (B, T, d_model) -> (B, T, d_model).

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.nn.dropout import Dropout, dropout
+from attnlab.kernels import Dropout, dropout
 from attnlab.nn.feed_forward import PositionwiseFeedForward
 from attnlab.nn.multi_head import KVCache, MultiHeadAttention
 

@@ -1,4 +1,4 @@
-"""The three models: EncoderDecoder, EncoderClassifier and DecoderOnly.
+"""The four models: EncoderDecoder, EncoderClassifier, DecoderOnly and EncoderOnly.
 
 Each maps token ids to logits and nothing else: no loss, no tokenizer, no files. Each lists its
 attention modules as :class:`AttentionSite` (kind, layer, module), which is what head masks
@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.kernels import Dropout, LinearKernel, linear_kernel
 from attnlab.nn.config import (
     DecoderOnlyConfig,
     EncoderClassifierConfig,
@@ -30,11 +31,9 @@ from attnlab.nn.config import (
     EncoderOnlyConfig,
     TransformerConfig,
 )
-from attnlab.nn.dropout import Dropout
 from attnlab.nn.feed_forward import PositionwiseFeedForward
 from attnlab.nn.head_mask import HeadMask, check_head_mask, kind_mask
 from attnlab.nn.layers import DecoderLayer, DecoderLayerCache, EncoderLayer
-from attnlab.nn.linear import LinearKernel, linear_kernel
 from attnlab.nn.masks import padding_mask
 from attnlab.nn.multi_head import KVCache, MultiHeadAttention
 from attnlab.nn.positional import make_positional
@@ -200,7 +199,7 @@ class OutputLayer(nn.Linear):
     """The last linear map, hidden states -> logits, through the config's GEMM kernel.
 
     A ``torch.nn.Linear`` (the same parameters and state-dict keys) whose forward is the kernel
-    named by ``linear`` (:mod:`attnlab.nn.linear`).
+    named by ``linear`` (:mod:`attnlab.kernels.linear`).
 
     Shape:
         x: (..., d_model) -> (..., out_features).

@@ -30,8 +30,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
+from attnlab.kernels import linear_kernel
 from attnlab.nn.attention import NORMALIZERS
-from attnlab.nn.linear import linear_kernel
 from attnlab.nn.masks import check_mask
 from attnlab.nn.scores import make_score
 
@@ -154,11 +154,14 @@ class MultiHeadAttention(nn.Module):
         d_v: per-head value size; default d_k.
         score: name in :data:`attnlab.nn.scores.SCORES` (``scaled_dot``, ``dot``, ``bilinear``,
             ``additive``).
-        normalizer: ``softmax`` (soft) or ``hardmax`` (hard, Hahn §3).
+        normalizer: the ``a`` of Attention = a(Q K^T / sqrt(d_k)) V, a name in
+            :data:`attnlab.nn.attention.NORMALIZERS`: ``softmax`` (soft attention) or ``hardmax``
+            (hard attention, Hahn §3). A config's ``attention = "soft" | "hard"`` names the same
+            choice (:data:`attnlab.nn.config.ATTENTION_NORMALIZERS`).
         straight_through: hard attention trained with the soft gradient.
         dropout: dropout on the attention weights during training.
         bias: biases on the projections.
-        linear: GEMM kernel of the projections, a name in :data:`attnlab.nn.linear.LINEAR_KERNELS`
+        linear: GEMM kernel of the projections, a name in :data:`attnlab.kernels.LINEAR_KERNELS`
             or ``auto``.
 
     Shape:
@@ -197,7 +200,7 @@ class MultiHeadAttention(nn.Module):
         self.d_v = d_v if d_v is not None else self.d_k
         self.dropout = dropout
         self.straight_through = straight_through
-        try:
+        try:  # chosen once: the softmax or hardmax attention of attnlab.nn.attention
             self._normalize = NORMALIZERS[normalizer]
         except KeyError:
             raise ValueError(f"normalizer: unknown {normalizer!r}; allowed: {', '.join(sorted(NORMALIZERS))}") from None
@@ -216,8 +219,6 @@ class MultiHeadAttention(nn.Module):
             nn.init.zeros_(self.out_proj.bias)
         self._recorders: dict[int, Recorder] = {}
         self._recorder_ids = itertools.count()
-        # Chosen once: a layer whose heads were all pruned adds only W^O's bias.
-        self._forward = self._forward_heads if heads > 0 else self._forward_without_heads
 
     def forward(
         self,
@@ -231,27 +232,28 @@ class MultiHeadAttention(nn.Module):
         cache: KVCache | None = None,
         need_weights: bool = False,
     ) -> MultiHeadOutput:
-        return self._forward(
-            query, key, value, mask=mask, causal=causal, head_mask=head_mask, cache=cache, need_weights=need_weights
-        )
+        """sum_h xi_h Attention(Q W_h^Q, K W_h^K, V W_h^V) W_o^h + b^O.
 
-    def _forward_heads(
-        self,
-        query: Tensor,
-        key: Tensor | None = None,
-        value: Tensor | None = None,
-        *,
-        mask: Tensor | None = None,
-        causal: bool = False,
-        head_mask: Tensor | None = None,
-        cache: KVCache | None = None,
-        need_weights: bool = False,
-    ) -> MultiHeadOutput:
+        Args:
+            query: the queries' inputs.
+            key: the keys' inputs; None for self-attention (K = V = query).
+            value: the values' inputs; None for K = V (encoder-decoder attention over ``key``).
+            mask: bool, True = may attend.
+            causal: also block keys after each query (masked decoder self-attention).
+            head_mask: xi_h per head (Michel §2.3).
+            cache: keys and values kept across decoding steps.
+            need_weights: also return the per-head weights and outputs.
+
+        Returns:
+            :class:`MultiHeadOutput` (shapes in the class docstring).
+        """
+        want_weights = need_weights or bool(self._recorders)
+        if self.heads == 0:
+            return self._without_heads(query, key, cache, want_weights)
         q, k, v = self._project(query, key, value, cache)  # (B, H, T, d_k|d_v) each
         check_mask(mask, q.shape[-2], k.shape[-2])
         q, k = self.score.prepare(q, k)
-        want_weights = need_weights or bool(self._recorders)
-        heads, weights = self._normalize(
+        head_outputs, weights = self._normalize(  # head_h = Attention(Q W_h^Q, K W_h^K, V W_h^V)
             q,
             k,
             v,
@@ -262,30 +264,22 @@ class MultiHeadAttention(nn.Module):
             dropout_p=self.dropout if self.training else 0.0,
             need_weights=want_weights,
             straight_through=self.straight_through,
-        )  # heads: (B, H, T_q, d_v)
+        )  # (B, H, T_q, d_v)
         if head_mask is not None:
-            heads = heads * self._head_scale(head_mask, heads)  # xi_h Att_h  (Michel §2.3)
-        batch, _, t_q, _ = heads.shape
-        concat = heads.transpose(1, 2).reshape(batch, t_q, self.heads * self.d_v)  # (B, T_q, H*d_v)
+            head_outputs = head_outputs * self._head_scale(head_mask, head_outputs)  # xi_h head_h  (Michel §2.3)
+        batch, _, t_q, _ = head_outputs.shape
+        concat = head_outputs.transpose(1, 2).reshape(batch, t_q, self.heads * self.d_v)  # (B, T_q, H*d_v)
         out_proj = self.out_proj
         output = self._linear(concat, out_proj.weight, out_proj.bias)  # Concat(...) W^O = sum_h head_h W_o^h
         for recorder in self._recorders.values():
-            recorder(weights, heads)
-        return MultiHeadOutput(output, weights if want_weights else None, heads if want_weights else None)
+            recorder(weights, head_outputs)
+        return MultiHeadOutput(output, weights if want_weights else None, head_outputs if want_weights else None)
 
-    def _forward_without_heads(
-        self,
-        query: Tensor,
-        key: Tensor | None = None,
-        value: Tensor | None = None,
-        *,
-        mask: Tensor | None = None,
-        causal: bool = False,
-        head_mask: Tensor | None = None,
-        cache: KVCache | None = None,
-        need_weights: bool = False,
+    def _without_heads(
+        self, query: Tensor, key: Tensor | None, cache: KVCache | None, want_weights: bool
     ) -> MultiHeadOutput:
-        """sum over no heads = 0, so the output is W^O's bias alone (as when every head is masked)."""
+        """A layer whose heads were all pruned: the sum over no heads is 0, so the output is W^O's
+        bias alone (as when every head is masked)."""
         batch, t_q, _ = query.shape
         t_k = t_q if key is None else key.shape[1]
         if cache is not None and key is None:  # self-attention: the cache still counts the keys seen
@@ -295,11 +289,10 @@ class MultiHeadAttention(nn.Module):
         if self.out_proj.bias is not None:
             output = output + self.out_proj.bias
         weights = query.new_zeros(batch, 0, t_q, t_k)
-        heads = query.new_zeros(batch, 0, t_q, self.d_v)
+        head_outputs = query.new_zeros(batch, 0, t_q, self.d_v)
         for recorder in self._recorders.values():
-            recorder(weights, heads)
-        want_weights = need_weights or bool(self._recorders)
-        return MultiHeadOutput(output, weights if want_weights else None, heads if want_weights else None)
+            recorder(weights, head_outputs)
+        return MultiHeadOutput(output, weights if want_weights else None, head_outputs if want_weights else None)
 
     # ---- projections --------------------------------------------------------------------
 
@@ -336,14 +329,15 @@ class MultiHeadAttention(nn.Module):
         batch, length, width = x.shape
         return x.view(batch, length, self.heads, width // self.heads).transpose(1, 2)  # (B, H, T, d)
 
-    def _head_scale(self, head_mask: Tensor, heads: Tensor) -> Tensor:
+    def _head_scale(self, head_mask: Tensor, head_outputs: Tensor) -> Tensor:
+        batch = head_outputs.shape[0]
         if head_mask.dim() not in (1, 2) or head_mask.shape[-1] != self.heads:
             raise ValueError(
                 f"head_mask must have shape ({self.heads},) or (B, {self.heads}), got {tuple(head_mask.shape)}"
             )
-        if head_mask.dim() == 2 and head_mask.shape[0] not in (1, heads.shape[0]):
-            raise ValueError(f"head_mask batch size {head_mask.shape[0]} does not match the input's {heads.shape[0]}")
-        return head_mask.to(heads.dtype).reshape(-1, self.heads, 1, 1)  # (B|1, H, 1, 1)
+        if head_mask.dim() == 2 and head_mask.shape[0] not in (1, batch):
+            raise ValueError(f"head_mask batch size {head_mask.shape[0]} does not match the input's {batch}")
+        return head_mask.to(head_outputs.dtype).reshape(-1, self.heads, 1, 1)  # (B|1, H, 1, 1)
 
     # ---- views for analysis -------------------------------------------------------------
 

@@ -20,8 +20,8 @@ from attnlab.errors import UsageError
 from attnlab.evaluation.objectives import PREDICTIONS
 from attnlab.experiment import ExperimentConfig
 from attnlab.head_ids import HeadId, head_ids, mask_without, parse_head
+from attnlab.kernels.linear import onednn_available
 from attnlab.loaded_run import open_run
-from attnlab.nn.linear import onednn_available
 from attnlab.training.trainer import train
 from tests.unit.analysis.tiny_runs import HELD, tiny_run
 
@@ -96,7 +96,7 @@ def test_importance_on_the_onednn_kernel_spends_nothing_on_weight_gradients(run,
     model's (F.linear)."""
     import dataclasses
 
-    import attnlab.nn.linear as linear_module
+    import attnlab.kernels.linear as linear_module
     from attnlab.nn import build_model
 
     loaded = open_run(run)

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnlab.nn import native
+from attnlab import kernels
 from attnlab.nn.attention import attention
 from attnlab.nn.masks import causal_mask
 from tests import reference
@@ -125,13 +125,13 @@ def test_single_query_path_is_chosen_by_rows(monkeypatch, batch, t_q, dropout_p,
     """One query over >= EXPLICIT_SINGLE_QUERY_ROWS (batch x head) rows is scored explicitly; with
     fewer rows, more queries, or dropout on the weights, a fused kernel runs (PyTorch's, or
     attnlab's for more queries; 3 heads here)."""
-    assert attention_module.EXPLICIT_SINGLE_QUERY_ROWS == 128  # 42 x 3 = 126 < 128 <= 43 x 3
+    assert kernels.attention.EXPLICIT_SINGLE_QUERY_ROWS == 128  # 42 x 3 = 126 < 128 <= 43 x 3
     calls = []
-    sdpa, short = F.scaled_dot_product_attention, native.short_attention
+    sdpa, short = F.scaled_dot_product_attention, kernels.short_attention
     monkeypatch.setattr(
         attention_module.F, "scaled_dot_product_attention", lambda *a, **kw: calls.append(1) or sdpa(*a, **kw)
     )
-    monkeypatch.setattr(native, "short_attention", lambda *a, **kw: calls.append(1) or short(*a, **kw))
+    monkeypatch.setattr(kernels, "short_attention", lambda *a, **kw: calls.append(1) or short(*a, **kw))
     q, k, v = _qkv(b=batch, t_q=t_q)
     attention(q, k, v, dropout_p=dropout_p)
     assert bool(calls) == fused

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from attnlab.nn import KVCache, MultiHeadAttention, causal_mask, native, padding_mask
+from attnlab import kernels
+from attnlab.nn import KVCache, MultiHeadAttention, causal_mask, padding_mask
 from attnlab.nn.scores import SCORES
 from tests import reference
 
@@ -261,7 +262,7 @@ def test_head_mask_stays_on_the_fused_kernel(monkeypatch, causal):
     """Soft attention without weights, head mask or not, goes through a fused kernel (SDPA, or
     attnlab's own on a CPU where it is built): no slower fallback."""
     calls = []
-    real_sdpa, real_short = torch.nn.functional.scaled_dot_product_attention, native.short_attention
+    real_sdpa, real_short = torch.nn.functional.scaled_dot_product_attention, kernels.short_attention
 
     def sdpa_spy(*args, **kwargs):
         calls.append(kwargs.get("is_causal", False))
@@ -272,7 +273,7 @@ def test_head_mask_stays_on_the_fused_kernel(monkeypatch, causal):
         return real_short(*args, **kwargs)
 
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", sdpa_spy)
-    monkeypatch.setattr(native, "short_attention", short_spy)
+    monkeypatch.setattr(kernels, "short_attention", short_spy)
     mha = MultiHeadAttention(D_MODEL, HEADS)
     xi = torch.tensor([1.0, 0.0, 0.5, 1.0], requires_grad=True)
     mha(torch.randn(2, 5, D_MODEL), causal=causal, head_mask=xi).output.sum().backward()

@@ -1,4 +1,4 @@
-// attnlab's own CPU kernels, compiled on first use by attnlab/nn/native.py.
+// attnlab's own CPU kernels, compiled on first use by attnlab/kernels/native.py.
 //
 // Two memory-bound steps of a training step that PyTorch runs on one core:
 //   transpose:         the row-major transposed copy that oneDNN needs for a weight gradient G^T X;

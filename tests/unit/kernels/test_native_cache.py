@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnlab.nn import native
+from attnlab.kernels import native
 
 FLAGS = ("-O3", "-mavx2")
 LDFLAGS = ("-fopenmp",)
@@ -213,7 +213,7 @@ def test_sources_are_built_from_copies_in_the_build_directory(monkeypatch, tmp_p
 
 
 _FIRST_USE = """
-from attnlab.nn import native
+from attnlab.kernels import native
 module = native.kernels()
 assert module is not None, native.unavailable_reason()
 print(native.__file__, module.__name__)

@@ -7,10 +7,11 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnlab.nn import dropout as dropout_module
-from attnlab.nn import linear as linear_module
-from attnlab.nn import native
-from attnlab.nn.dropout import dropout, keep_mask, realised_rate, signed_threshold, word_bits
+from attnlab import kernels
+from attnlab.kernels import dropout_masks as dropout_module
+from attnlab.kernels import linear as linear_module
+from attnlab.kernels import native
+from attnlab.kernels.dropout_masks import dropout, keep_mask, realised_rate, signed_threshold, word_bits
 
 pytestmark = pytest.mark.skipif(not native.available(), reason=f"no C++ kernels: {native.unavailable_reason()}")
 
@@ -265,8 +266,8 @@ def test_attention_runs_the_kernel_where_it_applies(case, native_kernel, monkeyp
 
     attention_module = importlib.import_module("attnlab.nn.attention")
     calls = []
-    real = native.short_attention
-    monkeypatch.setattr(native, "short_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    real = kernels.short_attention
+    monkeypatch.setattr(kernels, "short_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     t_k = 300 if case == "long" else 12
     t_q = {"one query": 1, "many queries": 300}.get(case, 12)
     dtype = torch.float64 if case == "float64" else torch.float32
@@ -303,8 +304,9 @@ def test_short_attention_traces_under_torch_compile(causal):
 
 _OTHER_ISA_CHECK = """
 import torch
-from attnlab.nn import native
-from attnlab.nn.dropout import signed_threshold
+from attnlab import kernels
+from attnlab.kernels import native
+from attnlab.kernels.dropout_masks import signed_threshold
 assert native.kernels() is not None, native.unavailable_reason()
 assert native.kernels().__name__ == native.build_spec().name
 assert native.build_spec().name.startswith("attnlab_native_" + torch.backends.cpu.get_cpu_capability().lower() + "_")

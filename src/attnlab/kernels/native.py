@@ -3,9 +3,9 @@ C++ compiler on first use.
 
 PyTorch runs two memory-bound steps of a training step on one core of a multi-core CPU:
 
-* the transposed copy oneDNN needs for each weight gradient G^T X (:mod:`attnlab.nn.linear`): aten's
+* the transposed copy oneDNN needs for each weight gradient G^T X (:mod:`attnlab.kernels.linear`): aten's
   2-D transpose is a serial blocked loop, where :func:`transpose` copies on all cores;
-* dropout's mask (:mod:`attnlab.nn.dropout`): NumPy's PCG64 draws its words serially, and three
+* dropout's mask (:mod:`attnlab.kernels.dropout_masks`): NumPy's PCG64 draws its words serially, and three
   more passes compare, convert and scale them. :func:`scaled_keep_mask` draws the same PCG64 words
   on all cores (each thread jumps ahead to its share of the stream) and writes the scaled mask in
   one pass: the same masks, bit for bit, as the NumPy path, in less time.
@@ -319,7 +319,7 @@ def scaled_keep_mask(
     """float32 mask of ``shape``: ``scale`` where word i is >= ``threshold``, else 0.
 
     Word i is the i-th signed ``bits``-bit piece (low bits first) of the 64-bit draws of
-    ``numpy.random.PCG64(seed).random_raw``: the words :func:`attnlab.nn.dropout.keep_mask` compares.
+    ``numpy.random.PCG64(seed).random_raw``: the words :func:`attnlab.kernels.dropout_masks.keep_mask` compares.
     """
     state = np.random.PCG64(seed).state["state"]  # the 128-bit LCG state and increment after seeding
     lcg, inc = state["state"], state["inc"]
@@ -334,7 +334,7 @@ SHORT_ATTENTION_MAX_KEYS = 256
 SHORT_ATTENTION_MAX_HEAD_DIM = 256
 """The widest head (d_k, d_v) :func:`short_attention` takes (kMaxHeadDim in native_attention.cpp)."""
 SHORT_ATTENTION_MAX_QUERIES = 256
-"""The most queries :func:`attnlab.nn.attention.attention` hands the kernel. It takes more, but a
+"""The most queries :func:`attnlab.kernels.short_attention_applies` hands the kernel. It takes more, but a
 head's kept probabilities then outgrow L2 and PyTorch's fused kernel is faster
 (benchmarks/README.md)."""
 

@@ -6,13 +6,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attnlab.nn import dropout as dropout_module
-from attnlab.nn.dropout import SHORT_WORD_MIN_RATE, Dropout, dropout, keep_mask, realised_rate, word_bits
+from attnlab.kernels import dropout_masks as dropout_module
+from attnlab.kernels.dropout_masks import SHORT_WORD_MIN_RATE, Dropout, dropout, keep_mask, realised_rate, word_bits
 
-WORD_SOURCES = {
-    "numpy (cpu)": dropout_module._numpy_words,
-    "torch (other devices)": lambda shape, bits: dropout_module._torch_words(shape, bits, torch.device("cpu")),
-}
+WORD_SOURCES = {"numpy (cpu)": dropout_module._numpy_words}
 
 
 def _within_binomial_sd(rate: float, p: float, n: int, sds: float = 4.0) -> bool:
@@ -129,3 +126,15 @@ def test_identity_in_eval_mode_or_at_zero_rate():
 def test_rate_outside_the_unit_interval_is_rejected(p):
     with pytest.raises(ValueError, match="dropout"):
         Dropout(p)
+
+
+def test_other_devices_take_pytorchs_dropout(monkeypatch):
+    """Off the CPU, dropout is F.dropout (one fused kernel on the device); attnlab draws no words."""
+    calls = []
+    real = torch.nn.functional.dropout
+    monkeypatch.setattr(torch.nn.functional, "dropout", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
+    monkeypatch.setattr(dropout_module, "scaled_keep_mask", lambda *a: pytest.fail("drew attnlab's words"))
+    x = torch.empty(4, 5, device="meta")
+    out = dropout(x, 0.25, True)
+    assert out.shape == x.shape and out.device.type == "meta" and calls == [{"training": True}]
+    assert dropout(x, 0.25, False) is x

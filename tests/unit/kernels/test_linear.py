@@ -1,4 +1,4 @@
-"""attnlab.nn.linear: every GEMM kernel computes x W^T + b and its three gradients like a float64
+"""attnlab.kernels.linear: every GEMM kernel computes x W^T + b and its three gradients like a float64
 reference; the oneDNN kernel's routes (row threshold, dtypes, grad modes) and the kernel choice."""
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnlab.nn import EncoderDecoder, EncoderDecoderConfig, TransformerConfig
-from attnlab.nn.linear import (
+from attnlab.kernels.linear import (
     LINEAR_KERNELS,
     MIN_ONEDNN_ROWS,
     OneDNNLinear,
@@ -21,8 +20,9 @@ from attnlab.nn.linear import (
     linear_kernel,
     onednn_available,
 )
+from attnlab.nn import EncoderDecoder, EncoderDecoderConfig, TransformerConfig
 
-linear_module = importlib.import_module("attnlab.nn.linear")
+linear_module = importlib.import_module("attnlab.kernels.linear")
 
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN")
 KERNELS = [pytest.param(name, marks=needs_onednn if name == "onednn" else ()) for name in LINEAR_KERNELS]

@@ -1,7 +1,11 @@
-"""Dropout, with the mask drawn from uniform random integers.
+"""Dropout, with the mask drawn from uniform random integers on a CPU.
 
     Dropout_p(x) = x * m / (1 - p),   m_i ~ Bernoulli(1 - p)   (Vaswani §5.4: on every sub-layer output
                                                                and on the embedding sums)
+
+Off the CPU, :func:`dropout` is PyTorch's ``F.dropout``, one fused kernel on the device. On a CPU,
+PyTorch draws its mask from a serial Mersenne twister, which made dropout a visible part of a
+training step; attnlab draws its own masks there (benchmarks/README.md compares the two):
 
 Entry i is kept when a uniform random word u_i of b bits is at least t = round(p 2^b). The rate
 realised is therefore t / 2^b (:func:`realised_rate`), and the scale is 1 / (1 - t / 2^b), so that
@@ -14,14 +18,10 @@ E[Dropout_p(x)] = x exactly:
 A float32 ``rand() >= p`` resolves p to 2^-24, and noise in a 16-bit input's own dtype (bfloat16 has
 256 levels in [0, 1)) would keep a visibly wrong fraction; the words never depend on the input's dtype.
 
-On a CPU the words come from NumPy's PCG64, seeded from torch's default generator on every call,
-so ``torch.manual_seed`` (and a run's saved RNG state) fixes every mask. PyTorch's CPU generator is a
-serial Mersenne twister, so ``torch.rand`` noise made dropout a visible part of a training step;
-16-bit PCG64 words, four to a draw, make the whole step faster (benchmarks/README.md). For float32
-CPU tensors the kernels of :mod:`attnlab.nn.native`, where they are built, draw the same PCG64
-words on all cores and write the scaled mask in one pass (:func:`scaled_keep_mask`): the same
-masks, bit for bit. Other devices draw ``torch.randint`` on the device, whose generators are
-parallel.
+The words come from NumPy's PCG64, seeded from torch's default generator on every call, so
+``torch.manual_seed`` (and a run's saved RNG state) fixes every mask. For float32 tensors the C++
+kernels of :mod:`attnlab.kernels.native`, where they are built, draw the same PCG64 words on all
+cores and write the scaled mask in one pass (:func:`scaled_keep_mask`): the same masks, bit for bit.
 """
 
 from __future__ import annotations
@@ -30,9 +30,10 @@ import math
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.nn import native
+from attnlab.kernels import native
 
 __all__ = ["Dropout", "dropout", "keep_mask", "scaled_keep_mask", "realised_rate", "signed_threshold", "word_bits"]
 
@@ -62,27 +63,29 @@ class Dropout(nn.Module):
 
 def dropout(x: Tensor, p: float, training: bool) -> Tensor:
     """The function behind :class:`Dropout`, for modules that apply it on a hot path without a
-    sub-module call."""
+    sub-module call: ``F.dropout`` off the CPU, attnlab's masks on a CPU."""
     if not training or p == 0.0:
         return x
+    if x.device.type != "cpu":
+        return F.dropout(x, p, training=True)
     return x * scaled_keep_mask(x, p)
 
 
 def scaled_keep_mask(x: Tensor, p: float) -> Tensor:
-    """m / (1 - realised rate) for a tensor like ``x``: the factor dropout multiplies ``x`` by.
+    """m / (1 - realised rate) for a CPU tensor like ``x``: the factor dropout multiplies ``x`` by.
 
-    For a float32 CPU tensor the kernels of :mod:`attnlab.nn.native` draw the words and write the
+    For a float32 tensor the kernels of :mod:`attnlab.kernels.native` draw the words and write the
     scaled mask in one parallel pass; the same mask, bit for bit, as :func:`keep_mask` scaled.
     """
     scale = 1.0 / (1.0 - realised_rate(p))
-    if x.dtype == torch.float32 and x.device.type == "cpu" and native.available():
+    if x.dtype == torch.float32 and native.available():
         bits = word_bits(p)
         return native.scaled_keep_mask(
             x.shape, seed=_numpy_seed(), bits=bits, threshold=signed_threshold(p), scale=scale
         )
     # m / (1 - p) built in place on the mask: one temporary and two passes fewer than
     # `x * mask.to(dtype) * scale`, which the forward and backward both feel (benchmarks/README.md).
-    return keep_mask(x.shape, p, device=x.device).to(x.dtype).mul_(scale)
+    return keep_mask(x.shape, p).to(x.dtype).mul_(scale)
 
 
 def word_bits(p: float) -> int:
@@ -96,14 +99,14 @@ def realised_rate(p: float) -> float:
     return _threshold(p, levels) / levels
 
 
-def keep_mask(shape: torch.Size | tuple[int, ...], p: float, *, device: torch.device | str = "cpu") -> Tensor:
-    """A boolean tensor of ``shape`` whose entries are independently True with probability
-    1 - :func:`realised_rate` (p), drawn from torch's default generator for ``device``.
+def keep_mask(shape: torch.Size | tuple[int, ...], p: float) -> Tensor:
+    """A boolean CPU tensor of ``shape`` whose entries are independently True with probability
+    1 - :func:`realised_rate` (p), from PCG64 words seeded by torch's default CPU generator.
 
     Random words u_i are uniform on [0, 2^b); viewed as signed b-bit integers they are uniform on
     [-2^(b-1), 2^(b-1)), and u_i >= t holds for 2^b - t of the 2^b values.
     """
-    return _random_words(shape, word_bits(p), torch.device(device)).ge(signed_threshold(p))
+    return _numpy_words(shape, word_bits(p)).ge(signed_threshold(p))
 
 
 def signed_threshold(p: float) -> int:
@@ -120,11 +123,6 @@ def _threshold(p: float, levels: int) -> int:
 _SIGNED = {16: torch.int16, 32: torch.int32}
 
 
-def _random_words(shape: torch.Size | tuple[int, ...], bits: int, device: torch.device) -> Tensor:
-    """Uniform signed ``bits``-bit words of ``shape`` (every bit pattern equally likely) on ``device``."""
-    return _numpy_words(shape, bits) if device.type == "cpu" else _torch_words(shape, bits, device)
-
-
 def _numpy_words(shape: torch.Size | tuple[int, ...], bits: int) -> Tensor:
     """CPU words from NumPy's PCG64, seeded by one draw from torch's CPU generator."""
     count = math.prod(shape)
@@ -138,9 +136,3 @@ def _numpy_words(shape: torch.Size | tuple[int, ...], bits: int) -> Tensor:
 def _numpy_seed() -> int:
     """One draw from torch's CPU generator (so ``torch.manual_seed`` fixes it) to seed a mask's PCG64."""
     return int(torch.empty((), dtype=torch.int64).random_())
-
-
-def _torch_words(shape: torch.Size | tuple[int, ...], bits: int, device: torch.device) -> Tensor:
-    """Words from torch's generator for ``device`` (parallel on GPUs)."""
-    signed = torch.iinfo(_SIGNED[bits])
-    return torch.randint(signed.min, signed.max + 1, tuple(shape), dtype=_SIGNED[bits], device=device)

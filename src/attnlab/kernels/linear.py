@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab.nn import native
+from attnlab.kernels import native
 
 __all__ = [
     "LinearKernel",
@@ -82,7 +82,7 @@ def _weight_gradient(grad_rows: Tensor, x_rows: Tensor) -> Tensor:
     """dL/dW = G^T X, (d_out, d_in), from G (R, d_out) and X (R, d_in).
 
     oneDNN's first operand must be row-major, so one of X^T and G^T is copied: on all cores by
-    :mod:`attnlab.nn.native` where it is built (aten's 2-D transpose is serial).
+    :mod:`attnlab.kernels.native` where it is built (aten's 2-D transpose is serial).
 
     oneDNN streams its second operand as the "weight" of a linear map, and runs this reduction over
     R fastest when that operand is the wider of the two (benchmarks/README.md), so the product is
@@ -95,7 +95,7 @@ def _weight_gradient(grad_rows: Tensor, x_rows: Tensor) -> Tensor:
 
 def _transposed(rows: Tensor) -> Tensor:
     """rows^T for oneDNN's first operand, which it needs row-major: a copy on all cores from
-    :mod:`attnlab.nn.native` where that is built, else the transposed view (oneDNN's op then copies
+    :mod:`attnlab.kernels.native` where that is built, else the transposed view (oneDNN's op then copies
     it with aten's serial transpose)."""
     if rows.is_contiguous() and native.available():
         return native.transpose(rows)  # (C, R)

@@ -1,0 +1,39 @@
+"""attnlab's CPU-speed machinery, behind the few calls the model makes.
+
+The model (:mod:`attnlab.nn`) computes the papers' formulas; this package only makes them fast on
+a CPU. Every call here computes the same function as the plain PyTorch it stands in for, and where
+attnlab's C++ kernels cannot be built (:mod:`.native`) each takes PyTorch's (or NumPy's) path, with
+the same results. The interface:
+
+* ``linear_kernel(name)``: the GEMM kernel ``(x, W, b) -> x W^T + b`` one module runs its linear maps
+  with (:mod:`.linear`): ``aten`` (``F.linear``), ``onednn`` (oneDNN's fp32 matmul, forward and
+  gradients), or ``auto``, oneDNN where PyTorch runs AVX-512 code. ``check_linear_kernel(name)``
+  validates a config's choice.
+* ``dropout(x, p, training)`` and the module ``Dropout(p)`` (:mod:`.dropout_masks`): ``F.dropout`` off the
+  CPU; on a CPU, masks from PCG64 words drawn on all cores, faster than PyTorch's serial generator.
+* ``short_attention_applies(q, k, v, mask, dropout_p)`` and ``short_attention(q, k, v, causal=,
+  scale=)``: soft attention of short heads by attnlab's C++ kernel, forward and backward
+  (:mod:`.attention`, :mod:`.native`).
+* ``explicit_is_faster(q, k, dropout_p)``: whether one decoding query over many (batch x head) rows
+  is scored faster by the explicit formula than by PyTorch's fused kernel (:mod:`.attention`).
+
+Imports point down only: nothing here imports from attnlab outside ``attnlab.kernels``;
+``attnlab.nn`` imports this package, never the reverse.
+"""
+
+from attnlab.kernels.attention import explicit_is_faster, short_attention_applies
+from attnlab.kernels.dropout_masks import Dropout, dropout
+from attnlab.kernels.linear import LINEAR_KERNELS, LinearKernel, check_linear_kernel, linear_kernel
+from attnlab.kernels.native import short_attention
+
+__all__ = [
+    "LINEAR_KERNELS",
+    "Dropout",
+    "LinearKernel",
+    "check_linear_kernel",
+    "dropout",
+    "explicit_is_faster",
+    "linear_kernel",
+    "short_attention",
+    "short_attention_applies",
+]
