@@ -20,6 +20,7 @@ from typing import Any, ClassVar, TypeVar
 
 from attnlab.kernels import check_linear_kernel
 from attnlab.nn.feed_forward import ACTIVATIONS
+from attnlab.nn.normalization import NORMS
 from attnlab.nn.positional import COMBINES, POSITIONAL
 from attnlab.nn.scores import SCORES
 
@@ -55,7 +56,10 @@ class TransformerConfig:
         vocab_size: input vocabulary size (for an encoder-decoder: the source vocabulary).
         layers: number of layers N (for an encoder-decoder: encoder layers).
         d_model: model width.
-        heads: attention heads H per layer.
+        heads: attention (query) heads H per layer.
+        kv_heads: key/value heads (grouped-query attention, Ainslie et al. 2023): H / kv_heads
+            query heads share each; default H (multi-head attention). The head mask stays one
+            entry per query head.
         d_ff: FFN hidden width.
         d_k, d_v: per-head key/value width; default d_model / heads.
         dropout: dropout on every sub-layer output and on the embedding sums (Vaswani §5.4).
@@ -64,19 +68,22 @@ class TransformerConfig:
         attention: ``soft`` (softmax) or ``hard`` (hardmax, Hahn §3).
         straight_through: train hard attention with the softmax gradient.
         score: ``scaled_dot``, ``dot``, ``bilinear`` or ``additive``.
-        positional: ``sinusoidal``, ``learned``, ``none``, ``gehring_joint``, ``gehring_sum``.
+        positional: ``sinusoidal``, ``learned``, ``none``, ``gehring_joint``, ``gehring_sum``, or
+            ``rope`` (rotary, applied to queries and keys in every self-attention: :mod:`attnlab.nn.rotary`).
+        rope_base: the base of the rotary angles (``positional = "rope"``).
         positional_combine: ``add`` or ``concat`` (Hahn §3's f(v_i, p_i)).
         positional_dim: width of the position vector when concatenating; default d_model // 2.
         max_len: longest sequence for learned and one-hot positions; sinusoidal ones extrapolate.
-        activation: FFN activation, ``relu`` or ``gelu`` (or ``gelu_tanh``).
+        activation: FFN activation, ``relu``, ``gelu``, ``gelu_tanh`` or ``swiglu`` (gated, Llama).
+        norm: ``layer`` (LayerNorm) or ``rms`` (RMSNorm, Llama) in Add & Norm and the final norm.
         norm_first: pre-LN instead of the paper's post-LN.
-        layer_norm_eps: LayerNorm epsilon.
+        layer_norm_eps: the epsilon of the norm (LayerNorm or RMSNorm).
         pad_id: the padding token id; keys at padding are masked out.
         scale_embeddings: multiply token embeddings by sqrt(d_model) (Vaswani §3.4).
         type_vocab_size: number of token types (segments A/B) with a learned vector each, added to
             the token and position vectors as in BERT; 0 means none.
         embedding_norm: LayerNorm the summed input embedding (BERT) before dropout.
-        bias: biases in the attention projections.
+        bias: biases in every linear map (attention projections, FFN, output layer); Llama has none.
         linear: the GEMM kernel of every linear map (:mod:`attnlab.kernels.linear`): ``aten``
             (``F.linear``, MKL on a CPU), ``onednn``, or ``auto`` (oneDNN where PyTorch runs
             AVX-512 code). The same function either way, up to float rounding.
@@ -91,6 +98,7 @@ class TransformerConfig:
     layers: int = 2
     d_model: int = 64
     heads: int = 4
+    kv_heads: int | None = None
     d_ff: int = 256
     d_k: int | None = None
     d_v: int | None = None
@@ -103,8 +111,10 @@ class TransformerConfig:
     positional: str = "sinusoidal"
     positional_combine: str = "add"
     positional_dim: int | None = None
+    rope_base: float = 10000.0
     max_len: int = 512
     activation: str = "relu"
+    norm: str = "layer"
     norm_first: bool = False
     layer_norm_eps: float = 1e-5
     pad_id: int = 0
@@ -119,7 +129,7 @@ class TransformerConfig:
         check_field_types(self)
         for name in ("vocab_size", "layers", "d_model", "heads", "d_ff", "max_len"):
             _check_positive(name, getattr(self, name))
-        for name in ("d_k", "d_v", "positional_dim"):
+        for name in ("d_k", "d_v", "positional_dim", "kv_heads"):
             if getattr(self, name) is not None:
                 _check_positive(name, getattr(self, name))
         if self.d_k is None and self.d_model % self.heads != 0:
@@ -142,6 +152,8 @@ class TransformerConfig:
         _check_choice("positional", self.positional, POSITIONAL)
         _check_choice("positional_combine", self.positional_combine, COMBINES)
         _check_choice("activation", self.activation, ACTIVATIONS)
+        _check_choice("norm", self.norm, NORMS)
+        self._check_rotary_and_groups()
         check_linear_kernel(self.linear)
         if self.positional_combine == "concat" and not 0 < self.positional_width < self.d_model:
             raise ValueError(
@@ -150,6 +162,21 @@ class TransformerConfig:
         if self.straight_through and self.attention != "hard":
             raise ValueError("straight_through: only applies to attention='hard'")
         self._check_heads_per_layer()
+
+    def _check_rotary_and_groups(self) -> None:
+        if self.kv_heads is not None and self.heads % self.kv_heads:
+            raise ValueError(f"kv_heads: must divide heads={self.heads}, got {self.kv_heads}")
+        if self.kv_heads is not None and self.kv_heads != self.heads and self.score not in ("scaled_dot", "dot"):
+            raise ValueError(f"kv_heads: grouped-query attention needs a dot-product score, not {self.score!r}")
+        if not 0 < self.rope_base < math.inf:
+            raise ValueError(f"rope_base: must be a positive number, got {self.rope_base}")
+        if self.positional == "rope" and self.head_dim_k % 2:
+            raise ValueError(f"positional: rope needs an even head size d_k, got {self.head_dim_k}")
+
+    @property
+    def key_value_heads(self) -> int:
+        """kv_heads, or H when not set."""
+        return self.kv_heads if self.kv_heads is not None else self.heads
 
     def _check_heads_per_layer(self) -> None:
         if self.heads_per_layer is None:

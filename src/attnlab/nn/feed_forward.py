@@ -3,7 +3,13 @@
     FFN(x) = max(0, x W_1 + b_1) W_2 + b_2          (Vaswani §3.3; Agarwal Def. 6.5)
 
 "Applied to each of the output value vectors (i.e. row vectors) independently and identically"
-(Li's slides, "Feed-forward network"). GELU replaces the ReLU in BERT-family models.
+(Li's slides, "Feed-forward network"). GELU replaces the ReLU in BERT-family models. Llama-family
+models use a gated unit, SwiGLU (Shazeer 2020, "GLU Variants Improve Transformer", Eq. 6):
+
+    FFN_SwiGLU(x) = (Swish(x W_gate) * (x W_up)) W_2,        Swish(z) = SiLU(z) = z sigmoid(z)
+
+A gated activation takes the two maps' outputs side by side, so its W_1 is [W_gate; W_up]
+(2 d_ff rows) and one GEMM computes both.
 """
 
 from __future__ import annotations
@@ -16,14 +22,29 @@ from torch import Tensor, nn
 
 from attnlab.kernels import Dropout, dropout, linear_kernel
 
-__all__ = ["PositionwiseFeedForward", "ACTIVATIONS"]
+__all__ = ["PositionwiseFeedForward", "ACTIVATIONS", "GATED", "swiglu"]
+
+
+def swiglu(hidden: Tensor) -> Tensor:
+    """SiLU(gate) * up, from [x W_gate, x W_up] side by side.
+
+    Shape:
+        hidden: (..., 2 d_ff) -> (..., d_ff).
+    """
+    gate, up = hidden.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
 
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": F.relu,
     "gelu": F.gelu,
     "gelu_tanh": partial(F.gelu, approximate="tanh"),
+    "swiglu": swiglu,
 }
 """Registry of activations between the two linear maps."""
+
+GATED = frozenset({"swiglu"})
+"""Activations that take two d_ff-wide inputs (a gate and a value), so W_1 has 2 d_ff rows."""
 
 
 class PositionwiseFeedForward(nn.Module):
@@ -35,6 +56,7 @@ class PositionwiseFeedForward(nn.Module):
         activation: a name in :data:`ACTIVATIONS` (``relu`` as in the paper, ``gelu`` for BERT).
         dropout: dropout on the hidden activations during training (not in Vaswani et al., whose
             dropout is on sub-layer outputs; BART calls it ``activation_dropout``).
+        bias: biases b_1, b_2 (Llama has none).
         linear: GEMM kernel of W_1 and W_2, a name in :data:`attnlab.kernels.LINEAR_KERNELS` or ``auto``.
 
     Shape:
@@ -42,15 +64,22 @@ class PositionwiseFeedForward(nn.Module):
     """
 
     def __init__(
-        self, d_model: int, d_ff: int, *, activation: str = "relu", dropout: float = 0.0, linear: str = "auto"
+        self,
+        d_model: int,
+        d_ff: int,
+        *,
+        activation: str = "relu",
+        dropout: float = 0.0,
+        bias: bool = True,
+        linear: str = "auto",
     ) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation: unknown {activation!r}; allowed: {', '.join(sorted(ACTIVATIONS))}")
         self.activation_name = activation
         self.activation = ACTIVATIONS[activation]
-        self.linear1 = nn.Linear(d_model, d_ff)
-        self.linear2 = nn.Linear(d_ff, d_model)
+        self.linear1 = nn.Linear(d_model, 2 * d_ff if activation in GATED else d_ff, bias=bias)  # W_1
+        self.linear2 = nn.Linear(d_ff, d_model, bias=bias)  # W_2
         self.dropout = Dropout(dropout)
         self._linear = linear_kernel(linear)
 

@@ -1,7 +1,8 @@
 """Add & Norm, and the encoder and decoder layers built from it.
 
 Add & Norm (Li's slides; Agarwal Def. 6.3), with LayerNorm(a; g, b) = g * (a - mu) / sigma + b
-(Agarwal Def. 6.1, applied row-wise, Remark 6.2):
+(Agarwal Def. 6.1, applied row-wise, Remark 6.2), or RMSNorm in Llama-family models
+(:mod:`attnlab.nn.normalization`):
 
 * post-LN, as in the paper:  LayerNorm(x + Sublayer(x))
 * pre-LN option:             x + Sublayer(LayerNorm(x))     (needs a final LayerNorm after the stack)
@@ -16,12 +17,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.kernels import Dropout, dropout
 from attnlab.nn.feed_forward import PositionwiseFeedForward
 from attnlab.nn.multi_head import KVCache, MultiHeadAttention
+from attnlab.nn.normalization import NORMS, make_norm
 
 __all__ = ["AddNorm", "EncoderLayer", "DecoderLayer", "DecoderLayerCache"]
 
@@ -35,14 +36,18 @@ class AddNorm(nn.Module):
             pre-LN, x + Dropout(Sublayer(LayerNorm(x))).
         eps: added to the variance inside LayerNorm.
         dropout: dropout on the sublayer's output during training (Vaswani §5.4).
+        norm: ``layer`` (LayerNorm) or ``rms`` (RMSNorm), a name in :data:`attnlab.nn.normalization.NORMS`.
 
     Shape:
         x: (B, T, d_model); ``sublayer`` maps (B, T, d_model) -> (B, T, d_model).
     """
 
-    def __init__(self, d_model: int, *, norm_first: bool = False, eps: float = 1e-5, dropout: float = 0.0) -> None:
+    def __init__(
+        self, d_model: int, *, norm_first: bool = False, eps: float = 1e-5, dropout: float = 0.0, norm: str = "layer"
+    ) -> None:
         super().__init__()
-        self.norm = nn.LayerNorm(d_model, eps=eps)  # gain g = norm.weight, bias b = norm.bias
+        self.norm = make_norm(norm, d_model, eps)  # gain g = norm.weight (and LayerNorm's bias b)
+        self._normalize = NORMS[norm].apply
         self.dropout = Dropout(dropout)
         self.norm_first = norm_first
         self._combine = self._pre_norm if norm_first else self._post_norm
@@ -51,19 +56,15 @@ class AddNorm(nn.Module):
         return self._combine(x, sublayer)
 
     def _post_norm(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
-        return self._layer_norm(x + dropout(sublayer(x), self.dropout.p, self.training))
+        return self._normalize(self.norm, x + dropout(sublayer(x), self.dropout.p, self.training))
 
     def _pre_norm(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
-        return x + dropout(sublayer(self._layer_norm(x)), self.dropout.p, self.training)
-
-    def _layer_norm(self, x: Tensor) -> Tensor:
         # Functional, on the sub-module's parameters: a decoding step runs nine Add & Norms in a
         # 3-layer decoder, and on a single row a sub-module call costs more than the kernel.
-        norm = self.norm
-        return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+        return x + dropout(sublayer(self._normalize(self.norm, x)), self.dropout.p, self.training)
 
     def extra_repr(self) -> str:
-        return f"norm_first={self.norm_first}"
+        return f"norm_first={self.norm_first}, norm={type(self.norm).__name__}"
 
 
 class EncoderLayer(nn.Module):
@@ -74,7 +75,7 @@ class EncoderLayer(nn.Module):
     Args:
         self_attn: the layer's multi-head self-attention.
         feed_forward: the layer's position-wise FFN.
-        norm_first, eps, dropout: as for :class:`AddNorm`.
+        norm_first, eps, dropout, norm: as for :class:`AddNorm`.
 
     Shape:
         x: (B, T, d_model) -> (B, T, d_model);  mask broadcastable to (B, H, T, T_k).
@@ -88,13 +89,14 @@ class EncoderLayer(nn.Module):
         norm_first: bool = False,
         eps: float = 1e-5,
         dropout: float = 0.0,
+        norm: str = "layer",
     ) -> None:
         super().__init__()
         d_model = self_attn.d_model
         self.self_attn = self_attn
         self.feed_forward = feed_forward
-        self.attn_norm = AddNorm(d_model, norm_first=norm_first, eps=eps, dropout=dropout)
-        self.ffn_norm = AddNorm(d_model, norm_first=norm_first, eps=eps, dropout=dropout)
+        self.attn_norm = AddNorm(d_model, norm_first=norm_first, eps=eps, dropout=dropout, norm=norm)
+        self.ffn_norm = AddNorm(d_model, norm_first=norm_first, eps=eps, dropout=dropout, norm=norm)
 
     def forward(
         self,
@@ -104,9 +106,15 @@ class EncoderLayer(nn.Module):
         causal: bool = False,
         head_mask: Tensor | None = None,
         cache: KVCache | None = None,
+        positions: Tensor | None = None,
     ) -> Tensor:
         x = self.attn_norm(
-            x, lambda y: self.self_attn(y, mask=mask, causal=causal, head_mask=head_mask, cache=cache).output
+            x,
+            lambda y: (
+                self.self_attn(
+                    y, mask=mask, causal=causal, head_mask=head_mask, cache=cache, positions=positions
+                ).output
+            ),
         )
         return self.ffn_norm(x, self.feed_forward)
 
@@ -144,15 +152,16 @@ class DecoderLayer(nn.Module):
         norm_first: bool = False,
         eps: float = 1e-5,
         dropout: float = 0.0,
+        norm: str = "layer",
     ) -> None:
         super().__init__()
         d_model = self_attn.d_model
         self.self_attn = self_attn
         self.cross_attn = cross_attn
         self.feed_forward = feed_forward
-        self.self_attn_norm = AddNorm(d_model, norm_first=norm_first, eps=eps, dropout=dropout)
-        self.cross_attn_norm = AddNorm(d_model, norm_first=norm_first, eps=eps, dropout=dropout)
-        self.ffn_norm = AddNorm(d_model, norm_first=norm_first, eps=eps, dropout=dropout)
+        self.self_attn_norm = AddNorm(d_model, norm_first=norm_first, eps=eps, dropout=dropout, norm=norm)
+        self.cross_attn_norm = AddNorm(d_model, norm_first=norm_first, eps=eps, dropout=dropout, norm=norm)
+        self.ffn_norm = AddNorm(d_model, norm_first=norm_first, eps=eps, dropout=dropout, norm=norm)
 
     def forward(
         self,
@@ -164,12 +173,17 @@ class DecoderLayer(nn.Module):
         self_head_mask: Tensor | None = None,
         cross_head_mask: Tensor | None = None,
         cache: DecoderLayerCache | None = None,
+        positions: Tensor | None = None,
     ) -> Tensor:
         self_cache = None if cache is None else cache.self_attn
         cross_cache = None if cache is None else cache.cross_attn
         y = self.self_attn_norm(
             y,
-            lambda z: self.self_attn(z, mask=self_mask, causal=True, head_mask=self_head_mask, cache=self_cache).output,
+            lambda z: (
+                self.self_attn(
+                    z, mask=self_mask, causal=True, head_mask=self_head_mask, cache=self_cache, positions=positions
+                ).output
+            ),
         )
         y = self.cross_attn_norm(
             y,

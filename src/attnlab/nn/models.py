@@ -36,7 +36,9 @@ from attnlab.nn.head_mask import HeadMask, check_head_mask, kind_mask
 from attnlab.nn.layers import DecoderLayer, DecoderLayerCache, EncoderLayer
 from attnlab.nn.masks import padding_mask
 from attnlab.nn.multi_head import KVCache, MultiHeadAttention
+from attnlab.nn.normalization import make_norm
 from attnlab.nn.positional import make_positional
+from attnlab.nn.rotary import positions_of_tokens
 
 __all__ = [
     "AttentionSite",
@@ -181,6 +183,9 @@ def _multi_head(config: TransformerConfig, kind: str, layer: int) -> MultiHeadAt
         straight_through=config.straight_through,
         dropout=config.attention_dropout,
         bias=config.bias,
+        kv_heads=None if kind == "cross" else config.key_value_heads,
+        # Rotary positions rotate self-attention's queries and keys; cross-attention has none.
+        rope_base=config.rope_base if config.positional == "rope" and kind != "cross" else None,
         linear=config.linear,
     )
 
@@ -191,6 +196,7 @@ def _feed_forward(config: TransformerConfig) -> PositionwiseFeedForward:
         config.d_ff,
         activation=config.activation,
         dropout=config.activation_dropout,
+        bias=config.bias,
         linear=config.linear,
     )
 
@@ -205,8 +211,8 @@ class OutputLayer(nn.Linear):
         x: (..., d_model) -> (..., out_features).
     """
 
-    def __init__(self, in_features: int, out_features: int, *, linear: str = "auto") -> None:
-        super().__init__(in_features, out_features)
+    def __init__(self, in_features: int, out_features: int, *, bias: bool = True, linear: str = "auto") -> None:
+        super().__init__(in_features, out_features, bias=bias)
         self._linear: LinearKernel = linear_kernel(linear)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -214,8 +220,13 @@ class OutputLayer(nn.Linear):
 
 
 def _final_norm(config: TransformerConfig) -> nn.Module:
-    """Pre-LN stacks end with a LayerNorm; post-LN ones are already normalised."""
-    return nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.norm_first else nn.Identity()
+    """Pre-LN stacks end with a norm (LayerNorm or RMSNorm); post-LN ones are already normalised."""
+    return make_norm(config.norm, config.d_model, config.layer_norm_eps) if config.norm_first else nn.Identity()
+
+
+def _no_positions(is_token: Tensor, new: int) -> None:
+    """Positions only matter to rotary attention; the others take theirs from the embedding."""
+    return None
 
 
 def _layer_row(head_mask: Tensor | None, layer: int, heads: int) -> Tensor | None:
@@ -257,10 +268,12 @@ class Encoder(nn.Module):
                 norm_first=config.norm_first,
                 eps=config.layer_norm_eps,
                 dropout=config.dropout,
+                norm=config.norm,
             )
             for index in range(config.layers)
         )
         self.final_norm = _final_norm(config)
+        self._positions = positions_of_tokens if config.positional == "rope" else _no_positions
 
     def forward(
         self,
@@ -269,11 +282,15 @@ class Encoder(nn.Module):
         head_mask: Tensor | None = None,
         state: DecodingState | None = None,
         token_types: Tensor | None = None,
+        is_token: Tensor | None = None,
     ) -> Tensor:
-        """With ``state``, ``tokens`` holds only the new positions; keys come from the caches."""
+        """With ``state``, ``tokens`` holds only the new positions; keys come from the caches.
+        ``is_token`` (B, T) says which positions are real tokens; default ``tokens != pad_id``."""
         offset = 0 if state is None else len(state)
-        is_token = tokens != self.pad_id
-        mask = _key_padding(is_token if state is None else state.advance(is_token))
+        is_token = tokens != self.pad_id if is_token is None else is_token
+        keys_are_tokens = is_token if state is None else state.advance(is_token)  # (B, T_k)
+        mask = _key_padding(keys_are_tokens)
+        positions = self._positions(keys_are_tokens, tokens.shape[1])  # (B, T) for rotary attention
         x = self.embedding(tokens, offset, token_types)
         for index, layer in enumerate(self.layers):
             x = layer(
@@ -282,6 +299,7 @@ class Encoder(nn.Module):
                 causal=self.causal,
                 head_mask=_layer_row(head_mask, index, layer.self_attn.heads),
                 cache=None if state is None else state.layers[index],
+                positions=positions,
             )
         return self.final_norm(x)
 
@@ -351,10 +369,12 @@ class Decoder(nn.Module):
                 norm_first=config.norm_first,
                 eps=config.layer_norm_eps,
                 dropout=config.dropout,
+                norm=config.norm,
             )
             for index in range(config.decoder_depth)
         )
         self.final_norm = _final_norm(config)
+        self._positions = positions_of_tokens if config.positional == "rope" else _no_positions
 
     def forward(
         self,
@@ -368,7 +388,9 @@ class Decoder(nn.Module):
         """With ``state``, ``tokens`` holds only the new positions."""
         offset = 0 if state is None else len(state)
         is_token = tokens != self.pad_id
-        self_mask = _key_padding(is_token if state is None else state.advance(is_token))
+        keys_are_tokens = is_token if state is None else state.advance(is_token)  # (B, T_k)
+        self_mask = _key_padding(keys_are_tokens)
+        positions = self._positions(keys_are_tokens, tokens.shape[1])  # (B, T) for rotary attention
         memory_mask = _key_padding(memory.is_token)
         y = self.embedding(tokens, offset)
         for index, layer in enumerate(self.layers):
@@ -380,6 +402,7 @@ class Decoder(nn.Module):
                 self_head_mask=_layer_row(self_head_mask, index, layer.self_attn.heads),
                 cross_head_mask=_layer_row(cross_head_mask, index, layer.cross_attn.heads),
                 cache=None if state is None else state.layers[index],
+                positions=positions,
             )
         return self.final_norm(y)
 
@@ -407,7 +430,7 @@ class EncoderDecoder(TransformerModel):
         self.config = config
         self.encoder = Encoder(config, vocab_size=config.vocab_size)
         self.decoder = Decoder(config)
-        self.generator = OutputLayer(config.d_model, config.target_vocab_size, linear=config.linear)
+        self.generator = OutputLayer(config.d_model, config.target_vocab_size, bias=config.bias, linear=config.linear)
         if config.tie_embeddings:
             self.generator.weight = self.decoder.embedding.token.weight
 
@@ -488,7 +511,7 @@ class EncoderClassifier(TransformerModel):
         self.config = config
         self.encoder = Encoder(config, vocab_size=config.vocab_size, kind="self")
         self.pool = POOLINGS[config.pooling]
-        self.classifier = OutputLayer(config.d_model, config.num_classes, linear=config.linear)
+        self.classifier = OutputLayer(config.d_model, config.num_classes, bias=config.bias, linear=config.linear)
 
     def forward(self, tokens: Tensor, *, head_mask: HeadMask | None = None) -> Tensor:
         self.check_head_mask(head_mask)
@@ -505,23 +528,30 @@ class DecoderOnly(TransformerModel):
     Attention kind: ``self``.
 
     Shape:
-        tokens: (B, T);  returns logits (B, T, vocab). With ``state`` (from :meth:`new_state`),
-        ``tokens`` holds only the new positions.
+        tokens: (B, T);  is_token: (B, T) bool or None;  returns logits (B, T, vocab). With
+        ``state`` (from :meth:`new_state`), ``tokens`` holds only the new positions.
     """
 
     def __init__(self, config: DecoderOnlyConfig) -> None:
         super().__init__()
         self.config = config
         self.body = Encoder(config, vocab_size=config.vocab_size, causal=True, kind="self")
-        self.lm_head = OutputLayer(config.d_model, config.vocab_size, linear=config.linear)
+        self.lm_head = OutputLayer(config.d_model, config.vocab_size, bias=config.bias, linear=config.linear)
         if config.tie_embeddings:
             self.lm_head.weight = self.body.embedding.token.weight
 
     def forward(
-        self, tokens: Tensor, *, head_mask: HeadMask | None = None, state: DecodingState | None = None
+        self,
+        tokens: Tensor,
+        *,
+        head_mask: HeadMask | None = None,
+        state: DecodingState | None = None,
+        is_token: Tensor | None = None,
     ) -> Tensor:
+        """``is_token`` (B, T): which positions are real tokens, for a model whose padding id is
+        also a real token (a pretrained LM's); default ``tokens != pad_id``."""
         self.check_head_mask(head_mask)
-        hidden = self.body(tokens, head_mask=kind_mask(head_mask, "self"), state=state)
+        hidden = self.body(tokens, head_mask=kind_mask(head_mask, "self"), state=state, is_token=is_token)
         return self.lm_head(hidden)
 
     def new_state(self) -> DecodingState:

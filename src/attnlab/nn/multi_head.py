@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from attnlab.kernels import linear_kernel
 from attnlab.nn.attention import NORMALIZERS
 from attnlab.nn.masks import check_mask
+from attnlab.nn.rotary import RotaryEmbedding
 from attnlab.nn.scores import make_score
 
 __all__ = ["MultiHeadAttention", "MultiHeadOutput", "KVCache", "Recorder"]
@@ -142,6 +143,39 @@ def _grown(buffer: Tensor, length: int, capacity: int) -> Tensor:
     return grown
 
 
+# ---- variants chosen once in MultiHeadAttention.__init__ ---------------------------------------
+
+PlaceFn = Callable[[RotaryEmbedding | None, Tensor, Tensor, Tensor | None, int], tuple[Tensor, Tensor]]
+ShareFn = Callable[[Tensor, Tensor, int], tuple[Tensor, Tensor]]
+
+
+def _unplaced(rotary: RotaryEmbedding | None, q: Tensor, k: Tensor, positions: Tensor | None, offset: int):
+    """No rotary positions: queries and keys as projected."""
+    return q, k
+
+
+def _rotate_by_position(rotary: RotaryEmbedding | None, q: Tensor, k: Tensor, positions: Tensor | None, offset: int):
+    """RoPE(q, m), RoPE(k, m) at ``positions``, or at offset, offset + 1, ... (the cache's length on)."""
+    if positions is None:
+        positions = torch.arange(offset, offset + q.shape[-2], device=q.device)  # (T,)
+    return rotary(q, k, positions)  # type: ignore[misc]
+
+
+def _own_key_values(k: Tensor, v: Tensor, heads: int) -> tuple[Tensor, Tensor]:
+    """Multi-head attention: every query head has its own key/value head."""
+    return k, v
+
+
+def _share_key_values(k: Tensor, v: Tensor, heads: int) -> tuple[Tensor, Tensor]:
+    """Grouped-query attention: key/value head j serves query heads j*g .. (j+1)*g - 1.
+
+    Shape:
+        k: (B, H_kv, T_k, d_k);  v: (B, H_kv, T_k, d_v);  returns both with H heads.
+    """
+    groups = heads // k.shape[1]
+    return k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+
+
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = sum_h xi_h head_h W_o^h = Concat(xi_1 head_1, ..., xi_H head_H) W^O.
 
@@ -161,6 +195,10 @@ class MultiHeadAttention(nn.Module):
         straight_through: hard attention trained with the soft gradient.
         dropout: dropout on the attention weights during training.
         bias: biases on the projections.
+        kv_heads: key/value heads (grouped-query attention, Ainslie et al. 2023): query head h reads
+            key/value head h // (H / kv_heads); default H. The KV cache holds kv_heads heads.
+        rope_base: rotate queries and keys by their positions in self-attention (rotary position
+            embeddings, :mod:`attnlab.nn.rotary`) with this base; None for no rotation.
         linear: GEMM kernel of the projections, a name in :data:`attnlab.kernels.LINEAR_KERNELS`
             or ``auto``.
 
@@ -171,8 +209,9 @@ class MultiHeadAttention(nn.Module):
         returns :class:`MultiHeadOutput`.
 
     Attributes:
-        in_proj_weight: (H*d_k + H*d_k + H*d_v, d_model): W^Q, W^K, W^V stacked, head h of each in
-            rows h*d:(h+1)*d (the layout of ``torch.nn.MultiheadAttention``).
+        in_proj_weight: (H*d_k + H_kv*d_k + H_kv*d_v, d_model): W^Q, W^K, W^V stacked, head h of
+            each in rows h*d:(h+1)*d (the layout of ``torch.nn.MultiheadAttention``; H_kv = H
+            unless ``kv_heads`` is set).
         out_proj: W^O, a Linear(H*d_v -> d_model).
     """
 
@@ -188,6 +227,8 @@ class MultiHeadAttention(nn.Module):
         straight_through: bool = False,
         dropout: float = 0.0,
         bias: bool = True,
+        kv_heads: int | None = None,
+        rope_base: float | None = None,
         linear: str = "auto",
     ) -> None:
         super().__init__()
@@ -198,6 +239,13 @@ class MultiHeadAttention(nn.Module):
         self.d_model, self.heads = d_model, heads
         self.d_k = d_k if d_k is not None else d_model // heads
         self.d_v = d_v if d_v is not None else self.d_k
+        self.kv_heads = heads if kv_heads is None else kv_heads
+        if self.kv_heads < 0 or (heads and (self.kv_heads == 0 or heads % self.kv_heads)):
+            raise ValueError(f"kv_heads={kv_heads}: must divide heads={heads}")
+        # Chosen once: rotary positions on queries and keys, or none; K/V heads shared by groups.
+        self.rotary = RotaryEmbedding(self.d_k, rope_base) if rope_base is not None else None
+        self._place: PlaceFn = _rotate_by_position if self.rotary is not None else _unplaced
+        self._share: ShareFn = _share_key_values if self.kv_heads != heads else _own_key_values
         self.dropout = dropout
         self.straight_through = straight_through
         try:  # chosen once: the softmax or hardmax attention of attnlab.nn.attention
@@ -208,9 +256,9 @@ class MultiHeadAttention(nn.Module):
         self.score = make_score(score, heads=heads, d_k=self.d_k)
         self._linear = linear_kernel(linear)  # x W^T + b, for W^Q, W^K, W^V and W^O
         qk, vv = heads * self.d_k, heads * self.d_v
-        self._split = (qk, qk, vv)
-        self.in_proj_weight = nn.Parameter(torch.empty(2 * qk + vv, d_model))
-        self.in_proj_bias = nn.Parameter(torch.zeros(2 * qk + vv)) if bias else None
+        self._split = (qk, self.kv_heads * self.d_k, self.kv_heads * self.d_v)
+        self.in_proj_weight = nn.Parameter(torch.empty(sum(self._split), d_model))
+        self.in_proj_bias = nn.Parameter(torch.zeros(sum(self._split))) if bias else None
         with warnings.catch_warnings():  # a fully pruned layer has zero-element weights by design
             warnings.filterwarnings("ignore", message="Initializing zero-element tensors")
             self.out_proj = nn.Linear(vv, d_model, bias=bias)
@@ -231,6 +279,7 @@ class MultiHeadAttention(nn.Module):
         head_mask: Tensor | None = None,
         cache: KVCache | None = None,
         need_weights: bool = False,
+        positions: Tensor | None = None,
     ) -> MultiHeadOutput:
         """sum_h xi_h Attention(Q W_h^Q, K W_h^K, V W_h^V) W_o^h + b^O.
 
@@ -243,6 +292,8 @@ class MultiHeadAttention(nn.Module):
             head_mask: xi_h per head (Michel §2.3).
             cache: keys and values kept across decoding steps.
             need_weights: also return the per-head weights and outputs.
+            positions: (B, T_q) or (T_q,) positions of the queries, for rotary positions; default
+                the cache's length onwards.
 
         Returns:
             :class:`MultiHeadOutput` (shapes in the class docstring).
@@ -250,7 +301,8 @@ class MultiHeadAttention(nn.Module):
         want_weights = need_weights or bool(self._recorders)
         if self.heads == 0:
             return self._without_heads(query, key, cache, want_weights)
-        q, k, v = self._project(query, key, value, cache)  # (B, H, T, d_k|d_v) each
+        q, k, v = self._project(query, key, value, cache, positions)  # (B, H|H_kv, T, d_k|d_v) each
+        k, v = self._share(k, v, self.heads)  # (B, H, T_k, d_k|d_v): head h reads K/V head h // groups
         check_mask(mask, q.shape[-2], k.shape[-2])
         q, k = self.score.prepare(q, k)
         head_outputs, weights = self._normalize(  # head_h = Attention(Q W_h^Q, K W_h^K, V W_h^V)
@@ -283,7 +335,7 @@ class MultiHeadAttention(nn.Module):
         batch, t_q, _ = query.shape
         t_k = t_q if key is None else key.shape[1]
         if cache is not None and key is None:  # self-attention: the cache still counts the keys seen
-            no_heads = query.new_zeros(batch, 0, t_q, self.d_k)  # (B, 0, T_q, d_k)
+            no_heads = query.new_zeros(batch, 0, t_q, self.d_k)  # (B, 0, T_q, d_k): no K/V heads either
             t_k = cache.append(no_heads, no_heads.new_zeros(batch, 0, t_q, self.d_v))[0].shape[-2]
         output = query.new_zeros(batch, t_q, self.d_model)
         if self.out_proj.bias is not None:
@@ -297,19 +349,25 @@ class MultiHeadAttention(nn.Module):
     # ---- projections --------------------------------------------------------------------
 
     def _project(
-        self, query: Tensor, key: Tensor | None, value: Tensor | None, cache: KVCache | None
+        self,
+        query: Tensor,
+        key: Tensor | None,
+        value: Tensor | None,
+        cache: KVCache | None,
+        positions: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         if key is None:  # self-attention: one fused matmul for Q, K and V
             if value is not None:
                 raise ValueError("MultiHeadAttention: value given without key")
             q, k, v = self._linear(query, self.in_proj_weight, self.in_proj_bias).split_with_sizes(self._split, dim=-1)
-            q, k, v = self._split_heads(q), self._split_heads(k), self._split_heads(v)
+            q, k, v = self._split_heads(q, self.heads), self._split_heads(k), self._split_heads(v)
+            q, k = self._place(self.rotary, q, k, positions, 0 if cache is None else len(cache))
             if cache is not None:
                 k, v = cache.append(k, v)
             return q, k, v
         value = key if value is None else value
         weight, bias, qk = self.in_proj_weight, self.in_proj_bias, self._split[0]
-        q = self._split_heads(self._linear(query, weight[:qk], None if bias is None else bias[:qk]))
+        q = self._split_heads(self._linear(query, weight[:qk], None if bias is None else bias[:qk]), self.heads)
 
         def project_memory() -> tuple[Tensor, Tensor]:  # not called again once a cache keeps K, V
             if value is key:  # encoder-decoder attention, K = V = memory: one matmul
@@ -325,9 +383,11 @@ class MultiHeadAttention(nn.Module):
         k, v = cache.keep(project_memory) if cache is not None else project_memory()
         return q, k, v
 
-    def _split_heads(self, x: Tensor) -> Tensor:
+    def _split_heads(self, x: Tensor, heads: int | None = None) -> Tensor:
+        """(B, T, heads*d) -> (B, heads, T, d); keys and values have ``kv_heads`` heads."""
+        heads = self.kv_heads if heads is None else heads
         batch, length, width = x.shape
-        return x.view(batch, length, self.heads, width // self.heads).transpose(1, 2)  # (B, H, T, d)
+        return x.view(batch, length, heads, width // heads).transpose(1, 2)  # (B, heads, T, d)
 
     def _head_scale(self, head_mask: Tensor, head_outputs: Tensor) -> Tensor:
         batch = head_outputs.shape[0]
@@ -350,6 +410,8 @@ class MultiHeadAttention(nn.Module):
         """
         if sorted(set(keep)) != sorted(keep) or any(not 0 <= h < self.heads for h in keep):
             raise ValueError(f"keep: head indices must be distinct and in [0, {self.heads}), got {keep}")
+        if self.kv_heads != self.heads:
+            raise ValueError("head_subset_state: physical pruning of grouped-query attention is not implemented")
         d_k, d_v, qk = self.d_k, self.d_v, self.heads * self.d_k
         qk_rows = [h * d_k + i for h in keep for i in range(d_k)]
         v_rows = [h * d_v + i for h in keep for i in range(d_v)]
@@ -390,6 +452,6 @@ class MultiHeadAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return (
-            f"d_model={self.d_model}, heads={self.heads}, d_k={self.d_k}, d_v={self.d_v}, "
+            f"d_model={self.d_model}, heads={self.heads}, kv_heads={self.kv_heads}, d_k={self.d_k}, d_v={self.d_v}, "
             f"normalizer={self.normalizer}, straight_through={self.straight_through}, dropout={self.dropout}"
         )

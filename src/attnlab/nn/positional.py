@@ -207,6 +207,8 @@ POSITIONAL: dict[str, Callable[..., PositionalEncoding]] = {
     "sinusoidal": _table_encoding(SinusoidalTable),
     "learned": _table_encoding(LearnedTable),
     "none": lambda *, d_model, **_: NoPositions(d_model),
+    # Rotary positions act inside attention, on queries and keys (attnlab.nn.rotary): none here.
+    "rope": lambda *, d_model, **_: NoPositions(d_model),
     "gehring_joint": lambda *, d_model, max_len, hidden, **_: GehringJoint(d_model, max_len, hidden),
     "gehring_sum": lambda *, d_model, max_len, hidden, **_: GehringSum(d_model, max_len, hidden),
 }

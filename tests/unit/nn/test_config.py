@@ -19,8 +19,8 @@ from attnlab.nn.config import PRESETS
         ({"score": "cosine"}, "score: unknown 'cosine'; allowed: additive, bilinear, dot, scaled_dot"),
         ({"attention": "sparse"}, "attention: unknown 'sparse'; allowed: hard, soft"),
         (
-            {"positional": "rope"},
-            "positional: unknown 'rope'; allowed: gehring_joint, gehring_sum, learned, none, sinusoidal",
+            {"positional": "alibi"},
+            "positional: unknown 'alibi'; allowed: gehring_joint, gehring_sum, learned, none, rope, sinusoidal",
         ),
         ({"activation": "tanh"}, "activation: unknown 'tanh'"),
         ({"dropout": 1.5}, r"dropout: must lie in \[0, 1\)"),
