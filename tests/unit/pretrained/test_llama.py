@@ -1,0 +1,131 @@
+"""A Llama-family decoder in attnlab equals Hugging Face's LlamaForCausalLM on the same weights:
+rotary positions, grouped-query attention, RMSNorm, SwiGLU, no biases; left padding, KV cache and
+the head mask xi_h on top."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnlab.errors import CheckpointError
+from attnlab.nn import DecoderOnlyConfig, build_model
+from attnlab.pretrained.llama import convert_llama_state, llama_model_section
+
+transformers = pytest.importorskip("transformers")
+
+SHAPE = {"vocab_size": 61, "layers": 2, "d_model": 32, "heads": 4, "d_ff": 48}
+# Hugging Face's LlamaRMSNorm normalises in float32 even for float64 inputs: the two models agree
+# to float32 rounding (about 1e-7 here), where a wrong formula misses by 1e-2 or more.
+ATOL = 1e-6
+
+
+def _pair(kv_heads: int, tied: bool, rope_base: float = 10000.0):
+    """A random Hugging Face Llama and the attnlab model holding its weights, both float64."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(kv_heads + 10 * tied)
+    config = LlamaConfig(
+        vocab_size=SHAPE["vocab_size"],
+        hidden_size=SHAPE["d_model"],
+        intermediate_size=SHAPE["d_ff"],
+        num_hidden_layers=SHAPE["layers"],
+        num_attention_heads=SHAPE["heads"],
+        num_key_value_heads=kv_heads,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=tied,
+        max_position_embeddings=128,
+        pad_token_id=0,
+    )
+    config.rope_parameters = {"rope_type": "default", "rope_theta": rope_base}
+    reference = LlamaForCausalLM(config).double().eval()
+    with torch.no_grad():  # random norms gains, so that a wrong norm cannot pass
+        for name, parameter in reference.named_parameters():
+            if "norm" in name:
+                parameter.uniform_(0.5, 1.5)
+    section = llama_model_section(
+        kv_heads=kv_heads,
+        rms_eps=1e-5,
+        rope_base=rope_base,
+        context_length=128,
+        pad_id=0,
+        tied_embeddings=tied,
+        **SHAPE,
+    )
+    section.pop("kind")
+    ours = build_model(DecoderOnlyConfig(**section)).double().eval()
+    tensors = dict(reference.state_dict())
+    if tied:
+        tensors.pop("lm_head.weight")
+    state = convert_llama_state(tensors, ours.state_dict(), layers=SHAPE["layers"], where="test")
+    ours.load_state_dict(state, strict=True)
+    return reference, ours
+
+
+def _left_padded(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(map(len, rows))
+    tokens = torch.tensor([[0] * (width - len(r)) + r for r in rows])
+    is_token = torch.tensor([[False] * (width - len(r)) + [True] * len(r) for r in rows])
+    return tokens, is_token
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2, 4])
+@pytest.mark.parametrize("tied", [True, False])
+def test_logits_equal_hugging_face_on_a_left_padded_batch(kv_heads: int, tied: bool) -> None:
+    reference, ours = _pair(kv_heads, tied)
+    # id 0 is also the padding id, and appears inside a row as a real token
+    tokens, is_token = _left_padded([[5, 9, 0, 14, 3, 60, 7, 8], [11, 12], [1, 2, 3, 4, 5]])
+    positions = (is_token.long().cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        expected = reference(input_ids=tokens, attention_mask=is_token.long(), position_ids=positions).logits
+        got = ours(tokens, is_token=is_token)
+    assert torch.allclose(got[is_token], expected[is_token], atol=ATOL, rtol=0)
+
+
+def test_rope_base_reaches_the_attention() -> None:
+    reference, ours = _pair(2, True, rope_base=500.0)
+    tokens = torch.tensor([[4, 8, 15, 16, 23, 42]])
+    with torch.no_grad():
+        assert torch.allclose(ours(tokens), reference(input_ids=tokens).logits, atol=ATOL, rtol=0)
+    assert ours.body.layers[0].self_attn.rotary.base == 500.0
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_cached_decoding_equals_the_whole_sequence(kv_heads: int) -> None:
+    """Step by step through the KV cache (which holds kv_heads heads), left padding included."""
+    _, ours = _pair(kv_heads, True)
+    tokens, is_token = _left_padded([[5, 9, 0, 14, 3, 60, 7, 8], [11, 12, 13]])
+    with torch.no_grad():
+        whole = ours(tokens, is_token=is_token)
+        state = ours.new_state()
+        prompt = ours(tokens[:, :4], is_token=is_token[:, :4], state=state)
+        steps = [ours(tokens[:, t : t + 1], is_token=is_token[:, t : t + 1], state=state) for t in range(4, 8)]
+    got = torch.cat([prompt, *steps], dim=1)
+    assert torch.allclose(got[is_token], whole[is_token], atol=1e-10, rtol=0)
+    assert state.layers[0].key.shape[1] == kv_heads
+
+
+def test_head_mask_on_a_query_head_equals_zeroing_its_columns_of_w_o() -> None:
+    """xi_h = 0 for query head h of a grouped layer removes exactly Att_h = head_h W_o^h."""
+    _, ours = _pair(2, True)
+    tokens = torch.tensor([[4, 8, 15, 16, 23, 42]])
+    head_mask = torch.ones(SHAPE["layers"], SHAPE["heads"], dtype=torch.float64)
+    head_mask[1, 3] = 0.0
+    with torch.no_grad():
+        masked = ours(tokens, head_mask={"self": head_mask})
+        d = SHAPE["d_model"] // SHAPE["heads"]
+        ours.body.layers[1].self_attn.out_proj.weight[:, 3 * d : 4 * d] = 0.0
+        zeroed = ours(tokens)
+    assert torch.allclose(masked, zeroed, atol=1e-12, rtol=0)
+
+
+def test_a_missing_or_extra_tensor_is_named() -> None:
+    reference, ours = _pair(2, True)
+    tensors = dict(reference.state_dict())
+    tensors.pop("lm_head.weight")
+    broken = {k: v for k, v in tensors.items() if k != "model.layers.1.mlp.up_proj.weight"}
+    with pytest.raises(CheckpointError, match="model.layers.1.mlp.up_proj.weight"):
+        convert_llama_state(broken, ours.state_dict(), layers=2, where="file.gguf")
+    with pytest.raises(CheckpointError, match="model.layers.7.extra"):
+        convert_llama_state(
+            tensors | {"model.layers.7.extra": torch.zeros(1)}, ours.state_dict(), layers=2, where="file.gguf"
+        )
