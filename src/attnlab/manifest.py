@@ -92,6 +92,16 @@ def record_of(data: bytes) -> FileRecord:
     return FileRecord(len(data), hashlib.sha256(data).hexdigest())
 
 
+def record_of_file(path: str | Path) -> FileRecord:
+    """The record of the file ``path``, read in blocks (for files too large to hold twice)."""
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 24):
+            digest.update(block)
+            size += len(block)
+    return FileRecord(size, digest.hexdigest())
+
+
 def build_manifest(contents: Mapping[str, bytes]) -> Manifest:
     """A manifest of files given as ``{relative path: bytes}``."""
     return Manifest({name: record_of(data) for name, data in contents.items()})

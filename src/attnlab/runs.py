@@ -46,7 +46,15 @@ from torch import Tensor, nn
 
 from attnlab import manifest as manifests
 from attnlab.errors import AttnlabWarning, CheckpointError, UsageError
-from attnlab.manifest import FileRecord, Manifest, check_bytes, describe_difference, read_manifest, record_of
+from attnlab.manifest import (
+    FileRecord,
+    Manifest,
+    check_bytes,
+    describe_difference,
+    read_manifest,
+    record_of,
+    record_of_file,
+)
 from attnlab.runlock import LOCK_NAME, RunLock
 from attnlab.storage import (
     atomic_write_bytes,
@@ -58,6 +66,7 @@ from attnlab.storage import (
     parse_tensors,
     read_bytes,
     read_json,
+    stream_tensors,
     tensors_to_bytes,
 )
 
@@ -252,18 +261,25 @@ class RunDir:
 
     def _adopt(self, *, exclude: Mapping[str, FileRecord]) -> Manifest:
         """A first manifest for a run that has none: the files a command reads, as they are now."""
-        contents = {
-            name: read_bytes(self.path / name)
-            for name in (self.CONFIG, self.TOKENIZER, self.MODEL)
-            if name not in exclude and (self.path / name).is_file()
-        }
-        return manifests.build_manifest(contents)
+        return Manifest(
+            {
+                name: record_of_file(self.path / name)  # read in blocks: model.safetensors may be large
+                for name in (self.CONFIG, self.TOKENIZER, self.MODEL)
+                if name not in exclude and (self.path / name).is_file()
+            }
+        )
 
     # ---- weights ------------------------------------------------------------------------------
 
     def save_weights(self, model: nn.Module) -> None:
-        tensors, metadata = weights_to_tensors(model)
-        self._write_file(self.MODEL, tensors_to_bytes(tensors, metadata))
+        self.save_state_dict(model.state_dict())
+
+    def save_state_dict(self, state: Mapping[str, Tensor]) -> None:
+        """Write model.safetensors from a state dict (tied tensors stored once), as :meth:`save_weights`
+        does from a model: an import writes weights without building the model first."""
+        tensors, metadata = state_to_tensors(state)
+        stream_tensors(self.path / self.MODEL, tensors, metadata)
+        self._record({self.MODEL: record_of_file(self.path / self.MODEL)})
 
     def load_weights(self, model: nn.Module) -> None:
         """Load model.safetensors (or, when it is missing, the latest checkpoint's), verified."""
@@ -480,10 +496,16 @@ def _metric_record(line: bytes, path: Path, number: int) -> dict[str, Any]:
 
 def weights_to_tensors(model: nn.Module) -> tuple[dict[str, Tensor], dict[str, str]]:
     """The state dict with tied tensors stored once; aliases go in the metadata."""
+    return state_to_tensors(model.state_dict())
+
+
+def state_to_tensors(state: Mapping[str, Tensor]) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """A state dict with tied tensors (one storage, offset and shape) stored once; aliases go in
+    the metadata."""
     tensors: dict[str, Tensor] = {}
     aliases: dict[str, str] = {}
     seen: dict[tuple[int, int, tuple[int, ...]], str] = {}
-    for name, tensor in model.state_dict().items():
+    for name, tensor in state.items():
         key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
         if key in seen and tensor.numel() > 0:
             aliases[name] = seen[key]

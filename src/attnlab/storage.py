@@ -82,19 +82,31 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[Any], None], mod
         UsageError: ``path`` is a folder, or cannot be written (no such place, no permission, a
             full disk); the message names it. The temporary file is removed.
     """
+
+    def fill(name: str) -> None:
+        with open(name, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as handle:
+            write(handle)
+
+    atomic_write_file(path, fill)
+
+
+def atomic_write_file(path: str | os.PathLike[str], fill: Callable[[str], None]) -> None:
+    """Call ``fill(name)`` to write the temporary file ``name`` beside ``path`` (by name, for a
+    library such as safetensors' streaming ``save_file``), sync it, then rename it over ``path``.
+    Errors as for :func:`atomic_write`."""
     path = Path(path)
     if path.is_dir():
         raise UsageError(f"{path}: is a folder; give the name of a file to write")
     ensure_folder(path.parent)
     try:
         fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
     except OSError as error:
         raise UsageError(f"{path}: cannot write: {error.strerror}") from None
     try:
-        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
+        fill(tmp_name)
+        with open(tmp_name, "rb") as written:
+            os.fsync(written.fileno())
         os.replace(tmp_name, path)
     except OSError as error:
         Path(tmp_name).unlink(missing_ok=True)
@@ -166,6 +178,16 @@ def tensors_to_bytes(tensors: Mapping[str, Tensor], metadata: Mapping[str, str] 
     """The safetensors bytes of ``tensors`` (made contiguous on the CPU) with ``metadata``."""
     prepared = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}
     return safetensors_save(prepared, metadata=dict(metadata) if metadata else None)
+
+
+def stream_tensors(path: Path, tensors: Mapping[str, Tensor], metadata: Mapping[str, str] | None = None) -> None:
+    """Write ``tensors`` as one safetensors file, atomically, tensor by tensor from memory to disk
+    (safetensors' ``save_file``): no second copy of the weights in memory, as
+    :func:`tensors_to_bytes` makes."""
+    from safetensors.torch import save_file
+
+    prepared = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}
+    atomic_write_file(path, lambda name: save_file(prepared, name, metadata=dict(metadata) if metadata else None))
 
 
 def save_tensors(path: Path, tensors: Mapping[str, Tensor], metadata: Mapping[str, str] | None = None) -> None:

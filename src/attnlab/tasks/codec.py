@@ -6,10 +6,10 @@ from collections.abc import Callable
 from typing import Any
 
 from attnlab.errors import UsageError
-from attnlab.tasks.base import TASK_SPECIALS, Task, Vocab
+from attnlab.tasks.base import TASK_SPECIALS, Vocab
 from attnlab.tokenizers import Tokenizer
 
-__all__ = ["FIRST_SYMBOL_ID", "FRAMES", "TextCodec"]
+__all__ = ["FIRST_SYMBOL_ID", "TextCodec"]
 
 FIRST_SYMBOL_ID = len(TASK_SPECIALS)
 """The id of a synthetic task's first symbol: ids below it are the specials PAD=0, BOS=1, EOS=2."""
@@ -25,7 +25,8 @@ class TextCodec:
 
     def __init__(self, task: Any, tokenizer: Tokenizer | None) -> None:
         self.task, self.tokenizer = task, tokenizer
-        self._frame = FRAMES.get(getattr(task, "kind", ""), _unframed)(task)
+        # A task with a frame (BERT's [CLS] ... [SEP], a pretrained LM's BOS) puts the ids in it.
+        self._frame: Callable[[list[int]], list[int]] = getattr(task, "frame", list)
 
     def encode(self, text: str) -> list[int]:
         if self.tokenizer is not None:
@@ -55,11 +56,3 @@ class TextCodec:
         if self.tokenizer is not None:
             return [self.tokenizer.id_to_token(i) or "?" for i in ids]
         return [self.task.vocab.tokens[i] for i in ids]
-
-
-def _unframed(task: Task) -> Callable[[list[int]], list[int]]:
-    return list
-
-
-FRAMES: dict[str, Callable[[Any], Callable[[list[int]], list[int]]]] = {"embedding": lambda task: task.frame}
-"""Task kind -> (task -> the function that puts a text's token ids into the model's input frame)."""

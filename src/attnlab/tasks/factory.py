@@ -73,6 +73,7 @@ TASK_PROPERTIES: dict[str, TaskProperties] = {
         TaskProperties("translation", "seq2seq", "encoder_decoder", text=True),
         TaskProperties("lm", "lm", "decoder_only", text=True),
         TaskProperties("sentences", "embedding", "encoder", text=True, pretrained_tokenizer=True),
+        TaskProperties("pretrained_lm", "lm", "decoder_only", text=True, pretrained_tokenizer=True),
     )
 }
 """Task name -> its properties; the same names as :data:`attnlab.tasks.registry.TASKS`."""

@@ -13,6 +13,7 @@ addition       a + b, digits as tokens                         EncoderDecoder
 translation    parallel TSV files                              EncoderDecoder
 lm             plain text                                      DecoderOnly
 sentences      texts for a sentence encoder (BERT input)       EncoderOnly
+pretrained_lm  text for a pretrained causal LM (Llama)         DecoderOnly
 =============  ==============================================  ===================
 """
 
@@ -26,6 +27,7 @@ from typing import Any
 from attnlab.errors import ConfigError
 from attnlab.nn.config import check_value_types
 from attnlab.tasks.formal import LANGUAGES, RecognitionTask
+from attnlab.tasks.pretrained_lm import PretrainedLMTask
 from attnlab.tasks.sentences import SentencesTask
 from attnlab.tasks.seq2seq import TRANSFORMS, AdditionTask, Seq2SeqTask
 from attnlab.tasks.text import LMTask, TranslationTask
@@ -39,6 +41,7 @@ TASKS: dict[str, Callable[..., Any]] = {
     "translation": TranslationTask,
     "lm": LMTask,
     "sentences": SentencesTask,
+    "pretrained_lm": PretrainedLMTask,
 }
 """Registry: task name -> constructor taking the task's options as keywords."""
 

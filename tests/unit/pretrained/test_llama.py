@@ -13,7 +13,8 @@ from attnlab.pretrained.llama import convert_llama_state, llama_model_section
 
 transformers = pytest.importorskip("transformers")
 
-SHAPE = {"vocab_size": 61, "layers": 2, "d_model": 32, "heads": 4, "d_ff": 48}
+SHAPE = {"layers": 2, "d_model": 32, "heads": 4, "d_ff": 48}
+VOCAB = 61
 # Hugging Face's LlamaRMSNorm normalises in float32 even for float64 inputs: the two models agree
 # to float32 rounding (about 1e-7 here), where a wrong formula misses by 1e-2 or more.
 ATOL = 1e-6
@@ -25,7 +26,7 @@ def _pair(kv_heads: int, tied: bool, rope_base: float = 10000.0):
 
     torch.manual_seed(kv_heads + 10 * tied)
     config = LlamaConfig(
-        vocab_size=SHAPE["vocab_size"],
+        vocab_size=VOCAB,
         hidden_size=SHAPE["d_model"],
         intermediate_size=SHAPE["d_ff"],
         num_hidden_layers=SHAPE["layers"],
@@ -47,16 +48,23 @@ def _pair(kv_heads: int, tied: bool, rope_base: float = 10000.0):
         rms_eps=1e-5,
         rope_base=rope_base,
         context_length=128,
-        pad_id=0,
         tied_embeddings=tied,
         **SHAPE,
     )
     section.pop("kind")
-    ours = build_model(DecoderOnlyConfig(**section)).double().eval()
+    ours = build_model(DecoderOnlyConfig(vocab_size=VOCAB, pad_id=0, **section)).double().eval()
     tensors = dict(reference.state_dict())
     if tied:
         tensors.pop("lm_head.weight")
-    state = convert_llama_state(tensors, ours.state_dict(), layers=SHAPE["layers"], where="test")
+    state = convert_llama_state(
+        tensors,
+        ours.state_dict(),
+        layers=SHAPE["layers"],
+        heads=SHAPE["heads"],
+        kv_heads=kv_heads,
+        tied=tied,
+        where="test",
+    )
     ours.load_state_dict(state, strict=True)
     return reference, ours
 
@@ -124,8 +132,14 @@ def test_a_missing_or_extra_tensor_is_named() -> None:
     tensors.pop("lm_head.weight")
     broken = {k: v for k, v in tensors.items() if k != "model.layers.1.mlp.up_proj.weight"}
     with pytest.raises(CheckpointError, match="model.layers.1.mlp.up_proj.weight"):
-        convert_llama_state(broken, ours.state_dict(), layers=2, where="file.gguf")
+        convert_llama_state(broken, ours.state_dict(), layers=2, heads=4, kv_heads=2, tied=True, where="file.gguf")
     with pytest.raises(CheckpointError, match="model.layers.7.extra"):
         convert_llama_state(
-            tensors | {"model.layers.7.extra": torch.zeros(1)}, ours.state_dict(), layers=2, where="file.gguf"
+            tensors | {"model.layers.7.extra": torch.zeros(1)},
+            ours.state_dict(),
+            layers=2,
+            heads=4,
+            kv_heads=2,
+            tied=True,
+            where="file.gguf",
         )

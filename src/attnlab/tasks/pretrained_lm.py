@@ -1,0 +1,107 @@
+"""``pretrained_lm``: text for a pretrained causal language model (task kind ``lm``).
+
+A pretrained LM is not trained here; the task says how its tokenizer's special roles map onto the
+model's vocabulary, how long a context may be, how a chat is written (the model's chat template),
+and, when a text file is given, which texts to score (plain text, one per non-empty line, the same
+format and errors as :func:`attnlab.tasks.text.read_lines`).
+
+The special ids come from the model (a GGUF file's ``tokenizer.ggml.*_token_id``), not from the
+spelling of tokens: SmolLM2's end of sequence is ``<|im_end|>`` (id 2), which is also its padding
+id. Padding is therefore never recognised by its id: the model is given which positions are real
+tokens (``DecoderOnly.forward(is_token=...)``).
+
+Splits: the lines of ``text_file`` are dealt to train/valid/test by the seeded hash of
+:func:`attnlab.tasks.base.split_of`; without a file every split is empty. The length-generalisation
+split is always empty.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from attnlab.errors import ConfigError
+from attnlab.tasks.base import Example, SplitAccessors, check_split_name, split_of
+from attnlab.tasks.text import MAX_LINE_CHARS, read_lines
+from attnlab.tokenizers import Tokenizer
+
+__all__ = ["PretrainedLMTask"]
+
+
+@dataclass(frozen=True)
+class PretrainedLMTask(SplitAccessors):
+    """Text for a pretrained causal LM (see the module docstring).
+
+    Attributes:
+        tokenizer: the model's tokenizer (its own vocabulary covers the model's embedding).
+        max_tokens: the longest context, prompt and generated tokens together.
+        eos: the end-of-sequence id (generation stops there).
+        pad: the id written at padded positions (masked; any id of the vocabulary will do).
+        bos: the beginning-of-sequence id, or -1 when the model has none.
+        add_bos: put ``bos`` before every text (Llama 2 does; SmolLM2 does not).
+        chat_template: the model's Jinja chat template, or "" when it has none.
+        text_file: optional texts, one per line (for ``eval``, ``heads``).
+        seed: the seed of the split hash.
+    """
+
+    tokenizer: Tokenizer
+    max_tokens: int
+    eos: int
+    pad: int
+    bos: int = -1
+    add_bos: bool = False
+    chat_template: str = ""
+    text_file: str | os.PathLike[str] | None = None
+    seed: int = 0
+
+    kind = "lm"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tokenizer, Tokenizer):
+            raise ConfigError(f"tokenizer: expected an attnlab Tokenizer, got {type(self.tokenizer).__name__}")
+        if self.max_tokens < 2:
+            raise ConfigError(f"max_tokens: must be >= 2, got {self.max_tokens}")
+        for role in ("eos", "pad"):
+            if not 0 <= getattr(self, role) < self.vocab_size:
+                raise ConfigError(f"{role}: must be a token id in [0, {self.vocab_size}), got {getattr(self, role)}")
+        if not -1 <= self.bos < self.vocab_size:
+            raise ConfigError(f"bos: must be a token id in [0, {self.vocab_size}) or -1, got {self.bos}")
+        if self.add_bos and self.bos < 0:
+            raise ConfigError("add_bos: the model has no bos id")
+
+    @property
+    def vocab_size(self) -> int:
+        """The tokenizer's own vocabulary (the model's embedding rows), without the special tokens
+        attnlab appends to a tokenizer lacking its spellings: text never encodes to those."""
+        return self.tokenizer.hf.get_vocab_size(with_added_tokens=False)
+
+    @property
+    def pad_id(self) -> int:
+        return self.pad
+
+    @property
+    def bos_id(self) -> int:
+        return self.bos
+
+    @property
+    def eos_id(self) -> int:
+        return self.eos
+
+    def frame(self, ids: list[int]) -> list[int]:
+        """``bos ids`` when the model adds a bos, else the ids as they are."""
+        return [self.bos, *ids] if self.add_bos else list(ids)
+
+    def encode(self, text: str) -> list[int]:
+        """The model's input ids for ``text``."""
+        return self.frame(self.tokenizer.encode(text))
+
+    def split(self, name: str) -> list[Example]:
+        check_split_name(name)
+        if self.text_file is None or name == "length_generalisation":
+            return []
+        texts = read_lines(self.text_file, max_line_chars=MAX_LINE_CHARS).items
+        return [self._example(text) for text in texts if split_of(self.seed, text) == name]
+
+    def _example(self, text: str) -> Example:
+        ids = tuple(self.encode(text))[: self.max_tokens]
+        return Example(source=(), target=ids, length=len(ids))
