@@ -7,8 +7,8 @@
   and warnings go to stderr (:func:`print_json`).
 * ``--progress/--no-progress``: progress bars, always on stderr; on unless ``--no-progress``.
 
-No torch at import: the device is resolved inside the option's callback, which click runs only
-when the command runs (not for ``--help`` or shell completion).
+No torch at import: the device is resolved inside the option's callback, which resolves only
+when the command runs (``--help`` exits before it; shell completion leaves the name unresolved).
 """
 
 from __future__ import annotations
@@ -24,10 +24,13 @@ PROGRESS_HELP = "Show progress bars (on stderr)."
 JSON_HELP = "Print one JSON object on stdout (progress and notes go to stderr)."
 
 
-def _resolve_device(value: str | None) -> str | None:
-    """The ``--device`` callback: the resolved name (``auto`` -> ``cpu`` or ``cuda``), None if not given."""
-    if value is None:
-        return None
+def _resolve_device(ctx: typer.Context, value: str | None) -> str | None:
+    """The ``--device`` callback: the resolved name (``auto`` -> ``cpu`` or ``cuda``), None if not given.
+
+    Shell completion parses the command line too (resilient parsing): the name is then left as given.
+    """
+    if value is None or ctx.resilient_parsing:
+        return value
     from attnlab.devices import resolve_device
 
     try:
@@ -54,8 +57,3 @@ def json_option(help: str = JSON_HELP) -> Any:  # noqa: A002 - typer's name
 def print_json(result: Any) -> None:
     """Print ``result`` as one line of JSON on stdout (keys sorted; paths and other objects as strings)."""
     typer.echo(json.dumps(result, sort_keys=True, default=str))
-
-
-def say(message: str, *, as_json: bool) -> None:
-    """Print a line for people: on stdout, or on stderr when stdout carries ``--json``."""
-    typer.echo(message, err=as_json)
