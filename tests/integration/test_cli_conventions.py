@@ -223,3 +223,12 @@ def test_on_the_gpu_eval_importance_and_generate_match_the_cpu(capsys, run, tmp_
     assert gpu_metrics["examples"] == cpu_metrics["examples"]
     assert gpu_scores == pytest.approx(cpu_scores, abs=1e-4)
     assert gpu_output == cpu_output
+
+
+def test_tokenize_json_has_tokens_and_ids_of_one_tokenizer(capsys):
+    result, _ = one_json_object(capsys, "tokenize", "--kind", "word", "the cat the dog")
+    assert result["kind"] == "word" and result["text"] == "the cat the dog"
+    assert result["tokens"] == ["the", "cat", "the", "dog"]
+    assert len(result["ids"]) == 4 and result["ids"][0] == result["ids"][2] != result["ids"][1]
+    code, out, _ = attnlab(capsys, "tokenize", "--kind", "word", "the cat the dog")
+    assert code == 0 and json.loads(out) == result["tokens"]
