@@ -71,6 +71,8 @@ def train(
         log=lambda line: typer.echo(line, err=as_json),
     )
     if as_json:
+        if os.environ.get("RANK", "0") != "0":  # under torchrun (--nproc): one object, from the main process
+            return
         print_json(
             {
                 "run": str(result.run),
