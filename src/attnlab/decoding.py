@@ -24,6 +24,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from attnlab.devices import model_device
 from attnlab.nn import DecoderOnly, EncodedSource, EncoderDecoder, HeadMask
 
 __all__ = [
@@ -277,7 +278,7 @@ def generate_continuations(
     eos_id: int,
     banned: Sequence[int],
     options: DecodeOptions = DecodeOptions(),
-    device: torch.device | str = "cpu",
+    device: torch.device | str | None = None,
     head_mask: HeadMask | None = None,
 ) -> list[Hypothesis]:
     """Continue each prompt with a :class:`DecoderOnly` model.
@@ -285,6 +286,7 @@ def generate_continuations(
     Prompts of equal length are decoded together; prompts of different lengths go in separate
     batches, so that no padding shifts a position (absolute positions start at 0 in every row).
     """
+    device = model_device(model) if device is None else device
     results: list[Hypothesis | None] = [None] * len(prompts)
     by_length: dict[int, list[int]] = {}
     for index, prompt in enumerate(prompts):

@@ -7,9 +7,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from torch import Tensor
 
-from attnlab.errors import CheckpointError, ConfigError, DataError
+from attnlab.devices import resolve_device
+from attnlab.errors import CheckpointError, ConfigError, DataError, UsageError
 from attnlab.experiment import ExperimentConfig
 from attnlab.head_ids import HeadId, held_heads, held_mask
 from attnlab.nn import HeadMask, TransformerModel
@@ -71,9 +73,23 @@ def saved_tokenizer(run: RunDir) -> Tokenizer | None:
         raise CheckpointError(str(error)) from None
 
 
-def open_run(path: str | Path, *, device: str = "cpu") -> LoadedRun:
+def open_run(path: str | Path, *, device: str | torch.device = "cpu") -> LoadedRun:
     """Load a run directory: config.json, the task, tokenizer.json and model.safetensors, each
-    verified against the run's manifest (see :meth:`attnlab.runs.RunDir.read_verified`)."""
+    verified against the run's manifest (see :meth:`attnlab.runs.RunDir.read_verified`).
+
+    Args:
+        path: the run directory.
+        device: where the model goes (``auto``, ``cpu``, ``cuda``, ``cuda:N`` or a
+            :class:`torch.device`); its head masks follow it (:meth:`LoadedRun.held_mask`).
+
+    Raises:
+        UsageError: a device name that is malformed or names a GPU this process cannot see.
+    """
+    if isinstance(device, str):
+        try:
+            device = resolve_device(device)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
     run = RunDir.open(path)
     experiment = run_experiment(run)
     task, tokenizer = build_task(experiment.task, saved_tokenizer=saved_tokenizer(run))

@@ -188,7 +188,7 @@ CASES: list[tuple[list[str], list[str]]] = [
     (["train", "{config}", "--set", "steps=3"], ["--set", "section.key=value"]),
     (["train", "{config}", "--set", "model.heads=0"], ["model.heads"]),
     (["train", "{config}", "--set", "task.name=nope"], ["task.name", "nope"]),
-    (["train", "{config}", "--device", "tpu"], ["train.device", "tpu"]),
+    (["train", "{config}", "--device", "tpu"], ["--device", "tpu", "auto, cpu, cuda, cuda:N"]),
     (["train", "{config}", "--precision", "fp8"], ["--precision", "fp8", "fp32", "bf16", "fp16"]),
     (["train", "{missing}"], ["{missing}"]),
     (["train", "{broken}"], ["{broken}", "invalid TOML"]),

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from attnlab.devices import model_device
 from attnlab.errors import UsageError
 from attnlab.evaluation import evaluate
 from attnlab.evaluation.objectives import PREDICTIONS, example_losses
@@ -121,8 +122,9 @@ class TaskProbe:
         self.metric_name = f"{split} accuracy"
 
     def batches(self) -> Iterator[Any]:
-        task = self.loaded.task
-        return make_batches(
+        """The split's batches, on the model's device."""
+        task, device = self.loaded.task, model_device(self.model)
+        batches = make_batches(
             self.examples,
             self.batch_size,
             pad_id=task.pad_id,
@@ -132,6 +134,7 @@ class TaskProbe:
             max_length=self.max_length,
             truncate=self.truncate,
         )
+        return (batch.to(device) for batch in batches)
 
     def example_losses(self, batch: Any, head_mask: HeadMask | None) -> Tensor:
         return example_losses(self.kind, self.model, batch, head_mask, self.loaded.task.pad_id)
@@ -232,14 +235,16 @@ def importance(
     normalize_per_layer: bool = False,
     base_mask: HeadMask | None = None,
     kinds: Sequence[str] | None = None,
+    progress: Any = None,
 ) -> list[ImportanceRow]:
     """I_h = E_x |dL(x)/dxi_h| at xi = 1 for the mask xi * b, one forward+backward per batch.
 
     b is ``base_mask``, by default the probe's (the run's held heads). A head with b_h = 0 (held,
     or already pruned) scores dL/dxi_h = b_h dL/dm_h = 0; the others get Michel's score at the
     point b. With ``normalize_per_layer`` each layer's scores are divided by their l2 norm
-    (Michel et al.).
+    (Michel et al.). ``progress``, if given, is called once per batch.
     """
+    tick = progress or (lambda: None)
     model = probe.model
     shapes = model.head_mask_shapes()
     point = mask_without(model, (), base=base_mask_of(probe) if base_mask is None else base_mask)
@@ -256,6 +261,7 @@ def importance(
         for kind, grad in zip(xi, grads):
             totals[kind] += grad.detach().abs().double().sum(0).cpu()
         examples += rows
+        tick()
     scores = {kind: total / max(1, examples) for kind, total in totals.items()}
     if normalize_per_layer:
         scores = {kind: s / s.norm(dim=-1, keepdim=True).clamp_min(1e-20) for kind, s in scores.items()}

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from attnlab.decoding import DecodeOptions, decode, generate_continuations
+from attnlab.devices import model_device
 from attnlab.head_ids import HeadId, heads_off
 from attnlab.loaded_run import LoadedRun
 from attnlab.nn import AttentionRecord, capture
@@ -96,7 +97,7 @@ def attention_view(
 def _seq2seq_view(loaded: LoadedRun, ids: list[int], *, head_mask, max_length: int, top_k: int) -> AttentionView:  # noqa: ANN001
     """Decode greedily, then one teacher-forced pass over (source, BOS + output) records all kinds."""
     task, codec, model = loaded.task, loaded.codec, loaded.model
-    src = torch.tensor([ids + [task.eos_id]])
+    src = torch.tensor([ids + [task.eos_id]], device=model_device(model))
     hypothesis = decode(
         model,
         src,
@@ -106,7 +107,7 @@ def _seq2seq_view(loaded: LoadedRun, ids: list[int], *, head_mask, max_length: i
         options=DecodeOptions(max_length=max_length),
         head_mask=head_mask,
     )[0]
-    tgt_in = torch.tensor([[task.bos_id, *hypothesis.tokens]])
+    tgt_in = torch.tensor([[task.bos_id, *hypothesis.tokens]], device=src.device)
     with capture(model) as records:
         model(src, tgt_in, head_mask=head_mask)
     source = codec.tokens(ids) + ["</s>"]
@@ -118,7 +119,7 @@ def _seq2seq_view(loaded: LoadedRun, ids: list[int], *, head_mask, max_length: i
 def _classifier_view(loaded: LoadedRun, ids: list[int], *, head_mask, max_length: int, top_k: int) -> AttentionView:  # noqa: ANN001
     """The label read at the EOS position (Hahn §3), with every class's probability."""
     task, codec, model = loaded.task, loaded.codec, loaded.model
-    tokens = torch.tensor([ids + [task.eos_id]])
+    tokens = torch.tensor([ids + [task.eos_id]], device=model_device(model))
     with capture(model) as records:
         probs = torch.softmax(model(tokens, head_mask=head_mask), -1)[0]
     labels = codec.tokens(ids) + ["</s>"]
@@ -139,7 +140,7 @@ def _language_model_view(loaded: LoadedRun, ids: list[int], *, head_mask, max_le
         options=DecodeOptions(max_length=max_length),
         head_mask=head_mask,
     )[0]
-    full = torch.tensor([prompt + hypothesis.tokens])
+    full = torch.tensor([prompt + hypothesis.tokens], device=model_device(model))
     with capture(model) as records:
         logits = model(full, head_mask=head_mask)
     labels = ["<s>"] + codec.tokens(ids + hypothesis.tokens)
@@ -151,7 +152,7 @@ def _language_model_view(loaded: LoadedRun, ids: list[int], *, head_mask, max_le
 
 def _encoder_view(loaded: LoadedRun, ids: list[int], *, head_mask, max_length: int, top_k: int) -> AttentionView:  # noqa: ANN001
     """A sentence encoder reads ``[CLS] text [SEP]`` once; the output summarises the sentence embedding."""
-    tokens = torch.tensor([ids], device=next(loaded.model.parameters()).device)
+    tokens = torch.tensor([ids], device=model_device(loaded.model))
     with capture(loaded.model) as records:
         hidden = loaded.model(tokens, head_mask=head_mask)
     pooling = loaded.task.pooling

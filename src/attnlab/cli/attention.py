@@ -13,6 +13,7 @@ from pathlib import Path
 import typer
 
 from attnlab.cli.app import app
+from attnlab.cli.options import device_option, json_option, print_json
 from attnlab.resources import MAX_NEW_TOKENS
 
 
@@ -27,6 +28,8 @@ def attention(
     max_length: int = typer.Option(
         64, "--max-length", min=1, help=f"Most output tokens to decode (at most {MAX_NEW_TOKENS})."
     ),
+    device: str = device_option(),
+    as_json: bool = json_option("Print one JSON object: input, output, held heads and the pictures written."),
 ) -> None:
     """Draw every attention map of RUN on TEXT: per head, per layer (grid), and the argmax pattern.
 
@@ -42,10 +45,22 @@ def attention(
     check_input_text(text, what="TEXT")
     check_new_tokens(max_length, flag="--max-length")
     check_output_path(out, kind="folder", flag="--out")
-    loaded = open_run(run)
+    loaded = open_run(run, device=device)
     view = attention_view(loaded, text, max_length=max_length)
     hard = loaded.experiment.model.get("attention") == "hard"
     paths = save_attention_pictures(view, out, argmax=hard if argmax is None else argmax)
+    if as_json:
+        print_json(
+            {
+                "run": str(run),
+                "input": text,
+                "output": view.output,
+                "held_heads": [str(head) for head in loaded.held_heads],
+                "out": str(out),
+                "pictures": [str(path) for path in paths],
+            }
+        )
+        return
     typer.echo(f"{text} -> {view.output}")
     if loaded.held_heads:
         typer.echo(f"held at zero by train.mask_heads (off): {', '.join(map(str, loaded.held_heads))}")

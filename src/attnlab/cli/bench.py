@@ -9,6 +9,7 @@ import typer
 
 from attnlab.cli.app import app
 from attnlab.cli.choices import Benchmark
+from attnlab.cli.options import progress_option
 
 
 @app.command()
@@ -17,8 +18,14 @@ def bench(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (a list of them for `all`)."),
     quick: bool = typer.Option(False, "--quick", help="Small sizes: a smoke test of every code path."),
     save: Path = typer.Option(None, "--save", help="Write <name>.json (and plots) into this folder."),
+    progress: bool = progress_option("With `all`: a progress bar over the benchmarks (on stderr)."),
 ) -> None:
-    """Time attnlab and the systems a user would pick instead: medians of 5+ runs, and their ratios."""
+    """Time attnlab and the systems a user would pick instead: medians of 5+ runs, and their ratios.
+
+    Every system runs on the CPU (the figures compare CPU implementations), so there is no --device.
+    """
+    from tqdm import tqdm
+
     from attnlab.bench import BENCHMARKS, run_benchmark
     from attnlab.bench.harness import format_table
     from attnlab.output_paths import check_output_path
@@ -31,7 +38,7 @@ def bench(
         check_output_path(save, kind="folder", flag="--save")
     keep_freed_memory()  # as `attnlab train` does; every system timed here shares this process
     outputs = []
-    for benchmark in names:
+    for benchmark in tqdm(names, desc="bench", unit="benchmark", disable=not progress or len(names) == 1):
         result = run_benchmark(benchmark, quick=quick, plots=save)
         outputs.append(result.to_json())
         if save is not None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from attnlab.cli.app import app
+from attnlab.cli.options import device_option
 
 SHOWN = 6
 """Values per vector in the human-readable output (``--json`` has them all)."""
@@ -19,6 +20,7 @@ def encode(
     texts: list[str] = typer.Argument(..., help="One or more texts."),
     as_json: bool = typer.Option(False, "--json", help="Print every value as JSON."),
     batch_size: int = typer.Option(32, "--batch-size", min=1),
+    device: str = device_option(),
 ) -> None:
     """For each text: its WordPiece tokens, the last hidden states (T x d) and the sentence embedding."""
     from attnlab.loaded_run import open_run
@@ -27,7 +29,7 @@ def encode(
 
     for number, text in enumerate(texts, start=1):
         check_input_text(text, what="TEXT" if len(texts) == 1 else f"TEXT {number}")
-    loaded = open_run(run)
+    loaded = open_run(run, device=device)
     results = encode_texts(loaded, texts, batch_size=batch_size)
     pooling = loaded.experiment.task.get("pooling", "mean")
     if as_json:

@@ -9,6 +9,7 @@ import typer
 
 from attnlab.cli.app import app
 from attnlab.cli.choices import Split
+from attnlab.cli.options import device_option, progress_option
 from attnlab.errors import UsageError
 
 
@@ -19,7 +20,8 @@ def evaluate_run(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object of metrics."),
     batch_size: int = typer.Option(128, "--batch-size", min=1),
     mask_heads: list[str] = typer.Option(None, "--mask-head", help="Mask a head, kind:layer:head (repeatable)."),
-    progress: bool = typer.Option(True, "--progress/--no-progress"),
+    progress: bool = progress_option(),
+    device: str = device_option(),
     truncate: bool = typer.Option(
         None,
         "--truncate/--no-truncate",
@@ -38,7 +40,7 @@ def evaluate_run(
     from attnlab.tasks.batching import count_too_long
 
     split = split.value
-    loaded = open_run(run)
+    loaded = open_run(run, device=device)
     train = loaded.experiment.train
     extra = [parse_head(spec, loaded.model) for spec in mask_heads or []]
     truncate = train.truncate if truncate is None else truncate

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from attnlab.cli.app import app
+from attnlab.cli.options import device_option
 from attnlab.resources import (
     MAX_BEAM,
     MAX_NEW_TOKENS,
@@ -27,6 +28,7 @@ def generate(
     max_length: int = typer.Option(64, "--max-length", min=1, help=f"Most new tokens (at most {MAX_NEW_TOKENS})."),
     length_penalty: float = typer.Option(1.0, "--length-penalty", min=0.0),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per input."),
+    device: str = device_option(),
 ) -> None:
     """Run a trained model on each TEXT: the output sequence, the class with its probability, or a continuation.
 
@@ -35,13 +37,14 @@ def generate(
     import torch
 
     from attnlab.decoding import DecodeOptions, decode, generate_continuations
+    from attnlab.devices import model_device
     from attnlab.loaded_run import open_run
 
     check_beam(beam, flag="--beam")
     check_new_tokens(max_length, flag="--max-length")
     for number, text in enumerate(texts, start=1):
         check_input_text(text, what=_which(number, len(texts)))
-    loaded = open_run(run)
+    loaded = open_run(run, device=device)
     if loaded.experiment.model_kind == "encoder":
         from attnlab.errors import UsageError
 
@@ -63,7 +66,7 @@ def generate(
         if kind == "encoder_decoder":
             hypothesis = decode(
                 model,
-                torch.tensor([ids + [task.eos_id]]),
+                torch.tensor([ids + [task.eos_id]], device=model_device(model)),
                 bos_id=task.bos_id,
                 eos_id=task.eos_id,
                 pad_id=task.pad_id,
@@ -73,7 +76,9 @@ def generate(
             result = {"input": text, "output": codec.decode(hypothesis.tokens), "log_prob": hypothesis.log_prob}
         elif kind == "encoder_classifier":
             with torch.no_grad():
-                probs = torch.softmax(model(torch.tensor([ids + [task.eos_id]]), head_mask=head_mask), -1)[0]
+                probs = torch.softmax(
+                    model(torch.tensor([ids + [task.eos_id]], device=model_device(model)), head_mask=head_mask), -1
+                )[0]
             label = int(probs.argmax())
             result = {"input": text, "label": label, "probability": float(probs[label])}
         else:

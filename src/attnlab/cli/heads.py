@@ -9,6 +9,7 @@ import typer
 
 from attnlab.cli.app import ClassicCommand, ClassicOption, app
 from attnlab.cli.choices import HeadKind, Split, value_of
+from attnlab.cli.options import device_option, json_option, print_json, progress_option
 from attnlab.errors import UsageError
 from attnlab.output_paths import check_output_path
 
@@ -21,7 +22,6 @@ TEXTS_HELP = (
     "Sentence encoders: a text file, one text per line; the objective is the fidelity of the "
     "sentence embeddings to the unmasked model (1 - cosine)."
 )
-PROGRESS_HELP = "Show progress bars (on stderr)."
 PAIRS_HELP = (
     "Sentence encoders: a TSV file sentence1<TAB>sentence2<TAB>score; the metric is the Spearman "
     "correlation of the embeddings' cosine with the score."
@@ -73,7 +73,14 @@ class PruneCommand(ClassicCommand):
         return params
 
 
-def _probe(run: Path, split: Split | str, batch_size: int, texts: Path | None = None, pairs: Path | None = None):  # noqa: ANN202
+def _probe(  # noqa: ANN202
+    run: Path,
+    split: Split | str,
+    batch_size: int,
+    texts: Path | None = None,
+    pairs: Path | None = None,
+    device: str = "cpu",
+):
     """The objective: the run's task split, or for a sentence encoder --texts (fidelity) / --pairs.
 
     Every probe starts from the run's held heads (train.mask_heads) switched off, as `attnlab eval` does.
@@ -85,7 +92,7 @@ def _probe(run: Path, split: Split | str, batch_size: int, texts: Path | None = 
     if texts is not None and pairs is not None:
         raise UsageError("give --texts or --pairs, not both")
     split = Split(split).value
-    loaded = open_run(run)
+    loaded = open_run(run, device=device)
     if texts is not None:
         return loaded, FidelityProbe(loaded, texts, batch_size=batch_size, base_mask=loaded.held_mask())
     if pairs is not None:
@@ -105,6 +112,22 @@ def _held_note(loaded) -> str | None:  # noqa: ANN001
     return f"held at zero by train.mask_heads (off throughout, like `attnlab eval`): {', '.join(map(str, held))}"
 
 
+def _json_head(loaded, probe) -> dict[str, Any]:  # noqa: ANN001
+    """What every ``heads --json`` object starts with: the run, the metric, the held heads."""
+    return {
+        "run": str(loaded.run.path),
+        "metric_name": probe.metric_name,
+        "held_heads": [str(head) for head in loaded.held_heads],
+    }
+
+
+def _rows(rows: list[Any]) -> list[dict[str, Any]]:
+    """Dataclass rows (one per head or per percentage) as JSON objects."""
+    import dataclasses
+
+    return [dataclasses.asdict(row) for row in rows]
+
+
 @heads_app.command("ablate")
 def ablate_command(
     run: Path = typer.Argument(..., help="A run directory."),
@@ -114,7 +137,9 @@ def ablate_command(
     batch_size: int = typer.Option(128, "--batch-size", min=1),
     texts: Path = typer.Option(None, "--texts", help=TEXTS_HELP),
     pairs: Path = typer.Option(None, "--pairs", help=PAIRS_HELP),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help=PROGRESS_HELP),
+    progress: bool = progress_option(),
+    device: str = device_option(),
+    as_json: bool = json_option(),
 ) -> None:
     """The metric and loss with each head masked alone, and with all heads of a layer but one."""
     from tqdm import tqdm
@@ -125,7 +150,7 @@ def ablate_command(
     if out is not None:
         check_output_path(out, kind="folder", flag="--out")
     kinds = [value_of(kind) for kind in kinds or ()]
-    loaded, probe = _probe(run, split, batch_size, texts, pairs)
+    loaded, probe = _probe(run, split, batch_size, texts, pairs, device)
     folder = out or loaded.run.analysis
     total = 2 * len(head_ids(loaded.model, kinds or None))
     with tqdm(total=total, desc="ablate", disable=not progress) as bar:
@@ -133,6 +158,27 @@ def ablate_command(
     columns = ("kind", "layer", "head", "metric", "loss", "delta")
     single = write_rows(result.single, folder / "ablation.csv", columns)
     keep_one = write_rows(result.keep_one, folder / "keep_one.csv", columns)
+    heatmaps = [
+        head_matrix_plot(
+            [r for r in result.single if r.kind == kind],
+            "delta",
+            folder / f"ablation_{kind}.png",
+            diverging=True,
+            title=f"change of {probe.metric_name} with one head masked",
+        )
+        for kind in dict.fromkeys(r.kind for r in result.single)
+    ]
+    if as_json:
+        print_json(
+            {
+                **_json_head(loaded, probe),
+                "baseline": {"metric": result.baseline.metric, "loss": result.baseline.loss},
+                "single": _rows(result.single),
+                "keep_one": _rows(result.keep_one),
+                "files": {"ablation": str(single), "keep_one": str(keep_one), "heatmaps": list(map(str, heatmaps))},
+            }
+        )
+        return
     baseline = "with the held heads off" if loaded.held_heads else "unmasked"
     typer.echo(
         f"{baseline}: metric {result.baseline.metric:.4f} ({probe.metric_name}), loss {result.baseline.loss:.4f}"
@@ -141,15 +187,7 @@ def ablate_command(
         typer.echo(note)
     typer.echo(f"each head masked alone: {single}")
     typer.echo(f"only one head kept per layer: {keep_one}")
-    for kind in dict.fromkeys(r.kind for r in result.single):
-        rows = [r for r in result.single if r.kind == kind]
-        path = head_matrix_plot(
-            rows,
-            "delta",
-            folder / f"ablation_{kind}.png",
-            diverging=True,
-            title=f"change of {probe.metric_name} with one head masked",
-        )
+    for path in heatmaps:
         typer.echo(f"heatmap: {path}")
 
 
@@ -165,8 +203,13 @@ def importance_command(
     batch_size: int = typer.Option(128, "--batch-size", min=1),
     texts: Path = typer.Option(None, "--texts", help=TEXTS_HELP),
     pairs: Path = typer.Option(None, "--pairs", help=PAIRS_HELP),
+    progress: bool = progress_option(),
+    device: str = device_option(),
+    as_json: bool = json_option(),
 ) -> None:
     """I_h = E_x |dL/dxi_h| for every head, from one forward and backward pass per batch."""
+    from tqdm import tqdm
+
     from attnlab.analysis.heads import importance
     from attnlab.analysis.reports import head_matrix_plot, write_rows
 
@@ -174,13 +217,19 @@ def importance_command(
         check_output_path(out, kind="file", flag="--out")
         check_output_path(out.with_suffix(".png"), kind="file", flag="--out (its heatmap)")
     kinds = [value_of(kind) for kind in kinds or ()]
-    loaded, probe = _probe(run, split, batch_size, texts, pairs)
+    loaded, probe = _probe(run, split, batch_size, texts, pairs, device)
     path = out or loaded.run.analysis / "importance.csv"
-    rows = importance(probe, normalize_per_layer=normalize_per_layer, kinds=kinds or None)
+    with tqdm(desc="importance", unit="batch", disable=not progress) as bar:
+        rows = importance(
+            probe, normalize_per_layer=normalize_per_layer, kinds=kinds or None, progress=lambda: bar.update(1)
+        )
     write_rows(rows, path, ("kind", "layer", "head", "importance"))
     picture = head_matrix_plot(
         rows, "importance", path.with_suffix(".png"), title=f"head importance ({probe.metric_name})"
     )
+    if as_json:
+        print_json({**_json_head(loaded, probe), "importance": _rows(rows), "csv": str(path), "heatmap": str(picture)})
+        return
     typer.echo(f"importance: {path}")
     typer.echo(f"heatmap: {picture}")
     for row in sorted(rows, key=lambda r: -r.importance)[:5]:
@@ -206,7 +255,9 @@ def prune_command(
     batch_size: int = typer.Option(128, "--batch-size", min=1),
     texts: Path = typer.Option(None, "--texts", help=TEXTS_HELP),
     pairs: Path = typer.Option(None, "--pairs", help=PAIRS_HELP),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help=PROGRESS_HELP),
+    progress: bool = progress_option(),
+    device: str = device_option(),
+    as_json: bool = json_option(),
 ) -> None:
     """Mask the least important heads (ranked globally) and evaluate; or remove them for good.
 
@@ -222,9 +273,9 @@ def prune_command(
     if out is not None:
         check_output_path(out, kind="run" if physical else "folder", flag="--out")
     kinds = [value_of(kind) for kind in kinds or ()]
-    loaded, probe = _probe(run, split, batch_size, texts, pairs)
+    loaded, probe = _probe(run, split, batch_size, texts, pairs, device)
     if physical:
-        _prune_physically(loaded, probe, percents, out, keep_one_per_layer, kinds or None)
+        _prune_physically(loaded, probe, percents, out, keep_one_per_layer, kinds or None, as_json=as_json)
         return
     from tqdm import tqdm
 
@@ -243,6 +294,9 @@ def prune_command(
         )
     csv_path = write_rows(rows, folder / "curve.csv", ("percent", "heads_pruned", "metric", "loss"))
     png = curve_plot(rows, folder / "curve.png", metric=probe.metric_name, title="pruning the least important heads")
+    if as_json:
+        print_json({**_json_head(loaded, probe), "curve": _rows(rows), "csv": str(csv_path), "plot": str(png)})
+        return
     for row in rows:
         typer.echo(f"{row.percent:5.1f}%  {row.heads_pruned:3d} heads  metric {row.metric:.4f}  loss {row.loss:.4f}")
     if note := _held_note(loaded):
@@ -251,7 +305,7 @@ def prune_command(
     typer.echo(f"plot: {png}")
 
 
-def _prune_physically(loaded, probe, percents, out, keep_one_per_layer, kinds) -> None:  # noqa: ANN001
+def _prune_physically(loaded, probe, percents, out, keep_one_per_layer, kinds, *, as_json: bool) -> None:  # noqa: ANN001
     import torch
 
     from attnlab.analysis.heads import head_ids, heads_to_remove
@@ -277,6 +331,21 @@ def _prune_physically(loaded, probe, percents, out, keep_one_per_layer, kinds) -
     masked_time, pruned_time = median_seconds(
         lambda: probe.outputs(model, batch, mask), lambda: probe.outputs(smaller, batch, smaller_mask)
     )
+    if as_json:
+        print_json(
+            {
+                **_json_head(loaded, probe),
+                "pruned": [str(head) for head in sorted(pruned)],
+                "pruned_held": [str(head) for head in held],
+                "still_held": [str(head) for head in still_held],
+                "heads": len(all_heads),
+                "parameters": {"before": model.num_parameters(), "after": smaller.num_parameters()},
+                "max_difference": float(difference),
+                "seconds": {"masked": masked_time, "pruned": pruned_time},
+                "pruned_run": str(new_run.path),
+            }
+        )
+        return
     typer.echo(f"pruned {len(pruned)} of {len(all_heads)} heads: {', '.join(map(str, sorted(pruned)))}")
     if held:
         typer.echo(

@@ -10,6 +10,7 @@ from pathlib import Path
 import typer
 
 from attnlab.cli.app import app
+from attnlab.cli.options import json_option, print_json
 from attnlab.errors import UsageError
 
 import_app = typer.Typer(help="Import pretrained checkpoints as attnlab runs.", no_args_is_help=True)
@@ -26,6 +27,7 @@ def bert_command(
     ),
     out: Path = typer.Option(..., "--out", help="The run directory to write."),
     force: bool = typer.Option(False, "--force", help="Write into --out even if it is not empty."),
+    as_json: bool = json_option(),
 ) -> None:
     """Convert a BERT checkpoint into a run directory that every attnlab command can open."""
     from attnlab.output_paths import check_output_path
@@ -37,6 +39,23 @@ def bert_command(
     found = package_source(package) if package is not None else find_source(source)
     imported = import_bert(found, out, overwrite=force)
     config = imported.model.config
+    if as_json:
+        print_json(
+            {
+                "source": str(found.folder),
+                "run": str(imported.run.path),
+                "layers": config.layers,
+                "heads": config.heads,
+                "d_model": config.d_model,
+                "d_ff": config.d_ff,
+                "vocab_size": config.vocab_size,
+                "parameters": imported.model.num_parameters(),
+                "max_tokens": imported.experiment.task["max_tokens"],
+                "pooling": imported.experiment.task["pooling"],
+                "skipped": list(imported.skipped),
+            }
+        )
+        return
     typer.echo(f"source: {found.folder}")
     typer.echo(
         f"encoder: {config.layers} layers x {config.heads} heads, d_model {config.d_model}, d_ff {config.d_ff}, "

@@ -10,6 +10,7 @@ import typer
 
 from attnlab.cli.app import app
 from attnlab.cli.choices import TokenizerKind, value_of
+from attnlab.cli.options import json_option, print_json
 from attnlab.errors import UsageError
 
 if TYPE_CHECKING:  # the tokenizers import at run time, inside the command
@@ -72,6 +73,7 @@ def tokenize(
     vocab_size: int = typer.Option(8000, "--vocab-size", min=7, help="Vocabulary size when training."),
     skip_bad_lines: bool = typer.Option(False, "--skip-bad-lines", help="Skip bad corpus lines (counted)."),
     ids: bool = typer.Option(False, "--ids", help="Print token ids instead of tokens."),
+    as_json: bool = json_option("Print one JSON object: the text, the tokenizer's kind and size, tokens and ids."),
 ) -> None:
     """Print the tokens of TEXT as a JSON list.
 
@@ -85,5 +87,16 @@ def tokenize(
     ignored: the output is TEXT's tokens only.
     """
     tok = _pick_tokenizer(text, value_of(kind), tokenizer, vocab, train, vocab_size, skip_bad_lines, lowercase)
+    if as_json:
+        print_json(
+            {
+                "text": text,
+                "kind": tok.kind,
+                "vocab_size": tok.vocab_size,
+                "tokens": tok.tokenize(text),
+                "ids": tok.encode(text),
+            }
+        )
+        return
     out = tok.encode(text) if ids else tok.tokenize(text)
     typer.echo(json.dumps(out, ensure_ascii=False))

@@ -12,6 +12,7 @@ import typer
 
 from attnlab.cli.app import app
 from attnlab.cli.choices import Precision, value_of
+from attnlab.cli.options import device_option, json_option, print_json, progress_option
 from attnlab.errors import UsageError
 from attnlab.output_paths import check_output_path
 
@@ -25,9 +26,15 @@ def train(
     nproc: int = typer.Option(
         1, "--nproc", min=1, help="Train on N processes with DistributedDataParallel (torchrun)."
     ),
-    device: str = typer.Option(None, "--device", help="cpu, cuda or cuda:N (same as --set train.device=...)."),
+    device: str = device_option(
+        None, "auto (the GPU when there is one), cpu, cuda or cuda:N; same as --set train.device=... (auto resolved)."
+    ),
     precision: Precision = typer.Option(None, "--precision", help="Same as --set train.precision=..."),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show progress bars."),
+    progress: bool = progress_option(),
+    as_json: bool = json_option(
+        "Print one JSON object when training ends: run, steps, final loss, validation metrics, seconds "
+        "(the log goes to stderr)."
+    ),
 ) -> None:
     """Train a model on a task; writes a run directory (config, weights, checkpoints, metrics, plots)."""
     from attnlab.experiment import load_experiment
@@ -49,17 +56,41 @@ def train(
         run_path = out or Path("runs") / f"{experiment.task_name}-{time.strftime('%Y%m%d-%H%M%S')}"
         check_output_path(run_path, kind="run", flag="--out")
     if nproc > 1:
-        _spawn(nproc, config, overrides, run_path, resume is not None, progress)
+        _spawn(nproc, config, overrides, run_path, resume is not None, progress, as_json)
         return
     from attnlab.runtime import keep_freed_memory
     from attnlab.training.trainer import train as run_training  # torch-heavy: import when needed
 
     keep_freed_memory()  # this process is the training run: reuse the memory each step frees
-    result = run_training(experiment, run_path, resume=resume is not None, progress=progress, log=typer.echo)
+    started = time.perf_counter()
+    result = run_training(
+        experiment,
+        run_path,
+        resume=resume is not None,
+        progress=progress,
+        log=lambda line: typer.echo(line, err=as_json),
+    )
+    if as_json:
+        if os.environ.get("RANK", "0") != "0":  # under torchrun (--nproc): one object, from the main process
+            return
+        print_json(
+            {
+                "run": str(result.run),
+                "steps": result.step,
+                "steps_this_session": len(result.losses),
+                "final_loss": result.losses[-1] if result.losses else None,
+                "valid": result.final_metrics,
+                "device": experiment.train.device,
+                "seconds": time.perf_counter() - started,
+            }
+        )
+        return
     _report(result.run, result.final_metrics)
 
 
-def _spawn(nproc: int, config: Path | None, overrides: list[str], run_path: Path, resume: bool, progress: bool) -> None:
+def _spawn(  # noqa: PLR0913 - the command line to pass on
+    nproc: int, config: Path | None, overrides: list[str], run_path: Path, resume: bool, progress: bool, as_json: bool
+) -> None:
     """Re-run this command under torchrun with N processes (a fixed --out so all ranks agree)."""
     command = [
         sys.executable,
@@ -76,6 +107,8 @@ def _spawn(nproc: int, config: Path | None, overrides: list[str], run_path: Path
         command += ["--set", item]
     if not progress:
         command.append("--no-progress")
+    if as_json:
+        command.append("--json")
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     completed = subprocess.run(command, env=env, check=False)
     if completed.returncode != 0:

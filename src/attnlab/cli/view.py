@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from attnlab.cli.app import app
+from attnlab.cli.options import device_option
 
 
 @app.command()
@@ -32,6 +33,7 @@ def view(
     importance: Path = typer.Option(
         None, "--importance", help="CSV from `attnlab heads importance`, to colour heads by importance."
     ),
+    device: str = device_option(),
 ) -> None:
     """Start the attention viewer: type an input, see every head's attention, switch heads off live."""
     from attnlab.head_ids import head_ids
@@ -41,7 +43,7 @@ def view(
     from attnlab.viewer.server import create_app
 
     names = allowed_hosts(host, allow_host or [])
-    loaded = open_run(run)
+    loaded = open_run(run, device=device)
     scores = None if importance is None else read_importance(importance, frozenset(head_ids(loaded.model)))
     app_ = create_app(loaded, importance=scores, allowed_hosts=names)
     sock = listen(host, port)

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from attnlab.cli.app import app
+from attnlab.cli.options import json_option, print_json, progress_option
 from attnlab.output_paths import check_output_path
 from attnlab.resources import MAX_VECTOR_DIM, check_vector_dim
 
@@ -26,6 +27,10 @@ def word2vec(
     min_count: int = typer.Option(1, "--min-count", min=1, help="Ignore rarer words."),
     seed: int = typer.Option(0, "--seed", help="Random seed."),
     skip_bad_lines: bool = typer.Option(False, "--skip-bad-lines", help="Skip bad lines (counted)."),
+    progress: bool = progress_option(
+        "Show a progress bar while tokenizing a corpus of 10,000 lines or more (on stderr)."
+    ),
+    as_json: bool = json_option(),
 ) -> None:
     """Train skip-gram word2vec vectors with gensim and write them to --out."""
     from tqdm import tqdm
@@ -40,10 +45,25 @@ def word2vec(
     if lines.skipped:
         typer.echo(f"skipped {len(lines.skipped)} bad lines in {corpus}", err=True)
     split = Tokenizer.load(tokenizer).tokenize if tokenizer is not None else str.split
-    sentences = [split(line) for line in tqdm(lines.items, desc="tokenizing", disable=len(lines.items) < 10_000)]
+    sentences = [
+        split(line) for line in tqdm(lines.items, desc="tokenizing", disable=not progress or len(lines.items) < 10_000)
+    ]
     vectors = train_word2vec(sentences, dim, window=window, min_count=min_count, epochs=epochs, seed=seed)
     left_out = save_vectors(vectors, out)
     tokens = sum(len(s) for s in sentences)
+    if as_json:
+        print_json(
+            {
+                "out": str(out),
+                "words": len(vectors) - len(left_out),
+                "dim": vectors.dim,
+                "lines": len(sentences),
+                "tokens": tokens,
+                "skipped_lines": len(lines.skipped),
+                "left_out": left_out,
+            }
+        )
+        return
     typer.echo(
         f"{len(vectors) - len(left_out)} words x {vectors.dim} dims "
         f"from {len(sentences)} lines ({tokens} tokens) -> {out}"

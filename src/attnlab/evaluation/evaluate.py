@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from attnlab.decoding import DecodeOptions, decode
+from attnlab.devices import model_device
 from attnlab.evaluation import metrics
 from attnlab.evaluation.objectives import OBJECTIVES
 from attnlab.tasks.base import Example
@@ -37,7 +38,7 @@ def evaluate(
     truncate: bool = False,
     tokenizer: Tokenizer | None = None,
     head_mask: Mapping[str, Tensor] | None = None,
-    device: torch.device | str = "cpu",
+    device: torch.device | str | None = None,
     progress: bool = False,
 ) -> dict[str, Any]:
     """Metrics of ``model`` on ``task.split(split)``.
@@ -46,7 +47,9 @@ def evaluate(
         kind: the model kind (``encoder_decoder``, ``encoder_classifier``, ``decoder_only``).
         tokenizer: for text tasks: BLEU is computed on decoded text.
         head_mask: evaluate with these heads masked (Michel §2.3).
+        device: where the batches go; default: the model's device.
     """
+    device = model_device(model) if device is None else device
     examples = task.split(split)
     if not examples:
         return {"split": split, "examples": 0}

@@ -37,6 +37,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
+from attnlab import devices
 from attnlab.embeddings import init_embedding, load_vectors
 from attnlab.errors import EXIT_DIVERGED, AttnlabError, CheckpointError, ConfigError
 from attnlab.evaluation.evaluate import evaluate
@@ -89,9 +90,15 @@ class StepOutcome:
 
 
 def resolve_device(name: str) -> torch.device:
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"train.device: {name!r} asked for, but no CUDA device is visible; use cpu")
-    return torch.device(name)
+    """``train.device`` as a :class:`torch.device` (:func:`attnlab.devices.resolve_device`).
+
+    Raises:
+        ConfigError: a malformed name, or a GPU this process cannot see; the message names train.device.
+    """
+    try:
+        return devices.resolve_device(name)
+    except ValueError as error:
+        raise ConfigError(f"train.device: {error}") from None
 
 
 def make_optimizer(parameters: Iterable[nn.Parameter], cfg: TrainConfig) -> torch.optim.Optimizer:

@@ -1,0 +1,61 @@
+"""Where a model runs: the device names a user gives (``auto``, ``cpu``, ``cuda``, ``cuda:N``) and
+the :class:`torch.device` each one means on this machine.
+
+``auto`` takes the first GPU when :func:`torch.cuda.is_available`, otherwise the CPU. Every command
+that runs a model resolves its ``--device`` through :func:`resolve_device`, and ``attnlab train``'s
+``train.device`` too, so that a name means the same everywhere.
+"""
+
+from __future__ import annotations
+
+import re
+from itertools import chain
+
+import torch
+from torch import nn
+
+__all__ = ["DEVICE_NAMES", "check_device_name", "model_device", "resolve_device"]
+
+DEVICE_NAMES = "auto, cpu, cuda, cuda:N"
+"""The device names :func:`resolve_device` accepts, as error messages list them."""
+
+_NAME = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+
+def check_device_name(name: str) -> str:
+    """``name`` when it is one of ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
+
+    Raises:
+        ValueError: any other name (``tpu``, ``cuda:x``, ``CPU``), naming the allowed ones.
+    """
+    if not isinstance(name, str) or _NAME.fullmatch(name) is None:
+        raise ValueError(f"unknown device {name!r}; allowed: {DEVICE_NAMES}")
+    return name
+
+
+def resolve_device(name: str) -> torch.device:
+    """The device ``name`` means here: ``auto`` is ``cuda`` when a GPU is visible, else ``cpu``.
+
+    Raises:
+        ValueError: a malformed name, ``cuda`` without a visible GPU, or ``cuda:N`` beyond the
+            GPUs this process sees.
+    """
+    check_device_name(name)
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError(f"{name!r} asked for, but no CUDA device is visible; use cpu or auto")
+        count = torch.cuda.device_count()
+        index = int(name.partition(":")[2] or 0)
+        if index >= count:
+            raise ValueError(
+                f"{name!r} asked for, but this process sees {count} CUDA device(s): cuda:0 to cuda:{count - 1}"
+            )
+    return torch.device(name)
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device of ``model``'s first parameter (or buffer); the CPU for a model with neither."""
+    first = next(chain(model.parameters(), model.buffers()), None)
+    return torch.device("cpu") if first is None else first.device
