@@ -5,9 +5,9 @@
 
 Off the CPU, :func:`dropout` is PyTorch's ``F.dropout``, one fused kernel on the device. On a CPU,
 PyTorch draws its mask from a serial Mersenne twister, which made dropout a visible part of a
-training step; attnlab draws its own masks there (benchmarks/README.md compares the two):
+training step; attnlab draws its own masks there, measurably faster (benchmarks/README.md).
 
-Entry i is kept when a uniform random word u_i of b bits is at least t = round(p 2^b). The rate
+On a CPU, entry i is kept when a uniform random word u_i of b bits is at least t = round(p 2^b). The rate
 realised is therefore t / 2^b (:func:`realised_rate`), and the scale is 1 / (1 - t / 2^b), so that
 E[Dropout_p(x)] = x exactly:
 
