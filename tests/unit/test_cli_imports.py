@@ -19,7 +19,17 @@ import typer
 from attnlab.cli import app, main
 from attnlab.cli.choices import Benchmark, HeadKind, Precision, Split, TokenizerKind
 
-HEAVY = ("torch", "numpy", "attnlab.nn", "attnlab.experiment", "attnlab.tasks", "safetensors")
+HEAVY = (
+    "torch",
+    "numpy",
+    "attnlab.nn",
+    "attnlab.kernels",
+    "attnlab.pretrained",
+    "gguf",
+    "attnlab.experiment",
+    "attnlab.tasks",
+    "safetensors",
+)
 """Modules that neither the help pages nor ``attnlab tokenize`` may load."""
 
 PROBE = """

@@ -183,6 +183,8 @@ class TransformerConfig:
             return
         if self.d_k is None:
             raise ValueError("heads_per_layer: needs d_k set explicitly (pruned layers keep the original head size)")
+        if self.kv_heads is not None and self.kv_heads != self.heads:
+            raise ValueError("heads_per_layer: pruning grouped-query attention (kv_heads < heads) is not implemented")
         for kind, counts in self.heads_per_layer.items():
             if kind not in ("encoder_self", "decoder_self", "cross", "self"):
                 raise ValueError(

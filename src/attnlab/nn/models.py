@@ -183,7 +183,8 @@ def _multi_head(config: TransformerConfig, kind: str, layer: int) -> MultiHeadAt
         straight_through=config.straight_through,
         dropout=config.attention_dropout,
         bias=config.bias,
-        kv_heads=None if kind == "cross" else config.key_value_heads,
+        # Grouped-query attention in self-attention; None: one key/value head per (unpruned) head.
+        kv_heads=None if kind == "cross" else config.kv_heads,
         # Rotary positions rotate self-attention's queries and keys; cross-attention has none.
         rope_base=config.rope_base if config.positional == "rope" and kind != "cross" else None,
         linear=config.linear,
