@@ -250,6 +250,24 @@ def test_language_model_reports_perplexity(tmp_path):
     assert "continuation" in json.loads(out.stdout)
 
 
+def test_the_llama_style_config_trains_and_decodes(tmp_path):
+    """configs/lm_llama.toml (rotary positions, grouped-query attention, RMSNorm, SwiGLU, no
+    biases) on the shipped sentences, shrunk to a few steps: it trains, evaluates and generates."""
+    config = Path(__file__).resolve().parents[2] / "configs" / "lm_llama.toml"
+    sets = ["train.steps=6", "train.batch_size=8", "model.layers=2", "model.d_model=32", "model.d_ff=48"]
+    sets += ["task.vocab_size=200", "train.eval_every=6", "train.checkpoint_every=6"]
+    result = attnlab(
+        "train", str(config), "--out", str(tmp_path / "run"), "--no-progress", *(f"--set={s}" for s in sets)
+    )
+    assert result.returncode == 0, result.stderr
+    model = json.loads((tmp_path / "run" / "config.json").read_text())["model"]
+    assert (model["positional"], model["kv_heads"], model["norm"], model["activation"]) == ("rope", 2, "rms", "swiglu")
+    metrics = json.loads(attnlab("eval", str(tmp_path / "run"), "--json", "--no-progress").stdout)
+    assert 1.0 < metrics["perplexity"] < 1000.0
+    out = attnlab("generate", str(tmp_path / "run"), "The module", "--max-length", "4", "--json")
+    assert out.returncode == 0, out.stderr
+
+
 def test_skipped_bad_lines_are_counted(tmp_path):
     data = tmp_path / "train.tsv"
     _toy_translation(data, 200, seed=2)

@@ -68,6 +68,7 @@ def _sentences(path: Path) -> None:
     [
         ("translation", _number_words, "bleu", 90.0),
         ("lm", _sentences, "perplexity", 3.0),
+        ("lm_llama", _sentences, "perplexity", 3.0),
     ],
 )
 def test_text_tasks_learn_generated_data(name, make, metric, bound, tmp_path):
