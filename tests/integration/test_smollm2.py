@@ -97,7 +97,7 @@ def test_logits_equal_hugging_face_on_a_left_padded_batch(run: Path, reference) 
 
 # ---- generation ----------------------------------------------------------------------------------
 
-GENERATION_PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, 3 + 4 =", "Hola, ¿qué tal?"]
+GENERATION_PROMPTS = ["The capital of France is", "def fibonacci(n):", "Hola, ¿qué tal? 3 + 4 ="]
 CHAT = "What is the capital of France?"
 NEW_TOKENS = 20
 
@@ -119,7 +119,7 @@ def test_chat_prompt_ids_equal_the_reference_chat_template(loaded, reference) ->
 
 
 def test_greedy_generation_equals_hugging_face_generate(loaded, reference) -> None:
-    """Four plain prompts and one chat prompt (which ends at EOS), 20 new tokens, token for token."""
+    """Three plain prompts and one chat prompt (which ends at EOS), 20 new tokens, token for token."""
     from attnlab.decoding import DecodeOptions, generate_continuations
 
     tokenizer, model = reference
