@@ -286,9 +286,7 @@ def sample_search(
         prefix: (B, t0), the start of every row.
     """
     if sampling.greedy:
-        return greedy_search(
-            stepper, prefix, eos_id=eos_id, banned=banned, max_length=max_length, on_token=on_token
-        )
+        return greedy_search(stepper, prefix, eos_id=eos_id, banned=banned, max_length=max_length, on_token=on_token)
     generator = torch.Generator(device=prefix.device)
     if sampling.seed is None:
         generator.seed()
@@ -299,9 +297,7 @@ def sample_search(
         probs = warp_logits(log_probs, sampling).softmax(dim=-1)
         return torch.multinomial(probs, 1, generator=generator)[:, 0]
 
-    return _step_by_step(
-        stepper, prefix, draw, eos_id=eos_id, banned=banned, max_length=max_length, on_token=on_token
-    )
+    return _step_by_step(stepper, prefix, draw, eos_id=eos_id, banned=banned, max_length=max_length, on_token=on_token)
 
 
 def _step_by_step(

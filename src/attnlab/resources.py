@@ -10,7 +10,7 @@ The documented caps:
 * :data:`MAX_TEXT_CHARS`: characters of one input text (``generate``, ``attention``, ``encode``,
   the viewer); after tokenization a text must also fit the model's context, ``model.max_len``.
 * :data:`MAX_BEAM`: ``generate --beam``.
-* :data:`MAX_NEW_TOKENS`: ``generate --max-new-tokens`` (alias ``--max-length``) / ``attention --max-length`` (tokens decoded).
+* :data:`MAX_NEW_TOKENS`: ``generate --max-new-tokens`` (``--max-length``) / ``attention --max-length``.
 * :data:`MAX_SPLIT_EXAMPLES`: ``task.train_size`` and the other split sizes of a synthetic task.
 * :data:`MAX_VECTOR_DIM`: ``word2vec --dim``.
 * :data:`MAX_LAYERS`: ``model.layers`` and ``model.decoder_layers``.

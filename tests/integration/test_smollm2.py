@@ -179,7 +179,11 @@ def test_generate_streams_the_chat_reply_and_json_gives_the_same(run: Path, load
 
     task = loaded.task
     expected = generate_continuations(
-        loaded.model, [task.generation_prompt(CHAT, chat=True)], eos_id=task.eos_id, banned=(), options=DecodeOptions(12)
+        loaded.model,
+        [task.generation_prompt(CHAT, chat=True)],
+        eos_id=task.eos_id,
+        banned=(),
+        options=DecodeOptions(12),
     )[0]
     text = loaded.codec.decode(expected.tokens)
     streamed = attnlab("generate", str(run), CHAT, "--chat", "--max-new-tokens", "12")

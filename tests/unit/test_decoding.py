@@ -254,9 +254,13 @@ def test_draws_follow_the_warped_distribution():
     options = SamplingOptions(temperature=0.8, top_k=4, seed=7)
     rows = 20_000
     drawn = sample_search(
-        _FixedLogits(logits), torch.zeros(rows, 1, dtype=torch.long), eos_id=99, banned=(), max_length=1,
+        _FixedLogits(logits),
+        torch.zeros(rows, 1, dtype=torch.long),
+        eos_id=99,
+        banned=(),
+        max_length=1,
         sampling=options,
-    )  # fmt: skip
+    )
     counts = torch.bincount(torch.tensor([h.tokens[0] for h in drawn]), minlength=6).double() / rows
     expected = warp_logits(logits[None], options).softmax(-1)[0].double()
     assert counts[3] == 0 and counts[4] == 0  # outside the top 4
@@ -265,9 +269,13 @@ def test_draws_follow_the_warped_distribution():
 
 def test_banned_ids_are_never_drawn():
     drawn = sample_search(
-        _FixedLogits(torch.zeros(5)), torch.zeros(500, 1, dtype=torch.long), eos_id=99, banned=(0, 3), max_length=1,
+        _FixedLogits(torch.zeros(5)),
+        torch.zeros(500, 1, dtype=torch.long),
+        eos_id=99,
+        banned=(0, 3),
+        max_length=1,
         sampling=SamplingOptions(seed=0),
-    )  # fmt: skip
+    )
     assert {h.tokens[0] for h in drawn} == {1, 2, 4}
 
 
@@ -299,10 +307,13 @@ def test_sampling_does_not_touch_the_global_rng(lm):
 
 @pytest.mark.parametrize(
     "sampling",
-    [SamplingOptions(temperature=0.0), SamplingOptions(temperature=1.0, top_k=1, seed=3),
-     SamplingOptions(temperature=2.0, top_p=1e-6, seed=4)],
+    [
+        SamplingOptions(temperature=0.0),
+        SamplingOptions(temperature=1.0, top_k=1, seed=3),
+        SamplingOptions(temperature=2.0, top_p=1e-6, seed=4),
+    ],
     ids=["temperature 0", "top_k 1", "tiny top_p"],
-)  # fmt: skip
+)
 def test_degenerate_sampling_is_greedy(lm, sampling):
     assert _continue(lm, sampling) == _continue(lm, None)
 
@@ -326,9 +337,13 @@ def test_streaming_sees_every_token_as_it_is_chosen(lm):
     seen: list[list[int]] = []
     prompt = torch.tensor([[BOS, 3, 4]])
     found = greedy_search(
-        DecoderOnlyStepper(lm, use_cache=True), prompt, eos_id=EOS, banned=(PAD, BOS), max_length=10,
+        DecoderOnlyStepper(lm, use_cache=True),
+        prompt,
+        eos_id=EOS,
+        banned=(PAD, BOS),
+        max_length=10,
         on_token=lambda token: seen.append(token.tolist()),
-    )[0]  # fmt: skip
+    )[0]
     flat = [row[0] for row in seen]
     assert flat[: len(found.tokens)] == found.tokens
     assert len(flat) == len(found.tokens) + (1 if found.finished else 0)

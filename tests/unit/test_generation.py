@@ -56,5 +56,5 @@ def test_text_stream_holds_back_a_partial_character():
     pieces = [stream.push([b]) for b in "aé👍b".encode()]
     assert "".join(pieces) == "aé👍b" and pieces[1] == "" and pieces[3:6] == ["", "", ""]
     assert stream.finish() == ""
-    stream.push(list("c".encode()) + [0xF0])
+    stream.push(list(b"c") + [0xF0])
     assert stream.finish() == "c\ufffd"
