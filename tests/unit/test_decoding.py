@@ -360,3 +360,14 @@ def test_a_pad_id_that_is_a_real_token_is_read_as_a_token():
     for use_cache in (True, False):
         got = DecoderOnlyStepper(model, use_cache=use_cache).next_logits(prompt)
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def test_encoder_decoder_runs_sample_too(seq2seq):
+    src = _src()
+
+    def run(sampling):
+        options = DecodeOptions(max_length=8, sampling=sampling)
+        return [h.tokens for h in decode(seq2seq, src, bos_id=BOS, eos_id=EOS, pad_id=PAD, options=options)]
+
+    assert run(SamplingOptions(temperature=1.0, seed=5)) == run(SamplingOptions(temperature=1.0, seed=5))
+    assert run(SamplingOptions(temperature=1.0, top_k=1, seed=5)) == run(None)
