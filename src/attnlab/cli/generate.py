@@ -48,10 +48,11 @@ def generate(
 ) -> None:
     """Run a model on each TEXT: the output sequence, the class with its probability, or a continuation.
 
-    A language model's continuation is printed token by token as it is produced, after TEXT and a
-    tab (with --json: one object at the end). Greedy unless --temperature > 0, which samples
-    (with --top-k, --top-p, --seed). Heads held at zero in training (train.mask_heads) stay off,
-    as in `attnlab eval`.
+    A language model's continuation is printed as it is produced, after TEXT and a tab (--json: one object at the end).
+
+    Greedy unless --temperature > 0, which samples (with --top-k, --top-p, --seed; the same seed gives the same text).
+
+    Heads held at zero in training (train.mask_heads) stay off, as in `attnlab eval`.
     """
     from attnlab.decoding import DecodeOptions
     from attnlab.loaded_run import open_run
