@@ -10,13 +10,21 @@ A *stepper* hides the model kind: ``next_logits(prefix)`` gives the logits of th
 each row, and ``reorder(index)`` selects rows (beam search). Greedy search and beam search are
 written once, over steppers.
 
-PAD and BOS are never predicted. A finished row keeps being fed EOS (never PAD), so no padding ever
-enters the target side and the cached and uncached paths see identical inputs.
+Which ids are never predicted is the caller's choice (``banned``): the tasks attnlab trains ban PAD
+and BOS; a pretrained LM bans nothing (SmolLM2's PAD id *is* its EOS). A finished row keeps being
+fed EOS (never PAD), so no padding ever enters the target side and the cached and uncached paths see
+identical inputs; a decoder-only model is told that every position is a real token, so its padding
+id is never recognised by value.
+
+Sampling (:func:`sample_search`, :class:`SamplingOptions`) draws each token from the model's
+distribution reshaped as Hugging Face's logits warpers do, in their order: temperature, top-k,
+top-p (nucleus). Draws come from a ``torch.Generator`` seeded by the caller, never from the global
+RNG, so the same seed gives the same tokens.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
@@ -29,15 +37,56 @@ from attnlab.nn import DecoderOnly, EncodedSource, EncoderDecoder, HeadMask
 
 __all__ = [
     "DecodeOptions",
+    "SamplingOptions",
+    "OnToken",
     "Hypothesis",
     "Stepper",
     "EncoderDecoderStepper",
     "DecoderOnlyStepper",
     "greedy_search",
+    "sample_search",
+    "warp_logits",
+    "top_k_filter",
+    "top_p_filter",
     "beam_search",
     "decode",
     "generate_continuations",
 ]
+
+
+OnToken = Callable[[Tensor], None]
+"""Called after every decoding step with that step's tokens, (B,) (finished rows repeat EOS)."""
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    """How to draw tokens instead of taking the most probable one (Hugging Face's warpers).
+
+    Attributes:
+        temperature: logits are divided by it before the softmax; 0 means greedy (argmax, the
+            other options unused).
+        top_k: keep only the k most probable tokens; 0 = no limit.
+        top_p: keep the smallest set of most probable tokens whose probabilities sum to at least
+            ``top_p`` (always at least one token); 1 = no limit.
+        seed: seeds the ``torch.Generator`` the draws come from (None: a fresh random seed).
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0 or self.temperature == float("inf"):
+            raise ValueError(f"temperature: must be >= 0 and finite (0 = greedy), got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k: must be >= 1, or 0 for no limit, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p: must lie in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
 
 
 @dataclass(frozen=True)
@@ -46,15 +95,18 @@ class DecodeOptions:
 
     Attributes:
         max_length: most new tokens per sequence (EOS included).
-        beam_size: 1 for greedy search, more for beam search.
+        beam_size: 1 for greedy search (or sampling), more for beam search.
         length_penalty: alpha in score / length^alpha (0 = raw log-probability).
         use_cache: feed one token a step through the KV cache (else re-run the prefix).
+        sampling: draw tokens (:func:`sample_search`) instead of searching; None or a temperature
+            of 0 = greedy. Only with ``beam_size`` 1.
     """
 
     max_length: int = 64
     beam_size: int = 1
     length_penalty: float = 1.0
     use_cache: bool = True
+    sampling: SamplingOptions | None = None
 
     def __post_init__(self) -> None:
         if self.max_length < 1:
@@ -63,6 +115,13 @@ class DecodeOptions:
             raise ValueError(f"beam_size: must be >= 1, got {self.beam_size}")
         if self.length_penalty < 0:
             raise ValueError(f"length_penalty: must be >= 0, got {self.length_penalty}")
+        if self.samples and self.beam_size > 1:
+            raise ValueError("sampling: only with beam_size 1 (beam search does not sample)")
+
+    @property
+    def samples(self) -> bool:
+        """Whether tokens are drawn (a sampling temperature above 0)."""
+        return self.sampling is not None and not self.sampling.greedy
 
 
 @dataclass(frozen=True)
@@ -114,9 +173,11 @@ class DecoderOnlyStepper:
         self.state = model.new_state() if use_cache else None
 
     def next_logits(self, prefix: Tensor) -> Tensor:
-        if self.state is None:
-            return self.model(prefix, head_mask=self.head_mask)[:, -1]
-        return self.model(prefix[:, len(self.state) :], head_mask=self.head_mask, state=self.state)[:, -1]
+        # Every position of a prefix is a real token (prompts of a batch have equal length): say so,
+        # since a model's padding id may be a real token too (SmolLM2's PAD is its EOS).
+        new = prefix if self.state is None else prefix[:, len(self.state) :]
+        is_token = torch.ones(new.shape, dtype=torch.bool, device=new.device)
+        return self.model(new, head_mask=self.head_mask, state=self.state, is_token=is_token)[:, -1]
 
     def reorder(self, index: Tensor) -> None:
         if self.state is not None:
@@ -124,30 +185,144 @@ class DecoderOnlyStepper:
 
 
 def _forbid(logits: Tensor, banned: Sequence[int]) -> Tensor:
+    if not banned:
+        return logits
     logits = logits.clone()
     logits[:, list(banned)] = float("-inf")
     return logits
 
 
+def top_k_filter(logits: Tensor, k: int) -> Tensor:
+    """Set every logit below the k-th largest of its row to -inf (ties with it stay); 0 = no-op.
+
+    Shape:
+        logits: (R, V);  returns (R, V).
+    """
+    if k <= 0 or k >= logits.shape[-1]:
+        return logits
+    kth = logits.topk(k, dim=-1).values[:, -1:]  # (R, 1)
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def top_p_filter(logits: Tensor, p: float) -> Tensor:
+    """Nucleus filter (Holtzman et al. 2020), with Hugging Face's ``TopPLogitsWarper`` semantics:
+    keep the smallest set of most probable tokens whose probabilities sum to at least ``p``, and
+    always the most probable one; set the rest to -inf. ``p = 1`` is a no-op.
+
+    Shape:
+        logits: (R, V);  returns (R, V).
+    """
+    if p >= 1:
+        return logits
+    ascending, order = logits.sort(dim=-1)
+    cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)
+    drop = cumulative <= 1 - p  # the least probable tokens whose total stays within 1 - p
+    drop[:, -1] = False  # the most probable token always stays
+    return logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+
+
+def warp_logits(logits: Tensor, sampling: SamplingOptions) -> Tensor:
+    """Temperature, then top-k, then top-p: the logits tokens are drawn from (Hugging Face's order).
+
+    Shape:
+        logits: (R, V) float;  returns (R, V).
+    """
+    logits = logits / sampling.temperature
+    return top_p_filter(top_k_filter(logits, sampling.top_k), sampling.top_p)
+
+
+TokenPicker = Callable[[Tensor], Tensor]
+"""(R, V) log-probabilities of the next token -> (R,) the tokens chosen."""
+
+
 @torch.inference_mode()
 def greedy_search(
-    stepper: Stepper, prefix: Tensor, *, eos_id: int, banned: Sequence[int], max_length: int
+    stepper: Stepper,
+    prefix: Tensor,
+    *,
+    eos_id: int,
+    banned: Sequence[int],
+    max_length: int,
+    on_token: OnToken | None = None,
 ) -> list[Hypothesis]:
     """Pick the most probable token at every step, for every row at once.
+
+    Args:
+        on_token: called with each step's tokens as soon as they are chosen (streaming).
 
     Shape:
         prefix: (B, t0), the start of every row (BOS, or a prompt).
     """
+    return _step_by_step(
+        stepper, prefix, _most_probable, eos_id=eos_id, banned=banned, max_length=max_length, on_token=on_token
+    )
+
+
+def _most_probable(log_probs: Tensor) -> Tensor:
+    return log_probs.argmax(-1)
+
+
+@torch.inference_mode()
+def sample_search(
+    stepper: Stepper,
+    prefix: Tensor,
+    *,
+    eos_id: int,
+    banned: Sequence[int],
+    max_length: int,
+    sampling: SamplingOptions,
+    on_token: OnToken | None = None,
+) -> list[Hypothesis]:
+    """Draw every token from the model's distribution reshaped by ``sampling`` (:func:`warp_logits`).
+
+    A hypothesis's ``log_prob`` is the model's own log-probability of the drawn tokens (banned
+    ids removed, before temperature and filters), as in greedy search. A temperature of 0 is greedy
+    search.
+
+    Args:
+        on_token: called with each step's tokens as soon as they are drawn (streaming).
+
+    Shape:
+        prefix: (B, t0), the start of every row.
+    """
+    if sampling.greedy:
+        return greedy_search(stepper, prefix, eos_id=eos_id, banned=banned, max_length=max_length, on_token=on_token)
+    generator = torch.Generator(device=prefix.device)
+    if sampling.seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(sampling.seed)
+
+    def draw(log_probs: Tensor) -> Tensor:
+        probs = warp_logits(log_probs, sampling).softmax(dim=-1)
+        return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+    return _step_by_step(stepper, prefix, draw, eos_id=eos_id, banned=banned, max_length=max_length, on_token=on_token)
+
+
+def _step_by_step(
+    stepper: Stepper,
+    prefix: Tensor,
+    pick: TokenPicker,
+    *,
+    eos_id: int,
+    banned: Sequence[int],
+    max_length: int,
+    on_token: OnToken | None,
+) -> list[Hypothesis]:
+    """One token per row per step, chosen by ``pick``, until every row has ended or ``max_length``."""
     batch = prefix.shape[0]
     finished = torch.zeros(batch, dtype=torch.bool, device=prefix.device)
     log_probs = torch.zeros(batch, dtype=torch.float64, device=prefix.device)
     new_tokens = []
     for _ in range(max_length):
         step_log_probs = torch.log_softmax(_forbid(stepper.next_logits(prefix).float(), banned), dim=-1)
-        token = step_log_probs.argmax(-1)
+        token = pick(step_log_probs)
         token = torch.where(finished, torch.full_like(token, eos_id), token)
         log_probs += torch.where(finished, 0.0, step_log_probs.gather(-1, token[:, None])[:, 0].double())
         new_tokens.append(token)
+        if on_token is not None:
+            on_token(token)
         finished |= token == eos_id
         prefix = torch.cat([prefix, token[:, None]], dim=1)
         if bool(finished.all()):
@@ -280,11 +455,18 @@ def generate_continuations(
     options: DecodeOptions = DecodeOptions(),
     device: torch.device | str | None = None,
     head_mask: HeadMask | None = None,
+    on_token: OnToken | None = None,
 ) -> list[Hypothesis]:
     """Continue each prompt with a :class:`DecoderOnly` model.
 
     Prompts of equal length are decoded together; prompts of different lengths go in separate
     batches, so that no padding shifts a position (absolute positions start at 0 in every row).
+
+    Args:
+        banned: ids never produced (a trained task's PAD and BOS; nothing for a pretrained LM).
+        options: greedy, beam or sampling (``options.sampling``).
+        on_token: called with each step's tokens, (B,) of the batch being decoded (greedy and
+            sampling only; streaming one prompt at a time).
     """
     device = model_device(model) if device is None else device
     results: list[Hypothesis | None] = [None] * len(prompts)
@@ -297,7 +479,7 @@ def generate_continuations(
         for indices in by_length.values():
             prefix = torch.tensor([list(prompts[i]) for i in indices], dtype=torch.long, device=device)
             stepper = DecoderOnlyStepper(model, use_cache=options.use_cache, head_mask=head_mask)
-            found = _search(stepper, prefix, eos_id=eos_id, banned=banned, options=options)
+            found = _search(stepper, prefix, eos_id=eos_id, banned=banned, options=options, on_token=on_token)
             for index, hypothesis in zip(indices, found):
                 results[index] = hypothesis
     return [r for r in results if r is not None]
@@ -317,10 +499,29 @@ def _evaluation_mode(model: torch.nn.Module) -> Iterator[None]:
 
 
 def _search(
-    stepper: Stepper, prefix: Tensor, *, eos_id: int, banned: Sequence[int], options: DecodeOptions
+    stepper: Stepper,
+    prefix: Tensor,
+    *,
+    eos_id: int,
+    banned: Sequence[int],
+    options: DecodeOptions,
+    on_token: OnToken | None = None,
 ) -> list[Hypothesis]:
+    if options.samples:
+        assert options.sampling is not None
+        return sample_search(
+            stepper,
+            prefix,
+            eos_id=eos_id,
+            banned=banned,
+            max_length=options.max_length,
+            sampling=options.sampling,
+            on_token=on_token,
+        )
     if options.beam_size == 1:
-        return greedy_search(stepper, prefix, eos_id=eos_id, banned=banned, max_length=options.max_length)
+        return greedy_search(
+            stepper, prefix, eos_id=eos_id, banned=banned, max_length=options.max_length, on_token=on_token
+        )
     return beam_search(
         stepper,
         prefix,

@@ -10,7 +10,7 @@ The documented caps:
 * :data:`MAX_TEXT_CHARS`: characters of one input text (``generate``, ``attention``, ``encode``,
   the viewer); after tokenization a text must also fit the model's context, ``model.max_len``.
 * :data:`MAX_BEAM`: ``generate --beam``.
-* :data:`MAX_NEW_TOKENS`: ``generate --max-length`` / ``attention --max-length`` (tokens decoded).
+* :data:`MAX_NEW_TOKENS`: ``generate --max-new-tokens`` (``--max-length``) / ``attention --max-length``.
 * :data:`MAX_SPLIT_EXAMPLES`: ``task.train_size`` and the other split sizes of a synthetic task.
 * :data:`MAX_VECTOR_DIM`: ``word2vec --dim``.
 * :data:`MAX_LAYERS`: ``model.layers`` and ``model.decoder_layers``.
@@ -68,7 +68,7 @@ MAX_BEAM = 256
 """Largest beam: each beam row holds its own KV cache, so memory grows linearly with the beam."""
 
 MAX_NEW_TOKENS = 4096
-"""Most tokens one decoding may produce (``--max-length``)."""
+"""Most tokens one decoding may produce (``--max-new-tokens``, ``--max-length``)."""
 
 MAX_SPLIT_EXAMPLES = 1_000_000
 """Most examples in one split of a synthetic task (``task.train_size`` etc.): they are generated and
@@ -150,29 +150,35 @@ FIXED_POSITIONS = ("learned", "gehring_joint", "gehring_sum")
 (Sinusoidal positions extrapolate; ``none`` has no positions.)"""
 
 
-def check_decode_length(prompt: int, new: int, *, config) -> int:  # noqa: ANN001
+def check_decode_length(prompt: int, new: int, *, config, context: int | None = None) -> int:  # noqa: ANN001
     """The most new tokens a decoding may produce: ``new``, or fewer where the model's positions end.
 
     A model with fixed positions (:data:`FIXED_POSITIONS`) has none past ``model.max_len``, so its
     decoding stops there (as it would at EOS) instead of failing mid-way; a prompt that leaves no
-    position at all is refused.
+    position at all is refused. A ``context`` the task sets (a pretrained LM's ``max_tokens``, the
+    length it was trained on) caps decoding the same way, whatever its positions.
 
     Args:
         prompt: positions the decoder side holds before the first new token (BOS, plus the prompt
             of a language model).
-        new: most new tokens asked for (``--max-length``).
+        new: most new tokens asked for (``--max-new-tokens``).
         config: the model's :class:`attnlab.nn.TransformerConfig`.
+        context: the task's context (``task.max_tokens``), or None when only the model's positions limit it.
 
     Raises:
         UsageError: the prompt already fills every position.
     """
-    if config.positional not in FIXED_POSITIONS:
+    if context is not None:
+        limit, origin = context, "task.max_tokens"
+    elif config.positional in FIXED_POSITIONS:
+        limit, origin = config.max_len, f"model.max_len, {config.positional} positions"
+    else:
         return new
-    room = config.max_len - prompt
+    room = limit - prompt
     if room < 1:
         raise UsageError(
-            f"TEXT: {prompt:,} positions leave no room to generate in the model's context of {config.max_len:,} "
-            f"(model.max_len, {config.positional} positions); shorten the input"
+            f"TEXT: {prompt:,} positions leave no room to generate in the model's context of {limit:,} "
+            f"({origin}); shorten the input"
         )
     return min(new, room)
 

@@ -93,3 +93,132 @@ def test_logits_equal_hugging_face_on_a_left_padded_batch(run: Path, reference) 
     difference = (ours - theirs).abs().max().item()
     assert difference <= 1e-3, f"largest logit difference {difference:.2e}"
     assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
+
+
+# ---- generation ----------------------------------------------------------------------------------
+
+GENERATION_PROMPTS = ["The capital of France is", "def fibonacci(n):", "Hola, ¿qué tal? 3 + 4 ="]
+CHAT = "What is the capital of France?"
+NEW_TOKENS = 20
+
+
+@pytest.fixture(scope="module")
+def loaded(run: Path):
+    return open_run(run)
+
+
+def _chat_ids_of(tokenizer, text: str) -> list[int]:
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def test_chat_prompt_ids_equal_the_reference_chat_template(loaded, reference) -> None:
+    tokenizer, _ = reference
+    for text in (CHAT, "Write a haiku about ümlauts\nand newlines."):
+        assert loaded.task.generation_prompt(text, chat=True) == _chat_ids_of(tokenizer, text)
+
+
+def test_greedy_generation_equals_hugging_face_generate(loaded, reference) -> None:
+    """Three plain prompts and one chat prompt (which ends at EOS), 20 new tokens, token for token."""
+    from attnlab.decoding import DecodeOptions, generate_continuations
+
+    tokenizer, model = reference
+    task = loaded.task
+    prompts = [task.generation_prompt(text) for text in GENERATION_PROMPTS] + [task.generation_prompt(CHAT, chat=True)]
+    ours = generate_continuations(
+        loaded.model, prompts, eos_id=task.eos_id, banned=task.generation_banned, options=DecodeOptions(NEW_TOKENS)
+    )
+    assert ours[-1].finished  # the chat reply ends with <|im_end|>, which is also the padding id
+    for prompt, hypothesis in zip(prompts, ours, strict=True):
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            theirs = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=NEW_TOKENS,
+                eos_token_id=task.eos_id,
+                pad_token_id=task.pad_id,
+            )[0, len(prompt) :].tolist()
+        assert hypothesis.tokens + [task.eos_id] * hypothesis.finished == theirs, tokenizer.decode(prompt)
+
+
+def test_the_kv_cache_holds_the_three_key_value_heads(loaded) -> None:
+    from attnlab.decoding import DecoderOnlyStepper
+
+    stepper = DecoderOnlyStepper(loaded.model, use_cache=True)
+    prompt = torch.tensor([loaded.task.generation_prompt("Hello there")])
+    with torch.no_grad():
+        stepper.next_logits(prompt)
+    caches = stepper.state.layers
+    assert len(caches) == 30
+    assert all(c.key.shape == c.value.shape == (1, 3, prompt.shape[1], 64) for c in caches)
+
+
+def test_sampling_is_seeded_and_degenerate_sampling_is_greedy(loaded) -> None:
+    from attnlab.decoding import DecodeOptions, SamplingOptions, generate_continuations
+
+    task = loaded.task
+    prompt = [task.generation_prompt("Once upon a time")]
+
+    def tokens(sampling: SamplingOptions | None) -> list[int]:
+        options = DecodeOptions(8, sampling=sampling)
+        found = generate_continuations(loaded.model, prompt, eos_id=task.eos_id, banned=(), options=options)
+        return found[0].tokens
+
+    drawn = tokens(SamplingOptions(temperature=1.0, top_p=0.95, seed=3))
+    assert tokens(SamplingOptions(temperature=1.0, top_p=0.95, seed=3)) == drawn
+    assert any(tokens(SamplingOptions(temperature=1.0, top_p=0.95, seed=seed)) != drawn for seed in (4, 5))
+    greedy = tokens(None)
+    assert tokens(SamplingOptions(temperature=1.0, top_k=1, seed=3)) == greedy
+    assert tokens(SamplingOptions(temperature=1.0, top_p=1e-6, seed=3)) == greedy
+
+
+def test_generate_streams_the_chat_reply_and_json_gives_the_same(run: Path, loaded) -> None:
+    from attnlab.decoding import DecodeOptions, generate_continuations
+
+    task = loaded.task
+    expected = generate_continuations(
+        loaded.model,
+        [task.generation_prompt(CHAT, chat=True)],
+        eos_id=task.eos_id,
+        banned=(),
+        options=DecodeOptions(12),
+    )[0]
+    text = loaded.codec.decode(expected.tokens)
+    streamed = attnlab("generate", str(run), CHAT, "--chat", "--max-new-tokens", "12")
+    assert streamed.returncode == 0, streamed.stderr
+    assert streamed.stdout == f"{CHAT}\t{text}\n" and "Paris" in text
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--top-p", "2"], "error: --top-p: must lie in (0, 1], got 2"),
+        (["--temperature", "-1"], "error: --temperature: must be >= 0 (0 = greedy), got -1"),
+        (["--top-k", "0", "--temperature", "1"], "error: --top-k: must be >= 1, got 0"),
+        (["--top-p", "0.9"], "error: --top-p: only when sampling; add --temperature T"),
+    ],
+)
+def test_bad_sampling_flags_are_one_usage_error(run: Path, capsys, flags: list[str], message: str) -> None:
+    from attnlab.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["generate", str(run), "hello", *flags])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and err.startswith(message) and err.count("\n") == 1
+
+
+def test_a_prompt_longer_than_the_context_is_one_usage_error(run: Path, loaded, capsys) -> None:
+    import dataclasses
+
+    from attnlab.cli import main
+    from attnlab.errors import UsageError
+
+    with pytest.raises(SystemExit) as exited:
+        main(["generate", str(run), " a" * 8200, "--max-new-tokens", "4"])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and err.count("\n") == 1
+    assert err.startswith("error: TEXT: 8,200 tokens, longer than the model's context of 8,192")
+    with pytest.raises(UsageError, match="--chat: this run has no chat template"):
+        dataclasses.replace(loaded.task, chat_template="").generation_prompt("hi", chat=True)

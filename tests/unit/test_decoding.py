@@ -13,9 +13,14 @@ from attnlab.decoding import (
     DecodeOptions,
     DecoderOnlyStepper,
     EncoderDecoderStepper,
+    SamplingOptions,
     decode,
     generate_continuations,
     greedy_search,
+    sample_search,
+    top_k_filter,
+    top_p_filter,
+    warp_logits,
 )
 from attnlab.nn import DecoderOnly, DecoderOnlyConfig, EncoderDecoder, EncoderDecoderConfig
 
@@ -179,3 +184,190 @@ def test_options_are_validated():
         DecodeOptions(beam_size=0)
     with pytest.raises(ValueError, match="max_length"):
         DecodeOptions(max_length=0)
+
+
+# ---- sampling ------------------------------------------------------------------------------------
+
+
+def _kept(logits: torch.Tensor) -> list[list[int]]:
+    return [sorted(torch.nonzero(row > float("-inf"))[:, 0].tolist()) for row in logits]
+
+
+def test_top_k_keeps_the_k_largest_logits():
+    logits = torch.tensor([[1.0, 4.0, 3.0, 2.0, 0.5], [0.0, -1.0, 5.0, 5.0, 2.0]])
+    assert _kept(top_k_filter(logits, 2)) == [[1, 2], [2, 3]]
+    assert _kept(top_k_filter(logits, 1)) == [[1], [2, 3]]  # a tie with the k-th stays, as in Hugging Face
+    assert torch.equal(top_k_filter(logits, 0), logits) and torch.equal(top_k_filter(logits, 5), logits)
+    kept = top_k_filter(logits, 3)
+    assert torch.equal(kept[kept > float("-inf")], logits[kept > float("-inf")])  # kept logits unchanged
+
+
+@pytest.mark.parametrize(
+    ("p", "kept"),
+    [(0.4, [0]), (0.5, [0]), (0.75, [0, 1]), (0.85, [0, 1, 2]), (1.0, [0, 1, 2, 3])],
+)
+def test_top_p_keeps_the_smallest_set_reaching_p(p, kept):
+    """Probabilities 0.5, 0.3, 0.15, 0.05: the fewest most probable tokens whose sum is >= p."""
+    logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
+    assert _kept(top_p_filter(logits, p)) == [kept]
+
+
+def test_top_p_always_keeps_the_most_probable_token():
+    logits = torch.tensor([[2.0, 1.0, 0.0], [0.0, 0.0, 9.0]])
+    assert _kept(top_p_filter(logits, 1e-9)) == [[0], [2]]
+
+
+def test_warpers_equal_hugging_face_on_random_logits():
+    transformers = pytest.importorskip("transformers")
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(16, 50, generator=generator) * 3
+    for options in (
+        SamplingOptions(temperature=0.7, top_k=5),
+        SamplingOptions(temperature=1.3, top_p=0.9),
+        SamplingOptions(temperature=1.0, top_k=10, top_p=0.5),
+        SamplingOptions(temperature=2.0, top_p=0.01),
+    ):
+        theirs = logits / options.temperature
+        if options.top_k:
+            theirs = transformers.TopKLogitsWarper(options.top_k)(None, theirs)
+        if options.top_p < 1:
+            theirs = transformers.TopPLogitsWarper(options.top_p)(None, theirs)
+        assert torch.equal(warp_logits(logits, options), theirs), options
+
+
+class _FixedLogits:
+    """A stepper whose next-token logits are always the same."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        self.logits = logits
+
+    def next_logits(self, prefix: torch.Tensor) -> torch.Tensor:
+        return self.logits.expand(prefix.shape[0], -1)
+
+    def reorder(self, index: torch.Tensor) -> None:
+        pass
+
+
+def test_draws_follow_the_warped_distribution():
+    """20,000 one-token draws: frequencies within 0.015 of softmax(logits / T) after top-k."""
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, 3.0])
+    options = SamplingOptions(temperature=0.8, top_k=4, seed=7)
+    rows = 20_000
+    drawn = sample_search(
+        _FixedLogits(logits),
+        torch.zeros(rows, 1, dtype=torch.long),
+        eos_id=99,
+        banned=(),
+        max_length=1,
+        sampling=options,
+    )
+    counts = torch.bincount(torch.tensor([h.tokens[0] for h in drawn]), minlength=6).double() / rows
+    expected = warp_logits(logits[None], options).softmax(-1)[0].double()
+    assert counts[3] == 0 and counts[4] == 0  # outside the top 4
+    assert (counts - expected).abs().max() < 0.015
+
+
+def test_banned_ids_are_never_drawn():
+    drawn = sample_search(
+        _FixedLogits(torch.zeros(5)),
+        torch.zeros(500, 1, dtype=torch.long),
+        eos_id=99,
+        banned=(0, 3),
+        max_length=1,
+        sampling=SamplingOptions(seed=0),
+    )
+    assert {h.tokens[0] for h in drawn} == {1, 2, 4}
+
+
+@pytest.fixture(scope="module")
+def lm():
+    torch.manual_seed(5)
+    return DecoderOnly(DecoderOnlyConfig(**{**CFG, "vocab_size": 40})).eval()
+
+
+def _continue(model, sampling, prompts=((BOS, 3, 4), (BOS, 5, 6)), steps=12):
+    options = DecodeOptions(max_length=steps, sampling=sampling)
+    return [h.tokens for h in generate_continuations(model, prompts, eos_id=EOS, banned=(PAD, BOS), options=options)]
+
+
+def test_the_same_seed_gives_the_same_tokens_and_others_differ(lm):
+    first = _continue(lm, SamplingOptions(temperature=1.5, seed=11))
+    assert _continue(lm, SamplingOptions(temperature=1.5, seed=11)) == first
+    others = [_continue(lm, SamplingOptions(temperature=1.5, seed=seed)) for seed in (12, 13)]
+    assert any(other != first for other in others)
+
+
+def test_sampling_does_not_touch_the_global_rng(lm):
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    _continue(lm, SamplingOptions(temperature=1.0, seed=1))
+    assert torch.equal(torch.rand(3), expected)
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingOptions(temperature=0.0),
+        SamplingOptions(temperature=1.0, top_k=1, seed=3),
+        SamplingOptions(temperature=2.0, top_p=1e-6, seed=4),
+    ],
+    ids=["temperature 0", "top_k 1", "tiny top_p"],
+)
+def test_degenerate_sampling_is_greedy(lm, sampling):
+    assert _continue(lm, sampling) == _continue(lm, None)
+
+
+def test_sampling_options_are_validated():
+    for bad, field in (
+        ({"temperature": -1.0}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_k": -1}, "top_k"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 2.0}, "top_p"),
+    ):
+        with pytest.raises(ValueError, match=field):
+            SamplingOptions(**bad)
+    with pytest.raises(ValueError, match="beam_size"):
+        DecodeOptions(beam_size=2, sampling=SamplingOptions(temperature=1.0))
+    DecodeOptions(beam_size=2, sampling=SamplingOptions(temperature=0.0))  # greedy options: no sampling
+
+
+def test_streaming_sees_every_token_as_it_is_chosen(lm):
+    seen: list[list[int]] = []
+    prompt = torch.tensor([[BOS, 3, 4]])
+    found = greedy_search(
+        DecoderOnlyStepper(lm, use_cache=True),
+        prompt,
+        eos_id=EOS,
+        banned=(PAD, BOS),
+        max_length=10,
+        on_token=lambda token: seen.append(token.tolist()),
+    )[0]
+    flat = [row[0] for row in seen]
+    assert flat[: len(found.tokens)] == found.tokens
+    assert len(flat) == len(found.tokens) + (1 if found.finished else 0)
+
+
+def test_a_pad_id_that_is_a_real_token_is_read_as_a_token():
+    """A pretrained LM's PAD id may be a real token (SmolLM2's is its EOS): the stepper marks every
+    prefix position as a token, so a prompt holding that id decodes as the model reads it."""
+    torch.manual_seed(2)
+    model = DecoderOnly(DecoderOnlyConfig(**CFG)).eval()
+    prompt = torch.tensor([[3, PAD, 4, 5]])
+    with torch.no_grad():
+        expected = model(prompt, is_token=torch.ones_like(prompt, dtype=torch.bool))[:, -1]
+    for use_cache in (True, False):
+        got = DecoderOnlyStepper(model, use_cache=use_cache).next_logits(prompt)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def test_encoder_decoder_runs_sample_too(seq2seq):
+    src = _src()
+
+    def run(sampling):
+        options = DecodeOptions(max_length=8, sampling=sampling)
+        return [h.tokens for h in decode(seq2seq, src, bos_id=BOS, eos_id=EOS, pad_id=PAD, options=options)]
+
+    assert run(SamplingOptions(temperature=1.0, seed=5)) == run(SamplingOptions(temperature=1.0, seed=5))
+    assert run(SamplingOptions(temperature=1.0, top_k=1, seed=5)) == run(None)

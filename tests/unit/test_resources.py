@@ -248,3 +248,11 @@ def test_decoding_stops_at_the_last_learned_position():
     with pytest.raises(UsageError, match="32 positions leave no room to generate .*model.max_len"):
         check_decode_length(32, 64, config=learned)
     assert check_decode_length(12, 4000, config=learned.replace(positional="sinusoidal")) == 4000  # extrapolates
+
+
+def test_a_task_context_caps_decoding_whatever_the_positions():
+    rope = DecoderOnlyConfig(vocab_size=10, layers=1, d_model=8, heads=2, d_ff=8, positional="rope", max_len=64)
+    assert check_decode_length(12, 4000, config=rope) == 4000
+    assert check_decode_length(12, 4000, config=rope, context=20) == 8
+    with pytest.raises(UsageError, match="20 positions leave no room .*context of 20 \\(task.max_tokens\\)"):
+        check_decode_length(20, 5, config=rope, context=20)

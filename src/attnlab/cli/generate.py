@@ -9,6 +9,7 @@ import typer
 
 from attnlab.cli.app import app
 from attnlab.cli.options import device_option
+from attnlab.errors import UsageError
 from attnlab.resources import (
     MAX_BEAM,
     MAX_NEW_TOKENS,
@@ -22,82 +23,178 @@ from attnlab.resources import (
 
 @app.command()
 def generate(
-    run: Path = typer.Argument(..., help="A run directory written by `attnlab train`."),
+    run: Path = typer.Argument(..., help="A run directory written by `attnlab train` or `attnlab import`."),
     texts: list[str] = typer.Argument(..., help="Inputs: symbols of the task (e.g. abcd) or text."),
     beam: int = typer.Option(1, "--beam", min=1, help=f"Beam size (1 = greedy; at most {MAX_BEAM})."),
-    max_length: int = typer.Option(64, "--max-length", min=1, help=f"Most new tokens (at most {MAX_NEW_TOKENS})."),
+    max_new_tokens: int = typer.Option(
+        64,
+        "--max-new-tokens",
+        "--max-length",
+        min=1,
+        help=f"Most new tokens, EOS included (at most {MAX_NEW_TOKENS}); --max-length is the older name.",
+    ),
     length_penalty: float = typer.Option(1.0, "--length-penalty", min=0.0),
-    as_json: bool = typer.Option(False, "--json", help="One JSON object per input."),
+    temperature: float = typer.Option(
+        0.0, "--temperature", help="Sample at this temperature (> 0); 0 = greedy (the default)."
+    ),
+    top_k: int | None = typer.Option(None, "--top-k", help="Sample from the K most probable tokens only (K >= 1)."),
+    top_p: float | None = typer.Option(
+        None, "--top-p", help="Sample from the smallest set of tokens whose probability reaches P (0 < P <= 1)."
+    ),
+    seed: int | None = typer.Option(None, "--seed", help="Seed of the draws: the same seed gives the same text."),
+    chat: bool = typer.Option(False, "--chat", help="Put each TEXT in the model's chat template (pretrained LMs)."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per input, when it is done."),
     device: str = device_option(),
 ) -> None:
-    """Run a trained model on each TEXT: the output sequence, the class with its probability, or a continuation.
+    """Run a model on each TEXT: the output sequence, the class with its probability, or a continuation.
+
+    A language model's continuation is printed as it is produced, after TEXT and a tab (--json: one object at the end).
+
+    Greedy unless --temperature > 0, which samples (with --top-k, --top-p, --seed; the same seed gives the same text).
 
     Heads held at zero in training (train.mask_heads) stay off, as in `attnlab eval`.
     """
-    import torch
-
-    from attnlab.decoding import DecodeOptions, decode, generate_continuations
-    from attnlab.devices import model_device
+    from attnlab.decoding import DecodeOptions
     from attnlab.loaded_run import open_run
 
     check_beam(beam, flag="--beam")
-    check_new_tokens(max_length, flag="--max-length")
+    check_new_tokens(max_new_tokens, flag="--max-new-tokens (--max-length)")
+    sampling = _sampling(temperature, top_k, top_p, seed, beam=beam)
     for number, text in enumerate(texts, start=1):
         check_input_text(text, what=_which(number, len(texts)))
     loaded = open_run(run, device=device)
-    if loaded.experiment.model_kind == "encoder":
-        from attnlab.errors import UsageError
-
+    kind = loaded.experiment.model_kind
+    if kind == "encoder":
         raise UsageError(f"{run} is a sentence encoder: it generates nothing; use `attnlab encode RUN TEXT...`")
-    task, codec, model = loaded.task, loaded.codec, loaded.model
-    head_mask = loaded.held_mask()
-    context = model.config.max_len
+    if chat and kind != "decoder_only":
+        raise UsageError(f"--chat: {run} is not a language model ({kind}); only language-model runs chat")
     encoded, new_tokens = [], []
     for number, text in enumerate(texts, start=1):  # every input checked before the first is decoded
-        ids = codec.encode(text)
-        check_input_tokens(len(ids) + 1, context=context, what=_which(number, len(texts)))  # + EOS or BOS
-        prompt = 1 + (len(ids) if loaded.experiment.model_kind == "decoder_only" else 0)  # BOS (+ the prompt)
-        decodes = loaded.experiment.model_kind != "encoder_classifier"
-        new_tokens.append(check_decode_length(prompt, max_length, config=model.config) if decodes else max_length)
+        ids, new = _prepared(loaded, text, max_new_tokens, chat=chat, what=_which(number, len(texts)))
         encoded.append(ids)
+        new_tokens.append(new)
     for text, ids, new in zip(texts, encoded, new_tokens, strict=True):
-        options = DecodeOptions(max_length=new, beam_size=beam, length_penalty=length_penalty)
-        kind = loaded.experiment.model_kind
-        if kind == "encoder_decoder":
-            hypothesis = decode(
-                model,
-                torch.tensor([ids + [task.eos_id]], device=model_device(model)),
-                bos_id=task.bos_id,
-                eos_id=task.eos_id,
-                pad_id=task.pad_id,
-                options=options,
-                head_mask=head_mask,
-            )[0]
-            result = {"input": text, "output": codec.decode(hypothesis.tokens), "log_prob": hypothesis.log_prob}
-        elif kind == "encoder_classifier":
-            with torch.no_grad():
-                probs = torch.softmax(
-                    model(torch.tensor([ids + [task.eos_id]], device=model_device(model)), head_mask=head_mask), -1
-                )[0]
-            label = int(probs.argmax())
-            result = {"input": text, "label": label, "probability": float(probs[label])}
-        else:
-            hypothesis = generate_continuations(
-                model,
-                [[task.bos_id, *ids]],
-                eos_id=task.eos_id,
-                banned=(task.pad_id, task.bos_id),
-                options=options,
-                head_mask=head_mask,
-            )[0]
-            result = {"input": text, "continuation": codec.decode(hypothesis.tokens), "log_prob": hypothesis.log_prob}
+        options = DecodeOptions(max_length=new, beam_size=beam, length_penalty=length_penalty, sampling=sampling)
+        result = _RUNNERS[kind](loaded, text, ids, options, stream=not as_json and beam == 1)
         if as_json:
             typer.echo(json.dumps(result))
         elif "label" in result:
             verdict = "in the language" if result["label"] == 1 else "not in the language"
             typer.echo(f"{text}\t{result['label']} ({verdict}, p={result['probability']:.3f})")
-        else:
-            typer.echo(f"{text}\t{result.get('output', result.get('continuation'))}")
+        elif "output" in result:
+            typer.echo(f"{text}\t{result['output']}")
+        elif beam > 1:  # a beam's continuation is known only at the end
+            typer.echo(f"{text}\t{result['continuation']}")
+
+
+def _sampling(temperature: float, top_k: int | None, top_p: float | None, seed: int | None, *, beam: int):
+    """The sampling options the flags ask for (None: greedy or beam search), or one UsageError."""
+    from attnlab.decoding import SamplingOptions
+
+    if not 0 <= temperature < float("inf"):
+        raise UsageError(f"--temperature: must be >= 0 (0 = greedy), got {temperature:g}")
+    if top_k is not None and top_k < 1:
+        raise UsageError(f"--top-k: must be >= 1, got {top_k:,}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise UsageError(f"--top-p: must lie in (0, 1], got {top_p:g}")
+    if temperature == 0:
+        if top_k is not None or top_p is not None:
+            flag = "--top-k" if top_k is not None else "--top-p"
+            raise UsageError(f"{flag}: only when sampling; add --temperature T (> 0; 0, the default, is greedy)")
+        return None
+    if beam > 1:
+        raise UsageError("--beam: beam search does not sample; use --beam 1 with --temperature, or --temperature 0")
+    return SamplingOptions(temperature=temperature, top_k=top_k or 0, top_p=1.0 if top_p is None else top_p, seed=seed)
+
+
+def _prepared(loaded, text: str, max_new: int, *, chat: bool, what: str) -> tuple[list[int], int]:  # noqa: ANN001
+    """The ids a model reads for ``text`` (a language model's whole prompt; otherwise the source
+    without EOS) and how many new tokens it may produce; a UsageError naming ``what`` if it cannot."""
+    task, model, kind = loaded.task, loaded.model, loaded.experiment.model_kind
+    if kind == "decoder_only":
+        ids = task.generation_prompt(text, chat=chat)
+        context = model.config.max_len if task.generation_context is None else task.generation_context
+        check_input_tokens(len(ids), context=min(context, model.config.max_len), what=what)
+        return ids, check_decode_length(len(ids), max_new, config=model.config, context=task.generation_context)
+    ids = loaded.codec.encode(text)
+    check_input_tokens(len(ids) + 1, context=model.config.max_len, what=what)  # + EOS
+    if kind == "encoder_classifier":
+        return ids, max_new
+    return ids, check_decode_length(1, max_new, config=model.config)  # the decoder starts at BOS
+
+
+def _translate(loaded, text: str, ids: list[int], options, *, stream: bool) -> dict:  # noqa: ANN001
+    import torch
+
+    from attnlab.decoding import decode
+    from attnlab.devices import model_device
+
+    task, model = loaded.task, loaded.model
+    hypothesis = decode(
+        model,
+        torch.tensor([ids + [task.eos_id]], device=model_device(model)),
+        bos_id=task.bos_id,
+        eos_id=task.eos_id,
+        pad_id=task.pad_id,
+        options=options,
+        head_mask=loaded.held_mask(),
+    )[0]
+    return {"input": text, "output": loaded.codec.decode(hypothesis.tokens), "log_prob": hypothesis.log_prob}
+
+
+def _classify(loaded, text: str, ids: list[int], options, *, stream: bool) -> dict:  # noqa: ANN001
+    import torch
+
+    from attnlab.devices import model_device
+
+    model = loaded.model
+    with torch.no_grad():
+        source = torch.tensor([ids + [loaded.task.eos_id]], device=model_device(model))
+        probs = torch.softmax(model(source, head_mask=loaded.held_mask()), -1)[0]
+    label = int(probs.argmax())
+    return {"input": text, "label": label, "probability": float(probs[label])}
+
+
+def _continue(loaded, text: str, prompt: list[int], options, *, stream: bool) -> dict:  # noqa: ANN001
+    """Continue ``prompt``; with ``stream``, print ``text``, a tab, then the continuation as it grows."""
+    from attnlab.decoding import generate_continuations
+    from attnlab.generation import TextStream
+
+    task = loaded.task
+    pieces = TextStream(loaded.codec.decode)
+    ended = False
+
+    def show(token) -> None:  # noqa: ANN001
+        nonlocal ended
+        if ended or int(token[0]) == task.eos_id:
+            ended = True
+            return
+        typer.echo(pieces.push([int(token[0])]), nl=False)
+
+    if stream:
+        typer.echo(f"{text}\t", nl=False)
+    hypothesis = generate_continuations(
+        loaded.model,
+        [prompt],
+        eos_id=task.eos_id,
+        banned=task.generation_banned,
+        options=options,
+        head_mask=loaded.held_mask(),
+        on_token=show if stream else None,
+    )[0]
+    if stream:
+        typer.echo(pieces.finish())
+    return {
+        "input": text,
+        "continuation": loaded.codec.decode(hypothesis.tokens),
+        "log_prob": hypothesis.log_prob,
+        "tokens": len(hypothesis.tokens),
+        "ended": hypothesis.finished,
+    }
+
+
+_RUNNERS = {"encoder_decoder": _translate, "encoder_classifier": _classify, "decoder_only": _continue}
+"""Model kind -> how one prepared input is run (it returns the JSON object of the result)."""
 
 
 def _which(number: int, count: int) -> str:

@@ -20,7 +20,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from attnlab.errors import ConfigError
+from attnlab.errors import ConfigError, UsageError
+from attnlab.generation import chat_prompt_ids
 from attnlab.tasks.base import Example, SplitAccessors, check_split_name, split_of
 from attnlab.tasks.text import MAX_LINE_CHARS, read_lines
 from attnlab.tokenizers import Tokenizer
@@ -94,6 +95,38 @@ class PretrainedLMTask(SplitAccessors):
     def encode(self, text: str) -> list[int]:
         """The model's input ids for ``text``."""
         return self.frame(self.tokenizer.encode(text))
+
+    # ---- generation (``attnlab generate``) -------------------------------------------------------
+
+    @property
+    def generation_context(self) -> int:
+        """The most positions a prompt and its continuation may take (``max_tokens``)."""
+        return self.max_tokens
+
+    @property
+    def generation_banned(self) -> tuple[int, ...]:
+        """Ids a continuation never holds: none. The model's own distribution is sampled as it is
+        (SmolLM2's PAD id is its EOS: banning PAD would ban the end)."""
+        return ()
+
+    def generation_prompt(self, text: str, *, chat: bool = False) -> list[int]:
+        """The ids the model continues: ``text`` framed (:meth:`frame`), or with ``chat`` the
+        model's chat template around one user message ``text``, ready for the assistant's reply
+        (:func:`attnlab.generation.chat_prompt_ids`; the template writes any BOS itself).
+
+        Raises:
+            UsageError: ``chat`` and the run has no chat template, or the template fails.
+        """
+        if not chat:
+            return self.encode(text)
+        if not self.chat_template:
+            raise UsageError("--chat: this run has no chat template (its task.chat_template is empty)")
+        spellings = {
+            f"{role}_token": self.tokenizer.id_to_token(index) or ""
+            for role, index in (("bos", self.bos), ("eos", self.eos), ("pad", self.pad))
+            if index >= 0
+        }
+        return chat_prompt_ids(self.tokenizer, self.chat_template, text, **spellings)
 
     def split(self, name: str) -> list[Example]:
         check_split_name(name)

@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from attnlab.errors import ConfigError, DataError
+from attnlab.errors import ConfigError, DataError, UsageError
 from attnlab.tasks.base import Example, SplitAccessors, check_split_name, split_of
 from attnlab.tokenizers import Tokenizer
 
@@ -245,6 +245,26 @@ class LMTask(_TextTask):
     """Language modelling on plain text for ``DecoderOnly`` (see the module docstring)."""
 
     kind = "lm"
+
+    # ---- generation (``attnlab generate``) -------------------------------------------------------
+
+    generation_context = None
+    """The most positions a prompt and its continuation may take: the model's (``model.max_len``)."""
+
+    @property
+    def generation_banned(self) -> tuple[int, ...]:
+        """Ids a continuation never holds: PAD and BOS (the model was never trained to write them)."""
+        return (self.pad_id, self.bos_id)
+
+    def generation_prompt(self, text: str, *, chat: bool = False) -> list[int]:
+        """``BOS text``: what the model was trained to continue.
+
+        Raises:
+            UsageError: ``chat``: a model trained here has no chat template.
+        """
+        if chat:
+            raise UsageError("--chat: this run's task (lm) has no chat template; only pretrained_lm runs have one")
+        return [self.bos_id, *self.tokenizer.encode(text)]
 
     def _read(self, path: str | os.PathLike[str]) -> Lines:
         return read_lines(path, max_line_chars=self.max_line_chars, skip_bad_lines=self.skip_bad_lines)

@@ -170,13 +170,26 @@ class Tokenizer:
 
     # ---- text <-> ids -------------------------------------------------------------------------
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, *, allow_special: bool = False) -> list[int]:
         """Token ids of ``text``; unknown words become ``unk_id``. No BOS/EOS is added.
+
+        Args:
+            text: the text.
+            allow_special: read the spellings of special tokens in ``text`` as those tokens
+                (``<|im_start|>`` -> its id). Only for text attnlab wrote itself, such as a chat
+                template's output: typed text is always text (see the module docstring).
 
         Raises:
             DataError: ``text`` holds a lone surrogate (see the module docstring).
         """
-        return self.hf.encode(check_text(text), add_special_tokens=False).ids
+        check_text(text)
+        if not allow_special:
+            return self.hf.encode(text, add_special_tokens=False).ids
+        self.hf.encode_special_tokens = False
+        try:
+            return self.hf.encode(text, add_special_tokens=False).ids
+        finally:
+            self.hf.encode_special_tokens = True
 
     def tokenize(self, text: str) -> list[str]:
         """The tokens of ``text`` as strings (byte-level BPE shows bytes as GPT-2's symbols)."""

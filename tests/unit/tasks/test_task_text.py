@@ -81,3 +81,15 @@ def test_lm_task(tmp_path):
         get_task("lm", train_file=tmp_path / "lm.txt", tokenizer="word")
     with pytest.raises(ConfigError, match="translation"):
         get_task("translation")
+
+
+def test_lm_task_generation_prompt_is_bos_then_the_text(tmp_path):
+    from attnlab.errors import UsageError
+
+    (tmp_path / "lm.txt").write_text("the cat sat\n" * 20, encoding="utf-8")
+    tok = train_tokenizer("word", ["the cat sat"], 50)
+    task = get_task("lm", train_file=tmp_path / "lm.txt", tokenizer=tok)
+    assert task.generation_prompt("the cat") == [tok.bos_id, *tok.encode("the cat")]
+    assert task.generation_banned == (tok.pad_id, tok.bos_id) and task.generation_context is None
+    with pytest.raises(UsageError, match="--chat: this run's task \\(lm\\) has no chat template"):
+        task.generation_prompt("the cat", chat=True)

@@ -108,6 +108,13 @@ def test_text_never_injects_special_ids(trained):
         assert trained[kind].pad_id not in ids and trained[kind].eos_id not in ids
 
 
+def test_allow_special_reads_special_spellings_and_leaves_typed_text_alone(trained):
+    tok = trained["bpe"]
+    ids = tok.encode("a [EOS] b", allow_special=True)
+    assert tok.eos_id in ids and [i for i in ids if i != tok.eos_id] == [*tok.encode("a "), *tok.encode(" b")]
+    assert tok.eos_id not in tok.encode("a [EOS] b")  # the switch does not stick
+
+
 def test_decode_skips_specials_but_keeps_unk(trained):
     tok = trained["char"]
     ids = [tok.bos_id, *tok.encode("cat"), tok.eos_id, tok.pad_id]

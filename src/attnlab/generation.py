@@ -1,0 +1,127 @@
+"""What generating text with a decoder-only run needs besides decoding: a model's chat template
+rendered into a prompt, and the generated text handed out as it becomes final (streaming).
+
+Chat templates are Jinja programs shipped with a model (a GGUF file's ``tokenizer.chat_template``).
+They are rendered as ``transformers`` renders them: in Jinja's *sandboxed* environment
+(``ImmutableSandboxedEnvironment``: a template cannot call arbitrary Python or change its inputs),
+with ``trim_blocks`` and ``lstrip_blocks``, the ``loopcontrols`` extension, a ``raise_exception``
+function, and the spellings of the special tokens (``bos_token``, ``eos_token``) as variables.
+
+The rendered text holds special tokens (``<|im_start|>``), which must become their ids, while the
+person's own text must stay text (attnlab never reads a special token out of typed text; see
+:mod:`attnlab.tokenizers.tokenizer`). So the template is rendered with a placeholder for each
+message's content; the template's own pieces are encoded with special tokens allowed
+(:meth:`Tokenizer.encode(allow_special=True) <attnlab.tokenizers.Tokenizer.encode>`) and the
+content as plain text, in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+from attnlab.errors import UsageError
+from attnlab.tokenizers import Tokenizer
+
+__all__ = ["render_chat", "chat_prompt_ids", "TextStream"]
+
+_CONTENT = "\x00attnlab-message-content\x00"
+"""Stands for a message's content while the template renders (no template writes a NUL itself)."""
+
+
+def _raise(message: str) -> None:
+    raise UsageError(f"--chat: the chat template refused the conversation: {message}")
+
+
+def render_chat(
+    template: str, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = True, **variables: Any
+) -> str:
+    """Render a chat template over ``messages``, as ``transformers``' ``apply_chat_template`` does.
+
+    Args:
+        template: the model's Jinja chat template.
+        messages: ``{"role": ..., "content": ...}`` in order.
+        add_generation_prompt: end with the text that opens the assistant's reply.
+        variables: further template variables (``bos_token``, ``eos_token``).
+
+    Returns:
+        The prompt text, special tokens written out.
+
+    Raises:
+        UsageError: the template is not valid Jinja, or fails or refuses while rendering.
+    """
+    from jinja2 import TemplateError
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    environment.globals["raise_exception"] = _raise
+    environment.globals["strftime_now"] = lambda spec: datetime.now().strftime(spec)
+    try:
+        compiled = environment.from_string(template)
+        return compiled.render(messages=list(messages), add_generation_prompt=add_generation_prompt, **variables)
+    except TemplateError as error:
+        raise UsageError(f"--chat: the run's chat template cannot be rendered: {error}") from None
+
+
+def chat_prompt_ids(tokenizer: Tokenizer, template: str, text: str, **variables: Any) -> list[int]:
+    """Token ids of the chat prompt for one user message ``text``: the template's own text with
+    its special tokens as ids, ``text`` as plain text (see the module docstring).
+
+    Args:
+        tokenizer: the model's tokenizer.
+        template: the model's chat template.
+        text: what the user says.
+        variables: further template variables (``bos_token``, ``eos_token``).
+
+    Raises:
+        UsageError: the template fails, or does not write the message's content exactly once.
+    """
+    rendered = render_chat(template, [{"role": "user", "content": _CONTENT}], **variables)
+    pieces = rendered.split(_CONTENT)
+    if len(pieces) != 2:
+        raise UsageError(
+            f"--chat: the run's chat template writes the message {len(pieces) - 1} times, not once; "
+            "attnlab cannot tell its text from the template's"
+        )
+    before, after = pieces
+    return [
+        *tokenizer.encode(before, allow_special=True),
+        *tokenizer.encode(text),
+        *tokenizer.encode(after, allow_special=True),
+    ]
+
+
+class TextStream:
+    """The text of a growing token sequence, handed out piece by piece as it becomes final.
+
+    A token of a byte-level vocabulary may hold part of a UTF-8 character; its text is held back
+    (the decoded text ends with U+FFFD) until the character is complete, as Hugging Face's
+    ``TextStreamer`` does.
+
+    Args:
+        decode: token ids -> text (the run's codec).
+    """
+
+    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+        self._decode = decode
+        self.ids: list[int] = []
+        self._shown = 0
+
+    def push(self, ids: Sequence[int]) -> str:
+        """Add tokens; return the text that is now final and was not returned before."""
+        self.ids.extend(int(i) for i in ids)
+        text = self._decode(self.ids)
+        if text.endswith("\ufffd"):
+            return ""
+        return self._take(text)
+
+    def finish(self) -> str:
+        """The rest of the text (an unfinished character included, as U+FFFD)."""
+        return self._take(self._decode(self.ids))
+
+    def _take(self, text: str) -> str:
+        new = text[self._shown :]
+        self._shown = max(self._shown, len(text))
+        return new
