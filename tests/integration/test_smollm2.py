@@ -118,15 +118,22 @@ def test_chat_prompt_ids_equal_the_reference_chat_template(loaded, reference) ->
         assert loaded.task.generation_prompt(text, chat=True) == _chat_ids_of(tokenizer, text)
 
 
-def test_greedy_generation_equals_hugging_face_generate(loaded, reference) -> None:
-    """Three plain prompts and one chat prompt (which ends at EOS), 20 new tokens, token for token."""
+@pytest.mark.parametrize(
+    "plain, new_tokens",
+    [
+        pytest.param(GENERATION_PROMPTS[:1], 12, id="one-plain-one-chat"),
+        pytest.param(GENERATION_PROMPTS, NEW_TOKENS, id="three-plain-one-chat", marks=pytest.mark.slow),
+    ],
+)
+def test_greedy_generation_equals_hugging_face_generate(loaded, reference, plain, new_tokens) -> None:
+    """Plain prompts and one chat prompt (which ends at EOS), token for token."""
     from attnlab.decoding import DecodeOptions, generate_continuations
 
     tokenizer, model = reference
     task = loaded.task
-    prompts = [task.generation_prompt(text) for text in GENERATION_PROMPTS] + [task.generation_prompt(CHAT, chat=True)]
+    prompts = [task.generation_prompt(text) for text in plain] + [task.generation_prompt(CHAT, chat=True)]
     ours = generate_continuations(
-        loaded.model, prompts, eos_id=task.eos_id, banned=task.generation_banned, options=DecodeOptions(NEW_TOKENS)
+        loaded.model, prompts, eos_id=task.eos_id, banned=task.generation_banned, options=DecodeOptions(new_tokens)
     )
     assert ours[-1].finished  # the chat reply ends with <|im_end|>, which is also the padding id
     for prompt, hypothesis in zip(prompts, ours, strict=True):
@@ -136,7 +143,7 @@ def test_greedy_generation_equals_hugging_face_generate(loaded, reference) -> No
                 ids,
                 attention_mask=torch.ones_like(ids),
                 do_sample=False,
-                max_new_tokens=NEW_TOKENS,
+                max_new_tokens=new_tokens,
                 eos_token_id=task.eos_id,
                 pad_token_id=task.pad_id,
             )[0, len(prompt) :].tolist()
@@ -162,7 +169,7 @@ def test_sampling_is_seeded_and_degenerate_sampling_is_greedy(loaded) -> None:
     prompt = [task.generation_prompt("Once upon a time")]
 
     def tokens(sampling: SamplingOptions | None) -> list[int]:
-        options = DecodeOptions(8, sampling=sampling)
+        options = DecodeOptions(5, sampling=sampling)
         found = generate_continuations(loaded.model, prompt, eos_id=task.eos_id, banned=(), options=options)
         return found[0].tokens
 
