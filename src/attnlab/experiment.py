@@ -215,8 +215,9 @@ class ExperimentConfig:
             raise ConfigError(f"train.{unknown[0]}: unknown key; allowed: {', '.join(allowed)}")
         return cls(task=dict(data["task"]), model=dict(data["model"]), train=TrainConfig(**train))
 
-    def with_overrides(self, overrides: Sequence[str]) -> ExperimentConfig:
-        return ExperimentConfig.from_dict(apply_overrides(self.to_dict(), parse_overrides(overrides)))
+    def with_overrides(self, overrides: Sequence[str], *, flag: str = "override") -> ExperimentConfig:
+        """This config with ``section.key=value`` overrides applied (``flag`` names them in errors)."""
+        return ExperimentConfig.from_dict(apply_overrides(self.to_dict(), parse_overrides(overrides, flag=flag)))
 
 
 def _check_task_section(task: Mapping[str, Any]) -> None:
@@ -315,14 +316,15 @@ def _field_defaults(cls: type) -> dict[str, Any]:
     return defaults
 
 
-def parse_overrides(overrides: Sequence[str]) -> list[tuple[str, str, Any]]:
-    """``section.key=value`` strings -> (section, key, value) with TOML-typed values."""
+def parse_overrides(overrides: Sequence[str], *, flag: str = "override") -> list[tuple[str, str, Any]]:
+    """``section.key=value`` strings -> (section, key, value) with TOML-typed values; a malformed one
+    is a ConfigError that names it after ``flag`` (the CLI passes ``--set``)."""
     parsed = []
     for item in overrides:
         path, sep, raw = item.partition("=")
         section, dot, key = path.strip().partition(".")
         if not sep or not dot or not key:
-            raise ConfigError(f"--set {item!r}: expected section.key=value, e.g. train.steps=100")
+            raise ConfigError(f"{flag} {item!r}: expected section.key=value, e.g. train.steps=100")
         parsed.append((section, key, _toml_value(raw.strip())))
     return parsed
 
@@ -345,7 +347,7 @@ def _toml_value(raw: str) -> Any:
         return raw
 
 
-def load_experiment(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentConfig:
+def load_experiment(path: str | Path, overrides: Sequence[str] = (), *, flag: str = "override") -> ExperimentConfig:
     """Read a TOML config file and apply ``--set`` overrides."""
     path = Path(path)
     try:
@@ -358,4 +360,4 @@ def load_experiment(path: str | Path, overrides: Sequence[str] = ()) -> Experime
         raise ConfigError(f"{path}: not UTF-8 text") from None
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: invalid TOML: {error}") from None
-    return ExperimentConfig.from_dict(apply_overrides(data, parse_overrides(overrides)))
+    return ExperimentConfig.from_dict(apply_overrides(data, parse_overrides(overrides, flag=flag)))

@@ -466,7 +466,7 @@ def test_allowed_hosts_need_names_for_a_non_loopback_address_and_check_them():
         "192.168.1.20",
     )
     for host in ("0.0.0.0", "::", "192.168.1.20"):
-        with pytest.raises(UsageError, match=f"--host {host} is not a loopback address: .* --allow-host NAME"):
+        with pytest.raises(UsageError, match=f"host {host} is not a loopback address: .* allowed host NAME"):
             allowed_hosts(host, [])
     for name in ("*", "box.lan:8765", "http://box.lan", "", "box lan", "*.lan", "box..lan", "-box"):
         with pytest.raises(UsageError, match="not a host name or IP address"):

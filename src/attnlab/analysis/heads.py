@@ -35,21 +35,17 @@ from attnlab.devices import model_device
 from attnlab.errors import UsageError
 from attnlab.evaluation import evaluate
 from attnlab.evaluation.objectives import PREDICTIONS, example_losses
-from attnlab.head_ids import HeadId, head_ids, heads_off, mask_without, parse_head
+from attnlab.head_ids import HeadId, head_ids, heads_off, mask_without
 from attnlab.loaded_run import LoadedRun
 from attnlab.nn import HeadMask, TransformerModel
 from attnlab.tasks.batching import make_batches
 
 __all__ = [
-    "HeadId",
     "Score",
     "HeadProbe",
     "TaskProbe",
     "base_mask_of",
     "held_by",
-    "head_ids",
-    "parse_head",
-    "mask_without",
     "AblationRow",
     "Ablation",
     "ablate",
@@ -391,9 +387,10 @@ def heads_to_remove(
     return [h for h in head_ids(probe.model, kinds) if h in held], chosen
 
 
-def check_percents(percents: Sequence[float]) -> None:
+def check_percents(percents: Sequence[float], *, flag: str = "percent") -> None:
+    """Each percentage of heads to prune lies in [0, 100]; errors name ``flag``."""
     if not percents:
-        raise UsageError("--percent: give at least one percentage")
+        raise UsageError(f"{flag}: give at least one percentage")
     for percent in percents:
         if not 0 <= percent <= 100:
-            raise UsageError(f"--percent: {percent:g} is outside [0, 100]")
+            raise UsageError(f"{flag}: {percent:g} is outside [0, 100]")

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from attnlab.analysis.heads import HeadId
 from attnlab.errors import UsageError
+from attnlab.head_ids import HeadId
 from attnlab.loaded_run import LoadedRun
 from attnlab.nn import TransformerModel, build_model
 from attnlab.runs import RunDir

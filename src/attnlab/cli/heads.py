@@ -144,8 +144,9 @@ def ablate_command(
     """The metric and loss with each head masked alone, and with all heads of a layer but one."""
     from tqdm import tqdm
 
-    from attnlab.analysis.heads import ablate, head_ids
+    from attnlab.analysis.heads import ablate
     from attnlab.analysis.reports import head_matrix_plot, write_rows
+    from attnlab.head_ids import head_ids
 
     if out is not None:
         check_output_path(out, kind="folder", flag="--out")
@@ -267,7 +268,7 @@ def prune_command(
     percents = list(percent)
     from attnlab.analysis.heads import check_percents
 
-    check_percents(percents)
+    check_percents(percents, flag="--percent")
     if physical and out is None:
         raise UsageError("--physical: give --out NEW_RUN for the pruned run")
     if out is not None:
@@ -308,9 +309,9 @@ def prune_command(
 def _prune_physically(loaded, probe, percents, out, keep_one_per_layer, kinds, *, as_json: bool) -> None:  # noqa: ANN001
     import torch
 
-    from attnlab.analysis.heads import head_ids, heads_to_remove
+    from attnlab.analysis.heads import heads_to_remove
     from attnlab.analysis.pruning import median_seconds, prune_model, renumber_heads, write_pruned_run
-    from attnlab.head_ids import mask_without
+    from attnlab.head_ids import head_ids, mask_without
 
     if len(percents) != 1:
         raise UsageError("--physical: give exactly one --percent")

@@ -47,12 +47,12 @@ def train(
     if precision:
         overrides.append(f'train.precision="{value_of(precision)}"')
     if resume is not None:
-        experiment = run_experiment(RunDir.open(resume)).with_overrides(overrides)
+        experiment = run_experiment(RunDir.open(resume)).with_overrides(overrides, flag="--set")
         run_path = resume
     elif config is None:
         raise UsageError("give a CONFIG.toml to train, or --resume RUN to continue a run")
     else:
-        experiment = load_experiment(config, overrides)
+        experiment = load_experiment(config, overrides, flag="--set")
         run_path = out or Path("runs") / f"{experiment.task_name}-{time.strftime('%Y%m%d-%H%M%S')}"
         check_output_path(run_path, kind="run", flag="--out")
     if nproc > 1:

@@ -42,11 +42,11 @@ def view(
     from attnlab.viewer.serve import LOOPBACK_HOSTS, allowed_hosts, is_loopback, listen, make_server, url_of
     from attnlab.viewer.server import create_app
 
-    names = allowed_hosts(host, allow_host or [])
+    names = allowed_hosts(host, allow_host or [], host_flag="--host", names_flag="--allow-host")
     loaded = open_run(run, device=device)
     scores = None if importance is None else read_importance(importance, frozenset(head_ids(loaded.model)))
     app_ = create_app(loaded, importance=scores, allowed_hosts=names)
-    sock = listen(host, port)
+    sock = listen(host, port, host_flag="--host")
     if not is_loopback(host):
         typer.echo(
             f"warning: listening on {host}: anyone who can reach this machine as "

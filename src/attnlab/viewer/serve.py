@@ -21,9 +21,12 @@ _HOST_NAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*")
 """A DNS name: dot-separated labels of letters, digits, ``_`` and inner ``-``; no port, no wildcard."""
 
 
-def allowed_hosts(host: str, names: Sequence[str]) -> tuple[str, ...]:
+def allowed_hosts(
+    host: str, names: Sequence[str], *, host_flag: str = "host", names_flag: str = "allowed host"
+) -> tuple[str, ...]:
     """The Host header names a viewer listening on ``host`` answers to: :data:`LOOPBACK_HOSTS` and
-    ``names`` (the ``--allow-host`` values), lower case, IPv6 addresses without brackets.
+    ``names`` (the ``--allow-host`` values), lower case, IPv6 addresses without brackets. Errors
+    name the two settings as ``host_flag`` and ``names_flag`` (the CLI passes its flags).
 
     A viewer on a non-loopback address answers only to names given explicitly, so that a web page
     elsewhere cannot reach it through a DNS name of its own (DNS rebinding).
@@ -34,13 +37,13 @@ def allowed_hosts(host: str, names: Sequence[str]) -> tuple[str, ...]:
     """
     if not names and not is_loopback(host):
         raise UsageError(
-            f"--host {host} is not a loopback address: name each host name the viewer may answer to with "
-            "--allow-host NAME (repeatable), e.g. --allow-host myhost.local"
+            f"{host_flag} {host} is not a loopback address: name each host name the viewer may answer to "
+            f"with {names_flag} NAME (repeatable), e.g. {names_flag} myhost.local"
         )
-    return tuple(dict.fromkeys([*LOOPBACK_HOSTS, *(_check_host_name(name) for name in names)]))
+    return tuple(dict.fromkeys([*LOOPBACK_HOSTS, *(_check_host_name(name, names_flag) for name in names)]))
 
 
-def _check_host_name(name: str) -> str:
+def _check_host_name(name: str, flag: str) -> str:
     bare = name[1:-1] if name.startswith("[") and name.endswith("]") else name
     try:
         return str(ipaddress.ip_address(bare))
@@ -49,18 +52,19 @@ def _check_host_name(name: str) -> str:
     if _HOST_NAME.fullmatch(bare):
         return bare.lower()
     raise UsageError(
-        f"--allow-host {name!r}: not a host name or IP address; give it without a scheme, port or "
+        f"{flag} {name!r}: not a host name or IP address; give it without a scheme, port or "
         "wildcard, like myhost.local or 192.168.1.20"
     )
 
 
-def listen(host: str, port: int) -> socket.socket:
-    """A socket bound to ``host:port`` and listening (port 0 picks a free port)."""
+def listen(host: str, port: int, *, host_flag: str = "host") -> socket.socket:
+    """A socket bound to ``host:port`` and listening (port 0 picks a free port); an address that
+    does not resolve is named after ``host_flag``."""
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         sock = socket.socket(family, kind, proto)
     except (OSError, UnicodeError) as error:
-        raise UsageError(f"--host {host!r}: {error}") from None
+        raise UsageError(f"{host_flag} {host!r}: {error}") from None
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)

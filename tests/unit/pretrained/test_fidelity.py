@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from attnlab.analysis.fidelity import FidelityProbe, PairProbe, average_ranks, read_pairs, spearman
-from attnlab.analysis.heads import ablate, head_ids, importance, mask_without
+from attnlab.analysis.heads import ablate, importance
 from attnlab.errors import DataError, UsageError
+from attnlab.head_ids import head_ids, mask_without
 from attnlab.loaded_run import open_run
 from attnlab.pretrained.bert import find_source, import_bert
 from tests.unit.pretrained.tiny_bert import write_tiny_bert
