@@ -16,7 +16,7 @@ from attnlab.analysis.heads import ablate, heads_to_remove, importance, pruning_
 from attnlab.analysis.lm_probe import NextTokenProbe
 from attnlab.analysis.pruning import prune_model, write_pruned_run
 from attnlab.errors import DataError, UsageError
-from attnlab.head_ids import HeadId, mask_without
+from attnlab.head_ids import mask_without
 from attnlab.loaded_run import open_run
 from tests.unit.analysis.tiny_lm import PAD, TEXTS, tiny_lm_run
 
@@ -83,7 +83,7 @@ def test_masking_a_head_equals_zeroing_its_columns_of_w_o(lm) -> None:
     probe = NextTokenProbe(loaded, texts, batch_size=4)
     result = ablate(probe)
     d_v = loaded.model.config.head_dim_v
-    for row in result.single[:: 5]:
+    for row in result.single[::5]:
         zeroed = copy.deepcopy(loaded.model)
         attention = zeroed.attention_sites()[row.layer].module
         with torch.no_grad():
