@@ -106,8 +106,11 @@ def test_pruning_a_pruned_model_again_composes(models) -> None:
 
 
 def test_the_config_round_trips_and_refuses_bad_groups(models) -> None:
+    from attnlab.resources import parameter_count
+
     _, pruned = models
     config = pruned.config
+    assert parameter_count(config) == pruned.num_parameters()
     assert DecoderOnlyConfig.from_dict({k: v for k, v in config.to_dict().items() if k != "kind"}) == config
     with pytest.raises(ValueError, match="needs kv_groups"):
         tiny_llama(d_k=4, heads_per_layer={"self": [2, 5]})
