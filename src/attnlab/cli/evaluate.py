@@ -40,9 +40,10 @@ def evaluate_run(
     """Evaluate a run: accuracy, loss, perplexity or BLEU, and accuracy per length.
 
     Heads held at zero in training (train.mask_heads) stay masked; --mask-head masks more.
-    With --texts, a language model's perplexity over a text file: exp of the mean next-token
-    negative log-likelihood over every predicted token (each text's first token is context only,
-    unless the model adds a BOS; no EOS is appended).
+
+    With --texts: a language model's perplexity over a text file, the exp of
+    the mean next-token negative log-likelihood over every predicted token
+    (a text's first token is context only unless the model adds a BOS; no EOS).
     """
     from attnlab.evaluation.evaluate import evaluate
     from attnlab.head_ids import parse_head
