@@ -229,3 +229,86 @@ def test_a_prompt_longer_than_the_context_is_one_usage_error(run: Path, loaded, 
     assert err.startswith("error: TEXT: 8,200 tokens, longer than the model's context of 8,192")
     with pytest.raises(UsageError, match="--chat: this run has no chat template"):
         dataclasses.replace(loaded.task, chat_template="").generation_prompt("hi", chat=True)
+
+
+# ---- head analysis with the next-token loss (Michel et al. on a real LM) ----------------------
+
+SHORT_TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Return the number of items in a container.",
+    "def add(a, b): return a + b",
+    "Paris is the capital of France.",
+]
+
+
+@pytest.fixture(scope="module")
+def texts_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("smollm2_texts") / "texts.txt"
+    path.write_text("\n".join(SHORT_TEXTS) + "\n", encoding="utf-8")
+    return path
+
+
+def test_perplexity_over_a_text_file_equals_hugging_face(loaded, reference, texts_file: Path) -> None:
+    """The probe's padded batch against Hugging Face's loss on each text alone (labels = input ids)."""
+    from attnlab.analysis.lm_probe import NextTokenProbe
+    from attnlab.tasks.text import read_lines
+
+    tokenizer, model = reference
+    probe = NextTokenProbe(loaded, texts_file, batch_size=8)
+    total = tokens = 0
+    with torch.no_grad():
+        for text in read_lines(texts_file).items:
+            ids = torch.tensor([tokenizer(text)["input_ids"]])
+            total += float(model(input_ids=ids, labels=ids).loss) * (ids.shape[1] - 1)
+            tokens += ids.shape[1] - 1
+        score = probe.evaluate(None)
+    assert probe.tokens == tokens
+    # the logits agree within 1e-3 (test above); the mean NLL measured 1.2e-4 apart
+    assert score.loss == pytest.approx(total / tokens, abs=5e-4)
+
+
+def test_importance_scores_the_270_query_heads(loaded, texts_file: Path) -> None:
+    from attnlab.analysis.heads import importance
+    from attnlab.analysis.lm_probe import NextTokenProbe
+
+    rows = importance(NextTokenProbe(loaded, texts_file, batch_size=8))
+    assert len(rows) == 270 and {(r.layer, r.head) for r in rows} == {(i, h) for i in range(30) for h in range(9)}
+    assert all(r.importance >= 0 for r in rows) and sum(r.importance > 0 for r in rows) == 270
+
+
+def test_pruned_grouped_query_attention_computes_the_masked_model(loaded, texts_file: Path) -> None:
+    """Layer 0 loses a whole group (query heads 0-2, so key/value head 0) and one more head; layer 5
+    all its heads; layer 29 one head of each group."""
+    from attnlab.analysis.lm_probe import NextTokenProbe
+    from attnlab.analysis.pruning import prune_model
+    from attnlab.head_ids import HeadId, mask_without
+
+    gone = [HeadId("self", 0, h) for h in (0, 1, 2, 7)]
+    gone += [HeadId("self", 5, h) for h in range(9)] + [HeadId("self", 29, h) for h in (0, 4, 8)]
+    smaller = prune_model(loaded.model, gone)
+    config = smaller.config
+    assert config.heads_per_layer["self"][:6] == [5, 9, 9, 9, 9, 0] and config.heads_per_layer["self"][29] == 6
+    assert config.kv_groups["self"][0] == [0, 0, 0, 1, 1] and config.kv_groups["self"][29] == [0, 0, 1, 1, 2, 2]
+    first = smaller.attention_sites()[0].module
+    assert first.kv_heads == 2 and first.in_proj_weight.shape == ((5 + 2 + 2) * 64, 576)
+    probe = NextTokenProbe(loaded, texts_file, batch_size=8)
+    batch = next(probe.batches())
+    with torch.no_grad():
+        masked = probe.outputs(loaded.model, batch, mask_without(loaded.model, gone))
+        pruned = probe.outputs(smaller, batch, None)
+    difference = (masked - pruned).abs().max().item()
+    assert difference < 1e-3, f"largest logit difference {difference:.2e}"
+
+
+@pytest.mark.slow
+def test_prune_physical_through_the_cli(run: Path, texts_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "pruned"
+    args = ("heads", "prune", str(run), "--texts", str(texts_file), "--percent", "30", "--no-progress", "--json")
+    result = attnlab(*args, "--physical", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert len(summary["pruned"]) == 81 and summary["max_difference"] < 1e-3
+    curve = json.loads(attnlab(*args, "--out", str(tmp_path)).stdout)["curve"]
+    evaluated = attnlab("eval", str(out), "--texts", str(texts_file), "--json")
+    assert evaluated.returncode == 0, evaluated.stderr
+    assert json.loads(evaluated.stdout)["loss"] == pytest.approx(curve[0]["loss"], abs=1e-4)

@@ -18,7 +18,8 @@ off already; physically removing them is free).
 
 Everything works through a :class:`HeadProbe`: a model, data, a differentiable per-example loss and
 an evaluation under a head mask. :class:`TaskProbe` is the probe of a trained run on one split;
-other objectives (e.g. embedding fidelity for a pretrained encoder) are other probes. Analysis only
+other objectives (embedding fidelity for a pretrained encoder, :mod:`attnlab.analysis.fidelity`;
+the next-token loss of a pretrained language model, :mod:`attnlab.analysis.lm_probe`) are other probes. Analysis only
 passes head masks in and reads results out; it never changes a layer.
 """
 
@@ -62,7 +63,9 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Score:
-    """The task metric (higher is better) and the loss under one head mask."""
+    """The probe's metric and the loss under one head mask. The metric is higher-is-better (an
+    accuracy, a fidelity, a correlation) unless the probe's ``metric_name`` says otherwise (a
+    language model's perplexity, :mod:`attnlab.analysis.lm_probe`)."""
 
     metric: float
     loss: float

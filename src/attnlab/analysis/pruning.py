@@ -1,5 +1,10 @@
 """Physical head pruning: remove heads' rows of W_Q, W_K, W_V and columns of W^O.
 
+With grouped-query attention (``model.kv_heads``) a query head's rows of W_Q and columns of W^O
+go with it, and a key/value head's rows of W_K and W_V go only when every query head of its group
+is gone; the new config records, per layer, which kept key/value head each kept query head reads
+(``model.kv_groups``), since the groups are no longer equal.
+
 A masked head still costs its projections and its attention; a pruned head is gone. The pruned
 model computes the same function as the model with those heads masked (Michel §2.3: xi_h = 0), with
 fewer parameters and less work. A layer may lose every head: its attention sub-layer then adds only
@@ -35,13 +40,22 @@ def prune_model(model: TransformerModel, pruned: Iterable[HeadId]) -> Transforme
     pruned = set(pruned)
     config = model.config
     counts: dict[str, list[int]] = {}
+    groups: dict[str, list[list[int]]] = {}
     keep: dict[tuple[str, int], list[int]] = {}
     for site in model.attention_sites():
         kept = [h for h in range(site.module.heads) if HeadId(site.kind, site.layer, h) not in pruned]
         keep[(site.kind, site.layer)] = kept
         counts.setdefault(site.kind, []).append(0)
         counts[site.kind][site.layer] = len(kept)
-    new_config = config.replace(heads_per_layer=counts, d_k=config.head_dim_k, d_v=config.head_dim_v)
+        groups.setdefault(site.kind, []).append(site.module.kept_kv_index(kept))
+    grouped = config.key_value_heads != config.heads
+    shared = [k for k in groups if k != "cross" and (grouped or k in (config.kv_groups or {}))]
+    new_config = config.replace(
+        heads_per_layer=counts,
+        kv_groups={kind: groups[kind] for kind in shared} or None,  # grouped-query attention only
+        d_k=config.head_dim_k,
+        d_v=config.head_dim_v,
+    )
     new_model = build_model(new_config)
     names = {id(module): name for name, module in model.named_modules()}
     state = model.state_dict()
@@ -91,6 +105,8 @@ def write_pruned_run(
     config = loaded.experiment.to_dict()
     pruned_config = pruned_model.config
     config["model"].update(heads_per_layer=pruned_config.heads_per_layer, d_k=pruned_config.d_k, d_v=pruned_config.d_v)
+    if pruned_config.kv_groups is not None:
+        config["model"]["kv_groups"] = pruned_config.kv_groups
     config["train"]["mask_heads"] = [str(h) for h in held]
     with run.lock():  # one writer at a time (attnlab.runlock)
         run.write_config(config)

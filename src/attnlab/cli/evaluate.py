@@ -18,7 +18,15 @@ def evaluate_run(
     run: Path = typer.Argument(..., help="A run directory written by `attnlab train`."),
     split: Split = typer.Option(Split.test, "--split", help="The split to evaluate on."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object of metrics."),
-    batch_size: int = typer.Option(128, "--batch-size", min=1),
+    batch_size: int = typer.Option(
+        None, "--batch-size", min=1, help="Examples per batch; default 128 (16 texts with --texts)."
+    ),
+    texts: Path = typer.Option(
+        None,
+        "--texts",
+        help="Language models: the perplexity over this text file (one text per line, no EOS appended) "
+        "instead of a split.",
+    ),
     mask_heads: list[str] = typer.Option(None, "--mask-head", help="Mask a head, kind:layer:head (repeatable)."),
     progress: bool = progress_option(),
     device: str = device_option(),
@@ -32,6 +40,10 @@ def evaluate_run(
     """Evaluate a run: accuracy, loss, perplexity or BLEU, and accuracy per length.
 
     Heads held at zero in training (train.mask_heads) stay masked; --mask-head masks more.
+
+    With --texts: a language model's perplexity over a text file, the exp of
+    the mean next-token negative log-likelihood over every predicted token
+    (a text's first token is context only unless the model adds a BOS; no EOS).
     """
     from attnlab.evaluation.evaluate import evaluate
     from attnlab.head_ids import parse_head
@@ -44,6 +56,10 @@ def evaluate_run(
     train = loaded.experiment.train
     extra = [parse_head(spec, loaded.model) for spec in mask_heads or []]
     truncate = train.truncate if truncate is None else truncate
+    if texts is not None:
+        _echo_metrics(_text_metrics(loaded, texts, batch_size or 16, truncate, extra), as_json)
+        return
+    batch_size = batch_size or 128
     max_length = train.max_length or loaded.model.config.max_len
     metrics = evaluate(
         loaded.model,
@@ -72,6 +88,32 @@ def evaluate_run(
                 f"context of {max_length} positions",
                 err=True,
             )
+    _echo_metrics(metrics, as_json)
+
+
+def _text_metrics(loaded, texts: Path, batch_size: int, truncate: bool, extra) -> dict[str, object]:  # noqa: ANN001
+    """Perplexity, mean NLL and counts of a language model over a text file (attnlab.analysis.lm_probe)."""
+    from attnlab.analysis.lm_probe import NextTokenProbe
+
+    probe = NextTokenProbe(loaded, texts, batch_size=batch_size, truncate=truncate, base_mask=loaded.held_mask(extra))
+    score = probe.evaluate(probe.base_mask)
+    if probe.truncated:
+        typer.echo(
+            f"note: --truncate cut {probe.truncated} of {probe.texts + probe.skipped} texts to the model's "
+            f"context of {probe.context} tokens",
+            err=True,
+        )
+    return {
+        "texts": probe.texts,
+        "tokens": probe.tokens,
+        "perplexity": score.metric,
+        "loss": score.loss,
+        "skipped": probe.skipped,
+        "truncated": probe.truncated,
+    }
+
+
+def _echo_metrics(metrics: dict, as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps(metrics, sort_keys=True))
         return

@@ -19,9 +19,11 @@ app.add_typer(heads_app, name="heads")
 SPLIT_HELP = "The split to measure on."
 KIND_HELP = "Only heads of this attention kind; repeatable."
 TEXTS_HELP = (
-    "Sentence encoders: a text file, one text per line; the objective is the fidelity of the "
-    "sentence embeddings to the unmasked model (1 - cosine)."
+    "A text file, one text per line. Language models: the objective is the next-token loss and the "
+    "metric the perplexity. Sentence encoders: the fidelity of the sentence embeddings to the unmasked "
+    "model (1 - cosine)."
 )
+BATCH_HELP = "Examples per batch; default 128 (16 texts for a language model's --texts)."
 PAIRS_HELP = (
     "Sentence encoders: a TSV file sentence1<TAB>sentence2<TAB>score; the metric is the Spearman "
     "correlation of the embeddings' cosine with the score."
@@ -76,23 +78,34 @@ class PruneCommand(ClassicCommand):
 def _probe(  # noqa: ANN202
     run: Path,
     split: Split | str,
-    batch_size: int,
+    batch_size: int | None,
     texts: Path | None = None,
     pairs: Path | None = None,
     device: str = "cpu",
 ):
-    """The objective: the run's task split, or for a sentence encoder --texts (fidelity) / --pairs.
+    """The objective: the run's task split; for a language model --texts (next-token loss); for a
+    sentence encoder --texts (fidelity) / --pairs.
 
     Every probe starts from the run's held heads (train.mask_heads) switched off, as `attnlab eval` does.
     """
     from attnlab.analysis.fidelity import FidelityProbe, PairProbe
     from attnlab.analysis.heads import TaskProbe
+    from attnlab.analysis.lm_probe import NextTokenProbe
     from attnlab.loaded_run import open_run
 
     if texts is not None and pairs is not None:
         raise UsageError("give --texts or --pairs, not both")
     split = Split(split).value
     loaded = open_run(run, device=device)
+    if texts is not None and loaded.experiment.model_kind == "decoder_only":
+        return loaded, NextTokenProbe(
+            loaded,
+            texts,
+            batch_size=batch_size or 16,
+            truncate=loaded.experiment.train.truncate,
+            base_mask=loaded.held_mask(),
+        )
+    batch_size = batch_size or 128
     if texts is not None:
         return loaded, FidelityProbe(loaded, texts, batch_size=batch_size, base_mask=loaded.held_mask())
     if pairs is not None:
@@ -134,7 +147,7 @@ def ablate_command(
     split: Split = typer.Option(Split.valid, "--split", help=SPLIT_HELP),
     out: Path = typer.Option(None, "--out", help="Folder for the CSVs and heatmaps (default RUN/analysis)."),
     kinds: list[HeadKind] = typer.Option(None, "--kind", help=KIND_HELP),
-    batch_size: int = typer.Option(128, "--batch-size", min=1),
+    batch_size: int = typer.Option(None, "--batch-size", min=1, help=BATCH_HELP),
     texts: Path = typer.Option(None, "--texts", help=TEXTS_HELP),
     pairs: Path = typer.Option(None, "--pairs", help=PAIRS_HELP),
     progress: bool = progress_option(),
@@ -201,7 +214,7 @@ def importance_command(
     ),
     out: Path = typer.Option(None, "--out", help="The CSV to write (default RUN/analysis/importance.csv)."),
     kinds: list[HeadKind] = typer.Option(None, "--kind", help=KIND_HELP),
-    batch_size: int = typer.Option(128, "--batch-size", min=1),
+    batch_size: int = typer.Option(None, "--batch-size", min=1, help=BATCH_HELP),
     texts: Path = typer.Option(None, "--texts", help=TEXTS_HELP),
     pairs: Path = typer.Option(None, "--pairs", help=PAIRS_HELP),
     progress: bool = progress_option(),
@@ -253,7 +266,7 @@ def prune_command(
     out: Path = typer.Option(None, "--out", help="Folder for curve.csv/curve.png, or the new run with --physical."),
     split: Split = typer.Option(Split.valid, "--split", help=SPLIT_HELP),
     kinds: list[HeadKind] = typer.Option(None, "--kind", help=KIND_HELP),
-    batch_size: int = typer.Option(128, "--batch-size", min=1),
+    batch_size: int = typer.Option(None, "--batch-size", min=1, help=BATCH_HELP),
     texts: Path = typer.Option(None, "--texts", help=TEXTS_HELP),
     pairs: Path = typer.Option(None, "--pairs", help=PAIRS_HELP),
     progress: bool = progress_option(),

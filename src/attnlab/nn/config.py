@@ -90,6 +90,10 @@ class TransformerConfig:
         heads_per_layer: after physical head pruning: attention kind -> the number of heads left
             in each layer of that kind (0 allowed: the sub-layer then adds only its output bias).
             Kinds not listed keep ``heads``. Needs ``d_k`` set, since d_model / H no longer applies.
+        kv_groups: after physical pruning of grouped-query attention: attention kind -> for each
+            layer, the key/value head each remaining query head reads (``kv_groups[kind][layer][h]``,
+            key/value heads numbered 0.. in their old order, each serving some query head); the
+            layer then has max + 1 key/value heads. Needs ``heads_per_layer`` for the same kinds.
     """
 
     kind: ClassVar[str] = ""
@@ -124,6 +128,7 @@ class TransformerConfig:
     bias: bool = True
     linear: str = "auto"
     heads_per_layer: dict[str, list[int]] | None = None
+    kv_groups: dict[str, list[list[int]]] | None = None
 
     def __post_init__(self) -> None:
         check_field_types(self)
@@ -162,6 +167,7 @@ class TransformerConfig:
         if self.straight_through and self.attention != "hard":
             raise ValueError("straight_through: only applies to attention='hard'")
         self._check_heads_per_layer()
+        self._check_kv_groups()
 
     def _check_rotary_and_groups(self) -> None:
         if self.kv_heads is not None and self.heads % self.kv_heads:
@@ -183,8 +189,6 @@ class TransformerConfig:
             return
         if self.d_k is None:
             raise ValueError("heads_per_layer: needs d_k set explicitly (pruned layers keep the original head size)")
-        if self.kv_heads is not None and self.kv_heads != self.heads:
-            raise ValueError("heads_per_layer: pruning grouped-query attention (kv_heads < heads) is not implemented")
         for kind, counts in self.heads_per_layer.items():
             if kind not in ("encoder_self", "decoder_self", "cross", "self"):
                 raise ValueError(
@@ -194,6 +198,29 @@ class TransformerConfig:
                 raise ValueError(
                     f"heads_per_layer[{kind!r}]: expected a list of head counts in [0, {self.heads}], got {counts!r}"
                 )
+            if self.key_value_heads != self.heads and kind != "cross" and kind not in (self.kv_groups or {}):
+                raise ValueError(f"heads_per_layer[{kind!r}]: pruned grouped-query attention needs kv_groups[{kind!r}]")
+
+    def _check_kv_groups(self) -> None:
+        for kind, layers in (self.kv_groups or {}).items():
+            counts = (self.heads_per_layer or {}).get(kind)
+            if counts is None:
+                raise ValueError(f"kv_groups[{kind!r}]: needs heads_per_layer[{kind!r}]")
+            if not isinstance(layers, list) or len(layers) != len(counts):
+                raise ValueError(f"kv_groups[{kind!r}]: expected one list per layer ({len(counts)}), got {layers!r}")
+            for layer, (groups, count) in enumerate(zip(layers, counts)):
+                used = set(groups) if isinstance(groups, list) and all(_is_int(j) for j in groups) else None
+                if used is None or len(groups) != count or used != set(range(len(used))):
+                    raise ValueError(
+                        f"kv_groups[{kind!r}][{layer}]: expected {count} key/value head indices using 0..k-1, "
+                        f"got {groups!r}"
+                    )
+
+    def kv_index_at(self, kind: str, layer: int) -> list[int] | None:
+        """The query -> key/value head map of a pruned grouped-query layer, or None (uniform)."""
+        if self.kv_groups is None or kind not in self.kv_groups:
+            return None
+        return list(self.kv_groups[kind][layer])
 
     def heads_at(self, kind: str, layer: int) -> int:
         """Heads of the attention module of ``kind`` in ``layer`` (``heads`` unless pruned)."""

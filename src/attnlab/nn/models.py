@@ -184,7 +184,8 @@ def _multi_head(config: TransformerConfig, kind: str, layer: int) -> MultiHeadAt
         dropout=config.attention_dropout,
         bias=config.bias,
         # Grouped-query attention in self-attention; None: one key/value head per (unpruned) head.
-        kv_heads=None if kind == "cross" else config.kv_heads,
+        kv_heads=None if kind == "cross" or config.kv_index_at(kind, layer) is not None else config.kv_heads,
+        kv_index=config.kv_index_at(kind, layer),  # what pruning left of grouped-query attention
         # Rotary positions rotate self-attention's queries and keys; cross-attention has none.
         rope_base=config.rope_base if config.positional == "rope" and kind != "cross" else None,
         linear=config.linear,

@@ -176,6 +176,21 @@ def _share_key_values(k: Tensor, v: Tensor, heads: int) -> tuple[Tensor, Tensor]
     return k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
 
 
+def uniform_kv_index(heads: int, kv_heads: int) -> list[int]:
+    """The query -> key/value head map of grouped-query attention: h -> h // (heads / kv_heads)."""
+    return [h // (heads // kv_heads) for h in range(heads)] if kv_heads else []
+
+
+def _check_kv_index(kv_index: list[int], heads: int) -> int:
+    """The number of key/value heads of an explicit map; every one must serve some query head."""
+    if len(kv_index) != heads or any(not isinstance(j, int) or j < 0 for j in kv_index):
+        raise ValueError(f"kv_index: expected {heads} key/value head indices >= 0, got {kv_index}")
+    kv_heads = max(kv_index, default=-1) + 1
+    if set(kv_index) != set(range(kv_heads)):
+        raise ValueError(f"kv_index: every key/value head 0..{kv_heads - 1} must serve a query head, got {kv_index}")
+    return kv_heads
+
+
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = sum_h xi_h head_h W_o^h = Concat(xi_1 head_1, ..., xi_H head_H) W^O.
 
@@ -197,6 +212,10 @@ class MultiHeadAttention(nn.Module):
         bias: biases on the projections.
         kv_heads: key/value heads (grouped-query attention, Ainslie et al. 2023): query head h reads
             key/value head h // (H / kv_heads); default H. The KV cache holds kv_heads heads.
+        kv_index: an explicit query -> key/value head map instead (H entries; key/value heads
+            0..max, each serving at least one query head), e.g. what is left of grouped-query
+            attention after physical head pruning (:meth:`head_subset_state`). A map that is the
+            uniform h // (H / kv_heads) one takes the same path as ``kv_heads``.
         rope_base: rotate queries and keys by their positions in self-attention (rotary position
             embeddings, :mod:`attnlab.nn.rotary`) with this base; None for no rotation.
         linear: GEMM kernel of the projections, a name in :data:`attnlab.kernels.LINEAR_KERNELS`
@@ -230,6 +249,7 @@ class MultiHeadAttention(nn.Module):
         kv_heads: int | None = None,
         rope_base: float | None = None,
         linear: str = "auto",
+        kv_index: list[int] | None = None,
     ) -> None:
         super().__init__()
         if heads < 0 or (heads == 0 and d_k is None):
@@ -239,13 +259,24 @@ class MultiHeadAttention(nn.Module):
         self.d_model, self.heads = d_model, heads
         self.d_k = d_k if d_k is not None else d_model // heads
         self.d_v = d_v if d_v is not None else self.d_k
+        if kv_index is not None:
+            mapped = _check_kv_index(list(kv_index), heads)
+            if kv_heads is not None and kv_heads != mapped:
+                raise ValueError(f"kv_heads={kv_heads} disagrees with kv_index, which uses {mapped} key/value heads")
+            kv_heads = mapped
         self.kv_heads = heads if kv_heads is None else kv_heads
-        if self.kv_heads < 0 or (heads and (self.kv_heads == 0 or heads % self.kv_heads)):
+        if self.kv_heads < 0 or (heads and (self.kv_heads == 0 or (kv_index is None and heads % self.kv_heads))):
             raise ValueError(f"kv_heads={kv_heads}: must divide heads={heads}")
+        uniform = uniform_kv_index(heads, self.kv_heads) if heads and heads % self.kv_heads == 0 else []
+        self.kv_index: list[int] = list(kv_index) if kv_index is not None else uniform_kv_index(heads, self.kv_heads)
         # Chosen once: rotary positions on queries and keys, or none; K/V heads shared by groups.
         self.rotary = RotaryEmbedding(self.d_k, rope_base) if rope_base is not None else None
         self._place: PlaceFn = _rotate_by_position if self.rotary is not None else _unplaced
-        self._share: ShareFn = _share_key_values if self.kv_heads != heads else _own_key_values
+        if self.kv_index == uniform:  # the fast paths: one K/V head per query head, or equal groups
+            self._share: ShareFn = _share_key_values if self.kv_heads != heads else _own_key_values
+        else:  # an irregular map (pruned grouped-query attention): gather K/V heads by index
+            self.register_buffer("_kv_gather", torch.tensor(self.kv_index, dtype=torch.long), persistent=False)
+            self._share = self._gather_key_values
         self.dropout = dropout
         self.straight_through = straight_through
         try:  # chosen once: the softmax or hardmax attention of attnlab.nn.attention
@@ -346,6 +377,14 @@ class MultiHeadAttention(nn.Module):
             recorder(weights, head_outputs)
         return MultiHeadOutput(output, weights if want_weights else None, head_outputs if want_weights else None)
 
+    def _gather_key_values(self, k: Tensor, v: Tensor, heads: int) -> tuple[Tensor, Tensor]:
+        """An explicit map: query head h reads key/value head ``kv_index[h]``.
+
+        Shape:
+            k: (B, H_kv, T_k, d_k);  v: (B, H_kv, T_k, d_v);  returns both with H heads.
+        """
+        return k.index_select(1, self._kv_gather), v.index_select(1, self._kv_gather)
+
     # ---- projections --------------------------------------------------------------------
 
     def _project(
@@ -405,18 +444,20 @@ class MultiHeadAttention(nn.Module):
         """The state dict of this module restricted to heads ``keep`` (in that order): the rows of
         W^Q, W^K, W^V and the columns of W^O that belong to them, and their score parameters.
 
-        Load it into a ``MultiHeadAttention`` built with ``heads=len(keep)`` and the same d_k, d_v:
-        its output equals this module's with every other head masked (Michel §2.3).
+        Load it into a ``MultiHeadAttention`` built with ``heads=len(keep)``, the same d_k, d_v and
+        ``kv_index=self.kept_kv_index(keep)``: its output equals this module's with every other
+        head masked (Michel §2.3). With grouped-query attention a key/value head's rows of W^K and
+        W^V stay while any query head of its group is kept, and go with the last one.
         """
         if sorted(set(keep)) != sorted(keep) or any(not 0 <= h < self.heads for h in keep):
             raise ValueError(f"keep: head indices must be distinct and in [0, {self.heads}), got {keep}")
-        if self.kv_heads != self.heads:
-            raise ValueError("head_subset_state: physical pruning of grouped-query attention is not implemented")
-        d_k, d_v, qk = self.d_k, self.d_v, self.heads * self.d_k
-        qk_rows = [h * d_k + i for h in keep for i in range(d_k)]
-        v_rows = [h * d_v + i for h in keep for i in range(d_v)]
-        rows = torch.tensor(qk_rows + [qk + r for r in qk_rows] + [2 * qk + r for r in v_rows], dtype=torch.long)
-        columns = torch.tensor(v_rows, dtype=torch.long)
+        kv_keep = self._kept_kv_heads(keep)
+        d_k, d_v, qk, kv_k = self.d_k, self.d_v, self.heads * self.d_k, self.kv_heads * self.d_k
+        q_rows = [h * d_k + i for h in keep for i in range(d_k)]
+        k_rows = [qk + j * d_k + i for j in kv_keep for i in range(d_k)]
+        v_rows = [qk + kv_k + j * d_v + i for j in kv_keep for i in range(d_v)]
+        rows = torch.tensor(q_rows + k_rows + v_rows, dtype=torch.long)
+        columns = torch.tensor([h * d_v + i for h in keep for i in range(d_v)], dtype=torch.long)
         index = torch.tensor(keep, dtype=torch.long)
         state = {
             "in_proj_weight": self.in_proj_weight.detach()[rows],
@@ -428,6 +469,16 @@ class MultiHeadAttention(nn.Module):
         for name, parameter in self.score.named_parameters():  # score parameters: head axis first
             state[f"score.{name}"] = parameter.detach()[index]
         return state
+
+    def _kept_kv_heads(self, keep: list[int]) -> list[int]:
+        """The key/value heads that some query head of ``keep`` reads, in their order."""
+        return sorted({self.kv_index[h] for h in keep})
+
+    def kept_kv_index(self, keep: list[int]) -> list[int]:
+        """The query -> key/value head map of the module :meth:`head_subset_state` describes: kept
+        query head i reads the kept key/value head that ``keep[i]`` read, renumbered."""
+        kv_keep = self._kept_kv_heads(keep)
+        return [kv_keep.index(self.kv_index[h]) for h in keep]
 
     def head_contributions(self, head_outputs: Tensor) -> Tensor:
         """Att_h = head_h W_o^h for every head (Michel §2.2 Eq. 1); their sum + bias is the output.

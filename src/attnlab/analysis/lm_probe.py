@@ -1,0 +1,192 @@
+"""The head probe of a language model: next-token loss over the texts of a file.
+
+Michel et al. score head h by what masking it (xi_h = 0 in MHAtt(x, q) = sum_h xi_h Att_h(x, q),
+§2.3) does to the model's loss. For a causal language model the loss of a text x = x_1 .. x_n is
+the mean next-token negative log-likelihood over its real tokens,
+
+    L(x) = -1/(n-1) sum_{t=2..n} log p(x_t | x_{<t}),
+
+and the metric is the corpus perplexity exp(sum_x sum_t -log p / sum_x (n_x - 1)), every predicted
+token weighted alike (what ``attnlab eval --texts`` reports; lower is better). Importance is
+Michel's I_h = E_x |dL(x)/dxi_h|, the mean over texts, from one forward and one backward pass per
+batch (:func:`attnlab.analysis.heads.importance`).
+
+Choices: each line of the file is one text, encoded by the run's task as the model reads it
+(:meth:`attnlab.tasks.pretrained_lm.PretrainedLMTask.encode`: with a BOS in front when the model
+adds one, so the first word is predicted too; SmolLM2 adds none, so its first token is context
+only). No EOS is appended: a line of a file is not a finished document, and a chat model's EOS
+(SmolLM2's ``<|im_end|>``) ends a chat turn. A text of a single token predicts nothing and is
+skipped (counted in :attr:`NextTokenProbe.skipped`). A text longer than the context is an error
+naming its line, or cut to the context with ``truncate`` (counted in :attr:`NextTokenProbe.truncated`).
+
+Padding is never recognised by its id (a pretrained LM's pad id may be a real token, as SmolLM2's
+is): texts are padded on the right and the model is given which positions are real
+(``DecoderOnly.forward(is_token=...)``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnlab.analysis.heads import Score
+from attnlab.devices import model_device
+from attnlab.errors import DataError, UsageError
+from attnlab.loaded_run import LoadedRun
+from attnlab.nn import HeadMask
+from attnlab.tasks.pretrained_lm import PretrainedLMTask
+from attnlab.tasks.text import MAX_LINE_CHARS, read_lines
+
+__all__ = ["TextBatch", "NextTokenProbe", "check_language_model_run", "pad_right"]
+
+
+@dataclass(frozen=True)
+class TextBatch:
+    """Texts as ids, padded on the right, and which positions are real tokens.
+
+    Shape:
+        tokens: (B, T);  is_token: (B, T) bool, True at real tokens (a prefix of each row).
+    """
+
+    tokens: Tensor
+    is_token: Tensor
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+
+def pad_right(rows: Sequence[Sequence[int]], pad_id: int) -> TextBatch:
+    """Rows of ids padded with ``pad_id`` on the right, and their real positions."""
+    width = max(len(row) for row in rows)
+    tokens = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    is_token = torch.zeros(len(rows), width, dtype=torch.bool)
+    for index, row in enumerate(rows):
+        tokens[index, : len(row)] = torch.tensor(row, dtype=torch.long)
+        is_token[index, : len(row)] = True
+    return TextBatch(tokens, is_token)
+
+
+def check_language_model_run(loaded: LoadedRun, what: str) -> None:
+    """Refuse a run that is not a pretrained causal language model (task ``pretrained_lm``)."""
+    if not isinstance(loaded.task, PretrainedLMTask):
+        raise UsageError(
+            f"{what} needs a pretrained language model run (attnlab import gguf); "
+            f"{loaded.run.path} is a {loaded.experiment.model_kind} run of task {loaded.experiment.task_name!r}"
+        )
+
+
+def _next_token_nll(logits: Tensor, batch: TextBatch) -> tuple[Tensor, Tensor]:
+    """-log p(x_t | x_{<t}) at every position t >= 2 and whether x_t is a real token.
+
+    Shape:
+        logits: (B, T, V);  returns (B, T-1) float and (B, T-1) bool.
+    """
+    targets = batch.tokens[:, 1:]
+    nll = F.cross_entropy(logits[:, :-1].transpose(1, 2), targets, reduction="none")  # (B, T-1)
+    real = batch.is_token[:, 1:]
+    return nll.masked_fill(~real, 0.0), real
+
+
+class NextTokenProbe:
+    """Next-token loss of a language model over the texts of a file (see the module docstring).
+
+    Args:
+        loaded: a pretrained language model run (task ``pretrained_lm``).
+        texts_file: plain text, one text per non-empty line.
+        batch_size: texts per batch (similar lengths together, so little padding).
+        truncate: cut a text longer than the context instead of refusing it.
+        base_mask: the mask every analysis starts from; default the run's held heads.
+
+    Attributes:
+        texts: the texts scored;  skipped: single-token texts left out;  truncated: texts cut;
+        tokens: the predicted tokens (each text's length - 1), the perplexity's denominator.
+
+    Raises:
+        UsageError: the run is not a language model's.
+        DataError: a text longer than the context without ``truncate`` (names its line), or no
+        text of two tokens or more.
+    """
+
+    metric_name = "perplexity (lower is better)"
+
+    def __init__(
+        self,
+        loaded: LoadedRun,
+        texts_file: str | os.PathLike[str],
+        *,
+        batch_size: int = 16,
+        truncate: bool = False,
+        base_mask: HeadMask | None = None,
+    ) -> None:
+        check_language_model_run(loaded, "--texts (next-token loss)")
+        if batch_size < 1:
+            raise DataError(f"batch_size: must be >= 1, got {batch_size}")
+        self.loaded, self.batch_size = loaded, batch_size
+        self.model: nn.Module = loaded.model.eval()
+        self.base_mask: HeadMask | None = loaded.held_mask() if base_mask is None else base_mask
+        self.context = min(loaded.task.max_tokens, loaded.model.config.max_len)
+        rows = self._encode(texts_file, truncate)
+        self.texts, self.tokens = len(rows), sum(len(row) - 1 for row in rows)
+        device = model_device(self.model)
+        order = sorted(range(len(rows)), key=lambda i: (len(rows[i]), i))  # little padding, a fixed order
+        self._batches = [
+            _to(pad_right([rows[i] for i in order[start : start + batch_size]], loaded.task.pad_id), device)
+            for start in range(0, len(order), batch_size)
+        ]
+
+    def _encode(self, texts_file: str | os.PathLike[str], truncate: bool) -> list[list[int]]:
+        lines = read_lines(texts_file, max_line_chars=MAX_LINE_CHARS)
+        rows: list[list[int]] = []
+        self.skipped = self.truncated = 0
+        for number, text in zip(lines.numbers, lines.items, strict=True):
+            ids = self.loaded.task.encode(text)
+            if len(ids) > self.context:
+                if not truncate:
+                    raise DataError(
+                        f"{texts_file}:{number}: the text has {len(ids)} tokens, more than the model's context "
+                        f"of {self.context}; shorten it, or opt in to truncation (attnlab eval --truncate)"
+                    )
+                ids, self.truncated = ids[: self.context], self.truncated + 1
+            if len(ids) < 2:
+                self.skipped += 1
+                continue
+            rows.append(ids)
+        if not rows:
+            raise DataError(f"{texts_file}: no text of two tokens or more, so no next token to predict")
+        return rows
+
+    def batches(self) -> Iterator[TextBatch]:
+        return iter(self._batches)
+
+    def example_losses(self, batch: TextBatch, head_mask: HeadMask | None) -> Tensor:
+        """(B,) mean next-token NLL of each text, differentiable in the head mask."""
+        nll, real = _next_token_nll(self.outputs_all(self.model, batch, head_mask), batch)
+        return nll.sum(1) / real.sum(1)
+
+    @torch.no_grad()
+    def evaluate(self, head_mask: HeadMask | None) -> Score:
+        """Corpus perplexity and mean NLL per predicted token under ``head_mask``."""
+        total = 0.0
+        for batch in self._batches:
+            nll, _ = _next_token_nll(self.outputs_all(self.model, batch, head_mask), batch)
+            total += float(nll.double().sum())
+        loss = total / self.tokens
+        return Score(math.exp(min(loss, 700.0)), loss)
+
+    def outputs_all(self, model: nn.Module, batch: TextBatch, head_mask: HeadMask | None) -> Tensor:
+        """(B, T, V) logits of ``model`` on ``batch``, padding included."""
+        return model(batch.tokens, head_mask=head_mask, is_token=batch.is_token)
+
+    def outputs(self, model: nn.Module, batch: TextBatch, head_mask: HeadMask | None) -> Tensor:
+        """(N, V) logits of ``model`` at the batch's N real tokens (e.g. a physically pruned model's)."""
+        return self.outputs_all(model, batch, head_mask)[batch.is_token]
+
+
+def _to(batch: TextBatch, device: torch.device) -> TextBatch:
+    return TextBatch(batch.tokens.to(device), batch.is_token.to(device))
