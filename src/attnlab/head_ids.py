@@ -9,6 +9,15 @@ training, so they never learned. :func:`held_mask` is the one place that turns t
 mask; every command that runs a trained model (eval, generate, attention, the viewer, heads
 ablate/importance/prune, encode) starts from it, through
 :meth:`attnlab.loaded_run.LoadedRun.held_mask`.
+
+One vocabulary for one idea, a head mask with some heads at zero:
+
+* *off*: a head a mask sets to 0. :func:`mask_without` builds a mask with given heads off (on top
+  of a base mask); :func:`heads_off` reads which heads a mask has off.
+* *held*: a head the run holds off since training. :func:`held_heads` parses the specs,
+  :func:`held_mask` is their mask; ``LoadedRun.held_heads`` / ``held_mask`` give a run's, and
+  ``analysis.heads.held_heads_of`` / ``held_mask_of`` a probe's.
+* *live*: a head not held (``analysis.heads.live_heads``): what analysis may switch off.
 """
 
 from __future__ import annotations

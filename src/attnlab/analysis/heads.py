@@ -45,8 +45,8 @@ __all__ = [
     "Score",
     "HeadProbe",
     "TaskProbe",
-    "base_mask_of",
-    "held_by",
+    "held_mask_of",
+    "held_heads_of",
     "AblationRow",
     "Ablation",
     "ablate",
@@ -80,7 +80,7 @@ class HeadProbe(Protocol):
     head mask they are given as it is.
 
     A probe may also have ``base_mask`` (a head mask, or None for all ones): the mask every
-    analysis starts from, i.e. the run's held heads (see :func:`base_mask_of`).
+    analysis starts from, i.e. the run's held heads (see :func:`held_mask_of`).
     """
 
     model: TransformerModel
@@ -157,14 +157,14 @@ class TaskProbe:
         return PREDICTIONS[self.kind](model, batch, head_mask, self.loaded.task.pad_id).logits
 
 
-def base_mask_of(probe: HeadProbe) -> HeadMask | None:
+def held_mask_of(probe: HeadProbe) -> HeadMask | None:
     """The mask every analysis of ``probe`` starts from: its ``base_mask`` (None: all heads on)."""
     return getattr(probe, "base_mask", None)
 
 
-def held_by(probe: HeadProbe) -> list[HeadId]:
+def held_heads_of(probe: HeadProbe) -> list[HeadId]:
     """The heads the probe's base mask holds at 0 (a run's ``train.mask_heads``)."""
-    return heads_off(probe.model, base_mask_of(probe))
+    return heads_off(probe.model, held_mask_of(probe))
 
 
 # ---- ablation ------------------------------------------------------------------------------------
@@ -199,8 +199,8 @@ def ablate(probe: HeadProbe, kinds: Sequence[str] | None = None, *, progress: An
     """
     heads = head_ids(probe.model, kinds)
     tick = progress or (lambda: None)
-    base = base_mask_of(probe)
-    held = set(held_by(probe))
+    base = held_mask_of(probe)
+    held = set(held_heads_of(probe))
     baseline = probe.evaluate(base)
 
     def row(head: HeadId, off: Iterable[HeadId]) -> AblationRow:
@@ -246,7 +246,7 @@ def importance(
     tick = progress or (lambda: None)
     model = probe.model
     shapes = model.head_mask_shapes()
-    point = mask_without(model, (), base=base_mask_of(probe) if base_mask is None else base_mask)
+    point = mask_without(model, (), base=held_mask_of(probe) if base_mask is None else base_mask)
     totals = {kind: torch.zeros(shape, dtype=torch.float64) for kind, shape in shapes.items()}
     examples = 0
     for batch in probe.batches():
@@ -338,7 +338,7 @@ def pruning_curve(
     ranking serves every step.
     """
     check_percents(percents)
-    base = base_mask_of(probe)
+    base = held_mask_of(probe)
     live = live_heads(probe, kinds)
     alive = set(live)
     order = [h for h in pruning_order(importance(probe, kinds=kinds)) if h in alive]
@@ -363,7 +363,7 @@ def pruning_curve(
 
 def live_heads(probe: HeadProbe, kinds: Sequence[str] | None = None) -> list[HeadId]:
     """The heads (of ``kinds``) that pruning may take: every head the base mask does not hold at 0."""
-    held = set(held_by(probe))
+    held = set(held_heads_of(probe))
     return [h for h in head_ids(probe.model, kinds) if h not in held]
 
 
@@ -381,7 +381,7 @@ def heads_to_remove(
     pruned model computes what the curve's masked model at ``percent`` computes.
     """
     check_percents([percent])
-    held = set(held_by(probe))
+    held = set(held_heads_of(probe))
     live = [h for h in head_ids(probe.model, kinds) if h not in held]
     order = [h for h in pruning_order(importance(probe, kinds=kinds)) if h not in held]
     chosen = heads_to_prune(
