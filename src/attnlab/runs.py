@@ -430,7 +430,7 @@ class RunDir:
         ]  # left by a crash mid-write
         for old in complete[: max(0, len(complete) - keep)] + stale:
             if old.name != current:
-                shutil.rmtree(old, ignore_errors=True)
+                _remove_folder(old)
 
     # ---- metrics ------------------------------------------------------------------------------
 
@@ -492,6 +492,20 @@ def _metric_record(line: bytes, path: Path, number: int) -> dict[str, Any]:
     if not isinstance(record, dict):
         raise CheckpointError(f"{path}:{number}: not a JSON object")
     return record
+
+
+def _remove_folder(folder: Path) -> None:
+    """Remove an old checkpoint folder so that a kill at any instant leaves it whole or out of sight:
+    renamed first to ``step-N.partial`` (skipped by every reader and by ``verify``, removed by the
+    next checkpoint), then deleted file by file."""
+    doomed = folder if folder.name.endswith(".partial") else folder.with_name(folder.name + ".partial")
+    if doomed != folder:
+        shutil.rmtree(doomed, ignore_errors=True)
+        try:
+            os.replace(folder, doomed)
+        except OSError:
+            return  # gone already, or not ours to move: the next checkpoint tries again
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 def weights_to_tensors(model: nn.Module) -> tuple[dict[str, Tensor], dict[str, str]]:
