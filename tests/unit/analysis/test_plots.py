@@ -145,7 +145,7 @@ def test_saved_pictures_equal_the_figures_drawn_one_by_one(tmp_path, argmax):
     figures = list(attention_figures(view, argmax=argmax))
     assert [path.stem for path in paths] == [stem for stem, _ in figures]
     for path, (_, figure) in zip(paths, figures, strict=True):
-        saved = np.asarray(Image.open(path).convert("RGBA"))
+        saved = np.asarray(Image.open(path).convert("RGBA"))  # written as RGB: alpha 255
         drawn = _pixels(figure)
         assert saved.shape == drawn.shape
         assert np.mean(saved != drawn) < 0.002, path.name  # the same picture (antialiasing aside)
