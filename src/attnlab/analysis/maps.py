@@ -3,9 +3,9 @@
 The output is what the plots and the viewer show: for each :class:`attnlab.nn.AttentionRecord`,
 the tokens along its query and key axes. For an encoder-decoder the input is decoded greedily
 first, then one teacher-forced pass over (source, BOS + output) records all three kinds. For a
-decoder-only model the prompt is continued greedily, then one pass over (BOS + prompt + continuation)
-records the maps and gives the next-token distribution right after the prompt. The prompt is the
-task's own (``task.generation_prompt``: ``BOS text`` for a model trained here, the model's framing
+decoder-only model the prompt is continued greedily, then one pass over (prompt + continuation),
+every position a real token, records the maps and gives the next-token distribution right after the
+prompt. The prompt is the task's own (``task.generation_prompt``: ``BOS text`` for a model trained here, the model's framing
 for a pretrained LM, whose BOS may not exist), as ``attnlab generate`` reads it.
 
 The model runs as the run defines it: the heads held at zero in training (``train.mask_heads``,
