@@ -203,3 +203,45 @@ def test_heads_held_in_training_show_as_held_and_stay_off(page, tmp_path_factory
         assert "head 0 (held)" in page.text_content("#head-view-legend")
         screenshot(page, "held-heads")
     assert page.errors == []
+
+
+def layers_shown(page) -> list[int]:  # noqa: ANN001
+    """The layers whose heads the model view shows."""
+    return sorted({int(n) for n in page.locator(".head-cell").evaluate_all("cs => cs.map(c => c.dataset.layer)")})
+
+
+def test_a_model_of_many_heads_is_shown_one_page_of_layers_at_a_time(page, tmp_path_factory):
+    """A pretrained LM of 12 layers x 6 heads (72 heads, as SmolLM2's 270): pages of 2 layers, the
+    head view follows the page, and a head switched off on one page stays off on the others."""
+    from tests.unit.analysis.tiny_lm import tiny_lm_run
+
+    run, _ = tiny_lm_run(tmp_path_factory.mktemp("viewer-browser-lm"), layers=12, context=512)
+    with serving(create_app(open_run(run))) as url:
+        open_viewer(page, url)
+        assert layers_shown(page) == [0, 1] and page.locator(".head-cell").count() == 12
+        assert page.locator("#page-select option").all_text_contents()[:2] == ["layers 0–1", "layers 2–3"]
+        assert page.locator("#page-select option").count() == 6 and page.is_disabled("#page-prev")
+        type_input(page, "the cat sat on the mat")
+        plain = api_run(url, "the cat sat on the mat", [])
+
+        before = runs_done(page)
+        page.click("#page-next")
+        wait_for_run(page, before)
+        assert layers_shown(page) == [2, 3]
+        assert page.locator("#head-view-layer option").all_text_contents() == ["2", "3"]
+        before = runs_done(page)
+        cell(page, "self", 2, 1).click()
+        wait_for_run(page, before)
+        off = api_run(url, "the cat sat on the mat", [{"kind": "self", "layer": 2, "head": 1}])
+        assert page.text_content("#output-main") == shown(off["output"])
+
+        before = runs_done(page)
+        page.select_option("#page-select", "0")
+        wait_for_run(page, before)
+        assert layers_shown(page) == [0, 1] and page.text_content("#off-count") == "1"
+        assert page.text_content("#output-main") == shown(off["output"])
+        assert [row["probability"] for row in off["output"]["next_tokens"]] != [
+            row["probability"] for row in plain["output"]["next_tokens"]
+        ]
+        screenshot(page, "pretrained-lm-pages")
+        assert page.errors == []

@@ -312,3 +312,40 @@ def test_prune_physical_through_the_cli(run: Path, texts_file: Path, tmp_path: P
     evaluated = attnlab("eval", str(out), "--texts", str(texts_file), "--json")
     assert evaluated.returncode == 0, evaluated.stderr
     assert json.loads(evaluated.stdout)["loss"] == pytest.approx(curve[0]["loss"], abs=1e-4)
+
+
+def test_attention_view_reads_the_reference_tokens_and_gives_its_next_token(run: Path, reference) -> None:
+    """Item 6: the pictures' tokens are the reference tokenizer's (no BOS), the next-token
+    distribution is Hugging Face's, and every one of the 30 x 9 heads has a map."""
+    from attnlab.analysis.maps import attention_view, kind_maps
+
+    tokenizer, model = reference
+    text = "The capital of France is"
+    loaded = open_run(run)
+    view = attention_view(loaded, text, max_length=3, top_k=5)
+    ids = tokenizer(text)["input_ids"]
+    queries, _ = view.axes["self"]
+    assert queries[: len(ids)] == tokenizer.convert_ids_to_tokens(ids)
+    maps = kind_maps(view, "self")
+    assert len(maps) == 30 and {m.shape[0] for m in maps} == {9}
+    with torch.no_grad():
+        expected = torch.softmax(model(torch.tensor([ids])).logits[0, -1], -1)
+    values, indices = expected.topk(5)
+    assert [token for token, _ in view.distribution] == tokenizer.convert_ids_to_tokens(indices.tolist())
+    assert [p for _, p in view.distribution] == pytest.approx(values.tolist(), abs=1e-4)
+
+
+def test_the_viewer_pages_smollm2_by_layer_and_takes_300_tokens(run: Path) -> None:
+    from starlette.testclient import TestClient
+
+    from attnlab.viewer import create_app
+
+    client = TestClient(create_app(open_run(run)))
+    limits = client.get("/api/model").json()["limits"]
+    assert limits["layers_per_page"] == 1 and limits["max_input_tokens"] == 512
+    text = " ".join(f"word{n}" for n in range(150))  # 300 tokens or more
+    answer = client.post("/api/run", json={"text": text, "layers": [29]})
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert len(body["tokens"]) >= 300 and [m["layer"] for m in body["attention"]] == [29]
+    assert len(body["attention"][0]["weights"]) == 9

@@ -80,6 +80,7 @@ def test_model_lists_kinds_layers_heads_and_limits(clients):
         "max_input_chars": MAX_INPUT_CHARS,
         "max_input_tokens": MAX_INPUT_TOKENS,
         "max_output_tokens": MAX_OUTPUT_TOKENS,
+        "layers_per_page": 2,  # 12 heads: every layer on one page
     }
     assert set(info["example"]) <= set("abcdefghij") and info["importance"] is None
 
@@ -302,7 +303,8 @@ MALFORMED = [  # (body, field, part of the message)
     (b'{"text": "ab", "off": [{"kind": "cross", "layer": ' + b"9" * 5000 + b', "head": 0}]}', "body", "not valid JSON"),
     (b'{"text": "\xff\xfe"}', "body", "not UTF-8 text (byte 10)"),
     (b"\xff" * 64, "body", "not UTF-8 text"),
-    (b"[" * 100_000, "body", f"the viewer takes at most {MAX_RUN_BODY_BYTES}"),  # issue 23: it was a 500
+    (b"[" * 100_000, "body", f"more than {MAX_JSON_DEPTH} levels deep"),  # issue 23: it was a 500
+    (b"[" * 200_000, "body", f"the viewer takes at most {MAX_RUN_BODY_BYTES}"),
     (b"[" * 60_000, "body", f"more than {MAX_JSON_DEPTH} levels deep"),
     (b"[" * 30_000 + b"]" * 30_000, "body", f"more than {MAX_JSON_DEPTH} levels deep"),
     (b"{" * 60_000, "body", f"more than {MAX_JSON_DEPTH} levels deep"),

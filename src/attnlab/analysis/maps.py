@@ -3,8 +3,10 @@
 The output is what the plots and the viewer show: for each :class:`attnlab.nn.AttentionRecord`,
 the tokens along its query and key axes. For an encoder-decoder the input is decoded greedily
 first, then one teacher-forced pass over (source, BOS + output) records all three kinds. For a
-decoder-only model the prompt is continued greedily, then one pass over (BOS + prompt + continuation)
-records the maps and gives the next-token distribution right after the prompt.
+decoder-only model the prompt is continued greedily, then one pass over (prompt + continuation),
+every position a real token, records the maps and gives the next-token distribution right after the
+prompt. The prompt is the task's own (``task.generation_prompt``: ``BOS text`` for a model trained here, the model's framing
+for a pretrained LM, whose BOS may not exist), as ``attnlab generate`` reads it.
 
 The model runs as the run defines it: the heads held at zero in training (``train.mask_heads``,
 Michel §2.3's xi_h = 0) are off in every view, and a ``head_mask`` given switches more heads off
@@ -78,20 +80,39 @@ def attention_view(
 
     The run's held heads (``train.mask_heads``) are off; ``head_mask`` switches more heads off
     (``loaded.held_mask(base=head_mask)``). An empty text, one longer than
-    :data:`attnlab.resources.MAX_TEXT_CHARS` or one whose tokens exceed ``model.max_len`` is a
+    :data:`attnlab.resources.MAX_TEXT_CHARS` or one whose tokens exceed the context
+    (``model.max_len``; a pretrained LM's ``task.max_tokens`` too) is a
     :class:`~attnlab.errors.UsageError`, raised before the model runs.
     """
     check_input_text(text)
-    ids = loaded.codec.encode(text)
-    check_input_tokens(len(ids) + 1, context=loaded.model.config.max_len)  # + EOS (or BOS)
     kind = loaded.experiment.model_kind
-    if kind in ("encoder_decoder", "decoder_only"):  # decoding stops at the model's last position
-        prompt = 1 + (len(ids) if kind == "decoder_only" else 0)  # BOS (+ the prompt)
-        max_length = check_decode_length(prompt, max_length, config=loaded.model.config)
+    if kind == "decoder_only":
+        ids = _language_model_prompt(loaded, text)
+        context = loaded.task.generation_context
+        max_length = check_decode_length(len(ids), max_length, config=loaded.model.config, context=context)
+    else:
+        ids = loaded.codec.encode(text)
+        check_input_tokens(len(ids) + 1, context=loaded.model.config.max_len)  # + EOS
+        if kind == "encoder_decoder":  # decoding stops at the model's last position
+            max_length = check_decode_length(1, max_length, config=loaded.model.config)  # after BOS
     mask = loaded.held_mask(base=head_mask)
     view = VIEWS[loaded.experiment.model_kind]
     found = view(loaded, ids, head_mask=mask, max_length=max_length, top_k=top_k)
     return dataclasses.replace(found, off=tuple(heads_off(loaded.model, mask)))
+
+
+def _language_model_prompt(loaded: LoadedRun, text: str) -> list[int]:
+    """The ids a language model reads for ``text``: its task's own prompt (``BOS text`` for a model
+    trained here; the model's framing, BOS or none, for a pretrained LM), within its context.
+
+    Raises:
+        UsageError: the prompt is longer than the context (the task's, else ``model.max_len``).
+    """
+    task, config = loaded.task, loaded.model.config
+    ids = task.generation_prompt(text)
+    context = config.max_len if task.generation_context is None else min(task.generation_context, config.max_len)
+    check_input_tokens(len(ids), context=context)
+    return ids
 
 
 def _seq2seq_view(loaded: LoadedRun, ids: list[int], *, head_mask, max_length: int, top_k: int) -> AttentionView:  # noqa: ANN001
@@ -129,22 +150,23 @@ def _classifier_view(loaded: LoadedRun, ids: list[int], *, head_mask, max_length
 
 
 def _language_model_view(loaded: LoadedRun, ids: list[int], *, head_mask, max_length: int, top_k: int) -> AttentionView:  # noqa: ANN001
-    """The greedy continuation, the next-token distribution, and the maps over prompt + continuation."""
+    """The greedy continuation of the prompt ``ids``, the next-token distribution right after it,
+    and the maps over prompt + continuation. Every position is a real token (``is_token``): a
+    pretrained LM's padding id may be a real token (SmolLM2's is its EOS)."""
     task, codec, model = loaded.task, loaded.codec, loaded.model
-    prompt = [task.bos_id, *ids]
     hypothesis = generate_continuations(
         model,
-        [prompt],
+        [ids],
         eos_id=task.eos_id,
-        banned=(task.pad_id, task.bos_id),
+        banned=task.generation_banned,
         options=DecodeOptions(max_length=max_length),
         head_mask=head_mask,
     )[0]
-    full = torch.tensor([prompt + hypothesis.tokens], device=model_device(model))
+    full = torch.tensor([ids + hypothesis.tokens], device=model_device(model))
     with capture(model) as records:
-        logits = model(full, head_mask=head_mask)
-    labels = ["<s>"] + codec.tokens(ids + hypothesis.tokens)
-    next_token = torch.softmax(logits[0, len(prompt) - 1].float(), -1)
+        logits = model(full, head_mask=head_mask, is_token=torch.ones_like(full, dtype=torch.bool))
+    labels = codec.tokens(ids + hypothesis.tokens)
+    next_token = torch.softmax(logits[0, len(ids) - 1].float(), -1)
     values, indices = next_token.topk(min(top_k, next_token.numel()))
     top = [(codec.tokens([int(i)])[0], float(v)) for v, i in zip(values, indices, strict=True)]
     return AttentionView(records, {"self": (labels, labels)}, codec.decode(hypothesis.tokens), distribution=top)

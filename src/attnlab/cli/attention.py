@@ -28,16 +28,19 @@ def attention(
     max_length: int = typer.Option(
         64, "--max-length", min=1, help=f"Most output tokens to decode (at most {MAX_NEW_TOKENS})."
     ),
+    layers: str | None = typer.Option(
+        None, "--layers", help="Only these layers, e.g. 0,5,29 or 0-3 or 0,10-12 (default: every layer)."
+    ),
     device: str = device_option(),
     as_json: bool = json_option("Print one JSON object: input, output, held heads and the pictures written."),
 ) -> None:
     """Draw every attention map of RUN on TEXT: per head, per layer (grid), and the argmax pattern.
 
     Heads held at zero in training (train.mask_heads) are off, as in `attnlab eval`; their maps are
-    still drawn, titled "(off)".
+    still drawn, titled "(off)". --layers draws only some layers (a 30-layer model has 300 pictures).
     """
     from attnlab.analysis.maps import attention_view
-    from attnlab.analysis.plots import save_attention_pictures
+    from attnlab.analysis.plots import save_attention_pictures, select_layers
     from attnlab.loaded_run import open_run
     from attnlab.output_paths import check_output_path
     from attnlab.resources import check_input_text, check_new_tokens
@@ -46,9 +49,10 @@ def attention(
     check_new_tokens(max_length, flag="--max-length")
     check_output_path(out, kind="folder", flag="--out")
     loaded = open_run(run, device=device)
+    chosen = None if layers is None else select_layers(layers, _deepest(loaded.model.config), flag="--layers")
     view = attention_view(loaded, text, max_length=max_length)
     hard = loaded.experiment.model.get("attention") == "hard"
-    paths = save_attention_pictures(view, out, argmax=hard if argmax is None else argmax)
+    paths = save_attention_pictures(view, out, argmax=hard if argmax is None else argmax, layers=chosen)
     if as_json:
         print_json(
             {
@@ -65,3 +69,8 @@ def attention(
     if loaded.held_heads:
         typer.echo(f"held at zero by train.mask_heads (off): {', '.join(map(str, loaded.held_heads))}")
     typer.echo(f"wrote {len(paths)} attention pictures to {out}")
+
+
+def _deepest(config) -> int:  # noqa: ANN001
+    """The most layers any attention kind of the model has (encoder or decoder side)."""
+    return max(config.layers, getattr(config, "decoder_depth", 0))

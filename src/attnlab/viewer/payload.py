@@ -13,25 +13,30 @@ from attnlab.errors import UsageError
 from attnlab.head_ids import HeadId, head_ids, mask_without
 from attnlab.loaded_run import LoadedRun
 from attnlab.viewer.importance import Importance
-from attnlab.viewer.requests import (
-    MAX_INPUT_CHARS,
-    MAX_INPUT_TOKENS,
-    MAX_OUTPUT_TOKENS,
-    RequestError,
-    RunRequest,
-    check_input_length,
-)
+from attnlab.viewer.requests import Limits, RequestError, RunRequest, check_input_length, viewer_limits
 
-__all__ = ["describe_model", "example_input", "run_payload", "DECIMALS"]
+__all__ = ["describe_model", "example_input", "run_payload", "run_limits", "DECIMALS"]
 
 DECIMALS = 4
 """Attention weights are rounded to this many decimals: enough for a picture, a small response."""
 
 
+def run_limits(loaded: LoadedRun) -> Limits:
+    """The viewer's caps for ``loaded`` (:func:`~attnlab.viewer.requests.viewer_limits`)."""
+    return viewer_limits(head_ids(loaded.model), task_name=loaded.experiment.task_name, context=_context(loaded))
+
+
+def _context(loaded: LoadedRun) -> int:
+    """The most positions the model reads: ``model.max_len``, or a pretrained LM's ``max_tokens`` if fewer."""
+    context = getattr(loaded.task, "generation_context", None)
+    return loaded.model.config.max_len if context is None else min(context, loaded.model.config.max_len)
+
+
 def describe_model(loaded: LoadedRun, importance: Importance | None = None) -> dict[str, Any]:
     """What the page needs before the first run: the model kind, its heads, the heads held at zero
-    by ``train.mask_heads`` (always off), the caps."""
+    by ``train.mask_heads`` (always off), the caps (with how many layers one answer holds)."""
     heads = head_ids(loaded.model)
+    limits = run_limits(loaded)
     return {
         "run": loaded.run.path.resolve().name,
         "model_kind": loaded.experiment.model_kind,
@@ -40,9 +45,10 @@ def describe_model(loaded: LoadedRun, importance: Importance | None = None) -> d
         "heads": [_kind_info(kind, heads) for kind in dict.fromkeys(h.kind for h in heads)],
         "held": [_head_json(h) for h in loaded.held_heads],
         "limits": {
-            "max_input_chars": MAX_INPUT_CHARS,
-            "max_input_tokens": MAX_INPUT_TOKENS,
-            "max_output_tokens": MAX_OUTPUT_TOKENS,
+            "max_input_chars": limits.max_input_chars,
+            "max_input_tokens": limits.max_input_tokens,
+            "max_output_tokens": limits.max_output_tokens,
+            "layers_per_page": limits.layers_per_page,
         },
         "importance": importance,
         "example": example_input(loaded),
@@ -84,27 +90,34 @@ def run_payload(loaded: LoadedRun, request: RunRequest) -> dict[str, Any]:
 
     The run's held heads (``train.mask_heads``) are off too, whatever ``off`` says: the model is
     the one ``attnlab eval`` measures, and the user switches heads off on top of it. The input is
-    checked against the viewer's caps and the model's context (``max_len``) before the model runs;
-    the output is at most :data:`MAX_OUTPUT_TOKENS` tokens, fewer where the context leaves less room.
+    checked against the viewer's caps (:func:`run_limits`) and the model's context before the model
+    runs; the output is at most ``max_output_tokens`` tokens, fewer where the context leaves less
+    room. The answer holds the maps of ``request.layers`` only (default: the first page of layers).
 
     Raises:
         RequestError: (field ``"text"``) for an input the model cannot read (see
             :func:`~attnlab.viewer.requests.check_input_length`) or a symbol outside the task's alphabet.
     """
+    kind, limits = loaded.experiment.model_kind, run_limits(loaded)
     try:
         ids = loaded.codec.encode(request.text)
+        prompt = loaded.task.generation_prompt(request.text) if kind == "decoder_only" else ids
     except UsageError as error:  # a symbol outside a synthetic task's alphabet
         raise RequestError(str(error), "text") from None
-    outputs = check_input_length(len(ids), model_kind=loaded.experiment.model_kind, context=loaded.model.config.max_len)
+    extra = len(prompt) - len(ids) + 1 if kind == "decoder_only" else None  # its BOS, if any, and one new token
+    outputs = check_input_length(
+        len(ids), model_kind=kind, context=_context(loaded), cap=limits.max_input_tokens, extra=extra
+    )
     mask = mask_without(loaded.model, request.off) if request.off else None
     view = attention_view(loaded, request.text, head_mask=mask, max_length=outputs)
+    layers = request.layers if request.layers is not None else tuple(range(limits.layers_per_page))
     return {
         "input": request.text,
         "tokens": loaded.codec.tokens(ids),
         "off": [_head_json(h) for h in request.off],
         "held": [_head_json(h) for h in loaded.held_heads],
-        "output": _output(loaded.experiment.model_kind, view),
-        "attention": _maps(view),
+        "output": _output(kind, view),
+        "attention": _maps(view, set(layers)),
     }
 
 
@@ -129,10 +142,12 @@ def _output(model_kind: str, view: AttentionView) -> dict[str, Any]:
     return {"type": "sequence", "text": view.output}
 
 
-def _maps(view: AttentionView) -> list[dict[str, Any]]:
+def _maps(view: AttentionView, layers: set[int]) -> list[dict[str, Any]]:
     maps = []
     for kind, (queries, keys) in view.axes.items():
         for layer, weights in enumerate(kind_maps(view, kind)):
+            if layer not in layers:
+                continue
             maps.append(
                 {
                     "kind": kind,

@@ -23,6 +23,12 @@ __all__ = [
     "MAX_INPUT_CHARS",
     "MAX_INPUT_TOKENS",
     "MAX_OUTPUT_TOKENS",
+    "MAX_PRETRAINED_INPUT_CHARS",
+    "MAX_PRETRAINED_INPUT_TOKENS",
+    "PAGE_HEADS",
+    "HEADS_PER_PAGE",
+    "Limits",
+    "viewer_limits",
     "RequestError",
     "RunRequest",
     "decode_json_body",
@@ -40,8 +46,19 @@ MAX_INPUT_TOKENS = 48
 """Longest input, in tokens: every map is at most this wide (plus the special tokens)."""
 MAX_OUTPUT_TOKENS = 32
 """Most tokens the viewer decodes or generates."""
+MAX_PRETRAINED_INPUT_TOKENS = 512
+"""Longest input of a pretrained language model (``pretrained_lm`` runs), in tokens, or its context
+if shorter: real text runs to hundreds of tokens. The answer stays small because it holds one page
+of layers (:data:`PAGE_HEADS`)."""
+MAX_PRETRAINED_INPUT_CHARS = 4096
+"""Longest input text of a pretrained language model, in characters (8 per token of the cap)."""
+PAGE_HEADS = 64
+"""A model with more heads than this (SmolLM2: 270) is shown one page of layers at a time."""
+HEADS_PER_PAGE = 16
+"""A page of layers holds at most this many heads, and at least one layer: one layer of 9 heads for
+SmolLM2 (the maps of a 300-token input are then about 1 million weights, 7 MB of JSON)."""
 
-_RUN_FIELDS = ("text", "off")
+_RUN_FIELDS = ("text", "off", "layers")
 _HEAD_FIELDS = ("kind", "layer", "head")
 _JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[\]{}]')
 """A JSON string (to its closing quote or the end of the text) or a bracket: one left-to-right pass."""
@@ -92,45 +109,96 @@ def _nesting_exceeds(text: str, limit: int) -> bool:
 
 
 @dataclass(frozen=True)
+class Limits:
+    """The viewer's caps for one run (``GET /api/model``'s ``limits``).
+
+    Attributes:
+        max_input_chars: longest input text, in characters.
+        max_input_tokens: longest input, in tokens.
+        max_output_tokens: most tokens decoded or generated.
+        layers_per_page: most layers one answer holds: every layer for a model of at most
+            :data:`PAGE_HEADS` heads, else pages of :data:`HEADS_PER_PAGE` heads (at least one layer).
+    """
+
+    max_input_chars: int
+    max_input_tokens: int
+    max_output_tokens: int
+    layers_per_page: int
+
+
+def viewer_limits(heads: Collection[HeadId], *, task_name: str, context: int) -> Limits:
+    """The caps for a run of ``heads`` (:func:`attnlab.head_ids.head_ids`) on task ``task_name``
+    whose model reads ``context`` positions: a pretrained LM takes inputs of up to
+    ``min(context, MAX_PRETRAINED_INPUT_TOKENS)`` tokens, other runs :data:`MAX_INPUT_TOKENS`."""
+    layers = max(head.layer for head in heads) + 1
+    widest = max(sum(1 for h in heads if (h.kind, h.layer) == (head.kind, head.layer)) for head in heads)
+    per_page = layers if len(heads) <= PAGE_HEADS else max(1, HEADS_PER_PAGE // widest)
+    if task_name == "pretrained_lm":
+        tokens = min(context, MAX_PRETRAINED_INPUT_TOKENS)
+        return Limits(MAX_PRETRAINED_INPUT_CHARS, tokens, MAX_OUTPUT_TOKENS, per_page)
+    return Limits(MAX_INPUT_CHARS, MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS, per_page)
+
+
+@dataclass(frozen=True)
 class RunRequest:
-    """Run the model on ``text`` with the heads in ``off`` switched off."""
+    """Run the model on ``text`` with the heads in ``off`` switched off; answer with the maps of
+    ``layers`` (None: the first page, :attr:`Limits.layers_per_page` layers from layer 0)."""
 
     text: str
     off: tuple[HeadId, ...]
+    layers: tuple[int, ...] | None = None
 
 
-def parse_run_request(body: Any, heads: Collection[HeadId]) -> RunRequest:
-    """Check a decoded JSON body ``{"text": str, "off": [{"kind", "layer", "head"}, ...]}``.
+def parse_run_request(body: Any, heads: Collection[HeadId], limits: Limits | None = None) -> RunRequest:
+    """Check a decoded JSON body ``{"text": str, "off": [{"kind", "layer", "head"}, ...], "layers": [int, ...]}``.
 
-    ``off`` may be left out (no head off). ``heads`` are the model's heads
-    (:func:`attnlab.head_ids.head_ids`).
+    ``off`` may be left out (no head off), ``layers`` too (the first page of layers). ``heads`` are
+    the model's heads (:func:`attnlab.head_ids.head_ids`); ``limits`` its caps (default: a trained
+    run's, every layer on one page).
 
     Raises:
         RequestError: naming the field: not an object, an unknown field, ``text`` not a string,
-            empty, not valid Unicode or over :data:`MAX_INPUT_CHARS`, a bad ``off``.
+            empty, not valid Unicode or over ``limits.max_input_chars``, a bad ``off``, ``layers``
+            not a list of distinct layers of the model or longer than ``limits.layers_per_page``.
     """
+    if limits is None:
+        limits = viewer_limits(heads, task_name="", context=MAX_INPUT_TOKENS)
     if not isinstance(body, dict):
         raise RequestError('the request body must be a JSON object like {"text": "...", "off": []}', "body")
     unknown = sorted(set(body) - set(_RUN_FIELDS))
     if unknown:
         raise RequestError(f"unknown field {_shown(unknown[0])}; allowed: {', '.join(_RUN_FIELDS)}", unknown[0])
-    text = _check_text(body.get("text"))
+    text = _check_text(body.get("text"), limits.max_input_chars)
     off = body.get("off", [])
     if not isinstance(off, list):
         raise RequestError('"off" must be a list of {"kind", "layer", "head"} objects', "off")
     chosen = (parse_head_object(item, heads, where=f"off[{index}]") for index, item in enumerate(off))
-    return RunRequest(text, tuple(dict.fromkeys(chosen)))
+    layers = _check_layers(body["layers"], heads, limits.layers_per_page) if "layers" in body else None
+    return RunRequest(text, tuple(dict.fromkeys(chosen)), layers)
 
 
-def _check_text(text: Any) -> str:
+def _check_layers(layers: Any, heads: Collection[HeadId], per_page: int) -> tuple[int, ...]:
+    """``layers``: a non-empty list of at most ``per_page`` distinct layer numbers of the model."""
+    deepest = max(head.layer for head in heads)
+    if not isinstance(layers, list) or not layers:
+        raise RequestError('"layers" must be a non-empty list of layer numbers, such as [0]', "layers")
+    if len(layers) > per_page:
+        raise RequestError(f'"layers": ask for at most {per_page} layers at a time, got {len(layers)}', "layers")
+    for index, layer in enumerate(layers):
+        if not _is_index(layer) or not 0 <= layer <= deepest:
+            raise RequestError(f"layers[{index}]: the model has layers 0 to {deepest}, got {_shown(layer)}", "layers")
+    if len(set(layers)) != len(layers):
+        raise RequestError('"layers" names a layer twice', "layers")
+    return tuple(layers)
+
+
+def _check_text(text: Any, cap: int) -> str:
     if not isinstance(text, str):
         raise RequestError('"text" must be a string', "text")
     if not text:
         raise RequestError('"text" is empty: type an input', "text")
-    if len(text) > MAX_INPUT_CHARS:
-        raise RequestError(
-            f"the input is {len(text)} characters long; the viewer takes at most {MAX_INPUT_CHARS}", "text"
-        )
+    if len(text) > cap:
+        raise RequestError(f"the input is {len(text)} characters long; the viewer takes at most {cap}", "text")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as error:  # a lone surrogate such as "\ud800"
@@ -174,13 +242,18 @@ def cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def check_input_length(tokens: int, *, model_kind: str, context: int) -> int:
+def check_input_length(
+    tokens: int, *, model_kind: str, context: int, cap: int = MAX_INPUT_TOKENS, extra: int | None = None
+) -> int:
     """Check an input of ``tokens`` tokens against the viewer's cap and the model's context.
 
     Args:
         tokens: the input's length in tokens (the codec's ids, without BOS or EOS).
         model_kind: ``encoder_decoder``, ``encoder_classifier``, ``decoder_only`` or ``encoder``.
-        context: the model's ``max_len``, the most positions it can read.
+        context: the most positions the model reads (``max_len``; a pretrained LM's ``max_tokens`` too).
+        cap: the viewer's cap (:attr:`Limits.max_input_tokens`).
+        extra: positions the input takes beside its tokens; default by ``model_kind``: EOS
+            (encoder-decoder, classifier), BOS and one generated token (decoder-only), none (encoder).
 
     Returns:
         The most output tokens to decode or generate: :data:`MAX_OUTPUT_TOKENS`, fewer where the
@@ -188,19 +261,17 @@ def check_input_length(tokens: int, *, model_kind: str, context: int) -> int:
         decoder-only model).
 
     Raises:
-        RequestError: (field ``"text"``) for an input of no tokens, over :data:`MAX_INPUT_TOKENS`,
-            or longer than the context takes.
+        RequestError: (field ``"text"``) for an input of no tokens, over ``cap``, or longer than
+            the context takes.
     """
     if tokens == 0:
         raise RequestError('"text" has no tokens: type an input', "text")
-    if tokens > MAX_INPUT_TOKENS:
+    if tokens > cap:
         raise RequestError(
-            f"the input is {tokens} tokens long; "
-            f"the viewer shows at most {MAX_INPUT_TOKENS} so that the page stays quick",
-            "text",
+            f"the input is {tokens} tokens long; the viewer shows at most {cap} so that the page stays quick", "text"
         )
-    # positions the input takes beside its tokens: EOS (encoders), BOS and one generated token (decoder-only)
-    extra = {"encoder": 0, "decoder_only": 2}.get(model_kind, 1)
+    if extra is None:
+        extra = {"encoder": 0, "decoder_only": 2}.get(model_kind, 1)
     if tokens + extra > context:
         raise RequestError(
             f"the input is {tokens} tokens long; this model reads at most {context} positions, "
@@ -208,7 +279,7 @@ def check_input_length(tokens: int, *, model_kind: str, context: int) -> int:
             "text",
         )
     if model_kind == "decoder_only":
-        return min(MAX_OUTPUT_TOKENS, context - 1 - tokens)
+        return min(MAX_OUTPUT_TOKENS, context - (extra - 1) - tokens)
     if model_kind == "encoder_decoder":
         return min(MAX_OUTPUT_TOKENS, context - 1)
     return MAX_OUTPUT_TOKENS

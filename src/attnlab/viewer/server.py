@@ -35,7 +35,7 @@ from attnlab.errors import AttnlabError
 from attnlab.head_ids import head_ids
 from attnlab.loaded_run import LoadedRun
 from attnlab.viewer.importance import MAX_IMPORTANCE_BYTES, Importance, parse_importance
-from attnlab.viewer.payload import describe_model, run_payload
+from attnlab.viewer.payload import describe_model, run_limits, run_payload
 from attnlab.viewer.requests import RequestError, cut, decode_json_body, parse_run_request
 
 __all__ = ["create_app", "host_name", "STATIC_DIR", "MAX_BODY_BYTES", "MAX_RUN_BODY_BYTES", "SECURITY_HEADERS"]
@@ -43,9 +43,10 @@ __all__ = ["create_app", "host_name", "STATIC_DIR", "MAX_BODY_BYTES", "MAX_RUN_B
 STATIC_DIR = Path(__file__).with_name("static")
 MAX_BODY_BYTES = MAX_IMPORTANCE_BYTES + 4096
 """Largest body of ``POST /api/importance`` (an importance CSV fits); a larger one gets status 400."""
-MAX_RUN_BODY_BYTES = 64 * 1024
-"""Largest body of ``POST /api/run``: a 500-character input written entirely as ``\\u`` escapes
-and a list of heads fit many times over; a larger one gets status 400."""
+MAX_RUN_BODY_BYTES = 128 * 1024
+"""Largest body of ``POST /api/run``: a pretrained LM's 4,096-character input written entirely as
+``\\u`` escapes (surrogate pairs: 12 bytes a character) and all 270 heads of SmolLM2 switched off
+fit; a larger one gets status 400."""
 
 SECURITY_HEADERS = {
     "content-security-policy": (
@@ -69,10 +70,11 @@ def create_app(
     400. None accepts any host (``attnlab view`` always passes a list).
     """
     heads = frozenset(head_ids(loaded.model))
+    limits = run_limits(loaded)
     lock = threading.Lock()
 
     def locked_run(body: Any) -> dict[str, Any]:
-        request = parse_run_request(body, heads)
+        request = parse_run_request(body, heads, limits)
         with lock:
             return run_payload(loaded, request)
 

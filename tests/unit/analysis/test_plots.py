@@ -7,7 +7,14 @@ import pytest
 import torch
 
 from attnlab.analysis.maps import AttentionView
-from attnlab.analysis.plots import argmax_pattern, attention_figures, head_heatmap, save_attention_pictures
+from attnlab.analysis.plots import (
+    argmax_pattern,
+    attention_figures,
+    head_heatmap,
+    save_attention_pictures,
+    select_layers,
+)
+from attnlab.errors import UsageError
 from attnlab.figures import plt
 from attnlab.nn import AttentionRecord
 
@@ -119,3 +126,44 @@ def test_heads_that_were_off_are_titled_off():
     assert "(off)" not in figures["encoder_self_layer0_head1"].axes[0].get_title()
     for figure in figures.values():
         plt.close(figure)
+
+
+def _pixels(figure) -> np.ndarray:  # noqa: ANN001
+    figure.set_dpi(110)
+    figure.canvas.draw()
+    pixels = np.asarray(figure.canvas.buffer_rgba()).copy()
+    plt.close(figure)
+    return pixels
+
+
+@pytest.mark.parametrize("argmax", [False, True])
+def test_saved_pictures_equal_the_figures_drawn_one_by_one(tmp_path, argmax):
+    from PIL import Image
+
+    view = _view(layers=2, heads=3)
+    paths = save_attention_pictures(view, tmp_path, argmax=argmax)
+    figures = list(attention_figures(view, argmax=argmax))
+    assert [path.stem for path in paths] == [stem for stem, _ in figures]
+    for path, (_, figure) in zip(paths, figures, strict=True):
+        saved = np.asarray(Image.open(path).convert("RGBA"))  # written as RGB: alpha 255
+        drawn = _pixels(figure)
+        assert saved.shape == drawn.shape
+        assert np.mean(saved != drawn) < 0.002, path.name  # the same picture (antialiasing aside)
+
+
+def test_layers_keeps_only_the_selected_layers(tmp_path):
+    paths = save_attention_pictures(_view(layers=3, heads=2), tmp_path, layers=select_layers("0,2", 3))
+    assert {path.stem.split("_")[-2] for path in paths} == {"layer0", "layer2"}
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"), [("0,5,29", (0, 5, 29)), ("0-3", (0, 1, 2, 3)), ("28-29,0", (28, 29, 0)), ("3,3", (3,))]
+)
+def test_select_layers_reads_numbers_and_ranges(spec, expected):
+    assert select_layers(spec, 30) == expected
+
+
+@pytest.mark.parametrize("spec", ["30", "a", "3-1", "-1", "", "0,,1"])
+def test_select_layers_refuses_what_is_not_a_layer_of_the_model(spec):
+    with pytest.raises(UsageError, match="--layers"):
+        select_layers(spec, 30)

@@ -52,15 +52,18 @@ def _bytes_to_unicode() -> dict[int, str]:
     return dict(zip(printable, map(chr, chars)))
 
 
-def tiny_lm_run(folder: Path, *, seed: int = 0, texts: list[str] | None = None) -> tuple[Path, Path]:
-    """Write the run and a texts file into ``folder``; returns (run, texts file)."""
+def tiny_lm_run(
+    folder: Path, *, seed: int = 0, texts: list[str] | None = None, layers: int = 2, context: int = 64
+) -> tuple[Path, Path]:
+    """Write the run (``layers`` layers, a context of ``context`` tokens) and a texts file into
+    ``folder``; returns (run, texts file)."""
     folder.mkdir(parents=True, exist_ok=True)
     texts_file = folder / "texts.txt"
     texts_file.write_text("\n".join(TEXTS if texts is None else texts) + "\n", encoding="utf-8")
     tokenizer = byte_tokenizer()
     model_section = {
         "kind": "decoder_only",
-        "layers": 2,
+        "layers": layers,
         "d_model": 24,
         "heads": 6,
         "kv_heads": 2,
@@ -72,10 +75,10 @@ def tiny_lm_run(folder: Path, *, seed: int = 0, texts: list[str] | None = None) 
         "bias": False,
         "dropout": 0.0,
         "scale_embeddings": False,
-        "max_len": 64,
+        "max_len": context,
         "tie_embeddings": True,
     }
-    task_section = {"name": "pretrained_lm", "max_tokens": 64, "eos": PAD, "pad": PAD}
+    task_section = {"name": "pretrained_lm", "max_tokens": context, "eos": PAD, "pad": PAD}
     experiment = ExperimentConfig(task=task_section, model=model_section)
     task, _ = build_task(experiment.task, saved_tokenizer=tokenizer)
     torch.manual_seed(seed)

@@ -15,6 +15,7 @@ const state = {
   held: new Set(),    // "kind/layer/head" of the run's held heads (train.mask_heads): always off
   importance: null,   // kind -> [layer][head] -> number | null
   payload: null,      // the last successful POST /api/run answer
+  page: 0,            // the page of layers shown (models of many heads: limits.layers_per_page a page)
   sequence: 0,        // numbers requests; only the newest answer is drawn
   timer: null,
 };
@@ -76,6 +77,52 @@ async function api(path, options) {
   return body;
 }
 
+// ---- pages of layers ----------------------------------------------------------------------
+
+function deepest() { return Math.max(...state.model.heads.map((info) => info.layers)); }
+
+function isPaged() { return state.model.limits.layers_per_page < deepest(); }
+
+function pageCount() { return Math.ceil(deepest() / state.model.limits.layers_per_page); }
+
+function pageLayers() {
+  const perPage = state.model.limits.layers_per_page;
+  const first = state.page * perPage;
+  return Array.from({ length: Math.min(perPage, deepest() - first) }, (_, index) => first + index);
+}
+
+function pageName(page) {
+  const perPage = state.model.limits.layers_per_page;
+  const first = page * perPage, last = Math.min(deepest(), first + perPage) - 1;
+  return first === last ? `layer ${first}` : `layers ${first}–${last}`;
+}
+
+function fillPager() {
+  const pager = $("layer-pager");
+  pager.hidden = !isPaged();
+  if (pager.hidden) return;
+  const select = $("page-select");
+  select.replaceChildren(...Array.from({ length: pageCount() }, (_, page) => {
+    const option = el("option", pageName(page));
+    option.value = String(page);
+    return option;
+  }));
+  select.value = String(state.page);
+  $("page-prev").disabled = state.page === 0;
+  $("page-next").disabled = state.page === pageCount() - 1;
+  $("page-note").textContent = `This model has ${state.model.heads.reduce((sum, info) => sum + info.heads_per_layer.reduce((a, b) => a + b, 0), 0)} heads: ` +
+    `${state.model.limits.layers_per_page === 1 ? "one layer" : `${state.model.limits.layers_per_page} layers`} at a time. ` +
+    "The head view shows the layers of this page; heads switched off stay off on every page.";
+}
+
+function showPage(page) {
+  if (page < 0 || page >= pageCount() || page === state.page) return;
+  state.page = page;
+  fillPager();
+  fillLayers();
+  scheduleRun(0);
+}
+
 // ---- running the model -------------------------------------------------------------------
 
 function scheduleRun(delay) {
@@ -98,7 +145,7 @@ async function runModel() {
     const payload = await api("/api/run", {
       method: "POST",
       headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ text, off: offList() }),
+      body: JSON.stringify(isPaged() ? { text, off: offList(), layers: pageLayers() } : { text, off: offList() }),
     });
     if (sequence !== state.sequence) return;
     state.payload = payload;
@@ -257,12 +304,14 @@ function fillLayers() {
   const info = state.model.heads.find((item) => item.kind === $("head-view-kind").value);
   const layers = $("head-view-layer");
   const keep = layers.value;
-  layers.replaceChildren(...Array.from({ length: info.layers }, (_, layer) => {
+  const shown = isPaged() ? pageLayers().filter((layer) => layer < info.layers)
+    : Array.from({ length: info.layers }, (_, layer) => layer);
+  layers.replaceChildren(...shown.map((layer) => {
     const option = el("option", String(layer));
     option.value = String(layer);
     return option;
   }));
-  if (keep && Number(keep) < info.layers) layers.value = keep;
+  if (keep && shown.includes(Number(keep))) layers.value = keep;
 }
 
 function drawHeadView() {
@@ -364,7 +413,11 @@ async function start() {
       (model.held || []).map((head) => `${head.kind}:${head.layer}:${head.head}`).join(", ");
     $("held-note").hidden = false;
   }
+  fillPager();
   fillHeadViewSelectors();
+  $("page-select").addEventListener("change", () => showPage(Number($("page-select").value)));
+  $("page-prev").addEventListener("click", () => showPage(state.page - 1));
+  $("page-next").addEventListener("click", () => showPage(state.page + 1));
   $("input").value = model.example || "";
   $("input-form").addEventListener("submit", (event) => { event.preventDefault(); scheduleRun(0); });
   $("input").addEventListener("input", () => scheduleRun(250));
