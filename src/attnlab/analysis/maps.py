@@ -5,8 +5,9 @@ the tokens along its query and key axes. For an encoder-decoder the input is dec
 first, then one teacher-forced pass over (source, BOS + output) records all three kinds. For a
 decoder-only model the prompt is continued greedily, then one pass over (prompt + continuation),
 every position a real token, records the maps and gives the next-token distribution right after the
-prompt. The prompt is the task's own (``task.generation_prompt``: ``BOS text`` for a model trained here, the model's framing
-for a pretrained LM, whose BOS may not exist), as ``attnlab generate`` reads it.
+prompt. The prompt is the task's own (``task.generation_prompt``: ``BOS text`` for a model trained
+here, the model's framing for a pretrained LM, whose BOS may not exist), as ``attnlab generate``
+reads it.
 
 The model runs as the run defines it: the heads held at zero in training (``train.mask_heads``,
 Michel §2.3's xi_h = 0) are off in every view, and a ``head_mask`` given switches more heads off
