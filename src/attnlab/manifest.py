@@ -162,6 +162,15 @@ def check_bytes(manifest: Manifest, relative: str, data: bytes, *, path: str | P
         raise CheckpointError(f"{path} is damaged: {difference}")
 
 
+def describe_record_difference(expected: FileRecord, actual: FileRecord) -> str | None:
+    """What differs between the record of a file and ``expected`` (size first, then SHA-256); None when they match."""
+    if actual.size != expected.size:
+        return f"size {actual.size} bytes, expected {expected.size}"
+    if actual.sha256 != expected.sha256:
+        return "sha256 differs from the manifest"
+    return None
+
+
 def describe_difference(expected: FileRecord, data: bytes) -> str | None:
     """What differs between ``data`` and ``expected`` (size first, then SHA-256); None when they match."""
     if len(data) != expected.size:

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from attnlab import manifest as manifests
@@ -51,6 +52,7 @@ from attnlab.manifest import (
     Manifest,
     check_bytes,
     describe_difference,
+    describe_record_difference,
     read_manifest,
     record_of,
     record_of_file,
@@ -61,7 +63,9 @@ from attnlab.storage import (
     atomic_write_json,
     atomic_write_text,
     ensure_folder,
+    file_identity,
     fsync_directory,
+    map_tensors,
     parse_json,
     parse_tensors,
     read_bytes,
@@ -295,9 +299,45 @@ class RunDir:
         self._load_verified_weights(model, self._relative(files.model))
 
     def _load_verified_weights(self, model: nn.Module, relative: str) -> None:
+        """Hash the file in blocks against its manifest, memory-map it, and put the mapped tensors
+        in the model in place of its own (no copy of the weights is held: `attnlab generate` peaks
+        near one weights' size). The file's identity (inode, size, mtime) is the same before the
+        hash and after the mapping, or the load is refused: what was checked is what is used."""
         path = self.path / relative
-        tensors, metadata = parse_tensors(self.read_verified(relative, what="weights"), path=path, what="weights")
-        load_tensors_into(model, tensors, metadata, path=path)
+        before = file_identity(path, what="weights")
+        self._verify_file(relative, what="weights")
+        tensors, metadata = map_tensors(path, what="weights")
+        if file_identity(path, what="weights") != before:
+            raise CheckpointError(f"weights {path} changed while they were read; load them again")
+        load_tensors_into(model, tensors, metadata, path=path, assign=True)
+
+    def _verify_file(self, relative: str, *, what: str) -> None:
+        """:meth:`read_verified`'s checks for a file hashed in blocks (never held in memory whole)."""
+        path = self.path / relative
+        folder, name = self._manifest_place(relative)
+        manifest = read_manifest(folder)
+        if manifest is None:
+            self._warn_unverified(folder)
+            return
+        expected = manifest.files.get(name)
+        if expected is None:
+            raise CheckpointError(f"{path} is damaged or foreign: it is not listed in its folder's {self.MANIFEST}")
+        try:
+            actual = record_of_file(path)
+        except OSError as error:
+            raise CheckpointError(f"{what} {path}: cannot read: {error.strerror or error}") from None
+        difference = describe_record_difference(expected, actual)
+        if difference and not (relative == self.MODEL and self._pointed_checkpoint_record() == actual):
+            raise CheckpointError(f"{path} is damaged: {difference}")
+
+    def _pointed_checkpoint_record(self) -> FileRecord | None:
+        """The manifest record of the weights of the checkpoint the pointer names (None: none)."""
+        try:
+            files = self.latest_checkpoint()
+            manifest = read_manifest(files.directory) if files is not None else None
+        except CheckpointError:
+            return None
+        return manifest.files.get(self.MODEL) if manifest is not None else None
 
     def _relative(self, path: Path) -> str:
         return path.relative_to(self.path).as_posix()
@@ -536,8 +576,15 @@ def load_weights_into(model: nn.Module, path: Path) -> None:
     load_tensors_into(model, tensors, metadata, path=path)
 
 
-def load_tensors_into(model: nn.Module, tensors: dict[str, Tensor], metadata: Mapping[str, str], *, path: Path) -> None:
-    """Load tensors read from ``path`` into ``model``; a missing, extra or mis-shaped tensor is named."""
+def load_tensors_into(
+    model: nn.Module, tensors: dict[str, Tensor], metadata: Mapping[str, str], *, path: Path, assign: bool = False
+) -> None:
+    """Load tensors read from ``path`` into ``model``; a missing, extra or mis-shaped tensor is named.
+
+    With ``assign`` the model's parameters and buffers take the given tensors' storage (of the
+    same dtype; others are copied) instead of a copy of them: for memory-mapped tensors
+    (:func:`attnlab.storage.map_tensors`). Tied parameters stay one parameter.
+    """
     try:
         aliases = json.loads(metadata.get(_ALIASES_KEY, "{}"))
         if not isinstance(aliases, dict):
@@ -561,4 +608,18 @@ def load_tensors_into(model: nn.Module, tensors: dict[str, Tensor], metadata: Ma
                 f"weights {path}: tensor {name!r} has shape {tuple(tensor.shape)}, the model expects "
                 f"{tuple(expected[name].shape)}"
             )
-    model.load_state_dict(tensors, strict=True)
+    if not assign:
+        model.load_state_dict(tensors, strict=True)
+        return
+    with torch.no_grad():
+        for name, held in [*model.named_parameters(), *model.named_buffers()]:
+            if name in tensors:
+                _take(held, tensors[name])
+
+
+def _take(held: Tensor, tensor: Tensor) -> None:
+    """Make ``held`` (a parameter or buffer) hold ``tensor``'s values, sharing its storage when it can."""
+    if tensor.dtype == held.dtype and tensor.device == held.device:
+        held.data = tensor
+    else:
+        held.copy_(tensor)

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_save
 from torch import Tensor
@@ -209,6 +209,42 @@ def parse_tensors(
     except (SafetensorError, ValueError, RuntimeError, OverflowError, RecursionError, UnicodeDecodeError) as error:
         raise CheckpointError(f"{what} {path} is corrupted or not a safetensors file ({error})") from None
     return tensors, metadata
+
+
+def file_identity(path: str | os.PathLike[str], *, what: str = "file") -> tuple[int, ...]:
+    """(device, inode, size, mtime in ns) of the regular file ``path``: equal before and after a read
+    when nothing replaced or rewrote the file in between.
+
+    Raises:
+        CheckpointError: ``path`` is missing or not a regular file; the message names it.
+    """
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise CheckpointError(f"{what} not found: {path}") from None
+    except OSError as error:
+        raise CheckpointError(f"{what} {path}: cannot read: {error.strerror or error}") from None
+    if not stat.S_ISREG(info.st_mode):
+        kind = "a folder" if stat.S_ISDIR(info.st_mode) else "a special file"
+        raise CheckpointError(f"{what} {path} is not a regular file ({kind} stands in its place)")
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+
+
+def map_tensors(path: str | os.PathLike[str], *, what: str = "checkpoint") -> tuple[dict[str, Tensor], dict[str, str]]:
+    """The tensors and metadata of a safetensors file, memory-mapped (safetensors' ``safe_open``):
+    no copy of the file is read into memory; its pages are read when a tensor is first used, and
+    a tensor written to gets its own copy of the pages written (the file never changes).
+
+    Raises:
+        CheckpointError: the file is not a well-formed safetensors file; the message names ``path``.
+    """
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+            tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118 (not a dict)
+    except (SafetensorError, ValueError, RuntimeError, OverflowError, OSError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"{what} {path} is corrupted or not a safetensors file ({error})") from None
+    return tensors, dict(metadata)
 
 
 def load_tensors(path: Path, *, what: str = "checkpoint") -> tuple[dict[str, Tensor], dict[str, str]]:

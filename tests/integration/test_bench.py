@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab import kernels
-from attnlab.bench import BENCHMARKS
+from attnlab.bench import BENCHMARKS, NOT_IN_ALL
 from attnlab.bench.attention import _measure, loglog_slope
 from attnlab.bench.harness import BenchResult, interleaved_median_times
 from attnlab.bench.heads import equal_slices
@@ -31,7 +31,7 @@ def test_all_quick_reports_every_benchmark(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     reports = json.loads(result.stdout)
-    assert [r["benchmark"] for r in reports] == list(BENCHMARKS)
+    assert [r["benchmark"] for r in reports] == [name for name in BENCHMARKS if name not in NOT_IN_ALL]
     for report in reports:
         assert {"benchmark", "machine", "results", "ratios", "targets"} <= set(report)
         assert {"torch", "threads", "cpu"} <= set(report["machine"])
@@ -41,6 +41,37 @@ def test_all_quick_reports_every_benchmark(tmp_path):
     systems = {r["system"] for r in reports[0]["results"]}
     assert {"attnlab", "torch.nn.Transformer"} <= systems
     assert (tmp_path / "attention.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+def test_lm_quick_reports_every_figure():
+    """`bench lm --quick`: the real SmolLM2 imported, timed against Hugging Face (minutes: slow)."""
+    pytest.importorskip("transformers", reason="transformers (the [dev] extra) is needed")
+    pytest.importorskip("gguf", reason="gguf (the [pretrained] extra) is needed")
+    result = subprocess.run(
+        [sys.executable, "-m", "attnlab", "bench", "lm", "--quick", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    assert report["benchmark"] == "lm"
+    assert (
+        set(report["ratios"])
+        == set(report["targets"])
+        == {
+            "import_gguf_rss_vs_weights",
+            "generate_rss_vs_weights",
+            "prefill_vs_hf",
+            "decode_vs_hf_batch1",
+            "decode_vs_hf_batch2",
+            "importance_vs_forward_backward",
+        }
+    )
+    assert all(math.isfinite(value) and value > 0 for value in report["ratios"].values())
+    # RSS multiples are of the fp32 weights' size: a process holding the model holds at least it.
+    assert report["ratios"]["generate_rss_vs_weights"] > 1.0
 
 
 def test_unknown_benchmark_is_exit_2():

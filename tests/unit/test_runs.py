@@ -35,6 +35,42 @@ def test_weights_round_trip_with_tied_embeddings(run):
     assert other.lm_head.weight is other.body.embedding.token.weight  # still tied after loading
 
 
+def test_loaded_weights_are_the_mapped_file_and_writes_leave_it_unchanged(run):
+    """The weights are memory-mapped, not copied: the model computes what the saved model does,
+    a write to a loaded weight changes the model only (copy on write), and the file still verifies."""
+    model = DecoderOnly(CFG).eval()
+    run.save_weights(model)
+    other = DecoderOnly(CFG).eval()
+    run.load_weights(other)
+    tokens = torch.tensor([[1, 2, 3, 4]])
+    assert torch.equal(other(tokens), model(tokens))
+    with torch.no_grad():
+        other.lm_head.weight.zero_()
+    assert float(other.body.embedding.token.weight.detach().abs().sum()) == 0.0  # tied: one parameter
+    third = DecoderOnly(CFG).eval()
+    run.load_weights(third)
+    assert torch.equal(third(tokens), model(tokens))
+
+
+def test_weights_replaced_while_loading_are_refused(run, monkeypatch):
+    import attnlab.runs as runs
+
+    model = DecoderOnly(CFG)
+    run.save_weights(model)
+    mapped = runs.map_tensors
+
+    def map_then_replace(path, **kwargs):
+        found = mapped(path, **kwargs)
+        os.replace(str(path) + ".copy", path) if os.path.exists(str(path) + ".copy") else None
+        return found
+
+    with open(run.path / "model.safetensors", "rb") as handle:
+        (run.path / "model.safetensors.copy").write_bytes(handle.read())
+    monkeypatch.setattr(runs, "map_tensors", map_then_replace)
+    with pytest.raises(CheckpointError, match="changed while they were read"):
+        run.load_weights(DecoderOnly(CFG))
+
+
 def test_checkpoint_pointer_and_pruning(run):
     model = DecoderOnly(CFG)
     for step in (10, 20, 30):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from attnlab.bench.harness import BenchResult
 
-__all__ = ["BENCHMARKS", "run_benchmark"]
+__all__ = ["BENCHMARKS", "NOT_IN_ALL", "run_benchmark"]
 
 
 def _train(quick: bool, plots: Path | None) -> BenchResult:
@@ -46,6 +46,12 @@ def _mfu(quick: bool, plots: Path | None) -> BenchResult:
     return run_mfu(quick)
 
 
+def _lm(quick: bool, plots: Path | None) -> BenchResult:
+    from attnlab.bench.lm import run_lm
+
+    return run_lm(quick)
+
+
 BENCHMARKS: dict[str, Callable[[bool, Path | None], BenchResult]] = {
     "train": _train,
     "train-headmask": _train_headmask,
@@ -53,8 +59,13 @@ BENCHMARKS: dict[str, Callable[[bool, Path | None], BenchResult]] = {
     "attention": _attention,
     "heads": _heads,
     "mfu": _mfu,
+    "lm": _lm,
 }
 """Registry: benchmark name -> run(quick, plots folder)."""
+
+NOT_IN_ALL = ("lm",)
+"""Benchmarks ``attnlab bench all`` leaves out: ``lm`` imports a real 135M-parameter model (the
+``pretrained`` extra) and takes minutes even with ``--quick``; run it by name."""
 
 
 def run_benchmark(name: str, *, quick: bool = False, plots: Path | None = None) -> BenchResult:

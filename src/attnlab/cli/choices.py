@@ -49,6 +49,7 @@ class Benchmark(str, Enum):
     attention = "attention"
     heads = "heads"
     mfu = "mfu"
+    lm = "lm"
     all = "all"
 
 

@@ -176,6 +176,11 @@ def _share_key_values(k: Tensor, v: Tensor, heads: int) -> tuple[Tensor, Tensor]
     return k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
 
 
+GROUPABLE_SCORES = ("scaled_dot", "dot")
+"""Scores the same for every head (no per-head weights, ``score_fn`` None): grouped-query attention
+with them folds a group's query heads into query rows (:meth:`MultiHeadAttention._attend_grouped`)."""
+
+
 def uniform_kv_index(heads: int, kv_heads: int) -> list[int]:
     """The query -> key/value head map of grouped-query attention: h -> h // (heads / kv_heads)."""
     return [h // (heads // kv_heads) for h in range(heads)] if kv_heads else []
@@ -285,6 +290,10 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"normalizer: unknown {normalizer!r}; allowed: {', '.join(sorted(NORMALIZERS))}") from None
         self.normalizer = normalizer
         self.score = make_score(score, heads=heads, d_k=self.d_k)
+        # Chosen once: equal groups of query heads over K/V heads, with a score that treats every
+        # head alike, attend without copying K and V per query head at a decoding step.
+        grouped = self.kv_heads not in (0, heads) and self.kv_index == uniform
+        self._attend = self._attend_grouped if grouped and score in GROUPABLE_SCORES else self._attend_shared
         self._linear = linear_kernel(linear)  # x W^T + b, for W^Q, W^K, W^V and W^O
         qk, vv = heads * self.d_k, heads * self.d_v
         self._split = (qk, self.kv_heads * self.d_k, self.kv_heads * self.d_v)
@@ -333,10 +342,30 @@ class MultiHeadAttention(nn.Module):
         if self.heads == 0:
             return self._without_heads(query, key, cache, want_weights)
         q, k, v = self._project(query, key, value, cache, positions)  # (B, H|H_kv, T, d_k|d_v) each
+        head_outputs, weights = self._attend(q, k, v, mask, causal, want_weights)  # (B, H, T_q, d_v)
+        if head_mask is not None:
+            head_outputs = head_outputs * self._head_scale(head_mask, head_outputs)  # xi_h head_h  (Michel §2.3)
+        batch, _, t_q, _ = head_outputs.shape
+        concat = head_outputs.transpose(1, 2).reshape(batch, t_q, self.heads * self.d_v)  # (B, T_q, H*d_v)
+        out_proj = self.out_proj
+        output = self._linear(concat, out_proj.weight, out_proj.bias)  # Concat(...) W^O = sum_h head_h W_o^h
+        for recorder in self._recorders.values():
+            recorder(weights, head_outputs)
+        return MultiHeadOutput(output, weights if want_weights else None, head_outputs if want_weights else None)
+
+    def _attend_shared(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, want_weights: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """head_h = Attention(Q W_h^Q, K W_h^K, V W_h^V), each query head with its K/V head's copy.
+
+        Shape:
+            q: (B, H, T_q, d_k);  k, v: (B, H_kv, T_k, d_k|d_v);  returns (B, H, T_q, d_v) and the
+            weights (B, H, T_q, T_k) or None.
+        """
         k, v = self._share(k, v, self.heads)  # (B, H, T_k, d_k|d_v): head h reads K/V head h // groups
         check_mask(mask, q.shape[-2], k.shape[-2])
         q, k = self.score.prepare(q, k)
-        head_outputs, weights = self._normalize(  # head_h = Attention(Q W_h^Q, K W_h^K, V W_h^V)
+        return self._normalize(
             q,
             k,
             v,
@@ -347,16 +376,39 @@ class MultiHeadAttention(nn.Module):
             dropout_p=self.dropout if self.training else 0.0,
             need_weights=want_weights,
             straight_through=self.straight_through,
-        )  # (B, H, T_q, d_v)
-        if head_mask is not None:
-            head_outputs = head_outputs * self._head_scale(head_mask, head_outputs)  # xi_h head_h  (Michel §2.3)
-        batch, _, t_q, _ = head_outputs.shape
-        concat = head_outputs.transpose(1, 2).reshape(batch, t_q, self.heads * self.d_v)  # (B, T_q, H*d_v)
-        out_proj = self.out_proj
-        output = self._linear(concat, out_proj.weight, out_proj.bias)  # Concat(...) W^O = sum_h head_h W_o^h
-        for recorder in self._recorders.values():
-            recorder(weights, head_outputs)
-        return MultiHeadOutput(output, weights if want_weights else None, head_outputs if want_weights else None)
+        )
+
+    def _attend_grouped(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, want_weights: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """:meth:`_attend_shared` for grouped-query attention without copying K and V.
+
+        One query row (a decoding step) of the g query heads of a group is g rows of one query
+        against the group's K/V head: q (B, H, 1, d_k) is viewed as (B, H_kv, g, d_k). Causality is
+        no constraint there (the one query is the last key), and a mask without a head axis
+        broadcasts over the rows. Several query rows, or a mask per head, take the shared path.
+        """
+        batch, heads, t_q, _ = q.shape
+        per_head_mask = mask is not None and mask.dim() >= 3 and mask.shape[-3] != 1
+        if t_q != 1 or per_head_mask:
+            return self._attend_shared(q, k, v, mask, causal, want_weights)
+        kv_heads = k.shape[1]
+        check_mask(mask, t_q, k.shape[-2])
+        rows = q.reshape(batch, kv_heads, heads // kv_heads, q.shape[-1])  # (B, H_kv, g, d_k)
+        outputs, weights = self._normalize(
+            rows,
+            k,
+            v,
+            mask,
+            causal=False,
+            scale=self.score.scale,
+            score_fn=None,
+            dropout_p=self.dropout if self.training else 0.0,
+            need_weights=want_weights,
+            straight_through=self.straight_through,
+        )  # (B, H_kv, g, d_v)
+        unfolded = None if weights is None else weights.reshape(batch, heads, 1, weights.shape[-1])
+        return outputs.reshape(batch, heads, 1, outputs.shape[-1]), unfolded
 
     def _without_heads(
         self, query: Tensor, key: Tensor | None, cache: KVCache | None, want_weights: bool

@@ -293,3 +293,36 @@ def test_low_precision_with_empty_rows(dtype):
     assert torch.isfinite(out).all()
     out.float().sum().backward()
     assert torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize("score", ["scaled_dot", "dot"])
+@pytest.mark.parametrize("normalizer", ["softmax", "hardmax"])
+def test_grouped_query_step_without_copies_equals_the_repeated_key_values(score, normalizer):
+    """A decoding step of grouped-query attention folds each group's query heads into query rows
+    (no K/V copy per head): outputs, weights and head outputs equal the repeat_interleave path's,
+    with a padding mask and a head mask, at every step of a KV cache."""
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(24, 6, kv_heads=2, score=score, normalizer=normalizer).double().eval()
+    assert mha._attend == mha._attend_grouped
+    x = torch.randn(2, 5, 24, dtype=torch.float64)
+    mask = padding_mask(torch.tensor([[True] * 5, [False, True, True, True, True]]))  # (B, 1, 1, T)
+    head_mask = torch.tensor([1.0, 0.0, 0.5, 1.0, 1.0, 2.0], dtype=torch.float64)
+    caches = {"grouped": KVCache(), "shared": KVCache()}
+    with torch.no_grad():
+        for t in range(5):
+            found = {}
+            for name, cache in caches.items():
+                mha._attend = mha._attend_grouped if name == "grouped" else mha._attend_shared
+                found[name] = mha(
+                    x[:, t : t + 1], causal=True, cache=cache, mask=mask[..., : t + 1], head_mask=head_mask,
+                    need_weights=True,
+                )  # fmt: skip
+            torch.testing.assert_close(found["grouped"].output, found["shared"].output, atol=1e-12, rtol=0)
+            torch.testing.assert_close(found["grouped"].weights, found["shared"].weights, atol=1e-12, rtol=0)
+            torch.testing.assert_close(found["grouped"].head_outputs, found["shared"].head_outputs, atol=1e-12, rtol=0)
+
+
+def test_grouped_query_fold_is_chosen_only_for_equal_groups_and_head_free_scores():
+    assert MultiHeadAttention(24, 6, kv_heads=2)._attend.__name__ == "_attend_grouped"
+    assert MultiHeadAttention(24, 6)._attend.__name__ == "_attend_shared"
+    assert MultiHeadAttention(24, 6, kv_heads=2, score="bilinear")._attend.__name__ == "_attend_shared"
