@@ -320,14 +320,15 @@ class RunDir:
             self._warn_unverified(folder)
             return
         expected = manifest.files.get(name)
-        if expected is None:
-            raise CheckpointError(f"{path} is damaged or foreign: it is not listed in its folder's {self.MANIFEST}")
         try:
             actual = record_of_file(path)
         except OSError as error:
             raise CheckpointError(f"{what} {path}: cannot read: {error.strerror or error}") from None
-        difference = describe_record_difference(expected, actual)
-        if difference and not (relative == self.MODEL and self._pointed_checkpoint_record() == actual):
+        published = relative == self.MODEL and self._pointed_checkpoint_record() == actual
+        if expected is None and not published:  # published weights are recorded just after the move
+            raise CheckpointError(f"{path} is damaged or foreign: it is not listed in its folder's {self.MANIFEST}")
+        difference = None if expected is None else describe_record_difference(expected, actual)
+        if difference and not published:
             raise CheckpointError(f"{path} is damaged: {difference}")
 
     def _pointed_checkpoint_record(self) -> FileRecord | None:
