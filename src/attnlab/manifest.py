@@ -38,6 +38,7 @@ __all__ = [
     "record_of",
     "build_manifest",
     "check_bytes",
+    "check_record",
     "write_manifest",
     "read_manifest",
     "parse_manifest",
@@ -154,10 +155,15 @@ def check_bytes(manifest: Manifest, relative: str, data: bytes, *, path: str | P
         CheckpointError: ``relative`` is not in the manifest, or its size or SHA-256 differs; the
             message names ``path`` and what differs.
     """
+    check_record(manifest, relative, record_of(data), path=path)
+
+
+def check_record(manifest: Manifest, relative: str, actual: FileRecord, *, path: str | Path) -> None:
+    """:func:`check_bytes` for a file's record (size and SHA-256) computed without holding it whole."""
     expected = manifest.files.get(relative)
     if expected is None:
         raise CheckpointError(f"{path} is damaged or foreign: it is not listed in its folder's {NAME}")
-    difference = describe_difference(expected, data)
+    difference = describe_record_difference(expected, actual)
     if difference:
         raise CheckpointError(f"{path} is damaged: {difference}")
 
@@ -173,11 +179,7 @@ def describe_record_difference(expected: FileRecord, actual: FileRecord) -> str 
 
 def describe_difference(expected: FileRecord, data: bytes) -> str | None:
     """What differs between ``data`` and ``expected`` (size first, then SHA-256); None when they match."""
-    if len(data) != expected.size:
-        return f"size {len(data)} bytes, expected {expected.size}"
-    if hashlib.sha256(data).hexdigest() != expected.sha256:
-        return "sha256 differs from the manifest"
-    return None
+    return describe_record_difference(expected, record_of(data))
 
 
 def _checksum(files: Mapping[str, Any]) -> str:

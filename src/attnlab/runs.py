@@ -37,7 +37,7 @@ import os
 import re
 import shutil
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -50,9 +50,7 @@ from attnlab.errors import AttnlabWarning, CheckpointError, UsageError
 from attnlab.manifest import (
     FileRecord,
     Manifest,
-    check_bytes,
-    describe_difference,
-    describe_record_difference,
+    check_record,
     read_manifest,
     record_of,
     record_of_file,
@@ -168,19 +166,24 @@ class RunDir:
             CheckpointError: the file is missing, not a regular file, unreadable, not listed in the
                 manifest, or its size or SHA-256 differs; the message names the file.
         """
-        path = self.path / relative
-        data = read_bytes(path, what=what)
+        data = read_bytes(self.path / relative, what=what)
+        self._check_against_manifest(relative, lambda: record_of(data))
+        return data
+
+    def _check_against_manifest(self, relative: str, record: Callable[[], FileRecord]) -> None:
+        """The checks of :meth:`read_verified` on the file's record (``record()``: computed only
+        when its folder has a manifest)."""
         folder, name = self._manifest_place(relative)
         manifest = read_manifest(folder)
         if manifest is None:
             self._warn_unverified(folder)
-            return data
+            return
+        actual = record()
         try:
-            check_bytes(manifest, name, data, path=path)
+            check_record(manifest, name, actual, path=self.path / relative)
         except CheckpointError:
-            if not (relative == self.MODEL and self._matches_pointed_checkpoint(data)):
+            if not (relative == self.MODEL and actual == self._pointed_checkpoint_record()):
                 raise
-        return data
 
     def read_config(self) -> Any:
         """The parsed config.json, verified (its sections are checked by ``ExperimentConfig.from_dict``)."""
@@ -210,16 +213,6 @@ class RunDir:
         if len(parts) == 3 and parts[0] == "checkpoints":
             return self.path / parts[0] / parts[1], parts[2]
         raise ValueError(f"{relative}: no manifest covers this path")
-
-    def _matches_pointed_checkpoint(self, data: bytes) -> bool:
-        """Whether ``data`` are the weights of the checkpoint the pointer names, per its manifest."""
-        try:
-            files = self.latest_checkpoint()
-            manifest = read_manifest(files.directory) if files is not None else None
-        except CheckpointError:  # a damaged pointer or manifest there: the mismatch found first is named
-            return False
-        record = manifest.files.get(self.MODEL) if manifest is not None else None
-        return record is not None and describe_difference(record, data) is None
 
     def _warn_unverified(self, folder: Path) -> None:
         if folder != self.path and not self._has_manifest():
@@ -314,29 +307,23 @@ class RunDir:
     def _verify_file(self, relative: str, *, what: str) -> None:
         """:meth:`read_verified`'s checks for a file hashed in blocks (never held in memory whole)."""
         path = self.path / relative
-        folder, name = self._manifest_place(relative)
-        manifest = read_manifest(folder)
-        if manifest is None:
-            self._warn_unverified(folder)
-            return
-        expected = manifest.files.get(name)
-        try:
-            actual = record_of_file(path)
-        except OSError as error:
-            raise CheckpointError(f"{what} {path}: cannot read: {error.strerror or error}") from None
-        published = relative == self.MODEL and self._pointed_checkpoint_record() == actual
-        if expected is None and not published:  # published weights are recorded just after the move
-            raise CheckpointError(f"{path} is damaged or foreign: it is not listed in its folder's {self.MANIFEST}")
-        difference = None if expected is None else describe_record_difference(expected, actual)
-        if difference and not published:
-            raise CheckpointError(f"{path} is damaged: {difference}")
+
+        def record() -> FileRecord:
+            try:
+                return record_of_file(path)
+            except OSError as error:
+                raise CheckpointError(f"{what} {path}: cannot read: {error.strerror or error}") from None
+
+        self._check_against_manifest(relative, record)
 
     def _pointed_checkpoint_record(self) -> FileRecord | None:
-        """The manifest record of the weights of the checkpoint the pointer names (None: none)."""
+        """The manifest record of the weights of the checkpoint the pointer names (None: none).
+        ``model.safetensors`` may match it instead of its own record: it is published just before
+        the run's manifest records it."""
         try:
             files = self.latest_checkpoint()
             manifest = read_manifest(files.directory) if files is not None else None
-        except CheckpointError:
+        except CheckpointError:  # a damaged pointer or manifest there: the mismatch found first is named
             return None
         return manifest.files.get(self.MODEL) if manifest is not None else None
 
