@@ -26,7 +26,7 @@ from torch import Tensor
 
 from attnlab.errors import CheckpointError
 
-__all__ = ["llama_model_section", "convert_llama_state"]
+__all__ = ["llama_model_section", "fill_llama_state", "convert_llama_state"]
 
 
 def llama_model_section(
