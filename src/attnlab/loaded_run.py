@@ -93,7 +93,7 @@ def open_run(path: str | Path, *, device: str | torch.device = "cpu") -> LoadedR
     run = RunDir.open(path)
     experiment = run_experiment(run)
     task, tokenizer = build_task(experiment.task, saved_tokenizer=saved_tokenizer(run))
-    model = model_for_task(experiment, task)
+    model = model_for_task(experiment, task, to_load=True)
     run.load_weights(model)
     model.to(device).eval()
     return LoadedRun(run, experiment, task, tokenizer, TextCodec(task, tokenizer), model)

@@ -35,6 +35,7 @@ from attnlab.nn.models import (
     TokenTypes,
     TransformerModel,
     build_model,
+    build_model_to_load,
     mean_pool,
 )
 from attnlab.nn.multi_head import KVCache, MultiHeadAttention, MultiHeadOutput
@@ -79,6 +80,7 @@ __all__ = [
     "TransformerModel",
     "attention",
     "build_model",
+    "build_model_to_load",
     "capture",
     "causal_mask",
     "check_head_mask",

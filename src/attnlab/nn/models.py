@@ -56,6 +56,7 @@ __all__ = [
     "TokenTypes",
     "POOLINGS",
     "MODELS",
+    "build_model_to_load",
     "build_model",
     "mean_pool",
 ]
@@ -613,3 +614,20 @@ def build_model(config: TransformerConfig) -> TransformerModel:
         if type(config) is config_cls:
             return model_cls(config)  # type: ignore[call-arg]
     raise ValueError(f"no model for config class {type(config).__name__}; allowed kinds: {', '.join(MODELS)}")
+
+
+def build_model_to_load(config: TransformerConfig) -> TransformerModel:
+    """The model for ``config`` with its parameters on the meta device (no memory, no random
+    initialisation) and its derived buffers (rotary angles, sinusoidal tables) computed on the CPU.
+
+    For loading saved weights by assignment (``attnlab.runs.load_tensors_into(..., assign=True)``),
+    which puts a tensor in place of every parameter: the model is never held twice. Every module
+    with non-persistent buffers recomputes them in ``reset_buffers()``.
+    """
+    with torch.device("meta"):
+        model = build_model(config)
+    for module in model.modules():
+        reset = getattr(module, "reset_buffers", None)
+        if reset is not None:
+            reset()
+    return model

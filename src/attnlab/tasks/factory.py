@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnlab.errors import ConfigError
-from attnlab.nn import TransformerConfig, TransformerModel, build_model
+from attnlab.nn import TransformerConfig, TransformerModel, build_model, build_model_to_load
 from attnlab.tasks.base import Task
 from attnlab.tasks.formal import LANGUAGES
 from attnlab.tasks.registry import get_task
@@ -143,9 +143,14 @@ def _corpus(name: str, options: Mapping[str, Any]) -> list[str]:
         raise ConfigError(f"task.{error}") from None
 
 
-def model_for_task(experiment: ExperimentConfig, task: Task) -> TransformerModel:
-    """The model of the experiment, sized by the task (vocabularies, classes, padding id)."""
-    return build_model(model_config_for_task(experiment, task))
+def model_for_task(experiment: ExperimentConfig, task: Task, *, to_load: bool = False) -> TransformerModel:
+    """The model of the experiment, sized by the task (vocabularies, classes, padding id).
+
+    With ``to_load`` its parameters are left on the meta device, for saved weights to take their
+    place (:func:`attnlab.nn.build_model_to_load`).
+    """
+    config = model_config_for_task(experiment, task)
+    return build_model_to_load(config) if to_load else build_model(config)
 
 
 def model_config_for_task(experiment: ExperimentConfig, task: Task) -> TransformerConfig:

@@ -196,8 +196,9 @@ def test_onednn_property_any_shape_matches_float64(lead, d_in, d_out, with_bias,
 
 @needs_onednn
 def test_onednn_packs_each_weight_once_for_inference_and_repacks_when_it_changes():
-    """Without gradients the weight is packed once and reused; an in-place update (an optimizer
-    step), new data behind the same parameter, or a gradient pass never leave a stale copy in use."""
+    """Without gradients the weight is packed at its second use (never for a single use) and
+    reused; an in-place update (an optimizer step), new data behind the same parameter, or a
+    gradient pass never leave a stale copy in use."""
     kernel = OneDNNLinear()
     g = torch.Generator().manual_seed(4)
     weight = torch.nn.Parameter(torch.randn(24, 16, generator=g))
@@ -210,10 +211,13 @@ def test_onednn_packs_each_weight_once_for_inference_and_repacks_when_it_changes
         torch.testing.assert_close(out, F.linear(x, weight.detach(), bias), atol=1e-5, rtol=1e-5)
         return kernel._packed
 
+    assert next(iter(infer().values())).packed is None  # used once: not held twice
     first = next(iter(infer().values())).packed
+    assert first is not None
     assert next(iter(infer().values())).packed is first and len(kernel._packed) == 1  # reused
     with torch.no_grad():
         weight.mul_(-2.0)  # in place: the version counter moves
+    assert next(iter(infer().values())).packed is None  # the stale copy is gone
     assert next(iter(infer().values())).packed is not first
     weight.data = torch.randn(24, 16, generator=g)  # the same parameter, other storage
     infer()
@@ -246,7 +250,8 @@ def test_a_copied_or_pickled_module_starts_without_packed_weights():
     x = torch.randn(2, 5, 16)
     with torch.no_grad():
         expected = ffn(x)
-    assert ffn._linear._packed
+        ffn(x)  # the second use packs
+    assert any(entry.packed is not None for entry in ffn._linear._packed.values())
     twin = copy.deepcopy(ffn)
     assert not twin._linear._packed
     with torch.no_grad():

@@ -225,3 +225,49 @@ def test_decoder_only_learns():
 def test_tied_embeddings_share_storage():
     model = DecoderOnly(DecoderOnlyConfig(**SMALL, tie_embeddings=True))
     assert model.lm_head.weight is model.body.embedding.token.weight
+
+
+LLAMA_LIKE = {"positional": "rope", "kv_heads": 2, "norm": "rms", "activation": "swiglu", "norm_first": True,
+              "bias": False, "tie_embeddings": True}  # fmt: skip
+TO_LOAD = [
+    (DecoderOnlyConfig, LLAMA_LIKE),
+    (
+        DecoderOnlyConfig,
+        {**LLAMA_LIKE, "d_k": 8, "heads_per_layer": {"self": [3, 4]}, "kv_groups": {"self": [[0, 0, 1], [0, 1, 1, 1]]}},
+    ),
+    (DecoderOnlyConfig, {"positional": "sinusoidal"}),
+    (EncoderDecoderConfig, {"tgt_vocab_size": VOCAB + 2}),
+    (EncoderClassifierConfig, {"num_classes": 2, "positional": "learned"}),
+]
+
+
+@pytest.mark.parametrize(
+    ("config_cls", "options"), TO_LOAD, ids=["llama", "pruned-gqa", "sinusoidal", "enc-dec", "classifier"]
+)
+def test_a_model_built_to_load_takes_saved_weights_and_equals_the_original(config_cls, options, tmp_path):
+    """build_model_to_load holds no weights (meta parameters), computes its derived buffers, and
+    after loading by assignment is the saved model: same outputs, buffers and tied parameters."""
+    from attnlab.nn import build_model_to_load
+    from attnlab.runs import load_tensors_into, weights_to_tensors
+
+    torch.manual_seed(0)
+    config = config_cls(**{**SMALL, **options})
+    original = build_model(config).eval()
+    empty = build_model_to_load(config)
+    assert all(p.is_meta for p in empty.parameters())
+    assert not any(b.is_meta for b in empty.buffers())
+    tensors, metadata = weights_to_tensors(original)
+    load_tensors_into(empty, {name: t.clone() for name, t in tensors.items()}, metadata, path=tmp_path, assign=True)
+    empty.eval()
+    assert [name for name, _ in empty.named_parameters()] == [name for name, _ in original.named_parameters()]
+    for (name, mine), (_, theirs) in zip(empty.named_buffers(), original.named_buffers(), strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=0, msg=name)
+    if options.get("tie_embeddings"):
+        assert empty.lm_head.weight is empty.body.embedding.token.weight
+    src, tgt = _tokens(2, 7), _tokens(2, 5, seed=1)
+    with torch.no_grad():
+        if config_cls is EncoderDecoderConfig:
+            pair = empty(src, tgt), original(src, tgt)
+        else:
+            pair = empty(src), original(src)
+    torch.testing.assert_close(*pair, rtol=0, atol=0)
