@@ -8,7 +8,8 @@ Layout::
       tokenizer.json              the tokenizer or task vocabulary, when there is one
       model.safetensors           the latest weights (what `eval`, `generate`, `heads`, `view` load)
       checkpoint.json             {"latest": "step-00000100", "step": 100}: the commit record
-      checkpoints/step-XXXXXXXX/  model.safetensors, trainer_state.safetensors, trainer_state.json,
+      checkpoints/step-XXXXXXXX/  model.safetensors, trainer_state.safetensors, trainer_state.json
+                                  (with "validation" when the run was evaluated at that step),
                                   manifest.json (their sizes and SHA-256)
       metrics.jsonl               one JSON object per logged step or evaluation
       plots/  analysis/
@@ -19,6 +20,11 @@ and data state from the same step. Each file is written atomically, but several 
 renamed at once, so a checkpoint directory is written completely first and ``checkpoint.json`` is
 then replaced atomically to point at it. A kill -9 at any instant leaves the pointer at a complete
 checkpoint. The previous checkpoint is only deleted after the pointer has moved on.
+
+Choosing a checkpoint (``attnlab eval --checkpoint``): ``last`` is the one ``checkpoint.json`` names,
+``step-N`` that step's, and ``best`` the one whose recorded validation is best
+(:meth:`RunDir.best_checkpoint`). Pruning old checkpoints (``train.keep_checkpoints``) keeps the
+latest ones and the best one.
 
 Integrity: every file a command reads is read once with :meth:`RunDir.read_verified`, which checks
 the bytes against the manifest of their folder (:mod:`attnlab.manifest`) before they are parsed;
@@ -72,7 +78,14 @@ from attnlab.storage import (
     tensors_to_bytes,
 )
 
-__all__ = ["RunDir", "CheckpointFiles", "weights_to_tensors", "load_weights_into", "load_tensors_into"]
+__all__ = [
+    "RunDir",
+    "CheckpointFiles",
+    "validation_record",
+    "weights_to_tensors",
+    "load_weights_into",
+    "load_tensors_into",
+]
 
 _ALIASES_KEY = "attnlab.aliases"
 
@@ -450,15 +463,92 @@ class RunDir:
         fsync_directory(self.path)
 
     def _prune_checkpoints(self, keep: int, *, current: str) -> None:
+        """Remove all but the ``keep`` latest checkpoints and the best one (by recorded validation,
+        :meth:`best_checkpoint`), and any staging folder a crash left."""
         complete = [files.directory for files in self.checkpoints()]
+        best = self.best_checkpoint(strict=False)
+        spared = {current} | ({best.directory.name} if best is not None else set())
         stale = [
             p
             for p in (self.path / "checkpoints").iterdir()
             if p.name.startswith("step-") and p.name.endswith(".partial")
         ]  # left by a crash mid-write
         for old in complete[: max(0, len(complete) - keep)] + stale:
-            if old.name != current:
+            if old.name not in spared:
                 _remove_folder(old)
+
+    # ---- choosing a checkpoint ----------------------------------------------------------------
+
+    def checkpoint_validation(self, files: CheckpointFiles) -> dict[str, Any] | None:
+        """The validation recorded with checkpoint ``files`` (its trainer_state.json, verified):
+        ``{"step", "split", "accuracy", "loss"}``, or None when the run was not evaluated at that step.
+
+        Raises:
+            CheckpointError: the trainer state is damaged or its record malformed.
+        """
+        path = files.trainer_json
+        state = parse_json(self.read_verified(self._relative(path), what="trainer state"), path=path, what="trainer state")
+        record = state.get("validation") if isinstance(state, dict) else None
+        if record is None:
+            return None
+        if not (
+            isinstance(record, dict)
+            and record.get("step") == files.step
+            and all(_is_number(record.get(key)) for key in ("accuracy", "loss"))
+        ):
+            raise CheckpointError(f"trainer state {path} is corrupted: its validation record is malformed")
+        return record
+
+    def best_checkpoint(self, *, strict: bool = True) -> CheckpointFiles | None:
+        """The checkpoint whose recorded validation is best: the highest accuracy, then the lowest
+        loss, then the earliest step; None when no checkpoint records one.
+
+        Args:
+            strict: raise on a damaged checkpoint; otherwise pass over it (what pruning does: a
+                damaged checkpoint cannot be the one to keep).
+
+        Raises:
+            CheckpointError: (``strict``) a checkpoint's trainer state is damaged.
+        """
+        ranked = []
+        for files in self.checkpoints():
+            try:
+                record = self.checkpoint_validation(files)
+            except CheckpointError:
+                if strict:
+                    raise
+                continue
+            if record is not None:
+                ranked.append(((-record["accuracy"], record["loss"], files.step), files))
+        return min(ranked, key=lambda pair: pair[0])[1] if ranked else None
+
+    def choose_checkpoint(self, name: str, *, flag: str = "--checkpoint") -> CheckpointFiles:
+        """The checkpoint called ``name``: ``last`` (the one ``checkpoint.json`` names), ``best``
+        (:meth:`best_checkpoint`) or ``step-N`` (N with or without leading zeros).
+
+        Raises:
+            UsageError: no such checkpoint; the message names ``flag`` and the available ones.
+        """
+        found = self.checkpoints()
+        available = ", ".join(["last", "best", *(f"step-{files.step}" for files in found)]) if found else "none"
+        match = re.fullmatch(r"step-(\d{1,12})", name)
+        chosen: CheckpointFiles | None = None
+        if name == "last":
+            chosen = self.latest_checkpoint()
+        elif name == "best":
+            chosen = self.best_checkpoint()
+            if chosen is None and found:
+                raise UsageError(
+                    f"{flag} best: no checkpoint of {self.path} records a validation (train with train.eval_every "
+                    f"a multiple of train.checkpoint_every); available: {available}"
+                )
+        elif match:
+            chosen = next((files for files in found if files.step == int(match.group(1))), None)
+        else:
+            raise UsageError(f"{flag}: {name!r} is not last, best or step-N; available: {available}")
+        if chosen is None:
+            raise UsageError(f"{flag}: {self.path} has no checkpoint {name}; available: {available}")
+        return chosen
 
     # ---- metrics ------------------------------------------------------------------------------
 
@@ -508,6 +598,16 @@ class RunDir:
 
     def __iter__(self) -> Iterator[Path]:
         return iter(sorted(self.path.iterdir()))
+
+
+def validation_record(step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """What a checkpoint records of the validation at its step (``metrics`` from
+    :func:`attnlab.evaluation.evaluate`): step, split, accuracy, loss."""
+    return {"step": step, "split": metrics["split"], "accuracy": metrics["accuracy"], "loss": metrics["loss"]}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _metric_record(line: bytes, path: Path, number: int) -> dict[str, Any]:

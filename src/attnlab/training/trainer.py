@@ -41,6 +41,7 @@ from attnlab import devices
 from attnlab.embeddings import init_embedding, load_vectors
 from attnlab.errors import EXIT_DIVERGED, AttnlabError, CheckpointError, ConfigError
 from attnlab.evaluation.evaluate import evaluate
+from attnlab.evaluation.fit import training_fit
 from attnlab.evaluation.objectives import OBJECTIVES
 from attnlab.experiment import ExperimentConfig, TrainConfig
 from attnlab.head_ids import held_mask
@@ -48,7 +49,7 @@ from attnlab.loaded_run import saved_tokenizer
 from attnlab.nn import InputEmbedding
 from attnlab.output_paths import check_output_path
 from attnlab.resources import check_training_resources
-from attnlab.runs import RunDir
+from attnlab.runs import RunDir, validation_record
 from attnlab.tasks.codec import TextCodec
 from attnlab.tasks.factory import build_task, model_config_for_task, model_for_task
 from attnlab.tokenizers import Tokenizer
@@ -87,6 +88,35 @@ class StepOutcome:
     loss: float
     tokens: int
     lr: float
+
+
+def _rate_key(model_kind: str) -> str:
+    """The throughput key of a step record: a classifier predicts one label per example."""
+    return "examples_per_s" if model_kind == "encoder_classifier" else "tokens_per_s"
+
+
+@dataclass
+class _LogWindow:
+    """The steps since the last log: their losses and predictions, and when the window began.
+
+    ``record()`` gives ``loss`` = the mean of the steps' losses, (1/n) sum_s L_s, and the rate of
+    predictions per second (``rate_key``: tokens, or examples for a classifier) over the window.
+    """
+
+    rate_key: str
+    loss_sum: float = 0.0
+    steps: int = 0
+    predictions: int = 0
+    started: float = dataclasses.field(default_factory=time.perf_counter)
+
+    def add(self, outcome: StepOutcome) -> None:
+        self.loss_sum += outcome.loss
+        self.steps += 1
+        self.predictions += outcome.tokens
+
+    def record(self) -> dict[str, float]:
+        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        return {"loss": self.loss_sum / max(1, self.steps), self.rate_key: self.predictions / elapsed}
 
 
 def resolve_device(name: str) -> torch.device:
@@ -194,6 +224,7 @@ class _Trainer:
             dist=dist,
         )
         self.step = 0
+        self.validation: dict[str, Any] | None = None  # the latest validation of this session
         if resume:
             self._restore()
         else:
@@ -313,37 +344,41 @@ class _Trainer:
     # ---- the loop ----------------------------------------------------------------------------
 
     def fit(self) -> TrainResult:
+        """Train to ``train.steps``; log, evaluate and checkpoint on schedule; evaluate at the end.
+
+        Each logged ``loss`` is the mean of the per-step losses since the previous log (each step's
+        loss being its batch's mean over the tokens or examples it predicts), not the last batch's:
+        batches are grouped by length, so one batch can be far from the run's average. The rate is
+        ``examples_per_s`` for a classifier (one prediction per example), ``tokens_per_s`` otherwise.
+        The final evaluation also says whether the model fit its training split
+        (:func:`attnlab.evaluation.fit.training_fit`).
+        """
         cfg = self.cfg
         losses: list[float] = []
         bar = tqdm(total=cfg.steps, initial=self.step, desc="train", disable=not (self.progress and self.dist.is_main))
-        window_tokens, window_start = 0, time.perf_counter()
+        window = _LogWindow(rate_key=_rate_key(self.experiment.model_kind))
         final_metrics = None
         while self.step < cfg.steps:
             outcome = self._train_step()
-            loss = outcome.loss
-            losses.append(loss)
-            window_tokens += outcome.tokens
+            losses.append(outcome.loss)
+            window.add(outcome)
             bar.update(1)
             if self._due(cfg.log_every):
-                elapsed = max(time.perf_counter() - window_start, 1e-9)
-                record = {
-                    "step": self.step,
-                    "loss": loss,
-                    "lr": outcome.lr,
-                    "tokens_per_s": window_tokens / elapsed,
-                    "epoch": self.stream.position.epoch,
-                }
+                record = {"step": self.step, **window.record(), "lr": outcome.lr, "epoch": self.stream.position.epoch}
                 self._write_metrics(record)
-                bar.set_postfix(loss=f"{loss:.4f}", lr=f"{record['lr']:.2e}", tok_s=f"{record['tokens_per_s']:.0f}")
-                window_tokens, window_start = 0, time.perf_counter()
+                rate = "ex_s" if window.rate_key == "examples_per_s" else "tok_s"
+                bar.set_postfix(
+                    {"loss": f"{record['loss']:.4f}", "lr": f"{record['lr']:.2e}", rate: f"{record[window.rate_key]:.0f}"}
+                )
+                window = _LogWindow(rate_key=window.rate_key)
             if self._due(cfg.eval_every) and self.step < cfg.steps:
                 self._evaluate("valid")
             if self._due(cfg.checkpoint_every) and self.step < cfg.steps:
                 self._checkpoint()
         bar.close()
-        self._checkpoint()
         if self.dist.is_main:
-            final_metrics = self._evaluate("valid")
+            final_metrics = self._evaluate("valid", fit=True)  # before the checkpoint, which records it
+        self._checkpoint()
         return TrainResult(self.run.path, self.step, losses, final_metrics)
 
     def _due(self, every: int) -> bool:
@@ -404,13 +439,12 @@ class _Trainer:
 
     # ---- evaluation, metrics, checkpoints (rank 0 only) ------------------------------------------
 
-    def _evaluate(self, split: str) -> dict[str, Any] | None:
+    def _evaluate(self, split: str, *, fit: bool = False) -> dict[str, Any] | None:
+        """Evaluate on ``split``, log it, and remember it for the checkpoint of this step; with
+        ``fit``, add whether the model fit its training split (item ``trained``)."""
         if not self.dist.is_main:
             return None
-        result = evaluate(
-            self.model,
-            self.task,
-            split,
+        options = dict(
             kind=self.experiment.model_kind,
             batch_size=self.cfg.eval_batch_size,
             max_length=self.max_length,
@@ -418,8 +452,12 @@ class _Trainer:
             tokenizer=self.tokenizer,
             device=self.device,
             head_mask=self.head_mask,
-            progress=self.progress,
         )
+        result = evaluate(self.model, self.task, split, progress=self.progress, **options)
+        if split == "valid" and result.get("examples"):
+            self.validation = validation_record(self.step, result)
+        if fit:
+            result.update(training_fit(self.model, self.task, **options))
         self._write_metrics({"step": self.step, **result})
         return result
 
@@ -442,6 +480,8 @@ class _Trainer:
             "rng": rng_meta,
             "platform": self.platform,
         }
+        if self.validation is not None and self.validation["step"] == self.step:
+            state["validation"] = self.validation  # what --checkpoint best ranks by (attnlab.runs)
         self.run.write_checkpoint(
             self.step, self.model, {**optimizer_tensors, **rng_tensors}, state, keep=self.cfg.keep_checkpoints
         )
