@@ -15,7 +15,7 @@ from attnlab.errors import CheckpointError, ConfigError, DataError, UsageError
 from attnlab.experiment import ExperimentConfig
 from attnlab.head_ids import HeadId, held_heads, held_mask
 from attnlab.nn import HeadMask, TransformerModel
-from attnlab.runs import RunDir
+from attnlab.runs import CheckpointFiles, RunDir
 from attnlab.tasks.base import Task
 from attnlab.tasks.codec import TextCodec
 from attnlab.tasks.factory import build_task, model_for_task
@@ -34,6 +34,8 @@ class LoadedRun:
     tokenizer: Tokenizer | None
     codec: TextCodec
     model: TransformerModel
+    checkpoint: CheckpointFiles | None = None
+    """The checkpoint whose weights were loaded (``open_run(checkpoint=...)``); None: model.safetensors."""
 
     @property
     def held_heads(self) -> list[HeadId]:
@@ -73,7 +75,9 @@ def saved_tokenizer(run: RunDir) -> Tokenizer | None:
         raise CheckpointError(str(error)) from None
 
 
-def open_run(path: str | Path, *, device: str | torch.device = "cpu") -> LoadedRun:
+def open_run(
+    path: str | Path, *, device: str | torch.device = "cpu", checkpoint: str | None = None
+) -> LoadedRun:
     """Load a run directory: config.json, the task, tokenizer.json and model.safetensors, each
     verified against the run's manifest (see :meth:`attnlab.runs.RunDir.read_verified`).
 
@@ -81,9 +85,12 @@ def open_run(path: str | Path, *, device: str | torch.device = "cpu") -> LoadedR
         path: the run directory.
         device: where the model goes (``auto``, ``cpu``, ``cuda``, ``cuda:N`` or a
             :class:`torch.device`); its head masks follow it (:meth:`LoadedRun.held_mask`).
+        checkpoint: load this checkpoint's weights instead of model.safetensors: ``last``,
+            ``best`` or ``step-N`` (:meth:`attnlab.runs.RunDir.choose_checkpoint`).
 
     Raises:
-        UsageError: a device name that is malformed or names a GPU this process cannot see.
+        UsageError: a device name that is malformed or names a GPU this process cannot see; a
+            checkpoint the run does not have (the message names --checkpoint and the available ones).
     """
     if isinstance(device, str):
         try:
@@ -91,9 +98,13 @@ def open_run(path: str | Path, *, device: str | torch.device = "cpu") -> LoadedR
         except ValueError as error:
             raise UsageError(str(error)) from None
     run = RunDir.open(path)
+    chosen = None if checkpoint is None else run.choose_checkpoint(checkpoint)  # before the task is built
     experiment = run_experiment(run)
     task, tokenizer = build_task(experiment.task, saved_tokenizer=saved_tokenizer(run))
     model = model_for_task(experiment, task, to_load=True)
-    run.load_weights(model)
+    if chosen is None:
+        run.load_weights(model)
+    else:
+        run.load_checkpoint_weights(model, chosen)
     model.to(device).eval()
-    return LoadedRun(run, experiment, task, tokenizer, TextCodec(task, tokenizer), model)
+    return LoadedRun(run, experiment, task, tokenizer, TextCodec(task, tokenizer), model, chosen)

@@ -30,6 +30,12 @@ def evaluate_run(
     mask_heads: list[str] = typer.Option(None, "--mask-head", help="Mask a head, kind:layer:head (repeatable)."),
     progress: bool = progress_option(),
     device: str = device_option(),
+    checkpoint: str = typer.Option(
+        None,
+        "--checkpoint",
+        help="Evaluate this checkpoint's weights: last (the latest), best (the best recorded validation "
+        "accuracy, then loss) or step-N. Default: the run's model.safetensors (the latest weights).",
+    ),
     truncate: bool = typer.Option(
         None,
         "--truncate/--no-truncate",
@@ -41,18 +47,23 @@ def evaluate_run(
 
     Heads held at zero in training (train.mask_heads) stay masked; --mask-head masks more.
 
+    Every split's result also says whether the model fit its training split: trained is true when
+    its accuracy on (up to 2,000 examples of) the train split is at least 0.9 (attnlab.evaluation.fit),
+    so that "did not generalise" is never read where the model did not learn.
+
     With --texts: a language model's perplexity over a text file, the exp of
     the mean next-token negative log-likelihood over every predicted token
     (a text's first token is context only unless the model adds a BOS; no EOS).
     """
     from attnlab.evaluation.evaluate import evaluate
+    from attnlab.evaluation.fit import training_fit
     from attnlab.head_ids import parse_head
     from attnlab.loaded_run import open_run
     from attnlab.tasks.base import SPLITS
     from attnlab.tasks.batching import count_too_long
 
     split = split.value
-    loaded = open_run(run, device=device)
+    loaded = open_run(run, device=device, checkpoint=checkpoint)
     train = loaded.experiment.train
     extra = [parse_head(spec, loaded.model) for spec in mask_heads or []]
     truncate = train.truncate if truncate is None else truncate
@@ -61,18 +72,15 @@ def evaluate_run(
         return
     batch_size = batch_size or 128
     max_length = train.max_length or loaded.model.config.max_len
-    metrics = evaluate(
-        loaded.model,
-        loaded.task,
-        split,
+    options = dict(
         kind=loaded.experiment.model_kind,
         batch_size=batch_size,
         max_length=max_length,
         truncate=truncate,
         tokenizer=loaded.tokenizer,
         head_mask=loaded.held_mask(extra),
-        progress=progress and not as_json,
     )
+    metrics = evaluate(loaded.model, loaded.task, split, progress=progress and not as_json, **options)
     if metrics["examples"] == 0:  # evaluate built the split once and found it empty
         filled = [name for name in SPLITS if loaded.task.split(name)]
         raise UsageError(
@@ -88,6 +96,9 @@ def evaluate_run(
                 f"context of {max_length} positions",
                 err=True,
             )
+    if loaded.checkpoint is not None:
+        metrics["checkpoint"] = f"step-{loaded.checkpoint.step}"
+    metrics.update(training_fit(loaded.model, loaded.task, **options))
     _echo_metrics(metrics, as_json)
 
 
@@ -113,12 +124,32 @@ def _text_metrics(loaded, texts: Path, batch_size: int, truncate: bool, extra) -
     }
 
 
+FIT_KEYS = ("trained", "train_accuracy", "train_examples", "trained_threshold")
+"""The keys of :func:`attnlab.evaluation.fit.training_fit`, shown on one line of their own."""
+
+
 def _echo_metrics(metrics: dict, as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps(metrics, sort_keys=True))
         return
     for key, value in metrics.items():
+        if key in FIT_KEYS:
+            continue
         if key == "accuracy_by_length":
             typer.echo("accuracy by length: " + ", ".join(f"{n}:{a:.3f}" for n, a in value.items()))
         else:
             typer.echo(f"{key}: {value:.4f}" if isinstance(value, float) else f"{key}: {value}")
+    if "trained" in metrics:
+        typer.echo(fit_line(metrics))
+
+
+def fit_line(metrics: dict) -> str:
+    """``trained: true (train accuracy 0.9812 >= 0.9 on 2000 examples)``."""
+    if metrics["trained"] is None:
+        return "trained: unknown (the task has no training examples)"
+    relation = ">=" if metrics["trained"] else "<"
+    verdict = "true" if metrics["trained"] else "false (the model did not fit its training split)"
+    return (
+        f"trained: {verdict}: train accuracy {metrics['train_accuracy']:.4f} {relation} "
+        f"{metrics['trained_threshold']:g} on {metrics['train_examples']} training examples"
+    )

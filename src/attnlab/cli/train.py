@@ -116,9 +116,13 @@ def _spawn(  # noqa: PLR0913 - the command line to pass on
 
 
 def _report(run: Path, metrics: dict | None) -> None:
+    from attnlab.cli.evaluate import FIT_KEYS, fit_line
+
     typer.echo(f"run: {run}")
     if metrics:
-        shown = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+        shown = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and k not in FIT_KEYS}
         typer.echo(
             "valid: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items())
         )
+        if "trained" in metrics:
+            typer.echo(fit_line(metrics))
