@@ -75,9 +75,7 @@ def saved_tokenizer(run: RunDir) -> Tokenizer | None:
         raise CheckpointError(str(error)) from None
 
 
-def open_run(
-    path: str | Path, *, device: str | torch.device = "cpu", checkpoint: str | None = None
-) -> LoadedRun:
+def open_run(path: str | Path, *, device: str | torch.device = "cpu", checkpoint: str | None = None) -> LoadedRun:
     """Load a run directory: config.json, the task, tokenizer.json and model.safetensors, each
     verified against the run's manifest (see :meth:`attnlab.runs.RunDir.read_verified`).
 

@@ -487,7 +487,9 @@ class RunDir:
             CheckpointError: the trainer state is damaged or its record malformed.
         """
         path = files.trainer_json
-        state = parse_json(self.read_verified(self._relative(path), what="trainer state"), path=path, what="trainer state")
+        state = parse_json(
+            self.read_verified(self._relative(path), what="trainer state"), path=path, what="trainer state"
+        )
         record = state.get("validation") if isinstance(state, dict) else None
         if record is None:
             return None

@@ -219,7 +219,9 @@ def test_heads_commands_start_from_the_held_heads_as_eval_does(held_run, tmp_pat
     _, rows = _csv(tmp_path / "ablation.csv")
     held_row = next(r for r in rows if (r["kind"], r["layer"], r["head"]) == ("cross", "0", "1"))
     assert float(held_row["delta"]) == 0.0
-    pruned = attnlab("heads", "prune", str(held_run), "--percent", "0", "100", "--out", str(tmp_path))
+    pruned = attnlab(
+        "heads", "prune", str(held_run), "--percent", "0", "100", "--split", "valid", "--out", str(tmp_path)
+    )
     assert pruned.returncode == 0, pruned.stderr
     _, curve = _csv(tmp_path / "curve.csv")
     assert [int(r["heads_pruned"]) for r in curve] == [0, 12 - len(HELD)]

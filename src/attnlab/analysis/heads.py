@@ -25,7 +25,7 @@ passes head masks in and reads results out; it never changes a layer.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -326,6 +326,9 @@ def pruning_curve(
     *,
     recompute: bool = False,
     keep_one_per_layer: bool = False,
+    normalize_per_layer: bool = False,
+    ranking_probe: HeadProbe | None = None,
+    retrain: Callable[[HeadMask], Any] | None = None,
     kinds: Sequence[str] | None = None,
     progress: Any = None,
 ) -> list[CurveRow]:
@@ -336,29 +339,64 @@ def pruning_curve(
     and 0% is the baseline (what ``attnlab eval`` measures). With ``recompute`` the importances of
     the remaining heads are recomputed (at the current mask) before each step; otherwise one
     ranking serves every step.
+
+    Michel et al. (2019) §4.2's protocol is available in full:
+
+    * ``normalize_per_layer``: the importances are divided by their l2 norm within each layer,
+      I_h / ||I_layer(h)||_2, before the global ranking (as :func:`importance`);
+    * ``ranking_probe``: the importances come from this probe (another split of the same model,
+      e.g. valid) while the curve is measured on ``probe`` (e.g. test), so the ranking is not
+      fitted to the data it is scored on; default: ``probe`` itself;
+    * ``retrain``: called with each step's mask (pruned and held heads at 0) before that step is
+      measured, to fine-tune ``probe.model`` in place with those heads off
+      (:func:`attnlab.analysis.retrain.fine_tune`); every step starts again from the weights
+      given (the 0% step is fine-tuned too, so every point had the same training), and they are
+      put back at the end.
     """
     check_percents(percents)
+    ranker = probe if ranking_probe is None else ranking_probe
+    if ranker.model is not probe.model:
+        raise ValueError("ranking_probe must probe the same model as probe")
     base = held_mask_of(probe)
     live = live_heads(probe, kinds)
     alive = set(live)
-    order = [h for h in pruning_order(importance(probe, kinds=kinds)) if h in alive]
+    order = [
+        h for h in pruning_order(importance(ranker, normalize_per_layer=normalize_per_layer, kinds=kinds)) if h in alive
+    ]
     pruned: list[HeadId] = []
     rows = []
     tick = progress or (lambda: None)
-    for percent in sorted(percents):
-        count = round(percent / 100 * len(live))
-        if recompute and pruned:
-            remaining = [
-                r
-                for r in importance(probe, base_mask=mask_without(probe.model, pruned, base=base), kinds=kinds)
-                if HeadId(r.kind, r.layer, r.head) in alive and HeadId(r.kind, r.layer, r.head) not in pruned
-            ]
-            order = pruned + pruning_order(remaining)
-        pruned = heads_to_prune(order, count, already=pruned, keep_one_per_layer=keep_one_per_layer, all_heads=live)
-        score = probe.evaluate(mask_without(probe.model, pruned, base=base))
-        rows.append(CurveRow(percent, len(pruned), score.metric, score.loss))
-        tick()
+    original = _snapshot(probe.model) if retrain is not None else None
+    try:
+        for percent in sorted(percents):
+            count = round(percent / 100 * len(live))
+            if recompute and pruned:
+                at = mask_without(probe.model, pruned, base=base)
+                remaining = [
+                    r
+                    for r in importance(ranker, normalize_per_layer=normalize_per_layer, base_mask=at, kinds=kinds)
+                    if HeadId(r.kind, r.layer, r.head) in alive and HeadId(r.kind, r.layer, r.head) not in pruned
+                ]
+                order = pruned + pruning_order(remaining)
+            pruned = heads_to_prune(order, count, already=pruned, keep_one_per_layer=keep_one_per_layer, all_heads=live)
+            mask = mask_without(probe.model, pruned, base=base)
+            if retrain is not None:
+                retrain(mask)
+            score = probe.evaluate(mask)
+            if original is not None:
+                probe.model.load_state_dict(original)
+            rows.append(CurveRow(percent, len(pruned), score.metric, score.loss))
+            tick()
+    finally:
+        if original is not None:
+            probe.model.load_state_dict(original)
+            probe.model.eval()
     return rows
+
+
+def _snapshot(model: TransformerModel) -> dict[str, Tensor]:
+    """A copy of the model's weights, to put back after fine-tuning."""
+    return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
 
 
 def live_heads(probe: HeadProbe, kinds: Sequence[str] | None = None) -> list[HeadId]:
@@ -372,18 +410,23 @@ def heads_to_remove(
     percent: float,
     *,
     keep_one_per_layer: bool = False,
+    normalize_per_layer: bool = False,
+    ranking_probe: HeadProbe | None = None,
     kinds: Sequence[str] | None = None,
 ) -> tuple[list[HeadId], list[HeadId]]:
     """What physical pruning at ``percent`` removes: (held heads, least important other heads).
 
     The held heads (of ``kinds``) contribute nothing, so removing them is free and always done;
-    ``percent`` is of the other heads, ranked as in :func:`pruning_curve` (one ranking), so the
+    ``percent`` is of the other heads, ranked as in :func:`pruning_curve` (one ranking, from
+    ``ranking_probe`` when given, normalised per layer with ``normalize_per_layer``), so the
     pruned model computes what the curve's masked model at ``percent`` computes.
     """
     check_percents([percent])
+    ranker = probe if ranking_probe is None else ranking_probe
     held = set(held_heads_of(probe))
     live = [h for h in head_ids(probe.model, kinds) if h not in held]
-    order = [h for h in pruning_order(importance(probe, kinds=kinds)) if h not in held]
+    scores = importance(ranker, normalize_per_layer=normalize_per_layer, kinds=kinds)
+    order = [h for h in pruning_order(scores) if h not in held]
     chosen = heads_to_prune(
         order, round(percent / 100 * len(live)), keep_one_per_layer=keep_one_per_layer, all_heads=live
     )

@@ -260,11 +260,26 @@ def prune_command(
     ),
     recompute: bool = typer.Option(False, "--recompute", help="Recompute importances after each step."),
     keep_one_per_layer: bool = typer.Option(False, "--keep-one-per-layer", help="Never prune a layer's last head."),
+    normalize_per_layer: bool = typer.Option(
+        False,
+        "--normalize-per-layer",
+        help="Divide each layer's importances by their l2 norm before the global ranking (Michel et al. §4.2).",
+    ),
+    retrain_steps: int = typer.Option(
+        0,
+        "--retrain-steps",
+        min=0,
+        help="After pruning at each percentage, fine-tune this many steps on the train split with the pruned "
+        "heads held off, then measure (each percentage starts from the run's weights).",
+    ),
     physical: bool = typer.Option(
         False, "--physical", help="Write a new run without the pruned heads (one --percent)."
     ),
     out: Path = typer.Option(None, "--out", help="Folder for curve.csv/curve.png, or the new run with --physical."),
-    split: Split = typer.Option(Split.valid, "--split", help=SPLIT_HELP),
+    importance_split: Split = typer.Option(
+        None, "--importance-split", help="The split the importances are computed on; default valid."
+    ),
+    split: Split = typer.Option(None, "--split", help="The split the pruning curve is measured on; default test."),
     kinds: list[HeadKind] = typer.Option(None, "--kind", help=KIND_HELP),
     batch_size: int = typer.Option(None, "--batch-size", min=1, help=BATCH_HELP),
     texts: Path = typer.Option(None, "--texts", help=TEXTS_HELP),
@@ -275,6 +290,8 @@ def prune_command(
 ) -> None:
     """Mask the least important heads (ranked globally) and evaluate; or remove them for good.
 
+    The importances come from --importance-split (default valid) and the curve is measured on
+    --split (default test), so the ranking is not scored on the data it was fitted to.
     Heads held at zero by train.mask_heads stay off and are not counted in --percent; --physical
     removes them too (they contribute nothing).
     """
@@ -284,17 +301,42 @@ def prune_command(
     check_percents(percents, flag="--percent")
     if physical and out is None:
         raise UsageError("--physical: give --out NEW_RUN for the pruned run")
+    if physical and retrain_steps:
+        raise UsageError("--retrain-steps: not with --physical (fine-tune the pruned run with `attnlab train`)")
+    if (texts is not None or pairs is not None) and (importance_split or split or retrain_steps):
+        used = "--retrain-steps" if retrain_steps else "--importance-split and --split"
+        raise UsageError(f"{used}: only for a run's task splits, not with --texts or --pairs")
     if out is not None:
         check_output_path(out, kind="run" if physical else "folder", flag="--out")
     kinds = [value_of(kind) for kind in kinds or ()]
-    loaded, probe = _probe(run, split, batch_size, texts, pairs, device)
+    ranking_split = Split(importance_split or Split.valid).value
+    curve_split = Split(split or Split.test).value
+    loaded, probe = _probe(run, curve_split, batch_size, texts, pairs, device)
+    ranker = _ranking_probe(loaded, probe, ranking_split)
     if physical:
-        _prune_physically(loaded, probe, percents, out, keep_one_per_layer, kinds or None, as_json=as_json)
+        _prune_physically(
+            loaded,
+            probe,
+            percents,
+            out,
+            keep_one_per_layer,
+            kinds or None,
+            as_json=as_json,
+            ranker=ranker,
+            normalize_per_layer=normalize_per_layer,
+        )
         return
     from tqdm import tqdm
 
     from attnlab.analysis.heads import pruning_curve
     from attnlab.analysis.reports import curve_plot, write_rows
+
+    retrain = None
+    if retrain_steps:
+        from attnlab.analysis.retrain import fine_tune
+
+        def retrain(mask) -> None:  # noqa: ANN001
+            fine_tune(loaded, mask, retrain_steps)
 
     folder = out or loaded.run.analysis
     with tqdm(total=len(percents), desc="prune", disable=not progress) as bar:
@@ -303,14 +345,21 @@ def prune_command(
             percents,
             recompute=recompute,
             keep_one_per_layer=keep_one_per_layer,
+            normalize_per_layer=normalize_per_layer,
+            ranking_probe=ranker,
+            retrain=retrain,
             kinds=kinds or None,
             progress=lambda: bar.update(1),
         )
     csv_path = write_rows(rows, folder / "curve.csv", ("percent", "heads_pruned", "metric", "loss"))
     png = curve_plot(rows, folder / "curve.png", metric=probe.metric_name, title="pruning the least important heads")
+    protocol = _protocol(probe, ranker, normalize_per_layer, retrain_steps)
     if as_json:
-        print_json({**_json_head(loaded, probe), "curve": _rows(rows), "csv": str(csv_path), "plot": str(png)})
+        print_json(
+            {**_json_head(loaded, probe), **protocol, "curve": _rows(rows), "csv": str(csv_path), "plot": str(png)}
+        )
         return
+    typer.echo(_protocol_line(protocol))
     for row in rows:
         typer.echo(f"{row.percent:5.1f}%  {row.heads_pruned:3d} heads  metric {row.metric:.4f}  loss {row.loss:.4f}")
     if note := _held_note(loaded):
@@ -319,7 +368,42 @@ def prune_command(
     typer.echo(f"plot: {png}")
 
 
-def _prune_physically(loaded, probe, percents, out, keep_one_per_layer, kinds, *, as_json: bool) -> None:  # noqa: ANN001
+def _ranking_probe(loaded, probe, split: str):  # noqa: ANN001, ANN202
+    """The probe the importances come from: the run's task on ``split`` (the curve's own probe
+    when it is on that split, or when the objective is --texts / --pairs)."""
+    from attnlab.analysis.heads import TaskProbe
+
+    if not isinstance(probe, TaskProbe) or probe.split == split:
+        return probe
+    return TaskProbe(loaded, split, batch_size=probe.batch_size, base_mask=probe.base_mask)
+
+
+def _protocol(probe, ranker, normalize_per_layer: bool, retrain_steps: int) -> dict[str, Any]:  # noqa: ANN001
+    """How the heads were ranked and the curve measured, for the output."""
+    return {
+        "importance_split": getattr(ranker, "split", None),
+        "split": getattr(probe, "split", None),
+        "normalize_per_layer": normalize_per_layer,
+        "retrain_steps": retrain_steps,
+    }
+
+
+def _protocol_line(protocol: dict[str, Any]) -> str:
+    """``importance on valid (normalised per layer), curve on test, 10 fine-tuning steps per step``."""
+    if protocol["split"] is None:
+        text = "importance and curve on the given texts"
+    else:
+        text = f"importance on {protocol['importance_split']}, curve on {protocol['split']}"
+    if protocol["normalize_per_layer"]:
+        text += "; importances normalised per layer (l2)"
+    if protocol["retrain_steps"]:
+        text += f"; {protocol['retrain_steps']} fine-tuning steps on train after pruning, at each percentage"
+    return text
+
+
+def _prune_physically(  # noqa: PLR0913
+    loaded, probe, percents, out, keep_one_per_layer, kinds, *, as_json: bool, ranker=None, normalize_per_layer=False
+) -> None:  # noqa: ANN001
     import torch
 
     from attnlab.analysis.heads import heads_to_remove
@@ -332,7 +416,14 @@ def _prune_physically(loaded, probe, percents, out, keep_one_per_layer, kinds, *
         raise UsageError("--physical: give --out NEW_RUN for the pruned run")
     model = loaded.model
     all_heads = head_ids(model, kinds)
-    held, chosen = heads_to_remove(probe, percents[0], keep_one_per_layer=keep_one_per_layer, kinds=kinds)
+    held, chosen = heads_to_remove(
+        probe,
+        percents[0],
+        keep_one_per_layer=keep_one_per_layer,
+        normalize_per_layer=normalize_per_layer,
+        ranking_probe=ranker,
+        kinds=kinds,
+    )
     pruned = [*held, *chosen]
     smaller = prune_model(model, pruned)
     new_run = write_pruned_run(loaded, smaller, out, pruned=pruned)
@@ -349,6 +440,7 @@ def _prune_physically(loaded, probe, percents, out, keep_one_per_layer, kinds, *
         print_json(
             {
                 **_json_head(loaded, probe),
+                **_protocol(probe, ranker or probe, normalize_per_layer, 0),
                 "pruned": [str(head) for head in sorted(pruned)],
                 "pruned_held": [str(head) for head in held],
                 "still_held": [str(head) for head in still_held],
@@ -360,6 +452,7 @@ def _prune_physically(loaded, probe, percents, out, keep_one_per_layer, kinds, *
             }
         )
         return
+    typer.echo(_protocol_line(_protocol(probe, ranker or probe, normalize_per_layer, 0)))
     typer.echo(f"pruned {len(pruned)} of {len(all_heads)} heads: {', '.join(map(str, sorted(pruned)))}")
     if held:
         typer.echo(

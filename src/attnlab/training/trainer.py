@@ -368,7 +368,11 @@ class _Trainer:
                 self._write_metrics(record)
                 rate = "ex_s" if window.rate_key == "examples_per_s" else "tok_s"
                 bar.set_postfix(
-                    {"loss": f"{record['loss']:.4f}", "lr": f"{record['lr']:.2e}", rate: f"{record[window.rate_key]:.0f}"}
+                    {
+                        "loss": f"{record['loss']:.4f}",
+                        "lr": f"{record['lr']:.2e}",
+                        rate: f"{record[window.rate_key]:.0f}",
+                    }
                 )
                 window = _LogWindow(rate_key=window.rate_key)
             if self._due(cfg.eval_every) and self.step < cfg.steps:

@@ -122,7 +122,9 @@ def test_best_checkpoint_is_the_best_recorded_validation_and_its_weights_load(tm
 
 
 def _write(run: RunDir, model: torch.nn.Module, step: int, accuracy: float | None, loss: float = 1.0) -> None:
-    state = {} if accuracy is None else {"validation": {"step": step, "split": "valid", "accuracy": accuracy, "loss": loss}}
+    state = (
+        {} if accuracy is None else {"validation": {"step": step, "split": "valid", "accuracy": accuracy, "loss": loss}}
+    )
     run.write_checkpoint(step, model, {"x": torch.zeros(1)}, state, keep=1)
 
 
