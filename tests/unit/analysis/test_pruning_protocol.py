@@ -153,3 +153,18 @@ def test_pruning_curve_with_retraining_measures_the_fine_tuned_masked_model(run)
     untrained = TaskProbe(open_run(run), "test").evaluate(seen[1])
     assert curve[1].loss != pytest.approx(untrained.loss)  # retraining changed what was measured
     assert int((seen[1]["self"] == 0).sum()) == 6 and int((seen[0]["self"] == 0).sum()) == 0
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (("--retrain-steps", "2", "--physical", "--out", "{tmp}/new"), "error: --retrain-steps: not with --physical"),
+        (("--importance-split", "test", "--texts", "{tmp}/t.txt"), "error: --importance-split and --split: only for"),
+    ],
+)
+def test_prune_options_that_do_not_go_together_are_one_line_errors(run, tmp_path, capsys, extra, message):
+    (tmp_path / "t.txt").write_text("()\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["heads", "prune", str(run), "--percent", "10", *(a.format(tmp=tmp_path) for a in extra)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.startswith(message) and err.count("\n") == 1
