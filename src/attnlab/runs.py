@@ -466,7 +466,9 @@ class RunDir:
         """Remove all but the ``keep`` latest checkpoints and the best one (by recorded validation,
         :meth:`best_checkpoint`), and any staging folder a crash left."""
         complete = [files.directory for files in self.checkpoints()]
-        best = self.best_checkpoint(strict=False)
+        with warnings.catch_warnings():  # an old checkpoint read only to rank it: nothing for people
+            warnings.simplefilter("ignore", AttnlabWarning)
+            best = self.best_checkpoint(strict=False)
         spared = {current} | ({best.directory.name} if best is not None else set())
         stale = [
             p
