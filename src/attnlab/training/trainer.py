@@ -4,8 +4,11 @@ One call, :func:`train`, does a whole run:
 
 1. build the task, then the model the task calls for (its vocabulary sizes come from the task);
 2. Adam (Vaswani §5.3), the LR schedule, label smoothing (§5.4), gradient clipping;
-3. every ``log_every`` steps a line in ``metrics.jsonl``; every ``eval_every`` steps an evaluation;
-   every ``checkpoint_every`` steps (and at the end) an atomic checkpoint;
+3. every ``log_every`` steps a line in ``metrics.jsonl`` (the mean loss of the steps since the last
+   line; ``examples_per_s`` for a classifier, ``tokens_per_s`` otherwise); every ``eval_every`` steps
+   an evaluation; every ``checkpoint_every`` steps (and at the end) an atomic checkpoint, which
+   records the validation of its step when there was one (``eval --checkpoint best``); the final
+   evaluation says whether the model fit its training split (:mod:`attnlab.evaluation.fit`);
 4. a NaN or Inf loss stops the run with the step named; the last good checkpoint stays;
 5. ``resume=True`` restores weights, optimizer, schedule, RNG and data position, so the losses
    after the resume equal those of an uninterrupted run (bit for bit on the CPU).
@@ -445,7 +448,7 @@ class _Trainer:
 
     def _evaluate(self, split: str, *, fit: bool = False) -> dict[str, Any] | None:
         """Evaluate on ``split``, log it, and remember it for the checkpoint of this step; with
-        ``fit``, add whether the model fit its training split (item ``trained``)."""
+        ``fit``, add whether the model fit its training split (``trained``, :mod:`attnlab.evaluation.fit`)."""
         if not self.dist.is_main:
             return None
         options = dict(
