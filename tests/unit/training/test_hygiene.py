@@ -5,6 +5,7 @@ evaluation says whether the model fit its training split."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -189,3 +190,30 @@ def test_fit_sample_spreads_over_the_split():
     assert fit_sample(list(range(10)), 4) == [0, 2, 5, 7]
     assert fit_sample(list(range(3)), 4) == [0, 1, 2]
     assert fit_sample([], 4) == []
+
+
+def test_eval_command_scores_the_chosen_checkpoint_and_says_whether_it_trained(tmp_path, capsys):
+    from attnlab.cli import main
+    from attnlab.evaluation import evaluate
+
+    train(_classifier(steps=4, eval_every=2, checkpoint_every=2, keep_checkpoints=5), tmp_path / "run", progress=False)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", str(tmp_path / "run"), "--checkpoint", "step-2", "--json", "--no-progress"])
+    out = json.loads(capsys.readouterr().out)
+    assert exit_info.value.code in (0, None)
+    loaded = open_run(tmp_path / "run", checkpoint="step-2")
+    expected = evaluate(loaded.model, loaded.task, "test", kind="encoder_classifier")
+    assert out["checkpoint"] == "step-2" and out["accuracy"] == pytest.approx(expected["accuracy"])
+    fit = training_fit(loaded.model, loaded.task, kind="encoder_classifier")
+    assert {k: out[k] for k in fit} == pytest.approx(fit)
+    with pytest.raises(SystemExit):
+        main(["eval", str(tmp_path / "run"), "--checkpoint", "best", "--no-progress"])
+    assert "\ntrained: " in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", str(tmp_path / "run"), "--checkpoint", "step-3", "--no-progress"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert (
+        err
+        == f"error: --checkpoint: {tmp_path / 'run'} has no checkpoint step-3; available: last, best, step-2, step-4\n"
+    )
