@@ -603,22 +603,11 @@ def load_tensors_into(
         for name, held in [*model.named_parameters(), *model.named_buffers()]:
             if name in tensors:
                 _take(held, tensors[name])
-    unfilled = [name for name, held in [*model.named_parameters(), *model.named_buffers()] if held.is_meta]
-    if unfilled:  # a module with derived buffers but no reset_buffers(): a defect, not bad input
-        raise RuntimeError(f"no values for {unfilled[:5]} after loading {path}")
 
 
 def _take(held: Tensor, tensor: Tensor) -> None:
-    """Make ``held`` (a parameter or buffer) hold ``tensor``'s values, sharing its storage when it
-    can. A tensor on the meta device (:func:`attnlab.nn.build_model_to_load`) becomes ``tensor``
-    in place (``torch.utils.swap_tensors``): the same Python object, so tied parameters stay tied."""
-    if held.is_meta:
-        tensor = tensor.to(held.dtype)
-        replacement = (
-            nn.Parameter(tensor, requires_grad=held.requires_grad) if isinstance(held, nn.Parameter) else tensor
-        )
-        torch.utils.swap_tensors(held, replacement)
-    elif tensor.dtype == held.dtype and tensor.device == held.device:
+    """Make ``held`` (a parameter or buffer) hold ``tensor``'s values, sharing its storage when it can."""
+    if tensor.dtype == held.dtype and tensor.device == held.device:
         held.data = tensor
     else:
         held.copy_(tensor)

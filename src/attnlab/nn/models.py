@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
 from attnlab.kernels import Dropout, LinearKernel, linear_kernel
 from attnlab.nn.config import (
@@ -617,17 +618,27 @@ def build_model(config: TransformerConfig) -> TransformerModel:
 
 
 def build_model_to_load(config: TransformerConfig) -> TransformerModel:
-    """The model for ``config`` with its parameters on the meta device (no memory, no random
-    initialisation) and its derived buffers (rotary angles, sinusoidal tables) computed on the CPU.
+    """The model for ``config`` with its parameters allocated but not initialised: for loading
+    saved weights by assignment (``attnlab.runs.load_tensors_into(..., assign=True)``), which puts
+    a tensor in place of every parameter, so the model's weights are never held twice.
 
-    For loading saved weights by assignment (``attnlab.runs.load_tensors_into(..., assign=True)``),
-    which puts a tensor in place of every parameter: the model is never held twice. Every module
-    with non-persistent buffers recomputes them in ``reset_buffers()``.
+    Memory the allocator hands out is not resident until written, so skipping the random
+    initialisation (``torch.nn.init`` and the in-place random fills it uses) leaves the
+    parameters' memory untouched until the loaded tensors replace it. Buffers (rotary angles,
+    sinusoidal tables) are computed as usual. Not the meta device: PyTorch's meta kernels import
+    ``torch._dynamo`` (over a second and 75 MB).
     """
-    with torch.device("meta"):
-        model = build_model(config)
-    for module in model.modules():
-        reset = getattr(module, "reset_buffers", None)
-        if reset is not None:
-            reset()
-    return model
+    with _WithoutInitialisation():
+        return build_model(config)
+
+
+class _WithoutInitialisation(TorchFunctionMode):
+    """Inside it, ``torch.nn.init``'s functions and ``Tensor.uniform_`` / ``normal_`` leave their
+    tensor as it is."""
+
+    _SKIPPED = (torch.Tensor.uniform_, torch.Tensor.normal_)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        if getattr(func, "__module__", None) == "torch.nn.init" or func in self._SKIPPED:
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **(kwargs or {}))

@@ -280,8 +280,8 @@ class MultiHeadAttention(nn.Module):
         if self.kv_index == uniform:  # the fast paths: one K/V head per query head, or equal groups
             self._share: ShareFn = _share_key_values if self.kv_heads != heads else _own_key_values
         else:  # an irregular map (pruned grouped-query attention): gather K/V heads by index
+            self.register_buffer("_kv_gather", torch.tensor(self.kv_index, dtype=torch.long), persistent=False)
             self._share = self._gather_key_values
-            self.reset_buffers()
         self.dropout = dropout
         self.straight_through = straight_through
         try:  # chosen once: the softmax or hardmax attention of attnlab.nn.attention
@@ -307,11 +307,6 @@ class MultiHeadAttention(nn.Module):
             nn.init.zeros_(self.out_proj.bias)
         self._recorders: dict[int, Recorder] = {}
         self._recorder_ids = itertools.count()
-
-    def reset_buffers(self) -> None:
-        """(Re)compute the derived buffer of an irregular key/value map: each query head's K/V head."""
-        if self._share == self._gather_key_values:
-            self.register_buffer("_kv_gather", torch.tensor(self.kv_index, dtype=torch.long), persistent=False)
 
     def forward(
         self,

@@ -84,11 +84,7 @@ class SinusoidalTable(nn.Module):
     def __init__(self, dim: int, max_len: int) -> None:
         super().__init__()
         self.dim, self.max_len = dim, max_len
-        self.reset_buffers()
-
-    def reset_buffers(self) -> None:
-        """(Re)compute the table from the formula, in float32 on the default device."""
-        self.register_buffer("table", sinusoidal_table(self.max_len, self.dim), persistent=False)  # (max_len, dim)
+        self.register_buffer("table", sinusoidal_table(max_len, dim), persistent=False)  # (max_len, dim)
 
     def forward(self, length: int, offset: int = 0) -> Tensor:
         if offset + length <= self.max_len:

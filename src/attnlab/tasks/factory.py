@@ -146,8 +146,8 @@ def _corpus(name: str, options: Mapping[str, Any]) -> list[str]:
 def model_for_task(experiment: ExperimentConfig, task: Task, *, to_load: bool = False) -> TransformerModel:
     """The model of the experiment, sized by the task (vocabularies, classes, padding id).
 
-    With ``to_load`` its parameters are left on the meta device, for saved weights to take their
-    place (:func:`attnlab.nn.build_model_to_load`).
+    With ``to_load`` its parameters are left uninitialised, for saved weights to take their place
+    (:func:`attnlab.nn.build_model_to_load`).
     """
     config = model_config_for_task(experiment, task)
     return build_model_to_load(config) if to_load else build_model(config)
