@@ -78,8 +78,14 @@ TASK_PROPERTIES: dict[str, TaskProperties] = {
 }
 """Task name -> its properties; the same names as :data:`attnlab.tasks.registry.TASKS`."""
 
-MODEL_FOR_TASK_KIND: dict[str, str] = {p.kind: p.model_kind for p in TASK_PROPERTIES.values()}
-"""The model kind each kind of task trains (read off :data:`TASK_PROPERTIES`)."""
+MODEL_FOR_TASK_KIND: dict[str, str] = {
+    **{p.kind: p.model_kind for p in TASK_PROPERTIES.values()},
+    "next_char": "decoder_only",
+}
+"""The model kind each kind of task trains (read off :data:`TASK_PROPERTIES`). A formal language
+with ``task.formulation = "next_char"`` is of kind ``next_char``: a causal decoder-only model, as
+Bhattamishra et al. (2020) used, whose output layer gives one sigmoid logit per symbol and EOS at
+each position (see :mod:`attnlab.evaluation.objectives`)."""
 
 
 @dataclass(frozen=True)
