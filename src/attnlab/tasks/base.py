@@ -13,6 +13,7 @@ assigned to it. The length-generalisation split is disjoint from the others by l
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -28,6 +29,7 @@ __all__ = [
     "VocabIds",
     "split_of",
     "split_share",
+    "split_statistics",
     "weigh_lengths",
     "check_sizes",
 ]
@@ -217,6 +219,21 @@ def split_of(seed: int, text: str) -> str:
     digest = hashlib.sha256(f"{seed}\x00{text}".encode("utf-8", "surrogatepass")).digest()
     u = int.from_bytes(digest[:8], "big") / 2**64
     return next(name for name, upper in _SHARES if u < upper)
+
+
+def split_statistics(examples: Sequence[Example]) -> dict[str, int]:
+    """How many examples, distinct strings, positives and distinct positives ``examples`` hold.
+
+    A string is its (source, target) token ids; a positive has label 1.
+    """
+    keys = [(e.source, e.target) for e in examples]
+    positive_keys = [k for k, e in zip(keys, examples) if e.label == 1]
+    return {
+        "examples": len(examples),
+        "distinct_strings": len(set(keys)),
+        "positives": len(positive_keys),
+        "distinct_positives": len(set(positive_keys)),
+    }
 
 
 def check_sizes(**sizes: int) -> None:

@@ -42,7 +42,16 @@ from functools import cache
 from typing import Any
 
 from attnlab.errors import AttnlabWarning, ConfigError
-from attnlab.tasks.base import SPLITS, Example, Vocab, VocabIds, check_sizes, split_of, weigh_lengths
+from attnlab.tasks.base import (
+    SPLITS,
+    Example,
+    Vocab,
+    VocabIds,
+    check_sizes,
+    split_of,
+    split_statistics,
+    weigh_lengths,
+)
 
 __all__ = [
     "END",
@@ -54,7 +63,6 @@ __all__ = [
     "check_length_bins",
     "length_bin_name",
     "near_misses",
-    "split_statistics",
 ]
 
 SMALL_LANGUAGE = 256
@@ -621,21 +629,6 @@ def check_length_bins(bins: Any, max_train_length: int) -> None:
                 "bins are ordered, disjoint and longer than the training strings"
             )
         previous_high = high
-
-
-def split_statistics(examples: Sequence[Example]) -> dict[str, int]:
-    """How many examples, distinct strings, positives and distinct positives ``examples`` hold.
-
-    A string is its (source, target) token ids; a positive has label 1.
-    """
-    keys = [(e.source, e.target) for e in examples]
-    positive_keys = [k for k, e in zip(keys, examples) if e.label == 1]
-    return {
-        "examples": len(examples),
-        "distinct_strings": len(set(keys)),
-        "positives": len(positive_keys),
-        "distinct_positives": len(set(positive_keys)),
-    }
 
 
 def majority_label(labels: Sequence[int | None]) -> int:
