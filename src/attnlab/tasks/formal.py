@@ -618,14 +618,14 @@ def check_length_bins(bins: Any, max_train_length: int) -> None:
     for index, item in enumerate(bins):
         pair_ok = isinstance(item, (list, tuple)) and len(item) == 2
         if not pair_ok or not all(isinstance(v, int) and not isinstance(v, bool) for v in item):
-            raise ConfigError(f"eval_lengths[{index}]: expected a pair of integers [low, high], got {item!r}")
+            raise ConfigError(f"eval_lengths: bin {index + 1} is {item!r}; expected a pair of integers [low, high]")
         low, high = item
         if low > high:
-            raise ConfigError(f"eval_lengths[{index}]: empty bin [{low}, {high}]: low must be <= high")
+            raise ConfigError(f"eval_lengths: bin {index + 1} [{low}, {high}] is empty; low must be <= high")
         if low <= previous_high:
             where = f"max_train_length={max_train_length}" if index == 0 else f"the bin before it ends at {previous_high}"
             raise ConfigError(
-                f"eval_lengths[{index}]: bin [{low}, {high}] must start above {previous_high} ({where}); "
+                f"eval_lengths: bin {index + 1} [{low}, {high}] must start above {previous_high} ({where}); "
                 "bins are ordered, disjoint and longer than the training strings"
             )
         previous_high = high
