@@ -7,7 +7,7 @@ cross-entropy per prediction) and ``accuracy_by_length``.
 Recognition in the ``next_char`` formulation (a decoder-only model, batches with ``next_symbols``):
 ``accuracy`` is the share of strings whose every position predicts its next-symbol set exactly
 (threshold 0.5, Bhattamishra et al. 2020), ``token_accuracy`` the share of positions, ``loss`` the
-binary cross-entropy per (position, symbol). A task with ``split_report`` (the formal languages)
+binary cross-entropy per position (summed over EOS and the symbols). A task with ``split_report`` (the formal languages)
 adds its split's statistics (distinct strings, positives) and a shortcut baseline's accuracy.
 """
 

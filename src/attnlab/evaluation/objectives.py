@@ -8,7 +8,8 @@
   a multi-label prediction at each position of ``tgt_in``: the output layer's logits of EOS and the
   task symbols (ids >= :data:`FIRST_PREDICTED_ID`) are read as independent sigmoid logits z_{t,c},
   with the binary cross-entropy -[y log s(z) + (1 - y) log(1 - s(z))] against y_{t,c} = 1 iff symbol
-  c may follow the prefix read at t (:func:`next_symbol_targets`). One prediction per (position, symbol).
+  c may follow the prefix read at t (:func:`next_symbol_targets`), summed over the symbols: one
+  prediction, and one loss, per position.
 
 Two reductions of the same cross-entropy (with optional label smoothing, Vaswani §5.4):
 
@@ -106,7 +107,8 @@ def next_symbol_targets(next_symbols: Tensor, vocab_size: int) -> Tensor:
 def _next_symbol_losses(
     model: nn.Module, batch: Batch, head_mask: Mapping[str, Tensor] | None
 ) -> tuple[Tensor, Tensor]:
-    """Binary cross-entropy per (position, symbol), (B, T, K), and the (B, T) mask of real positions."""
+    """Binary cross-entropy per (position, symbol), (B, T, K), zero at padding, and the (B, T) mask
+    of real positions."""
     logits = model(batch.tgt_in, head_mask=head_mask)
     targets = next_symbol_targets(batch.next_symbols, logits.shape[-1])
     scores = logits[..., FIRST_PREDICTED_ID:].to(torch.promote_types(logits.dtype, torch.float32))
@@ -124,7 +126,7 @@ def _summed(
 ) -> LossParts:
     if batch.next_symbols is not None:  # label smoothing applies to the softmax objectives only
         losses, real = _next_symbol_losses(model, batch, head_mask)
-        return LossParts(losses.sum(), real.sum() * losses.shape[-1])
+        return LossParts(losses.sum(), real.sum())
     losses, real = _token_losses(PREDICTIONS[kind](model, batch, head_mask, pad_id), label_smoothing)
     return LossParts(losses.sum(), real.sum())
 
@@ -139,7 +141,7 @@ def example_losses(
     """The mean loss of each example of the batch, shape (B,), differentiable."""
     if batch.next_symbols is not None:
         losses, real = _next_symbol_losses(model, batch, head_mask)
-        return losses.sum((1, 2)) / (real.sum(1) * losses.shape[-1]).clamp_min(1)
+        return losses.sum((1, 2)) / real.sum(1).clamp_min(1)
     losses, real = _token_losses(PREDICTIONS[kind](model, batch, head_mask, pad_id), 0.0)
     if losses.dim() == 1:  # one prediction per example (classification)
         return losses

@@ -138,10 +138,10 @@ def test_the_loss_is_the_binary_cross_entropy_of_the_formula_in_float64():
     real = batch.tgt_is_token.double().unsqueeze(-1)
     model = _FixedLogits(logits)
     parts = OBJECTIVES["decoder_only"](model, batch, None, 0, 0.0)
-    assert int(parts.count) == 8 * 3  # (3 + 5 positions) x (EOS, "(", ")")
+    assert int(parts.count) == 8  # 3 + 5 positions, each scored on EOS, "(" and ")"
     assert float(parts.total) == pytest.approx(float((bce * real).sum()), rel=1e-12)
     per_example = example_losses("decoder_only", model, batch, None, 0)
-    expected = (bce * real).sum((1, 2)) / (batch.tgt_is_token.sum(1) * 3)
+    expected = (bce * real).sum((1, 2)) / batch.tgt_is_token.sum(1)
     assert torch.allclose(per_example, expected, rtol=1e-12)
 
 
