@@ -19,6 +19,7 @@ def evaluate_run(
     split: str = typer.Option(
         Split.test.value,
         "--split",
+        metavar="SPLIT",
         help="The split to evaluate on: train, valid, test, length_generalisation, or a length bin of "
         "task.eval_lengths (length_LOW_HIGH).",
     ),
