@@ -315,3 +315,23 @@ def test_a_held_out_split_with_few_distinct_strings_is_warned_about():
     with warnings.catch_warnings():
         warnings.simplefilter("error", AttnlabWarning)
         task.split_report("train", task.train())  # training is not a reported accuracy
+
+
+def test_eval_prints_the_baseline_on_the_accuracy_line(capsys):
+    from attnlab.cli.evaluate import _echo_metrics
+
+    metrics = {
+        "split": "test",
+        "accuracy": 0.9,
+        "baseline": "balanced_counts",
+        "baseline_accuracy": 0.75,
+        "majority_accuracy": 0.5,
+        "positives": 10,
+    }
+    _echo_metrics(metrics, as_json=False)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        "split: test",
+        "accuracy: 0.9000 (baseline balanced_counts: 0.7500, majority class: 0.5000)",
+        "positives: 10",
+    ]
