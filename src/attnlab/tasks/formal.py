@@ -431,9 +431,7 @@ class RecognitionTask(VocabIds):
         (:attr:`Language.next_symbols`) as a mask over token ids (:meth:`symbol_mask`).
         """
         masks = tuple(self.symbol_mask(self.lang.next_symbols(string[:t])) for t in range(len(string) + 1))
-        return Example(
-            source=(), target=self.vocab.encode(string), label=1, length=len(string), next_symbols=masks
-        )
+        return Example(source=(), target=self.vocab.encode(string), label=1, length=len(string), next_symbols=masks)
 
     # ---- splits -------------------------------------------------------------------------------
 
@@ -623,7 +621,7 @@ def check_length_bins(bins: Any, max_train_length: int) -> None:
         if low > high:
             raise ConfigError(f"eval_lengths: bin {index + 1} [{low}, {high}] is empty; low must be <= high")
         if low <= previous_high:
-            where = f"max_train_length={max_train_length}" if index == 0 else f"the bin before it ends at {previous_high}"
+            where = f"max_train_length={max_train_length}" if index == 0 else f"the end of bin {index}"
             raise ConfigError(
                 f"eval_lengths: bin {index + 1} [{low}, {high}] must start above {previous_high} ({where}); "
                 "bins are ordered, disjoint and longer than the training strings"

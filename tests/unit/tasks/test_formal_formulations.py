@@ -281,12 +281,12 @@ def test_baselines_equal_hand_computed_values():
         "baseline_accuracy": 0.6,
         "majority_accuracy": 0.6,
     }
-    assert baseline_accuracy("dyck2", ["([)]", "[]", "(]"], [0, 1, 0], majority=1)["baseline_accuracy"] == pytest.approx(
-        2 / 3
-    )
-    assert baseline_accuracy("anbn", ["ab", "ba", "aab"], [1, 0, 0], majority=1)["baseline_accuracy"] == pytest.approx(
-        2 / 3
-    )
+    # "([)]" is balanced (wrongly accepted), "[]" accepted, "(]" unbalanced (rightly refused)
+    dyck2 = baseline_accuracy("dyck2", ["([)]", "[]", "(]"], [0, 1, 0], majority=1)
+    assert dyck2["baseline_accuracy"] == pytest.approx(2 / 3)
+    # "ba" has equal counts (wrongly accepted), "aab" not (rightly refused)
+    anbn = baseline_accuracy("anbn", ["ab", "ba", "aab"], [1, 0, 0], majority=1)
+    assert anbn["baseline_accuracy"] == pytest.approx(2 / 3)
     parity = baseline_accuracy("parity", ["11", "1"], [1, 0], majority=1)
     assert parity == {"baseline": "chance", "baseline_accuracy": 0.5, "majority_accuracy": 0.5}
 
