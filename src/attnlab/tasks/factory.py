@@ -163,8 +163,10 @@ def model_config_for_task(experiment: ExperimentConfig, task: Task) -> Transform
     """The config of :func:`model_for_task`'s model, without building it (for memory estimates)."""
     wanted = MODEL_FOR_TASK_KIND[task.kind]
     if experiment.model_kind != wanted:
+        formulation = getattr(task, "formulation", "classify")
+        why = "" if formulation == "classify" else f" (task.formulation = {formulation!r})"
         raise ConfigError(
-            f"model.kind: task {experiment.task_name!r} trains a {wanted} model, not {experiment.model_kind}"
+            f"model.kind: task {experiment.task_name!r}{why} trains a {wanted} model, not {experiment.model_kind}"
         )
     target = getattr(task, "target", None)
     decided = {

@@ -186,7 +186,7 @@ def test_a_next_char_task_needs_a_decoder_only_model():
     experiment = ExperimentConfig.from_dict(
         {"task": {"name": "parity", "formulation": "next_char"}, "model": {"kind": "encoder_classifier"}}
     )
-    with pytest.raises(ConfigError, match="decoder_only"):
+    with pytest.raises(ConfigError, match="task 'parity' \\(task.formulation = 'next_char'\\) trains a decoder_only"):
         model_config_for_task(experiment, get_task("parity", formulation="next_char"))
     with pytest.raises(ConfigError, match="task.formulation: unknown 'lm'"):
         get_task("parity", formulation="lm")
