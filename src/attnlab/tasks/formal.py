@@ -341,6 +341,10 @@ MIN_DISTINCT_STRINGS = 100
 """A held-out split with fewer distinct strings than this is warned about: its accuracy is a mean
 over so few strings that its standard error can exceed 0.5 / sqrt(100) = 0.05."""
 
+MIN_DISTINCT_POSITIVES = 25
+"""... and so is one with fewer distinct positives (``classify``): the accuracy on its positive half
+is a mean over fewer strings than this, with a standard error that can exceed 0.5 / sqrt(25) = 0.1."""
+
 
 def length_bin_name(low: int, high: int) -> str:
     """The split name of the length bin [low, high]: ``length_13_24``."""
@@ -572,6 +576,17 @@ class RecognitionTask(VocabIds):
 
     # ---- what a split holds, and what a shortcut scores on it ---------------------------------
 
+    def _warn_if_small(self, name: str, report: dict[str, Any]) -> None:
+        reason = _small_split_rule(name, report, classify=self.formulation == "classify")
+        if reason is not None:
+            hint = "eval_lengths' bins" if self._held_out_by_length(name) else "max_train_length"
+            warnings.warn(
+                f"the {name} split holds {reason}: its accuracy is a mean over few strings; raise {hint} "
+                "or the split's size",
+                AttnlabWarning,
+                stacklevel=3,
+            )
+
     def string_of(self, example: Example) -> str:
         """The symbols of an example of this task (without EOS)."""
         ids = example.target if example.source == () else example.source[:-1]
@@ -583,18 +598,13 @@ class RecognitionTask(VocabIds):
         Keys: ``distinct_strings``, ``positives``, ``distinct_positives`` (:func:`split_statistics`),
         and for ``classify`` ``baseline`` (its name), ``baseline_accuracy`` and
         ``majority_accuracy`` (:func:`baseline_accuracy`). A held-out split with fewer than
-        :data:`MIN_DISTINCT_STRINGS` distinct strings is warned about (:class:`AttnlabWarning`).
+        :data:`MIN_DISTINCT_STRINGS` distinct strings, or (``classify``) fewer than
+        :data:`MIN_DISTINCT_POSITIVES` distinct positives, is warned about (:class:`AttnlabWarning`).
         """
         report: dict[str, Any] = dict(split_statistics(examples))
         report.pop("examples")
-        if name != "train" and 0 < report["distinct_strings"] < MIN_DISTINCT_STRINGS:
-            warnings.warn(
-                f"the {name} split holds only {report['distinct_strings']} distinct strings (fewer than "
-                f"{MIN_DISTINCT_STRINGS}): its accuracy is a mean over few strings; raise max_train_length "
-                "or the split's size",
-                AttnlabWarning,
-                stacklevel=2,
-            )
+        if name != "train" and examples:  # training accuracy is not the reported one
+            self._warn_if_small(name, report)
         if self.formulation == "classify":
             strings = [self.string_of(e) for e in examples]
             labels = [int(e.label or 0) for e in examples]
@@ -602,6 +612,16 @@ class RecognitionTask(VocabIds):
             train_labels = [1] * (self.train_size // 2) + [0] * (self.train_size - self.train_size // 2)
             report.update(baseline_accuracy(self.language, strings, labels, majority_label(train_labels)))
         return report
+
+
+def _small_split_rule(name: str, report: dict[str, Any], classify: bool) -> str | None:
+    """Why split ``name``'s accuracy means little (:data:`MIN_DISTINCT_STRINGS`,
+    :data:`MIN_DISTINCT_POSITIVES`), or None."""
+    if report["distinct_strings"] < MIN_DISTINCT_STRINGS:
+        return f"only {report['distinct_strings']} distinct strings (fewer than {MIN_DISTINCT_STRINGS})"
+    if classify and report["distinct_positives"] < MIN_DISTINCT_POSITIVES:
+        return f"only {report['distinct_positives']} distinct positive strings (fewer than {MIN_DISTINCT_POSITIVES})"
+    return None
 
 
 def check_length_bins(bins: Any, max_train_length: int) -> None:

@@ -312,6 +312,15 @@ def test_a_held_out_split_with_few_distinct_strings_is_warned_about():
     task = RecognitionTask(language="dyck1", max_train_length=6, train_size=40, valid_size=50)
     with pytest.warns(AttnlabWarning, match="valid split holds only .* distinct strings"):
         task.split_report("valid", task.valid())
+    # dyck1 up to 12 symbols: 196 members, so a test split of 400 draws ~20 distinct positives
+    test = RecognitionTask(language="dyck1", max_train_length=12, train_size=40, test_size=400)
+    with pytest.warns(AttnlabWarning, match=r"test split holds only \d+ distinct positive strings \(fewer than 25\)"):
+        report = test.split_report("test", test.test())
+    assert report["distinct_strings"] >= 100 and report["distinct_positives"] < 25
+    wide = RecognitionTask(language="dyck2", max_train_length=12, train_size=40, test_size=400)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AttnlabWarning)
+        wide.split_report("test", wide.test())  # 400 draws from thousands of strings: no warning
     with warnings.catch_warnings():
         warnings.simplefilter("error", AttnlabWarning)
         task.split_report("train", task.train())  # training is not a reported accuracy
