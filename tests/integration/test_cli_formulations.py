@@ -64,3 +64,17 @@ def test_length_bins_are_scored_at_the_end_and_by_eval(tmp_path, formulation, ki
         assert text.stderr.strip().splitlines()[-1].startswith("error: --split: unknown split 'length_9_13'")
     else:
         assert "baseline" not in metrics and 0 <= metrics["token_accuracy"] <= 1
+
+
+def test_bins_longer_than_the_model_reads_are_refused_before_training(tmp_path):
+    config = tmp_path / "c.toml"
+    config.write_text(
+        TINY.format(formulation="classify", kind="encoder_classifier").replace("d_ff = 32", "d_ff = 32\nmax_len = 14")
+    )
+    result = attnlab("train", str(config), "--out", str(tmp_path / "run"), "--no-progress")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: task.eval_lengths: the longest bin needs 17 positions, more than the model's max_length=14; "
+        "raise model.max_len (or train.max_length) or shorten the bins"
+    )
+    assert not (tmp_path / "run" / "model.safetensors").exists()
