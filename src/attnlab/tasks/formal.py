@@ -26,6 +26,30 @@ repetition. Negatives are near-misses: a positive with one symbol changed, two
 adjacent symbols swapped, or one symbol dropped, kept only if the result is *not* in the
 language, so that a classifier cannot tell them apart by surface statistics alone.
 
+For the Dyck languages, at least :data:`BALANCED_SHARE` (half) of every split's negatives keep every
+bracket count balanced and are wrong only in their order: a positive with two of its symbols
+exchanged (``)(`` where ``()`` was, so that a prefix goes below zero, or crossed kinds ``([)]``).
+Without them almost every near-miss changes a count, and a classifier that only counts brackets
+(no positions at all) scores near 1. Each split reports its distinct strings and positives and the
+accuracy of such a shortcut (:meth:`RecognitionTask.split_report`, :data:`COUNTING_BASELINES`);
+a held-out split with fewer than :data:`MIN_DISTINCT_STRINGS` distinct strings (or, classifying,
+:data:`MIN_DISTINCT_POSITIVES` distinct positives) is warned about.
+
+Two formulations (``task.formulation``):
+
+* ``classify`` (the default): the membership label above, read at EOS by an encoder classifier.
+* ``next_char`` (Bhattamishra, Ahuja & Goyal 2020, "On the Ability and Limitations of Transformers
+  to Recognize Formal Languages", §4): every example is a *member*; a causal decoder reads
+  BOS + the string and, at each position t (having read the prefix w[:t]), predicts the set of
+  symbols that may follow it in the language, EOS included when w[:t] is itself a member
+  (:attr:`Language.next_symbols`). Multi-label: one sigmoid per symbol (see
+  :mod:`attnlab.evaluation.objectives`); a string counts as right only when every position's set is.
+  dyck1 after ``(()``: {``(``, ``)``}; after ``()``: {``(``, EOS}. parity: both bits always, EOS
+  after an even number of 1s (the only signal parity gives).
+
+Length bins (``task.eval_lengths = [[13, 24], [25, 48]]``): each bin is a split of its own,
+``length_13_24``, drawn like ``length_generalisation`` (which stays (L, 2L]).
+
 Membership is decided by checkers written independently of the generators (counting and
 rewriting rather than construction), so tests can hold one against the other.
 """
