@@ -39,7 +39,7 @@ Two formulations (``task.formulation``):
 
 * ``classify`` (the default): the membership label above, read at EOS by an encoder classifier.
 * ``next_char`` (Bhattamishra, Ahuja & Goyal 2020, "On the Ability and Limitations of Transformers
-  to Recognize Formal Languages", §4): every example is a *member*; a causal decoder reads
+  to Recognize Formal Languages"): every example is a *member*; a causal decoder reads
   BOS + the string and, at each position t (having read the prefix w[:t]), predicts the set of
   symbols that may follow it in the language, EOS included when w[:t] is itself a member
   (:attr:`Language.next_symbols`). Multi-label: one sigmoid per symbol (see
