@@ -3,6 +3,12 @@
 Every result has ``accuracy`` (the task's headline metric: exact-match sequence accuracy for
 seq2seq, recognition accuracy, all-tokens-right for language modelling), ``loss`` (teacher-forced
 cross-entropy per prediction) and ``accuracy_by_length``.
+
+Recognition in the ``next_char`` formulation (a decoder-only model, batches with ``next_symbols``):
+``accuracy`` is the share of strings whose every position predicts its next-symbol set exactly
+(threshold 0.5, Bhattamishra et al. 2020), ``token_accuracy`` the share of positions, ``loss`` the
+binary cross-entropy per position (summed over EOS and the symbols). A task with ``split_report`` (the formal languages)
+adds its split's statistics (distinct strings, positives) and a shortcut baseline's accuracy.
 """
 
 from __future__ import annotations
@@ -18,12 +24,12 @@ from tqdm import tqdm
 from attnlab.decoding import DecodeOptions, decode
 from attnlab.devices import model_device
 from attnlab.evaluation import metrics
-from attnlab.evaluation.objectives import OBJECTIVES
+from attnlab.evaluation.objectives import FIRST_PREDICTED_ID, OBJECTIVES, next_symbol_targets
 from attnlab.tasks.base import Example
 from attnlab.tasks.batching import Batch, make_batches
 from attnlab.tokenizers import Tokenizer
 
-__all__ = ["evaluate"]
+__all__ = ["evaluate", "next_symbol_hits"]
 
 
 @torch.no_grad()
@@ -88,11 +94,15 @@ def evaluate(
         "accuracy": sum(correct) / len(correct),
         "accuracy_by_length": metrics.accuracy_by_length(correct, lengths),
     }
-    if kind != "encoder_classifier":
+    next_char = getattr(task, "kind", None) == "next_char"
+    if kind != "encoder_classifier" and not next_char:  # a binary cross-entropy has no perplexity
         result["perplexity"] = metrics.perplexity(totals["loss"], totals["count"])
     if kind == "encoder_decoder":
         result["sequence_accuracy"] = result["accuracy"]
     result.update(extra.summary())
+    report = getattr(task, "split_report", None)  # split statistics and a shortcut's accuracy
+    if report is not None:
+        result.update(report(split, examples))
     return result
 
 
@@ -162,11 +172,33 @@ def _score_classifier(model: nn.Module, batch: Batch, context: _Context, acc: _A
 
 
 def _score_lm(model: nn.Module, batch: Batch, context: _Context, acc: _Accumulator) -> list[bool]:
+    if batch.next_symbols is not None:
+        return _score_next_symbols(model, batch, context, acc)
     predicted = model(batch.tgt_in, head_mask=context.head_mask).argmax(-1)
     hits = (predicted == batch.tgt_out) & batch.tgt_is_token
     acc.token_correct += int(hits.sum())
     acc.token_total += int(batch.tgt_is_token.sum())
     return (hits | ~batch.tgt_is_token).all(1).tolist()
+
+
+def next_symbol_hits(logits: Tensor, next_symbols: Tensor, is_token: Tensor) -> Tensor:
+    """Which positions predict their whole next-symbol set: sigmoid(z) > 0.5 (z > 0) for exactly
+    the symbols that may follow (Bhattamishra et al. 2020); padding counts as a hit.
+
+    Shape:
+        logits: (B, T, V);  next_symbols, is_token: (B, T);  returns (B, T) bool.
+    """
+    predicted = logits[..., FIRST_PREDICTED_ID:] > 0
+    wanted = next_symbol_targets(next_symbols, logits.shape[-1])
+    return (predicted == wanted).all(-1) | ~is_token
+
+
+def _score_next_symbols(model: nn.Module, batch: Batch, context: _Context, acc: _Accumulator) -> list[bool]:
+    """A string is right when every position's set is right; token_accuracy counts positions."""
+    hits = next_symbol_hits(model(batch.tgt_in, head_mask=context.head_mask), batch.next_symbols, batch.tgt_is_token)
+    acc.token_correct += int((hits & batch.tgt_is_token).sum())
+    acc.token_total += int(batch.tgt_is_token.sum())
+    return hits.all(1).tolist()
 
 
 _SCORERS = {

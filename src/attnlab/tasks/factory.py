@@ -78,8 +78,14 @@ TASK_PROPERTIES: dict[str, TaskProperties] = {
 }
 """Task name -> its properties; the same names as :data:`attnlab.tasks.registry.TASKS`."""
 
-MODEL_FOR_TASK_KIND: dict[str, str] = {p.kind: p.model_kind for p in TASK_PROPERTIES.values()}
-"""The model kind each kind of task trains (read off :data:`TASK_PROPERTIES`)."""
+MODEL_FOR_TASK_KIND: dict[str, str] = {
+    **{p.kind: p.model_kind for p in TASK_PROPERTIES.values()},
+    "next_char": "decoder_only",
+}
+"""The model kind each kind of task trains (read off :data:`TASK_PROPERTIES`). A formal language
+with ``task.formulation = "next_char"`` is of kind ``next_char``: a causal decoder-only model, as
+Bhattamishra et al. (2020) used, whose output layer gives one sigmoid logit per symbol and EOS at
+each position (see :mod:`attnlab.evaluation.objectives`)."""
 
 
 @dataclass(frozen=True)
@@ -157,8 +163,10 @@ def model_config_for_task(experiment: ExperimentConfig, task: Task) -> Transform
     """The config of :func:`model_for_task`'s model, without building it (for memory estimates)."""
     wanted = MODEL_FOR_TASK_KIND[task.kind]
     if experiment.model_kind != wanted:
+        formulation = getattr(task, "formulation", "classify")
+        why = "" if formulation == "classify" else f" (task.formulation = {formulation!r})"
         raise ConfigError(
-            f"model.kind: task {experiment.task_name!r} trains a {wanted} model, not {experiment.model_kind}"
+            f"model.kind: task {experiment.task_name!r}{why} trains a {wanted} model, not {experiment.model_kind}"
         )
     target = getattr(task, "target", None)
     decided = {
