@@ -80,6 +80,8 @@ def generate(
             typer.echo(json.dumps(result))
         elif "label" in result:
             verdict = "in the language" if result["label"] == 1 else "not in the language"
+            if loaded.task.kind != "recognition":  # a class of a classification task, not membership
+                verdict = "class"
             typer.echo(f"{text}\t{result['label']} ({verdict}, p={result['probability']:.3f})")
         elif "output" in result:
             typer.echo(f"{text}\t{result['output']}")
