@@ -370,7 +370,7 @@ def _little_endian(value: int, width: int = 0) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class _BinaryOperation(_Transduction):
-    """"a o b" over little-endian binary operands -> the result, little-endian (see the module docstring)."""
+    """ "a o b" over little-endian binary operands -> the result, little-endian (see the module docstring)."""
 
     level: ClassVar[str] = "cs"
     scores_terminator: ClassVar[bool] = True
