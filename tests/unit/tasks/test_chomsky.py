@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,12 +20,14 @@ from attnlab.errors import ConfigError
 from attnlab.evaluation.evaluate import evaluate
 from attnlab.evaluation.metrics import accuracy_by_length, token_accuracy_per_sequence
 from attnlab.evaluation.objectives import OBJECTIVES
-from attnlab.experiment import ExperimentConfig
+from attnlab.experiment import ExperimentConfig, load_experiment
 from attnlab.loaded_run import open_run
 from attnlab.tasks import get_task, make_batches
-from attnlab.tasks.chomsky import CHOMSKY_TASKS
-from attnlab.tasks.factory import TASK_PROPERTIES, model_config_for_task, model_for_task
+from attnlab.tasks.chomsky import CHOMSKY_TASKS, LEVELS
+from attnlab.tasks.codec import TextCodec
+from attnlab.tasks.factory import TASK_PROPERTIES, build_task, model_config_for_task, model_for_task
 
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 SPLITS = ("train", "valid", "test", "length_generalisation")
 SMALL = dict(max_train_length=7, train_size=150, valid_size=30, test_size=30, length_generalisation_size=30, seed=3)
 
@@ -200,6 +203,22 @@ def test_bad_options_name_the_key():
         get_task("cycle_navigation", modulus=3)
     with pytest.raises(ConfigError, match=r"^task\.train_size"):
         get_task("even_pairs", train_size="many")
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_one_example_config_per_level(level):
+    experiment = load_experiment(CONFIGS / f"chomsky_{level}.toml")
+    task, _ = build_task({**experiment.task, "train_size": 10, "valid_size": 2, "test_size": 2})
+    assert task.level == level and task.max_train_length < 40  # small: for two CPU cores
+    assert model_config_for_task(experiment, task).kind == TASK_PROPERTIES[task.name].model_kind
+
+
+def test_inputs_are_typed_as_symbols():
+    stack = get_task("stack_manipulation")
+    ids = TextCodec(stack, None).encode("0 1 1 0 PUSH1 POP POP")
+    assert "".join(stack.solve(tuple(_symbols(stack, ids)))) == "110"
+    binary = get_task("binary_addition")
+    assert TextCodec(binary, None).decode(TextCodec(binary, None).encode("001+01101")) == "001+01101"
 
 
 def test_a_classification_task_sizes_the_classifier():
