@@ -340,3 +340,22 @@ def test_attnlab_train_end_to_end(tmp_path):
     assert loaded.experiment.task_name == "binary_addition"
     result = evaluate(loaded.model, loaded.task, "length_generalisation", kind="encoder_decoder")
     assert result["examples"] == 8 and set(result["accuracy_by_length"]) <= {str(n) for n in range(7, 13)}
+
+
+def test_generate_names_a_class_not_membership(tmp_path, capsys):
+    from attnlab.cli import main
+    from attnlab.training.trainer import train
+
+    sizes = dict(max_train_length=4, train_size=32, valid_size=4, test_size=4, length_generalisation_size=4)
+    experiment = ExperimentConfig.from_dict(
+        {
+            "task": {"name": "cycle_navigation", **sizes},
+            "model": {"kind": "encoder_classifier", "layers": 1, "d_model": 8, "heads": 2, "d_ff": 16},
+            "train": {"steps": 2, "batch_size": 8, "log_every": 1},
+        }
+    )
+    train(experiment, tmp_path / "run", progress=False)
+    with pytest.raises(SystemExit) as ended:
+        main(["generate", str(tmp_path / "run"), "+-0--"])
+    assert ended.value.code == 0
+    assert re.fullmatch(r"\+-0--\tclass [0-4] \(p=[01]\.\d{3}\)\n", capsys.readouterr().out)
