@@ -1,14 +1,14 @@
 """The length-generalisation tasks of Delétang et al. 2023, "Neural Networks and the Chomsky Hierarchy" (ICLR).
 
-Each task is placed at the lowest level of the Chomsky hierarchy whose automaton solves it (the
-paper's Table 1): a finite-state automaton (regular, R), a deterministic push-down automaton
+Each task is placed, as the paper places it, at the lowest level of the Chomsky hierarchy whose
+automaton solves it: a finite-state automaton (regular, R), a deterministic push-down automaton
 (deterministic context-free, DCF), or a linearly bounded automaton (context-sensitive, CS).
 
 =====================  =====  ======================  ==================================  ==========================
 task                   level  input alphabet          output                              formulation
 =====================  =====  ======================  ==================================  ==========================
 even_pairs             R      0 1                     (#"01" + #"10") mod 2               2 classes
-cycle_navigation       R      0 + -  (stay/right/left) final position on a 5-cycle from 0  5 classes
+cycle_navigation       R      0 + - (stay, +1, -1)    final position on a 5-cycle from 0  5 classes
 modular_arithmetic     R      0..4 and + - *          the expression's value mod 5        5 classes
 reverse_string         DCF    0 1                     w reversed                          sequence of n symbols
 stack_manipulation     DCF    0 1 POP PUSH0 PUSH1     the final stack, top first          sequence + terminator
