@@ -34,6 +34,10 @@ DOCUMENTED = {
     # measures interpolation to unseen n, which these models do not achieve (README).
     "anbn": ("train", 0.98),
     "anbncn": ("train", 0.98),
+    # Delétang et al. 2023, one task per level; accuracy is the paper's per-sequence token accuracy.
+    "chomsky_regular": ("test", 0.95),
+    "chomsky_dcf": ("test", 0.95),
+    "chomsky_cs": ("test", 0.95),
 }
 
 

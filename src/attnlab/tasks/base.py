@@ -36,7 +36,7 @@ __all__ = [
 
 SPLITS = ("train", "valid", "test", "length_generalisation")
 SplitName = Literal["train", "valid", "test", "length_generalisation"]
-TaskKind = Literal["recognition", "next_char", "seq2seq", "lm", "embedding"]
+TaskKind = Literal["recognition", "next_char", "classification", "seq2seq", "lm", "embedding"]
 
 TASK_SPECIALS = ("[PAD]", "[BOS]", "[EOS]")
 """The specials of the synthetic tasks: PAD=0, BOS=1, EOS=2; task symbols follow from id 3."""
@@ -80,7 +80,7 @@ class Example:
             followed by EOS; lm: empty).
         target: the output sequence without BOS/EOS (seq2seq, lm), or None. Batching builds
             ``tgt_in = BOS + target`` and ``tgt_out = target + EOS`` from it.
-        label: 1 = in the language, 0 = not (recognition), or None.
+        label: 1 = in the language, 0 = not (recognition); a class 0..C-1 (classification); or None.
         length: the length that decides the split (symbols before EOS, or the operand width).
         next_symbols: ``next_char`` recognition only: for each position of ``tgt_in`` = BOS +
             target, the set of token ids that may come next, as a bit mask (bit i = id i).
@@ -93,8 +93,8 @@ class Example:
     next_symbols: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        if self.label is not None and self.label not in (0, 1):
-            raise ValueError(f"label: must be 0 or 1, got {self.label}")
+        if self.label is not None and self.label < 0:
+            raise ValueError(f"label: must be >= 0, got {self.label}")
         if self.length < 0:
             raise ValueError(f"length: must be >= 0, got {self.length}")
         if self.next_symbols is not None and len(self.next_symbols) != len(self.target or ()) + 1:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from attnlab.errors import ConfigError
 from attnlab.nn import TransformerConfig, TransformerModel, build_model, build_model_to_load
 from attnlab.tasks.base import Task
+from attnlab.tasks.chomsky import CHOMSKY_TASKS
 from attnlab.tasks.formal import LANGUAGES
 from attnlab.tasks.registry import get_task
 from attnlab.tasks.seq2seq import TRANSFORMS
@@ -70,6 +71,10 @@ TASK_PROPERTIES: dict[str, TaskProperties] = {
         *(TaskProperties(name, "recognition", "encoder_classifier") for name in LANGUAGES),
         *(TaskProperties(name, "seq2seq", "encoder_decoder") for name in TRANSFORMS),
         TaskProperties("addition", "seq2seq", "encoder_decoder"),
+        *(
+            TaskProperties(name, cls.kind, "encoder_classifier" if cls.kind == "classification" else "encoder_decoder")
+            for name, cls in CHOMSKY_TASKS.items()
+        ),
         TaskProperties("translation", "seq2seq", "encoder_decoder", text=True),
         TaskProperties("lm", "lm", "decoder_only", text=True),
         TaskProperties("sentences", "embedding", "encoder", text=True, pretrained_tokenizer=True),
@@ -172,7 +177,7 @@ def model_config_for_task(experiment: ExperimentConfig, task: Task) -> Transform
     decided = {
         "vocab_size": task.vocab_size,
         "tgt_vocab_size": target.vocab_size if target is not None else task.vocab_size,
-        "num_classes": 2,
+        "num_classes": getattr(task, "num_classes", 2),  # recognition: in / not in the language
         "pad_id": task.pad_id,
     }
     return experiment.model_config(**decided)
