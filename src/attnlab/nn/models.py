@@ -60,6 +60,7 @@ __all__ = [
     "build_model_to_load",
     "build_model",
     "mean_pool",
+    "optional_state_keys",
 ]
 
 
@@ -661,6 +662,17 @@ def build_model(config: TransformerConfig) -> TransformerModel:
         if type(config) is config_cls:
             return model_cls(config)  # type: ignore[call-arg]
     raise ValueError(f"no model for config class {type(config).__name__}; allowed kinds: {', '.join(MODELS)}")
+
+
+def optional_state_keys(model: nn.Module) -> set[str]:
+    """State-dict keys that weights saved by an older attnlab may lack (a module's ``optional_state``,
+    e.g. :class:`attnlab.nn.positional.LearnedTable`'s ``trained_positions``): they load as their
+    reset value when missing."""
+    return {
+        f"{name}.{key}" if name else key
+        for name, module in model.named_modules()
+        for key in getattr(module, "optional_state", ())
+    }
 
 
 def build_model_to_load(config: TransformerConfig) -> TransformerModel:

@@ -31,10 +31,13 @@ an ordered random subset of [0, M) per training sequence instead of 0..T-1.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
+
+from attnlab.errors import AttnlabWarning  # a leaf module: importing it keeps nn's imports pointing down
 
 __all__ = [
     "PositionalEncoding",
@@ -122,22 +125,70 @@ class SinusoidalTable(nn.Module):
 
 
 class LearnedTable(nn.Module):
-    """A trained vector per absolute position 0..max_len-1."""
+    """A trained vector per absolute position 0..max_len-1, and a record of how many were trained.
+
+    A row that no training sequence reached keeps its random initialisation, so a model trained on
+    lengths <= L and evaluated at L+1..2L reads noise there. The table therefore records, in the
+    persistent buffer ``trained_positions`` (saved with the weights), the longest prefix of
+    positions its training forward passes used; evaluating past it warns once per table with an
+    :class:`attnlab.errors.AttnlabWarning` that names the untrained positions (1-based, as lengths
+    are counted). Positions past ``max_len`` are an error, as before. Weights saved before the
+    record existed load with it 0: unknown, no warning.
+
+    Attributes:
+        weight: (max_len, dim).
+        trained_positions: () int64, the largest position count seen in training (0: unknown).
+    """
+
+    optional_state = ("trained_positions",)
+    """State that older weights lack: loaded as 0 when missing (:func:`attnlab.nn.optional_state_keys`)."""
 
     def __init__(self, dim: int, max_len: int) -> None:
         super().__init__()
         self.dim, self.max_len = dim, max_len
         self.weight = nn.Parameter(torch.randn(max_len, dim) * 0.02)  # (max_len, dim)
+        self.reset_buffers()
+        self._warned = False
+
+    def reset_buffers(self) -> None:
+        """An empty record (0: unknown); loading weights that have one replaces it."""
+        self.register_buffer("trained_positions", torch.zeros((), dtype=torch.long))
 
     def forward(self, length: int, offset: int = 0) -> Tensor:
         _check_length(offset + length, self.max_len, "learned positions")
+        self._note(offset + length)
         return self.weight[offset : offset + length]
 
     def at(self, positions: Tensor) -> Tensor:
         """The rows at ``positions`` (B, T) -> (B, T, dim)."""
         top = int(positions.max()) + 1 if positions.numel() else 0
         _check_length(top, self.max_len, "learned positions")
+        self._note(top)
         return self.weight[positions]
+
+    def _note(self, needed: int) -> None:
+        """Training: extend the record to ``needed`` positions. Evaluation: warn once past it."""
+        if self.training:
+            self.trained_positions.clamp_(min=needed)
+            return
+        if self._warned:
+            return
+        trained = int(self.trained_positions)
+        if 0 < trained < needed:
+            self._warned = True
+            warnings.warn(
+                f"learned positions {trained + 1}..{needed} were never trained (training reached "
+                f"{trained} positions): their vectors are still random",
+                AttnlabWarning,
+                stacklevel=2,
+            )
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors):  # noqa: ANN001, PLR0913 (nn.Module's signature)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors)
+        key = prefix + "trained_positions"
+        if key in missing_keys:  # weights saved before the record existed: unknown
+            missing_keys.remove(key)
+            self.trained_positions.zero_()
 
 
 class AddPositions(PositionalEncoding):
