@@ -227,3 +227,17 @@ def test_a_tiny_model_trains(kind: str, encoding: dict) -> None:
     with torch.no_grad():
         last = float(_loss(model, tokens, labels))
     assert last < 0.6 * first, (first, last)
+
+
+def test_experiment_config_names_the_new_fields() -> None:
+    from attnlab.experiment import ExperimentConfig
+
+    task = {"name": "dyck1", "max_train_length": 6}
+    experiment = ExperimentConfig(task=task, model={"kind": "encoder_classifier", "positional": "alibi"})
+    assert experiment.to_dict()["model"]["relative_clip"] == 16  # written to config.json
+    assert experiment.to_dict()["model"]["randomized_positions"] is None
+    bad = ExperimentConfig(
+        task=task, model={"kind": "encoder_classifier", "positional": "none", "randomized_positions": 8}
+    )
+    with pytest.raises(ConfigError, match=r"^model.randomized_positions: does not apply to positional='none'"):
+        bad.model_config(vocab_size=8, num_classes=2, pad_id=0)
