@@ -55,6 +55,7 @@ from attnlab.manifest import (
     record_of,
     record_of_file,
 )
+from attnlab.nn.models import optional_state_keys
 from attnlab.runlock import LOCK_NAME, RunLock
 from attnlab.storage import (
     atomic_write_bytes,
@@ -583,13 +584,16 @@ def load_tensors_into(
         if isinstance(canonical, str) and canonical in tensors:
             tensors[alias] = tensors[canonical]
     expected = model.state_dict()
-    missing = sorted(set(expected) - set(tensors))
+    # A key that older weights lack (a record added since) keeps its reset value: not missing.
+    missing = sorted(set(expected) - set(tensors) - optional_state_keys(model))
     unexpected = sorted(set(tensors) - set(expected))
     if missing or unexpected:
         raise CheckpointError(
             f"weights {path} do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
         )
     for name in expected:  # in the model's order, so the first mismatch named is always the same
+        if name not in tensors:  # an optional record older weights lack
+            continue
         tensor = tensors[name]
         if tuple(tensor.shape) != tuple(expected[name].shape):
             raise CheckpointError(
