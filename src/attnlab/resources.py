@@ -245,7 +245,8 @@ def check_training_resources(
 ) -> MemoryEstimate:
     """Everything about a training run's size that can be refused before the model exists.
 
-    Checks the layer cap, that the batch is not larger than the training split, and that
+    Checks the layer cap, that the batch is not larger than the training split, that randomized
+    positions (``model.randomized_positions = M``) can place the longest example, and that
     :func:`training_memory` of the model on batches of ``batch_size`` sequences as long as the longest
     training example (at most ``max_length``) fits in the available memory.
 
@@ -264,6 +265,7 @@ def check_training_resources(
         raise ConfigError("the task's train split is empty: nothing to train on")
     check_batch_size(batch_size, len(examples))
     seq_len = max(1, min(max_length, longest_sequence(examples)))
+    _check_randomized_positions(config, seq_len)
     estimate = training_memory(config, batch_size=batch_size, seq_len=seq_len)
     check_memory(
         estimate,
@@ -272,6 +274,16 @@ def check_training_resources(
         available=available,
     )
     return estimate
+
+
+def _check_randomized_positions(config, seq_len: int) -> None:  # noqa: ANN001
+    """Randomized positions draw T distinct positions from [0, M): M must cover the longest sequence."""
+    limit = getattr(config, "randomized_positions", None)
+    if limit and seq_len > limit:
+        raise ConfigError(
+            f"model.randomized_positions: M={limit} is smaller than the longest training sequence "
+            f"({seq_len} positions); set it to at least {seq_len}"
+        )
 
 
 # ---- memory -------------------------------------------------------------------------------------

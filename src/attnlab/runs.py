@@ -61,6 +61,7 @@ from attnlab.manifest import (
     record_of,
     record_of_file,
 )
+from attnlab.nn.models import optional_state_keys
 from attnlab.runlock import LOCK_NAME, RunLock
 from attnlab.storage import (
     atomic_write_bytes,
@@ -687,13 +688,16 @@ def load_tensors_into(
         if isinstance(canonical, str) and canonical in tensors:
             tensors[alias] = tensors[canonical]
     expected = model.state_dict()
-    missing = sorted(set(expected) - set(tensors))
+    # A key that older weights lack (a record added since) keeps its reset value: not missing.
+    missing = sorted(set(expected) - set(tensors) - optional_state_keys(model))
     unexpected = sorted(set(tensors) - set(expected))
     if missing or unexpected:
         raise CheckpointError(
             f"weights {path} do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
         )
     for name in expected:  # in the model's order, so the first mismatch named is always the same
+        if name not in tensors:  # an optional record older weights lack
+            continue
         tensor = tensors[name]
         if tuple(tensor.shape) != tuple(expected[name].shape):
             raise CheckpointError(
@@ -707,22 +711,11 @@ def load_tensors_into(
         for name, held in [*model.named_parameters(), *model.named_buffers()]:
             if name in tensors:
                 _take(held, tensors[name])
-    unfilled = [name for name, held in [*model.named_parameters(), *model.named_buffers()] if held.is_meta]
-    if unfilled:  # a module with derived buffers but no reset_buffers(): a defect, not bad input
-        raise RuntimeError(f"no values for {unfilled[:5]} after loading {path}")
 
 
 def _take(held: Tensor, tensor: Tensor) -> None:
-    """Make ``held`` (a parameter or buffer) hold ``tensor``'s values, sharing its storage when it
-    can. A tensor on the meta device (:func:`attnlab.nn.build_model_to_load`) becomes ``tensor``
-    in place (``torch.utils.swap_tensors``): the same Python object, so tied parameters stay tied."""
-    if held.is_meta:
-        tensor = tensor.to(held.dtype)
-        replacement = (
-            nn.Parameter(tensor, requires_grad=held.requires_grad) if isinstance(held, nn.Parameter) else tensor
-        )
-        torch.utils.swap_tensors(held, replacement)
-    elif tensor.dtype == held.dtype and tensor.device == held.device:
+    """Make ``held`` (a parameter or buffer) hold ``tensor``'s values, sharing its storage when it can."""
+    if tensor.dtype == held.dtype and tensor.device == held.device:
         held.data = tensor
     else:
         held.copy_(tensor)

@@ -25,13 +25,19 @@ DOCUMENTED = {
     "sort": ("test", 0.90),
     "addition": ("test", 0.92),
     "dyck1": ("test", 0.96),
-    "dyck2": ("test", 0.93),
+    # Half of dyck2's negatives keep every bracket count balanced (wrong order only): test 0.8925
+    # at seed 0 with them (0.93 was measured before, when nearly every negative changed a count).
+    "dyck2": ("test", 0.87),
     "parity": ("test", 0.94),
     # a^n b^n and a^n b^n c^n have one positive string per n, and leak-free splits hold some n
     # out of training: the configs learn the training strings perfectly, and the test split
     # measures interpolation to unseen n, which these models do not achieve (README).
     "anbn": ("train", 0.98),
     "anbncn": ("train", 0.98),
+    # Delétang et al. 2023, one task per level; accuracy is the paper's per-sequence token accuracy.
+    "chomsky_regular": ("test", 0.95),
+    "chomsky_dcf": ("test", 0.95),
+    "chomsky_cs": ("test", 0.95),
 }
 
 

@@ -16,7 +16,13 @@ from attnlab.errors import UsageError
 @app.command("eval")
 def evaluate_run(
     run: Path = typer.Argument(..., help="A run directory written by `attnlab train`."),
-    split: Split = typer.Option(Split.test, "--split", help="The split to evaluate on."),
+    split: str = typer.Option(
+        Split.test.value,
+        "--split",
+        metavar="SPLIT",
+        help="The split to evaluate on: train, valid, test, length_generalisation, or a length bin of "
+        "task.eval_lengths (length_LOW_HIGH).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object of metrics."),
     batch_size: int = typer.Option(
         None, "--batch-size", min=1, help="Examples per batch; default 128 (16 texts with --texts)."
@@ -62,8 +68,10 @@ def evaluate_run(
     from attnlab.tasks.base import SPLITS
     from attnlab.tasks.batching import count_too_long
 
-    split = split.value
     loaded = open_run(run, device=device, checkpoint=checkpoint)
+    names = loaded.task.split_names() if hasattr(loaded.task, "split_names") else SPLITS
+    if split not in names:
+        raise UsageError(f"--split: unknown split {split!r}; this run's task has {', '.join(names)}")
     train = loaded.experiment.train
     extra = [parse_head(spec, loaded.model) for spec in mask_heads or []]
     truncate = train.truncate if truncate is None else truncate
@@ -82,7 +90,7 @@ def evaluate_run(
     )
     metrics = evaluate(loaded.model, loaded.task, split, progress=progress and not as_json, **options)
     if metrics["examples"] == 0:  # evaluate built the split once and found it empty
-        filled = [name for name in SPLITS if loaded.task.split(name)]
+        filled = [name for name in names if loaded.task.split(name)]
         raise UsageError(
             f"--split: the {split!r} split of this run's task has no examples; "
             f"splits with examples: {', '.join(filled) or 'none'}"
@@ -132,10 +140,16 @@ def _echo_metrics(metrics: dict, as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps(metrics, sort_keys=True))
         return
+    shown_with_accuracy = ("baseline", "baseline_accuracy", "majority_accuracy")
     for key, value in metrics.items():
-        if key in FIT_KEYS:
+        if key in shown_with_accuracy or key in FIT_KEYS:
             continue
-        if key == "accuracy_by_length":
+        if key == "accuracy" and "baseline_accuracy" in metrics:  # the shortcut's score beside the model's
+            typer.echo(
+                f"accuracy: {value:.4f} (baseline {metrics['baseline']}: {metrics['baseline_accuracy']:.4f}, "
+                f"majority class: {metrics['majority_accuracy']:.4f})"
+            )
+        elif key == "accuracy_by_length":
             typer.echo("accuracy by length: " + ", ".join(f"{n}:{a:.3f}" for n, a in value.items()))
         else:
             typer.echo(f"{key}: {value:.4f}" if isinstance(value, float) else f"{key}: {value}")

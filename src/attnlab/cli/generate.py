@@ -78,6 +78,8 @@ def generate(
         result = _RUNNERS[kind](loaded, text, ids, options, stream=not as_json and beam == 1)
         if as_json:
             typer.echo(json.dumps(result))
+        elif "label" in result and loaded.task.kind != "recognition":  # a class, not membership
+            typer.echo(f"{text}\tclass {result['label']} (p={result['probability']:.3f})")
         elif "label" in result:
             verdict = "in the language" if result["label"] == 1 else "not in the language"
             typer.echo(f"{text}\t{result['label']} ({verdict}, p={result['probability']:.3f})")

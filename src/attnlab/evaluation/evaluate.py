@@ -3,6 +3,19 @@
 Every result has ``accuracy`` (the task's headline metric: exact-match sequence accuracy for
 seq2seq, recognition accuracy, all-tokens-right for language modelling), ``loss`` (teacher-forced
 cross-entropy per prediction) and ``accuracy_by_length``.
+
+Recognition in the ``next_char`` formulation (a decoder-only model, batches with ``next_symbols``):
+``accuracy`` is the share of strings whose every position predicts its next-symbol set exactly
+(threshold 0.5, Bhattamishra et al. 2020), ``token_accuracy`` the share of positions, ``loss`` the
+binary cross-entropy per position (summed over EOS and the symbols). A task with ``split_report`` (the formal languages)
+adds its split's statistics (distinct strings, positives) and a shortcut baseline's accuracy.
+
+A seq2seq result also has ``sequence_accuracy`` (exact match) and ``token_accuracy_per_sequence``
+(each sequence's share of output tokens right, averaged over sequences: Delétang et al. 2023). A
+task whose ``headline_metric`` is ``token_accuracy_per_sequence`` (the Chomsky-hierarchy tasks,
+:mod:`attnlab.tasks.chomsky`) reports that as ``accuracy`` and per length; one with
+``scores_terminator`` counts EOS as the last output token, as the paper scores its termination
+symbol.
 """
 
 from __future__ import annotations
@@ -18,12 +31,12 @@ from tqdm import tqdm
 from attnlab.decoding import DecodeOptions, decode
 from attnlab.devices import model_device
 from attnlab.evaluation import metrics
-from attnlab.evaluation.objectives import OBJECTIVES
+from attnlab.evaluation.objectives import FIRST_PREDICTED_ID, OBJECTIVES, next_symbol_targets
 from attnlab.tasks.base import Example
 from attnlab.tasks.batching import Batch, make_batches
 from attnlab.tokenizers import Tokenizer
 
-__all__ = ["evaluate"]
+__all__ = ["evaluate", "next_symbol_hits"]
 
 
 @torch.no_grad()
@@ -67,7 +80,7 @@ def evaluate(
         truncate=truncate,
     )
     totals = {"loss": 0.0, "count": 0}
-    correct: list[bool] = []
+    correct: list[bool] | list[float] = []  # per example: right, or its share of tokens right
     lengths: list[int] = []
     extra = _Accumulator()
     context = _Context(task, head_mask, tokenizer, _decode_limit(examples, text=tokenizer is not None))
@@ -88,11 +101,13 @@ def evaluate(
         "accuracy": sum(correct) / len(correct),
         "accuracy_by_length": metrics.accuracy_by_length(correct, lengths),
     }
-    if kind != "encoder_classifier":
+    next_char = getattr(task, "kind", None) == "next_char"
+    if kind != "encoder_classifier" and not next_char:  # a binary cross-entropy has no perplexity
         result["perplexity"] = metrics.perplexity(totals["loss"], totals["count"])
-    if kind == "encoder_decoder":
-        result["sequence_accuracy"] = result["accuracy"]
     result.update(extra.summary())
+    report = getattr(task, "split_report", None)  # split statistics and a shortcut's accuracy
+    if report is not None:
+        result.update(report(split, examples))
     return result
 
 
@@ -120,6 +135,8 @@ class _Accumulator:
     def __init__(self) -> None:
         self.token_correct = 0
         self.token_total = 0
+        self.exact: list[bool] = []
+        self.per_sequence: list[float] = []
         self.hypotheses: list[str] = []
         self.references: list[str] = []
 
@@ -127,12 +144,15 @@ class _Accumulator:
         out: dict[str, float] = {}
         if self.token_total:
             out["token_accuracy"] = self.token_correct / self.token_total
+        if self.exact:
+            out["sequence_accuracy"] = sum(self.exact) / len(self.exact)
+            out["token_accuracy_per_sequence"] = sum(self.per_sequence) / len(self.per_sequence)
         if self.hypotheses:
             out["bleu"] = metrics.bleu(self.hypotheses, self.references)
         return out
 
 
-def _score_seq2seq(model: nn.Module, batch: Batch, context: _Context, acc: _Accumulator) -> list[bool]:
+def _score_seq2seq(model: nn.Module, batch: Batch, context: _Context, acc: _Accumulator) -> list[bool] | list[float]:
     task, tokenizer = context.task, context.tokenizer
     references = [row[mask].tolist() for row, mask in zip(batch.tgt_out, batch.tgt_is_token)]
     references = [r[:-1] for r in references]  # drop EOS
@@ -153,7 +173,20 @@ def _score_seq2seq(model: nn.Module, batch: Batch, context: _Context, acc: _Accu
         target = getattr(task, "target", tokenizer)
         acc.hypotheses.extend(target.decode(p) for p in predictions)
         acc.references.extend(target.decode(r) for r in references)
-    return [p == r for p, r in zip(predictions, references)]
+    exact = [p == r for p, r in zip(predictions, references)]
+    acc.exact.extend(exact)
+    fractions = _per_sequence(task, hypotheses, references)
+    acc.per_sequence.extend(fractions)
+    return fractions if getattr(task, "headline_metric", None) == "token_accuracy_per_sequence" else exact
+
+
+def _per_sequence(task: Any, hypotheses: Sequence[Any], references: list[list[int]]) -> list[float]:
+    """Each sequence's share of output tokens right; with the task's ``scores_terminator``, EOS
+    ends both the reference and a finished hypothesis and is scored like any token."""
+    if not getattr(task, "scores_terminator", False):
+        return metrics.token_accuracy_per_sequence([h.tokens for h in hypotheses], references)
+    ended = [h.tokens + [task.eos_id] if h.finished else h.tokens for h in hypotheses]
+    return metrics.token_accuracy_per_sequence(ended, [r + [task.eos_id] for r in references])
 
 
 def _score_classifier(model: nn.Module, batch: Batch, context: _Context, acc: _Accumulator) -> list[bool]:
@@ -162,11 +195,33 @@ def _score_classifier(model: nn.Module, batch: Batch, context: _Context, acc: _A
 
 
 def _score_lm(model: nn.Module, batch: Batch, context: _Context, acc: _Accumulator) -> list[bool]:
+    if batch.next_symbols is not None:
+        return _score_next_symbols(model, batch, context, acc)
     predicted = model(batch.tgt_in, head_mask=context.head_mask).argmax(-1)
     hits = (predicted == batch.tgt_out) & batch.tgt_is_token
     acc.token_correct += int(hits.sum())
     acc.token_total += int(batch.tgt_is_token.sum())
     return (hits | ~batch.tgt_is_token).all(1).tolist()
+
+
+def next_symbol_hits(logits: Tensor, next_symbols: Tensor, is_token: Tensor) -> Tensor:
+    """Which positions predict their whole next-symbol set: sigmoid(z) > 0.5 (z > 0) for exactly
+    the symbols that may follow (Bhattamishra et al. 2020); padding counts as a hit.
+
+    Shape:
+        logits: (B, T, V);  next_symbols, is_token: (B, T);  returns (B, T) bool.
+    """
+    predicted = logits[..., FIRST_PREDICTED_ID:] > 0
+    wanted = next_symbol_targets(next_symbols, logits.shape[-1])
+    return (predicted == wanted).all(-1) | ~is_token
+
+
+def _score_next_symbols(model: nn.Module, batch: Batch, context: _Context, acc: _Accumulator) -> list[bool]:
+    """A string is right when every position's set is right; token_accuracy counts positions."""
+    hits = next_symbol_hits(model(batch.tgt_in, head_mask=context.head_mask), batch.next_symbols, batch.tgt_is_token)
+    acc.token_correct += int((hits & batch.tgt_is_token).sum())
+    acc.token_total += int(batch.tgt_is_token.sum())
+    return hits.all(1).tolist()
 
 
 _SCORERS = {

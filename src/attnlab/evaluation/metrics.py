@@ -11,6 +11,7 @@ import sacrebleu
 __all__ = [
     "sequence_accuracy",
     "token_accuracy",
+    "token_accuracy_per_sequence",
     "recognition_accuracy",
     "perplexity",
     "bleu",
@@ -32,6 +33,26 @@ def token_accuracy(predictions: Sequence[Sequence[int]], references: Sequence[Se
     return correct / total if total else float("nan")
 
 
+def token_accuracy_per_sequence(
+    predictions: Sequence[Sequence[int]], references: Sequence[Sequence[int]]
+) -> list[float]:
+    """Each sequence's fraction of reference positions predicted right (Delétang et al. 2023).
+
+    For sequence j, (1/|y_j|) sum_i [yhat_{j,i} = y_{j,i}] over the reference's positions i (a
+    prediction shorter than the reference misses the rest); the paper's score is the mean of these
+    over sequences, which weighs every sequence alike, unlike :func:`token_accuracy`, which pools
+    the tokens. An empty reference scores 1 if the prediction is empty too, else 0.
+    """
+    _check_pairs(predictions, references)
+    return [_fraction_right(p, r) for p, r in zip(predictions, references)]
+
+
+def _fraction_right(prediction: Sequence[int], reference: Sequence[int]) -> float:
+    if not reference:
+        return float(not prediction)
+    return sum(1 for i, t in enumerate(reference) if i < len(prediction) and prediction[i] == t) / len(reference)
+
+
 def recognition_accuracy(predicted_labels: Sequence[int], labels: Sequence[int]) -> float:
     """Fraction of strings classified correctly as in / not in the language (Hahn §3)."""
     _check_pairs(predicted_labels, labels)
@@ -51,16 +72,19 @@ def bleu(hypotheses: Sequence[str], references: Sequence[str]) -> float:
     return float(sacrebleu.corpus_bleu(list(hypotheses), [list(references)]).score)
 
 
-def accuracy_by_length(correct: Sequence[bool], lengths: Sequence[int]) -> dict[str, float]:
-    """Accuracy per exact length, keyed by the length as a string (JSON-friendly), sorted."""
+def accuracy_by_length(correct: Sequence[bool | float], lengths: Sequence[int]) -> dict[str, float]:
+    """Accuracy per exact length, keyed by the length as a string (JSON-friendly), sorted.
+
+    ``correct`` holds each example's score: right or wrong, or a fraction (a sequence's share of
+    tokens right, :func:`token_accuracy_per_sequence`)."""
     _check_pairs(correct, lengths)
-    groups: dict[int, list[bool]] = {}
+    groups: dict[int, list[float]] = {}
     for ok, length in zip(correct, lengths):
-        groups.setdefault(int(length), []).append(bool(ok))
+        groups.setdefault(int(length), []).append(float(ok))
     return {str(length): _mean(groups[length]) for length in sorted(groups)}
 
 
-def _mean(values: Sequence[bool]) -> float:
+def _mean(values: Sequence[bool | float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 

@@ -3,7 +3,13 @@
 * encoder_decoder: teacher forcing with the target shifted right (Agarwal §5.2): the decoder reads
   ``tgt_in`` = BOS + y and predicts ``tgt_out`` = y + EOS; padding ignored.
 * encoder_classifier: the label read at the EOS position (Hahn §3).
-* decoder_only: next-token prediction over ``tgt_in`` -> ``tgt_out``.
+* decoder_only: next-token prediction over ``tgt_in`` -> ``tgt_out``; or, when the batch carries
+  ``next_symbols`` (the ``next_char`` formulation of recognition, Bhattamishra, Ahuja & Goyal 2020),
+  a multi-label prediction at each position of ``tgt_in``: the output layer's logits of EOS and the
+  task symbols (ids >= :data:`FIRST_PREDICTED_ID`) are read as independent sigmoid logits z_{t,c},
+  with the binary cross-entropy -[y log s(z) + (1 - y) log(1 - s(z))] against y_{t,c} = 1 iff symbol
+  c may follow the prefix read at t (:func:`next_symbol_targets`), summed over the symbols: one
+  prediction, and one loss, per position.
 
 Two reductions of the same cross-entropy (with optional label smoothing, Vaswani §5.4):
 
@@ -25,7 +31,19 @@ from torch import Tensor, nn
 
 from attnlab.tasks.batching import Batch
 
-__all__ = ["LossParts", "Predictions", "PREDICTIONS", "OBJECTIVES", "example_losses"]
+__all__ = [
+    "FIRST_PREDICTED_ID",
+    "LossParts",
+    "Predictions",
+    "PREDICTIONS",
+    "OBJECTIVES",
+    "example_losses",
+    "next_symbol_targets",
+]
+
+FIRST_PREDICTED_ID = 2
+"""The first token id a next-symbol set covers: EOS (2), then the task symbols; PAD (0) and BOS (1)
+never follow anything (:data:`attnlab.tasks.base.TASK_SPECIALS`)."""
 
 
 class Predictions(NamedTuple):
@@ -76,6 +94,28 @@ def _token_losses(predictions: Predictions, label_smoothing: float) -> tuple[Ten
     return losses, targets != ignore
 
 
+def next_symbol_targets(next_symbols: Tensor, vocab_size: int) -> Tensor:
+    """The multi-hot targets of bit masks: y[b, t, c] = bit ``FIRST_PREDICTED_ID + c`` of the mask.
+
+    Shape:
+        next_symbols: (B, T) int64;  returns (B, T, vocab_size - FIRST_PREDICTED_ID) bool.
+    """
+    ids = torch.arange(FIRST_PREDICTED_ID, vocab_size, device=next_symbols.device)
+    return ((next_symbols.unsqueeze(-1) >> ids) & 1).bool()
+
+
+def _next_symbol_losses(
+    model: nn.Module, batch: Batch, head_mask: Mapping[str, Tensor] | None
+) -> tuple[Tensor, Tensor]:
+    """Binary cross-entropy per (position, symbol), (B, T, K), zero at padding, and the (B, T) mask
+    of real positions."""
+    logits = model(batch.tgt_in, head_mask=head_mask)
+    targets = next_symbol_targets(batch.next_symbols, logits.shape[-1])
+    scores = logits[..., FIRST_PREDICTED_ID:].to(torch.promote_types(logits.dtype, torch.float32))
+    losses = F.binary_cross_entropy_with_logits(scores, targets.to(scores.dtype), reduction="none")
+    return losses * batch.tgt_is_token.unsqueeze(-1), batch.tgt_is_token
+
+
 def _summed(
     kind: str,
     model: nn.Module,
@@ -84,6 +124,9 @@ def _summed(
     pad_id: int,
     label_smoothing: float,
 ) -> LossParts:
+    if batch.next_symbols is not None:  # label smoothing applies to the softmax objectives only
+        losses, real = _next_symbol_losses(model, batch, head_mask)
+        return LossParts(losses.sum(), real.sum())
     losses, real = _token_losses(PREDICTIONS[kind](model, batch, head_mask, pad_id), label_smoothing)
     return LossParts(losses.sum(), real.sum())
 
@@ -96,6 +139,9 @@ def example_losses(
     kind: str, model: nn.Module, batch: Batch, head_mask: Mapping[str, Tensor] | None, pad_id: int
 ) -> Tensor:
     """The mean loss of each example of the batch, shape (B,), differentiable."""
+    if batch.next_symbols is not None:
+        losses, real = _next_symbol_losses(model, batch, head_mask)
+        return losses.sum((1, 2)) / real.sum(1).clamp_min(1)
     losses, real = _token_losses(PREDICTIONS[kind](model, batch, head_mask, pad_id), 0.0)
     if losses.dim() == 1:  # one prediction per example (classification)
         return losses

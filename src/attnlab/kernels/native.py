@@ -290,10 +290,15 @@ def kernels() -> ModuleType | None:
     return _build()[0]
 
 
-@torch.compiler.assume_constant_result  # traced code takes the answer as given, not the build
 def available() -> bool:
     """Whether the kernels are built (building them on the first call)."""
     return kernels() is not None
+
+
+# Traced code (torch.compile) takes available()'s answer as given, not the build. This is what
+# torch.compiler.assume_constant_result does, without the import of torch._dynamo it makes (over
+# a second and 75 MB at every command's start); tests/unit/kernels/test_native.py checks the two agree.
+available._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def unavailable_reason() -> str | None:

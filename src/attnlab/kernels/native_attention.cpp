@@ -215,26 +215,69 @@ inline vi lanes_seeing(int64_t j, int64_t first, int64_t t_q, int64_t t_k, bool 
   return causal ? query >= static_cast<int32_t>(j - (t_k - t_q)) : query >= 0;  // else every lane
 }
 
+// Causal, bottom-right aligned: query i sees the keys j <= i + T_k - T_q. The keys that any of the
+// queries first .. first + count - 1 sees are those before this bound.
+inline int64_t keys_seen_by(int64_t first, int64_t count, int64_t t_q, int64_t t_k, bool causal) {
+  return causal ? std::min(t_k, first + count + (t_k - t_q)) : t_k;
+}
+
 // S^T (T_k x ld) -> P^T in place: each column's softmax over its keys, 0 where a causal query may
-// not see the key.
+// not see the key. Causal, a block of 16 columns reads only the keys one of its queries sees (the
+// scores of the others may never have been computed) and writes 0 for the rest.
 void softmax_columns(float* scores, int64_t t_k, int64_t t_q, int64_t ld, bool causal) {
   const vf minus_inf = splat(-std::numeric_limits<float>::infinity());
   for (int64_t first = 0; first < ld; first += kLanes) {
     float* column = scores + first;
+    const int64_t seen = keys_seen_by(first, kLanes, t_q, t_k, causal);
     vf best = minus_inf;
-    for (int64_t j = 0; j < t_k; ++j) {
+    for (int64_t j = 0; j < seen; ++j) {
       const vf s = load(column + j * ld);
       best = (lanes_seeing(j, first, t_q, t_k, causal) & (s > best)) ? s : best;
     }
     vf total = {};
-    for (int64_t j = 0; j < t_k; ++j) {
+    for (int64_t j = 0; j < seen; ++j) {
       const vf e = exp_nonpositive(load(column + j * ld) - best);
       const vf kept = lanes_seeing(j, first, t_q, t_k, causal) ? e : (vf){};
       store(column + j * ld, kept);
       total += kept;
     }
     const vf inverse = 1.0f / total;
-    for (int64_t j = 0; j < t_k; ++j) store(column + j * ld, load(column + j * ld) * inverse);
+    for (int64_t j = 0; j < seen; ++j) store(column + j * ld, load(column + j * ld) * inverse);
+    for (int64_t j = seen; j < t_k; ++j) store(column + j * ld, (vf){});
+  }
+}
+
+// Rows of keys (of S^T) and of queries (of O) taken together where causality lets whole blocks be
+// skipped: a multiple of every tile height matmul uses.
+constexpr int64_t kCausalBlock = 24;
+
+// S^T = alpha K Q^T (T_k x ld), Q^T given as (d_k x ld). Causal, each block of keys is scored only
+// against the columns of queries from the first one that sees one of them (rounded down to 16).
+void key_scores(int64_t t_k, int64_t t_q, int64_t ld, int64_t d_k, const float* keys, int64_t key_row,
+                const float* queries_t, float* scores, float alpha, bool causal) {
+  if (!causal) {
+    matmul(t_k, ld, d_k, keys, key_row, 1, queries_t, ld, scores, ld, alpha);
+    return;
+  }
+  for (int64_t j0 = 0; j0 < t_k; j0 += kCausalBlock) {
+    const int64_t rows = std::min(kCausalBlock, t_k - j0);
+    const int64_t c0 = std::max<int64_t>(0, j0 - (t_k - t_q)) / kLanes * kLanes;  // < ld: j0 - (t_k - t_q) < t_q
+    matmul(rows, ld - c0, d_k, keys + j0 * key_row, key_row, 1, queries_t + c0, ld, scores + j0 * ld + c0, ld, alpha);
+  }
+}
+
+// O = P V (T_q x d_v) from P^T (T_k x ld). Causal, each block of queries sums only over the keys
+// it sees (P^T is 0 after them).
+void attend_values(int64_t t_q, int64_t t_k, int64_t ld, int64_t d_v, const float* probs_t, const float* values,
+                   int64_t values_ld, float* out, int64_t out_row, bool causal) {
+  if (!causal) {
+    matmul(t_q, d_v, t_k, probs_t, 1, ld, values, values_ld, out, out_row, 1.0f);
+    return;
+  }
+  for (int64_t i0 = 0; i0 < t_q; i0 += kCausalBlock) {
+    const int64_t rows = std::min(kCausalBlock, t_q - i0);
+    const int64_t depth = keys_seen_by(i0, rows, t_q, t_k, causal);
+    matmul(rows, d_v, depth, probs_t + i0, 1, ld, values, values_ld, out + i0 * out_row, out_row, 1.0f);
   }
 }
 
@@ -312,10 +355,10 @@ std::tuple<torch::Tensor, torch::Tensor> short_attention(const torch::Tensor& q,
         vs.prefetch(bh + 1, heads, t_k, d_v);
       }
       copy_transposed(qs.at(b, h), qs.row, t_q, d_k, queries_t.data(), ld);
-      matmul(t_k, ld, d_k, ks.at(b, h), ks.row, 1, queries_t.data(), ld, p, ld, alpha);  // S^T = scale K Q^T
+      key_scores(t_k, t_q, ld, d_k, ks.at(b, h), ks.row, queries_t.data(), p, alpha, causal);  // S^T = scale K Q^T
       softmax_columns(p, t_k, t_q, ld, causal);
       const Operand values = padded(vs.at(b, h), vs.row, t_k, d_v, value_copy);
-      matmul(t_q, d_v, t_k, p, 1, ld, values.data, values.ld, os.at(b, h), os.row, 1.0f);  // O = P V
+      attend_values(t_q, t_k, ld, d_v, p, values.data, values.ld, os.at(b, h), os.row, causal);  // O = P V
     }
   });
   return {out, probs};

@@ -37,6 +37,7 @@ from attnlab.nn.models import (
     build_model,
     build_model_to_load,
     mean_pool,
+    optional_state_keys,
 )
 from attnlab.nn.multi_head import KVCache, MultiHeadAttention, MultiHeadOutput
 from attnlab.nn.positional import POSITIONAL, make_positional, sinusoidal_table
@@ -90,6 +91,7 @@ __all__ = [
     "lengths_to_padding_mask",
     "make_positional",
     "make_score",
+    "optional_state_keys",
     "padding_mask",
     "preset",
     "sinusoidal_table",

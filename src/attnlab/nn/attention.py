@@ -65,6 +65,7 @@ def attention(
     score_fn: ScoreFn | None = None,
     dropout_p: float = 0.0,
     straight_through: bool = False,
+    bias: Tensor | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Attention(Q, K, V) = a(mask(Q K^T / sqrt(d_k))) V  (Vaswani Eq. 1; Hahn §3; Li's slides).
 
@@ -84,9 +85,12 @@ def attention(
         dropout_p: dropout on the soft attention weights (pass 0 at evaluation).
         straight_through: hard attention only: the forward pass is hard, the backward pass uses the
             gradient of soft attention. Without it, hard attention passes gradients to ``v`` only.
+        bias: an additive float bias on the scores, a(mask(scale Q K^T + bias)) V (ALiBi's
+            -m_h |i - j|, Shaw et al.'s q_i . a^K_ij: :mod:`attnlab.nn.position_bias`). The fused
+            kernel takes it as its float ``attn_mask``, the mask folded in as -inf.
 
     Shape:
-        q: (..., T_q, d_k);  k: (..., T_k, d_k);  v: (..., T_k, d_v).
+        q: (..., T_q, d_k);  k: (..., T_k, d_k);  v: (..., T_k, d_v);  bias: broadcastable to (..., T_q, T_k).
         returns output (..., T_q, d_v), and with ``return_weights`` also weights (..., T_q, T_k).
 
     Returns:
@@ -95,6 +99,7 @@ def attention(
     _check_qkv(q, k, v)
     check_mask(mask, q.shape[-2], k.shape[-2])
     _check_mask_batch_dims(mask, q, k, v)
+    _check_bias(bias, q, k, v)
     if causal and k.shape[-2] < q.shape[-2]:
         raise ValueError(
             f"attention: causal needs T_k >= T_q (the queries are the last T_q keys), got "
@@ -116,6 +121,7 @@ def attention(
         dropout_p=dropout_p,
         need_weights=return_weights,
         straight_through=straight_through,
+        bias=bias,
     )
     return (output, weights) if return_weights else output
 
@@ -137,15 +143,18 @@ def _softmax_attention(
     dropout_p: float,
     need_weights: bool,
     straight_through: bool,
+    bias: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    """softmax(mask(scale Q K^T)) V: step by step where the weights are wanted, the score is custom,
-    or that is the faster way (:func:`attnlab.kernels.explicit_is_faster`); else by a fused kernel."""
+    """softmax(mask(scale Q K^T + bias)) V: step by step where the weights are wanted, the score is
+    custom, or that is the faster way (:func:`attnlab.kernels.explicit_is_faster`); else by a fused kernel."""
     del straight_through  # a soft forward pass already has the soft gradient
     if need_weights or score_fn is not None or kernels.explicit_is_faster(q, k, dropout_p):
         output, weights = _softmax_explicit(
-            q, k, v, mask, causal=causal, scale=scale, score_fn=score_fn, dropout_p=dropout_p
+            q, k, v, mask, causal=causal, scale=scale, score_fn=score_fn, dropout_p=dropout_p, bias=bias
         )
         return output, weights if need_weights else None
+    if bias is not None:
+        return _softmax_fused_biased(q, k, v, mask, bias, causal=causal, scale=scale, dropout_p=dropout_p), None
     return _softmax_fused(q, k, v, mask, causal=causal, scale=scale, dropout_p=dropout_p), None
 
 
@@ -159,12 +168,15 @@ def _softmax_explicit(
     scale: float,
     score_fn: ScoreFn | None,
     dropout_p: float,
+    bias: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Explicit scores, softmax and weighted sum; float16/bfloat16 inputs are computed in float32
     and the output and weights returned in the values' dtype (see :func:`_in_float32`)."""
     if q.dtype in _HALF_DTYPES or k.dtype in _HALF_DTYPES or v.dtype in _HALF_DTYPES:
-        return _in_float32(q, k, v, mask, causal=causal, scale=scale, score_fn=score_fn, dropout_p=dropout_p)
+        return _in_float32(q, k, v, mask, causal=causal, scale=scale, score_fn=score_fn, dropout_p=dropout_p, bias=bias)
     scores = score_fn(q, k) if score_fn is not None else _dot_scores(q, k, scale)  # (..., T_q, T_k)
+    if bias is not None:
+        scores = scores + bias.to(scores.dtype)
     mask = _full_mask(mask, causal, q.shape[-2], k.shape[-2], q.device)
     if mask is not None:
         # finfo.min, not -inf: a fully masked row then stays finite, and `* mask` zeroes it.
@@ -196,13 +208,17 @@ def _hardmax_attention(
     dropout_p: float,
     need_weights: bool,
     straight_through: bool,
+    bias: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
+    """onehot(argmax_j (scale q_i . k_j + bias_ij)) V over the allowed keys, in blocks."""
     del dropout_p  # dropping a one-hot weight would just zero the output row
     t_q, t_k = q.shape[-2], k.shape[-2]
     lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     key_block = max(1, min(t_k, _HARD_KEY_BLOCK))
     chunk = max(1, _HARD_CHUNK_ELEMENTS // max(1, math.prod(lead) * key_block))
-    scores_of = _hard_scores(score_fn, scale, upcast=q.dtype in _HALF_DTYPES or k.dtype in _HALF_DTYPES)
+    scores_of = _hard_scores(
+        score_fn, scale, upcast=q.dtype in _HALF_DTYPES or k.dtype in _HALF_DTYPES, keep_scale=bias is not None
+    )
     # Filled chunk by chunk: small tensors kept across the loop would pin the heap between the
     # blocks' score buffers and grow it by a block each time (1.4 GiB peak RSS at T = 32k).
     index = torch.empty(*lead, t_q, dtype=torch.long, device=q.device)  # (..., T_q)
@@ -213,8 +229,9 @@ def _hardmax_attention(
             chunk_mask = _chunk_mask(mask, causal, start, stop, t_q, t_k, q.device)
             # Causal: no query of this chunk sees a key past its last query's position.
             keys_seen = min(t_k, t_k - t_q + stop) if causal else t_k
+            chunk_bias = None if bias is None else (bias if bias.shape[-2] == 1 else bias[..., start:stop, :])
             index[..., start:stop] = _first_argmax(
-                q[..., start:stop, :], k, chunk_mask, scores_of, key_block, max(1, keys_seen)
+                q[..., start:stop, :], k, chunk_mask, scores_of, key_block, max(1, keys_seen), chunk_bias
             )
             if has_key is not None and chunk_mask is not None:
                 has_key[..., start:stop] = chunk_mask.any(dim=-1)
@@ -239,6 +256,7 @@ def _hardmax_attention(
             dropout_p=0.0,
             need_weights=False,
             straight_through=False,
+            bias=bias,
         )[0]
         output = soft + (output - soft).detach()  # forward: hard; backward: soft
     return output, weights
@@ -249,8 +267,8 @@ NORMALIZERS: dict[str, Callable[..., tuple[Tensor, Tensor | None]]] = {
     "hardmax": _hardmax_attention,
 }
 """Registry of normalizers ``a(.)``: name -> implementation with the common keyword signature
-``(q, k, v, mask, *, causal, scale, score_fn, dropout_p, need_weights, straight_through)`` returning
-``(output, weights or None)``."""
+``(q, k, v, mask, *, causal, scale, score_fn, dropout_p, need_weights, straight_through, bias=None)``
+returning ``(output, weights or None)``."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -278,6 +296,22 @@ def _softmax_fused(
     return output * has_key
 
 
+def _softmax_fused_biased(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor, *, causal: bool, scale: float, dropout_p: float
+) -> Tensor:
+    """softmax(mask(scale Q K^T + bias)) V by PyTorch's fused kernel: the boolean mask (True = may
+    attend) becomes -inf in the float ``attn_mask`` here, at the backend boundary, and nowhere else."""
+    mask = _full_mask(mask, causal, q.shape[-2], k.shape[-2], q.device)
+    float_mask = bias.to(q.dtype)
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=float_mask, dropout_p=dropout_p, scale=scale)
+    # A row with no allowed key would be NaN inside the kernel: open it, then zero its output.
+    has_key = mask.any(dim=-1, keepdim=True)  # (..., T_q, 1)
+    float_mask = torch.where(mask | ~has_key, float_mask, torch.tensor(float("-inf"), dtype=q.dtype, device=q.device))
+    output = F.scaled_dot_product_attention(q, k, v, attn_mask=float_mask, dropout_p=dropout_p, scale=scale)
+    return output * has_key
+
+
 def _in_float32(
     q: Tensor,
     k: Tensor,
@@ -288,6 +322,7 @@ def _in_float32(
     scale: float,
     score_fn: ScoreFn | None,
     dropout_p: float,
+    bias: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Soft attention of float16/bfloat16 inputs with the scores, softmax and weighted sum in float32
     (as fused kernels accumulate), the output and weights cast back to the values' dtype.
@@ -297,7 +332,15 @@ def _in_float32(
     so the gradients come back in the inputs' dtypes, also computed in float32.
     """
     output, weights = _softmax_explicit(
-        q.float(), k.float(), v.float(), mask, causal=causal, scale=scale, score_fn=score_fn, dropout_p=dropout_p
+        q.float(),
+        k.float(),
+        v.float(),
+        mask,
+        causal=causal,
+        scale=scale,
+        score_fn=score_fn,
+        dropout_p=dropout_p,
+        bias=None if bias is None else bias.float(),
     )
     return output.to(v.dtype), weights.to(v.dtype)
 
@@ -309,7 +352,13 @@ _HARD_KEY_BLOCK = 1024
 
 
 def _first_argmax(
-    q: Tensor, k: Tensor, mask: Tensor | None, scores_of: ScoreFn, key_block: int, keys_seen: int
+    q: Tensor,
+    k: Tensor,
+    mask: Tensor | None,
+    scores_of: ScoreFn,
+    key_block: int,
+    keys_seen: int,
+    bias: Tensor | None = None,
 ) -> Tensor:
     """argmax_j score(q_n, k_j) over keys j < ``keys_seen``, the first position on ties, one block of
     keys at a time: each block's first maximum replaces the running one only if strictly greater,
@@ -317,12 +366,14 @@ def _first_argmax(
     the reduction, where whole rows of T_k scores would not.
 
     Shape:
-        q: (..., c, d_k);  k: (..., T_k, d_k);  mask: broadcastable to (..., c, T_k);  returns (..., c).
+        q: (..., c, d_k);  k: (..., T_k, d_k);  mask, bias: broadcastable to (..., c, T_k);  returns (..., c).
     """
 
     def block_max(first: int) -> tuple[Tensor, Tensor]:
         last = min(first + key_block, keys_seen)
         scores = scores_of(q, k[..., first:last, :])  # (..., c, block)
+        if bias is not None:
+            scores = scores + bias[..., first:last].to(scores.dtype)
         if mask is not None:
             scores = scores.masked_fill(~(mask if mask.shape[-1] == 1 else mask[..., first:last]), float("-inf"))
         block_best, block_index = scores.max(dim=-1)  # the first maximum of the block
@@ -336,14 +387,14 @@ def _first_argmax(
     return index
 
 
-def _hard_scores(score_fn: ScoreFn | None, scale: float, *, upcast: bool = False) -> ScoreFn:
+def _hard_scores(score_fn: ScoreFn | None, scale: float, *, upcast: bool = False, keep_scale: bool = False) -> ScoreFn:
     """The scores hard attention takes the argmax of. A positive scale cannot move the argmax, so
     dot-product scores skip it (a full pass over every T_q x T_k chunk). With ``upcast``
     (float16/bfloat16 queries or keys) the scores are computed in float32: in float16 they overflow
     to inf past 65504, and the first of several infs is not the largest score."""
     if score_fn is not None:
         scores_of = score_fn
-    elif scale > 0:
+    elif scale > 0 and not keep_scale:  # an additive bias is on the scale of scaled scores
         scores_of = lambda q, k: torch.matmul(q, k.transpose(-2, -1))  # noqa: E731  (..., T_q, T_k)
     else:
         scores_of = lambda q, k: _dot_scores(q, k, scale)  # noqa: E731
@@ -388,6 +439,21 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
             f"attention: the batch dims of q {tuple(q.shape[:-2])}, k {tuple(k.shape[:-2])} and "
             f"v {tuple(v.shape[:-2])} do not broadcast"
         ) from None
+
+
+def _check_bias(bias: Tensor | None, q: Tensor, k: Tensor, v: Tensor) -> None:
+    """An additive bias is a floating tensor that broadcasts to the scores without adding dims."""
+    if bias is None:
+        return
+    if not bias.is_floating_point():
+        raise TypeError(f"attention: bias must be a floating tensor (a mask is bool), got {bias.dtype}")
+    scores = (*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2]), q.shape[-2], k.shape[-2])
+    try:
+        fits = torch.broadcast_shapes(scores, bias.shape) == scores
+    except RuntimeError:
+        fits = False
+    if not fits:
+        raise ValueError(f"bias of shape {tuple(bias.shape)} does not broadcast to the scores' {scores}")
 
 
 def _check_mask_batch_dims(mask: Tensor | None, q: Tensor, k: Tensor, v: Tensor) -> None:

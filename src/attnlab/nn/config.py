@@ -21,7 +21,7 @@ from typing import Any, ClassVar, TypeVar
 from attnlab.kernels import check_linear_kernel
 from attnlab.nn.feed_forward import ACTIVATIONS
 from attnlab.nn.normalization import NORMS
-from attnlab.nn.positional import COMBINES, POSITIONAL
+from attnlab.nn.positional import COMBINES, POSITIONAL, RANDOMIZABLE
 from attnlab.nn.scores import SCORES
 
 __all__ = [
@@ -70,7 +70,14 @@ class TransformerConfig:
         score: ``scaled_dot``, ``dot``, ``bilinear`` or ``additive``.
         positional: ``sinusoidal``, ``learned``, ``none``, ``gehring_joint``, ``gehring_sum``, or
             ``rope`` (rotary, applied to queries and keys in every self-attention: :mod:`attnlab.nn.rotary`).
+            ``alibi`` (linear biases on the scores, Press et al. 2022) or ``relative`` (learned
+            relative representations, Shaw et al. 2018): :mod:`attnlab.nn.position_bias`.
         rope_base: the base of the rotary angles (``positional = "rope"``).
+        relative_clip: the clipping distance k of ``positional = "relative"`` (Shaw et al. §3.2).
+        randomized_positions: M, or None/0 for off: in training, each sequence's positions are an
+            ordered random subset of [0, M) instead of 0..T-1 (Ruoss et al. 2023); in evaluation
+            0..T-1. For ``sinusoidal``, ``learned`` (needs max_len >= M), ``rope``, ``alibi`` and
+            ``relative``; a training sequence longer than M is an error.
         positional_combine: ``add`` or ``concat`` (Hahn §3's f(v_i, p_i)).
         positional_dim: width of the position vector when concatenating; default d_model // 2.
         max_len: longest sequence for learned and one-hot positions; sinusoidal ones extrapolate.
@@ -116,6 +123,8 @@ class TransformerConfig:
     positional_combine: str = "add"
     positional_dim: int | None = None
     rope_base: float = 10000.0
+    relative_clip: int = 16
+    randomized_positions: int | None = None
     max_len: int = 512
     activation: str = "relu"
     norm: str = "layer"
@@ -178,6 +187,26 @@ class TransformerConfig:
             raise ValueError(f"rope_base: must be a positive number, got {self.rope_base}")
         if self.positional == "rope" and self.head_dim_k % 2:
             raise ValueError(f"positional: rope needs an even head size d_k, got {self.head_dim_k}")
+        self._check_relative_positions()
+
+    def _check_relative_positions(self) -> None:
+        _check_positive("relative_clip", self.relative_clip)
+        if self.positional == "relative" and self.score not in ("scaled_dot", "dot"):
+            raise ValueError(f"positional: relative (Shaw et al.) needs a dot-product score, not {self.score!r}")
+        limit = self.randomized_positions
+        if not limit:
+            return
+        if limit < 0:
+            raise ValueError(f"randomized_positions: must be a positive integer (0 or none: off), got {limit}")
+        if self.positional not in RANDOMIZABLE:
+            raise ValueError(
+                f"randomized_positions: does not apply to positional={self.positional!r}; "
+                f"it applies to {', '.join(RANDOMIZABLE)}"
+            )
+        if self.positional == "learned" and self.max_len < limit:
+            raise ValueError(
+                f"randomized_positions: M={limit} needs learned positions for all of [0, M), but max_len={self.max_len}"
+            )
 
     @property
     def key_value_heads(self) -> int:

@@ -107,12 +107,19 @@ class EncoderLayer(nn.Module):
         head_mask: Tensor | None = None,
         cache: KVCache | None = None,
         positions: Tensor | None = None,
+        key_positions: Tensor | None = None,
     ) -> Tensor:
         x = self.attn_norm(
             x,
             lambda y: (
                 self.self_attn(
-                    y, mask=mask, causal=causal, head_mask=head_mask, cache=cache, positions=positions
+                    y,
+                    mask=mask,
+                    causal=causal,
+                    head_mask=head_mask,
+                    cache=cache,
+                    positions=positions,
+                    key_positions=key_positions,
                 ).output
             ),
         )
@@ -174,6 +181,7 @@ class DecoderLayer(nn.Module):
         cross_head_mask: Tensor | None = None,
         cache: DecoderLayerCache | None = None,
         positions: Tensor | None = None,
+        key_positions: Tensor | None = None,
     ) -> Tensor:
         self_cache = None if cache is None else cache.self_attn
         cross_cache = None if cache is None else cache.cross_attn
@@ -181,7 +189,13 @@ class DecoderLayer(nn.Module):
             y,
             lambda z: (
                 self.self_attn(
-                    z, mask=self_mask, causal=True, head_mask=self_head_mask, cache=self_cache, positions=positions
+                    z,
+                    mask=self_mask,
+                    causal=True,
+                    head_mask=self_head_mask,
+                    cache=self_cache,
+                    positions=positions,
+                    key_positions=key_positions,
                 ).output
             ),
         )

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
 from attnlab.kernels import Dropout, LinearKernel, linear_kernel
 from attnlab.nn.config import (
@@ -37,7 +38,8 @@ from attnlab.nn.layers import DecoderLayer, DecoderLayerCache, EncoderLayer
 from attnlab.nn.masks import padding_mask
 from attnlab.nn.multi_head import KVCache, MultiHeadAttention
 from attnlab.nn.normalization import make_norm
-from attnlab.nn.positional import make_positional
+from attnlab.nn.position_bias import POSITION_BIASES
+from attnlab.nn.positional import make_positional, randomized_positions
 from attnlab.nn.rotary import positions_of_tokens
 
 __all__ = [
@@ -59,6 +61,7 @@ __all__ = [
     "build_model_to_load",
     "build_model",
     "mean_pool",
+    "optional_state_keys",
 ]
 
 
@@ -167,9 +170,12 @@ class InputEmbedding(nn.Module):
         self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.embedding_norm else nn.Identity()
         self.dropout = Dropout(config.dropout)
 
-    def forward(self, tokens: Tensor, offset: int = 0, token_types: Tensor | None = None) -> Tensor:
+    def forward(
+        self, tokens: Tensor, offset: int = 0, token_types: Tensor | None = None, positions: Tensor | None = None
+    ) -> Tensor:
+        """``positions`` (B, T): explicit positions (randomized positions); default offset, offset + 1, ..."""
         _check_ids(tokens, self.token.num_embeddings)
-        x = self.positional(self.token(tokens) * self.scale, offset)
+        x = self.positional(self.token(tokens) * self.scale, offset, positions)
         return self.dropout(self.norm(self.token_type(x, token_types)))
 
 
@@ -189,6 +195,9 @@ def _multi_head(config: TransformerConfig, kind: str, layer: int) -> MultiHeadAt
         kv_index=config.kv_index_at(kind, layer),  # what pruning left of grouped-query attention
         # Rotary positions rotate self-attention's queries and keys; cross-attention has none.
         rope_base=config.rope_base if config.positional == "rope" and kind != "cross" else None,
+        # ALiBi and Shaw et al.'s relative positions bias self-attention's scores; not cross-attention's.
+        position_bias=config.positional if config.positional in POSITION_BIASES and kind != "cross" else None,
+        relative_clip=config.relative_clip,
         linear=config.linear,
     )
 
@@ -227,9 +236,47 @@ def _final_norm(config: TransformerConfig) -> nn.Module:
     return make_norm(config.norm, config.d_model, config.layer_norm_eps) if config.norm_first else nn.Identity()
 
 
-def _no_positions(is_token: Tensor, new: int) -> None:
-    """Positions only matter to rotary attention; the others take theirs from the embedding."""
-    return None
+IN_ATTENTION = ("rope", *POSITION_BIASES)
+"""Encodings that act inside self-attention, from explicit query and key positions."""
+
+
+class Placement(NamedTuple):
+    """The positions one forward pass of a stack uses (None: the default, offset + 0, 1, ...).
+
+    Attributes:
+        queries: (B, T) positions of the new tokens, for rotary attention and position biases.
+        keys: (B, T_k) positions of every key so far (the cache's included), for position biases.
+        embedding: (B, T) positions for the embedding's table (randomized positions only).
+    """
+
+    queries: Tensor | None
+    keys: Tensor | None
+    embedding: Tensor | None
+
+
+class PositionPlacer:
+    """Which positions a stack's tokens take, chosen once from the config.
+
+    * in training with ``randomized_positions = M`` (no cache): a sorted random subset of [0, M)
+      per row (:func:`attnlab.nn.positional.randomized_positions`, Ruoss et al. 2023), for the
+      embedding's table and for attention alike;
+    * otherwise, for encodings inside attention: each real token's index among the real tokens
+      (:func:`attnlab.nn.rotary.positions_of_tokens`), so left padding does not shift them;
+    * otherwise none: the embedding counts from the cache's offset.
+    """
+
+    def __init__(self, config: TransformerConfig) -> None:
+        self.in_attention = config.positional in IN_ATTENTION
+        self.limit = config.randomized_positions or 0
+
+    def __call__(self, keys_are_tokens: Tensor, new: int, *, training: bool, cached: bool) -> Placement:
+        if self.limit and training and not cached:
+            sampled = randomized_positions(keys_are_tokens, self.limit)  # (B, T)
+            return Placement(sampled, sampled, sampled)
+        if self.in_attention:
+            keys = positions_of_tokens(keys_are_tokens, keys_are_tokens.shape[1])  # (B, T_k)
+            return Placement(keys[:, -new:], keys, None)
+        return Placement(None, None, None)
 
 
 def _layer_row(head_mask: Tensor | None, layer: int, heads: int) -> Tensor | None:
@@ -276,7 +323,7 @@ class Encoder(nn.Module):
             for index in range(config.layers)
         )
         self.final_norm = _final_norm(config)
-        self._positions = positions_of_tokens if config.positional == "rope" else _no_positions
+        self._place = PositionPlacer(config)
 
     def forward(
         self,
@@ -293,8 +340,8 @@ class Encoder(nn.Module):
         is_token = tokens != self.pad_id if is_token is None else is_token
         keys_are_tokens = is_token if state is None else state.advance(is_token)  # (B, T_k)
         mask = _key_padding(keys_are_tokens)
-        positions = self._positions(keys_are_tokens, tokens.shape[1])  # (B, T) for rotary attention
-        x = self.embedding(tokens, offset, token_types)
+        place = self._place(keys_are_tokens, tokens.shape[1], training=self.training, cached=state is not None)
+        x = self.embedding(tokens, offset, token_types, place.embedding)
         for index, layer in enumerate(self.layers):
             x = layer(
                 x,
@@ -302,7 +349,8 @@ class Encoder(nn.Module):
                 causal=self.causal,
                 head_mask=_layer_row(head_mask, index, layer.self_attn.heads),
                 cache=None if state is None else state.layers[index],
-                positions=positions,
+                positions=place.queries,
+                key_positions=place.keys,
             )
         return self.final_norm(x)
 
@@ -377,7 +425,7 @@ class Decoder(nn.Module):
             for index in range(config.decoder_depth)
         )
         self.final_norm = _final_norm(config)
-        self._positions = positions_of_tokens if config.positional == "rope" else _no_positions
+        self._place = PositionPlacer(config)
 
     def forward(
         self,
@@ -393,9 +441,9 @@ class Decoder(nn.Module):
         is_token = tokens != self.pad_id
         keys_are_tokens = is_token if state is None else state.advance(is_token)  # (B, T_k)
         self_mask = _key_padding(keys_are_tokens)
-        positions = self._positions(keys_are_tokens, tokens.shape[1])  # (B, T) for rotary attention
+        place = self._place(keys_are_tokens, tokens.shape[1], training=self.training, cached=state is not None)
         memory_mask = _key_padding(memory.is_token)
-        y = self.embedding(tokens, offset)
+        y = self.embedding(tokens, offset, None, place.embedding)
         for index, layer in enumerate(self.layers):
             y = layer(
                 y,
@@ -405,7 +453,8 @@ class Decoder(nn.Module):
                 self_head_mask=_layer_row(self_head_mask, index, layer.self_attn.heads),
                 cross_head_mask=_layer_row(cross_head_mask, index, layer.cross_attn.heads),
                 cache=None if state is None else state.layers[index],
-                positions=positions,
+                positions=place.queries,
+                key_positions=place.keys,
             )
         return self.final_norm(y)
 
@@ -616,18 +665,39 @@ def build_model(config: TransformerConfig) -> TransformerModel:
     raise ValueError(f"no model for config class {type(config).__name__}; allowed kinds: {', '.join(MODELS)}")
 
 
-def build_model_to_load(config: TransformerConfig) -> TransformerModel:
-    """The model for ``config`` with its parameters on the meta device (no memory, no random
-    initialisation) and its derived buffers (rotary angles, sinusoidal tables) computed on the CPU.
+def optional_state_keys(model: nn.Module) -> set[str]:
+    """State-dict keys that weights saved by an older attnlab may lack (a module's ``optional_state``,
+    e.g. :class:`attnlab.nn.positional.LearnedTable`'s ``trained_positions``): they load as their
+    reset value when missing."""
+    return {
+        f"{name}.{key}" if name else key
+        for name, module in model.named_modules()
+        for key in getattr(module, "optional_state", ())
+    }
 
-    For loading saved weights by assignment (``attnlab.runs.load_tensors_into(..., assign=True)``),
-    which puts a tensor in place of every parameter: the model is never held twice. Every module
-    with non-persistent buffers recomputes them in ``reset_buffers()``.
+
+def build_model_to_load(config: TransformerConfig) -> TransformerModel:
+    """The model for ``config`` with its parameters allocated but not initialised: for loading
+    saved weights by assignment (``attnlab.runs.load_tensors_into(..., assign=True)``), which puts
+    a tensor in place of every parameter, so the model's weights are never held twice.
+
+    Memory the allocator hands out is not resident until written, so skipping the random
+    initialisation (``torch.nn.init`` and the in-place random fills it uses) leaves the
+    parameters' memory untouched until the loaded tensors replace it. Buffers (rotary angles,
+    sinusoidal tables) are computed as usual. Not the meta device: PyTorch's meta kernels import
+    ``torch._dynamo`` (over a second and 75 MB).
     """
-    with torch.device("meta"):
-        model = build_model(config)
-    for module in model.modules():
-        reset = getattr(module, "reset_buffers", None)
-        if reset is not None:
-            reset()
-    return model
+    with _WithoutInitialisation():
+        return build_model(config)
+
+
+class _WithoutInitialisation(TorchFunctionMode):
+    """Inside it, ``torch.nn.init``'s functions and ``Tensor.uniform_`` / ``normal_`` leave their
+    tensor as it is."""
+
+    _SKIPPED = (torch.Tensor.uniform_, torch.Tensor.normal_)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        if getattr(func, "__module__", None) == "torch.nn.init" or func in self._SKIPPED:
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **(kwargs or {}))

@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from attnlab.kernels import linear_kernel
 from attnlab.nn.attention import NORMALIZERS
 from attnlab.nn.masks import check_mask
+from attnlab.nn.position_bias import PositionBias, distances, make_position_bias
 from attnlab.nn.rotary import RotaryEmbedding
 from attnlab.nn.scores import make_score
 
@@ -223,6 +224,9 @@ class MultiHeadAttention(nn.Module):
             uniform h // (H / kv_heads) one takes the same path as ``kv_heads``.
         rope_base: rotate queries and keys by their positions in self-attention (rotary position
             embeddings, :mod:`attnlab.nn.rotary`) with this base; None for no rotation.
+        position_bias: relative positions on the scores (:mod:`attnlab.nn.position_bias`):
+            ``alibi`` (Press et al. 2022) or ``relative`` (Shaw et al. 2018); None for none.
+        relative_clip: the clipping distance k of ``relative``.
         linear: GEMM kernel of the projections, a name in :data:`attnlab.kernels.LINEAR_KERNELS`
             or ``auto``.
 
@@ -255,6 +259,8 @@ class MultiHeadAttention(nn.Module):
         rope_base: float | None = None,
         linear: str = "auto",
         kv_index: list[int] | None = None,
+        position_bias: str | None = None,
+        relative_clip: int = 16,
     ) -> None:
         super().__init__()
         if heads < 0 or (heads == 0 and d_k is None):
@@ -277,11 +283,17 @@ class MultiHeadAttention(nn.Module):
         # Chosen once: rotary positions on queries and keys, or none; K/V heads shared by groups.
         self.rotary = RotaryEmbedding(self.d_k, rope_base) if rope_base is not None else None
         self._place: PlaceFn = _rotate_by_position if self.rotary is not None else _unplaced
+        # Chosen once: a bias on the scores from the distance j - i (ALiBi, Shaw et al.), or none.
+        self.position_bias: PositionBias | None = (
+            None
+            if position_bias is None
+            else make_position_bias(position_bias, heads=heads, d_k=self.d_k, d_v=self.d_v, clip=relative_clip)
+        )
         if self.kv_index == uniform:  # the fast paths: one K/V head per query head, or equal groups
             self._share: ShareFn = _share_key_values if self.kv_heads != heads else _own_key_values
         else:  # an irregular map (pruned grouped-query attention): gather K/V heads by index
+            self.register_buffer("_kv_gather", torch.tensor(self.kv_index, dtype=torch.long), persistent=False)
             self._share = self._gather_key_values
-            self.reset_buffers()
         self.dropout = dropout
         self.straight_through = straight_through
         try:  # chosen once: the softmax or hardmax attention of attnlab.nn.attention
@@ -308,11 +320,6 @@ class MultiHeadAttention(nn.Module):
         self._recorders: dict[int, Recorder] = {}
         self._recorder_ids = itertools.count()
 
-    def reset_buffers(self) -> None:
-        """(Re)compute the derived buffer of an irregular key/value map: each query head's K/V head."""
-        if self._share == self._gather_key_values:
-            self.register_buffer("_kv_gather", torch.tensor(self.kv_index, dtype=torch.long), persistent=False)
-
     def forward(
         self,
         query: Tensor,
@@ -325,6 +332,7 @@ class MultiHeadAttention(nn.Module):
         cache: KVCache | None = None,
         need_weights: bool = False,
         positions: Tensor | None = None,
+        key_positions: Tensor | None = None,
     ) -> MultiHeadOutput:
         """sum_h xi_h Attention(Q W_h^Q, K W_h^K, V W_h^V) W_o^h + b^O.
 
@@ -337,8 +345,10 @@ class MultiHeadAttention(nn.Module):
             head_mask: xi_h per head (Michel §2.3).
             cache: keys and values kept across decoding steps.
             need_weights: also return the per-head weights and outputs.
-            positions: (B, T_q) or (T_q,) positions of the queries, for rotary positions; default
-                the cache's length onwards.
+            positions: (B, T_q) or (T_q,) positions of the queries, for rotary positions and
+                position biases; default the cache's length onwards.
+            key_positions: (B, T_k) or (T_k,) positions of all keys (the cache's included), for
+                position biases; default 0, 1, ..., T_k - 1.
 
         Returns:
             :class:`MultiHeadOutput` (shapes in the class docstring).
@@ -346,8 +356,14 @@ class MultiHeadAttention(nn.Module):
         want_weights = need_weights or bool(self._recorders)
         if self.heads == 0:
             return self._without_heads(query, key, cache, want_weights)
+        offset = 0 if cache is None else len(cache)
         q, k, v = self._project(query, key, value, cache, positions)  # (B, H|H_kv, T, d_k|d_v) each
-        head_outputs, weights = self._attend(q, k, v, mask, causal, want_weights)  # (B, H, T_q, d_v)
+        if self.position_bias is None:
+            head_outputs, weights = self._attend(q, k, v, mask, causal, want_weights)  # (B, H, T_q, d_v)
+        else:
+            head_outputs, weights = self._attend_biased(
+                q, k, v, mask, causal, want_weights, positions, key_positions, offset
+            )
         if head_mask is not None:
             head_outputs = head_outputs * self._head_scale(head_mask, head_outputs)  # xi_h head_h  (Michel §2.3)
         batch, _, t_q, _ = head_outputs.shape
@@ -358,8 +374,45 @@ class MultiHeadAttention(nn.Module):
             recorder(weights, head_outputs)
         return MultiHeadOutput(output, weights if want_weights else None, head_outputs if want_weights else None)
 
+    def _attend_biased(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        causal: bool,
+        want_weights: bool,
+        positions: Tensor | None,
+        key_positions: Tensor | None,
+        offset: int,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attention with the position bias's additive scores (and its value term, for Shaw et al.).
+
+        The distance j - i comes from the given positions, or from offset, offset + 1, ... for the
+        queries (a KV cache's length on) and 0, 1, ... for the keys.
+        """
+        t_q, t_k = q.shape[-2], k.shape[-2]
+        if positions is None:
+            positions = torch.arange(offset, offset + t_q, device=q.device)
+        if key_positions is None:
+            key_positions = torch.arange(t_k, device=q.device)
+        distance = distances(positions.reshape(-1, t_q), key_positions.reshape(-1, t_k))  # (B|1, T_q, T_k)
+        bias_module = self.position_bias
+        assert bias_module is not None
+        bias = bias_module(self.score.prepare(q, q)[0], distance, self.score.scale)  # (B|1, H, T_q, T_k)
+        need = want_weights or bias_module.needs_weights
+        head_outputs, weights = self._attend(q, k, v, mask, causal, need, bias)
+        return bias_module.add_values(head_outputs, weights, distance), weights if want_weights else None
+
     def _attend_shared(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, want_weights: bool
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        causal: bool,
+        want_weights: bool,
+        bias: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """head_h = Attention(Q W_h^Q, K W_h^K, V W_h^V), each query head with its K/V head's copy.
 
@@ -381,10 +434,18 @@ class MultiHeadAttention(nn.Module):
             dropout_p=self.dropout if self.training else 0.0,
             need_weights=want_weights,
             straight_through=self.straight_through,
+            bias=bias,
         )
 
     def _attend_grouped(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, want_weights: bool
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        causal: bool,
+        want_weights: bool,
+        bias: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """:meth:`_attend_shared` for grouped-query attention without copying K and V.
 
@@ -396,10 +457,12 @@ class MultiHeadAttention(nn.Module):
         batch, heads, t_q, _ = q.shape
         per_head_mask = mask is not None and mask.dim() >= 3 and mask.shape[-3] != 1
         if t_q != 1 or per_head_mask:
-            return self._attend_shared(q, k, v, mask, causal, want_weights)
+            return self._attend_shared(q, k, v, mask, causal, want_weights, bias)
         kv_heads = k.shape[1]
         check_mask(mask, t_q, k.shape[-2])
         rows = q.reshape(batch, kv_heads, heads // kv_heads, q.shape[-1])  # (B, H_kv, g, d_k)
+        if bias is not None:  # (B|1, H, 1, T_k) -> (B|1, H_kv, g, T_k), the rows' order
+            bias = bias.reshape(bias.shape[0], kv_heads, heads // kv_heads, bias.shape[-1])
         outputs, weights = self._normalize(
             rows,
             k,
@@ -411,6 +474,7 @@ class MultiHeadAttention(nn.Module):
             dropout_p=self.dropout if self.training else 0.0,
             need_weights=want_weights,
             straight_through=self.straight_through,
+            bias=bias,
         )  # (B, H_kv, g, d_v)
         unfolded = None if weights is None else weights.reshape(batch, heads, 1, weights.shape[-1])
         return outputs.reshape(batch, heads, 1, outputs.shape[-1]), unfolded
@@ -525,6 +589,9 @@ class MultiHeadAttention(nn.Module):
             state["out_proj.bias"] = self.out_proj.bias.detach().clone()
         for name, parameter in self.score.named_parameters():  # score parameters: head axis first
             state[f"score.{name}"] = parameter.detach()[index]
+        if self.position_bias is not None:  # ALiBi's slopes per head; Shaw's tables shared by all
+            for name, tensor in self.position_bias.head_subset_state(index).items():
+                state[f"position_bias.{name}"] = tensor
         return state
 
     def _kept_kv_heads(self, keep: list[int]) -> list[int]:

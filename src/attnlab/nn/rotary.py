@@ -69,14 +69,10 @@ class RotaryEmbedding(nn.Module):
         if not base > 0:
             raise ValueError(f"rope_base must be positive, got {base}")
         self.head_dim, self.base = head_dim, float(base)
-        self.reset_buffers()
-
-    def reset_buffers(self) -> None:
-        """(Re)compute the derived buffers: theta_i = base^(-2i/d), and an empty table of angles."""
-        exponents = torch.arange(0, self.head_dim, 2, dtype=torch.int64).float() / self.head_dim
+        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
         self.register_buffer("inv_freq", 1.0 / (self.base**exponents), persistent=False)  # (d/2,)
-        self.register_buffer("_cos", torch.empty(0, self.head_dim), persistent=False)  # (T_max, d)
-        self.register_buffer("_sin", torch.empty(0, self.head_dim), persistent=False)
+        self.register_buffer("_cos", torch.empty(0, head_dim), persistent=False)  # (T_max, d)
+        self.register_buffer("_sin", torch.empty(0, head_dim), persistent=False)
 
     def forward(self, q: Tensor, k: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         cos, sin = self._angles(positions)  # (B|1, 1, T, d)

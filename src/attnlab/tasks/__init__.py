@@ -3,6 +3,9 @@
 * :mod:`.formal`: language recognition, label read at EOS (Hahn §3): parity, dyck1, dyck2, anbn,
   anbncn.
 * :mod:`.seq2seq`: copy, reverse, sort, addition.
+* :mod:`.chomsky`: the tasks of Delétang et al. 2023 (Neural Networks and the Chomsky Hierarchy):
+  even_pairs, cycle_navigation, modular_arithmetic (classification); reverse_string,
+  stack_manipulation, duplicate_string, binary_addition, binary_multiplication (sequences).
 * :mod:`.text`: translation from parallel TSV, lm from plain text; file+line errors.
 * :mod:`.sentences`: texts for a sentence encoder, framed as BERT reads them.
 * :mod:`.batching`: pad + mask, bucket by length, deterministic shuffle, max-length policy.
@@ -17,6 +20,7 @@ Every task gives ``train()``, ``valid()``, ``test()`` and ``length_generalisatio
 
 from attnlab.tasks.base import SPLITS, Example, Task, Vocab, split_of
 from attnlab.tasks.batching import Batch, collate, fit_length, make_batches
+from attnlab.tasks.chomsky import CHOMSKY_TASKS
 from attnlab.tasks.formal import LANGUAGES, RecognitionTask, near_misses
 from attnlab.tasks.registry import TASKS, get_task, task_options
 from attnlab.tasks.sentences import SentencesTask
@@ -25,6 +29,7 @@ from attnlab.tasks.text import BadLine, Lines, LMTask, TranslationTask, read_lin
 
 __all__ = [
     "SPLITS",
+    "CHOMSKY_TASKS",
     "LANGUAGES",
     "TASKS",
     "TRANSFORMS",

@@ -13,6 +13,7 @@ assigned to it. The length-generalisation split is disjoint from the others by l
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -28,13 +29,14 @@ __all__ = [
     "VocabIds",
     "split_of",
     "split_share",
+    "split_statistics",
     "weigh_lengths",
     "check_sizes",
 ]
 
 SPLITS = ("train", "valid", "test", "length_generalisation")
 SplitName = Literal["train", "valid", "test", "length_generalisation"]
-TaskKind = Literal["recognition", "seq2seq", "lm", "embedding"]
+TaskKind = Literal["recognition", "next_char", "classification", "seq2seq", "lm", "embedding"]
 
 TASK_SPECIALS = ("[PAD]", "[BOS]", "[EOS]")
 """The specials of the synthetic tasks: PAD=0, BOS=1, EOS=2; task symbols follow from id 3."""
@@ -78,20 +80,28 @@ class Example:
             followed by EOS; lm: empty).
         target: the output sequence without BOS/EOS (seq2seq, lm), or None. Batching builds
             ``tgt_in = BOS + target`` and ``tgt_out = target + EOS`` from it.
-        label: 1 = in the language, 0 = not (recognition), or None.
+        label: 1 = in the language, 0 = not (recognition); a class 0..C-1 (classification); or None.
         length: the length that decides the split (symbols before EOS, or the operand width).
+        next_symbols: ``next_char`` recognition only: for each position of ``tgt_in`` = BOS +
+            target, the set of token ids that may come next, as a bit mask (bit i = id i).
     """
 
     source: tuple[int, ...]
     target: tuple[int, ...] | None = None
     label: int | None = None
     length: int = 0
+    next_symbols: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        if self.label is not None and self.label not in (0, 1):
-            raise ValueError(f"label: must be 0 or 1, got {self.label}")
+        if self.label is not None and self.label < 0:
+            raise ValueError(f"label: must be >= 0, got {self.label}")
         if self.length < 0:
             raise ValueError(f"length: must be >= 0, got {self.length}")
+        if self.next_symbols is not None and len(self.next_symbols) != len(self.target or ()) + 1:
+            raise ValueError(
+                f"next_symbols: one mask per position of BOS + target ({len(self.target or ()) + 1}), "
+                f"got {len(self.next_symbols)}"
+            )
 
 
 @dataclass(frozen=True)
@@ -209,6 +219,21 @@ def split_of(seed: int, text: str) -> str:
     digest = hashlib.sha256(f"{seed}\x00{text}".encode("utf-8", "surrogatepass")).digest()
     u = int.from_bytes(digest[:8], "big") / 2**64
     return next(name for name, upper in _SHARES if u < upper)
+
+
+def split_statistics(examples: Sequence[Example]) -> dict[str, int]:
+    """How many examples, distinct strings, positives and distinct positives ``examples`` hold.
+
+    A string is its (source, target) token ids; a positive has label 1.
+    """
+    keys = [(e.source, e.target) for e in examples]
+    positive_keys = [k for k, e in zip(keys, examples) if e.label == 1]
+    return {
+        "examples": len(examples),
+        "distinct_strings": len(set(keys)),
+        "positives": len(positive_keys),
+        "distinct_positives": len(set(positive_keys)),
+    }
 
 
 def check_sizes(**sizes: int) -> None:

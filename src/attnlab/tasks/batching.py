@@ -36,6 +36,8 @@ class Batch:
         src, src_is_token: (B, T_src) int64 / bool. Recognition and seq2seq sources.
         tgt_in, tgt_out, tgt_is_token: (B, T_tgt). tgt_in = BOS + target, tgt_out = target + EOS.
         labels: (B,) int64, recognition only.
+        next_symbols: (B, T_tgt) int64, ``next_char`` recognition only: at each position of
+            ``tgt_in`` the bit mask of the token ids that may come next (0 at padding).
         lengths: (B,) int64, unpadded length of ``src`` (or of ``tgt_in`` when there is no src).
         split_lengths: (B,) int64, each example's :attr:`Example.length`, the length that decides
             its split (symbols before EOS, an operand width), which accuracy per length is keyed by.
@@ -49,6 +51,7 @@ class Batch:
     tgt_out: Tensor | None = None
     tgt_is_token: Tensor | None = None
     labels: Tensor | None = None
+    next_symbols: Tensor | None = None
 
     def __len__(self) -> int:
         return self.lengths.shape[0]
@@ -80,6 +83,8 @@ def collate(examples: Sequence[Example], *, pad_id: int, bos_id: int, eos_id: in
         targets = [e.target or () for e in examples]
         fields["tgt_in"], fields["tgt_is_token"] = _pad([(bos_id, *t) for t in targets], pad_id)
         fields["tgt_out"], _ = _pad([(*t, eos_id) for t in targets], pad_id)
+    if examples[0].next_symbols is not None:
+        fields["next_symbols"], _ = _pad([e.next_symbols or () for e in examples], 0)
     if examples[0].label is not None:
         fields["labels"] = torch.tensor([e.label for e in examples], dtype=torch.int64)
     mask = fields["src_is_token"] if has_src else fields["tgt_is_token"]

@@ -54,5 +54,5 @@ class TextCodec:
     def tokens(self, ids: list[int]) -> list[str]:
         """One label per id (for plots and the viewer)."""
         if self.tokenizer is not None:
-            return [self.tokenizer.id_to_token(i) or "?" for i in ids]
+            return [self.tokenizer.token_label(i) for i in ids]
         return [self.task.vocab.tokens[i] for i in ids]

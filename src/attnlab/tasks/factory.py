@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from attnlab.errors import ConfigError
 from attnlab.nn import TransformerConfig, TransformerModel, build_model, build_model_to_load
 from attnlab.tasks.base import Task
+from attnlab.tasks.chomsky import CHOMSKY_TASKS
 from attnlab.tasks.formal import LANGUAGES
 from attnlab.tasks.registry import get_task
 from attnlab.tasks.seq2seq import TRANSFORMS
@@ -70,6 +71,10 @@ TASK_PROPERTIES: dict[str, TaskProperties] = {
         *(TaskProperties(name, "recognition", "encoder_classifier") for name in LANGUAGES),
         *(TaskProperties(name, "seq2seq", "encoder_decoder") for name in TRANSFORMS),
         TaskProperties("addition", "seq2seq", "encoder_decoder"),
+        *(
+            TaskProperties(name, cls.kind, "encoder_classifier" if cls.kind == "classification" else "encoder_decoder")
+            for name, cls in CHOMSKY_TASKS.items()
+        ),
         TaskProperties("translation", "seq2seq", "encoder_decoder", text=True),
         TaskProperties("lm", "lm", "decoder_only", text=True),
         TaskProperties("sentences", "embedding", "encoder", text=True, pretrained_tokenizer=True),
@@ -78,8 +83,14 @@ TASK_PROPERTIES: dict[str, TaskProperties] = {
 }
 """Task name -> its properties; the same names as :data:`attnlab.tasks.registry.TASKS`."""
 
-MODEL_FOR_TASK_KIND: dict[str, str] = {p.kind: p.model_kind for p in TASK_PROPERTIES.values()}
-"""The model kind each kind of task trains (read off :data:`TASK_PROPERTIES`)."""
+MODEL_FOR_TASK_KIND: dict[str, str] = {
+    **{p.kind: p.model_kind for p in TASK_PROPERTIES.values()},
+    "next_char": "decoder_only",
+}
+"""The model kind each kind of task trains (read off :data:`TASK_PROPERTIES`). A formal language
+with ``task.formulation = "next_char"`` is of kind ``next_char``: a causal decoder-only model, as
+Bhattamishra et al. (2020) used, whose output layer gives one sigmoid logit per symbol and EOS at
+each position (see :mod:`attnlab.evaluation.objectives`)."""
 
 
 @dataclass(frozen=True)
@@ -146,8 +157,8 @@ def _corpus(name: str, options: Mapping[str, Any]) -> list[str]:
 def model_for_task(experiment: ExperimentConfig, task: Task, *, to_load: bool = False) -> TransformerModel:
     """The model of the experiment, sized by the task (vocabularies, classes, padding id).
 
-    With ``to_load`` its parameters are left on the meta device, for saved weights to take their
-    place (:func:`attnlab.nn.build_model_to_load`).
+    With ``to_load`` its parameters are left uninitialised, for saved weights to take their place
+    (:func:`attnlab.nn.build_model_to_load`).
     """
     config = model_config_for_task(experiment, task)
     return build_model_to_load(config) if to_load else build_model(config)
@@ -157,14 +168,16 @@ def model_config_for_task(experiment: ExperimentConfig, task: Task) -> Transform
     """The config of :func:`model_for_task`'s model, without building it (for memory estimates)."""
     wanted = MODEL_FOR_TASK_KIND[task.kind]
     if experiment.model_kind != wanted:
+        formulation = getattr(task, "formulation", "classify")
+        why = "" if formulation == "classify" else f" (task.formulation = {formulation!r})"
         raise ConfigError(
-            f"model.kind: task {experiment.task_name!r} trains a {wanted} model, not {experiment.model_kind}"
+            f"model.kind: task {experiment.task_name!r}{why} trains a {wanted} model, not {experiment.model_kind}"
         )
     target = getattr(task, "target", None)
     decided = {
         "vocab_size": task.vocab_size,
         "tgt_vocab_size": target.vocab_size if target is not None else task.vocab_size,
-        "num_classes": 2,
+        "num_classes": getattr(task, "num_classes", 2),  # recognition: in / not in the language
         "pad_id": task.pad_id,
     }
     return experiment.model_config(**decided)

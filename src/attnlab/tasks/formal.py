@@ -26,6 +26,30 @@ repetition. Negatives are near-misses: a positive with one symbol changed, two
 adjacent symbols swapped, or one symbol dropped, kept only if the result is *not* in the
 language, so that a classifier cannot tell them apart by surface statistics alone.
 
+For the Dyck languages, at least :data:`BALANCED_SHARE` (half) of every split's negatives keep every
+bracket count balanced and are wrong only in their order: a positive with two of its symbols
+exchanged (``)(`` where ``()`` was, so that a prefix goes below zero, or crossed kinds ``([)]``).
+Without them almost every near-miss changes a count, and a classifier that only counts brackets
+(no positions at all) scores near 1. Each split reports its distinct strings and positives and the
+accuracy of such a shortcut (:meth:`RecognitionTask.split_report`, :data:`COUNTING_BASELINES`);
+a held-out split with fewer than :data:`MIN_DISTINCT_STRINGS` distinct strings (or, classifying,
+:data:`MIN_DISTINCT_POSITIVES` distinct positives) is warned about.
+
+Two formulations (``task.formulation``):
+
+* ``classify`` (the default): the membership label above, read at EOS by an encoder classifier.
+* ``next_char`` (Bhattamishra, Ahuja & Goyal 2020, "On the Ability and Limitations of Transformers
+  to Recognize Formal Languages"): every example is a *member*; a causal decoder reads
+  BOS + the string and, at each position t (having read the prefix w[:t]), predicts the set of
+  symbols that may follow it in the language, EOS included when w[:t] is itself a member
+  (:attr:`Language.next_symbols`). Multi-label: one sigmoid per symbol (see
+  :mod:`attnlab.evaluation.objectives`); a string counts as right only when every position's set is.
+  dyck1 after ``(()``: {``(``, ``)``}; after ``()``: {``(``, EOS}. parity: both bits always, EOS
+  after an even number of 1s (the only signal parity gives).
+
+Length bins (``task.eval_lengths = [[13, 24], [25, 48]]``): each bin is a split of its own,
+``length_13_24``, drawn like ``length_generalisation`` (which stays (L, 2L]).
+
 Membership is decided by checkers written independently of the generators (counting and
 rewriting rather than construction), so tests can hold one against the other.
 """
@@ -35,14 +59,35 @@ from __future__ import annotations
 import math
 import random
 import re
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from functools import cache
+from typing import Any
 
-from attnlab.errors import ConfigError
-from attnlab.tasks.base import Example, Vocab, VocabIds, check_sizes, check_split_name, split_of, weigh_lengths
+from attnlab.errors import AttnlabWarning, ConfigError
+from attnlab.tasks.base import (
+    SPLITS,
+    Example,
+    Vocab,
+    VocabIds,
+    check_sizes,
+    split_of,
+    split_statistics,
+    weigh_lengths,
+)
 
-__all__ = ["LANGUAGES", "Language", "RecognitionTask", "near_misses"]
+__all__ = [
+    "END",
+    "FORMULATIONS",
+    "LANGUAGES",
+    "Language",
+    "RecognitionTask",
+    "baseline_accuracy",
+    "check_length_bins",
+    "length_bin_name",
+    "near_misses",
+]
 
 SMALL_LANGUAGE = 256
 """Up to this many positives of length <= L, positives are dealt to the splits, not hashed."""
@@ -84,6 +129,67 @@ def is_anbn(s: str) -> bool:
 def is_anbncn(s: str) -> bool:
     match = re.fullmatch(r"(a+)(b+)(c+)", s)
     return match is not None and len(match[1]) == len(match[2]) == len(match[3])
+
+
+# ---- next-symbol sets (the next_char formulation) -----------------------------------------------
+
+END = "$"
+"""Stands for the end symbol (EOS) in a next-symbol set: the prefix read so far is itself a member."""
+
+
+def _parity_next(prefix: str) -> frozenset[str]:
+    # Every binary prefix extends to a member (append a 1 or not): both bits may follow.
+    if not set(prefix) <= {"0", "1"}:
+        return frozenset()
+    return frozenset("01") | ({END} if is_parity(prefix) else frozenset())
+
+
+def _dyck_next(pairs: dict[str, str]) -> Callable[[str], frozenset[str]]:
+    """Next symbols of a Dyck prefix: any opener; the closer of the innermost open bracket; END
+    once every bracket is closed (and the prefix is not empty)."""
+
+    def next_symbols(prefix: str) -> frozenset[str]:
+        stack: list[str] = []
+        for ch in prefix:
+            if ch in pairs:
+                stack.append(pairs[ch])
+            elif stack and stack[-1] == ch:
+                stack.pop()
+            else:  # a closer that closes nothing open: no continuation is a member
+                return frozenset()
+        allowed = set(pairs)
+        if stack:
+            allowed.add(stack[-1])
+        elif prefix:
+            allowed.add(END)
+        return frozenset(allowed)
+
+    return next_symbols
+
+
+def _blocks_next(letters: str) -> Callable[[str], frozenset[str]]:
+    """Next symbols of a prefix of a^k b^k (c^k): the block count k is fixed by the a's; inside
+    block j > 0 the same letter until it holds k, then the next letter, or END after the last."""
+    pattern = re.compile("".join(f"({letter}*)" for letter in letters))
+
+    def next_symbols(prefix: str) -> frozenset[str]:
+        match = pattern.fullmatch(prefix)
+        if match is None:
+            return frozenset()
+        counts = [len(group) for group in match.groups()]
+        k = counts[0]
+        if k == 0:
+            return frozenset(letters[0]) if not prefix else frozenset()
+        j = max(i for i, count in enumerate(counts) if count > 0)  # the block being written
+        if j == 0:
+            return frozenset(letters[:2])  # more a's, or the first b
+        if any(counts[i] != k for i in range(1, j)) or counts[j] > k:
+            return frozenset()
+        if counts[j] < k:
+            return frozenset(letters[j])
+        return frozenset(letters[j + 1]) if j + 1 < len(letters) else frozenset(END)
+
+    return next_symbols
 
 
 # ---- generators ---------------------------------------------------------------------------------
@@ -147,6 +253,8 @@ class Language:
     contains: Callable[[str], bool]
     sample_positive: Callable[[random.Random, int], str | None]
     count_positive: Callable[[int], int]
+    next_symbols: Callable[[str], frozenset[str]]
+    count_balanced: Callable[[int], int] | None = None
 
     def positives(self, n: int) -> Iterator[str]:
         """All positives of length n, by brute force; only for the small counts it is used on."""
@@ -164,6 +272,11 @@ class Language:
                 continue
             stack.extend(prefix + symbol for symbol in reversed(self.alphabet))
 
+    @property
+    def has_balanced_negatives(self) -> bool:
+        """Whether the language draws balanced-count negatives (the Dyck languages)."""
+        return self.count_balanced is not None
+
     def near_miss_sources(self, n: int) -> dict[int, int]:
         """Base length -> an upper bound on the near-misses of length ``n`` it yields.
 
@@ -180,10 +293,35 @@ class Language:
         return min(sum(self.near_miss_sources(n).values()), len(self.alphabet) ** n - self.count_positive(n))
 
 
+def _balanced_dyck1(n: int) -> int:
+    """Non-members of length n with as many ( as ): C(n, n/2) - Catalan(n/2)."""
+    return math.comb(n, n // 2) - _catalan(n // 2) if n > 0 and n % 2 == 0 else 0
+
+
+def _balanced_dyck2(n: int) -> int:
+    """Non-members of length n with as many ( as ) and as many [ as ]: the arrangements
+    n! / (a! a! b! b!) summed over a + b = n/2, less the Dyck-2 words."""
+    if n <= 0 or n % 2:
+        return 0
+    half = n // 2
+    arrangements = sum(
+        math.factorial(n) // (math.factorial(a) ** 2 * math.factorial(half - a) ** 2) for a in range(half + 1)
+    )
+    return arrangements - _catalan(half) * 2**half
+
+
 LANGUAGES: dict[str, Language] = {
-    "parity": Language("parity", "01", is_parity, _parity_positive, lambda n: 2 ** (n - 1) if n > 0 else 0),
+    "parity": Language(
+        "parity", "01", is_parity, _parity_positive, lambda n: 2 ** (n - 1) if n > 0 else 0, _parity_next
+    ),
     "dyck1": Language(
-        "dyck1", "()", is_dyck1, _dyck_positive("("), lambda n: _catalan(n // 2) if n > 0 and n % 2 == 0 else 0
+        "dyck1",
+        "()",
+        is_dyck1,
+        _dyck_positive("("),
+        lambda n: _catalan(n // 2) if n > 0 and n % 2 == 0 else 0,
+        _dyck_next({"(": ")"}),
+        _balanced_dyck1,
     ),
     "dyck2": Language(
         "dyck2",
@@ -191,9 +329,15 @@ LANGUAGES: dict[str, Language] = {
         is_dyck2,
         _dyck_positive("(["),
         lambda n: _catalan(n // 2) * 2 ** (n // 2) if n > 0 and n % 2 == 0 else 0,
+        _dyck_next({"(": ")", "[": "]"}),
+        _balanced_dyck2,
     ),
-    "anbn": Language("anbn", "ab", is_anbn, _blocks_positive("ab"), lambda n: int(n > 0 and n % 2 == 0)),
-    "anbncn": Language("anbncn", "abc", is_anbncn, _blocks_positive("abc"), lambda n: int(n > 0 and n % 3 == 0)),
+    "anbn": Language(
+        "anbn", "ab", is_anbn, _blocks_positive("ab"), lambda n: int(n > 0 and n % 2 == 0), _blocks_next("ab")
+    ),
+    "anbncn": Language(
+        "anbncn", "abc", is_anbncn, _blocks_positive("abc"), lambda n: int(n > 0 and n % 3 == 0), _blocks_next("abc")
+    ),
 }
 """Registry: language name -> :class:`Language`."""
 
@@ -210,6 +354,27 @@ def near_misses(s: str, alphabet: str) -> list[str]:
     return out
 
 
+FORMULATIONS = ("classify", "next_char")
+"""``classify``: membership, the label read at EOS (Hahn §3). ``next_char``: the set of symbols that
+may follow each prefix (Bhattamishra, Ahuja & Goyal 2020)."""
+
+BALANCED_SHARE = 0.5
+"""The share of a Dyck split's negatives that are balanced-count transpositions (rounded up)."""
+
+MIN_DISTINCT_STRINGS = 100
+"""A held-out split with fewer distinct strings than this is warned about: its accuracy is a mean
+over so few strings that its standard error can exceed 0.5 / sqrt(100) = 0.05."""
+
+MIN_DISTINCT_POSITIVES = 25
+"""... and so is one with fewer distinct positives (``classify``): the accuracy on its positive half
+is a mean over fewer strings than this, with a standard error that can exceed 0.5 / sqrt(25) = 0.1."""
+
+
+def length_bin_name(low: int, high: int) -> str:
+    """The split name of the length bin [low, high]: ``length_13_24``."""
+    return f"length_{low}_{high}"
+
+
 @dataclass(frozen=True)
 class RecognitionTask(VocabIds):
     """Recognise one formal language; see the module docstring for encodings and counts.
@@ -219,9 +384,15 @@ class RecognitionTask(VocabIds):
         max_train_length: L. train/valid/test strings have 1..L symbols; the
             length-generalisation split has L+1..2L.
         train_size, valid_size, test_size, length_generalisation_size: examples per split
-            (half positive). Within a split a string may repeat when the language is small;
-            across splits never.
+            (half positive with ``classify``). Within a split a string may repeat when the
+            language is small; across train, valid and test never. Each length bin of
+            ``eval_lengths`` draws ``length_generalisation_size`` examples.
         seed: the seed of every draw and of the split assignment.
+        formulation: ``classify`` (membership, label at EOS) or ``next_char`` (the set of
+            symbols that may follow each prefix, on positive strings only); see the module docstring.
+        eval_lengths: extra held-out splits by length, ``[[low, high], ...]``, inclusive, ordered,
+            disjoint, every low above L; bin [low, high] is the split ``length_<low>_<high>``.
+            The (L, 2L] ``length_generalisation`` split stays, and may overlap a bin.
     """
 
     language: str = "parity"
@@ -231,20 +402,28 @@ class RecognitionTask(VocabIds):
     test_size: int = 200
     length_generalisation_size: int = 200
     seed: int = 0
+    formulation: str = "classify"
+    eval_lengths: list[list[int]] = field(default_factory=list)
 
     kind = "recognition"
+    """``recognition`` (the class's, and ``classify``'s) or ``next_char``: what the model outputs."""
 
     def __post_init__(self) -> None:
         if self.language not in LANGUAGES:
             raise ConfigError(f"language: unknown language {self.language!r}; choose one of {', '.join(LANGUAGES)}")
         if self.max_train_length < 1:
             raise ConfigError(f"max_train_length: must be >= 1, got {self.max_train_length}")
+        if self.formulation not in FORMULATIONS:
+            raise ConfigError(f"formulation: unknown {self.formulation!r}; choose one of {', '.join(FORMULATIONS)}")
         check_sizes(
             train_size=self.train_size,
             valid_size=self.valid_size,
             test_size=self.test_size,
             length_generalisation_size=self.length_generalisation_size,
         )
+        check_length_bins(self.eval_lengths, self.max_train_length)
+        if self.formulation == "next_char":
+            object.__setattr__(self, "kind", "next_char")
 
     # ---- vocabulary ---------------------------------------------------------------------------
 
@@ -266,32 +445,93 @@ class RecognitionTask(VocabIds):
     def encode(self, string: str, label: int) -> Example:
         return Example(source=self.vocab.encode(string) + (self.eos_id,), label=label, length=len(string))
 
+    def symbol_mask(self, symbols: frozenset[str]) -> int:
+        """A next-symbol set as a bit mask over token ids: bit ``eos_id`` for :data:`END`, bit
+        ``id(c)`` for a symbol c."""
+        ids = self.vocab.encode(tuple(sorted(symbols - {END})))
+        return sum(1 << i for i in ids) | ((1 << self.eos_id) if END in symbols else 0)
+
+    def encode_next_char(self, string: str) -> Example:
+        """A ``next_char`` example of a member ``string`` of n symbols.
+
+        The decoder reads BOS + string (n + 1 positions, see :func:`attnlab.tasks.batching.collate`);
+        position t has read the prefix string[:t] and its target is that prefix's next-symbol set
+        (:attr:`Language.next_symbols`) as a mask over token ids (:meth:`symbol_mask`).
+        """
+        masks = tuple(self.symbol_mask(self.lang.next_symbols(string[:t])) for t in range(len(string) + 1))
+        return Example(source=(), target=self.vocab.encode(string), label=1, length=len(string), next_symbols=masks)
+
     # ---- splits -------------------------------------------------------------------------------
 
+    @property
+    def length_bins(self) -> dict[str, tuple[int, int]]:
+        """Split name -> (low, high) of every bin of ``eval_lengths``, in order."""
+        return {length_bin_name(low, high): (low, high) for low, high in self.eval_lengths}
+
+    def split_names(self) -> tuple[str, ...]:
+        """Every split this task has: train, valid, test, length_generalisation, then the length bins."""
+        return SPLITS + tuple(self.length_bins)
+
+    def check_split(self, name: str) -> None:
+        if name not in self.split_names():
+            raise ConfigError(f"split: unknown split {name!r}; choose one of {', '.join(self.split_names())}")
+
+    def lengths(self, split: str) -> range:
+        """The lengths a split draws from: 1..L, L+1..2L for length generalisation, or a bin's."""
+        if split in self.length_bins:
+            low, high = self.length_bins[split]
+            return range(low, high + 1)
+        return super().lengths(split)
+
+    def _held_out_by_length(self, name: str) -> bool:
+        return name == "length_generalisation" or name in self.length_bins
+
+    def _share_name(self, name: str) -> str:
+        # A split apart by length owns every string of its lengths, as length_generalisation does.
+        return "length_generalisation" if self._held_out_by_length(name) else name
+
+    def _size(self, name: str) -> int:
+        return self.length_generalisation_size if name in self.length_bins else getattr(self, f"{name}_size")
+
     def split(self, name: str) -> list[Example]:
-        """The examples of split ``name``, balanced, in a seeded random order."""
-        check_split_name(name)
-        size = getattr(self, f"{name}_size")
+        """The examples of split ``name`` in a seeded random order.
+
+        ``classify``: half positive; for the Dyck languages at least :data:`BALANCED_SHARE` of the
+        negatives have balanced bracket counts (:meth:`_balanced_sampler`). ``next_char``: positive
+        strings only, as Bhattamishra et al. train and test.
+        """
+        self.check_split(name)
+        size = self._size(name)
         rng = random.Random(f"{self.seed}:{self.language}:{name}")
+        if self.formulation == "next_char":
+            positives = self._positive_sampler(name, draws=size)
+            return [self.encode_next_char(positives(rng)) for _ in range(size)]
+        negatives_wanted = size - size // 2
+        balanced = math.ceil(BALANCED_SHARE * negatives_wanted) if self.lang.has_balanced_negatives else 0
         positives = self._positive_sampler(name, draws=size // 2)
-        negatives = self._negative_sampler(name, draws=size - size // 2)
         examples = [self.encode(positives(rng), 1) for _ in range(size // 2)]
-        examples += [self.encode(negatives(rng), 0) for _ in range(size - size // 2)]
+        if negatives_wanted - balanced:
+            negatives = self._negative_sampler(name, draws=negatives_wanted - balanced)
+            examples += [self.encode(negatives(rng), 0) for _ in range(negatives_wanted - balanced)]
+        if balanced:
+            swapped = self._balanced_sampler(name, draws=balanced)
+            examples += [self.encode(swapped(rng), 0) for _ in range(balanced)]
         rng.shuffle(examples)
         return examples
 
     def _owns(self, name: str, string: str) -> bool:
-        return name == "length_generalisation" or split_of(self.seed, string) == name
+        return self._held_out_by_length(name) or split_of(self.seed, string) == name
 
     def _positive_sampler(self, name: str, draws: int) -> Callable[[random.Random], str]:
         counts = {n: self.lang.count_positive(n) for n in self.lengths(name)}
-        lengths, weights = weigh_lengths(name, counts, draws)
+        lengths, weights = weigh_lengths(self._share_name(name), counts, draws)
         if not lengths:
             raise ConfigError(
-                f"max_train_length: {self.language} has no string with a length in "
-                f"[{self.lengths(name).start}, {self.lengths(name).stop - 1}]; raise max_train_length"
+                f"{'eval_lengths' if name in self.length_bins else 'max_train_length'}: {self.language} has no "
+                f"string with a length in [{self.lengths(name).start}, {self.lengths(name).stop - 1}]"
+                + ("" if name in self.length_bins else "; raise max_train_length")
             )
-        if name != "length_generalisation" and sum(counts.values()) <= SMALL_LANGUAGE:
+        if not self._held_out_by_length(name) and sum(counts.values()) <= SMALL_LANGUAGE:
             pool = self._dealt_positives(lengths)[name]
             return lambda rng: rng.choice(pool)
 
@@ -315,7 +555,7 @@ class RecognitionTask(VocabIds):
 
     def _negative_sampler(self, name: str, draws: int) -> Callable[[random.Random], str]:
         counts = {n: self.lang.count_near_misses(n) for n in self.lengths(name)}
-        lengths, weights = weigh_lengths(name, counts, draws)
+        lengths, weights = weigh_lengths(self._share_name(name), counts, draws)
 
         def candidate(rng: random.Random) -> str | None:
             n = rng.choices(lengths, weights)[0]
@@ -328,6 +568,26 @@ class RecognitionTask(VocabIds):
 
         return lambda rng: self._draw(rng, candidate, name)
 
+    def _balanced_sampler(self, name: str, draws: int) -> Callable[[random.Random], str]:
+        """Dyck negatives that no count solves: a positive with two of its symbols exchanged (any
+        distance apart), kept only when the result is not a member. An exchange keeps every
+        bracket count, so the string is balanced and wrong only in its order: a closer comes
+        before its opener (a prefix goes below zero) or, in Dyck-2, two kinds cross, ``([)]``."""
+        counts = {n: self.lang.count_balanced(n) for n in self.lengths(name)}  # type: ignore[misc]
+        lengths, weights = weigh_lengths(self._share_name(name), counts, draws)
+
+        def candidate(rng: random.Random) -> str | None:
+            base = self.lang.sample_positive(rng, rng.choices(lengths, weights)[0])
+            if base is None:
+                return None
+            i, j = sorted(rng.sample(range(len(base)), 2))
+            if base[i] == base[j]:
+                return None
+            swapped = base[:i] + base[j] + base[i + 1 : j] + base[i] + base[j + 1 :]
+            return None if self.lang.contains(swapped) else swapped
+
+        return lambda rng: self._draw(rng, candidate, name)
+
     def _draw(self, rng: random.Random, candidate: Callable[[random.Random], str | None], name: str) -> str:
         for _ in range(MAX_TRIES_PER_EXAMPLE):
             s = candidate(rng)
@@ -337,3 +597,128 @@ class RecognitionTask(VocabIds):
             f"{self.language}: could not draw a {name} string in {MAX_TRIES_PER_EXAMPLE} tries; "
             "the language has too few strings of these lengths, raise max_train_length"
         )
+
+    # ---- what a split holds, and what a shortcut scores on it ---------------------------------
+
+    def _warn_if_small(self, name: str, report: dict[str, Any]) -> None:
+        reason = _small_split_rule(name, report, classify=self.formulation == "classify")
+        if reason is not None:
+            hint = "eval_lengths' bins" if self._held_out_by_length(name) else "max_train_length"
+            warnings.warn(
+                f"the {name} split holds {reason}: its accuracy is a mean over few strings; raise {hint} "
+                "or the split's size",
+                AttnlabWarning,
+                stacklevel=3,
+            )
+
+    def string_of(self, example: Example) -> str:
+        """The symbols of an example of this task (without EOS)."""
+        ids = example.target if example.source == () else example.source[:-1]
+        return "".join(self.vocab.tokens[i] for i in ids or ())
+
+    def split_report(self, name: str, examples: Sequence[Example]) -> dict[str, Any]:
+        """Split statistics and the shortcut baseline of split ``name`` (its ``examples``).
+
+        Keys: ``distinct_strings``, ``positives``, ``distinct_positives`` (:func:`split_statistics`),
+        and for ``classify`` ``baseline`` (its name), ``baseline_accuracy`` and
+        ``majority_accuracy`` (:func:`baseline_accuracy`). A held-out split with fewer than
+        :data:`MIN_DISTINCT_STRINGS` distinct strings, or (``classify``) fewer than
+        :data:`MIN_DISTINCT_POSITIVES` distinct positives, is warned about (:class:`AttnlabWarning`).
+        """
+        report: dict[str, Any] = dict(split_statistics(examples))
+        report.pop("examples")
+        if name != "train" and examples:  # training accuracy is not the reported one
+            self._warn_if_small(name, report)
+        if self.formulation == "classify":
+            strings = [self.string_of(e) for e in examples]
+            labels = [int(e.label or 0) for e in examples]
+            # The training split holds train_size // 2 positives and the rest negatives.
+            train_labels = [1] * (self.train_size // 2) + [0] * (self.train_size - self.train_size // 2)
+            report.update(baseline_accuracy(self.language, strings, labels, majority_label(train_labels)))
+        return report
+
+
+def _small_split_rule(name: str, report: dict[str, Any], classify: bool) -> str | None:
+    """Why split ``name``'s accuracy means little (:data:`MIN_DISTINCT_STRINGS`,
+    :data:`MIN_DISTINCT_POSITIVES`), or None."""
+    if report["distinct_strings"] < MIN_DISTINCT_STRINGS:
+        return f"only {report['distinct_strings']} distinct strings (fewer than {MIN_DISTINCT_STRINGS})"
+    if classify and report["distinct_positives"] < MIN_DISTINCT_POSITIVES:
+        return f"only {report['distinct_positives']} distinct positive strings (fewer than {MIN_DISTINCT_POSITIVES})"
+    return None
+
+
+def check_length_bins(bins: Any, max_train_length: int) -> None:
+    """Reject ``eval_lengths`` that are not ordered, disjoint ``[low, high]`` bins above L.
+
+    Raises:
+        ConfigError: names ``eval_lengths`` and the bin at fault.
+    """
+    if not isinstance(bins, (list, tuple)):
+        raise ConfigError(f"eval_lengths: expected a list of [low, high] pairs, got {bins!r}")
+    previous_high = max_train_length
+    for index, item in enumerate(bins):
+        pair_ok = isinstance(item, (list, tuple)) and len(item) == 2
+        if not pair_ok or not all(isinstance(v, int) and not isinstance(v, bool) for v in item):
+            raise ConfigError(f"eval_lengths: bin {index + 1} is {item!r}; expected a pair of integers [low, high]")
+        low, high = item
+        if low > high:
+            raise ConfigError(f"eval_lengths: bin {index + 1} [{low}, {high}] is empty; low must be <= high")
+        if low <= previous_high:
+            where = f"max_train_length={max_train_length}" if index == 0 else f"the end of bin {index}"
+            raise ConfigError(
+                f"eval_lengths: bin {index + 1} [{low}, {high}] must start above {previous_high} ({where}); "
+                "bins are ordered, disjoint and longer than the training strings"
+            )
+        previous_high = high
+
+
+def majority_label(labels: Sequence[int | None]) -> int:
+    """The more frequent label of ``labels`` (1 on a tie or when there is none)."""
+    ones = sum(1 for label in labels if label == 1)
+    return int(ones * 2 >= len(labels))
+
+
+def _balanced_counts(s: str) -> bool:
+    return s.count("(") == s.count(")") and s.count("[") == s.count("]")
+
+
+def _equal_counts(letters: str) -> Callable[[str], bool]:
+    return lambda s: len({s.count(letter) for letter in letters}) == 1 and len(s) > 0
+
+
+COUNTING_BASELINES: dict[str, tuple[str, Callable[[str], bool] | None]] = {
+    "parity": ("chance", None),
+    "dyck1": ("balanced_counts", _balanced_counts),
+    "dyck2": ("balanced_counts", _balanced_counts),
+    "anbn": ("equal_counts", _equal_counts("ab")),
+    "anbncn": ("equal_counts", _equal_counts("abc")),
+}
+"""Language -> the shortcut classifier its split is scored against: ``balanced_counts`` (member iff
+as many openers as closers of each kind: order ignored), ``equal_counts`` (member iff every letter
+occurs equally often), ``chance`` (accuracy 0.5: parity has no count to read but the 1s' parity)."""
+
+
+def baseline_accuracy(language: str, strings: Sequence[str], labels: Sequence[int], majority: int) -> dict[str, Any]:
+    """The accuracy of the language's shortcut classifier and of the majority class on a split.
+
+    Args:
+        language: a key of :data:`COUNTING_BASELINES`.
+        strings, labels: the split's strings and their labels (1 = member).
+        majority: the label the majority baseline always predicts (the training split's majority).
+
+    Returns:
+        ``baseline`` (the shortcut's name), ``baseline_accuracy`` and ``majority_accuracy``.
+    """
+    if not labels:
+        return {}
+    name, rule = COUNTING_BASELINES[language]
+    if rule is None:
+        accuracy = 0.5
+    else:
+        accuracy = sum(int(rule(s)) == label for s, label in zip(strings, labels)) / len(labels)
+    return {
+        "baseline": name,
+        "baseline_accuracy": accuracy,
+        "majority_accuracy": sum(label == majority for label in labels) / len(labels),
+    }

@@ -11,6 +11,10 @@ reverse        output = input reversed                         EncoderDecoder
 sort           output = input sorted                           EncoderDecoder
 addition       a + b, digits as tokens                         EncoderDecoder
 translation    parallel TSV files                              EncoderDecoder
+even_pairs, cycle_navigation, modular_arithmetic
+               Delétang et al. 2023, regular: one class         EncoderClassifier
+reverse_string, stack_manipulation, duplicate_string, binary_addition, binary_multiplication
+               Delétang et al. 2023, DCF and CS: a sequence     EncoderDecoder
 lm             plain text                                      DecoderOnly
 sentences      texts for a sentence encoder (BERT input)       EncoderOnly
 pretrained_lm  text for a pretrained causal LM (Llama)         DecoderOnly
@@ -26,6 +30,7 @@ from typing import Any
 
 from attnlab.errors import ConfigError
 from attnlab.nn.config import check_value_types
+from attnlab.tasks.chomsky import CHOMSKY_TASKS
 from attnlab.tasks.formal import LANGUAGES, RecognitionTask
 from attnlab.tasks.pretrained_lm import PretrainedLMTask
 from attnlab.tasks.sentences import SentencesTask
@@ -38,6 +43,7 @@ TASKS: dict[str, Callable[..., Any]] = {
     **{name: partial(RecognitionTask, language=name) for name in LANGUAGES},
     **{name: partial(Seq2SeqTask, transform=name) for name in TRANSFORMS},
     "addition": AdditionTask,
+    **CHOMSKY_TASKS,
     "translation": TranslationTask,
     "lm": LMTask,
     "sentences": SentencesTask,

@@ -85,6 +85,18 @@ def check_text(text: str) -> str:
     return text
 
 
+def _byte_level_symbols() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: symbol -> the byte it stands for. Printable bytes stand for
+    themselves; the others (space, control bytes, ...) map to U+0100 onwards, in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1), *range(ord("\u00ae"), 256)]
+    others = [b for b in range(256) if b not in printable]
+    return {chr(b): b for b in printable} | {chr(256 + n): b for n, b in enumerate(others)}
+
+
+_BYTE_OF_SYMBOL = _byte_level_symbols()
+_CONTROL_ESCAPES = {c: ascii(chr(c))[1:-1] for c in [*range(32), 127]}
+
+
 class Tokenizer:
     """A tokenizer of one kind (``word``, ``rule``, ``char``, ``wordpiece``, ``bpe`` or ``hf``).
 
@@ -167,6 +179,18 @@ class Tokenizer:
 
     def id_to_token(self, index: int) -> str | None:
         return self.hf.id_to_token(index)
+
+    def token_label(self, index: int) -> str:
+        """What token ``index`` stands for, readable in a plot or the viewer: for byte-level BPE
+        (GPT-2's symbols, "Ġworld", "Ċ") the text of its bytes (" world", "\\n"), with bytes that
+        are only part of a UTF-8 character as escapes ("\\xf0\\x9f"); other kinds' tokens as they
+        are ("##ing", "[CLS]"). Control characters are escaped, so a label stays one line."""
+        token = self.hf.id_to_token(index)
+        if token is None:
+            return "?"
+        if isinstance(self.hf.decoder, decoders.ByteLevel) and all(c in _BYTE_OF_SYMBOL for c in token):
+            token = bytes(_BYTE_OF_SYMBOL[c] for c in token).decode("utf-8", errors="backslashreplace")
+        return token.translate(_CONTROL_ESCAPES)
 
     # ---- text <-> ids -------------------------------------------------------------------------
 

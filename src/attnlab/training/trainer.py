@@ -53,13 +53,14 @@ from attnlab.nn import InputEmbedding
 from attnlab.output_paths import check_output_path
 from attnlab.resources import check_training_resources
 from attnlab.runs import RunDir, validation_record
+from attnlab.tasks.base import split_statistics
 from attnlab.tasks.codec import TextCodec
 from attnlab.tasks.factory import build_task, model_config_for_task, model_for_task
 from attnlab.tokenizers import Tokenizer
 from attnlab.training.checkpoint import optimizer_from_tensors, optimizer_to_tensors, restore_rng, rng_to_tensors
 from attnlab.training.data import BatchStream
 from attnlab.training.distributed import DistInfo, all_reduce_sum, broadcast_from_main, from_environment, shutdown
-from attnlab.training.plots import plot_curves
+from attnlab.training.plots import plot_accuracy_by_length, plot_curves
 from attnlab.training.reproducibility import applied_threads, platform_record, warn_if_platform_differs
 from attnlab.training.schedule import make_scheduler
 
@@ -210,9 +211,11 @@ class _Trainer:
         self.task, self.tokenizer = self._build_task(resume)
         train_examples = self.task.split("train")
         self._check_resources(train_examples)  # before the model exists or a file is written
+        self.log(_describe_split("train", split_statistics(train_examples)))
         self._report_skipped_lines()
         self.model = model_for_task(experiment, self.task).to(self.device)
         self.max_length = cfg.max_length or self.model.config.max_len
+        _check_length_bins_fit(self.task, self.max_length)  # scored at the end: refuse them now
         self.optimizer = self._optimizer()
         self.scheduler = make_scheduler(self.optimizer, cfg.schedule, warmup=cfg.warmup, total=cfg.steps)
         self.stream = BatchStream(
@@ -385,6 +388,7 @@ class _Trainer:
         bar.close()
         if self.dist.is_main:
             final_metrics = self._evaluate("valid", fit=True)  # before the checkpoint, which records it
+            self._evaluate_length_bins()
         self._checkpoint()
         return TrainResult(self.run.path, self.step, losses, final_metrics)
 
@@ -468,6 +472,14 @@ class _Trainer:
         self._write_metrics({"step": self.step, **result})
         return result
 
+    def _evaluate_length_bins(self) -> None:
+        """At the end: every length bin of ``task.eval_lengths`` (its own split), and their
+        accuracy per length plotted into ``accuracy_by_length.png``."""
+        bins = list(getattr(self.task, "length_bins", {}))
+        results = [result for name in bins if (result := self._evaluate(name)) is not None]
+        if results:
+            plot_accuracy_by_length(results, self.run.plots)
+
     def _write_metrics(self, record: dict[str, Any]) -> None:
         if not self.dist.is_main:
             return
@@ -494,3 +506,23 @@ class _Trainer:
         )
         plot_curves(self.run.read_metrics(), self.run.plots)
         self.log(f"checkpoint at step {self.step} in {self.run.path}")
+
+
+def _describe_split(name: str, statistics: dict[str, int]) -> str:
+    """``train split: 4000 examples, 3120 distinct strings, 2000 positives (1500 distinct)``."""
+    line = f"{name} split: {statistics['examples']} examples, {statistics['distinct_strings']} distinct strings"
+    if statistics["positives"]:
+        line += f", {statistics['positives']} positives ({statistics['distinct_positives']} distinct)"
+    return line
+
+
+def _check_length_bins_fit(task: Any, max_length: int) -> None:
+    """Refuse length bins (``task.eval_lengths``) longer than the model reads, before training:
+    a string of n symbols takes n + 1 positions (EOS, or BOS for a decoder)."""
+    bins = getattr(task, "length_bins", {})
+    longest = max((high for _, high in bins.values()), default=0) + 1
+    if bins and longest > max_length:
+        raise ConfigError(
+            f"task.eval_lengths: the longest bin needs {longest} positions, more than the model's "
+            f"max_length={max_length}; raise model.max_len (or train.max_length) or shorten the bins"
+        )

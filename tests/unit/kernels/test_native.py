@@ -138,6 +138,8 @@ def _check_short_attention(q, k, v, causal, scale=None, grad=None):  # noqa: ANN
         (64, 256, 64, 64),
         (100, 100, 64, 64),
         (17, 17, 96, 48),
+        (256, 256, 64, 64),  # causal: whole blocks of keys and queries skipped
+        (70, 250, 16, 24),
     ],
 )
 def test_short_attention_matches_float64(t_q, t_k, d_k, d_v, causal):
@@ -352,3 +354,19 @@ def test_kernels_built_for_other_vector_widths_give_the_same_results(capability)
     words = np.random.PCG64(7).random_raw(250).view(np.int16)  # the same mask as the NumPy path
     expected = (words >= signed_threshold(0.1)).sum() / 0.9
     assert float(run.stdout.split()[-1]) == pytest.approx(float(expected), rel=1e-6)
+
+
+def test_available_is_marked_as_torch_compiler_marks_a_constant_result():
+    """native.available() is marked for torch.compile by hand (torch.compiler's decorator imports
+    torch._dynamo at start-up): the mark must be the one the decorator sets, and importing the
+    kernels must not import torch._dynamo."""
+    import subprocess
+    import sys
+
+    marked = torch.compiler.assume_constant_result(lambda: True)
+    assert {k: v for k, v in vars(marked).items()} == {k: v for k, v in vars(native.available).items()}
+    code = "import sys, attnlab.kernels.native; print('torch._dynamo' in sys.modules)"
+    assert (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+        == "False"
+    )

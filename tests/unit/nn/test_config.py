@@ -19,8 +19,20 @@ from attnlab.nn.config import PRESETS
         ({"score": "cosine"}, "score: unknown 'cosine'; allowed: additive, bilinear, dot, scaled_dot"),
         ({"attention": "sparse"}, "attention: unknown 'sparse'; allowed: hard, soft"),
         (
-            {"positional": "alibi"},
-            "positional: unknown 'alibi'; allowed: gehring_joint, gehring_sum, learned, none, rope, sinusoidal",
+            {"positional": "t5"},
+            "positional: unknown 't5'; allowed: alibi, gehring_joint, gehring_sum, learned, none, relative, rope, "
+            "sinusoidal",
+        ),
+        ({"relative_clip": 0}, "relative_clip: must be a positive integer"),
+        ({"positional": "relative", "score": "additive"}, "positional: relative .* needs a dot-product score"),
+        ({"randomized_positions": -3}, "randomized_positions: must be a positive integer"),
+        (
+            {"positional": "none", "randomized_positions": 64},
+            "randomized_positions: does not apply to positional='none'",
+        ),
+        (
+            {"positional": "learned", "max_len": 32, "randomized_positions": 64},
+            r"randomized_positions: M=64 needs learned positions for all of \[0, M\), but max_len=32",
         ),
         ({"activation": "tanh"}, "activation: unknown 'tanh'"),
         ({"dropout": 1.5}, r"dropout: must lie in \[0, 1\)"),

@@ -65,14 +65,28 @@ def test_every_sequence_ends_with_eos_and_classes_are_balanced(task_and_splits):
         assert sum(e.label for e in examples) == len(examples) // 2
 
 
+def _one_exchange_from_a_member(string, contains):
+    # The Dyck languages' balanced negatives exchange two symbols of a positive, at any distance.
+    return any(
+        contains(string[:i] + string[j] + string[i + 1 : j] + string[i] + string[j + 1 :])
+        for i in range(len(string))
+        for j in range(i + 1, len(string))
+    )
+
+
 def test_negatives_are_near_misses(task_and_splits):
     task, splits = task_and_splits
+    oracle = ORACLES[task.language]
     for string, label, _ in _strings(task, splits["train"]):
         if label == 0:
-            assert any(task.lang.contains(m) for m in near_misses(string, task.lang.alphabet)) or any(
-                task.lang.contains(string[:i] + c + string[i:])  # the negative dropped a symbol
-                for i in range(len(string) + 1)
-                for c in task.lang.alphabet
+            assert (
+                any(oracle(m) for m in near_misses(string, task.lang.alphabet))
+                or any(
+                    oracle(string[:i] + c + string[i:])  # the negative dropped a symbol
+                    for i in range(len(string) + 1)
+                    for c in task.lang.alphabet
+                )
+                or (task.language.startswith("dyck") and _one_exchange_from_a_member(string, oracle))
             ), string
 
 

@@ -284,3 +284,41 @@ def test_cli_tokenizer_json_with_padding_prints_no_pad(capsys, folders, tmp_path
         assert code == 0 and err == ""
         assert "[PAD]" not in json.loads(out)
         assert json.loads(out) == _hf_tokens_and_ids(hf, text)[0]
+
+
+def _byte_level_bpe(texts: list[str]):  # noqa: ANN202
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, trainers
+
+    hf = HFTokenizer(models.BPE())
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    hf.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=["[PAD]"])  # fmt: skip
+    hf.train_from_iterator(texts, trainer)
+    return Tokenizer.from_str(hf.to_str(), source="byte-level.json")
+
+
+def test_token_labels_of_byte_level_bpe_are_the_text_of_their_bytes():
+    """GPT-2's byte symbols ("Ġworld", "Ċ") are shown as the text they stand for (" world", "\\n"),
+    a part of a UTF-8 character as escaped bytes; equal to Hugging Face's own decoding of the one token
+    wherever that decoding is whole characters."""
+    texts = ["Hello world, naïve café 😀\n\tdef f():", "the cat sat on the mat\n"] * 20
+    tokenizer = _byte_level_bpe(texts)
+    ids = tokenizer.encode(texts[0])
+    labels = [tokenizer.token_label(i) for i in ids]
+    for index, label in zip(ids, labels, strict=True):
+        text = tokenizer.hf.decode([index], skip_special_tokens=False)
+        if "\ufffd" not in text:
+            assert label == text.replace("\n", "\\n").replace("\t", "\\t")
+        else:  # bytes of a character split between tokens: escaped, and together they are the character
+            assert "\\x" in label
+    assert "\\n" in labels and all("\n" not in label and "Ġ" not in label for label in labels)
+    assert "".join(label for label in labels if "\\x" in label) == " \\xf0\\x9f\\x98\\x80" or "😀" in "".join(labels)
+    assert tokenizer.token_label(tokenizer.token_to_id("[PAD]")) == "[PAD]"  # a special token as it is
+
+
+def test_token_labels_of_other_kinds_are_their_tokens(folders):
+    tokenizer = Tokenizer.from_vocab_txt(folders["uncased"] / "vocab.txt")
+    ids = tokenizer.encode(CORPUS[0])
+    assert [tokenizer.token_label(i) for i in ids] == [tokenizer.id_to_token(i) for i in ids]
