@@ -20,7 +20,7 @@ from attnlab.training.trainer import train
 EXPERIMENT = {
     "task": {
         "name": "dyck1",
-        "max_train_length": 6,
+        "max_train_length": 10,
         "train_size": 64,
         "valid_size": 24,
         "test_size": 24,
@@ -29,6 +29,9 @@ EXPERIMENT = {
     "model": {"kind": "encoder_classifier", "layers": 3, "d_model": 16, "heads": 4, "d_ff": 32, "dropout": 0.0},
     "train": {"steps": 15, "batch_size": 16, "lr": 3e-3, "warmup": 4, "log_every": 0, "threads": 1},
 }
+
+
+pytestmark = pytest.mark.filterwarnings("ignore::attnlab.errors.AttnlabWarning")  # splits this small are warned about
 
 
 @pytest.fixture(scope="module")
