@@ -139,7 +139,7 @@ def test_resume_continues_to_more_steps(trained, tmp_path):
         (("eval", "no/such/run"), "run not found: no/such/run"),
         (
             ("eval", "{run}", "--split", "dev"),
-            "Invalid value for '--split': 'dev': 'dev' is not one of 'train', 'valid'",
+            "--split: unknown split 'dev'; this run's task has",
         ),
         (("generate", "{run}", "xyz"), "symbol 'x' is not in the task's alphabet"),
         (("generate", "no/such/run", "abc"), "run not found"),
