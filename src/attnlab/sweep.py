@@ -28,9 +28,10 @@ The sweep folder ``DIR`` holds:
 * ``results.csv``, ``summary.md`` and ``plots/``, rebuilt from the runs by :func:`write_report`
   (what the end-of-training evaluation wrote in each run's ``metrics.jsonl``, never recomputed).
 
-Trainings run in ``jobs`` worker processes (spawned, each training one run at a time with its own
-``train.threads``): a worker imports PyTorch once and trains many runs, and a run that fails is
-recorded while the others go on.
+With ``jobs = 1`` the runs train one after another in this process; with ``jobs = N > 1`` in N
+worker processes (spawned; each trains one run at a time on its ``train.threads``, imports PyTorch
+once and trains many runs). Either way a run that fails is recorded and the others go on, and a
+run's numbers do not depend on ``jobs``: every run seeds itself from its config.
 """
 
 from __future__ import annotations
@@ -618,12 +619,17 @@ def _read_outcome(out: Path, name: str) -> dict[str, Any] | None:
 
 
 def _run_jobs(todo: Sequence[_Job], jobs: int, finished: Callable[[_Job, dict[str, Any]], None]) -> None:
-    """Train ``todo`` on ``jobs`` worker processes, calling ``finished(job, outcome)`` for each.
+    """Train ``todo``, calling ``finished(job, outcome)`` for each: with ``jobs == 1`` one after
+    another in this process, otherwise on ``jobs`` worker processes.
 
     At most ``jobs`` runs are handed out at once, so when a worker process dies (killed, out of
     memory) only the runs in flight are affected: they are handed out again, and recorded as failed
     once their worker has died :data:`MAX_WORKER_DEATHS` times.
     """
+    if jobs == 1:  # one after another, in this process: no worker to start
+        for job in todo:
+            finished(job, _train_one(job))
+        return
     pending = deque(todo)
     deaths: dict[str, int] = {}
     context = multiprocessing.get_context("spawn")  # the parent holds torch's threads: never fork it
