@@ -25,8 +25,12 @@ The sweep folder ``DIR`` holds:
   its steps and the wall time of the session that finished it. A run with an outcome is not run
   again (``retry_failed`` re-runs the failed ones); a run folder without one was interrupted: it
   resumes from its last checkpoint through the trainer's resume, or starts over if it has none.
-* ``results.csv``, ``summary.md`` and ``plots/``, rebuilt from the runs by :func:`write_report`
-  (what the end-of-training evaluation wrote in each run's ``metrics.jsonl``, never recomputed).
+* ``results.csv`` (one row per run: grid values, seed, status, error, steps, final training loss,
+  wall time, and every number the end-of-training evaluation wrote per split: ``valid.accuracy``,
+  ``length_13_24.accuracy``, ...), ``accuracy_by_length.csv`` (run, split, length, accuracy),
+  ``summary.md`` (per combination and split: mean ± sample std, min–max over seeds, runs finished
+  and failed) and ``plots/accuracy_by_length-SPLIT.png``, all rebuilt from the runs by
+  :func:`write_report` from what each run's ``metrics.jsonl`` holds, never recomputed.
 
 With ``jobs = 1`` the runs train one after another in this process; with ``jobs = N > 1`` in N
 worker processes (spawned; each trains one run at a time on its ``train.threads``, imports PyTorch
@@ -72,6 +76,7 @@ __all__ = [
 
 PLAN_FILE = "sweep.json"
 RESULTS_FILE = "results.csv"
+BY_LENGTH_FILE = "accuracy_by_length.csv"
 SUMMARY_FILE = "summary.md"
 PLOTS_FOLDER = "plots"
 RUNS_FOLDER = "runs"
@@ -450,11 +455,12 @@ def check_sweep_folder(out: Path, plan: SweepPlan) -> bool:
         UsageError: ``out`` holds something else, or a sweep with another grid, seeds or config.
     """
     from attnlab.output_paths import check_output_path
+    from attnlab.runlock import LOCK_NAME
 
     check_output_path(out, kind="folder", flag="--out")
     record = out / PLAN_FILE
     if not record.exists():
-        if out.is_dir() and any(out.iterdir()):
+        if out.is_dir() and any(p.name != LOCK_NAME for p in out.iterdir()):
             raise UsageError(f"--out {out}: the folder is not empty and holds no {PLAN_FILE}; choose another --out")
         return False
     held = read_plan(out)
@@ -844,6 +850,20 @@ def results_csv(plan: SweepPlan, rows: Sequence[Mapping[str, Any]]) -> str:
     return buffer.getvalue()
 
 
+def by_length_csv(plan: SweepPlan, reports: Sequence[_RunReport]) -> str:
+    """``accuracy_by_length.csv``: one row per run, split and length (the evaluation's
+    ``accuracy_by_length``), for plots of one's own."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["run", *plan.keys, "seed", "split", "length", "accuracy"])
+    for report in reports:
+        for split in _split_order(report.by_length):
+            for length, accuracy in sorted(report.by_length[split].items()):
+                labels = [report.run.labels[key] for key in plan.keys]
+                writer.writerow([report.run.name, *labels, report.run.seed, split, length, repr(accuracy)])
+    return buffer.getvalue()
+
+
 def summary_statistics(values: Sequence[float]) -> dict[str, float | int | None]:
     """n, mean, sample standard deviation (n - 1 in the denominator; None below 2 values), min, max."""
     if not values:
@@ -953,7 +973,7 @@ def _plot_by_length(plan: SweepPlan, reports: Sequence[_RunReport], folder: Path
 
 
 def write_report(out: str | Path) -> list[Path]:
-    """Rebuild ``results.csv``, ``summary.md`` and ``plots/`` from the sweep's runs.
+    """Rebuild ``results.csv``, ``accuracy_by_length.csv``, ``summary.md`` and ``plots/`` from the sweep's runs.
 
     Returns:
         The files written.
@@ -968,8 +988,10 @@ def write_report(out: str | Path) -> list[Path]:
     reports = _collect(out, plan)
     rows = [report.row for report in reports]
     atomic_write_text(out / RESULTS_FILE, results_csv(plan, rows))
+    atomic_write_text(out / BY_LENGTH_FILE, by_length_csv(plan, reports))
     atomic_write_text(out / SUMMARY_FILE, summary_markdown(plan, rows))
     folder = ensure_folder(out / PLOTS_FOLDER)
     for old in folder.glob("accuracy_by_length-*.png"):
         old.unlink()
-    return [out / RESULTS_FILE, out / SUMMARY_FILE, *_plot_by_length(plan, reports, folder)]
+    files = [out / RESULTS_FILE, out / BY_LENGTH_FILE, out / SUMMARY_FILE]
+    return [*files, *_plot_by_length(plan, reports, folder)]

@@ -85,7 +85,7 @@ def test_a_sweep_records_a_diverged_run_finishes_the_others_and_report_rebuilds(
         rows = {row["train.lr"]: row for row in csv.DictReader(handle)}
     assert rows["0.001"]["status"] == "ok" and 0.0 <= float(rows["0.001"]["valid.accuracy"]) <= 1.0
     assert rows["1e9"]["status"] == "diverged" and rows["1e9"]["error"].startswith("the loss became nan at step")
-    names = ["results.csv", "summary.md", "plots/accuracy_by_length-valid.png"]
+    names = ["results.csv", "accuracy_by_length.csv", "summary.md", "plots/accuracy_by_length-valid.png"]
     before = {name: (out / name).read_bytes() for name in names}
     for name in names:
         (out / name).unlink()

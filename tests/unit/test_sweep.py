@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -83,9 +84,13 @@ def swept(config, tmp_path_factory) -> dict:
     }
 
 
-def _rows(folder: Path) -> list[dict[str, str]]:
-    with open(folder / "results.csv", newline="", encoding="utf-8") as handle:
+def _csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="", encoding="utf-8") as handle:
         return list(csv.DictReader(handle))
+
+
+def _rows(folder: Path) -> list[dict[str, str]]:
+    return _csv(folder / "results.csv")
 
 
 def _summary_cells(folder: Path) -> dict[tuple[str, str, str], list[str]]:
@@ -119,6 +124,12 @@ def test_the_grid_times_the_seeds_is_eight_runs_with_a_row_each(swept):
         assert float(row["valid.accuracy"]) == final["accuracy"]  # read from the run, not recomputed
         assert float(row["final_loss"]) == [r["loss"] for r in records if "split" not in r][-1]
         assert float(row["wall_s"]) > 0
+        by_length = {
+            (r["length"], float(r["accuracy"]))
+            for r in _csv(folder / "accuracy_by_length.csv")
+            if r["run"] == row["run"]
+        }
+        assert by_length == {(k, v) for k, v in final["accuracy_by_length"].items()}
 
 
 def test_summary_has_mean_std_min_max_of_the_rows(swept):
@@ -160,12 +171,53 @@ def test_the_plot_is_written_per_split(swept):
 
 def test_report_rebuilds_identical_files(swept):
     folder = swept["two"]
-    names = ["results.csv", "summary.md", "plots/accuracy_by_length-valid.png"]
+    names = ["results.csv", "accuracy_by_length.csv", "summary.md", "plots/accuracy_by_length-valid.png"]
     before = {name: (folder / name).read_bytes() for name in names}
     for name in names:
         (folder / name).unlink()
     write_report(folder)
     assert {name: (folder / name).read_bytes() for name in names} == before
+
+
+def test_every_split_the_evaluation_wrote_is_reported_with_its_baseline_and_trained_flag(swept, tmp_path):
+    """Evaluations of more splits (length bins), with a baseline and a trained flag, as later
+    evaluations write them: columns per split, and the summary's baseline mean and trained count."""
+    folder = tmp_path / "sweep"
+    shutil.copytree(swept["two"], folder)
+    for index, run in enumerate(swept["plan"].runs):
+        extra = [
+            {
+                "split": "length_9_12",
+                "step": 4,
+                "accuracy": index / 8,
+                "baseline_accuracy": 0.5,
+                "trained": index % 2 == 0,
+            },
+            {"split": "length_5_8", "step": 4, "accuracy": 1 - index / 8, "accuracy_by_length": {"5": 1.0, "8": 0.25}},
+            {"split": "length_5_8", "step": 2, "accuracy": 0.0},  # an earlier evaluation: not the final one
+        ]
+        with open(folder / RUNS_FOLDER / run.name / "metrics.jsonl", "a", encoding="utf-8") as handle:
+            handle.writelines(json.dumps(record) + "\n" for record in extra)
+    write_report(folder)
+    rows = _rows(folder)
+    columns = list(rows[0])
+    assert (
+        columns.index("valid.accuracy") < columns.index("length_5_8.accuracy") < columns.index("length_9_12.accuracy")
+    )
+    assert [float(r["length_9_12.accuracy"]) for r in rows] == [i / 8 for i in range(8)]
+    assert [r["length_9_12.trained"] for r in rows] == ["true", "false"] * 4
+    cells = _summary_cells(folder)
+    # soft/sinusoidal holds runs 0 and 1: accuracies 0 and 1/8, one of them trained.
+    assert cells[("soft", "sinusoidal", "length_9_12")] == [
+        "0.0625 ± 0.0884",
+        "0.0000–0.1250",
+        "2",
+        "0",
+        "0.5000",
+        "1/2",
+    ]
+    assert cells[("soft", "sinusoidal", "valid")][-2:] == ["–", "–"]
+    assert (folder / "plots" / "accuracy_by_length-length_5_8.png").exists()
 
 
 def test_a_resume_skips_finished_runs(swept):
@@ -188,7 +240,7 @@ def test_an_interrupted_run_resumes_from_its_checkpoint_and_one_without_starts_o
     run = folder / RUNS_FOLDER / restarted
     for item in ("checkpoints", "checkpoint.json", "model.safetensors", "manifest.json"):
         path = run / item
-        path.unlink() if path.is_file() else __import__("shutil").rmtree(path)
+        path.unlink() if path.is_file() else shutil.rmtree(path)
     result = run_sweep(plan, folder, jobs=1)
     assert (result.trained, result.skipped) == (2, 0)
     outcome = json.loads((folder / OUTCOMES_FOLDER / f"{resumed}.json").read_text())
