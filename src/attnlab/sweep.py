@@ -379,13 +379,17 @@ def _build_checked(tables: Mapping[str, Any], tasks: dict[str, Any]) -> Any:
 
 def _check_like_train(experiment: Any, tasks: dict[str, Any]) -> None:
     """What the trainer checks before it builds a model: the task, the model config the task calls
-    for, and the training resources (layers, batch size, memory)."""
+    for, and the training resources (layers, batch size, memory); and that the validation split,
+    which the end-of-training evaluation draws, can be drawn (a seed can make a small split of a
+    small language impossible, which training alone would find only after its last step)."""
     from attnlab.resources import check_training_resources
     from attnlab.tasks.factory import build_task, model_config_for_task
 
     key = json.dumps(experiment.task, sort_keys=True, default=str)
     if key not in tasks:
-        tasks[key] = build_task(experiment.task)[0]
+        task = build_task(experiment.task)[0]
+        task.split("valid")
+        tasks[key] = task
     task = tasks[key]
     config = model_config_for_task(experiment, task)
     check_training_resources(

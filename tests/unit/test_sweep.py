@@ -332,3 +332,10 @@ def test_run_names_are_readable_and_distinct():
     assert names[2] == "positional-sinusoidal_text-a_b-1_seed-1_seed-0"
     assert len(set(names)) == len(names) == 8
     assert all(re.fullmatch(r"[A-Za-z0-9._-]+", name) and len(name) < os.pathconf("/", "PC_NAME_MAX") for name in names)
+
+
+def test_a_seed_whose_validation_split_cannot_be_drawn_is_refused_before_training(config):
+    # Parity up to length 4 has few strings; with task.seed = 2 the leak-free valid split of 24
+    # cannot be filled. The end-of-training evaluation would find it only after the last step.
+    with pytest.raises(ConfigError, match=r"^run seed-2: parity: could not draw a valid string"):
+        plan_sweep(config, [], "1-2")
