@@ -946,6 +946,8 @@ def summary_markdown(plan: SweepPlan, rows: Sequence[Mapping[str, Any]]) -> str:
 def _plot_by_length(plan: SweepPlan, reports: Sequence[_RunReport], folder: Path) -> list[Path]:
     """One PNG per split: accuracy against length, one line per combination (mean over seeds),
     a band from the lowest to the highest seed."""
+    from matplotlib.ticker import MaxNLocator
+
     from attnlab.figures import plt, save_figure
 
     splits = _split_order({split for report in reports for split in report.by_length})
@@ -966,6 +968,7 @@ def _plot_by_length(plan: SweepPlan, reports: Sequence[_RunReport], folder: Path
             ax.fill_between(
                 lengths, [min(v) for v in values], [max(v) for v in values], color=line[0].get_color(), alpha=0.2
             )
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("length")
         ax.set_ylabel(f"{split} accuracy")
         ax.set_ylim(-0.02, 1.02)
