@@ -20,8 +20,14 @@ def sweep(
     seeds: str = typer.Option("0", "--seeds", help="Seeds, e.g. 0-4 or 0,2,7; each sets train.seed and task.seed."),
     out: Path = typer.Option(None, "--out", help="The sweep folder (run the same command again to resume it)."),
     overrides: list[str] = typer.Option([], "--set", help="Fix a key for every run: section.key=value (repeatable)."),
-    jobs: int = typer.Option(1, "--jobs", min=1, help="Trainings at once, each in its own process on one thread."),
-    report: Path = typer.Option(None, "--report", help="Rebuild results.csv, summary.md and plots/ of this sweep."),
+    jobs: int = typer.Option(
+        1, "--jobs", min=1, help="Trainings at once: 1 in this process, N > 1 in N worker processes; one thread each."
+    ),
+    report: Path = typer.Option(
+        None,
+        "--report",
+        help="Rebuild results.csv, accuracy_by_length.csv, summary.md and plots/ of this sweep folder.",
+    ),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="Train the runs recorded as failed again."),
     progress: bool = progress_option(),
     as_json: bool = json_option("Print one JSON object when the sweep ends: counts, seconds, files."),
