@@ -49,6 +49,10 @@ def sweep(
     if out is None:
         raise UsageError("--out: give the sweep folder (a new one, or this sweep's to resume it)")
     plan = plan_sweep(config, grid, seeds, overrides)
+    if jobs == 1:
+        from attnlab.runtime import keep_freed_memory
+
+        keep_freed_memory()  # this process trains the runs: reuse the memory each step frees, as train does
     result = run_sweep(plan, out, jobs=jobs, progress=progress, retry_failed=retry_failed)
     if as_json:
         print_json(result.to_json())
