@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -32,10 +33,20 @@ def _sets(steps: int) -> list[str]:
     return [f"train.steps={steps}", "train.eval_every=0", "train.checkpoint_every=0", "train.threads=1"]
 
 
-def _attnlab(*args: str) -> float:
-    started = time.perf_counter()
+CPU: dict[str, float] = {}
+"""CPU seconds (user + system) of the commands each system ran, summed over rounds."""
+
+
+def _attnlab(*args: str, system: str = "") -> float:
+    started, before = time.perf_counter(), _children_cpu()
     subprocess.run([sys.executable, "-m", "attnlab", *args], check=True, capture_output=True)
+    CPU[system] = CPU.get(system, 0.0) + _children_cpu() - before
     return time.perf_counter() - started
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _singles(folder: Path, steps: int) -> float:
@@ -56,7 +67,7 @@ def _sweep(folder: Path, steps: int, jobs: int) -> tuple[float, float]:
     out = folder / f"sweep-jobs{jobs}"
     args = ["sweep", str(CONFIG), *[x for g in GRID for x in ("--grid", g)], "--seeds", "0-4", "--out", str(out)]
     args += [x for s in _sets(steps) for x in ("--set", s)] + ["--jobs", str(jobs), "--no-progress"]
-    seconds = _attnlab(*args)
+    seconds = _attnlab(*args, system=f"jobs{jobs}")
     trained = sum(json.loads(p.read_text())["wall_s"] for p in (out / "outcomes").glob("*.json"))
     return seconds, trained
 
@@ -65,13 +76,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--offset", type=int, default=0, help="start the rotation of the order here")
     parser.add_argument("--out", type=Path, default=None, help="keep the runs here (default: a temporary folder)")
     args = parser.parse_args()
     times: dict[str, list[float]] = {"singles_sum": [], "jobs1": [], "jobs2": [], "jobs1_trained": []}
     for round_ in range(args.rounds):
         folder = Path(tempfile.mkdtemp(prefix="sweep-speed-", dir=args.out))
         order = ["singles", "jobs1", "jobs2"]
-        order = order[round_ % 3 :] + order[: round_ % 3]
+        turn = (round_ + args.offset) % 3
+        order = order[turn:] + order[:turn]
         for system in order:
             if system == "singles":
                 times["singles_sum"].append(_singles(folder, args.steps))
@@ -91,6 +104,7 @@ def main() -> None:
                 "rounds": args.rounds,
                 "cpus": os.cpu_count(),
                 "seconds": times,
+                "cpu_seconds": CPU,
                 "jobs1_over_singles_sum": medians["jobs1"] / medians["singles_sum"],
                 "jobs2_over_jobs1": medians["jobs2"] / medians["jobs1"],
                 "jobs1_over_its_runs_training": medians["jobs1"] / medians["jobs1_trained"],
