@@ -58,7 +58,13 @@ def _singles(folder: Path, steps: int) -> float:
                 sets += [f"train.seed={seed}", f"task.seed={seed}"]
                 out = folder / f"single-{attention}-{positional}-{seed}"
                 total += _attnlab(
-                    "train", str(CONFIG), *[x for s in sets for x in ("--set", s)], "--out", str(out), "--no-progress"
+                    "train",
+                    str(CONFIG),
+                    *[x for s in sets for x in ("--set", s)],
+                    "--out",
+                    str(out),
+                    "--no-progress",
+                    system="singles",
                 )
     return total
 
