@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import shutil
@@ -83,13 +84,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--offset", type=int, default=0, help="start the rotation of the order here")
+    parser.add_argument("--systems", default="singles,jobs1,jobs2", help="which to time, comma-separated")
     parser.add_argument("--out", type=Path, default=None, help="keep the runs here (default: a temporary folder)")
     args = parser.parse_args()
     times: dict[str, list[float]] = {"singles_sum": [], "jobs1": [], "jobs2": [], "jobs1_trained": []}
     for round_ in range(args.rounds):
         folder = Path(tempfile.mkdtemp(prefix="sweep-speed-", dir=args.out))
-        order = ["singles", "jobs1", "jobs2"]
-        turn = (round_ + args.offset) % 3
+        order = args.systems.split(",")
+        turn = (round_ + args.offset) % len(order)
         order = order[turn:] + order[:turn]
         for system in order:
             if system == "singles":
@@ -101,7 +103,7 @@ def main() -> None:
                     times["jobs1_trained"].append(trained)
         if args.out is None:
             shutil.rmtree(folder, ignore_errors=True)
-    medians = {name: statistics.median(values) for name, values in times.items()}
+    medians = {name: statistics.median(values) if values else math.nan for name, values in times.items()}
     print(
         json.dumps(
             {
