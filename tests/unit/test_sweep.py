@@ -1,0 +1,341 @@
+"""attnlab.sweep: a grid x seeds of tiny parity runs, resume, report, --jobs, bad grids.
+
+The sweeps train in worker processes (spawned: each imports torch once), so the module fixture
+trains its 8 runs once with 2 workers and once with 1, and the tests read what they wrote.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from attnlab.errors import ConfigError, UsageError
+from attnlab.runs import RunDir
+from attnlab.sweep import (
+    OUTCOMES_FOLDER,
+    PLAN_FILE,
+    RUNS_FOLDER,
+    parse_grid,
+    parse_seeds,
+    plan_sweep,
+    run_names,
+    run_sweep,
+    write_report,
+)
+
+TINY = """
+[task]
+name = "parity"
+max_train_length = 4
+train_size = 48
+valid_size = 24
+test_size = 16
+length_generalisation_size = 16
+seed = 5
+
+[model]
+kind = "encoder_classifier"
+layers = 1
+d_model = 8
+heads = 2
+d_ff = 16
+dropout = 0.0
+
+[train]
+steps = 4
+batch_size = 8
+log_every = 2
+eval_every = 0
+checkpoint_every = 0
+"""
+
+GRID = ["model.attention=soft,hard", "model.positional=sinusoidal,none"]
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("sweep") / "tiny.toml"
+    path.write_text(TINY)
+    return path
+
+
+@pytest.fixture(scope="module")
+def swept(config, tmp_path_factory) -> dict:
+    """The 2 x 2 grid with seeds 0-1 trained with --jobs 2; three of its runs again with --jobs 1."""
+    plan = plan_sweep(config, GRID, "0-1")
+    some = dataclasses.replace(plan, runs=plan.runs[1::3])  # one of each seed and attention
+    two = tmp_path_factory.mktemp("jobs2") / "sweep"
+    one = tmp_path_factory.mktemp("jobs1") / "sweep"
+    return {
+        "plan": plan,
+        "some": some,
+        "two": two,
+        "one": one,
+        "result_two": run_sweep(plan, two, jobs=2),
+        "result_one": run_sweep(some, one, jobs=1),
+    }
+
+
+def _csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+def _rows(folder: Path) -> list[dict[str, str]]:
+    return _csv(folder / "results.csv")
+
+
+def _summary_cells(folder: Path) -> dict[tuple[str, str, str], list[str]]:
+    """(attention, positional, split) -> the other cells of summary.md's table row."""
+    cells = {}
+    for line in (folder / "summary.md").read_text(encoding="utf-8").splitlines():
+        parts = [part.strip() for part in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and parts[0] in ("soft", "hard"):
+            cells[tuple(parts[:3])] = parts[3:]
+    return cells
+
+
+def test_the_grid_times_the_seeds_is_eight_runs_with_a_row_each(swept):
+    plan, folder = swept["plan"], swept["two"]
+    assert len(plan.runs) == 8
+    assert swept["result_two"].ok == 8 and swept["result_two"].failed == 0
+    rows = _rows(folder)
+    assert [row["run"] for row in rows] == [run.name for run in plan.runs]
+    combos = {(row["model.attention"], row["model.positional"], row["seed"]) for row in rows}
+    assert combos == {(a, p, s) for a in ("soft", "hard") for p in ("sinusoidal", "none") for s in ("0", "1")}
+    for row in rows:
+        assert row["status"] == "ok" and row["steps"] == "4"
+        path = folder / RUNS_FOLDER / row["run"]
+        config = RunDir.open(path).read_config()
+        assert config["model"]["attention"] == row["model.attention"]
+        assert config["model"]["positional"] == row["model.positional"]
+        assert config["train"]["seed"] == int(row["seed"]) == config["task"]["seed"]  # a seed sets both
+        assert config["train"]["threads"] == 1
+        records = RunDir.open(path).read_metrics()
+        final = [r for r in records if r.get("split") == "valid" and r["step"] == 4][-1]
+        assert float(row["valid.accuracy"]) == final["accuracy"]  # read from the run, not recomputed
+        assert float(row["final_loss"]) == [r["loss"] for r in records if "split" not in r][-1]
+        assert float(row["wall_s"]) > 0
+        by_length = {
+            (r["length"], float(r["accuracy"]))
+            for r in _csv(folder / "accuracy_by_length.csv")
+            if r["run"] == row["run"]
+        }
+        assert by_length == {(k, v) for k, v in final["accuracy_by_length"].items()}
+
+
+def test_summary_has_mean_std_min_max_of_the_rows(swept):
+    folder = swept["two"]
+    rows = _rows(folder)
+    cells = _summary_cells(folder)
+    assert len(cells) == 4
+    for attention in ("soft", "hard"):
+        for positional in ("sinusoidal", "none"):
+            values = np.array(
+                [
+                    float(r["valid.accuracy"])
+                    for r in rows
+                    if r["model.attention"] == attention and r["model.positional"] == positional
+                ],
+                dtype=np.float64,
+            )
+            mean_std, span, n, failed = cells[(attention, positional, "valid")][:4]  # then baseline, trained if any
+            mean, std = (float(x) for x in mean_std.split(" ± "))
+            low, high = (float(x) for x in span.split("–"))
+            assert mean == pytest.approx(values.mean(), abs=5e-5)
+            assert std == pytest.approx(values.std(ddof=1), abs=5e-5)
+            assert (low, high) == (pytest.approx(values.min(), abs=5e-5), pytest.approx(values.max(), abs=5e-5))
+            assert (n, failed) == ("2", "0")
+
+
+def test_jobs_two_gives_the_results_of_jobs_one(swept):
+    two = {row["run"]: row for row in _rows(swept["two"])}
+    one = _rows(swept["one"])
+    assert len(one) == 3
+    keep = ("run", "status", "steps", "final_loss", "valid.accuracy", "valid.loss")
+    assert [{k: two[r["run"]][k] for k in keep} for r in one] == [{k: r[k] for k in keep} for r in one]
+
+
+def test_the_plot_is_written_per_split(swept):
+    picture = swept["two"] / "plots" / "accuracy_by_length-valid.png"
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_rebuilds_identical_files(swept):
+    folder = swept["two"]
+    names = ["results.csv", "accuracy_by_length.csv", "summary.md", "plots/accuracy_by_length-valid.png"]
+    before = {name: (folder / name).read_bytes() for name in names}
+    for name in names:
+        (folder / name).unlink()
+    write_report(folder)
+    assert {name: (folder / name).read_bytes() for name in names} == before
+
+
+def test_every_split_the_evaluation_wrote_is_reported_with_its_baseline_and_trained_flag(swept, tmp_path):
+    """Evaluations of more splits (length bins), with a baseline and a trained flag, as later
+    evaluations write them: columns per split, and the summary's baseline mean and trained count."""
+    folder = tmp_path / "sweep"
+    shutil.copytree(swept["two"], folder)
+    for index, run in enumerate(swept["plan"].runs):
+        extra = [
+            {
+                "split": "length_9_12",
+                "step": 4,
+                "accuracy": index / 8,
+                "baseline_accuracy": 0.5,
+                "trained": index % 2 == 0,
+            },
+            {"split": "length_5_8", "step": 4, "accuracy": 1 - index / 8, "accuracy_by_length": {"5": 1.0, "8": 0.25}},
+            {"split": "length_5_8", "step": 2, "accuracy": 0.0},  # an earlier evaluation: not the final one
+        ]
+        with open(folder / RUNS_FOLDER / run.name / "metrics.jsonl", "a", encoding="utf-8") as handle:
+            handle.writelines(json.dumps(record) + "\n" for record in extra)
+    write_report(folder)
+    rows = _rows(folder)
+    columns = list(rows[0])
+    assert (
+        columns.index("valid.accuracy") < columns.index("length_5_8.accuracy") < columns.index("length_9_12.accuracy")
+    )
+    assert [float(r["length_9_12.accuracy"]) for r in rows] == [i / 8 for i in range(8)]
+    assert [r["length_9_12.trained"] for r in rows] == ["true", "false"] * 4
+    cells = _summary_cells(folder)
+    # soft/sinusoidal holds runs 0 and 1: accuracies 0 and 1/8, one of them trained.
+    assert cells[("soft", "sinusoidal", "length_9_12")] == [
+        "0.0625 ± 0.0884",
+        "0.0000–0.1250",
+        "2",
+        "0",
+        "0.5000",
+        "1/2",
+    ]
+    assert cells[("soft", "sinusoidal", "valid")][-1] == "–"  # no trained flag in the valid records
+    assert (folder / "plots" / "accuracy_by_length-length_5_8.png").exists()
+
+
+def test_a_resume_skips_finished_runs(swept):
+    folder, plan = swept["two"], swept["plan"]
+    stamps = {p: p.stat().st_mtime_ns for p in (folder / RUNS_FOLDER).rglob("*") if p.is_file()}
+    result = run_sweep(plan, folder, jobs=2)
+    assert (result.trained, result.skipped, result.ok) == (0, 8, 8)
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps  # no run file was touched
+
+
+def test_an_interrupted_run_resumes_from_its_checkpoint_and_one_without_starts_over(config, tmp_path):
+    plan = plan_sweep(config, ["model.attention=soft,hard"], "1")
+    folder = tmp_path / "sweep"
+    first = run_sweep(plan, folder, jobs=1)
+    assert first.ok == 2
+    expected = _rows(folder)
+    resumed, restarted = plan.runs[0].name, plan.runs[1].name
+    (folder / OUTCOMES_FOLDER / f"{resumed}.json").unlink()  # killed after its last checkpoint
+    (folder / OUTCOMES_FOLDER / f"{restarted}.json").unlink()  # killed before its first checkpoint
+    run = folder / RUNS_FOLDER / restarted
+    for item in ("checkpoints", "checkpoint.json", "model.safetensors", "manifest.json"):
+        path = run / item
+        path.unlink() if path.is_file() else shutil.rmtree(path)
+    result = run_sweep(plan, folder, jobs=1)
+    assert (result.trained, result.skipped) == (2, 0)
+    outcome = json.loads((folder / OUTCOMES_FOLDER / f"{resumed}.json").read_text())
+    assert outcome["resumed"] is True and outcome["status"] == "ok"
+    outcome = json.loads((folder / OUTCOMES_FOLDER / f"{restarted}.json").read_text())
+    assert outcome["resumed"] is False and outcome["status"] == "ok"
+    keep = ("run", "status", "steps", "final_loss", "valid.accuracy")
+    assert [{k: r[k] for k in keep} for r in _rows(folder)] == [{k: r[k] for k in keep} for r in expected]
+
+
+def test_a_resume_with_another_grid_is_refused(swept, config):
+    folder = swept["two"]
+    stamp = (folder / PLAN_FILE).stat().st_mtime_ns
+    with pytest.raises(UsageError, match=r"another grid \(model\.attention=soft,hard, not soft\)"):
+        run_sweep(plan_sweep(config, ["model.attention=soft", GRID[1]], "0-1"), folder)
+    with pytest.raises(UsageError, match=r"other seeds \(0,1, not 0,1,3\)"):
+        run_sweep(plan_sweep(config, GRID, "0,1,3"), folder)
+    with pytest.raises(UsageError, match=r"train\.lr \(0\.001 recorded, 0\.002 now\)"):
+        run_sweep(plan_sweep(config, GRID, "0-1", ["train.lr=2e-3"]), folder)
+    assert (folder / PLAN_FILE).stat().st_mtime_ns == stamp
+
+
+def test_a_failed_run_is_recorded_and_the_others_finish(config, tmp_path):
+    plan = plan_sweep(config, ["train.lr=0.001,1e9"], "0", ['train.schedule="constant"'])
+    folder = tmp_path / "sweep"
+    result = run_sweep(plan, folder, jobs=1)
+    assert (result.ok, result.failed) == (1, 1)
+    rows = {row["train.lr"]: row for row in _rows(folder)}
+    assert rows["0.001"]["status"] == "ok" and rows["0.001"]["valid.accuracy"]
+    assert rows["1e9"]["status"] == "diverged"
+    assert re.fullmatch(r"the loss became nan at step \d+; .*", rows["1e9"]["error"])
+    assert rows["1e9"]["valid.accuracy"] == ""
+    summary = (folder / "summary.md").read_text()
+    assert "| 1e9 | – | – ± – | –––" in summary and "| 0 | 1 |" in summary
+    assert f"`{rows['1e9']['run']}` (diverged): the loss became nan" in summary
+    again = run_sweep(plan, folder, jobs=1)  # a failed run is not repeated ...
+    assert (again.trained, again.failed) == (0, 1)
+    again = run_sweep(plan, folder, jobs=1, retry_failed=True)  # ... unless asked
+    assert (again.trained, again.failed) == (1, 1)
+
+
+@pytest.mark.parametrize(
+    ("grid", "error", "message"),
+    [
+        (["model.nonsense=1,2"], ConfigError, r"^--grid model\.nonsense=1: model\.nonsense: unknown key"),
+        (["model.positional=sinusoidal,rotary"], ConfigError, r"^--grid model\.positional=rotary: model\.positional"),
+        (["model.heads=2,3"], ConfigError, r"^--grid model\.heads=3: model\."),
+        (["train.steps=4,0"], ConfigError, r"^--grid train\.steps=0: train\.steps: must be >= 1"),
+        (["task.seed=1,2"], UsageError, r"^--grid task\.seed: seeds are set by --seeds"),
+        (["modelheads=2"], UsageError, r"expected section\.key=value1,value2"),
+        (["model.heads=2,,4"], UsageError, r"an empty value"),
+        (["model.heads=2,2"], UsageError, r"the value 2 is given twice"),
+        (["model.heads=2", "model.heads=4"], UsageError, r"the key is given twice"),
+    ],
+)
+def test_a_bad_grid_is_one_error_before_anything_is_written(config, tmp_path, grid, error, message):
+    with pytest.raises(error, match=message) as caught:
+        plan_sweep(config, grid, "0")
+    assert "\n" not in str(caught.value)
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_a_combination_refused_only_together_names_the_run(config):
+    # The config has 2 heads of d_model 8: 4 heads, and d_model 6, are each fine alone, not together.
+    with pytest.raises(ConfigError, match=r"^run heads-4_d_model-6_seed-0: model\.") as caught:
+        plan_sweep(config, ["model.heads=2,4", "model.d_model=8,6"], "0")
+    assert "\n" not in str(caught.value)
+
+
+def test_seeds_and_grid_values_parse():
+    assert parse_seeds("0-4") == (0, 1, 2, 3, 4)
+    assert parse_seeds("3,0-1, 7") == (3, 0, 1, 7)
+    for bad in ("", "a", "4-2", "1,1", "-1"):
+        with pytest.raises(UsageError, match="--seeds"):
+            parse_seeds(bad)
+    (axis,) = parse_grid(['task.eval_lengths=[[5, 8], [9, 12]],[[5, 6]],"a,b",1e-3,true'])
+    assert axis.values == ([[5, 8], [9, 12]], [[5, 6]], "a,b", 1e-3, True)
+    assert axis.labels == ("[[5, 8], [9, 12]]", "[[5, 6]]", '"a,b"', "1e-3", "true")
+
+
+def test_run_names_are_readable_and_distinct():
+    axes = parse_grid(["model.positional=sinusoidal,none", 'task.text="a b","a/b"', "model.seed=1"])
+    combos = [(p, t, "1") for p in axes[0].labels for t in axes[1].labels]
+    names = run_names(axes, combos, [0, 1])
+    assert names[:2] == [
+        "positional-sinusoidal_text-a_b-0_seed-1_seed-0",
+        "positional-sinusoidal_text-a_b-0_seed-1_seed-1",
+    ]
+    assert names[2] == "positional-sinusoidal_text-a_b-1_seed-1_seed-0"
+    assert len(set(names)) == len(names) == 8
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]+", name) and len(name) < os.pathconf("/", "PC_NAME_MAX") for name in names)
+
+
+def test_a_seed_whose_validation_split_cannot_be_drawn_is_refused_before_training(config):
+    # Parity up to length 4 has few strings; with task.seed = 2 the leak-free valid split of 24
+    # cannot be filled. The end-of-training evaluation would find it only after the last step.
+    with pytest.raises(ConfigError, match=r"^run seed-2: parity: could not draw a valid string"):
+        plan_sweep(config, [], "1-2")
