@@ -62,7 +62,7 @@ import re
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, cached_property
 from typing import Any
 
 from attnlab.errors import AttnlabWarning, ConfigError
@@ -375,6 +375,14 @@ def length_bin_name(low: int, high: int) -> str:
     return f"length_{low}_{high}"
 
 
+def _exchanges(s: str) -> Iterator[str]:
+    """Every string made from ``s`` by exchanging two different symbols (any distance apart)."""
+    for i in range(len(s)):
+        for j in range(i + 1, len(s)):
+            if s[i] != s[j]:
+                yield s[:i] + s[j] + s[i + 1 : j] + s[i] + s[j + 1 :]
+
+
 @dataclass(frozen=True)
 class RecognitionTask(VocabIds):
     """Recognise one formal language; see the module docstring for encodings and counts.
@@ -520,7 +528,32 @@ class RecognitionTask(VocabIds):
         return examples
 
     def _owns(self, name: str, string: str) -> bool:
-        return self._held_out_by_length(name) or split_of(self.seed, string) == name
+        if self._held_out_by_length(name):
+            return True
+        return self._dealt_balanced.get(string, split_of(self.seed, string)) == name
+
+    @cached_property
+    def _dealt_balanced(self) -> dict[str, str]:
+        """Balanced-count Dyck negatives -> the split dealt each one, when the language has few
+        (at most :data:`SMALL_LANGUAGE` of length <= L): hashing could leave valid or test without
+        any, as with few positives. A dealt string belongs to its split whichever sampler draws
+        it (a near-miss can be one too), so no string is in two splits. Empty otherwise."""
+        if not self.lang.has_balanced_negatives:
+            return {}
+        lengths = self.lengths("train")
+        if sum(self.lang.count_balanced(n) for n in lengths) > SMALL_LANGUAGE:  # type: ignore[misc]
+            return {}
+        pool = sorted({swapped for n in lengths for base in self.lang.positives(n) for swapped in _exchanges(base)
+                       if not self.lang.contains(swapped)})  # fmt: skip
+        if len(pool) < 3:
+            raise ConfigError(
+                f"max_train_length: {self.language} has only {len(pool)} balanced-count negatives of length <= "
+                f"{self.max_train_length}, too few for train, valid and test; raise max_train_length"
+            )
+        random.Random(f"{self.seed}:{self.language}:deal-balanced").shuffle(pool)
+        held = max(1, round(0.1 * len(pool)))
+        splits = ["test"] * held + ["valid"] * held + ["train"] * (len(pool) - 2 * held)
+        return dict(zip(pool, splits, strict=True))
 
     def _positive_sampler(self, name: str, draws: int) -> Callable[[random.Random], str]:
         counts = {n: self.lang.count_positive(n) for n in self.lengths(name)}
@@ -573,6 +606,9 @@ class RecognitionTask(VocabIds):
         distance apart), kept only when the result is not a member. An exchange keeps every
         bracket count, so the string is balanced and wrong only in its order: a closer comes
         before its opener (a prefix goes below zero) or, in Dyck-2, two kinds cross, ``([)]``."""
+        dealt = [string for string, owner in self._dealt_balanced.items() if owner == name]
+        if dealt and not self._held_out_by_length(name):
+            return lambda rng: rng.choice(dealt)
         counts = {n: self.lang.count_balanced(n) for n in self.lengths(name)}  # type: ignore[misc]
         lengths, weights = weigh_lengths(self._share_name(name), counts, draws)
 

@@ -344,3 +344,29 @@ def test_eval_prints_the_baseline_on_the_accuracy_line(capsys):
         "accuracy: 0.9000 (baseline balanced_counts: 0.7500, majority class: 0.5000)",
         "positives: 10",
     ]
+
+
+@pytest.mark.parametrize("language", ["dyck1", "dyck2"])
+def test_few_balanced_negatives_are_dealt_so_every_split_has_some_and_none_is_shared(language):
+    """At a small L the balanced-count negatives are few: they are dealt to the splits (as few
+    positives are), so valid and test get some, and a near-miss drawn for another split never
+    repeats one (no string in two splits)."""
+    from attnlab.tasks import get_task
+
+    task = get_task(language, max_train_length=6, train_size=300, valid_size=8, test_size=8,
+                    length_generalisation_size=4)  # fmt: skip
+    strings = {name: {e.source for e in task.split(name)} for name in ("train", "valid", "test")}
+    assert not (
+        strings["train"] & strings["valid"] or strings["train"] & strings["test"] or strings["valid"] & strings["test"]
+    )
+    for name in ("valid", "test"):
+        negatives = [e for e in task.split(name) if e.label == 0]
+        texts = ["".join(task.vocab.tokens[i] for i in e.source[:-1]) for e in negatives]  # EOS dropped
+        assert len([t for t in texts if _is_balanced(t, language)]) >= len(negatives) / 2 > 0
+        assert any(t in task._dealt_balanced for t in texts) == (language == "dyck1")  # dyck2's are many: hashed
+        assert all(task._dealt_balanced.get(t) in (None, name) for t in texts)
+
+
+def _is_balanced(string: str, language: str) -> bool:
+    pairs = ["()"] if language == "dyck1" else ["()", "[]"]
+    return all(string.count(a) == string.count(b) for a, b in pairs)
