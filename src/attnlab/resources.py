@@ -47,6 +47,7 @@ __all__ = [
     "check_decode_length",
     "FIXED_POSITIONS",
     "check_split_sizes",
+    "check_length_bins_fit",
     "check_batch_size",
     "check_vector_dim",
     "check_layers",
@@ -439,4 +440,16 @@ def check_memory(
             f"{what} needs about {gib(estimate.total_bytes)} of memory ({estimate.parameters:,} parameters: "
             f"{gib(estimate.parameter_bytes)}; activations: {gib(estimate.activation_bytes)}), more than the "
             f"{gib(free)} this machine has available; reduce {', '.join(reduce)}"
+        )
+
+
+def check_length_bins_fit(task: object, max_length: int) -> None:
+    """Refuse length bins (``task.eval_lengths``) longer than the model reads, before training:
+    a string of n symbols takes n + 1 positions (EOS, or BOS for a decoder)."""
+    bins = getattr(task, "length_bins", {})
+    longest = max((high for _, high in bins.values()), default=0) + 1
+    if bins and longest > max_length:
+        raise ConfigError(
+            f"task.eval_lengths: the longest bin needs {longest} positions, more than the model's "
+            f"max_length={max_length}; raise model.max_len (or train.max_length) or shorten the bins"
         )

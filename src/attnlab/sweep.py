@@ -382,7 +382,7 @@ def _check_like_train(experiment: Any, tasks: dict[str, Any]) -> None:
     for, and the training resources (layers, batch size, memory); and that the validation split,
     which the end-of-training evaluation draws, can be drawn (a seed can make a small split of a
     small language impossible, which training alone would find only after its last step)."""
-    from attnlab.resources import check_training_resources
+    from attnlab.resources import check_length_bins_fit, check_training_resources
     from attnlab.tasks.factory import build_task, model_config_for_task
 
     key = json.dumps(experiment.task, sort_keys=True, default=str)
@@ -398,6 +398,7 @@ def _check_like_train(experiment: Any, tasks: dict[str, Any]) -> None:
         examples=task.split("train"),
         max_length=experiment.train.max_length or config.max_len,
     )
+    check_length_bins_fit(task, experiment.train.max_length or config.max_len)
 
 
 # ---- running -------------------------------------------------------------------------------------

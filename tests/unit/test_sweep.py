@@ -296,6 +296,11 @@ def test_a_failed_run_is_recorded_and_the_others_finish(config, tmp_path):
         (["model.positional=sinusoidal,rotary"], ConfigError, r"^--grid model\.positional=rotary: model\.positional"),
         (["model.heads=2,3"], ConfigError, r"^--grid model\.heads=3: model\."),
         (["train.steps=4,0"], ConfigError, r"^--grid train\.steps=0: train\.steps: must be >= 1"),
+        (
+            ["task.eval_lengths=[[9, 12]],[[9, 2000]]"],
+            ConfigError,
+            r"^--grid task\.eval_lengths=\[\[9, 2000\]\]: task\.eval_lengths: the longest bin needs 2001 positions",
+        ),
         (["task.seed=1,2"], UsageError, r"^--grid task\.seed: seeds are set by --seeds"),
         (["modelheads=2"], UsageError, r"expected section\.key=value1,value2"),
         (["model.heads=2,,4"], UsageError, r"an empty value"),

@@ -51,7 +51,7 @@ from attnlab.head_ids import held_mask
 from attnlab.loaded_run import saved_tokenizer
 from attnlab.nn import InputEmbedding
 from attnlab.output_paths import check_output_path
-from attnlab.resources import check_training_resources
+from attnlab.resources import check_length_bins_fit, check_training_resources
 from attnlab.runs import RunDir, validation_record
 from attnlab.tasks.base import split_statistics
 from attnlab.tasks.codec import TextCodec
@@ -215,7 +215,7 @@ class _Trainer:
         self._report_skipped_lines()
         self.model = model_for_task(experiment, self.task).to(self.device)
         self.max_length = cfg.max_length or self.model.config.max_len
-        _check_length_bins_fit(self.task, self.max_length)  # scored at the end: refuse them now
+        check_length_bins_fit(self.task, self.max_length)  # scored at the end: refuse them now
         self.optimizer = self._optimizer()
         self.scheduler = make_scheduler(self.optimizer, cfg.schedule, warmup=cfg.warmup, total=cfg.steps)
         self.stream = BatchStream(
@@ -514,15 +514,3 @@ def _describe_split(name: str, statistics: dict[str, int]) -> str:
     if statistics["positives"]:
         line += f", {statistics['positives']} positives ({statistics['distinct_positives']} distinct)"
     return line
-
-
-def _check_length_bins_fit(task: Any, max_length: int) -> None:
-    """Refuse length bins (``task.eval_lengths``) longer than the model reads, before training:
-    a string of n symbols takes n + 1 positions (EOS, or BOS for a decoder)."""
-    bins = getattr(task, "length_bins", {})
-    longest = max((high for _, high in bins.values()), default=0) + 1
-    if bins and longest > max_length:
-        raise ConfigError(
-            f"task.eval_lengths: the longest bin needs {longest} positions, more than the model's "
-            f"max_length={max_length}; raise model.max_len (or train.max_length) or shorten the bins"
-        )
