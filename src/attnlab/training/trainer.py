@@ -215,7 +215,6 @@ class _Trainer:
         self._report_skipped_lines()
         self.model = model_for_task(experiment, self.task).to(self.device)
         self.max_length = cfg.max_length or self.model.config.max_len
-        check_length_bins_fit(self.task, self.max_length)  # scored at the end: refuse them now
         self.optimizer = self._optimizer()
         self.scheduler = make_scheduler(self.optimizer, cfg.schedule, warmup=cfg.warmup, total=cfg.steps)
         self.stream = BatchStream(
@@ -275,19 +274,18 @@ class _Trainer:
         return saved_tokenizer(self.run) if resume else None
 
     def _check_resources(self, train_examples: list) -> None:
-        """Refuse a model or batch that cannot fit (layers, batch size, memory estimate), before any
-        of it is allocated; see :func:`attnlab.resources.check_training_resources`."""
+        """Refuse a model or batch that cannot fit (layers, batch size, memory estimate), and length
+        bins longer than the model reads (scored only at the end), before any of it is allocated;
+        see :func:`attnlab.resources.check_training_resources` and ``check_length_bins_fit``."""
         config = model_config_for_task(self.experiment, self.task)
         available = None
         if self.device.type == "cuda":
             available = torch.cuda.mem_get_info(self.device)[0]
+        max_length = self.cfg.max_length or config.max_len
         check_training_resources(
-            config,
-            batch_size=self.cfg.batch_size,
-            examples=train_examples,
-            max_length=self.cfg.max_length or config.max_len,
-            available=available,
+            config, batch_size=self.cfg.batch_size, examples=train_examples, max_length=max_length, available=available
         )
+        check_length_bins_fit(self.task, max_length)
 
     def _report_skipped_lines(self) -> None:
         """With ``task.skip_bad_lines`` nothing is dropped silently: say how many lines were skipped."""
