@@ -99,7 +99,8 @@ def run_lm(quick: bool = False, repeats: int = 5) -> BenchResult:
         generate_rss = peak_rss_of([sys.executable, "-m", "attnlab", "generate", str(run), "The capital of France is",
                                     "--max-new-tokens", str(sizes.new_tokens)])  # fmt: skip
         interpreter_rss = peak_rss_of([sys.executable, "-c", _GENERATE_IMPORTS])
-        _timings(result, run, package_gguf(), sizes, repeats, import_rss, generate_rss, interpreter_rss)
+        peaks = {"import gguf": import_rss, "generate": generate_rss, "imports": interpreter_rss}
+        _timings(result, run, package_gguf(), sizes, repeats, peaks)
     return result
 
 
@@ -109,7 +110,7 @@ _GENERATE_IMPORTS = (
 """What ``attnlab generate`` imports before it reads a run: the floor under its peak RSS."""
 
 
-def _timings(result: BenchResult, run: Path, gguf: Path, sizes: LmSizes, repeats: int, *rss: int) -> None:
+def _timings(result: BenchResult, run: Path, gguf: Path, sizes: LmSizes, repeats: int, peaks: dict[str, int]) -> None:
     from transformers import AutoModelForCausalLM
 
     from attnlab.loaded_run import open_run
@@ -118,12 +119,11 @@ def _timings(result: BenchResult, run: Path, gguf: Path, sizes: LmSizes, repeats
     loaded = open_run(run)
     model = loaded.model.eval()
     weights = _weights_bytes(model)
-    import_rss, generate_rss, interpreter_rss = rss
-    for label, peak in (("import gguf", import_rss), ("generate", generate_rss)):
-        result.add(f"attnlab {label}", "peak_rss", peak / 1e6, "MB")
-        result.ratios[f"{label.replace(' ', '_')}_rss_vs_weights"] = peak / weights
-    result.add("python, generate's imports only", "peak_rss", interpreter_rss / 1e6, "MB")
-    result.ratios["generate_rss_above_imports_vs_weights"] = (generate_rss - interpreter_rss) / weights
+    for label in ("import gguf", "generate"):
+        result.add(f"attnlab {label}", "peak_rss", peaks[label] / 1e6, "MB")
+        result.ratios[f"{label.replace(' ', '_')}_rss_vs_weights"] = peaks[label] / weights
+    result.add("python, generate's imports only", "peak_rss", peaks["imports"] / 1e6, "MB")
+    result.ratios["generate_rss_above_imports_vs_weights"] = (peaks["generate"] - peaks["imports"]) / weights
     result.targets["import_gguf_rss_vs_weights"] = ("<=", 2.5)
     result.targets["generate_rss_vs_weights"] = ("<=", 1.5)
     hf = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32).eval()
