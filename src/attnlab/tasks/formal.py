@@ -545,15 +545,8 @@ class RecognitionTask(VocabIds):
             return {}
         pool = sorted({swapped for n in lengths for base in self.lang.positives(n) for swapped in _exchanges(base)
                        if not self.lang.contains(swapped)})  # fmt: skip
-        if len(pool) < 3:
-            raise ConfigError(
-                f"max_train_length: {self.language} has only {len(pool)} balanced-count negatives of length <= "
-                f"{self.max_train_length}, too few for train, valid and test; raise max_train_length"
-            )
-        random.Random(f"{self.seed}:{self.language}:deal-balanced").shuffle(pool)
-        held = max(1, round(0.1 * len(pool)))
-        splits = ["test"] * held + ["valid"] * held + ["train"] * (len(pool) - 2 * held)
-        return dict(zip(pool, splits, strict=True))
+        dealt = self._deal(pool, what="balanced-count negatives", salt="deal-balanced")
+        return {string: name for name, strings in dealt.items() for string in strings}
 
     def _positive_sampler(self, name: str, draws: int) -> Callable[[random.Random], str]:
         counts = {n: self.lang.count_positive(n) for n in self.lengths(name)}
@@ -574,15 +567,18 @@ class RecognitionTask(VocabIds):
         return lambda rng: self._draw(rng, candidate, name)
 
     def _dealt_positives(self, lengths: list[int]) -> dict[str, list[str]]:
-        # Few positives: hashing could leave valid or test without any. Deal them instead, by a
-        # seeded shuffle, 80/10/10 with at least one each. Still a partition: no string in two splits.
-        pool = [s for n in lengths for s in self.lang.positives(n)]
+        # Few positives: hashing could leave valid or test without any. Deal them instead.
+        return self._deal([s for n in lengths for s in self.lang.positives(n)], what="strings", salt="deal")
+
+    def _deal(self, pool: list[str], *, what: str, salt: str) -> dict[str, list[str]]:
+        """Split name -> its share of ``pool`` (changed in place), by a seeded shuffle, 80/10/10
+        with at least one each. Still a partition: no string in two splits."""
         if len(pool) < 3:
             raise ConfigError(
-                f"max_train_length: {self.language} has only {len(pool)} strings of length <= "
+                f"max_train_length: {self.language} has only {len(pool)} {what} of length <= "
                 f"{self.max_train_length}, too few for train, valid and test; raise max_train_length"
             )
-        random.Random(f"{self.seed}:{self.language}:deal").shuffle(pool)
+        random.Random(f"{self.seed}:{self.language}:{salt}").shuffle(pool)
         held = max(1, round(0.1 * len(pool)))
         return {"test": pool[:held], "valid": pool[held : 2 * held], "train": pool[2 * held :]}
 
