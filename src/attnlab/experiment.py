@@ -91,6 +91,10 @@ class TrainConfig:
             the process at the start (the machine's cores, or ``OMP_NUM_THREADS``). The run's
             config.json records the resolved count: a run repeats bit for bit only at the same
             count (see :mod:`attnlab.training.reproducibility`).
+        final_splits: splits scored once more after the last step, besides ``valid`` and the
+            length bins of ``task.eval_lengths`` (always scored), e.g. ``["test",
+            "length_generalisation"]``, what ``attnlab sweep`` sets; checked against the task's
+            splits before training.
     """
 
     steps: int = 1000
@@ -117,6 +121,7 @@ class TrainConfig:
     init_embeddings: str = ""
     mask_heads: list[str] = field(default_factory=list)
     threads: int = 0
+    final_splits: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         try:
@@ -133,6 +138,9 @@ class TrainConfig:
             raise ConfigError(f"train.threads: must be <= {MAX_THREADS} (0 = this machine's count), got {self.threads}")
         if self.lr <= 0:
             raise ConfigError(f"train.lr: must be > 0, got {self.lr}")
+        repeated = [name for name in self.final_splits if self.final_splits.count(name) > 1]
+        if repeated:
+            raise ConfigError(f"train.final_splits: {repeated[0]!r} is given twice")
         for name in ("label_smoothing", "beta1", "beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"train.{name}: must lie in [0, 1), got {getattr(self, name)}")
@@ -348,7 +356,11 @@ def _toml_value(raw: str) -> Any:
 
 
 def load_experiment(path: str | Path, overrides: Sequence[str] = (), *, flag: str = "override") -> ExperimentConfig:
-    """Read a TOML config file and apply ``--set`` overrides."""
+    """Read a TOML config file and apply ``--set`` overrides.
+
+    A ``[sweep]`` table (a grid and seeds for ``attnlab sweep``, :func:`attnlab.sweep.sweep_table`)
+    is not part of the experiment: the file's base config is read without it.
+    """
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -360,4 +372,5 @@ def load_experiment(path: str | Path, overrides: Sequence[str] = (), *, flag: st
         raise ConfigError(f"{path}: not UTF-8 text") from None
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: invalid TOML: {error}") from None
+    data.pop("sweep", None)
     return ExperimentConfig.from_dict(apply_overrides(data, parse_overrides(overrides, flag=flag)))

@@ -8,11 +8,24 @@ sweep is the product of its grids and its seeds::
     attnlab sweep configs/dyck1.toml --grid model.positional=sinusoidal,learned,none \\
         --grid model.attention=soft,hard --seeds 0-4 --out sweeps/dyck1 --jobs 2
 
-Every run's config is ``CONFIG.toml``, then ``train.threads = 1`` (the sweep's default), then
+Every run's config is ``CONFIG.toml``, then the sweep's defaults (``train.threads = 1``,
+``train.final_splits = ["test", "length_generalisation"]``), then
 ``--set`` (as ``attnlab train --set``), then its grid values, then its seed: a seed sets
 ``train.seed`` and, where the task has one, ``task.seed``. All of them are built and checked, as
 ``attnlab train`` checks one (keys, values, the task, the model config, the memory estimate),
 before anything is written.
+
+A config file may carry its own grid and seeds in a ``[sweep]`` table (what
+``configs/papers/`` do), so that ``attnlab sweep FILE --out DIR`` alone reproduces a table::
+
+    [sweep]
+    seeds = "0-2"
+    [sweep.grid]
+    "model.positional" = ["none", "sinusoidal", "learned"]
+    "task.name" = ["dyck1", "parity"]
+
+``--grid KEY=...`` on the command line replaces that key's values (or adds a key), ``--seeds``
+replaces the seeds. ``attnlab train FILE`` ignores the table and trains the file's base config.
 
 The sweep folder ``DIR`` holds:
 
@@ -69,6 +82,7 @@ __all__ = [
     "parse_grid",
     "parse_seeds",
     "plan_sweep",
+    "sweep_table",
     "run_sweep",
     "write_report",
     "summary_statistics",
@@ -83,9 +97,11 @@ RUNS_FOLDER = "runs"
 OUTCOMES_FOLDER = "outcomes"
 PLAN_FORMAT = 1
 
-SWEEP_DEFAULTS = ("train.threads=1",)
+SWEEP_DEFAULTS = ("train.threads=1", 'train.final_splits=["test", "length_generalisation"]')
 """Set on every run before ``--set``: one thread per training, so that ``jobs`` runs share the
-cores without oversubscription and a run's numbers do not depend on ``jobs``."""
+cores without oversubscription and a run's numbers do not depend on ``jobs``; and the test and
+length-generalisation splits scored after the last step, beside valid and the length bins, so that
+the report has every split."""
 
 OK, FAILED, DIVERGED, PENDING = "ok", "failed", "diverged", "pending"
 
@@ -107,11 +123,13 @@ class GridAxis:
         key: ``section.key``.
         values: the values, read as TOML like ``--set`` values.
         labels: the values as written, used in run names and tables.
+        origin: where the axis was given (``--grid`` or the file's ``[sweep] grid``), for errors.
     """
 
     key: str
     values: tuple[Any, ...]
     labels: tuple[str, ...]
+    origin: str = field(default="--grid", compare=False)
 
 
 @dataclass(frozen=True)
@@ -252,6 +270,79 @@ def parse_grid(items: Sequence[str]) -> tuple[GridAxis, ...]:
     return tuple(axes)
 
 
+SWEEP_TABLE_KEYS = ("grid", "seeds")
+
+
+def sweep_table(tables: Mapping[str, Any], path: Path) -> tuple[tuple[GridAxis, ...], str | None]:
+    """The grid and seeds a config file's ``[sweep]`` table gives (none and ``None`` without one).
+
+    Args:
+        tables: the file's TOML tables.
+        path: the file, named in errors.
+
+    Returns:
+        ``(axes, seeds)``: one axis per ``[sweep.grid]`` key, in the file's order, its values the
+        TOML values themselves (a string is its own label); ``seeds`` as ``--seeds`` writes them.
+
+    Raises:
+        ConfigError: naming ``[sweep]`` and the key: an unknown key, a grid entry that is not
+            ``section.key = [values]``, an empty list or a repeated value, a seed key in the grid,
+            seeds that are not a string such as ``"0-4"`` or a list of integers.
+    """
+    table = tables.get("sweep")
+    if table is None:
+        return (), None
+    where = f"{path}: [sweep]"
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"{where}: expected a table with grid and seeds, got {type(table).__name__}")
+    unknown = sorted(set(table) - set(SWEEP_TABLE_KEYS))
+    if unknown:
+        raise ConfigError(f"{where} {unknown[0]}: unknown key; allowed: {', '.join(SWEEP_TABLE_KEYS)}")
+    grid = table.get("grid", {})
+    if not isinstance(grid, Mapping):
+        raise ConfigError(f'{where} grid: expected a table of "section.key" = [values]')
+    axes = tuple(_file_axis(key, values, where) for key, values in grid.items())
+    return axes, _file_seeds(table.get("seeds"), where)
+
+
+def _file_axis(key: str, values: Any, where: str) -> GridAxis:
+    """One ``[sweep.grid]`` entry as an axis; its labels are the values as ``--grid`` would write them."""
+    section, dot, name = key.partition(".")
+    if not dot or not section or not name:
+        raise ConfigError(f'{where} grid.{key}: expected a quoted "section.key", e.g. "model.positional"')
+    if key in ("train.seed", "task.seed"):
+        raise ConfigError(f"{where} grid.{key}: seeds are set by [sweep] seeds (a seed sets train.seed and task.seed)")
+    if not isinstance(values, list) or not values:
+        raise ConfigError(f'{where} grid."{key}": expected a non-empty list of values, got {values!r}')
+    labels = tuple(value if isinstance(value, str) else json.dumps(value) for value in values)
+    if len(set(labels)) != len(labels):
+        repeated = next(label for label in labels if labels.count(label) > 1)
+        raise ConfigError(f'{where} grid."{key}": the value {repeated} is given twice')
+    return GridAxis(key, tuple(values), labels, origin="[sweep] grid")
+
+
+def _file_seeds(seeds: Any, where: str) -> str | None:
+    """``[sweep] seeds`` (``"0-4"`` or ``[0, 2, 7]``) as ``--seeds`` text, checked by :func:`parse_seeds`."""
+    if seeds is None:
+        return None
+    if isinstance(seeds, list) and all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+        seeds = ",".join(str(s) for s in seeds)
+    if not isinstance(seeds, str):
+        raise ConfigError(f'{where} seeds: expected a string such as "0-4" or a list of integers, got {seeds!r}')
+    try:
+        parse_seeds(seeds)
+    except UsageError as error:
+        raise ConfigError(f"{where} seeds: {str(error).removeprefix('--seeds ')}") from None
+    return seeds
+
+
+def _merge_axes(from_file: Sequence[GridAxis], from_flags: Sequence[GridAxis]) -> tuple[GridAxis, ...]:
+    """The file's axes with each ``--grid`` key's values in place of the file's; new keys after them."""
+    flags = {axis.key: axis for axis in from_flags}
+    merged = [flags.pop(axis.key, axis) for axis in from_file]
+    return (*merged, *flags.values())
+
+
 def _name_part(text: str) -> str:
     """``text`` with every character but letters, digits, ``.`` and ``-`` replaced by ``_``."""
     return re.sub(r"[^A-Za-z0-9.\-]+", "_", text).strip("_") or "_"
@@ -292,14 +383,16 @@ def _combinations(axes: Sequence[GridAxis]) -> list[tuple[int, ...]]:
 
 
 def plan_sweep(
-    config_file: str | Path, grid: Sequence[str], seeds: str | Sequence[int], sets: Sequence[str] = ()
+    config_file: str | Path, grid: Sequence[str], seeds: str | Sequence[int] | None, sets: Sequence[str] = ()
 ) -> SweepPlan:
     """Every run of a sweep, each config built and checked as ``attnlab train`` would check it.
 
     Args:
         config_file: the experiment's TOML file.
-        grid: ``section.key=v1,v2,...`` options.
-        seeds: ``"0-4"`` (see :func:`parse_seeds`) or the seeds.
+        grid: ``section.key=v1,v2,...`` options; each replaces that key of the file's ``[sweep]``
+            grid, or adds one (:func:`sweep_table`).
+        seeds: ``"0-4"`` (see :func:`parse_seeds`) or the seeds; ``None``: the file's ``[sweep]``
+            seeds, else seed 0.
         sets: ``section.key=value`` options fixed for every run, as ``attnlab train --set``.
 
     Returns:
@@ -314,8 +407,12 @@ def plan_sweep(
 
     load_experiment(config_file, [*SWEEP_DEFAULTS, *sets], flag="--set")  # the file and --set alone
     tables = _read_tables(Path(config_file))
+    file_axes, file_seeds = sweep_table(tables, Path(config_file))
+    tables = {section: value for section, value in tables.items() if section != "sweep"}
     base = apply_overrides(tables, parse_overrides([*SWEEP_DEFAULTS, *sets], flag="--set"))
-    axes = parse_grid(grid)
+    axes = _merge_axes(file_axes, parse_grid(grid))
+    if seeds is None:
+        seeds = file_seeds if file_seeds is not None else "0"
     seed_list = tuple(seeds) if not isinstance(seeds, str) else parse_seeds(seeds)
     overlap = [axis.key for axis in axes if any(s.partition("=")[0].strip() == axis.key for s in sets)]
     if overlap:
@@ -326,7 +423,7 @@ def plan_sweep(
     tasks: dict[str, Any] = {}
     for axis in axes:  # one value at a time against the base: the error names the value at fault
         for value, label in zip(axis.values, axis.labels):
-            _checked(f"--grid {axis.key}={label}", _build_checked, _assign(base, {axis.key: value}, None), tasks)
+            _checked(f"{axis.origin} {axis.key}={label}", _build_checked, _assign(base, {axis.key: value}, None), tasks)
     labelled = [tuple(axis.labels[i] for axis, i in zip(axes, combo)) for combo in combos]
     names = iter(run_names(axes, labelled, seed_list))
     runs = []
@@ -380,9 +477,11 @@ def _build_checked(tables: Mapping[str, Any], tasks: dict[str, Any]) -> Any:
 def _check_like_train(experiment: Any, tasks: dict[str, Any]) -> None:
     """What the trainer checks before it builds a model: the task, the model config the task calls
     for, and the training resources (layers, batch size, memory); and that the validation split,
-    which the end-of-training evaluation draws, can be drawn (a seed can make a small split of a
-    small language impossible, which training alone would find only after its last step)."""
+    and the ``train.final_splits``, which the end-of-training evaluation draws, can be drawn (a
+    seed can make a small split of a small language impossible, which training alone would find
+    only after its last step)."""
     from attnlab.resources import check_length_bins_fit, check_training_resources
+    from attnlab.tasks.base import check_final_splits
     from attnlab.tasks.factory import build_task, model_config_for_task
 
     key = json.dumps(experiment.task, sort_keys=True, default=str)
@@ -391,6 +490,9 @@ def _check_like_train(experiment: Any, tasks: dict[str, Any]) -> None:
         task.split("valid")
         tasks[key] = task
     task = tasks[key]
+    check_final_splits(task, experiment.train.final_splits)
+    for name in experiment.train.final_splits:
+        task.split(name)  # scored after the last step: drawn now, where a seed can make it impossible
     config = model_config_for_task(experiment, task)
     check_training_resources(
         config,

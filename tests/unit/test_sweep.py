@@ -34,7 +34,7 @@ from attnlab.sweep import (
 TINY = """
 [task]
 name = "parity"
-max_train_length = 4
+max_train_length = 6
 train_size = 48
 valid_size = 24
 test_size = 16
@@ -127,33 +127,37 @@ def test_the_grid_times_the_seeds_is_eight_runs_with_a_row_each(swept):
         by_length = {
             (r["length"], float(r["accuracy"]))
             for r in _csv(folder / "accuracy_by_length.csv")
-            if r["run"] == row["run"]
+            if r["run"] == row["run"] and r["split"] == "valid"
         }
         assert by_length == {(k, v) for k, v in final["accuracy_by_length"].items()}
+        # The sweep's train.final_splits: test and length_generalisation scored after the last step.
+        for split in ("test", "length_generalisation"):
+            (scored,) = [r for r in records if r.get("split") == split]
+            assert scored["step"] == 4 and float(row[f"{split}.accuracy"]) == scored["accuracy"]
 
 
 def test_summary_has_mean_std_min_max_of_the_rows(swept):
     folder = swept["two"]
     rows = _rows(folder)
     cells = _summary_cells(folder)
-    assert len(cells) == 4
-    for attention in ("soft", "hard"):
-        for positional in ("sinusoidal", "none"):
-            values = np.array(
-                [
-                    float(r["valid.accuracy"])
-                    for r in rows
-                    if r["model.attention"] == attention and r["model.positional"] == positional
-                ],
-                dtype=np.float64,
-            )
-            mean_std, span, n, failed = cells[(attention, positional, "valid")][:4]  # then baseline, trained if any
-            mean, std = (float(x) for x in mean_std.split(" ± "))
-            low, high = (float(x) for x in span.split("–"))
-            assert mean == pytest.approx(values.mean(), abs=5e-5)
-            assert std == pytest.approx(values.std(ddof=1), abs=5e-5)
-            assert (low, high) == (pytest.approx(values.min(), abs=5e-5), pytest.approx(values.max(), abs=5e-5))
-            assert (n, failed) == ("2", "0")
+    assert len(cells) == 4 * 3  # combinations x (valid, test, length_generalisation)
+    for attention, positional, split in cells:
+        assert split in ("valid", "test", "length_generalisation")
+        values = np.array(
+            [
+                float(r[f"{split}.accuracy"])
+                for r in rows
+                if r["model.attention"] == attention and r["model.positional"] == positional
+            ],
+            dtype=np.float64,
+        )
+        mean_std, span, n, failed = cells[(attention, positional, split)][:4]  # then baseline, trained if any
+        mean, std = (float(x) for x in mean_std.split(" ± "))
+        low, high = (float(x) for x in span.split("–"))
+        assert mean == pytest.approx(values.mean(), abs=5e-5)
+        assert std == pytest.approx(values.std(ddof=1), abs=5e-5)
+        assert (low, high) == (pytest.approx(values.min(), abs=5e-5), pytest.approx(values.max(), abs=5e-5))
+        assert (n, failed) == ("2", "0")
 
 
 def test_jobs_two_gives_the_results_of_jobs_one(swept):
@@ -350,4 +354,58 @@ def test_a_seed_whose_validation_split_cannot_be_drawn_is_refused_before_trainin
     # Parity up to length 4 has few strings; with task.seed = 2 the leak-free valid split of 24
     # cannot be filled. The end-of-training evaluation would find it only after the last step.
     with pytest.raises(ConfigError, match=r"^run seed-2: parity: could not draw a valid string"):
-        plan_sweep(config, [], "1-2")
+        plan_sweep(config, [], "1-2", ["task.max_train_length=4"])
+    # The same for the test split, which the sweep scores after the last step (train.final_splits).
+    with pytest.raises(ConfigError, match=r"^run seed-0: parity: could not draw a test string"):
+        plan_sweep(config, [], "0-1", ["task.max_train_length=4"])
+    with pytest.raises(ConfigError, match=r"^run seed-0: train\.final_splits: unknown split 'tset'; this task has"):
+        plan_sweep(config, [], "0", ['train.final_splits=["tset"]'])
+
+
+SWEEP_TABLE = """
+[sweep]
+seeds = "0-1"
+[sweep.grid]
+"model.attention" = ["soft", "hard"]
+"model.positional" = ["sinusoidal", "none"]
+"""
+
+
+def test_a_sweep_table_in_the_file_plans_what_the_same_flags_plan(config, tmp_path):
+    from attnlab.experiment import load_experiment
+
+    path = tmp_path / "with_sweep.toml"
+    path.write_text(TINY + SWEEP_TABLE)
+    from_file, from_flags = plan_sweep(path, [], None), plan_sweep(config, GRID, "0-1")
+    assert [run.name for run in from_file.runs] == [run.name for run in from_flags.runs]
+    assert [run.config for run in from_file.runs] == [run.config for run in from_flags.runs]
+    assert from_file.seeds == (0, 1) and "sweep" not in from_file.tables
+    # --grid replaces one key of the file's grid, --seeds its seeds; a new key comes last.
+    plan = plan_sweep(path, ["model.positional=learned", "train.lr=0.01,0.02"], "3")
+    assert plan.keys == ["model.attention", "model.positional", "train.lr"]
+    assert {run.seed for run in plan.runs} == {3} and len(plan.runs) == 4
+    assert {run.config["model"]["positional"] for run in plan.runs} == {"learned"}
+    # attnlab train reads the base config: the [sweep] table is not part of an experiment.
+    assert load_experiment(path).to_dict() == load_experiment(config).to_dict()
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ("[sweep]\ngrids = 1\n", r"\[sweep\] grids: unknown key; allowed: grid, seeds"),
+        ('[sweep]\nseeds = "4-2"\n', r"\[sweep\] seeds: "),
+        ("[sweep]\nseeds = 3\n", r'\[sweep\] seeds: expected a string such as "0-4"'),
+        ('[sweep.grid]\n"model.heads" = []\n', r'\[sweep\] grid\."model\.heads": expected a non-empty list'),
+        ('[sweep.grid]\n"model.heads" = 2\n', r'\[sweep\] grid\."model\.heads": expected a non-empty list'),
+        ('[sweep.grid]\n"model.heads" = [2, 2]\n', r"the value 2 is given twice"),
+        ("[sweep.grid]\nheads = [2, 4]\n", r'grid\.heads: expected a quoted "section\.key"'),
+        ('[sweep.grid]\n"task.seed" = [1, 2]\n', r"seeds are set by \[sweep\] seeds"),
+        ('[sweep.grid]\n"model.heads" = [2, 3]\n', r"^\[sweep\] grid model\.heads=3: model\."),
+    ],
+)
+def test_a_bad_sweep_table_is_one_error_naming_it(tmp_path, table, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(TINY + table)
+    with pytest.raises(ConfigError, match=message) as caught:
+        plan_sweep(path, [], None)
+    assert "\n" not in str(caught.value)

@@ -15,9 +15,16 @@ from attnlab.errors import UsageError
 def sweep(
     config: Path = typer.Argument(None, help="The experiment's TOML file (see configs/)."),
     grid: list[str] = typer.Option(
-        [], "--grid", help="A key and its values: section.key=v1,v2,... (repeatable; the runs are the product)."
+        [],
+        "--grid",
+        help="A key and its values: section.key=v1,v2,... (repeatable; the runs are the product); "
+        "replaces that key of the file's [sweep.grid].",
     ),
-    seeds: str = typer.Option("0", "--seeds", help="Seeds, e.g. 0-4 or 0,2,7; each sets train.seed and task.seed."),
+    seeds: str = typer.Option(
+        None,
+        "--seeds",
+        help="Seeds, e.g. 0-4 or 0,2,7; each sets train.seed and task.seed. Default: the file's [sweep] seeds, else 0.",
+    ),
     out: Path = typer.Option(None, "--out", help="The sweep folder (run the same command again to resume it)."),
     overrides: list[str] = typer.Option([], "--set", help="Fix a key for every run: section.key=value (repeatable)."),
     jobs: int = typer.Option(
@@ -45,7 +52,9 @@ def sweep(
             typer.echo(f"report: {', '.join(str(path) for path in files)}")
         return
     if config is None:
-        raise UsageError("give a CONFIG.toml and --grid section.key=values to sweep, or --report DIR")
+        raise UsageError(
+            "give a CONFIG.toml (with --grid section.key=values or a [sweep] table) to sweep, or --report DIR"
+        )
     if out is None:
         raise UsageError("--out: give the sweep folder (a new one, or this sweep's to resume it)")
     plan = plan_sweep(config, grid, seeds, overrides)

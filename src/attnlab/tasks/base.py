@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from attnlab.errors import ConfigError
 
@@ -204,8 +204,39 @@ class VocabIds(SplitAccessors):
     def eos_id(self) -> int:
         return self.vocab.eos_id
 
+    # ---- splits, length bins included ----------------------------------------------------------
+
+    @property
+    def length_bins(self) -> dict[str, tuple[int, int]]:
+        """Split name -> (low, high) of every bin of the task's ``eval_lengths``, in order."""
+        return {length_bin_name(low, high): (low, high) for low, high in getattr(self, "eval_lengths", ())}
+
+    def split_names(self) -> tuple[str, ...]:
+        """Every split this task has: train, valid, test, length_generalisation, then the length bins."""
+        return SPLITS + tuple(self.length_bins)
+
+    def check_split(self, name: str) -> None:
+        if name not in self.split_names():
+            raise ConfigError(f"split: unknown split {name!r}; choose one of {', '.join(self.split_names())}")
+
+    def held_out_by_length(self, name: str) -> bool:
+        """Whether split ``name`` is apart from training by its lengths (length_generalisation, a bin)."""
+        return name == "length_generalisation" or name in self.length_bins
+
+    def share_name(self, name: str) -> str:
+        """The split whose share of the strings ``name`` owns (:func:`split_share`): a length bin owns
+        every string of its lengths, as length_generalisation does."""
+        return "length_generalisation" if self.held_out_by_length(name) else name
+
+    def split_size(self, name: str) -> int:
+        """Examples split ``name`` draws: ``{name}_size``; a length bin draws ``length_generalisation_size``."""
+        return getattr(self, "length_generalisation_size" if name in self.length_bins else f"{name}_size")
+
     def lengths(self, split: str) -> range:
-        """The lengths a split draws from: 1..L, or L+1..2L for length generalisation."""
+        """The lengths a split draws from: 1..L, L+1..2L for length generalisation, or a bin's."""
+        if split in self.length_bins:
+            low, high = self.length_bins[split]
+            return range(low, high + 1)
         L = self.max_train_length  # type: ignore[attr-defined]
         return range(L + 1, 2 * L + 1) if split == "length_generalisation" else range(1, L + 1)
 
@@ -240,6 +271,49 @@ def check_sizes(**sizes: int) -> None:
     for name, value in sizes.items():
         if value < 0:
             raise ConfigError(f"{name}: must be >= 0, got {value}")
+
+
+def length_bin_name(low: int, high: int) -> str:
+    """The split name of the length bin [low, high]: ``length_13_24``."""
+    return f"length_{low}_{high}"
+
+
+def check_length_bins(bins: Any, max_train_length: int) -> None:
+    """Reject ``eval_lengths`` that are not ordered, disjoint ``[low, high]`` bins above L.
+
+    Raises:
+        ConfigError: names ``eval_lengths`` and the bin at fault.
+    """
+    if not isinstance(bins, (list, tuple)):
+        raise ConfigError(f"eval_lengths: expected a list of [low, high] pairs, got {bins!r}")
+    previous_high = max_train_length
+    for index, item in enumerate(bins):
+        pair_ok = isinstance(item, (list, tuple)) and len(item) == 2
+        if not pair_ok or not all(isinstance(v, int) and not isinstance(v, bool) for v in item):
+            raise ConfigError(f"eval_lengths: bin {index + 1} is {item!r}; expected a pair of integers [low, high]")
+        low, high = item
+        if low > high:
+            raise ConfigError(f"eval_lengths: bin {index + 1} [{low}, {high}] is empty; low must be <= high")
+        if low <= previous_high:
+            where = f"max_train_length={max_train_length}" if index == 0 else f"the end of bin {index}"
+            raise ConfigError(
+                f"eval_lengths: bin {index + 1} [{low}, {high}] must start above {previous_high} ({where}); "
+                "bins are ordered, disjoint and longer than the training strings"
+            )
+        previous_high = high
+
+
+def check_final_splits(task: object, names: Sequence[str]) -> None:
+    """Refuse a ``train.final_splits`` entry that is not one of ``task``'s splits, before training.
+
+    Raises:
+        ConfigError: names ``train.final_splits``, the split, and the task's splits.
+    """
+    split_names = getattr(task, "split_names", None)
+    known = split_names() if callable(split_names) else SPLITS
+    for name in names:
+        if name not in known:
+            raise ConfigError(f"train.final_splits: unknown split {name!r}; this task has {', '.join(known)}")
 
 
 def check_split_name(name: str) -> None:

@@ -67,11 +67,12 @@ from typing import Any
 
 from attnlab.errors import AttnlabWarning, ConfigError
 from attnlab.tasks.base import (
-    SPLITS,
     Example,
     Vocab,
     VocabIds,
+    check_length_bins,
     check_sizes,
+    length_bin_name,
     split_of,
     split_statistics,
     weigh_lengths,
@@ -370,11 +371,6 @@ MIN_DISTINCT_POSITIVES = 25
 is a mean over fewer strings than this, with a standard error that can exceed 0.5 / sqrt(25) = 0.1."""
 
 
-def length_bin_name(low: int, high: int) -> str:
-    """The split name of the length bin [low, high]: ``length_13_24``."""
-    return f"length_{low}_{high}"
-
-
 def _exchanges(s: str) -> Iterator[str]:
     """Every string made from ``s`` by exchanging two different symbols (any distance apart)."""
     for i in range(len(s)):
@@ -471,36 +467,6 @@ class RecognitionTask(VocabIds):
 
     # ---- splits -------------------------------------------------------------------------------
 
-    @property
-    def length_bins(self) -> dict[str, tuple[int, int]]:
-        """Split name -> (low, high) of every bin of ``eval_lengths``, in order."""
-        return {length_bin_name(low, high): (low, high) for low, high in self.eval_lengths}
-
-    def split_names(self) -> tuple[str, ...]:
-        """Every split this task has: train, valid, test, length_generalisation, then the length bins."""
-        return SPLITS + tuple(self.length_bins)
-
-    def check_split(self, name: str) -> None:
-        if name not in self.split_names():
-            raise ConfigError(f"split: unknown split {name!r}; choose one of {', '.join(self.split_names())}")
-
-    def lengths(self, split: str) -> range:
-        """The lengths a split draws from: 1..L, L+1..2L for length generalisation, or a bin's."""
-        if split in self.length_bins:
-            low, high = self.length_bins[split]
-            return range(low, high + 1)
-        return super().lengths(split)
-
-    def _held_out_by_length(self, name: str) -> bool:
-        return name == "length_generalisation" or name in self.length_bins
-
-    def _share_name(self, name: str) -> str:
-        # A split apart by length owns every string of its lengths, as length_generalisation does.
-        return "length_generalisation" if self._held_out_by_length(name) else name
-
-    def _size(self, name: str) -> int:
-        return self.length_generalisation_size if name in self.length_bins else getattr(self, f"{name}_size")
-
     def split(self, name: str) -> list[Example]:
         """The examples of split ``name`` in a seeded random order.
 
@@ -509,7 +475,7 @@ class RecognitionTask(VocabIds):
         strings only, as Bhattamishra et al. train and test.
         """
         self.check_split(name)
-        size = self._size(name)
+        size = self.split_size(name)
         rng = random.Random(f"{self.seed}:{self.language}:{name}")
         if self.formulation == "next_char":
             positives = self._positive_sampler(name, draws=size)
@@ -528,7 +494,7 @@ class RecognitionTask(VocabIds):
         return examples
 
     def _owns(self, name: str, string: str) -> bool:
-        if self._held_out_by_length(name):
+        if self.held_out_by_length(name):
             return True
         return self._dealt_balanced.get(string, split_of(self.seed, string)) == name
 
@@ -550,14 +516,14 @@ class RecognitionTask(VocabIds):
 
     def _positive_sampler(self, name: str, draws: int) -> Callable[[random.Random], str]:
         counts = {n: self.lang.count_positive(n) for n in self.lengths(name)}
-        lengths, weights = weigh_lengths(self._share_name(name), counts, draws)
+        lengths, weights = weigh_lengths(self.share_name(name), counts, draws)
         if not lengths:
             raise ConfigError(
                 f"{'eval_lengths' if name in self.length_bins else 'max_train_length'}: {self.language} has no "
                 f"string with a length in [{self.lengths(name).start}, {self.lengths(name).stop - 1}]"
                 + ("" if name in self.length_bins else "; raise max_train_length")
             )
-        if not self._held_out_by_length(name) and sum(counts.values()) <= SMALL_LANGUAGE:
+        if not self.held_out_by_length(name) and sum(counts.values()) <= SMALL_LANGUAGE:
             pool = self._dealt_positives(lengths)[name]
             return lambda rng: rng.choice(pool)
 
@@ -584,7 +550,7 @@ class RecognitionTask(VocabIds):
 
     def _negative_sampler(self, name: str, draws: int) -> Callable[[random.Random], str]:
         counts = {n: self.lang.count_near_misses(n) for n in self.lengths(name)}
-        lengths, weights = weigh_lengths(self._share_name(name), counts, draws)
+        lengths, weights = weigh_lengths(self.share_name(name), counts, draws)
 
         def candidate(rng: random.Random) -> str | None:
             n = rng.choices(lengths, weights)[0]
@@ -603,10 +569,10 @@ class RecognitionTask(VocabIds):
         bracket count, so the string is balanced and wrong only in its order: a closer comes
         before its opener (a prefix goes below zero) or, in Dyck-2, two kinds cross, ``([)]``."""
         dealt = [string for string, owner in self._dealt_balanced.items() if owner == name]
-        if dealt and not self._held_out_by_length(name):
+        if dealt and not self.held_out_by_length(name):
             return lambda rng: rng.choice(dealt)
         counts = {n: self.lang.count_balanced(n) for n in self.lengths(name)}  # type: ignore[misc]
-        lengths, weights = weigh_lengths(self._share_name(name), counts, draws)
+        lengths, weights = weigh_lengths(self.share_name(name), counts, draws)
 
         def candidate(rng: random.Random) -> str | None:
             base = self.lang.sample_positive(rng, rng.choices(lengths, weights)[0])
@@ -635,7 +601,7 @@ class RecognitionTask(VocabIds):
     def _warn_if_small(self, name: str, report: dict[str, Any]) -> None:
         reason = _small_split_rule(name, report, classify=self.formulation == "classify")
         if reason is not None:
-            hint = "eval_lengths' bins" if self._held_out_by_length(name) else "max_train_length"
+            hint = "eval_lengths' bins" if self.held_out_by_length(name) else "max_train_length"
             warnings.warn(
                 f"the {name} split holds {reason}: its accuracy is a mean over few strings; raise {hint} "
                 "or the split's size",
@@ -678,31 +644,6 @@ def _small_split_rule(name: str, report: dict[str, Any], classify: bool) -> str 
     if classify and report["distinct_positives"] < MIN_DISTINCT_POSITIVES:
         return f"only {report['distinct_positives']} distinct positive strings (fewer than {MIN_DISTINCT_POSITIVES})"
     return None
-
-
-def check_length_bins(bins: Any, max_train_length: int) -> None:
-    """Reject ``eval_lengths`` that are not ordered, disjoint ``[low, high]`` bins above L.
-
-    Raises:
-        ConfigError: names ``eval_lengths`` and the bin at fault.
-    """
-    if not isinstance(bins, (list, tuple)):
-        raise ConfigError(f"eval_lengths: expected a list of [low, high] pairs, got {bins!r}")
-    previous_high = max_train_length
-    for index, item in enumerate(bins):
-        pair_ok = isinstance(item, (list, tuple)) and len(item) == 2
-        if not pair_ok or not all(isinstance(v, int) and not isinstance(v, bool) for v in item):
-            raise ConfigError(f"eval_lengths: bin {index + 1} is {item!r}; expected a pair of integers [low, high]")
-        low, high = item
-        if low > high:
-            raise ConfigError(f"eval_lengths: bin {index + 1} [{low}, {high}] is empty; low must be <= high")
-        if low <= previous_high:
-            where = f"max_train_length={max_train_length}" if index == 0 else f"the end of bin {index}"
-            raise ConfigError(
-                f"eval_lengths: bin {index + 1} [{low}, {high}] must start above {previous_high} ({where}); "
-                "bins are ordered, disjoint and longer than the training strings"
-            )
-        previous_high = high
 
 
 def majority_label(labels: Sequence[int | None]) -> int:

@@ -14,7 +14,8 @@ Token encoding: PAD=0, BOS=1, EOS=2, then the task's symbols from id 3.
 The decoder reads ``tgt_in`` = BOS + target and predicts ``tgt_out`` = target + EOS (the shift
 right of Agarwal §5.2); batching builds both. Splits: train/valid/test have lengths 1..L and are
 disjoint by a seeded hash of the source (:func:`attnlab.tasks.base.split_of`); the
-length-generalisation split has lengths L+1..2L. Lengths are drawn uniformly, except that the
+length-generalisation split has lengths L+1..2L, and each bin of ``eval_lengths`` (``[[11, 20],
+[21, 40]]``) is a split of its own, ``length_11_20``, drawn the same way. Lengths are drawn uniformly, except that the
 shortest, with few distinct sources, are drawn in proportion to how many a split holds
 (:func:`attnlab.tasks.base.weigh_lengths`).
 """
@@ -24,10 +25,10 @@ from __future__ import annotations
 import random
 import string
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from attnlab.errors import ConfigError
-from attnlab.tasks.base import Example, Vocab, VocabIds, check_sizes, check_split_name, split_of, weigh_lengths
+from attnlab.tasks.base import Example, Vocab, VocabIds, check_length_bins, check_sizes, split_of, weigh_lengths
 
 __all__ = ["TRANSFORMS", "Seq2SeqTask", "AdditionTask"]
 
@@ -51,6 +52,7 @@ class _SplitConfig(VocabIds):
     test_size: int = 200
     length_generalisation_size: int = 200
     seed: int = 0
+    eval_lengths: list[list[int]] = field(default_factory=list)
 
     kind = "seq2seq"
 
@@ -63,6 +65,7 @@ class _SplitConfig(VocabIds):
             test_size=self.test_size,
             length_generalisation_size=self.length_generalisation_size,
         )
+        check_length_bins(self.eval_lengths, self.max_train_length)
 
     @property
     def vocab(self) -> Vocab:
@@ -70,17 +73,19 @@ class _SplitConfig(VocabIds):
 
     def split(self, name: str) -> list[Example]:
         """``{name}_size`` examples; lengths weighted by :func:`~attnlab.tasks.base.weigh_lengths`."""
-        check_split_name(name)
+        self.check_split(name)
         rng = random.Random(f"{self.seed}:{self.name}:{name}")
-        size = getattr(self, f"{name}_size")
-        lengths, weights = weigh_lengths(name, {n: self.num_distinct(n) for n in self.lengths(name)}, size)
+        size = self.split_size(name)
+        lengths, weights = weigh_lengths(
+            self.share_name(name), {n: self.num_distinct(n) for n in self.lengths(name)}, size
+        )
         return [self._draw(rng, name, lengths, weights) for _ in range(size)]
 
     def _draw(self, rng: random.Random, name: str, lengths: list[int], weights: list[float]) -> Example:
         for _ in range(MAX_TRIES_PER_EXAMPLE):
             # A fresh length per try: a short length may own no string of this split at all.
             example = self.sample(rng, rng.choices(lengths, weights)[0])
-            if name == "length_generalisation" or split_of(self.seed, self.vocab.decode(example.source)) == name:
+            if self.held_out_by_length(name) or split_of(self.seed, self.vocab.decode(example.source)) == name:
                 return example
         raise ConfigError(f"{self.name}: could not draw a {name} example; too few exist, raise max_train_length")
 

@@ -53,7 +53,7 @@ from attnlab.nn import InputEmbedding
 from attnlab.output_paths import check_output_path
 from attnlab.resources import check_length_bins_fit, check_training_resources
 from attnlab.runs import RunDir, validation_record
-from attnlab.tasks.base import split_statistics
+from attnlab.tasks.base import check_final_splits, split_statistics
 from attnlab.tasks.codec import TextCodec
 from attnlab.tasks.factory import build_task, model_config_for_task, model_for_task
 from attnlab.tokenizers import Tokenizer
@@ -286,6 +286,7 @@ class _Trainer:
             config, batch_size=self.cfg.batch_size, examples=train_examples, max_length=max_length, available=available
         )
         check_length_bins_fit(self.task, max_length)
+        check_final_splits(self.task, self.cfg.final_splits)
 
     def _report_skipped_lines(self) -> None:
         """With ``task.skip_bad_lines`` nothing is dropped silently: say how many lines were skipped."""
@@ -386,6 +387,8 @@ class _Trainer:
         bar.close()
         if self.dist.is_main:
             final_metrics = self._evaluate("valid", fit=True)  # before the checkpoint, which records it
+            for name in cfg.final_splits:
+                self._evaluate(name)
             self._evaluate_length_bins()
         self._checkpoint()
         return TrainResult(self.run.path, self.step, losses, final_metrics)

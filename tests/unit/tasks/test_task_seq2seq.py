@@ -97,3 +97,27 @@ def test_count_too_long_counts_what_fit_length_cuts():
     assert [count_too_long(examples, n) for n in (2, 3, 4, 5)] == [2, 2, 1, 0]
     cut = fit_length(examples, 3, eos_id=2, truncate=True)
     assert sum(a != b for a, b in zip(examples, cut, strict=True)) == count_too_long(examples, 3)
+
+
+@pytest.mark.parametrize(
+    "name", ["copy", "reverse", "addition", "reverse_string", "duplicate_string", "binary_addition", "even_pairs"]
+)
+def test_every_synthetic_task_has_length_bins(name):
+    """``eval_lengths`` bins are splits of their own for the seq2seq and Delétang tasks too: the
+    lengths of the bin, ``length_generalisation_size`` examples, answers still right."""
+    bins = [[7, 9], [12, 15]]
+    task = get_task(name, max_train_length=5, train_size=40, valid_size=10, test_size=10, eval_lengths=bins, seed=2)
+    assert task.split_names()[-2:] == ("length_7_9", "length_12_15")
+    plain = get_task(name, max_train_length=5, train_size=40, valid_size=10, test_size=10, seed=2)
+    for split, (low, high) in zip(task.split_names()[-2:], bins):
+        examples = task.split(split)
+        assert len(examples) == task.length_generalisation_size
+        assert {e.length for e in examples} <= set(range(low, high + 1))
+        assert len({e.length for e in examples}) > 1  # drawn over the bin, not one length
+    # The other splits do not depend on the bins.
+    for split in SPLITS:
+        assert task.split(split) == plain.split(split)
+    with pytest.raises(ConfigError, match="split: unknown split 'length_4_5'"):
+        task.split("length_4_5")
+    with pytest.raises(ConfigError, match=r"eval_lengths: bin 1 \[2, 5\] must start above 5"):
+        get_task(name, max_train_length=5, eval_lengths=[[2, 5]])
