@@ -56,15 +56,20 @@ _FROM_NN = (
     "preset",
 )
 
-__all__ = ["__version__", *_FROM_NN]
+_ELSEWHERE = {
+    "trace": "attnlab.analysis.trace",  # read and edit named sites (caching, patching)
+    "model_sites": "attnlab.nn.sites",  # the named sites of a model
+}
+
+__all__ = ["__version__", *_FROM_NN, *_ELSEWHERE]
 
 
 def __getattr__(name: str):  # noqa: ANN202 - PEP 562 module attribute hook
-    """``attnlab.X`` for a public name of :mod:`attnlab.nn`, imported on first use."""
-    if name in _FROM_NN:
-        import attnlab.nn
+    """``attnlab.X`` for a public name of :mod:`attnlab.nn` (or :data:`_ELSEWHERE`), imported on first use."""
+    if name in _FROM_NN or name in _ELSEWHERE:
+        import importlib
 
-        value = getattr(attnlab.nn, name)
+        value = getattr(importlib.import_module(_ELSEWHERE.get(name, "attnlab.nn")), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.kernels import Dropout, dropout, linear_kernel
+from attnlab.nn.sites import Tap, tap
 
 __all__ = ["PositionwiseFeedForward", "ACTIVATIONS", "GATED", "swiglu"]
 
@@ -82,12 +83,17 @@ class PositionwiseFeedForward(nn.Module):
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias)  # W_2
         self.dropout = Dropout(dropout)
         self._linear = linear_kernel(linear)
+        self.taps: dict[str, Tap] = {}  # named sites hidden, out (attnlab.nn.sites)
 
     def forward(self, x: Tensor) -> Tensor:
         # The kernel on the sub-modules' parameters: same maps, without three sub-module calls.
         first, second = self.linear1, self.linear2
-        hidden = dropout(self.activation(self._linear(x, first.weight, first.bias)), self.dropout.p, self.training)
-        return self._linear(hidden, second.weight, second.bias)
+        hidden = self.activation(self._linear(x, first.weight, first.bias))  # (B, T, d_ff)
+        if self.taps:
+            hidden = tap(self.taps, "hidden", hidden)
+        hidden = dropout(hidden, self.dropout.p, self.training)
+        output = self._linear(hidden, second.weight, second.bias)
+        return output if not self.taps else tap(self.taps, "out", output)
 
     def extra_repr(self) -> str:
         return f"activation={self.activation_name}"

@@ -23,6 +23,7 @@ from attnlab.kernels import Dropout, dropout
 from attnlab.nn.feed_forward import PositionwiseFeedForward
 from attnlab.nn.multi_head import KVCache, MultiHeadAttention
 from attnlab.nn.normalization import NORMS, make_norm
+from attnlab.nn.sites import Tap, tap
 
 __all__ = ["AddNorm", "EncoderLayer", "DecoderLayer", "DecoderLayerCache"]
 
@@ -97,6 +98,7 @@ class EncoderLayer(nn.Module):
         self.feed_forward = feed_forward
         self.attn_norm = AddNorm(d_model, norm_first=norm_first, eps=eps, dropout=dropout, norm=norm)
         self.ffn_norm = AddNorm(d_model, norm_first=norm_first, eps=eps, dropout=dropout, norm=norm)
+        self.taps: dict[str, Tap] = {}  # named sites resid_pre, resid_mid, resid_post (attnlab.nn.sites)
 
     def forward(
         self,
@@ -109,6 +111,9 @@ class EncoderLayer(nn.Module):
         positions: Tensor | None = None,
         key_positions: Tensor | None = None,
     ) -> Tensor:
+        taps = self.taps
+        if taps:
+            x = tap(taps, "resid_pre", x)
         x = self.attn_norm(
             x,
             lambda y: (
@@ -123,7 +128,10 @@ class EncoderLayer(nn.Module):
                 ).output
             ),
         )
-        return self.ffn_norm(x, self.feed_forward)
+        if taps:
+            x = tap(taps, "resid_mid", x)
+        x = self.ffn_norm(x, self.feed_forward)
+        return x if not taps else tap(taps, "resid_post", x)
 
 
 @dataclass
@@ -169,6 +177,7 @@ class DecoderLayer(nn.Module):
         self.self_attn_norm = AddNorm(d_model, norm_first=norm_first, eps=eps, dropout=dropout, norm=norm)
         self.cross_attn_norm = AddNorm(d_model, norm_first=norm_first, eps=eps, dropout=dropout, norm=norm)
         self.ffn_norm = AddNorm(d_model, norm_first=norm_first, eps=eps, dropout=dropout, norm=norm)
+        self.taps: dict[str, Tap] = {}  # resid_pre, resid_mid, resid_cross, resid_post (attnlab.nn.sites)
 
     def forward(
         self,
@@ -185,6 +194,9 @@ class DecoderLayer(nn.Module):
     ) -> Tensor:
         self_cache = None if cache is None else cache.self_attn
         cross_cache = None if cache is None else cache.cross_attn
+        taps = self.taps
+        if taps:
+            y = tap(taps, "resid_pre", y)
         y = self.self_attn_norm(
             y,
             lambda z: (
@@ -199,8 +211,13 @@ class DecoderLayer(nn.Module):
                 ).output
             ),
         )
+        if taps:
+            y = tap(taps, "resid_mid", y)
         y = self.cross_attn_norm(
             y,
             lambda z: self.cross_attn(z, memory, mask=memory_mask, head_mask=cross_head_mask, cache=cross_cache).output,
         )
-        return self.ffn_norm(y, self.feed_forward)
+        if taps:
+            y = tap(taps, "resid_cross", y)
+        y = self.ffn_norm(y, self.feed_forward)
+        return y if not taps else tap(taps, "resid_post", y)

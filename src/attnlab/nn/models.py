@@ -39,8 +39,9 @@ from attnlab.nn.masks import padding_mask
 from attnlab.nn.multi_head import KVCache, MultiHeadAttention
 from attnlab.nn.normalization import make_norm
 from attnlab.nn.position_bias import POSITION_BIASES
-from attnlab.nn.positional import make_positional, randomized_positions
+from attnlab.nn.positional import AddPositions, make_positional, randomized_positions
 from attnlab.nn.rotary import positions_of_tokens
+from attnlab.nn.sites import Tap, tap
 
 __all__ = [
     "AttentionSite",
@@ -75,12 +76,29 @@ class AttentionSite:
 
 
 class TransformerModel(nn.Module):
-    """Base class: a model that lists its attention sites."""
+    """Base class: a model that lists its attention sites and its stacks (for named sites,
+    :mod:`attnlab.nn.sites`)."""
 
     config: TransformerConfig
+    has_logits_site: bool = True
+    """Whether the model's output is the named site ``logits`` (not for an encoder-only model)."""
+    logits_position_axis: int | None = 1
+    """The positions' axis of ``logits``; None for one output per sequence (a classifier)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.taps: dict[str, Tap] = {}  # the named site logits
 
     def attention_sites(self) -> list[AttentionSite]:
         raise NotImplementedError
+
+    def site_stacks(self) -> dict[str, tuple[nn.Module, tuple[str, ...]]]:
+        """``encoder`` / ``decoder`` -> (the stack, the head-mask kinds of its self-attention and,
+        for decoder layers of an encoder-decoder, its cross-attention)."""
+        raise NotImplementedError
+
+    def _logits(self, logits: Tensor) -> Tensor:
+        return logits if not self.taps else tap(self.taps, "logits", logits)
 
     def head_mask_shapes(self) -> dict[str, tuple[int, int]]:
         """kind -> (layers, heads) for every attention kind of the model.
@@ -169,14 +187,25 @@ class InputEmbedding(nn.Module):
         )
         self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.embedding_norm else nn.Identity()
         self.dropout = Dropout(config.dropout)
+        self.adds_positions = isinstance(self.positional, AddPositions)  # has a pos_embed site
+        self.taps: dict[str, Tap] = {}  # named sites embed, pos_embed (attnlab.nn.sites)
 
     def forward(
         self, tokens: Tensor, offset: int = 0, token_types: Tensor | None = None, positions: Tensor | None = None
     ) -> Tensor:
         """``positions`` (B, T): explicit positions (randomized positions); default offset, offset + 1, ..."""
         _check_ids(tokens, self.token.num_embeddings)
-        x = self.positional(self.token(tokens) * self.scale, offset, positions)
+        token = self.token(tokens) * self.scale  # s E[x_i]
+        x = self.positional(token, offset, positions) if not self.taps else self._tapped(token, offset, positions)
         return self.dropout(self.norm(self.token_type(x, token_types)))
+
+    def _tapped(self, token: Tensor, offset: int, positions: Tensor | None) -> Tensor:
+        """f(s E[x_i], p_i) with the ``embed`` and ``pos_embed`` sites (the latter when p_i is added)."""
+        token = tap(self.taps, "embed", token)
+        if "pos_embed" not in self.taps or not self.adds_positions:
+            return self.positional(token, offset, positions)
+        added = self.positional.added(token, offset, positions).expand_as(token)  # (B, T, d_model)
+        return token + tap(self.taps, "pos_embed", added)
 
 
 def _multi_head(config: TransformerConfig, kind: str, layer: int) -> MultiHeadAttention:
@@ -324,6 +353,7 @@ class Encoder(nn.Module):
         )
         self.final_norm = _final_norm(config)
         self._place = PositionPlacer(config)
+        self.taps: dict[str, Tap] = {}  # the named site final_norm (attnlab.nn.sites)
 
     def forward(
         self,
@@ -352,7 +382,8 @@ class Encoder(nn.Module):
                 positions=place.queries,
                 key_positions=place.keys,
             )
-        return self.final_norm(x)
+        x = self.final_norm(x)
+        return x if not self.taps else tap(self.taps, "final_norm", x)
 
     def sites(self) -> list[AttentionSite]:
         return [AttentionSite(self.kind, i, layer.self_attn) for i, layer in enumerate(self.layers)]
@@ -426,6 +457,7 @@ class Decoder(nn.Module):
         )
         self.final_norm = _final_norm(config)
         self._place = PositionPlacer(config)
+        self.taps: dict[str, Tap] = {}  # the named site final_norm (attnlab.nn.sites)
 
     def forward(
         self,
@@ -456,7 +488,8 @@ class Decoder(nn.Module):
                 positions=place.queries,
                 key_positions=place.keys,
             )
-        return self.final_norm(y)
+        y = self.final_norm(y)
+        return y if not self.taps else tap(self.taps, "final_norm", y)
 
     def sites(self) -> list[AttentionSite]:
         return [AttentionSite("decoder_self", i, layer.self_attn) for i, layer in enumerate(self.layers)] + [
@@ -512,13 +545,16 @@ class EncoderDecoder(TransformerModel):
             cross_head_mask=kind_mask(head_mask, "cross"),
             state=state,
         )
-        return self.generator(hidden)
+        return self._logits(self.generator(hidden))
 
     def new_state(self) -> DecodingState:
         return DecodingState([DecoderLayerCache() for _ in self.decoder.layers])
 
     def attention_sites(self) -> list[AttentionSite]:
         return self.encoder.sites() + self.decoder.sites()
+
+    def site_stacks(self) -> dict[str, tuple[nn.Module, tuple[str, ...]]]:
+        return {"encoder": (self.encoder, ("encoder_self",)), "decoder": (self.decoder, ("decoder_self", "cross"))}
 
 
 def _pool_eos(hidden: Tensor, is_token: Tensor) -> Tensor:
@@ -558,6 +594,8 @@ class EncoderClassifier(TransformerModel):
         tokens: (B, T), each row ending with EOS before any padding;  returns logits (B, num_classes).
     """
 
+    logits_position_axis = None  # one row of class logits per sequence
+
     def __init__(self, config: EncoderClassifierConfig) -> None:
         super().__init__()
         self.config = config
@@ -568,10 +606,13 @@ class EncoderClassifier(TransformerModel):
     def forward(self, tokens: Tensor, *, head_mask: HeadMask | None = None) -> Tensor:
         self.check_head_mask(head_mask)
         hidden = self.encoder(tokens, head_mask=kind_mask(head_mask, "self"))
-        return self.classifier(self.pool(hidden, tokens != self.config.pad_id))
+        return self._logits(self.classifier(self.pool(hidden, tokens != self.config.pad_id)))
 
     def attention_sites(self) -> list[AttentionSite]:
         return self.encoder.sites()
+
+    def site_stacks(self) -> dict[str, tuple[nn.Module, tuple[str, ...]]]:
+        return {"encoder": (self.encoder, ("self",))}
 
 
 class DecoderOnly(TransformerModel):
@@ -604,13 +645,16 @@ class DecoderOnly(TransformerModel):
         also a real token (a pretrained LM's); default ``tokens != pad_id``."""
         self.check_head_mask(head_mask)
         hidden = self.body(tokens, head_mask=kind_mask(head_mask, "self"), state=state, is_token=is_token)
-        return self.lm_head(hidden)
+        return self._logits(self.lm_head(hidden))
 
     def new_state(self) -> DecodingState:
         return DecodingState([KVCache() for _ in self.body.layers])
 
     def attention_sites(self) -> list[AttentionSite]:
         return self.body.sites()
+
+    def site_stacks(self) -> dict[str, tuple[nn.Module, tuple[str, ...]]]:
+        return {"decoder": (self.body, ("self",))}
 
 
 class EncoderOnly(TransformerModel):
@@ -623,6 +667,8 @@ class EncoderOnly(TransformerModel):
     Shape:
         tokens: (B, T);  token_types: (B, T) or None (all type 0);  returns (B, T, d_model).
     """
+
+    has_logits_site = False  # its output is encoder.final_norm
 
     def __init__(self, config: EncoderOnlyConfig) -> None:
         super().__init__()
@@ -637,6 +683,9 @@ class EncoderOnly(TransformerModel):
 
     def attention_sites(self) -> list[AttentionSite]:
         return self.encoder.sites()
+
+    def site_stacks(self) -> dict[str, tuple[nn.Module, tuple[str, ...]]]:
+        return {"encoder": (self.encoder, ("self",))}
 
 
 def mean_pool(hidden: Tensor, is_token: Tensor) -> Tensor:

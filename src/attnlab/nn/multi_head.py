@@ -36,6 +36,7 @@ from attnlab.nn.masks import check_mask
 from attnlab.nn.position_bias import PositionBias, distances, make_position_bias
 from attnlab.nn.rotary import RotaryEmbedding
 from attnlab.nn.scores import make_score
+from attnlab.nn.sites import Tap, tap
 
 __all__ = ["MultiHeadAttention", "MultiHeadOutput", "KVCache", "Recorder"]
 
@@ -319,6 +320,7 @@ class MultiHeadAttention(nn.Module):
             nn.init.zeros_(self.out_proj.bias)
         self._recorders: dict[int, Recorder] = {}
         self._recorder_ids = itertools.count()
+        self.taps: dict[str, Tap] = {}  # named sites q, k, v, scores, pattern, z, result, out (attnlab.nn.sites)
 
     def forward(
         self,
@@ -357,22 +359,95 @@ class MultiHeadAttention(nn.Module):
         if self.heads == 0:
             return self._without_heads(query, key, cache, want_weights)
         offset = 0 if cache is None else len(cache)
+        taps = self.taps
         q, k, v = self._project(query, key, value, cache, positions)  # (B, H|H_kv, T, d_k|d_v) each
+        attend = self._attend
+        if taps:  # named sites (attnlab.nn.sites): read or edit q, k, v; scores and pattern explicitly
+            q, k, v = tap(taps, "q", q), tap(taps, "k", k), tap(taps, "v", v)
+            if "scores" in taps or "pattern" in taps:
+                attend, want_weights = self._attend_tapped, True
         if self.position_bias is None:
-            head_outputs, weights = self._attend(q, k, v, mask, causal, want_weights)  # (B, H, T_q, d_v)
+            head_outputs, weights = attend(q, k, v, mask, causal, want_weights)  # (B, H, T_q, d_v)
         else:
             head_outputs, weights = self._attend_biased(
-                q, k, v, mask, causal, want_weights, positions, key_positions, offset
+                q, k, v, mask, causal, want_weights, positions, key_positions, offset, attend
             )
         if head_mask is not None:
             head_outputs = head_outputs * self._head_scale(head_mask, head_outputs)  # xi_h head_h  (Michel §2.3)
-        batch, _, t_q, _ = head_outputs.shape
-        concat = head_outputs.transpose(1, 2).reshape(batch, t_q, self.heads * self.d_v)  # (B, T_q, H*d_v)
-        out_proj = self.out_proj
-        output = self._linear(concat, out_proj.weight, out_proj.bias)  # Concat(...) W^O = sum_h head_h W_o^h
+        if taps:
+            head_outputs = tap(taps, "z", head_outputs)
+        output = self._combine_heads(head_outputs) if not taps else self._combine_tapped(head_outputs, taps)
         for recorder in self._recorders.values():
             recorder(weights, head_outputs)
         return MultiHeadOutput(output, weights if want_weights else None, head_outputs if want_weights else None)
+
+    def _combine_heads(self, head_outputs: Tensor) -> Tensor:
+        """Concat(xi_1 head_1, ..., xi_H head_H) W^O + b^O = sum_h xi_h head_h W_o^h + b^O.
+
+        Shape:
+            head_outputs: (B, H, T_q, d_v);  returns (B, T_q, d_model).
+        """
+        batch, _, t_q, _ = head_outputs.shape
+        concat = head_outputs.transpose(1, 2).reshape(batch, t_q, self.heads * self.d_v)  # (B, T_q, H*d_v)
+        return self._linear(concat, self.out_proj.weight, self.out_proj.bias)
+
+    def _combine_tapped(self, head_outputs: Tensor, taps: dict[str, Tap]) -> Tensor:
+        """:meth:`_combine_heads` with the ``result`` site (each head's term xi_h head_h W_o^h, summed
+        after it is read or edited) and the ``out`` site."""
+        if "result" in taps:
+            result = tap(taps, "result", self.head_contributions(head_outputs))  # (B, H, T_q, d_model)
+            output = result.sum(1)
+            if self.out_proj.bias is not None:
+                output = output + self.out_proj.bias
+        else:
+            output = self._combine_heads(head_outputs)
+        return tap(taps, "out", output)
+
+    def _attend_tapped(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        causal: bool,
+        want_weights: bool,
+        bias: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """:meth:`_attend_shared` with the ``scores`` and ``pattern`` sites: the scores (scale q.k, or
+        the score function's, plus any position bias) go through their site before the mask and
+        a(.); the weights through theirs, and an edited pattern is what multiplies V.
+
+        Shape:
+            as :meth:`_attend_shared`; the weights are always returned.
+        """
+        taps = self.taps
+        k, v = self._share(k, v, self.heads)  # (B, H, T_k, d_k|d_v)
+        check_mask(mask, q.shape[-2], k.shape[-2])
+        q, k = self.score.prepare(q, k)
+        pairwise = self.score.score_fn
+        scale = self.score.scale
+
+        def scores(q_: Tensor, k_: Tensor) -> Tensor:  # (B, H, T_q, T_k)
+            raw = pairwise(q_, k_) if pairwise is not None else torch.matmul(q_, k_.transpose(-2, -1)) * scale
+            return tap(taps, "scores", raw if bias is None else raw + bias.to(raw.dtype))
+
+        head_outputs, weights = self._normalize(
+            q,
+            k,
+            v,
+            mask,
+            causal=causal,
+            scale=scale,
+            score_fn=scores,
+            dropout_p=self.dropout if self.training else 0.0,
+            need_weights=True,
+            straight_through=self.straight_through,
+        )
+        if "pattern" in taps:
+            edited = tap(taps, "pattern", weights)
+            if edited is not weights:
+                head_outputs, weights = torch.matmul(edited.to(v.dtype), v), edited
+        return head_outputs, weights
 
     def _attend_biased(
         self,
@@ -385,11 +460,13 @@ class MultiHeadAttention(nn.Module):
         positions: Tensor | None,
         key_positions: Tensor | None,
         offset: int,
+        attend: Callable[..., tuple[Tensor, Tensor | None]],
     ) -> tuple[Tensor, Tensor | None]:
         """Attention with the position bias's additive scores (and its value term, for Shaw et al.).
 
         The distance j - i comes from the given positions, or from offset, offset + 1, ... for the
-        queries (a KV cache's length on) and 0, 1, ... for the keys.
+        queries (a KV cache's length on) and 0, 1, ... for the keys. ``attend`` is
+        :meth:`_attend` or, with named sites, :meth:`_attend_tapped`.
         """
         t_q, t_k = q.shape[-2], k.shape[-2]
         if positions is None:
@@ -401,7 +478,7 @@ class MultiHeadAttention(nn.Module):
         assert bias_module is not None
         bias = bias_module(self.score.prepare(q, q)[0], distance, self.score.scale)  # (B|1, H, T_q, T_k)
         need = want_weights or bias_module.needs_weights
-        head_outputs, weights = self._attend(q, k, v, mask, causal, need, bias)
+        head_outputs, weights = attend(q, k, v, mask, causal, need, bias)
         return bias_module.add_values(head_outputs, weights, distance), weights if want_weights else None
 
     def _attend_shared(

@@ -195,8 +195,12 @@ class AddPositions(PositionalEncoding):
         self.table, self.token_dim, self.d_model = table, d_model, d_model
 
     def forward(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
+        return x + self.added(x, offset, positions)
+
+    def added(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
+        """p_i for every position of ``x``: (T, d_model), or (B, T, d_model) with ``positions``."""
         table = self.table(x.shape[1], offset) if positions is None else self.table.at(positions)
-        return x + table.to(x.dtype)
+        return table.to(x.dtype)
 
 
 class ConcatPositions(PositionalEncoding):

@@ -1,0 +1,228 @@
+"""Named sites (attnlab.nn.sites) and tracing (attnlab.analysis.trace) on every model kind:
+reading changes nothing, cached values equal what the model computes by other routes, zero
+ablation of a head's contribution is xi_h = 0, patching restores, edits hit only their slice."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attnlab
+from attnlab.analysis.trace import trace
+from attnlab.nn import build_model, capture
+from attnlab.nn.config import DecoderOnlyConfig, EncoderClassifierConfig, EncoderDecoderConfig, EncoderOnlyConfig
+from attnlab.nn.sites import model_sites
+
+V = 23
+SMALL = {"layers": 2, "d_model": 16, "heads": 4, "d_ff": 24, "dropout": 0.0}
+
+MODELS = {
+    "encoder_decoder": lambda: EncoderDecoderConfig(vocab_size=V, **SMALL),
+    "classifier_hard": lambda: EncoderClassifierConfig(vocab_size=V, attention="hard", **SMALL),
+    "llama_like": lambda: DecoderOnlyConfig(
+        vocab_size=V,
+        positional="rope",
+        kv_heads=2,
+        norm="rms",
+        activation="swiglu",
+        norm_first=True,
+        bias=False,
+        **SMALL,
+    ),
+    "encoder_relative": lambda: EncoderOnlyConfig(vocab_size=V, positional="relative", **SMALL),
+    "decoder_alibi": lambda: DecoderOnlyConfig(vocab_size=V, positional="alibi", **SMALL),
+}
+
+
+def _model(name: str):
+    torch.manual_seed(3)
+    return build_model(MODELS[name]()).double().eval()
+
+
+def _inputs(name: str, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(1, V, (3, 7), generator=generator)
+    tokens[2, 5:] = 0  # padding in one row
+    if name == "encoder_decoder":
+        return tokens, torch.randint(1, V, (3, 5), generator=generator)
+    return (tokens,)
+
+
+def _stack(model) -> str:
+    return next(iter(model.site_stacks()))
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_reading_every_site_leaves_the_output_as_it_was(name):
+    model, inputs = _model(name), _inputs(name)
+    with torch.no_grad():
+        expected = model(*inputs)
+        with trace(model, cache="*") as t:
+            traced = model(*inputs)
+    assert torch.allclose(traced, expected, atol=1e-12)
+    assert list(t.cache) == list(t.sites)  # every site reached, in the documented order
+    assert all(not module_taps for module_taps in (m.taps for m in model.modules() if hasattr(m, "taps")))
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_cached_sites_equal_what_the_model_computes_by_other_routes(name):
+    model, inputs = _model(name), _inputs(name)
+    with torch.no_grad(), capture(model) as records, trace(model, cache="*") as t:
+        model(*inputs)
+    cache, sites = t.cache, t.sites
+    kinds = {(s.kind, s.layer): s for s in sites.values() if s.point == "pattern"}
+    for record in records:  # pattern and z equal what attnlab.nn.capture records
+        site = kinds[(record.kind, record.layer)]
+        prefix = site.name.rsplit(".", 1)[0]
+        assert torch.equal(cache[f"{prefix}.pattern"], record.weights)
+        assert torch.equal(cache[f"{prefix}.z"], record.head_outputs)
+        attention = site.module
+        bias = 0 if attention.out_proj.bias is None else attention.out_proj.bias
+        # out = sum_h result_h + b^O  and  result_h = z_h W_o^h
+        assert torch.allclose(cache[f"{prefix}.result"].sum(1) + bias, cache[f"{prefix}.out"], atol=1e-12)
+        w_o = attention.out_proj.weight.view(attention.d_model, attention.heads, attention.d_v)
+        for h in range(attention.heads):
+            assert torch.allclose(cache[f"{prefix}.result"][:, h], cache[f"{prefix}.z"][:, h] @ w_o[:, h].T)
+        if attention.normalizer == "softmax":  # pattern = softmax(scores) over the keys a query may see
+            scores, pattern = cache[f"{prefix}.scores"], cache[f"{prefix}.pattern"]
+            allowed = pattern > 0
+            expected = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1).nan_to_num(0.0)
+            assert torch.allclose(pattern, expected, atol=1e-12)
+        else:  # hard attention: one-hot on the first best allowed score
+            pattern = cache[f"{prefix}.pattern"]
+            assert torch.equal(pattern.max(-1).values, pattern.sum(-1)) and set(pattern.unique().tolist()) <= {0.0, 1.0}
+    for stack, (body, _) in model.site_stacks().items():
+        for index in range(len(body.layers) - 1):  # one layer's output is the next one's input
+            assert torch.equal(cache[f"{stack}.{index}.resid_post"], cache[f"{stack}.{index + 1}.resid_pre"])
+        if not model.config.norm_first:
+            last = len(body.layers) - 1
+            assert torch.equal(cache[f"{stack}.final_norm"], cache[f"{stack}.{last}.resid_post"])  # post-LN
+        if f"{stack}.pos_embed" in cache:  # the first residual is token + position embeddings
+            summed = cache[f"{stack}.embed"] + cache[f"{stack}.pos_embed"]
+            assert torch.allclose(body.embedding.norm(summed), cache[f"{stack}.0.resid_pre"], atol=1e-12)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_zero_ablating_a_heads_contribution_equals_masking_it_with_xi(name):
+    model, inputs = _model(name), _inputs(name)
+    kind, heads = next(iter(model.head_mask_shapes().items()))[0], model.head_mask_shapes()
+    layers, width = heads[kind]
+    xi = {k: torch.ones(shape, dtype=torch.float64) for k, shape in heads.items()}
+    xi[kind][1, 2] = 0.0
+    with torch.no_grad():
+        masked = model(*inputs, head_mask=xi)
+        site = next(s for s in model_sites(model).values() if s.kind == kind and s.layer == 1 and s.point == "result")
+        with trace(model) as t:
+            t.scale(site.name, 0.0, heads=[2])
+            ablated = model(*inputs)
+        with trace(model) as t:  # the same through z, before W^O
+            t.replace(site.name.replace("result", "z"), 0.0, heads=2)
+            through_z = model(*inputs)
+    assert torch.allclose(ablated, masked, atol=1e-12) and torch.allclose(through_z, masked, atol=1e-12)
+    assert not torch.allclose(masked, model(*inputs), atol=1e-6)  # the head mattered
+
+
+@pytest.mark.parametrize("name", ["classifier_hard", "llama_like", "encoder_relative", "decoder_alibi"])
+def test_patching_clean_into_clean_changes_nothing_and_a_whole_residual_restores_the_clean_output(name):
+    model = _model(name)
+    clean, corrupt = _inputs(name, seed=1), _inputs(name, seed=2)
+    stack = _stack(model)
+    with torch.no_grad():
+        with trace(model, cache="*") as clean_trace:
+            clean_out = model(*clean)
+        corrupt_out = model(*corrupt)
+        every = [n for n in clean_trace.sites if n not in ("logits",) and not n.endswith((".k", ".v"))]
+        with trace(model) as t:
+            for site in every:
+                t.replace(site, clean_trace.cache[site])
+            same = model(*clean)
+        # Equal up to the order of a sum: reading `result` sums the heads' terms one by one.
+        assert torch.allclose(same, clean_out, rtol=0, atol=1e-12)
+        with trace(model, cache="*.resid_pre") as residuals:  # the fused path, as the patched runs take
+            plain_out = model(*clean)
+        for layer in range(2):
+            with trace(model) as t:
+                t.replace(f"{stack}.{layer}.resid_pre", residuals.cache[f"{stack}.{layer}.resid_pre"])
+                restored = model(*corrupt)
+            assert torch.equal(restored, plain_out)
+    assert not torch.allclose(corrupt_out, clean_out)
+
+
+def test_an_edit_changes_only_its_slice():
+    model, (tokens,) = _model("llama_like"), _inputs("llama_like")
+    site = "decoder.0.attn.z"
+    with torch.no_grad(), trace(model, cache=site) as t:
+        model(tokens)
+        before = t.cache[site]
+        t.add(site, 1.0, examples=[0, 2], heads=[1, 3], positions=slice_positions(4))
+        model(tokens)
+        after = t.cache[site]
+    changed = (after - before).ne(0)
+    expected = torch.zeros_like(changed)
+    for b in (0, 2):
+        for h in (1, 3):
+            expected[b, h, 4:] = True
+    assert torch.equal(changed, expected)
+
+
+def slice_positions(start: int) -> list[int]:
+    return list(range(start, 7))
+
+
+def test_an_edited_pattern_is_what_multiplies_the_values():
+    model, (tokens,) = _model("decoder_alibi"), _inputs("decoder_alibi")
+    causal = torch.tril(torch.ones(7, 7, dtype=torch.float64))
+    uniform = causal / causal.sum(-1, keepdim=True)  # each query spreads evenly over its prefix
+    with torch.no_grad(), trace(model, cache=["decoder.1.attn.v", "decoder.1.attn.z"]) as t:
+        t.replace("decoder.1.attn.pattern", uniform, heads=[0])
+        model(tokens[:2])  # rows without padding
+    z, v = t.cache["decoder.1.attn.z"], t.cache["decoder.1.attn.v"]
+    assert torch.allclose(z[:, 0], uniform @ v[:, 0], atol=1e-12)
+
+
+def test_nested_traces_compose_and_leave_the_model_untouched():
+    model, (tokens,) = _model("classifier_hard"), _inputs("classifier_hard")
+    with torch.no_grad():
+        plain = model(tokens)
+        with trace(model) as outer:
+            outer.scale("encoder.0.ffn.out", 0.0)
+            outer_only = model(tokens)
+            with trace(model, cache="encoder.0.ffn.out") as inner:
+                inner.add("encoder.0.resid_pre", 0.5)
+                both = model(tokens)
+            assert torch.equal(inner.cache["encoder.0.ffn.out"], torch.zeros_like(inner.cache["encoder.0.ffn.out"]))
+            assert torch.equal(model(tokens), outer_only)
+        assert torch.equal(model(tokens), plain)
+    assert not torch.equal(both, outer_only)
+
+
+def test_gradients_flow_through_an_added_vector():
+    model, (tokens,) = _model("llama_like"), _inputs("llama_like")
+    steer = torch.zeros(16, dtype=torch.float64, requires_grad=True)
+    with trace(model) as t:
+        t.add("decoder.1.resid_pre", steer, positions=[3])
+        model(tokens)[:, -1].sum().backward()
+    assert steer.grad is not None and steer.grad.abs().sum() > 0
+
+
+def test_bad_site_requests_are_clear_errors():
+    model = _model("encoder_decoder")
+    with pytest.raises(ValueError, match=r"site 'encoder\.0\.atn\.z': no such site in this model; did you mean"):
+        with trace(model, cache="encoder.0.atn.z"):
+            pass
+    with trace(model) as t:
+        with pytest.raises(ValueError, match=r"heads= needs a site with a head axis"):
+            t.scale("encoder.0.resid_pre", 0.0, heads=[1])
+        with pytest.raises(ValueError, match=r"no such site"):
+            t.scale("decoder.9.cross.z", 0.0)
+        t.replace("decoder.0.cross.z", torch.zeros(2, 2))
+        with pytest.raises(ValueError, match=r"shape \(2, 2\) does not broadcast to the site's \(3, 4, 5, 4\)"):
+            model(*_inputs("encoder_decoder"))
+    with pytest.raises(TypeError, match="no named sites"):
+        model_sites(torch.nn.Linear(2, 2))
+    assert "encoder.pos_embed" not in model_sites(_model("encoder_relative"))  # relative: nothing added
+    assert "logits" not in model_sites(_model("encoder_relative"))  # an encoder-only model's output is final_norm
+
+
+def test_the_top_level_names_are_the_modules_functions():
+    assert attnlab.trace is trace and attnlab.model_sites is model_sites
