@@ -217,3 +217,31 @@ def test_viewer_api_on_the_imported_model(run):
         "/api/run", json={"text": model["example"], "off": [{"kind": "self", "layer": 0, "head": 0}]}
     ).json()
     assert switched["output"] != plain["output"]
+
+
+def test_named_sites_equal_hugging_face_hidden_states_and_attentions(run):
+    """attnlab.trace's residual stream and attention weights against BertModel's
+    output_hidden_states / output_attentions (eager attention), on the padded batch's real tokens."""
+    transformers = pytest.importorskip("transformers", reason="transformers (the [dev] extra) is needed")
+    from attnlab.analysis.trace import trace
+
+    folder = package_source(PACKAGE).folder
+    tokenizer = transformers.BertTokenizerFast.from_pretrained(folder, local_files_only=True)
+    reference_model = transformers.BertModel.from_pretrained(
+        folder, local_files_only=True, attn_implementation="eager"
+    ).eval()
+    loaded = open_run(run)
+    batch = tokenizer(SENTENCES[:8], padding=True, return_tensors="pt")
+    real = batch["attention_mask"].bool()
+    with torch.no_grad():
+        expected = reference_model(**batch, output_hidden_states=True, output_attentions=True)
+        with trace(loaded.model, cache=["encoder.*.resid_pre", "encoder.5.resid_post", "*.attn.pattern"]) as t:
+            loaded.model(batch["input_ids"])
+    ours = [t.cache[f"encoder.{i}.resid_pre"] for i in range(6)] + [t.cache["encoder.5.resid_post"]]
+    hidden = max(float((a - b)[real].abs().max()) for a, b in zip(ours, expected.hidden_states, strict=True))
+    weights = max(
+        float((t.cache[f"encoder.{i}.attn.pattern"] - expected.attentions[i]).permute(0, 2, 1, 3)[real].abs().max())
+        for i in range(6)
+    )
+    print(f"max |difference|: residual stream {hidden:.2e}, attention weights {weights:.2e}")
+    assert hidden < 1e-5 and weights < 1e-5
