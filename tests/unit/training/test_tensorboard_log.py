@@ -28,6 +28,7 @@ from attnlab.training import trainer as trainer_module
 from attnlab.training.tensorboard_log import (
     TENSORBOARD_FOLDER,
     NoSink,
+    TensorBoardSink,
     attention_sample,
     open_sink,
     sample_maps,
@@ -194,16 +195,25 @@ def test_a_crashed_session_is_flushed_and_a_resume_hides_what_it_logged_after_it
             raise KeyboardInterrupt
         return real_step(self)
 
+    real_close, closed = TensorBoardSink.close, []
+
+    def counted_close(self):  # noqa: ANN001, ANN202
+        closed.append(self)
+        real_close(self)
+
+    monkeypatch.setattr(TensorBoardSink, "close", counted_close)
     monkeypatch.setattr(trainer_module._Trainer, "_train_step", crashing_step)
     path = tmp_path / "run"
     with pytest.raises(KeyboardInterrupt):
         train(_experiment(), path, progress=False)
+    assert len(closed) == 1  # closed (flushed) on the way out of the failed session
     monkeypatch.setattr(trainer_module._Trainer, "_train_step", real_step)
     crashed = _scalars(_events(path))  # closed on the way out: every event is on disk
     assert sorted(step for tag, step in crashed if tag == "train/loss") == [1, 2, 3, 4, 5]
     rate_before = {step: value for (tag, step), value in crashed.items() if tag == "train/examples_per_s"}
 
     train(run_experiment(RunDir.open(path)), path, resume=True, progress=False)
+    assert len(closed) == 2
     assert len(list((path / TENSORBOARD_FOLDER).glob("events.out.tfevents.*"))) == 2  # appended, not replaced
     found = _scalars(_events(path))  # steps 4 and 5 once each: the resumed session's
     assert found == _expected(path)
