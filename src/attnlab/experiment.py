@@ -183,7 +183,7 @@ def _check_log_to(targets: list[Any]) -> None:
             raise ConfigError(f"train.log_to: {name!r} is given twice")
     if "jsonl" not in targets:
         raise ConfigError(
-            f"train.log_to: must include \"jsonl\" (metrics.jsonl is the run's record), got {targets!r}; "
+            f'train.log_to: must include "jsonl" (metrics.jsonl is the run\'s record), got {targets!r}; '
             'e.g. ["jsonl", "tensorboard"]'
         )
 

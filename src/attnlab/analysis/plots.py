@@ -135,14 +135,24 @@ def kind_grid(
     cell = _inches(max(len(key_tokens), len(query_tokens)), 0.3, 1.0, 2.2, _MAX_GRID_CELL_INCHES)
     cell = min(cell, _MAX_KIND_GRID_INCHES / max(layers, heads))
     fig, axes = plt.subplots(layers, heads, figsize=(cell * heads, cell * layers), squeeze=False)
+    lowest = [max(layer for layer in range(layers) if head < len(maps[layer])) for head in range(heads)]
     for layer, row in enumerate(axes):
         for head, ax in enumerate(row):
             if head >= len(maps[layer]):
                 ax.axis("off")
                 continue
             ax.imshow(np.asarray(maps[layer][head], dtype=float), cmap=_CMAP, vmin=0.0, vmax=1.0, aspect="auto")
-            _label_axes(ax, query_tokens, key_tokens, small=True)
             ax.set_title(f"layer {layer}, head {head}", fontsize=8)
+            # Every cell has the same tokens: only the left column's queries and the bottom cells' keys
+            # are labelled (labelling every cell took most of the time of a 12 x 12 grid).
+            if head == 0 or layer == lowest[head]:
+                _label_axes(ax, query_tokens, key_tokens, small=True)
+            if head > 0:
+                ax.set_yticks([])
+                ax.set_ylabel("")
+            if layer < lowest[head]:
+                ax.set_xticks([])
+                ax.set_xlabel("")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     if path is not None:
