@@ -46,6 +46,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from attnlab.devices import model_device
 from attnlab.errors import ConfigError
 from attnlab.evaluation.objectives import PREDICTIONS
 from attnlab.nn import capture
@@ -170,9 +171,8 @@ def sample_maps(
     was_training = model.training
     model.eval()
     try:
-        device = next(model.parameters()).device
         with capture(model) as records:
-            PREDICTIONS[sample.model_kind](model, sample.batch.to(device), head_mask, sample.pad_id)
+            PREDICTIONS[sample.model_kind](model, sample.batch.to(model_device(model)), head_mask, sample.pad_id)
     finally:
         model.train(was_training)
     maps: dict[str, list[np.ndarray]] = {}
