@@ -39,10 +39,15 @@ from attnlab.tokenizers import check_build_options
 
 SCHEDULE_NAMES = ("noam", "constant", "cosine")
 
+LOG_TARGETS = ("jsonl", "tensorboard")
+"""Where ``train.log_to`` may send the metrics: ``jsonl`` (metrics.jsonl, the run's record, always
+on) and ``tensorboard`` (event files in RUN/tensorboard/, :mod:`attnlab.training.tensorboard_log`)."""
+
 __all__ = [
     "TrainConfig",
     "ExperimentConfig",
     "TASK_DECIDES",
+    "LOG_TARGETS",
     "load_experiment",
     "parse_overrides",
     "apply_overrides",
@@ -95,6 +100,10 @@ class TrainConfig:
             length bins of ``task.eval_lengths`` (always scored), e.g. ``["test",
             "length_generalisation"]``, what ``attnlab sweep`` sets; checked against the task's
             splits before training.
+        log_to: where the metrics go: ``["jsonl"]`` (metrics.jsonl, always present: the run's
+            record, which every command reads), plus ``"tensorboard"`` for TensorBoard event files
+            in RUN/tensorboard/ (scalars and attention heatmaps; needs ``pip install
+            'attnlab[tensorboard]'``).
     """
 
     steps: int = 1000
@@ -122,8 +131,11 @@ class TrainConfig:
     mask_heads: list[str] = field(default_factory=list)
     threads: int = 0
     final_splits: list[str] = field(default_factory=list)
+    log_to: list[str] = field(default_factory=lambda: ["jsonl"])
 
     def __post_init__(self) -> None:
+        if not isinstance(self.log_to, list):  # --set train.log_to=tensorboard: say what a list looks like
+            raise ConfigError(f'train.log_to: expected a list such as ["jsonl", "tensorboard"], got {self.log_to!r}')
         try:
             check_field_types(self)
         except ValueError as error:
@@ -152,6 +164,28 @@ class TrainConfig:
             raise ConfigError(f"train.precision: unknown {self.precision!r}; allowed: {', '.join(PRECISIONS)}")
         if not (self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")):
             raise ConfigError(f"train.device: unknown {self.device!r}; allowed: cpu, cuda, cuda:N")
+        _check_log_to(self.log_to)
+
+
+def _check_log_to(targets: list[Any]) -> None:
+    """``train.log_to``: known names, none twice, ``jsonl`` among them (metrics.jsonl is the record).
+
+    Raises:
+        ConfigError: naming ``train.log_to`` and what is wrong.
+    """
+    allowed = ", ".join(LOG_TARGETS)
+    for name in targets:
+        if not isinstance(name, str):
+            raise ConfigError(f"train.log_to: expected names ({allowed}), got {name!r}")
+        if name not in LOG_TARGETS:
+            raise ConfigError(f"train.log_to: unknown {name!r}; allowed: {allowed}")
+        if targets.count(name) > 1:
+            raise ConfigError(f"train.log_to: {name!r} is given twice")
+    if "jsonl" not in targets:
+        raise ConfigError(
+            f'train.log_to: must include "jsonl" (metrics.jsonl is the run\'s record), got {targets!r}; '
+            'e.g. ["jsonl", "tensorboard"]'
+        )
 
 
 @dataclass(frozen=True)

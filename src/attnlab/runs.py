@@ -13,6 +13,7 @@ Layout::
                                   manifest.json (their sizes and SHA-256)
       metrics.jsonl               one JSON object per logged step or evaluation
       plots/  analysis/
+      tensorboard/                TensorBoard event files, with train.log_to = ["jsonl", "tensorboard"]
       .lock                       the writer's lock (attnlab.runlock): one writer at a time
 
 Why a checkpoint is a directory plus a pointer: resuming needs the weights *and* the optimizer, RNG

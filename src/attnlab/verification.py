@@ -6,7 +6,8 @@ one every command can open. Checked: ``manifest.json`` itself, ``config.json``, 
 ``model.safetensors``, ``checkpoint.json`` (well formed, naming a checkpoint that exists),
 ``metrics.jsonl`` (every line a JSON object; a torn last line is allowed) and every checkpoint
 (its ``manifest.json`` and the files it lists). Skipped: ``.lock`` and other hidden files (the run
-lock, temporary files of an interrupted write), ``plots/``, ``analysis/`` and
+lock, temporary files of an interrupted write), ``plots/``, ``analysis/``, ``tensorboard/`` (event
+files for TensorBoard, which no command reads) and
 ``checkpoints/step-N.partial/`` (a checkpoint an interrupted write left, never read, removed by the
 next checkpoint).
 """
@@ -28,7 +29,7 @@ from attnlab.storage import parse_json, parse_tensors
 __all__ = ["FileCheck", "VerifyReport", "verify_run"]
 
 OK, DAMAGED, UNVERIFIED = "ok", "damaged", "unverified"
-SKIPPED_FOLDERS = ("plots", "analysis")
+SKIPPED_FOLDERS = ("plots", "analysis", "tensorboard")
 _CHECKPOINT_FILES = ("model.safetensors", "trainer_state.safetensors", "trainer_state.json")
 
 

@@ -28,6 +28,7 @@ from attnlab.storage import atomic_write
 __all__ = [
     "head_heatmap",
     "layer_grid",
+    "kind_grid",
     "argmax_pattern",
     "attention_figures",
     "save_attention_pictures",
@@ -46,6 +47,8 @@ times faster than the default 6, for files about a third larger (flat heat cells
 # is labelled: a 160-token input had drawn 73-inch heatmaps and a 230-megapixel grid (4 GB, 3 min).
 _MAX_MAP_INCHES = 16.0
 _MAX_GRID_CELL_INCHES = 6.0
+_MAX_KIND_GRID_INCHES = 24.0
+"""The longer side of a :func:`kind_grid` (every layer and head of a kind): its cells shrink to fit."""
 _MAX_TICK_LABELS = 64
 _MAX_TICK_LABELS_SMALL = 32
 
@@ -106,6 +109,50 @@ def layer_grid(
         ax.imshow(weights[index], cmap=_CMAP, vmin=0.0, vmax=1.0, aspect="auto")
         _label_axes(ax, query_tokens, key_tokens, small=True)
         ax.set_title(head_labels[index] if head_labels else f"head {index}", fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    if path is not None:
+        save_figure(fig, path)
+    return fig
+
+
+def kind_grid(
+    maps: Sequence[np.ndarray],
+    query_tokens: Sequence[str],
+    key_tokens: Sequence[str],
+    *,
+    title: str = "",
+    path: Path | None = None,
+) -> Figure:
+    """Every head of every layer of one attention kind: a grid with a row per layer, a column per head.
+
+    Args:
+        maps: one (H_l, T_q, T_k) array per layer, layer 0 first (:func:`attnlab.analysis.maps.kind_maps`);
+            after physical pruning layers may keep fewer heads: their row has blank cells.
+        query_tokens, key_tokens: the labels of the T_q rows and T_k columns.
+    """
+    layers, heads = len(maps), max(len(layer) for layer in maps)
+    cell = _inches(max(len(key_tokens), len(query_tokens)), 0.3, 1.0, 2.2, _MAX_GRID_CELL_INCHES)
+    cell = min(cell, _MAX_KIND_GRID_INCHES / max(layers, heads))
+    fig, axes = plt.subplots(layers, heads, figsize=(cell * heads, cell * layers), squeeze=False)
+    lowest = [max(layer for layer in range(layers) if head < len(maps[layer])) for head in range(heads)]
+    for layer, row in enumerate(axes):
+        for head, ax in enumerate(row):
+            if head >= len(maps[layer]):
+                ax.axis("off")
+                continue
+            ax.imshow(np.asarray(maps[layer][head], dtype=float), cmap=_CMAP, vmin=0.0, vmax=1.0, aspect="auto")
+            ax.set_title(f"layer {layer}, head {head}", fontsize=8)
+            # Every cell has the same tokens: only the left column's queries and the bottom cells' keys
+            # are labelled (labelling every cell took most of the time of a 12 x 12 grid).
+            if head == 0 or layer == lowest[head]:
+                _label_axes(ax, query_tokens, key_tokens, small=True)
+            if head > 0:
+                ax.set_yticks([])
+                ax.set_ylabel("")
+            if layer < lowest[head]:
+                ax.set_xticks([])
+                ax.set_xlabel("")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     if path is not None:

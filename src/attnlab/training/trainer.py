@@ -8,7 +8,9 @@ One call, :func:`train`, does a whole run:
    line; ``examples_per_s`` for a classifier, ``tokens_per_s`` otherwise); every ``eval_every`` steps
    an evaluation; every ``checkpoint_every`` steps (and at the end) an atomic checkpoint, which
    records the validation of its step when there was one (``eval --checkpoint best``); the final
-   evaluation says whether the model fit its training split (:mod:`attnlab.evaluation.fit`);
+   evaluation says whether the model fit its training split (:mod:`attnlab.evaluation.fit`); with
+   ``train.log_to = ["jsonl", "tensorboard"]`` every record also goes to TensorBoard event files in
+   RUN/tensorboard/, with attention heatmaps at each validation (:mod:`attnlab.training.tensorboard_log`);
 4. a NaN or Inf loss stops the run with the step named; the last good checkpoint stays;
 5. ``resume=True`` restores weights, optimizer, schedule, RNG and data position, so the losses
    after the resume equal those of an uninterrupted run (bit for bit on the CPU).
@@ -63,6 +65,7 @@ from attnlab.training.distributed import DistInfo, all_reduce_sum, broadcast_fro
 from attnlab.training.plots import plot_accuracy_by_length, plot_curves
 from attnlab.training.reproducibility import applied_threads, platform_record, warn_if_platform_differs
 from attnlab.training.schedule import make_scheduler
+from attnlab.training.tensorboard_log import MetricSink, attention_sample, open_sink, require_tensorboard
 
 __all__ = ["TrainingDiverged", "TrainResult", "train", "resolve_device", "make_optimizer"]
 
@@ -199,6 +202,8 @@ class _Trainer:
         log: Log | None,
     ) -> None:
         cfg = self.cfg = experiment.train
+        if "tensorboard" in cfg.log_to:
+            require_tensorboard()  # a missing package is a ConfigError before anything is built or written
         self.experiment, self.dist, self.progress = experiment, dist, progress
         self.log = log if (log is not None and dist.is_main) else (lambda message: None)
         self.device = resolve_device(
@@ -242,6 +247,7 @@ class _Trainer:
         self.head_mask = held_mask(self.model, cfg.mask_heads)  # xi_h = 0 for the held heads (Michel §2.3)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "fp16")
         self.trained: nn.Module = self._distributed(self.model)
+        self.sink: MetricSink = self._metric_sink(resume)  # last: nothing after it can fail and leave it open
 
     # ---- set-up ------------------------------------------------------------------------------
 
@@ -315,6 +321,18 @@ class _Trainer:
                         }
                     )
 
+    def _metric_sink(self, resume: bool) -> MetricSink:
+        """Where the records go besides metrics.jsonl (``train.log_to``; rank 0 only). A resumed run
+        appends to the same TensorBoard folder, hiding what was logged after the checkpoint."""
+        codec = TextCodec(self.task, self.tokenizer)
+        options = dict(model_kind=self.experiment.model_kind, max_length=self.max_length, truncate=self.cfg.truncate)
+        return open_sink(
+            self.cfg.log_to if self.dist.is_main else (),
+            self.run.path,
+            sample=lambda: attention_sample(self.task, codec, **options),
+            purge_step=self.step + 1 if resume else None,
+        )
+
     def _optimizer(self) -> torch.optim.Optimizer:
         return make_optimizer(self.model.parameters(), self.cfg)
 
@@ -349,6 +367,13 @@ class _Trainer:
     # ---- the loop ----------------------------------------------------------------------------
 
     def fit(self) -> TrainResult:
+        """Train (:meth:`_fit`), then close the metric sink, also when training fails."""
+        try:
+            return self._fit()
+        finally:
+            self.sink.close()
+
+    def _fit(self) -> TrainResult:
         """Train to ``train.steps``; log, evaluate and checkpoint on schedule; evaluate at the end.
 
         Each logged ``loss`` is the mean of the per-step losses since the previous log (each step's
@@ -471,6 +496,8 @@ class _Trainer:
         if fit:
             result.update(training_fit(self.model, self.task, **options))
         self._write_metrics({"step": self.step, **result})
+        if split == "valid":
+            self.sink.attention(self.step, self.model, self.head_mask)
         return result
 
     def _evaluate_length_bins(self) -> None:
@@ -485,6 +512,7 @@ class _Trainer:
         if not self.dist.is_main:
             return
         self.run.append_metrics(record)
+        self.sink.write(record)
         if "split" in record:
             plot_curves(self.run.read_metrics(), self.run.plots)
 

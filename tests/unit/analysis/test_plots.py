@@ -91,6 +91,34 @@ def test_layer_grid_hides_unused_cells(heads):
     plt.close(figure)
 
 
+def test_kind_grid_has_a_row_per_layer_a_column_per_head_and_blanks_for_pruned_heads():
+    from attnlab.analysis.plots import kind_grid
+
+    rng = np.random.default_rng(0)
+    maps = [rng.dirichlet(np.ones(3), size=(3, 2)), rng.dirichlet(np.ones(3), size=(1, 2))]  # 3 heads, then 1
+    figure = kind_grid(maps, ["<s>", "x"], ["a", "b", "</s>"], title="cross")
+    cells = np.array(figure.axes).reshape(2, 3)
+    assert [ax.axison for ax in cells.flat] == [True, True, True, True, False, False]
+    for layer, heads in enumerate(maps):
+        for head, weights in enumerate(heads):
+            ax = cells[layer, head]
+            assert ax.get_title() == f"layer {layer}, head {head}"
+            np.testing.assert_array_equal(ax.images[0].get_array(), weights)
+    # the queries label the left column, the keys each head's lowest cell (layer 0 for pruned heads 1, 2)
+    keys = {
+        (layer, head): [t.get_text() for t in cells[layer, head].get_xticklabels()]
+        for layer, head in [(0, 0), (0, 1), (0, 2), (1, 0)]
+    }
+    assert keys == {(0, 0): [], (0, 1): ["a", "b", "</s>"], (0, 2): ["a", "b", "</s>"], (1, 0): ["a", "b", "</s>"]}
+    queries = [[t.get_text() for t in ax.get_yticklabels()] for ax in (cells[0, 0], cells[1, 0], cells[0, 1])]
+    assert queries == [["<s>", "x"], ["<s>", "x"], []]
+    plt.close(figure)
+    names = [f"t{i}" for i in range(20)]
+    many = kind_grid([np.full((5, 20, 20), 0.05)] * 5, names, names)
+    assert max(many.get_size_inches()) <= 24  # 5 x 5 cells of 6 inches shrink to fit
+    plt.close(many)
+
+
 @pytest.mark.parametrize("tokens", [3, 64, 65, 300])
 def test_long_inputs_give_bounded_pictures_with_every_kth_token_labelled(tokens):
     from attnlab.analysis.plots import layer_grid
