@@ -146,7 +146,8 @@ def show(
     stopped = tuple(head if isinstance(head, HeadId) else parse_head(head, loaded.model) for head in off)
     found = run_payload(loaded, RunRequest(text=text, off=stopped, layers=embedded))
     title = f"run {loaded.run.path.resolve().name}: {loaded.experiment.model_kind.replace('_', ' ')}, input {text!r}"
-    return _view(found, heads, embedded, view=view, layer=layer, title=title, per_page=run_limits(loaded).layers_per_page)
+    per_page = run_limits(loaded).layers_per_page
+    return _view(found, heads, embedded, view=view, layer=layer, title=title, per_page=per_page)
 
 
 def show_records(
