@@ -12,9 +12,9 @@ from tests.browser.conftest import screenshot
 BREAKOUT = "</script><img src=x onerror=alert(1)>"
 
 
-def fragments(*views: attnlab.viewer.notebook.AttentionHTML) -> str:
-    """A page holding the views' fragments one after another, as a notebook's outputs are."""
-    body = "".join(f"<div class='output'>{view._repr_html_()}</div>" for view in views)
+def fragments(*views: tuple[str, attnlab.viewer.notebook.AttentionHTML]) -> str:
+    """A page holding the views' fragments (with these ids) one after another, as a notebook's outputs are."""
+    body = "".join(f"<div class='output'>{view.html(name)}</div>" for name, view in views)
     return f'<!doctype html><html><head><meta charset="utf-8"></head><body>{body}</body></html>'
 
 
@@ -36,9 +36,10 @@ def test_views_draw_inline_without_a_server_and_token_markup_stays_text(page, re
     head_view = attnlab.show_records(records, tokens, view="head", layer=11)
     requests = []
     page.on("request", lambda request: requests.append(request.url))
-    page.set_content(fragments(model_view, head_view))
-    first, second = page.locator(f"#{model_view.element_id}"), page.locator(f"#{head_view.element_id}")
-    page.wait_for_function("() => document.querySelectorAll('.attnlab-nb[data-rendered]').length === 2")
+    page.set_content(fragments(("first", model_view), ("second", head_view), ("again", model_view)))
+    first, second = page.locator("#first"), page.locator("#second")
+    page.wait_for_function("() => document.querySelectorAll('.attnlab-nb[data-rendered]').length === 3")
+    assert page.locator("#again .head-cell").count() == 12  # the same view shown twice: drawn twice
 
     # the model view: one page of 2 layers (as the viewer pages 72 heads), the page holding layer 3
     assert first.locator(".head-cell").count() == 12

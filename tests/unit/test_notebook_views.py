@@ -76,15 +76,22 @@ def test_the_payload_holds_the_captured_weights_of_the_example_asked_for():
     assert data["output"] is None and data["off"] == [] and data["pages"] == [[0, 1]]
 
 
-def test_two_views_have_their_own_containers():
+def container_id(html: str) -> str:
+    found = re.match(r'<div id="([^"]+)" class="attnlab-nb" data-view="(model|head)">', html)
+    assert found, html[:100]
+    assert f'attnlabNotebook.render(document.getElementById("{found[1]}"));</script></div>' in html
+    assert html.count(found[1]) == 2  # the container and the call that draws into it
+    return found[1]
+
+
+def test_every_view_shown_has_its_own_container():
     records = captured(tiny_model(), torch.tensor([[1, 2, 3]]))
-    first, second = show_records(records, list("abc")), show_records(records, list("abc"))
-    assert first.element_id != second.element_id
-    for view in (first, second):
-        html = view.html()
-        assert html.startswith(f'<div id="{view.element_id}" class="attnlab-nb"')
-        assert f'attnlabNotebook.render(document.getElementById("{view.element_id}"))' in html
-        assert html.count(view.element_id) == 2
+    first, second = show_records(records, list("abc")), show_records(records, list("abc"), view="head")
+    ids = [container_id(first._repr_html_()), container_id(second._repr_html_()), container_id(first._repr_html_())]
+    assert len(set(ids)) == 3  # the same view shown twice in one notebook gets two containers too
+    assert container_id(first.html("my-view")) == "my-view"
+    with pytest.raises(UsageError, match="^element_id: 'a\"b' is not a plain HTML id"):
+        first.html('a"b')
 
 
 def test_show_gives_the_viewer_payload_of_a_run(lm_run):
@@ -181,7 +188,8 @@ def test_a_view_saves_as_a_standalone_page(tmp_path):
     view = show_records(records, list("abc"), title="<b>mine</b>")
     page = view.save(tmp_path / "view.html").read_text()
     assert page.startswith("<!doctype html>") and "<title>&lt;b&gt;mine&lt;/b&gt;</title>" in page
-    assert view.html() in page and isinstance(view, AttentionHTML)
+    assert isinstance(view, AttentionHTML) and data_of(page) == view.payload
+    assert container_id(page.split("<body>")[1])
 
 
 def test_the_views_are_attnlab_names():

@@ -29,9 +29,10 @@ from __future__ import annotations
 import html
 import json
 import os
+import re
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,7 @@ VIEWS = ("model", "head")
 MAX_EMBEDDED_WEIGHTS = 2_000_000
 """Most attention weights one view embeds (about 14 MB of JSON): a bigger one asks for ``layers=``."""
 
+_ELEMENT_ID = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 _HTML_ESCAPES = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
 
 
@@ -64,25 +66,31 @@ class AttentionHTML:
             weights (heads, queries, keys) rounded to 4 decimals), ``off``, ``held``, ``output``
             (None for captured records), ``tokens``, ``pages`` (the layers of each page) and the
             view's start (``view``, ``kind``, ``layer``).
-        element_id: the id of the view's container, unique to this object.
     """
 
     payload: dict[str, Any]
-    element_id: str = field(default_factory=lambda: f"attnlab-view-{uuid.uuid4().hex}")
 
     def _repr_html_(self) -> str:
         return self.html()
 
-    def html(self) -> str:
-        """The self-contained HTML fragment: a ``<div>`` with the CSS, the data and the script inside."""
+    def html(self, element_id: str | None = None) -> str:
+        """The self-contained HTML fragment: a ``<div>`` holding the CSS, the data and the script.
+
+        Args:
+            element_id: the container's id; default a new unique one on every call, so that views
+                shown several times in one notebook (or the same view twice) never share one.
+        """
+        element_id = element_id or f"attnlab-view-{uuid.uuid4().hex}"
+        if not _ELEMENT_ID.fullmatch(element_id):
+            raise UsageError(f"element_id: {element_id!r} is not a plain HTML id (letters, digits, '-', '_')")
         return (
-            f'<div id="{self.element_id}" class="attnlab-nb" data-view="{self.payload["view"]}">'
+            f'<div id="{element_id}" class="attnlab-nb" data-view="{self.payload["view"]}">'
             f"<style>{_asset('notebook.css')}</style>"
             '<p class="attnlab-nb-fallback">This attnlab attention view is drawn by JavaScript: run the cell '
             "again, or trust the notebook, to see it.</p>"
             f'<script type="application/json" class="attnlab-nb-data">{json_for_html(self.payload)}</script>'
             f"<script>{_asset('draw.js')}\n{_asset('notebook.js')}\n"
-            f'attnlabNotebook.render(document.getElementById("{self.element_id}"));</script>'
+            f'attnlabNotebook.render(document.getElementById("{element_id}"));</script>'
             "</div>"
         )
 
