@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -157,6 +158,17 @@ def test_bad_arguments_are_one_usage_error_naming_the_argument(arguments, messag
     arguments = {"tokens": list("abc"), **arguments}
     with pytest.raises(UsageError, match="^" + re.escape(message)):
         show_records(records, **arguments)
+
+
+def test_records_kept_for_gradients_show_and_nan_weights_are_refused():
+    model = tiny_model()
+    with attnlab.capture(model, detach=False) as records:
+        model(torch.tensor([[1, 2, 3]]))
+    assert records[0].weights.requires_grad
+    assert data_of(show_records(records, list("abc")).html())["attention"][0]["queries"] == list("abc")
+    broken = [dataclasses.replace(records[0], weights=torch.full_like(records[0].weights, float("nan"))), records[1]]
+    with pytest.raises(UsageError, match="^self layer 0: the attention weights hold NaN or infinity"):
+        show_records(broken, list("abc"))
 
 
 def test_records_of_several_passes_or_none_are_refused():

@@ -37,6 +37,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from attnlab.errors import UsageError
 from attnlab.head_ids import HeadId, head_ids, parse_head
 from attnlab.loaded_run import LoadedRun
@@ -230,6 +232,9 @@ def _view(
             f"layers: the view would embed {numbers:,} attention weights (at most {MAX_EMBEDDED_WEIGHTS:,}); "
             "pass fewer layers, e.g. layers=[0], or a shorter input"
         )
+    for shown in found["attention"]:
+        if not np.isfinite(np.asarray(shown["weights"], dtype=float)).all():
+            raise UsageError(f"{shown['kind']} layer {shown['layer']}: the attention weights hold NaN or infinity")
     pages = [list(embedded[i : i + per_page]) for i in range(0, len(embedded), per_page)]
     kinds = [kind_info(kind, heads) for kind in dict.fromkeys(h.kind for h in heads)]
     return AttentionHTML(
@@ -310,9 +315,8 @@ def _one_example(record: AttentionRecord, example: int) -> AttentionRecord:
     batch = record.weights.shape[0]
     if isinstance(example, bool) or not isinstance(example, int) or not 0 <= example < batch:
         raise UsageError(f"example: {example!r} is not a row of the batch (0..{batch - 1})")
-    return AttentionRecord(
-        record.kind, record.layer, record.weights[example : example + 1], record.head_outputs[example : example + 1]
-    )
+    rows = slice(example, example + 1)
+    return AttentionRecord(record.kind, record.layer, record.weights[rows].detach(), record.head_outputs[rows].detach())
 
 
 def _record_off(off: Iterable[HeadId | str], heads: list[HeadId]) -> list[HeadId]:
