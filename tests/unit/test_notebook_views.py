@@ -130,12 +130,14 @@ def test_a_model_of_many_heads_is_paged_as_the_viewer_pages_it(tmp_path):
     assert [m["layer"] for m in few["attention"]] == [3, 7] and few["pages"] == [[3, 7]] and few["layer"] == 3
 
 
-def test_too_many_weights_ask_for_fewer_layers(monkeypatch):
+def test_too_many_weights_ask_for_fewer_layers(monkeypatch, lm_run):
     records = captured(tiny_model(), torch.tensor([[1, 2, 3, 4]]))
     monkeypatch.setattr(notebook, "MAX_EMBEDDED_WEIGHTS", 40)  # 2 layers x 2 heads x 4 x 4 = 64 weights
     with pytest.raises(UsageError, match=r"^layers: the view would embed 64 attention weights \(at most 40\)"):
         show_records(records, list("abcd"))
     assert len(data_of(show_records(records, list("abcd"), layers=[1]).html())["attention"]) == 1
+    with pytest.raises(UsageError, match="^layers: the view would embed"):
+        show(lm_run, "the cat")  # checked after the run, before the maps become JSON
 
 
 @pytest.mark.parametrize(

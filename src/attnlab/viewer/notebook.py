@@ -39,9 +39,10 @@ from typing import Any
 
 import numpy as np
 
+from attnlab.analysis.maps import AttentionView
 from attnlab.errors import UsageError
 from attnlab.head_ids import HeadId, head_ids, parse_head
-from attnlab.loaded_run import LoadedRun
+from attnlab.loaded_run import LoadedRun, open_run
 from attnlab.nn import AttentionRecord
 from attnlab.viewer.payload import head_json, kind_info, maps_json, run_limits, run_payload
 from attnlab.viewer.requests import MAX_INPUT_TOKENS, RunRequest, viewer_limits
@@ -148,13 +149,13 @@ def show(
     Raises:
         UsageError: a bad ``view``, ``layer``, ``layers`` or head name; an input the model cannot read.
     """
-    from attnlab.loaded_run import open_run
-
+    _check_view(view)
     loaded = run if isinstance(run, LoadedRun) else open_run(run)
     heads = head_ids(loaded.model)
-    embedded = _check_layers(layers, heads)
+    embedded = _check_layers(layers, heads, layer)
     stopped = tuple(head if isinstance(head, HeadId) else parse_head(head, loaded.model) for head in off)
-    found = run_payload(loaded, RunRequest(text=text, off=stopped, layers=embedded))
+    request = RunRequest(text=text, off=stopped, layers=embedded)
+    found = run_payload(loaded, request, check=lambda view: _check_size(view.records, embedded))
     title = f"run {loaded.run.path.resolve().name}: {loaded.experiment.model_kind.replace('_', ' ')}, input {text!r}"
     per_page = run_limits(loaded).layers_per_page
     return _view(found, heads, embedded, view=view, layer=layer, title=title, per_page=per_page)
@@ -193,12 +194,12 @@ def show_records(
     """
     if not records:
         raise UsageError("records: nothing was captured (run the model inside `with attnlab.capture(model)`)")
+    _check_view(view)
     heads = _record_heads(records)
-    embedded = _check_layers(layers, heads)
+    embedded = _check_layers(layers, heads, layer)
     axes = _record_axes(records, tokens)
     rows = [_one_example(record, example) for record in records]
-    from attnlab.analysis.maps import AttentionView
-
+    _check_size(rows, embedded)
     found = {
         "tokens": list(axes[records[0].kind][1]),
         "off": [head_json(head) for head in _record_off(off, heads)],
@@ -221,17 +222,7 @@ def _view(
     per_page: int,
 ) -> AttentionHTML:
     """The payload of a view of the maps in ``found`` (a ``run_payload``-like dict)."""
-    if view not in VIEWS:
-        raise UsageError(f"view: unknown {view!r}; allowed: {', '.join(VIEWS)}")
-    if layer is not None and layer not in embedded:
-        raise UsageError(f"layer: {layer!r} is not one of the layers shown ({_spans(embedded)})")
     first = embedded[0] if layer is None else layer
-    numbers = sum(len(m["weights"]) * len(m["queries"]) * len(m["keys"]) for m in found["attention"])
-    if numbers > MAX_EMBEDDED_WEIGHTS:
-        raise UsageError(
-            f"layers: the view would embed {numbers:,} attention weights (at most {MAX_EMBEDDED_WEIGHTS:,}); "
-            "pass fewer layers, e.g. layers=[0], or a shorter input"
-        )
     for shown in found["attention"]:
         if not np.isfinite(np.asarray(shown["weights"], dtype=float)).all():
             raise UsageError(f"{shown['kind']} layer {shown['layer']}: the attention weights hold NaN or infinity")
@@ -250,22 +241,35 @@ def _view(
     )
 
 
-def _check_layers(layers: Iterable[int] | None, heads: list[HeadId]) -> tuple[int, ...]:
-    """The layers to embed, sorted: all of the model's by default."""
+def _check_size(records: Sequence[AttentionRecord], embedded: tuple[int, ...]) -> None:
+    """Refuse a view of more than :data:`MAX_EMBEDDED_WEIGHTS` weights (batch row 0), before any JSON is built."""
+    shown = set(embedded)
+    numbers = sum(r.weights[0].numel() for r in records if r.layer in shown)
+    if numbers > MAX_EMBEDDED_WEIGHTS:
+        raise UsageError(
+            f"layers: the view would embed {numbers:,} attention weights (at most {MAX_EMBEDDED_WEIGHTS:,}); "
+            "pass fewer layers, e.g. layers=[0], or a shorter input"
+        )
+
+
+def _check_view(view: str) -> None:
+    if view not in VIEWS:
+        raise UsageError(f"view: unknown {view!r}; allowed: {', '.join(VIEWS)}")
+
+
+def _check_layers(layers: Iterable[int] | None, heads: list[HeadId], layer: int | None) -> tuple[int, ...]:
+    """The layers to embed, sorted (all of the model's by default), checked with ``layer``, the one shown first."""
     deepest = max(head.layer for head in heads) + 1
-    if layers is None:
-        return tuple(range(deepest))
-    chosen = list(layers)
+    chosen = list(range(deepest) if layers is None else layers)
     for value in chosen:
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < deepest:
             raise UsageError(f"layers: {value!r} is not a layer of this model (0..{deepest - 1})")
     if not chosen:
         raise UsageError("layers: empty; name at least one layer")
-    return tuple(sorted(set(chosen)))
-
-
-def _spans(layers: Sequence[int]) -> str:
-    return ", ".join(str(layer) for layer in layers)
+    embedded = tuple(sorted(set(chosen)))
+    if layer is not None and layer not in embedded:
+        raise UsageError(f"layer: {layer!r} is not one of the layers shown ({', '.join(map(str, embedded))})")
+    return embedded
 
 
 def _record_heads(records: Sequence[AttentionRecord]) -> list[HeadId]:

@@ -6,6 +6,7 @@ input such as ``"><img src=x onerror=alert(1)>`` shows as text (see ``static/vie
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from attnlab.analysis.maps import KIND_TITLES, AttentionView, attention_view, kind_maps
@@ -96,7 +97,9 @@ def example_input(loaded: LoadedRun) -> str:
     return loaded.codec.decode(target[: max(1, len(target) // 2)])
 
 
-def run_payload(loaded: LoadedRun, request: RunRequest) -> dict[str, Any]:
+def run_payload(
+    loaded: LoadedRun, request: RunRequest, *, check: Callable[[AttentionView], None] | None = None
+) -> dict[str, Any]:
     """Run ``loaded.model`` on ``request.text`` with ``request.off`` switched off; the JSON answer.
 
     The run's held heads (``train.mask_heads``) are off too, whatever ``off`` says: the model is
@@ -104,6 +107,7 @@ def run_payload(loaded: LoadedRun, request: RunRequest) -> dict[str, Any]:
     checked against the viewer's caps (:func:`run_limits`) and the model's context before the model
     runs; the output is at most ``max_output_tokens`` tokens, fewer where the context leaves less
     room. The answer holds the maps of ``request.layers`` only (default: the first page of layers).
+    ``check``, if given, sees the captured view before any of it is turned into JSON (and may raise).
 
     Raises:
         RequestError: (field ``"text"``) for an input the model cannot read (see
@@ -121,6 +125,8 @@ def run_payload(loaded: LoadedRun, request: RunRequest) -> dict[str, Any]:
     )
     mask = mask_without(loaded.model, request.off) if request.off else None
     view = attention_view(loaded, request.text, head_mask=mask, max_length=outputs)
+    if check is not None:
+        check(view)
     layers = request.layers if request.layers is not None else tuple(range(limits.layers_per_page))
     return {
         "input": request.text,
