@@ -15,7 +15,7 @@ CELL_TIMEOUT_S = 300
 
 
 def test_the_examples_have_a_notebook():
-    assert [path.name for path in NOTEBOOKS] == ["attention_in_a_notebook.ipynb"]
+    assert "attention_in_a_notebook.ipynb" in [path.name for path in NOTEBOOKS]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda path: path.name)
