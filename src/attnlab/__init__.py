@@ -59,6 +59,8 @@ _FROM_NN = (
 _ELSEWHERE = {
     "trace": "attnlab.analysis.trace",  # read and edit named sites (caching, patching)
     "model_sites": "attnlab.nn.sites",  # the named sites of a model
+    "show": "attnlab.viewer.notebook",  # the viewer's head and model views inline in Jupyter
+    "show_records": "attnlab.viewer.notebook",
 }
 
 __all__ = ["__version__", *_FROM_NN, *_ELSEWHERE]

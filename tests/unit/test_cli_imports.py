@@ -183,12 +183,15 @@ def test_completion_offers_the_choices():
 
 
 def test_the_public_api_keeps_its_names():
-    """``import attnlab`` loads no torch (see above); each public name comes from attnlab.nn on first use."""
+    """``import attnlab`` loads no torch (see above); each public name comes from attnlab.nn (or the module
+    ``attnlab._ELSEWHERE`` names) on first use."""
+    import importlib
+
     import attnlab
-    import attnlab.nn
 
     for name in attnlab.__all__:
-        assert getattr(attnlab, name) is getattr(attnlab.nn, name, attnlab.__version__)
+        home = importlib.import_module(attnlab._ELSEWHERE.get(name, "attnlab.nn"))
+        assert getattr(attnlab, name) is getattr(home, name, attnlab.__version__)
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         attnlab.nope  # noqa: B018
 

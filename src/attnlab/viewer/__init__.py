@@ -8,6 +8,8 @@ output; clicking a head zeroes its entry of the head mask ξ (Michel §2.3) and 
 Modules: :mod:`.requests` (parsing and checking what the page sends), :mod:`.importance` (the
 ``attnlab heads importance`` CSV), :mod:`.payload` (a run as JSON), :mod:`.server` (the Starlette
 app), :mod:`.serve` (uvicorn on a socket). The JSON API is documented in ``API.md`` beside this file.
+:mod:`.notebook` draws the same views inline in Jupyter, without a server (``attnlab.show``); the page
+and the notebook views share their drawing code, ``static/draw.js``.
 """
 
 from attnlab.viewer.server import create_app

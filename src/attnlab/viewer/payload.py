@@ -6,6 +6,7 @@ input such as ``"><img src=x onerror=alert(1)>`` shows as text (see ``static/vie
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from attnlab.analysis.maps import KIND_TITLES, AttentionView, attention_view, kind_maps
@@ -15,7 +16,17 @@ from attnlab.loaded_run import LoadedRun
 from attnlab.viewer.importance import Importance
 from attnlab.viewer.requests import Limits, RequestError, RunRequest, check_input_length, viewer_limits
 
-__all__ = ["describe_model", "example_input", "run_payload", "run_limits", "DECIMALS"]
+__all__ = [
+    "describe_model",
+    "example_input",
+    "run_payload",
+    "run_limits",
+    "kind_info",
+    "head_json",
+    "output_json",
+    "maps_json",
+    "DECIMALS",
+]
 
 DECIMALS = 4
 """Attention weights are rounded to this many decimals: enough for a picture, a small response."""
@@ -42,8 +53,8 @@ def describe_model(loaded: LoadedRun, importance: Importance | None = None) -> d
         "model_kind": loaded.experiment.model_kind,
         "task": loaded.experiment.task_name,
         "attention": str(loaded.experiment.model.get("attention", "soft")),
-        "heads": [_kind_info(kind, heads) for kind in dict.fromkeys(h.kind for h in heads)],
-        "held": [_head_json(h) for h in loaded.held_heads],
+        "heads": [kind_info(kind, heads) for kind in dict.fromkeys(h.kind for h in heads)],
+        "held": [head_json(h) for h in loaded.held_heads],
         "limits": {
             "max_input_chars": limits.max_input_chars,
             "max_input_tokens": limits.max_input_tokens,
@@ -55,7 +66,8 @@ def describe_model(loaded: LoadedRun, importance: Importance | None = None) -> d
     }
 
 
-def _kind_info(kind: str, heads: list[HeadId]) -> dict[str, Any]:
+def kind_info(kind: str, heads: list[HeadId]) -> dict[str, Any]:
+    """``GET /api/model``'s entry for one attention kind of ``heads``: its title, layers and heads per layer."""
     layers = max(h.layer for h in heads if h.kind == kind) + 1
     per_layer = [sum(1 for h in heads if h.kind == kind and h.layer == layer) for layer in range(layers)]
     return {
@@ -85,7 +97,9 @@ def example_input(loaded: LoadedRun) -> str:
     return loaded.codec.decode(target[: max(1, len(target) // 2)])
 
 
-def run_payload(loaded: LoadedRun, request: RunRequest) -> dict[str, Any]:
+def run_payload(
+    loaded: LoadedRun, request: RunRequest, *, check: Callable[[AttentionView], None] | None = None
+) -> dict[str, Any]:
     """Run ``loaded.model`` on ``request.text`` with ``request.off`` switched off; the JSON answer.
 
     The run's held heads (``train.mask_heads``) are off too, whatever ``off`` says: the model is
@@ -93,6 +107,7 @@ def run_payload(loaded: LoadedRun, request: RunRequest) -> dict[str, Any]:
     checked against the viewer's caps (:func:`run_limits`) and the model's context before the model
     runs; the output is at most ``max_output_tokens`` tokens, fewer where the context leaves less
     room. The answer holds the maps of ``request.layers`` only (default: the first page of layers).
+    ``check``, if given, sees the captured view before any of it is turned into JSON (and may raise).
 
     Raises:
         RequestError: (field ``"text"``) for an input the model cannot read (see
@@ -110,22 +125,26 @@ def run_payload(loaded: LoadedRun, request: RunRequest) -> dict[str, Any]:
     )
     mask = mask_without(loaded.model, request.off) if request.off else None
     view = attention_view(loaded, request.text, head_mask=mask, max_length=outputs)
+    if check is not None:
+        check(view)
     layers = request.layers if request.layers is not None else tuple(range(limits.layers_per_page))
     return {
         "input": request.text,
         "tokens": loaded.codec.tokens(ids),
-        "off": [_head_json(h) for h in request.off],
-        "held": [_head_json(h) for h in loaded.held_heads],
-        "output": _output(kind, view),
-        "attention": _maps(view, set(layers)),
+        "off": [head_json(h) for h in request.off],
+        "held": [head_json(h) for h in loaded.held_heads],
+        "output": output_json(kind, view),
+        "attention": maps_json(view, set(layers)),
     }
 
 
-def _head_json(head: HeadId) -> dict[str, Any]:
+def head_json(head: HeadId) -> dict[str, Any]:
+    """A head as JSON: ``{"kind", "layer", "head"}``."""
     return {"kind": head.kind, "layer": head.layer, "head": head.head}
 
 
-def _output(model_kind: str, view: AttentionView) -> dict[str, Any]:
+def output_json(model_kind: str, view: AttentionView) -> dict[str, Any]:
+    """The model's output in ``view`` as ``POST /api/run``'s ``output`` (see API.md)."""
     if model_kind == "encoder_classifier":
         return {
             "type": "class",
@@ -142,7 +161,8 @@ def _output(model_kind: str, view: AttentionView) -> dict[str, Any]:
     return {"type": "sequence", "text": view.output}
 
 
-def _maps(view: AttentionView, layers: set[int]) -> list[dict[str, Any]]:
+def maps_json(view: AttentionView, layers: set[int]) -> list[dict[str, Any]]:
+    """The maps of ``layers`` as ``POST /api/run``'s ``attention``: weights rounded to :data:`DECIMALS`."""
     maps = []
     for kind, (queries, keys) in view.axes.items():
         for layer, weights in enumerate(kind_maps(view, kind)):

@@ -1,13 +1,13 @@
 // attnlab viewer: look at every head's attention and switch heads off live.
 // "Visualising learned attentions: different heads show different patterns" (Li's slides).
 //
+// The drawing itself is in draw.js (shared with attnlab.viewer.notebook's views).
 // Token and user text only ever enters the document through textContent, setAttribute on
 // non-executable attributes, or SVG text nodes: never innerHTML. The JSON API is in API.md.
 "use strict";
 
-const SVG_NS = "http://www.w3.org/2000/svg";
-const HEAD_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-  "#7f7f7f", "#bcbd22", "#17becf"];
+const draw = window.attnlabDraw;  // static/draw.js: the drawing shared with the notebook views
+const el = draw.el;
 
 const state = {
   model: null,        // GET /api/model
@@ -21,19 +21,6 @@ const state = {
 };
 
 const $ = (id) => document.getElementById(id);
-
-function el(tag, text, className) {
-  const node = document.createElement(tag);
-  if (text !== undefined && text !== null) node.textContent = String(text);
-  if (className) node.className = className;
-  return node;
-}
-
-function svg(tag, attributes) {
-  const node = document.createElementNS(SVG_NS, tag);
-  for (const [name, value] of Object.entries(attributes || {})) node.setAttribute(name, String(value));
-  return node;
-}
 
 function headKey(kind, layer, head) { return `${kind}/${layer}/${head}`; }
 
@@ -83,19 +70,11 @@ function deepest() { return Math.max(...state.model.heads.map((info) => info.lay
 
 function isPaged() { return state.model.limits.layers_per_page < deepest(); }
 
-function pageCount() { return Math.ceil(deepest() / state.model.limits.layers_per_page); }
+function pageCount() { return draw.pageCount(deepest(), state.model.limits.layers_per_page); }
 
-function pageLayers() {
-  const perPage = state.model.limits.layers_per_page;
-  const first = state.page * perPage;
-  return Array.from({ length: Math.min(perPage, deepest() - first) }, (_, index) => first + index);
-}
+function pageLayers() { return draw.pageLayers(deepest(), state.model.limits.layers_per_page, state.page); }
 
-function pageName(page) {
-  const perPage = state.model.limits.layers_per_page;
-  const first = page * perPage, last = Math.min(deepest(), first + perPage) - 1;
-  return first === last ? `layer ${first}` : `layers ${first}–${last}`;
-}
+function pageName(page) { return draw.pageName(deepest(), state.model.limits.layers_per_page, page); }
 
 function fillPager() {
   const pager = $("layer-pager");
@@ -211,10 +190,6 @@ function drawOutput(output) {
   }));
 }
 
-function mapsOf(kind) {
-  return state.payload.attention.filter((map) => map.kind === kind);
-}
-
 function importanceOf(kind, layer, head) {
   const table = state.importance && state.importance[kind];
   const value = table && table[layer] ? table[layer][head] : null;
@@ -225,35 +200,16 @@ function importanceOf(kind, layer, head) {
 }
 
 function drawModelView() {
-  const root = $("model-view");
-  root.replaceChildren();
-  for (const info of state.model.heads) {
-    const block = el("div", null, "kind-block");
-    block.append(el("h3", `${info.title} (${info.kind})`));
-    const grid = el("div", null, "head-grid");
-    grid.style.gridTemplateColumns = `4rem repeat(${info.heads}, max-content)`;
-    for (const map of mapsOf(info.kind)) {
-      grid.append(el("span", `layer ${map.layer}`, "layer-label"));
-      map.weights.forEach((weights, head) => grid.append(headCell(info.kind, map.layer, head, weights)));
-    }
-    block.append(grid);
-    root.append(block);
-  }
+  draw.drawModelView($("model-view"), state.model.heads, state.payload.attention, headCell);
 }
 
 function headCell(kind, layer, head, weights) {
   const held = state.held.has(headKey(kind, layer, head));
   const off = held || state.off.has(headKey(kind, layer, head));
-  const cell = el("button", null, "head-cell" + (off ? " off" : "") + (held ? " held" : ""));
+  const { cell, label } = draw.headCell("button", kind, layer, head, weights, held ? "held" : off ? "off" : "");
   cell.type = "button";
-  cell.dataset.kind = kind;
-  cell.dataset.layer = String(layer);
-  cell.dataset.head = String(head);
   cell.setAttribute("aria-pressed", off ? "true" : "false");
   if (held) cell.setAttribute("aria-disabled", "true");
-  const canvas = document.createElement("canvas");
-  heatmap(canvas, weights);
-  const label = el("span", `L${layer} H${head}${held ? " held" : off ? " off" : ""}`);
   let title = held
     ? `${kind}, layer ${layer}, head ${head}: held at zero in training (train.mask_heads), always off`
     : `${kind}, layer ${layer}, head ${head}: click to switch ${off ? "on" : "off"}`;
@@ -266,28 +222,8 @@ function headCell(kind, layer, head, weights) {
     cell.dataset.importance = String(importance.value);
   }
   cell.title = title;
-  cell.append(canvas, label);
   if (!held) cell.addEventListener("click", () => toggleHead(kind, layer, head));
   return cell;
-}
-
-function heatmap(canvas, weights) {
-  const rows = weights.length, columns = rows ? weights[0].length : 0;
-  canvas.width = Math.max(columns, 1);
-  canvas.height = Math.max(rows, 1);
-  const context = canvas.getContext("2d");
-  const image = context.createImageData(canvas.width, canvas.height);
-  for (let r = 0; r < rows; r++) {
-    for (let c = 0; c < columns; c++) {
-      const w = Math.max(0, Math.min(1, weights[r][c]));
-      const index = 4 * (r * canvas.width + c);
-      image.data[index] = Math.round(255 - 220 * w);
-      image.data[index + 1] = Math.round(255 - 170 * w);
-      image.data[index + 2] = Math.round(255 - 40 * w);
-      image.data[index + 3] = 255;
-    }
-  }
-  context.putImageData(image, 0, 0);
 }
 
 function fillHeadViewSelectors() {
@@ -315,64 +251,17 @@ function fillLayers() {
 }
 
 function drawHeadView() {
-  const root = $("head-view");
-  root.replaceChildren();
-  const legend = $("head-view-legend");
-  legend.replaceChildren();
-  if (!state.payload) return;
+  const root = $("head-view"), legend = $("head-view-legend");
+  if (!state.payload) {
+    root.replaceChildren();
+    legend.replaceChildren();
+    return;
+  }
   const kind = $("head-view-kind").value;
   const layer = Number($("head-view-layer").value);
   const map = state.payload.attention.find((item) => item.kind === kind && item.layer === layer);
-  if (!map) return;
-  map.weights.forEach((_, head) => {
-    const swatch = el("span");
-    const box = el("i");
-    box.style.background = HEAD_COLOURS[head % HEAD_COLOURS.length];
-    const held = state.held.has(headKey(kind, layer, head));
-    const off = isOff(kind, layer, head);
-    swatch.append(box, document.createTextNode(`head ${head}${held ? " (held)" : off ? " (off)" : ""}`));
-    legend.append(swatch);
-  });
-  const rowHeight = 20, left = 150, right = 350, width = 500;
-  const height = rowHeight * (Math.max(map.queries.length, map.keys.length) + 1);
-  root.setAttribute("viewBox", `0 0 ${width} ${height}`);
-  root.setAttribute("width", String(width));
-  root.setAttribute("height", String(height));
-  const lines = svg("g");
-  map.weights.forEach((weights, head) => {
-    const off = isOff(kind, layer, head);
-    weights.forEach((row, q) => row.forEach((w, k) => {
-      if (w < 0.01) return;
-      lines.append(svg("line", {
-        x1: left + 6, y1: rowHeight * (q + 1) - 4, x2: right - 6, y2: rowHeight * (k + 1) - 4,
-        stroke: HEAD_COLOURS[head % HEAD_COLOURS.length], "stroke-width": 2,
-        "stroke-opacity": (off ? 0.3 : 0.85) * w, "stroke-dasharray": off ? "4 3" : "none",
-        "data-query": q, "data-head": head,
-      }));
-    }));
-  });
-  root.append(lines);
-  const tokens = svg("g");
-  map.queries.forEach((token, q) => {
-    const text = svg("text", { x: left, y: rowHeight * (q + 1), "text-anchor": "end", "data-side": "query", "data-index": q });
-    text.textContent = token;
-    text.addEventListener("mouseenter", () => focusQuery(lines, text, q));
-    text.addEventListener("mouseleave", () => focusQuery(lines, text, null));
-    tokens.append(text);
-  });
-  map.keys.forEach((token, k) => {
-    const text = svg("text", { x: right, y: rowHeight * (k + 1), "text-anchor": "start", "data-side": "key", "data-index": k });
-    text.textContent = token;
-    tokens.append(text);
-  });
-  root.append(tokens);
-}
-
-function focusQuery(lines, text, query) {
-  text.classList.toggle("active", query !== null);
-  for (const line of lines.children) {
-    line.style.display = query === null || Number(line.getAttribute("data-query")) === query ? "" : "none";
-  }
+  draw.drawHeadView(root, legend, map, (head) =>
+    state.held.has(headKey(kind, layer, head)) ? "held" : isOff(kind, layer, head) ? "off" : "");
 }
 
 // ---- importance ---------------------------------------------------------------------------

@@ -1,0 +1,156 @@
+// attnlab attention drawing: the head view (lines between tokens) and the model view (a heatmap per
+// head), shared by the viewer page (viewer.js, data from the server) and the notebook views
+// (notebook.js, data embedded in the notebook's output). Nothing here fetches anything.
+//
+// Token text only ever enters the document through textContent, setAttribute on non-executable
+// attributes, or SVG text nodes: never innerHTML. Everything lives inside one function, so that
+// this file can be included many times in one document (one notebook output per view).
+(function (global) {
+  "use strict";
+
+  const SVG_NS = "http://www.w3.org/2000/svg";
+  const HEAD_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+    "#7f7f7f", "#bcbd22", "#17becf"];
+
+  function el(tag, text, className) {
+    const node = document.createElement(tag);
+    if (text !== undefined && text !== null) node.textContent = String(text);
+    if (className) node.className = className;
+    return node;
+  }
+
+  function svg(tag, attributes) {
+    const node = document.createElementNS(SVG_NS, tag);
+    for (const [name, value] of Object.entries(attributes || {})) node.setAttribute(name, String(value));
+    return node;
+  }
+
+  // ---- pages of layers (models of many heads show limits.layers_per_page layers at a time) ----
+
+  function pageCount(layers, perPage) { return Math.ceil(layers / perPage); }
+
+  function pageLayers(layers, perPage, page) {
+    const first = page * perPage;
+    return Array.from({ length: Math.max(0, Math.min(perPage, layers - first)) }, (_, index) => first + index);
+  }
+
+  function pageName(layers, perPage, page) {
+    const first = page * perPage, last = Math.min(layers, first + perPage) - 1;
+    return first === last ? `layer ${first}` : `layers ${first}–${last}`;
+  }
+
+  // ---- model view ------------------------------------------------------------------------------
+
+  // One heatmap of a head's weights (rows: queries, columns: keys) into a canvas, one pixel a weight.
+  function heatmap(canvas, weights) {
+    const rows = weights.length, columns = rows ? weights[0].length : 0;
+    canvas.width = Math.max(columns, 1);
+    canvas.height = Math.max(rows, 1);
+    const context = canvas.getContext("2d");
+    const image = context.createImageData(canvas.width, canvas.height);
+    for (let r = 0; r < rows; r++) {
+      for (let c = 0; c < columns; c++) {
+        const w = Math.max(0, Math.min(1, weights[r][c]));
+        const index = 4 * (r * canvas.width + c);
+        image.data[index] = Math.round(255 - 220 * w);
+        image.data[index + 1] = Math.round(255 - 170 * w);
+        image.data[index + 2] = Math.round(255 - 40 * w);
+        image.data[index + 3] = 255;
+      }
+    }
+    context.putImageData(image, 0, 0);
+  }
+
+  // The model view: for each kind of `heads` (GET /api/model's list), a grid of one row per map of
+  // `maps` (POST /api/run's `attention`), one cell per head made by makeCell(kind, layer, head, weights).
+  function drawModelView(root, heads, maps, makeCell) {
+    root.replaceChildren();
+    for (const info of heads) {
+      const block = el("div", null, "kind-block");
+      block.append(el("h3", `${info.title} (${info.kind})`));
+      const grid = el("div", null, "head-grid");
+      grid.style.gridTemplateColumns = `4rem repeat(${info.heads}, max-content)`;
+      for (const map of maps.filter((item) => item.kind === info.kind)) {
+        grid.append(el("span", `layer ${map.layer}`, "layer-label"));
+        map.weights.forEach((weights, head) => grid.append(makeCell(info.kind, map.layer, head, weights)));
+      }
+      block.append(grid);
+      root.append(block);
+    }
+  }
+
+  // A head's cell without behaviour: its heatmap and its label; `status` is "", "off" or "held".
+  function headCell(tag, kind, layer, head, weights, status) {
+    const cell = el(tag, null, "head-cell" + (status ? " off" : "") + (status === "held" ? " held" : ""));
+    cell.dataset.kind = kind;
+    cell.dataset.layer = String(layer);
+    cell.dataset.head = String(head);
+    const canvas = document.createElement("canvas");
+    heatmap(canvas, weights);
+    const label = el("span", `L${layer} H${head}${status ? " " + status : ""}`);
+    cell.append(canvas, label);
+    return { cell, label };
+  }
+
+  // ---- head view -------------------------------------------------------------------------------
+
+  // The head view of one map ({kind, layer, queries, keys, weights}) into the SVG `root`, with a
+  // legend of its heads; status(head) is "", "off" or "held".
+  function drawHeadView(root, legend, map, status) {
+    root.replaceChildren();
+    legend.replaceChildren();
+    if (!map) return;
+    map.weights.forEach((_, head) => {
+      const swatch = el("span");
+      const box = el("i");
+      box.style.background = HEAD_COLOURS[head % HEAD_COLOURS.length];
+      const shown = status(head);
+      swatch.append(box, document.createTextNode(`head ${head}${shown ? ` (${shown})` : ""}`));
+      legend.append(swatch);
+    });
+    const rowHeight = 20, left = 150, right = 350, width = 500;
+    const height = rowHeight * (Math.max(map.queries.length, map.keys.length) + 1);
+    root.setAttribute("viewBox", `0 0 ${width} ${height}`);
+    root.setAttribute("width", String(width));
+    root.setAttribute("height", String(height));
+    const lines = svg("g");
+    map.weights.forEach((weights, head) => {
+      const off = status(head) !== "";
+      weights.forEach((row, q) => row.forEach((w, k) => {
+        if (w < 0.01) return;
+        lines.append(svg("line", {
+          x1: left + 6, y1: rowHeight * (q + 1) - 4, x2: right - 6, y2: rowHeight * (k + 1) - 4,
+          stroke: HEAD_COLOURS[head % HEAD_COLOURS.length], "stroke-width": 2,
+          "stroke-opacity": (off ? 0.3 : 0.85) * w, "stroke-dasharray": off ? "4 3" : "none",
+          "data-query": q, "data-head": head,
+        }));
+      }));
+    });
+    root.append(lines);
+    const tokens = svg("g");
+    map.queries.forEach((token, q) => {
+      const text = svg("text", { x: left, y: rowHeight * (q + 1), "text-anchor": "end", "data-side": "query", "data-index": q });
+      text.textContent = token;
+      text.addEventListener("mouseenter", () => focusQuery(lines, text, q));
+      text.addEventListener("mouseleave", () => focusQuery(lines, text, null));
+      tokens.append(text);
+    });
+    map.keys.forEach((token, k) => {
+      const text = svg("text", { x: right, y: rowHeight * (k + 1), "text-anchor": "start", "data-side": "key", "data-index": k });
+      text.textContent = token;
+      tokens.append(text);
+    });
+    root.append(tokens);
+  }
+
+  function focusQuery(lines, text, query) {
+    text.classList.toggle("active", query !== null);
+    for (const line of lines.children) {
+      line.style.display = query === null || Number(line.getAttribute("data-query")) === query ? "" : "none";
+    }
+  }
+
+  global.attnlabDraw = Object.freeze({
+    HEAD_COLOURS, el, svg, heatmap, headCell, drawModelView, drawHeadView, pageCount, pageLayers, pageName,
+  });
+})(window);
