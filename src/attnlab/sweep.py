@@ -181,7 +181,11 @@ class SweepPlan:
             if data.get("format") != PLAN_FORMAT:
                 raise DataError(f"{path}: unknown sweep format {data.get('format')!r}; expected {PLAN_FORMAT}")
             axes = tuple(GridAxis(a["key"], tuple(a["values"]), tuple(a["labels"])) for a in data["grid"])
-            runs = tuple(SweepRun(r["name"], dict(r["grid"]), int(r["seed"]), dict(r["config"])) for r in data["runs"])
+            # The grid values in the axes' order (sweep.json stores each run's as a sorted object).
+            runs = tuple(
+                SweepRun(r["name"], {a.key: r["grid"][a.key] for a in axes}, int(r["seed"]), dict(r["config"]))
+                for r in data["runs"]
+            )
             return cls(
                 str(data["config_file"]), dict(data["config"]), tuple(data["set"]), axes, tuple(data["seeds"]), runs
             )
@@ -483,6 +487,7 @@ def _check_like_train(experiment: Any, tasks: dict[str, Any]) -> None:
     from attnlab.resources import check_length_bins_fit, check_training_resources
     from attnlab.tasks.base import check_final_splits
     from attnlab.tasks.factory import build_task, model_config_for_task
+    from attnlab.training.tensorboard_log import require_tensorboard
 
     key = json.dumps(experiment.task, sort_keys=True, default=str)
     if key not in tasks:
@@ -501,6 +506,8 @@ def _check_like_train(experiment: Any, tasks: dict[str, Any]) -> None:
         max_length=experiment.train.max_length or config.max_len,
     )
     check_length_bins_fit(task, experiment.train.max_length or config.max_len)
+    if "tensorboard" in experiment.train.log_to:
+        require_tensorboard()  # the package, before any run starts
 
 
 # ---- running -------------------------------------------------------------------------------------
