@@ -72,6 +72,23 @@ def test_lm_quick_reports_every_figure():
     assert report["ratios"]["generate_rss_vs_weights"] > report["ratios"]["generate_rss_above_imports_vs_weights"] > 1.0
 
 
+@pytest.mark.slow
+def test_sweep_quick_times_singles_and_both_job_counts():
+    """`bench sweep --quick`: 2 single commands, then the same 2 runs as sweeps with --jobs 1 and 2."""
+    result = subprocess.run(
+        [sys.executable, "-m", "attnlab", "bench", "sweep", "--quick", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    assert report["benchmark"] == "sweep"
+    assert {r["system"] for r in report["results"]} == {"singles", "jobs1", "jobs2"}
+    assert set(report["targets"]) == {"jobs1_over_singles", "jobs2_over_jobs1"}
+    assert all(math.isfinite(value) and value > 0 for value in report["ratios"].values())
+
+
 def test_unknown_benchmark_is_exit_2():
     result = subprocess.run(
         [sys.executable, "-m", "attnlab", "bench", "speed"], capture_output=True, text=True, timeout=120

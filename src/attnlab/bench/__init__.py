@@ -52,6 +52,12 @@ def _lm(quick: bool, plots: Path | None) -> BenchResult:
     return run_lm(quick)
 
 
+def _sweep(quick: bool, plots: Path | None) -> BenchResult:
+    from attnlab.bench.sweep import run_sweep_bench
+
+    return run_sweep_bench(quick)
+
+
 BENCHMARKS: dict[str, Callable[[bool, Path | None], BenchResult]] = {
     "train": _train,
     "train-headmask": _train_headmask,
@@ -60,12 +66,14 @@ BENCHMARKS: dict[str, Callable[[bool, Path | None], BenchResult]] = {
     "heads": _heads,
     "mfu": _mfu,
     "lm": _lm,
+    "sweep": _sweep,
 }
 """Registry: benchmark name -> run(quick, plots folder)."""
 
-NOT_IN_ALL = ("lm",)
+NOT_IN_ALL = ("lm", "sweep")
 """Benchmarks ``attnlab bench all`` leaves out: ``lm`` imports a real 135M-parameter model (the
-``pretrained`` extra) and takes minutes even with ``--quick``; run it by name."""
+``pretrained`` extra) and takes minutes even with ``--quick``; ``sweep`` starts 40 training
+processes (minutes); run them by name."""
 
 
 def run_benchmark(name: str, *, quick: bool = False, plots: Path | None = None) -> BenchResult:
