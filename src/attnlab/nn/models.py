@@ -97,6 +97,12 @@ class TransformerModel(nn.Module):
         for decoder layers of an encoder-decoder, its cross-attention)."""
         raise NotImplementedError
 
+    def example_inputs(self, length: int) -> tuple[Tensor, ...]:
+        """A forward pass's positional inputs for one row of ``length`` real tokens (named-site
+        shapes, :func:`attnlab.nn.sites.site_shapes`)."""
+        token = 1 if self.config.pad_id != 1 else 2
+        return (torch.full((1, length), token, device=next(self.parameters()).device),)
+
     def _logits(self, logits: Tensor) -> Tensor:
         return logits if not self.taps else tap(self.taps, "logits", logits)
 
@@ -555,6 +561,10 @@ class EncoderDecoder(TransformerModel):
 
     def site_stacks(self) -> dict[str, tuple[nn.Module, tuple[str, ...]]]:
         return {"encoder": (self.encoder, ("encoder_self",)), "decoder": (self.decoder, ("decoder_self", "cross"))}
+
+    def example_inputs(self, length: int) -> tuple[Tensor, ...]:
+        (tokens,) = super().example_inputs(length)
+        return tokens, tokens  # a source and a target of the same length
 
 
 def _pool_eos(hidden: Tensor, is_token: Tensor) -> Tensor:

@@ -43,9 +43,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor, nn
 
-__all__ = ["Site", "Tap", "tap", "model_sites", "HEAD_POINTS", "ATTENTION_POINTS"]
+__all__ = ["Site", "Tap", "tap", "model_sites", "site_shapes", "HEAD_POINTS", "ATTENTION_POINTS"]
 
 Tap = Callable[[Tensor], Tensor]
 """What a site calls: its tensor in, the tensor the model goes on with out."""
@@ -141,3 +142,40 @@ def model_sites(model: nn.Module) -> dict[str, Site]:
     if model.has_logits_site:
         add("logits", model, "logits", None, None, pos=model.logits_position_axis)
     return sites
+
+
+def site_shapes(model: nn.Module, length: int = 5) -> dict[str, tuple[Site, str]]:
+    """Every site of ``model`` with its shape, read from one forward pass on ``length`` tokens.
+
+    Returns:
+        name -> (site, shape as text), e.g. ``"(B, 12, T, 32)"``: B the batch, T the positions,
+        T_k the keys of ``scores`` and ``pattern``.
+    """
+    sites = model_sites(model)
+    shapes: dict[str, str] = {}
+    installed = []
+    for site in sites.values():
+
+        def record(x: Tensor, site: Site = site) -> Tensor:
+            shapes[site.name] = _shape_text(site, x)
+            return x
+
+        site.module.taps[site.point] = record
+        installed.append(site)
+    try:
+        with torch.no_grad():
+            model(*model.example_inputs(length))
+    finally:
+        for site in installed:
+            site.module.taps.pop(site.point, None)
+    return {name: (site, shapes[name]) for name, site in sites.items() if name in shapes}
+
+
+def _shape_text(site: Site, x: Tensor) -> str:
+    dims: list[object] = list(x.shape)
+    dims[0] = "B"
+    if site.position_axis is not None:
+        dims[site.position_axis] = "T"
+    if site.point in ("scores", "pattern", "k", "v"):
+        dims[-1 if site.point in ("scores", "pattern") else 2] = "T_k"
+    return "(" + ", ".join(map(str, dims)) + ")"

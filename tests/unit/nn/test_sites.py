@@ -226,3 +226,20 @@ def test_bad_site_requests_are_clear_errors():
 
 def test_the_top_level_names_are_the_modules_functions():
     assert attnlab.trace is trace and attnlab.model_sites is model_sites
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_site_shapes_name_every_site_with_the_models_sizes(name):
+    from attnlab.nn.sites import site_shapes
+
+    model = _model(name)
+    shapes = site_shapes(model)
+    assert list(shapes) == list(model_sites(model))
+    stack = _stack(model)
+    assert shapes[f"{stack}.0.resid_pre"][1] == "(B, T, 16)"
+    assert shapes[f"{stack}.0.attn.z"][1] == "(B, 4, T, 4)"
+    assert shapes[f"{stack}.0.attn.pattern"][1] == "(B, 4, T, T_k)"
+    kv = 2 if name == "llama_like" else 4
+    assert shapes[f"{stack}.1.attn.k"][1] == f"(B, {kv}, T_k, 4)"  # grouped-query: the key/value heads
+    assert shapes[f"{stack}.0.ffn.hidden"][1] == "(B, T, 24)"
+    assert all(not m.taps for m in model.modules() if hasattr(m, "taps"))  # nothing left installed

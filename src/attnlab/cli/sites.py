@@ -1,0 +1,52 @@
+"""``attnlab sites``: the named sites of a run's model (attnlab.nn.sites), with their shapes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from attnlab.cli.app import app
+from attnlab.cli.options import device_option, json_option, print_json
+
+
+@app.command()
+def sites(
+    run: Path = typer.Argument(..., help="A run directory."),
+    match: str = typer.Option(None, "--match", help="Only sites matching this name or glob, e.g. '*.attn.z'."),
+    device: str = device_option(),
+    as_json: bool = json_option("Print one JSON object: the sites with their shapes."),
+) -> None:
+    """List every named site of a run's model (what attnlab.trace caches and edits), with its shape.
+
+    Shapes come from one forward pass of a few tokens; B is the batch, T the positions (T_k the
+    keys of scores and pattern).
+    """
+    from attnlab.analysis.trace import resolve_sites
+    from attnlab.errors import UsageError
+    from attnlab.loaded_run import open_run
+    from attnlab.nn.sites import site_shapes
+
+    loaded = open_run(run, device=device)
+    shapes = site_shapes(loaded.model)
+    named = {name: site for name, (site, _) in shapes.items()}
+    try:
+        names = resolve_sites(named, [match or "*"])
+    except ValueError as error:
+        raise UsageError(f"--match: {error}") from None
+    rows = [
+        {
+            "name": name,
+            "shape": shapes[name][1],
+            "kind": named[name].kind,
+            "layer": named[name].layer,
+            "heads": named[name].head_axis is not None,
+        }
+        for name in names
+    ]
+    if as_json:
+        print_json({"run": str(run), "sites": rows})
+        return
+    width = max(len(row["name"]) for row in rows)
+    for row in rows:
+        typer.echo(f"{row['name']:<{width}}  {row['shape']}" + (f"  heads of {row['kind']}" if row["heads"] else ""))
