@@ -13,7 +13,7 @@ import pytest
 TINY = """
 [task]
 name = "parity"
-max_train_length = 4
+max_train_length = 6
 train_size = 48
 valid_size = 24
 test_size = 16
@@ -85,7 +85,8 @@ def test_a_sweep_records_a_diverged_run_finishes_the_others_and_report_rebuilds(
         rows = {row["train.lr"]: row for row in csv.DictReader(handle)}
     assert rows["0.001"]["status"] == "ok" and 0.0 <= float(rows["0.001"]["valid.accuracy"]) <= 1.0
     assert rows["1e9"]["status"] == "diverged" and rows["1e9"]["error"].startswith("the loss became nan at step")
-    names = ["results.csv", "accuracy_by_length.csv", "summary.md", "plots/accuracy_by_length-valid.png"]
+    plots = [f"plots/accuracy_by_length-{split}.png" for split in ("valid", "test", "length_generalisation")]
+    names = ["results.csv", "accuracy_by_length.csv", "summary.md", *plots]  # every split the sweep scores
     before = {name: (out / name).read_bytes() for name in names}
     for name in names:
         (out / name).unlink()
