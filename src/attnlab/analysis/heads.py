@@ -25,7 +25,7 @@ passes head masks in and reads results out; it never changes a layer.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -191,21 +191,32 @@ class Ablation:
     keep_one: list[AblationRow]
 
 
-def ablate(probe: HeadProbe, kinds: Sequence[str] | None = None, *, progress: Any = None) -> Ablation:
+def ablate(
+    probe: HeadProbe,
+    kinds: Sequence[str] | None = None,
+    *,
+    progress: Any = None,
+    means: Mapping[str, Tensor] | None = None,
+) -> Ablation:
     """Mask each head alone, then keep only one head per layer (Michel §3's two experiments).
 
     Every mask is the base mask (the run's held heads) with more heads off; the baseline is the
     base mask itself. A held head masked alone is the baseline again (delta 0, not re-evaluated).
+
+    With ``means`` (``z`` site name -> (H, d_v), :func:`attnlab.analysis.patching.head_means`) a
+    head is mean-ablated instead: its output is replaced by its mean over a dataset rather than
+    multiplied by xi_h = 0 (zero ablation).
     """
     heads = head_ids(probe.model, kinds)
     tick = progress or (lambda: None)
     base = held_mask_of(probe)
     held = set(held_heads_of(probe))
     baseline = probe.evaluate(base)
+    remove = _zero_ablation(probe, base) if means is None else _mean_ablation(probe, base, means)
 
     def row(head: HeadId, off: Iterable[HeadId]) -> AblationRow:
         off = [h for h in off if h not in held]
-        score = probe.evaluate(mask_without(probe.model, off, base=base)) if off else baseline
+        score = remove(off) if off else baseline
         tick()
         return AblationRow(head.kind, head.layer, head.head, score.metric, score.loss, score.metric - baseline.metric)
 
@@ -215,6 +226,32 @@ def ablate(probe: HeadProbe, kinds: Sequence[str] | None = None, *, progress: An
         for head in heads
     ]
     return Ablation(baseline, single, keep_one)
+
+
+def _zero_ablation(probe: HeadProbe, base: HeadMask | None) -> Callable[[list[HeadId]], Score]:
+    """The probe's score with ``off`` masked (xi_h = 0) on top of ``base``."""
+    return lambda off: probe.evaluate(mask_without(probe.model, off, base=base))
+
+
+def _mean_ablation(
+    probe: HeadProbe, base: HeadMask | None, means: Mapping[str, Tensor]
+) -> Callable[[list[HeadId]], Score]:
+    """The probe's score with each head of ``off`` given its mean output (its ``z`` site)."""
+    from attnlab.analysis.trace import trace
+    from attnlab.nn.sites import model_sites
+
+    z_sites = {(s.kind, s.layer): name for name, s in model_sites(probe.model).items() if s.point == "z"}
+
+    def evaluate(off: list[HeadId]) -> Score:
+        with trace(probe.model) as t:
+            for head in off:
+                site = z_sites[(head.kind, head.layer)]
+                if site not in means:
+                    raise UsageError(f"--mean-over: no mean output for {site} (head {head})")
+                t.replace(site, means[site][head.head][None, :], heads=[head.head])  # over every position
+            return probe.evaluate(base)
+
+    return evaluate
 
 
 # ---- importance ----------------------------------------------------------------------------------

@@ -88,7 +88,7 @@ def attention_view(
     check_input_text(text)
     kind = loaded.experiment.model_kind
     if kind == "decoder_only":
-        ids = _language_model_prompt(loaded, text)
+        ids = language_model_prompt(loaded, text)
         context = loaded.task.generation_context
         max_length = check_decode_length(len(ids), max_length, config=loaded.model.config, context=context)
     else:
@@ -102,7 +102,7 @@ def attention_view(
     return dataclasses.replace(found, off=tuple(heads_off(loaded.model, mask)))
 
 
-def _language_model_prompt(loaded: LoadedRun, text: str) -> list[int]:
+def language_model_prompt(loaded: LoadedRun, text: str) -> list[int]:
     """The ids a language model reads for ``text``: its task's own prompt (``BOS text`` for a model
     trained here; the model's framing, BOS or none, for a pretrained LM), within its context.
 

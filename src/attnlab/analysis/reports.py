@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,12 +18,15 @@ __all__ = ["write_rows", "head_matrix_plot", "curve_plot"]
 
 
 def write_rows(rows: Sequence[Any], path: Path, columns: Sequence[str]) -> Path:
-    """Write dataclass rows as CSV with exactly ``columns``, atomically."""
-    lines = [",".join(columns)]
+    """Write dataclass rows as CSV with exactly ``columns``, atomically (text cells quoted as CSV
+    needs: a token may hold a comma or a quote)."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(columns)
     for row in rows:
         values = dataclasses.asdict(row)
-        lines.append(",".join(_cell(values[c]) for c in columns))
-    atomic_write_text(Path(path), "\n".join(lines) + "\n")
+        writer.writerow([_cell(values[c]) for c in columns])
+    atomic_write_text(Path(path), buffer.getvalue())
     return Path(path)
 
 
@@ -64,6 +68,29 @@ def head_matrix_plot(rows: Sequence[Any], value: str, path: Path, *, title: str,
         ax.set_yticks(range(layers))
         fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def position_matrix_plot(rows: Sequence[Any], value: str, path: Path, *, tokens: Sequence[str], title: str) -> Path:
+    """Sites down (``layer`` and ``site`` of each row: the residual stream entering each layer,
+    then the last layer's output), positions across labelled with ``tokens``, coloured by
+    ``value`` on a diverging scale."""
+    sites = list(dict.fromkeys((r.layer, r.site) for r in rows))
+    matrix = np.full((len(sites), len(tokens)), np.nan)
+    for r in rows:
+        matrix[sites.index((r.layer, r.site)), r.position] = getattr(r, value)
+    limit = float(np.nanmax(np.abs(matrix))) if rows else 1.0
+    width = min(24.0, 1.5 + 0.45 * len(tokens))
+    fig, ax = plt.subplots(figsize=(width, 1.2 + 0.28 * len(sites)))
+    image = ax.imshow(matrix, cmap="RdBu", vmin=-(limit or 1.0), vmax=limit or 1.0, aspect="auto")
+    ax.set_xticks(range(len(tokens)))
+    ax.set_xticklabels(tokens, rotation=90, fontsize=7, parse_math=False)  # a token may hold "$"
+    ax.set_yticks(range(len(sites)))
+    ax.set_yticklabels([f"{layer} {site}" for layer, site in sites], fontsize=7)
+    ax.set_xlabel("position (token of the corrupt input)")
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    ax.set_title(title, fontsize=10)
     fig.tight_layout()
     return save_figure(fig, path)
 

@@ -42,6 +42,7 @@ from attnlab.cli import generate as _generate  # noqa: F401,E402
 from attnlab.cli import heads as _heads  # noqa: F401,E402
 from attnlab.cli import imports as _imports  # noqa: F401,E402
 from attnlab.cli import info as _info  # noqa: F401,E402
+from attnlab.cli import patch as _patch  # noqa: F401,E402
 from attnlab.cli import sites as _sites  # noqa: F401,E402
 from attnlab.cli import sweep as _sweep  # noqa: F401,E402
 from attnlab.cli import tokenize as _tokenize  # noqa: F401,E402

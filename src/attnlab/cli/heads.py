@@ -150,11 +150,20 @@ def ablate_command(
     batch_size: int = typer.Option(None, "--batch-size", min=1, help=BATCH_HELP),
     texts: Path = typer.Option(None, "--texts", help=TEXTS_HELP),
     pairs: Path = typer.Option(None, "--pairs", help=PAIRS_HELP),
+    mean_over: Path = typer.Option(
+        None,
+        "--mean-over",
+        help="Mean ablation: replace a head's output by its mean over this text file (one text per line) "
+        "instead of zeroing it (xi_h = 0).",
+    ),
     progress: bool = progress_option(),
     device: str = device_option(),
     as_json: bool = json_option(),
 ) -> None:
-    """The metric and loss with each head masked alone, and with all heads of a layer but one."""
+    """The metric and loss with each head masked alone, and with all heads of a layer but one.
+
+    With --mean-over FILE a head is mean-ablated: its output is its mean over FILE's texts.
+    """
     from tqdm import tqdm
 
     from attnlab.analysis.heads import ablate
@@ -166,9 +175,14 @@ def ablate_command(
     kinds = [value_of(kind) for kind in kinds or ()]
     loaded, probe = _probe(run, split, batch_size, texts, pairs, device)
     folder = out or loaded.run.analysis
+    means = None
+    if mean_over is not None:
+        from attnlab.analysis.patching import head_means
+
+        means = head_means(loaded, mean_over)
     total = 2 * len(head_ids(loaded.model, kinds or None))
     with tqdm(total=total, desc="ablate", disable=not progress) as bar:
-        result = ablate(probe, kinds or None, progress=lambda: bar.update(1))
+        result = ablate(probe, kinds or None, progress=lambda: bar.update(1), means=means)
     columns = ("kind", "layer", "head", "metric", "loss", "delta")
     single = write_rows(result.single, folder / "ablation.csv", columns)
     keep_one = write_rows(result.keep_one, folder / "keep_one.csv", columns)
@@ -178,7 +192,7 @@ def ablate_command(
             "delta",
             folder / f"ablation_{kind}.png",
             diverging=True,
-            title=f"change of {probe.metric_name} with one head masked",
+            title=f"change of {probe.metric_name} with one head {'mean-' if means else ''}ablated",
         )
         for kind in dict.fromkeys(r.kind for r in result.single)
     ]
@@ -187,6 +201,7 @@ def ablate_command(
             {
                 **_json_head(loaded, probe),
                 "baseline": {"metric": result.baseline.metric, "loss": result.baseline.loss},
+                "ablation": "mean" if means else "zero",
                 "single": _rows(result.single),
                 "keep_one": _rows(result.keep_one),
                 "files": {"ablation": str(single), "keep_one": str(keep_one), "heatmaps": list(map(str, heatmaps))},
@@ -199,7 +214,7 @@ def ablate_command(
     )
     if note := _held_note(loaded):
         typer.echo(note)
-    typer.echo(f"each head masked alone: {single}")
+    typer.echo(f"each head {'mean-ablated' if means else 'masked'} alone: {single}")
     typer.echo(f"only one head kept per layer: {keep_one}")
     for path in heatmaps:
         typer.echo(f"heatmap: {path}")
