@@ -234,8 +234,7 @@ def patch(
     model = loaded.model.eval()
     device = model_device(model)
     clean, corrupt = (torch.tensor([ids], device=device) for ids in (clean_ids, corrupt_ids))
-    stack = next(iter(model.site_stacks()))
-    layers = len(model.site_stacks()[stack][0].layers)
+    stack, layers = _stack_of(model)
     head_sites = [f"{stack}.{layer}.attn.z" for layer in range(layers)]
     residual_sites = [f"{stack}.{layer}.resid_pre" for layer in range(layers)] + [f"{stack}.{layers - 1}.resid_post"]
     tick = progress or (lambda: None)
@@ -280,10 +279,15 @@ def patch(
     return PatchResult(measured, m_clean, m_corrupt, clean_tokens, corrupt_tokens, head_rows, residual_rows)
 
 
+def _stack_of(model) -> tuple[str, int]:  # noqa: ANN001
+    """The one stack of a model patching supports, and its number of layers."""
+    stack, (body, _) = next(iter(model.site_stacks().items()))
+    return stack, len(body.layers)
+
+
 def patch_steps(loaded: LoadedRun, *, heads: bool = True, residual: bool = True) -> int:
     """How many forward passes :func:`patch` makes after the two plain runs (for a progress bar)."""
-    stack = next(iter(loaded.model.site_stacks()))
-    layers = len(loaded.model.site_stacks()[stack][0].layers)
+    _, layers = _stack_of(loaded.model)
     return layers * heads + (layers + 1) * residual
 
 
@@ -307,8 +311,7 @@ def head_means(loaded: LoadedRun, texts_file: str | Path) -> dict[str, Tensor]:
         raise UsageError(f"--mean-over: {texts_file} holds no text")
     model = loaded.model.eval()
     device = model_device(model)
-    stack = next(iter(model.site_stacks()))
-    pattern = f"{stack}.*.attn.z"
+    pattern = f"{_stack_of(model)[0]}.*.attn.z"
     sums: dict[str, Tensor] = {}
     positions = 0
     with torch.no_grad():
