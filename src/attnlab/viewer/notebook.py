@@ -44,6 +44,7 @@ from attnlab.errors import UsageError
 from attnlab.head_ids import HeadId, head_ids, parse_head
 from attnlab.loaded_run import LoadedRun, open_run
 from attnlab.nn import AttentionRecord
+from attnlab.storage import atomic_write_text
 from attnlab.viewer.payload import head_json, kind_info, maps_json, run_limits, run_payload
 from attnlab.viewer.requests import MAX_INPUT_TOKENS, RunRequest, viewer_limits
 
@@ -102,7 +103,7 @@ class AttentionHTML:
         title = html.escape(self.payload["title"])
         page = f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>{title}</title></head>'
         path = Path(path)
-        path.write_text(f"{page}<body>{self.html()}</body></html>\n", encoding="utf-8")
+        atomic_write_text(path, f"{page}<body>{self.html()}</body></html>\n")  # never half a page
         return path
 
 
