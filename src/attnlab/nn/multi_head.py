@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.kernels import linear_kernel
-from attnlab.nn.attention import NORMALIZERS
+from attnlab.nn.attention import NORMALIZERS, ScoreFn
 from attnlab.nn.masks import check_mask
 from attnlab.nn.position_bias import PositionBias, distances, make_position_bias
 from attnlab.nn.rotary import RotaryEmbedding
@@ -421,31 +421,17 @@ class MultiHeadAttention(nn.Module):
             as :meth:`_attend_shared`; the weights are always returned.
         """
         taps = self.taps
-        k, v = self._share(k, v, self.heads)  # (B, H, T_k, d_k|d_v)
-        check_mask(mask, q.shape[-2], k.shape[-2])
-        q, k = self.score.prepare(q, k)
-        pairwise = self.score.score_fn
-        scale = self.score.scale
+        pairwise, scale = self.score.score_fn, self.score.scale
 
-        def scores(q_: Tensor, k_: Tensor) -> Tensor:  # (B, H, T_q, T_k)
+        def scores(q_: Tensor, k_: Tensor) -> Tensor:  # (B, H, T_q, T_k), after score.prepare
             raw = pairwise(q_, k_) if pairwise is not None else torch.matmul(q_, k_.transpose(-2, -1)) * scale
             return tap(taps, "scores", raw if bias is None else raw + bias.to(raw.dtype))
 
-        head_outputs, weights = self._normalize(
-            q,
-            k,
-            v,
-            mask,
-            causal=causal,
-            scale=scale,
-            score_fn=scores,
-            dropout_p=self.dropout if self.training else 0.0,
-            need_weights=True,
-            straight_through=self.straight_through,
-        )
+        head_outputs, weights = self._attend_shared(q, k, v, mask, causal, True, score_fn=scores)
         if "pattern" in taps:
             edited = tap(taps, "pattern", weights)
             if edited is not weights:
+                _, v = self._share(k, v, self.heads)  # (B, H, T_k, d_v): what the weights multiply
                 head_outputs, weights = torch.matmul(edited.to(v.dtype), v), edited
         return head_outputs, weights
 
@@ -490,8 +476,12 @@ class MultiHeadAttention(nn.Module):
         causal: bool,
         want_weights: bool,
         bias: Tensor | None = None,
+        score_fn: ScoreFn | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """head_h = Attention(Q W_h^Q, K W_h^K, V W_h^V), each query head with its K/V head's copy.
+
+        ``score_fn`` replaces the score module's pairwise score (scale and ``bias`` included: it is
+        what :meth:`_attend_tapped` passes, with ``bias`` None).
 
         Shape:
             q: (B, H, T_q, d_k);  k, v: (B, H_kv, T_k, d_k|d_v);  returns (B, H, T_q, d_v) and the
@@ -507,7 +497,7 @@ class MultiHeadAttention(nn.Module):
             mask,
             causal=causal,
             scale=self.score.scale,
-            score_fn=self.score.score_fn,
+            score_fn=self.score.score_fn if score_fn is None else score_fn,
             dropout_p=self.dropout if self.training else 0.0,
             need_weights=want_weights,
             straight_through=self.straight_through,
