@@ -86,7 +86,11 @@ class PatchResult:
     residual: list[ResidualPatch]
 
 
-# ---- how each model kind reads one text --------------------------------------------------------
+# ---- how each model kind reads one text, and what is measured -----------------------------------
+
+
+Measure = Callable[[Tensor], Tensor]
+"""The metric of a batch of outputs: (B, ...) -> (B,), higher = more like the clean run."""
 
 
 @dataclass(frozen=True)
@@ -97,10 +101,13 @@ class Runner:
         ids: (loaded, text) -> the token ids the model reads.
         output: (loaded, tokens (B, T)) -> (B, ...) what the metric reads: the last position's
             logits, the sentence embedding, the class logits.
+        measure: (loaded, clean output, corrupt output, metric, answer, wrong) -> the metric and
+            what it is, for people.
     """
 
     ids: Callable[[LoadedRun, str], list[int]]
     output: Callable[[LoadedRun, Tensor], Tensor]
+    measure: Callable[..., tuple[Measure, str]]
 
 
 def _lm_ids(loaded: LoadedRun, text: str) -> list[int]:
@@ -136,10 +143,53 @@ def _classifier_output(loaded: LoadedRun, tokens: Tensor) -> Tensor:
     return loaded.model(tokens)  # (B, C)
 
 
+def _one_token(loaded: LoadedRun, text: str, flag: str) -> int:
+    ids = loaded.codec.encode(text)
+    if len(ids) != 1:
+        shown = " ".join(repr(t) for t in loaded.codec.tokens(ids))
+        raise UsageError(f"{flag}: {text!r} is {len(ids)} tokens ({shown}); give text that is one token")
+    return ids[0]
+
+
+def _lm_measure(
+    loaded: LoadedRun, clean: Tensor, corrupt: Tensor, metric: str, answer: str | None, wrong: str | None
+) -> tuple[Measure, str]:
+    """The answer's logit minus the wrong token's at the last position, or the answer's log-probability."""
+    label = lambda i: repr(loaded.codec.tokens([i])[0])  # noqa: E731
+    good = _one_token(loaded, answer, "--answer") if answer is not None else int(clean[0].argmax())
+    if metric == "loss":
+        return lambda out: F.log_softmax(out.float(), -1)[:, good], f"log p({label(good)}) at the last position"
+    bad = _one_token(loaded, wrong, "--wrong") if wrong is not None else int(corrupt[0].argmax())
+    if bad == good:
+        raise UsageError(
+            f"--answer/--wrong: the clean and the corrupt input both lead to {label(good)}; give two different "
+            "next tokens (--answer for the clean input's, --wrong for the corrupt one's), or --metric loss"
+        )
+    return lambda out: out[:, good] - out[:, bad], f"logit[{label(good)}] - logit[{label(bad)}] at the last position"
+
+
+def _encoder_measure(loaded: LoadedRun, clean: Tensor, corrupt: Tensor, *_: object) -> tuple[Measure, str]:
+    """The cosine of the sentence embedding to the clean one."""
+    reference = clean[0]
+    return lambda out: F.cosine_similarity(out, reference.expand_as(out), dim=-1), "cosine to the clean embedding"
+
+
+def _classifier_measure(loaded: LoadedRun, clean: Tensor, corrupt: Tensor, *_: object) -> tuple[Measure, str]:
+    """The clean run's class logit minus the largest other class logit."""
+    chosen = int(clean[0].argmax())
+
+    def margin(out: Tensor) -> Tensor:
+        others = out.clone()
+        others[:, chosen] = float("-inf")
+        return out[:, chosen] - others.max(-1).values
+
+    return margin, f"logit of class {chosen} (the clean run's) minus the largest other"
+
+
 RUNNERS: dict[str, Runner] = {
-    "decoder_only": Runner(_lm_ids, _lm_output),
-    "encoder": Runner(_encoder_ids, _encoder_output),
-    "encoder_classifier": Runner(_classifier_ids, _classifier_output),
+    "decoder_only": Runner(_lm_ids, _lm_output, _lm_measure),
+    "encoder": Runner(_encoder_ids, _encoder_output, _encoder_measure),
+    "encoder_classifier": Runner(_classifier_ids, _classifier_output, _classifier_measure),
 }
 """Registry: model kind -> :class:`Runner`. An encoder-decoder is not here: its output is a decoded
 sequence, whose length the patch itself can change."""
@@ -156,44 +206,6 @@ def runner_of(loaded: LoadedRun, flag: str = "RUN") -> Runner:
 
 
 # ---- what is measured ----------------------------------------------------------------------------
-
-
-def _one_token(loaded: LoadedRun, text: str, flag: str) -> int:
-    ids = loaded.codec.encode(text)
-    if len(ids) != 1:
-        shown = " ".join(repr(t) for t in loaded.codec.tokens(ids))
-        raise UsageError(f"{flag}: {text!r} is {len(ids)} tokens ({shown}); give text that is one token")
-    return ids[0]
-
-
-def _measure(
-    loaded: LoadedRun, clean: Tensor, corrupt: Tensor, metric: str, answer: str | None, wrong: str | None
-) -> tuple[Callable[[Tensor], Tensor], str]:
-    """The metric (outputs (B, ...) -> (B,)) and what it is, for this run's kind."""
-    kind = loaded.experiment.model_kind
-    label = lambda i: repr(loaded.codec.tokens([i])[0])  # noqa: E731
-    if kind == "encoder":
-        reference = clean[0]
-        return lambda out: F.cosine_similarity(out, reference.expand_as(out), dim=-1), "cosine to the clean embedding"
-    if kind == "encoder_classifier":
-        chosen = int(clean[0].argmax())
-
-        def margin(out: Tensor) -> Tensor:
-            others = out.clone()
-            others[:, chosen] = float("-inf")
-            return out[:, chosen] - others.max(-1).values
-
-        return margin, f"logit of class {chosen} (the clean run's) minus the largest other"
-    good = _one_token(loaded, answer, "--answer") if answer is not None else int(clean[0].argmax())
-    if metric == "loss":
-        return lambda out: F.log_softmax(out.float(), -1)[:, good], f"log p({label(good)}) at the last position"
-    bad = _one_token(loaded, wrong, "--wrong") if wrong is not None else int(corrupt[0].argmax())
-    if bad == good:
-        raise UsageError(
-            f"--answer/--wrong: the clean and the corrupt input both lead to {label(good)}; give two different "
-            "next tokens (--answer for the clean input's, --wrong for the corrupt one's), or --metric loss"
-        )
-    return lambda out: out[:, good] - out[:, bad], f"logit[{label(good)}] - logit[{label(bad)}] at the last position"
 
 
 # ---- patching ------------------------------------------------------------------------------------
@@ -242,7 +254,7 @@ def patch(
         with trace(model, cache=head_sites + residual_sites) as seen:
             clean_out = runner.output(loaded, clean)
         corrupt_out = runner.output(loaded, corrupt)
-        measure, measured = _measure(loaded, clean_out, corrupt_out, metric, answer, wrong)
+        measure, measured = runner.measure(loaded, clean_out, corrupt_out, metric, answer, wrong)
         m_clean, m_corrupt = float(measure(clean_out)[0]), float(measure(corrupt_out)[0])
         if abs(m_clean - m_corrupt) <= 1e-6 * max(1.0, abs(m_clean)):
             raise UsageError(
