@@ -153,7 +153,7 @@ def site_shapes(model: nn.Module, length: int = 5) -> dict[str, tuple[Site, str]
     """
     sites = model_sites(model)
     shapes: dict[str, str] = {}
-    installed = []
+    before = {name: site.module.taps.get(site.point) for name, site in sites.items()}  # an enclosing trace's
     for site in sites.values():
 
         def record(x: Tensor, site: Site = site) -> Tensor:
@@ -161,13 +161,15 @@ def site_shapes(model: nn.Module, length: int = 5) -> dict[str, tuple[Site, str]
             return x
 
         site.module.taps[site.point] = record
-        installed.append(site)
     try:
         with torch.no_grad():
             model(*model.example_inputs(length))
     finally:
-        for site in installed:
-            site.module.taps.pop(site.point, None)
+        for name, site in sites.items():
+            if before[name] is None:
+                site.module.taps.pop(site.point, None)
+            else:
+                site.module.taps[site.point] = before[name]
     return {name: (site, shapes[name]) for name, site in sites.items() if name in shapes}
 
 

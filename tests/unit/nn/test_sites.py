@@ -243,3 +243,14 @@ def test_site_shapes_name_every_site_with_the_models_sizes(name):
     assert shapes[f"{stack}.1.attn.k"][1] == f"(B, {kv}, T_k, 4)"  # grouped-query: the key/value heads
     assert shapes[f"{stack}.0.ffn.hidden"][1] == "(B, T, 24)"
     assert all(not m.taps for m in model.modules() if hasattr(m, "taps"))  # nothing left installed
+
+
+def test_site_shapes_inside_a_trace_leave_the_traces_edits_in_place():
+    from attnlab.nn.sites import site_shapes
+
+    model, (tokens,) = _model("classifier_hard"), _inputs("classifier_hard")
+    with torch.no_grad(), trace(model) as t:
+        t.scale("encoder.0.ffn.out", 0.0)
+        edited = model(tokens)
+        site_shapes(model)
+        assert torch.equal(model(tokens), edited)
