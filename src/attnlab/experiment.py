@@ -150,9 +150,7 @@ class TrainConfig:
             raise ConfigError(f"train.threads: must be <= {MAX_THREADS} (0 = this machine's count), got {self.threads}")
         if self.lr <= 0:
             raise ConfigError(f"train.lr: must be > 0, got {self.lr}")
-        repeated = [name for name in self.final_splits if self.final_splits.count(name) > 1]
-        if repeated:
-            raise ConfigError(f"train.final_splits: {repeated[0]!r} is given twice")
+        _check_once("final_splits", self.final_splits)
         for name in ("label_smoothing", "beta1", "beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"train.{name}: must lie in [0, 1), got {getattr(self, name)}")
@@ -167,6 +165,13 @@ class TrainConfig:
         _check_log_to(self.log_to)
 
 
+def _check_once(key: str, values: list[Any]) -> None:
+    """Refuse a list option that names something twice (``train.<key>: 'x' is given twice``)."""
+    repeated = next((value for value in values if values.count(value) > 1), None)
+    if repeated is not None:
+        raise ConfigError(f"train.{key}: {repeated!r} is given twice")
+
+
 def _check_log_to(targets: list[Any]) -> None:
     """``train.log_to``: known names, none twice, ``jsonl`` among them (metrics.jsonl is the record).
 
@@ -179,8 +184,7 @@ def _check_log_to(targets: list[Any]) -> None:
             raise ConfigError(f"train.log_to: expected names ({allowed}), got {name!r}")
         if name not in LOG_TARGETS:
             raise ConfigError(f"train.log_to: unknown {name!r}; allowed: {allowed}")
-        if targets.count(name) > 1:
-            raise ConfigError(f"train.log_to: {name!r} is given twice")
+    _check_once("log_to", targets)
     if "jsonl" not in targets:
         raise ConfigError(
             f'train.log_to: must include "jsonl" (metrics.jsonl is the run\'s record), got {targets!r}; '
