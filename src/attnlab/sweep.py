@@ -489,15 +489,15 @@ def _check_like_train(experiment: Any, tasks: dict[str, Any]) -> None:
     from attnlab.tasks.factory import build_task, model_config_for_task
     from attnlab.training.tensorboard_log import require_tensorboard
 
-    key = json.dumps(experiment.task, sort_keys=True, default=str)
-    if key not in tasks:
+    final_splits = experiment.train.final_splits
+    key = json.dumps([experiment.task, final_splits], sort_keys=True, default=str)
+    if key not in tasks:  # built and drawn once for all the runs that share a task
         task = build_task(experiment.task)[0]
-        task.split("valid")
+        check_final_splits(task, final_splits)
+        for name in ("valid", *final_splits):
+            task.split(name)  # scored after the last step: drawn now, where a seed can make it impossible
         tasks[key] = task
     task = tasks[key]
-    check_final_splits(task, experiment.train.final_splits)
-    for name in experiment.train.final_splits:
-        task.split(name)  # scored after the last step: drawn now, where a seed can make it impossible
     config = model_config_for_task(experiment, task)
     check_training_resources(
         config,
