@@ -137,11 +137,6 @@ class Trace:
         """Multiply the site's value by ``factor`` on the selection (0.0: zero ablation)."""
         self.edit(site, lambda x: x * _as(factor, x, site), **selection)
 
-    def clear_edits(self) -> None:
-        """Drop every edit (recording stays)."""
-        for handler in self._handlers.values():
-            handler.edits.clear()
-
     # ---- installing -------------------------------------------------------------------------
 
     def _handler(self, name: str) -> _Handler:
