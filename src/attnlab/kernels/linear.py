@@ -14,8 +14,11 @@ Kernels, in the registry :data:`LINEAR_KERNELS` (name -> a factory; each module 
   Forward and both gradients run there. It is full fp32 (no reduced-precision accumulation). On a
   Zen 5 EPYC (AVX-512) it ran the model's GEMMs far faster than MKL, on a Zen 4 EPYC no faster
   (benchmarks/README.md). A map with fewer than :data:`MIN_ONEDNN_ROWS` rows (one decoding step at
-  batch 1), and every tensor that is not a float32 CPU tensor, take ``F.linear``: there oneDNN's
-  fixed cost per call is larger than MKL's, or oneDNN has no kernel (float64).
+  batch 1) takes attnlab's native matrix-vector kernel, which reads W on all cores
+  (:func:`attnlab.kernels.native.few_rows_linear`; ``F.linear`` where a gradient is needed or the
+  kernel is not built): there oneDNN's fixed cost per call is larger than MKL's, and both read W on
+  one core. Every tensor that is not a float32 CPU tensor takes ``F.linear`` (oneDNN has no
+  float64 kernel).
 
 ``auto`` (:func:`preferred_linear_kernel`) picks ``onednn`` where PyTorch reports AVX-512 and ships
 oneDNN, and ``aten`` elsewhere: on the AVX2-only EPYC that measured the project's earlier
@@ -179,8 +182,10 @@ class OneDNNLinear:
         self._packed: dict[tuple[int, int, tuple[int, ...]], _Packed] = {}
 
     def __call__(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-        # The row count first: a decoding step at batch 1 calls this 19 times and leaves at once.
-        if x.numel() < MIN_ONEDNN_ROWS * max(x.shape[-1], 1) or not _onednn_runs(x, weight):
+        # The row count first: a decoding step at batch 1 calls this 19 times per layer and leaves here.
+        if x.numel() < MIN_ONEDNN_ROWS * max(x.shape[-1], 1):
+            return _few_rows(x, weight, bias)
+        if not _onednn_runs(x, weight):
             return F.linear(x, weight, bias)
         if torch.is_autocast_enabled(x.device.type):  # mixed precision: autocast casts F.linear's inputs
             return F.linear(x, weight, bias)  # (PyTorch runs its bf16 GEMMs on oneDNN itself)
@@ -216,6 +221,25 @@ class OneDNNLinear:
 
     def __repr__(self) -> str:
         return f"OneDNNLinear(packed={len(self._packed)})"
+
+
+def _few_rows(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """x W^T + b for fewer than :data:`MIN_ONEDNN_ROWS` rows: the native kernel, whose threads
+    share the read of W (:func:`attnlab.kernels.native.few_rows_linear`), where no gradient is
+    needed and it is built; ``F.linear`` otherwise."""
+    if (
+        _onednn_runs(x, weight)
+        and weight.is_contiguous()
+        and (bias is None or bias.is_contiguous())
+        and not (
+            torch.is_grad_enabled()
+            and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
+        )
+        and not torch.is_autocast_enabled("cpu")
+        and native.available()
+    ):
+        return native.few_rows_linear(x, weight, bias)
+    return F.linear(x, weight, bias)
 
 
 def _owner(weight: Tensor) -> Tensor:

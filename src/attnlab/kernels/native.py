@@ -22,6 +22,12 @@ products, and keeps the probabilities for the backward rather than recomputing t
 Its two operators are registered with PyTorch (``torch.ops.attnlab.short_attention`` and
 ``short_attention_backward``), so dispatch modes such as ``torch.utils.flop_counter`` see them.
 
+:func:`few_rows_linear` is y = x W^T + b for an input of one to three rows (a decoding step at small
+batch), on all cores: PyTorch's matrix-vector products read W on one core, at a fraction of the
+rate the memory delivers to two, and a batch-1 decoding step of a language model is mostly that
+read (``native_linear.cpp``; benchmarks/README.md). It is an operator too
+(``torch.ops.attnlab.few_rows_linear``).
+
 The kernels are built with ``torch.utils.cpp_extension`` (once) the first time a training step
 needs them, for the vector instructions PyTorch's own kernels use on this CPU (AVX-512, AVX2, or the
 compiler's default). The build is cached in PyTorch's extension directory (``TORCH_EXTENSIONS_DIR``,
@@ -72,6 +78,7 @@ __all__ = [
     "transpose",
     "scaled_keep_mask",
     "short_attention",
+    "few_rows_linear",
     "SOURCES",
     "BuildSpec",
     "build_spec",
@@ -79,7 +86,7 @@ __all__ = [
     "build_key",
 ]
 
-SOURCES = (Path(__file__).with_name("native.cpp"), Path(__file__).with_name("native_attention.cpp"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("native.cpp", "native_attention.cpp", "native_linear.cpp"))
 """The kernels' C++ sources, shipped with the package."""
 
 # The vector instructions the kernels are compiled for, from the capability PyTorch's own kernels
@@ -268,6 +275,10 @@ def _register_fake_kernels() -> None:
         t_k = k.shape[2]
         return heads(q, b, h, t_q, v.shape[3]), q.new_empty(b, h, t_k, -(-t_q // _LANES) * _LANES)
 
+    @torch.library.register_fake("attnlab::few_rows_linear")
+    def _few_rows_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        return x.new_empty(x.shape[0], weight.shape[0])
+
     @torch.library.register_fake("attnlab::short_attention_backward")
     def _backward(
         grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, probs: Tensor, scale: float
@@ -371,6 +382,27 @@ def short_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: flo
     if not available():
         _loaded()  # raises, naming the reason
     return _ShortAttention.apply(q, k, v, causal, scale)
+
+
+def few_rows_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """y = x W^T + b with W's rows split over all cores, for inputs of a few rows (``native_linear.cpp``).
+
+    Each output is summed in float32 in an order that depends on d_in alone. No gradient: callers
+    take ``F.linear`` where one is needed.
+
+    Args:
+        x: the inputs.
+        weight: W, contiguous.
+        bias: b, contiguous, or None.
+
+    Shape:
+        x: (..., d_in) float32 on the CPU, few rows (the kernel reads W once per 4 rows of x);
+        weight: (d_out, d_in); bias: (d_out,); returns (..., d_out).
+    """
+    rows = x.reshape(-1, x.shape[-1])  # (R, d_in), R = all leading dims of x
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    return torch.ops.attnlab.few_rows_linear(rows, weight, bias).view(*x.shape[:-1], weight.shape[0])
 
 
 class _ShortAttention(torch.autograd.Function):

@@ -326,6 +326,8 @@ for causal in (False, True):
     torch.testing.assert_close(out.double(), ref, rtol=2e-5, atol=2e-5)
     for a, b in zip(leaves, ref_leaves):
         torch.testing.assert_close(a.grad.double(), b.grad, rtol=2e-5, atol=1e-4)
+x, w, b = torch.randn(3, 70), torch.randn(33, 70), torch.randn(33)
+torch.testing.assert_close(native.few_rows_linear(x, w, b).double(), x.double() @ w.double().T + b.double(), rtol=1e-5, atol=1e-5)
 mask = native.scaled_keep_mask((1000,), seed=7, bits=16, threshold=signed_threshold(0.1), scale=1 / 0.9)
 print("ok", float(mask.sum()))
 """
@@ -354,6 +356,75 @@ def test_kernels_built_for_other_vector_widths_give_the_same_results(capability)
     words = np.random.PCG64(7).random_raw(250).view(np.int16)  # the same mask as the NumPy path
     expected = (words >= signed_threshold(0.1)).sum() / 0.9
     assert float(run.stdout.split()[-1]) == pytest.approx(float(expected), rel=1e-6)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 9])  # passes of up to 4 rows over W, and a short last one
+@pytest.mark.parametrize("d_in,d_out", [(576, 1536), (64, 3), (70, 33), (1, 7), (15, 300)])  # tails of 16 and 64
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_few_rows_linear_matches_float64(rows, d_in, d_out, with_bias):
+    g = torch.Generator().manual_seed(rows * 1000 + d_in)
+    x, weight = torch.randn(rows, d_in, generator=g), torch.randn(d_out, d_in, generator=g)
+    bias = torch.randn(d_out, generator=g) if with_bias else None
+    out = native.few_rows_linear(x, weight, bias)
+    expected = F.linear(x.double(), weight.double(), None if bias is None else bias.double())
+    assert out.shape == (rows, d_out) and out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), expected, rtol=0, atol=1e-5 * d_in**0.5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(1, 6),
+    d_in=st.integers(1, 200),
+    d_out=st.integers(1, 300),
+    lead=st.sampled_from([(), (2,), (1, 3)]),
+    threads=st.sampled_from([1, 2]),
+)
+def test_few_rows_linear_property(rows, d_in, d_out, lead, threads):
+    """Any shape, leading dims kept; each output is summed in an order fixed by d_in, so one and
+    two threads give the same bits."""
+    g = torch.Generator().manual_seed(d_in * 1000 + d_out)
+    x, weight, bias = torch.randn(*lead, rows, d_in, generator=g), torch.randn(d_out, d_in, generator=g), None
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        out = native.few_rows_linear(x, weight, bias)
+        torch.set_num_threads(3 - threads)
+        again = native.few_rows_linear(x, weight, bias)
+    finally:
+        torch.set_num_threads(before)
+    assert out.shape == (*lead, rows, d_out)
+    assert torch.equal(out, again)
+    torch.testing.assert_close(out.double(), x.double() @ weight.double().T, rtol=0, atol=1e-5 * d_in**0.5)
+
+
+def test_few_rows_linear_reads_strided_rows_and_rejects_what_it_cannot_run():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 64, 3, generator=g).transpose(1, 2)[:, :1]  # (2, 1, 64), not unit stride in d_in
+    weight = torch.randn(40, 64, generator=g)
+    torch.testing.assert_close(native.few_rows_linear(x, weight, None), F.linear(x, weight), rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="float32 CPU"):
+        native.few_rows_linear(x.double(), weight.double(), None)
+    with pytest.raises(RuntimeError, match="contiguous weight"):
+        native.few_rows_linear(x, torch.randn(64, 40).T, None)
+    with pytest.raises(RuntimeError, match="x \\(M, K\\) and weight \\(N, K\\)"):
+        native.few_rows_linear(x, torch.randn(40, 63), None)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_onednn_linear_takes_the_native_kernel_for_few_rows_without_gradients(monkeypatch, grad):
+    """A decoding step's few rows go to the native kernel; where a gradient is wanted, F.linear."""
+    calls = []
+    real = native.few_rows_linear
+    monkeypatch.setattr(native, "few_rows_linear", lambda *a: calls.append(1) or real(*a))
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(1, 2, 48, generator=g, requires_grad=grad)
+    weight, bias = torch.randn(20, 48, generator=g), torch.randn(20, generator=g)
+    out = linear_module.OneDNNLinear()(x, weight, bias)
+    assert bool(calls) is not grad and out.requires_grad is grad
+    torch.testing.assert_close(out, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+    calls.clear()
+    linear_module.OneDNNLinear()(x.detach(), torch.randn(20, 96, generator=g)[:, :48], bias)  # not contiguous
+    assert not calls
 
 
 def test_available_is_marked_as_torch_compiler_marks_a_constant_result():
