@@ -327,7 +327,8 @@ for causal in (False, True):
     for a, b in zip(leaves, ref_leaves):
         torch.testing.assert_close(a.grad.double(), b.grad, rtol=2e-5, atol=1e-4)
 x, w, b = torch.randn(3, 70), torch.randn(33, 70), torch.randn(33)
-torch.testing.assert_close(native.few_rows_linear(x, w, b).double(), x.double() @ w.double().T + b.double(), rtol=1e-5, atol=1e-5)
+expected = x.double() @ w.double().T + b.double()
+torch.testing.assert_close(native.few_rows_linear(x, w, b).double(), expected, rtol=1e-5, atol=1e-5)
 mask = native.scaled_keep_mask((1000,), seed=7, bits=16, threshold=signed_threshold(0.1), scale=1 / 0.9)
 print("ok", float(mask.sum()))
 """
