@@ -16,6 +16,7 @@ from attnlab.experiment import ExperimentConfig
 from attnlab.head_ids import HeadId, held_heads, held_mask
 from attnlab.nn import HeadMask, TransformerModel
 from attnlab.runs import CheckpointFiles, RunDir
+from attnlab.runtime import release_freed_memory
 from attnlab.tasks.base import Task
 from attnlab.tasks.codec import TextCodec
 from attnlab.tasks.factory import build_task, model_for_task
@@ -66,11 +67,11 @@ def saved_tokenizer(run: RunDir) -> Tokenizer | None:
     Raises:
         CheckpointError: the file is damaged or not a tokenizer; the message names it.
     """
-    text = run.read_tokenizer_text()
-    if text is None:
+    data = run.read_tokenizer_bytes()
+    if data is None:
         return None
     try:
-        return Tokenizer.from_str(text, source=run.tokenizer_path)
+        return Tokenizer.from_bytes(data, source=run.tokenizer_path)
     except DataError as error:
         raise CheckpointError(str(error)) from None
 
@@ -105,4 +106,5 @@ def open_run(path: str | Path, *, device: str | torch.device = "cpu", checkpoint
     else:
         run.load_checkpoint_weights(model, chosen)
     model.to(device).eval()
+    release_freed_memory()  # the tokenizer's parse leaves freed blocks between live ones (attnlab.runtime)
     return LoadedRun(run, experiment, task, tokenizer, TextCodec(task, tokenizer), model, chosen)

@@ -205,14 +205,20 @@ class RunDir:
         path = self.path / self.CONFIG
         return parse_json(self.read_verified(self.CONFIG, what="run config"), path=path, what="run config")
 
-    def read_tokenizer_text(self) -> str | None:
-        """The verified text of tokenizer.json; None when the run has none (a task vocabulary run)."""
+    def read_tokenizer_bytes(self) -> bytes | None:
+        """The verified bytes of tokenizer.json; None when the run has none (a task vocabulary run)."""
         if not os.path.lexists(self.tokenizer_path):
             manifest = read_manifest(self.path)
             if manifest is not None and self.TOKENIZER in manifest.files:
                 raise CheckpointError(f"tokenizer not found: {self.tokenizer_path} (listed in {self.MANIFEST})")
             return None
-        data = self.read_verified(self.TOKENIZER, what="tokenizer")
+        return self.read_verified(self.TOKENIZER, what="tokenizer")
+
+    def read_tokenizer_text(self) -> str | None:
+        """The verified text of tokenizer.json; None when the run has none (a task vocabulary run)."""
+        data = self.read_tokenizer_bytes()
+        if data is None:
+            return None
         try:
             return data.decode("utf-8")
         except UnicodeDecodeError as error:

@@ -14,15 +14,22 @@ near its peak between steps instead of shrinking and growing back.
 
 It changes the whole process, so the library never calls it on import: the ``attnlab train`` and
 ``attnlab bench`` commands call it, as a program that owns its process may.
+
+:func:`release_freed_memory` does the opposite, once: it hands the heap's free pages back to the
+system (``malloc_trim``). :func:`attnlab.loaded_run.open_run` calls it after loading a run, whose
+tokenizer parse (a pretrained vocabulary and its merges) frees some 15 MB of short-lived blocks
+that sit between live ones, where no threshold returns them; ``attnlab generate`` would otherwise
+carry them through its whole run (benchmarks/README.md). It changes no setting.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import platform
 
-__all__ = ["keep_freed_memory", "MMAP_THRESHOLD", "TRIM_THRESHOLD"]
+__all__ = ["keep_freed_memory", "release_freed_memory", "MMAP_THRESHOLD", "TRIM_THRESHOLD"]
 
 _M_TRIM_THRESHOLD = -1  # mallopt parameters, from glibc's <malloc.h>
 _M_MMAP_THRESHOLD = -3
@@ -43,3 +50,22 @@ def keep_freed_memory() -> bool:
     mallopt = libc.mallopt
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
+
+
+def release_freed_memory() -> bool:
+    """Return the free pages of glibc's heap to the system (``malloc_trim(0)``). Returns whether
+    it ran (False where the C library is not glibc)."""
+    if not _glibc():
+        return False
+    trim = ctypes.CDLL(None).malloc_trim  # the process's own C library: no search for it
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    trim(0)
+    return True
+
+
+def _glibc() -> bool:
+    """Whether this process runs on glibc (``confstr``: no read of the interpreter's binary)."""
+    try:
+        return platform.system() == "Linux" and (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc")
+    except (ValueError, OSError):
+        return False

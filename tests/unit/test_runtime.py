@@ -64,3 +64,44 @@ def test_the_library_does_not_change_the_process_on_import():
     result = subprocess.run([sys.executable, "-c", probe, "default"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads(result.stdout)["mapped_while_live"] >= 4 * 20 * 2**20
+
+
+# Blocks of 64 KiB (below the mmap threshold: from the heap), every other one freed: free pages
+# between live blocks, which no threshold returns. Written first, so they are resident.
+TRIM_PROBE = """
+import ctypes, json, os
+from attnlab.runtime import release_freed_memory
+
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+page = os.sysconf("SC_PAGE_SIZE")
+
+def resident():
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * page
+
+blocks = [libc.malloc(65536) for _ in range(2000)]
+for block in blocks:
+    ctypes.memset(block, 1, 65536)
+for block in blocks[::2]:
+    libc.free(block)
+before = resident()
+ran = release_freed_memory()
+print(json.dumps({"ran": ran, "released": before - resident()}))
+"""
+
+
+def test_release_freed_memory_returns_free_pages_between_live_blocks():
+    run = subprocess.run([sys.executable, "-c", TRIM_PROBE], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(run.stdout)
+    assert result["ran"] is True
+    assert result["released"] >= 40 * 2**20  # of the 62.5 MiB freed (each free block keeps a page or so)
+
+
+def test_release_freed_memory_does_nothing_off_glibc(monkeypatch):
+    import attnlab.runtime as runtime
+
+    monkeypatch.setattr(runtime.os, "confstr", lambda name: "musl")
+    assert runtime.release_freed_memory() is False

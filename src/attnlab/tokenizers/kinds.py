@@ -160,14 +160,17 @@ def infer_kind(tokenizer: HFTokenizer) -> str:
     HF's tokenizer.json has no room for extra keys, so the kind is recognised on load instead of
     being stored.
     """
-    spec = json.loads(tokenizer.to_str())
-    model, pre = spec.get("model") or {}, spec.get("pre_tokenizer") or {}
-    model_type, pre_type = model.get("type"), pre.get("type")
+    # The model's type from its class, the pre-tokenizer from its own small JSON: the whole
+    # tokenizer's JSON (a pretrained vocabulary and merges) would be tens of MB of Python objects.
+    model_type = type(tokenizer.model).__name__
+    pre_component = tokenizer.pre_tokenizer
+    pre = json.loads(pre_component.__getstate__()) if pre_component is not None else {}
+    pre_type = pre.get("type")
     if model_type == "WordPiece":
         return "wordpiece"
     if model_type == "BPE" and pre_type == "ByteLevel":
         return "bpe"
-    if model_type == "BPE" and model.get("byte_fallback") and _split_pattern(pre) == CHAR_PATTERN:
+    if model_type == "BPE" and tokenizer.model.byte_fallback and _split_pattern(pre) == CHAR_PATTERN:
         return "char"
     if model_type == "WordLevel" and pre_type == "WhitespaceSplit":
         return "word"

@@ -121,10 +121,10 @@ class Tokenizer:
         self._special_ids = self._resolve_specials()
 
     def _resolve_specials(self) -> dict[str, int]:
-        vocab = self.hf.get_vocab(with_added_tokens=True)
+        # token_to_id, not get_vocab: a pretrained vocabulary as a dict is megabytes of objects.
         ids: dict[str, int] = {}
         for role, spellings in SPECIAL_ALIASES.items():
-            found = next((vocab[s] for s in spellings if s in vocab), None)
+            found = next((i for i in map(self.hf.token_to_id, spellings) if i is not None), None)
             if found is None:
                 self.hf.add_special_tokens([SPECIAL_TOKENS[role]])
                 found = self.hf.token_to_id(SPECIAL_TOKENS[role])
@@ -269,14 +269,33 @@ class Tokenizer:
             DataError: the text is not JSON (nested too deeply included) or not a tokenizer.
         """
         try:
-            json.loads(text)
-        except json.JSONDecodeError as error:
-            raise DataError(f"{source}:{error.lineno}: not valid JSON: {error.msg}") from None
-        except RecursionError:
-            raise DataError(f"{source}: not valid JSON: nested too deeply") from None
-        try:
             hf = HFTokenizer.from_str(text)
         except Exception as error:  # the Rust side raises a bare Exception
+            # Python's parser only for the message (its line number): for a valid file it would
+            # build a pretrained vocabulary's tens of MB of objects for nothing.
+            _check_json(text, source)
+            raise DataError(f"{source}: not a Hugging Face tokenizer.json: {error}") from None
+        return cls(hf)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, *, source: str | os.PathLike[str] = "tokenizer.json") -> Tokenizer:
+        """A tokenizer from the bytes of a ``tokenizer.json`` (already read; ``source`` names it in errors).
+
+        Parsed by ``tokenizers`` from the bytes themselves: no Python string of the file is made
+        (for a pretrained vocabulary that string and its UTF-8 copy left some 20 MB of the heap
+        behind).
+
+        Raises:
+            DataError: bytes that are not UTF-8, text that is not JSON, or JSON that is not a tokenizer.
+        """
+        try:
+            hf = HFTokenizer.from_buffer(data)
+        except Exception as error:  # the Rust side raises a bare Exception
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError as bad:
+                raise DataError(f"{source}: bytes that are not UTF-8 (offset {bad.start})") from None
+            _check_json(text, source)
             raise DataError(f"{source}: not a Hugging Face tokenizer.json: {error}") from None
         return cls(hf)
 
@@ -343,3 +362,13 @@ def _read_text(path: Path) -> str:
     except UnicodeDecodeError as error:
         line = data[: error.start].count(b"\n") + 1
         raise DataError(f"{path}:{line}: bytes that are not UTF-8 (byte offset {error.start})") from None
+
+
+def _check_json(text: str, source: str | os.PathLike[str]) -> None:
+    """A DataError naming ``source`` and the line where ``text`` stops being JSON; nothing if it is JSON."""
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as error:
+        raise DataError(f"{source}:{error.lineno}: not valid JSON: {error.msg}") from None
+    except RecursionError:
+        raise DataError(f"{source}: not valid JSON: nested too deeply") from None

@@ -322,3 +322,23 @@ def test_token_labels_of_other_kinds_are_their_tokens(folders):
     tokenizer = Tokenizer.from_vocab_txt(folders["uncased"] / "vocab.txt")
     ids = tokenizer.encode(CORPUS[0])
     assert [tokenizer.token_label(i) for i in ids] == [tokenizer.id_to_token(i) for i in ids]
+
+
+def test_from_bytes_is_from_str_and_names_the_file_in_errors():
+    """A run's tokenizer.json is parsed from its bytes (no Python string of it); bad bytes, bad JSON
+    and JSON that is not a tokenizer each get one DataError naming the file."""
+    from attnlab.errors import DataError
+
+    good = _byte_level_bpe(["héllo wörld", "the quick brown fox", "42 is 6 x 7"] * 20)
+    text = good.hf.to_str()
+    from_bytes = Tokenizer.from_bytes(text.encode("utf-8"), source="t.json")
+    assert from_bytes.kind == good.kind == "bpe"
+    assert from_bytes.tokenize("héllo, wörld 42") == good.tokenize("héllo, wörld 42")
+    for data, message in [
+        (b"\xff\xfe{}", r"t.json: bytes that are not UTF-8 \(offset 0\)"),
+        (b'{"a": 1,\n"b": }', r"t.json:2: not valid JSON"),
+        (b"[" * 100_000, "t.json: not valid JSON: nested too deeply"),
+        (b'{"version": "1.0"}', "t.json: not a Hugging Face tokenizer.json"),
+    ]:
+        with pytest.raises(DataError, match=message):
+            Tokenizer.from_bytes(data, source="t.json")
