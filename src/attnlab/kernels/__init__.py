@@ -14,6 +14,8 @@ the same results. The interface:
 * ``short_attention_applies(q, k, v, mask, dropout_p)`` and ``short_attention(q, k, v, causal=,
   scale=)``: soft attention of short heads by attnlab's C++ kernel, forward and backward
   (:mod:`.attention`, :mod:`.native`).
+* ``fused_swiglu_applies(hidden)`` and ``swiglu(hidden)``: SwiGLU's SiLU(gate) * up in one pass,
+  without gradients (:mod:`.gated`, :mod:`.native`).
 * ``explicit_is_faster(q, k, dropout_p)``: whether one decoding query over many (batch x head) rows
   is scored faster by the explicit formula than by PyTorch's fused kernel (:mod:`.attention`).
 
@@ -23,8 +25,9 @@ Imports point down only: nothing here imports from attnlab outside ``attnlab.ker
 
 from attnlab.kernels.attention import explicit_is_faster, short_attention_applies
 from attnlab.kernels.dropout_masks import Dropout, dropout
+from attnlab.kernels.gated import fused_swiglu_applies
 from attnlab.kernels.linear import LINEAR_KERNELS, LinearKernel, check_linear_kernel, linear_kernel
-from attnlab.kernels.native import short_attention
+from attnlab.kernels.native import short_attention, swiglu
 
 __all__ = [
     "LINEAR_KERNELS",
@@ -33,7 +36,9 @@ __all__ = [
     "check_linear_kernel",
     "dropout",
     "explicit_is_faster",
+    "fused_swiglu_applies",
     "linear_kernel",
     "short_attention",
     "short_attention_applies",
+    "swiglu",
 ]

@@ -137,18 +137,23 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> short_attention_backward
 torch::Tensor few_rows_linear(const torch::Tensor& x, const torch::Tensor& weight,
                               const c10::optional<torch::Tensor>& bias);
 
+// native_swiglu.cpp
+torch::Tensor swiglu(const torch::Tensor& hidden);
+
 // Operators, not only Python functions, so that dispatch modes (torch.utils.flop_counter) see them.
 TORCH_LIBRARY(attnlab, m) {
   m.def("short_attention(Tensor q, Tensor k, Tensor v, bool causal, float scale) -> (Tensor, Tensor)");
   m.def("short_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor probs, float scale) "
         "-> (Tensor, Tensor, Tensor)");
   m.def("few_rows_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+  m.def("swiglu(Tensor hidden) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(attnlab, CPU, m) {
   m.impl("short_attention", &short_attention);
   m.impl("short_attention_backward", &short_attention_backward);
   m.impl("few_rows_linear", &few_rows_linear);
+  m.impl("swiglu", &swiglu);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -22,6 +22,10 @@ products, and keeps the probabilities for the backward rather than recomputing t
 Its two operators are registered with PyTorch (``torch.ops.attnlab.short_attention`` and
 ``short_attention_backward``), so dispatch modes such as ``torch.utils.flop_counter`` see them.
 
+:func:`swiglu` is SwiGLU's SiLU(gate) * up in one pass over the activations (PyTorch makes two
+and a tensor between them; ``native_swiglu.cpp``), for inference: an operator,
+``torch.ops.attnlab.swiglu``.
+
 :func:`few_rows_linear` is y = x W^T + b for an input of one to three rows (a decoding step at small
 batch), on all cores: PyTorch's matrix-vector products read W on one core, at a fraction of the
 rate the memory delivers to two, and a batch-1 decoding step of a language model is mostly that
@@ -79,15 +83,22 @@ __all__ = [
     "scaled_keep_mask",
     "short_attention",
     "few_rows_linear",
+    "swiglu",
     "SOURCES",
+    "HEADERS",
     "BuildSpec",
     "build_spec",
     "build_flags",
     "build_key",
 ]
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("native.cpp", "native_attention.cpp", "native_linear.cpp"))
+SOURCES = tuple(
+    Path(__file__).with_name(name)
+    for name in ("native.cpp", "native_attention.cpp", "native_linear.cpp", "native_swiglu.cpp")
+)
 """The kernels' C++ sources, shipped with the package."""
+HEADERS = (Path(__file__).with_name("native_vectors.h"),)
+"""The header the sources share (staged beside them, and part of the build's key, not compiled alone)."""
 
 # The vector instructions the kernels are compiled for, from the capability PyTorch's own kernels
 # run with on this CPU (``torch.backends.cpu.get_cpu_capability``). The build's name carries it (and
@@ -139,7 +150,7 @@ def build_key(capability: str, cflags: tuple[str, ...], ldflags: tuple[str, ...]
     directory (:func:`_stage_sources`), so two checkouts in one environment share a build."""
     digest = hashlib.sha256(b"attnlab-native-build-1")
     parts = [
-        *(part for source in SOURCES for part in (source.name.encode(), source.read_bytes())),
+        *(part for source in (*SOURCES, *HEADERS) for part in (source.name.encode(), source.read_bytes())),
         *(flag.encode() for flag in cflags),
         b"--ldflags--",
         *(flag.encode() for flag in ldflags),
@@ -222,7 +233,7 @@ def _load_once(spec: BuildSpec, load: Callable[..., ModuleType]) -> ModuleType:
 
 
 def _stage_sources(directory: Path) -> list[str]:
-    """Copies of :data:`SOURCES` in ``directory/sources``, the files PyTorch builds: its build
+    """Copies of :data:`SOURCES` (and :data:`HEADERS`) in ``directory/sources``, the files PyTorch builds: its build
     commands then name the same paths from every checkout of the same sources, and ``ninja`` has
     nothing to rebuild. A copy is written only where it is missing or differs (its modification
     time is what ``ninja`` compares), through a temporary file, so a killed write leaves none half
@@ -230,14 +241,14 @@ def _stage_sources(directory: Path) -> list[str]:
     staged = directory / "sources"
     staged.mkdir(exist_ok=True)
     paths = []
-    for source in SOURCES:
+    for source in (*HEADERS, *SOURCES):
         data, target = source.read_bytes(), staged / source.name
         if not target.is_file() or target.read_bytes() != data:
             partial = target.with_name(target.name + ".partial")
             partial.write_bytes(data)
             os.replace(partial, target)
         paths.append(str(target))
-    return paths
+    return paths[len(HEADERS) :]  # the sources to compile; the headers sit beside them
 
 
 @cache
@@ -278,6 +289,10 @@ def _register_fake_kernels() -> None:
     @torch.library.register_fake("attnlab::few_rows_linear")
     def _few_rows_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         return x.new_empty(x.shape[0], weight.shape[0])
+
+    @torch.library.register_fake("attnlab::swiglu")
+    def _swiglu(hidden: Tensor) -> Tensor:
+        return hidden.new_empty(hidden.shape[0], hidden.shape[1] // 2)
 
     @torch.library.register_fake("attnlab::short_attention_backward")
     def _backward(
@@ -403,6 +418,22 @@ def few_rows_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
     return torch.ops.attnlab.few_rows_linear(rows, weight, bias).view(*x.shape[:-1], weight.shape[0])
+
+
+def swiglu(hidden: Tensor) -> Tensor:
+    """SiLU(gate) * up in one pass over [gate, up] side by side (``native_swiglu.cpp``).
+
+        h = SiLU(g) * u = g sigmoid(g) u                        (Shazeer 2020, Eq. 6)
+
+    No gradient: callers take PyTorch's ops where one is needed.
+
+    Shape:
+        hidden: (..., 2 d_ff) float32 on the CPU, unit stride in the last dim -> (..., d_ff).
+    """
+    rows = hidden.reshape(-1, hidden.shape[-1])  # (R, 2 d_ff), R = all leading dims
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    return torch.ops.attnlab.swiglu(rows).view(*hidden.shape[:-1], hidden.shape[-1] // 2)
 
 
 class _ShortAttention(torch.autograd.Function):

@@ -17,15 +17,14 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "native_vectors.h"
+
 namespace {
 
-constexpr int kLanes = 16;
-typedef float vf __attribute__((vector_size(kLanes * sizeof(float))));
-typedef float vf_unaligned __attribute__((vector_size(kLanes * sizeof(float)), aligned(4), may_alias));
+using namespace attnlab_vectors;
 
 constexpr int kMaxInputRows = 4;  // rows of x one pass over W takes (more: oneDNN's GEMM is faster)
 
-inline vf load(const float* p) { return *reinterpret_cast<const vf_unaligned*>(p); }
 
 typedef float vf8 __attribute__((vector_size(8 * sizeof(float))));
 typedef float vf4 __attribute__((vector_size(4 * sizeof(float))));

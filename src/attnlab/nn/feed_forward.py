@@ -20,18 +20,22 @@ from functools import partial
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.kernels import Dropout, dropout, linear_kernel
+from attnlab.kernels import Dropout, dropout, fused_swiglu_applies, linear_kernel
+from attnlab.kernels import swiglu as fused_swiglu
 from attnlab.nn.sites import Tap, tap
 
 __all__ = ["PositionwiseFeedForward", "ACTIVATIONS", "GATED", "swiglu"]
 
 
 def swiglu(hidden: Tensor) -> Tensor:
-    """SiLU(gate) * up, from [x W_gate, x W_up] side by side.
+    """SiLU(gate) * up, from [x W_gate, x W_up] side by side; in one pass by attnlab's kernel
+    where no gradient is wanted (:mod:`attnlab.kernels.gated`).
 
     Shape:
         hidden: (..., 2 d_ff) -> (..., d_ff).
     """
+    if fused_swiglu_applies(hidden):
+        return fused_swiglu(hidden)
     gate, up = hidden.chunk(2, dim=-1)
     return F.silu(gate) * up
 

@@ -329,6 +329,9 @@ for causal in (False, True):
 x, w, b = torch.randn(3, 70), torch.randn(33, 70), torch.randn(33)
 expected = x.double() @ w.double().T + b.double()
 torch.testing.assert_close(native.few_rows_linear(x, w, b).double(), expected, rtol=1e-5, atol=1e-5)
+h = torch.randn(5, 2 * 37) * 6
+g, u = h.double().chunk(2, -1)
+torch.testing.assert_close(native.swiglu(h).double(), torch.nn.functional.silu(g) * u, rtol=1e-5, atol=1e-6)
 mask = native.scaled_keep_mask((1000,), seed=7, bits=16, threshold=signed_threshold(0.1), scale=1 / 0.9)
 print("ok", float(mask.sum()))
 """
@@ -426,6 +429,65 @@ def test_onednn_linear_takes_the_native_kernel_for_few_rows_without_gradients(mo
     calls.clear()
     linear_module.OneDNNLinear()(x.detach(), torch.randn(20, 96, generator=g)[:, :48], bias)  # not contiguous
     assert not calls
+
+
+def _swiglu_float64(hidden):
+    gate, up = hidden.double().chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+@pytest.mark.parametrize("width", [1, 15, 16, 17, 1536])  # vector tails and SmolLM2's d_ff
+def test_swiglu_matches_float64_at_every_scale(width):
+    g = torch.Generator().manual_seed(width)
+    hidden = torch.randn(7, 2 * width, generator=g) * 8
+    hidden[0, :width] = torch.linspace(-120, 120, width)  # saturating gates both ways, 0 in the middle
+    out = native.swiglu(hidden)
+    assert out.shape == (7, width) and out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), _swiglu_float64(hidden), rtol=2e-6, atol=1e-30)
+
+
+def test_swiglu_special_values():
+    """SiLU(0) = 0, SiLU(-inf-ish) -> -0, SiLU(large) = the gate itself; NaN stays NaN."""
+    gate = torch.tensor([0.0, -0.0, 200.0, -200.0, 88.5, -88.5, float("nan"), 1e-30])
+    out = native.swiglu(torch.cat([gate, torch.full_like(gate, 2.0)]).view(1, -1))[0]
+    assert out[0] == 0 and out[1] == 0 and out[3] == 0 and out[5].abs() < 1e-30
+    assert out[2] == 400.0 and out[4] == 177.0
+    assert out[6].isnan() and out[7] == pytest.approx(1e-30, rel=1e-6)
+
+
+@settings(max_examples=30, deadline=None)
+@given(lead=st.sampled_from([(1,), (3,), (2, 5)]), width=st.integers(1, 100), scale=st.sampled_from([0.1, 3.0, 50.0]))
+def test_swiglu_property(lead, width, scale):
+    hidden = torch.randn(*lead, 2 * width, generator=torch.Generator().manual_seed(width)) * scale
+    out = native.swiglu(hidden)
+    assert out.shape == (*lead, width)
+    torch.testing.assert_close(out.double(), _swiglu_float64(hidden), rtol=2e-6, atol=1e-30)
+
+
+def test_swiglu_reads_strided_rows():
+    hidden = torch.randn(4, 3, 64).transpose(0, 1)  # (3, 4, 64): rows not contiguous with each other
+    torch.testing.assert_close(native.swiglu(hidden).double(), _swiglu_float64(hidden), rtol=2e-6, atol=1e-30)
+    with pytest.raises(RuntimeError, match="float32 CPU"):
+        native.swiglu(hidden.double())
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_the_ffn_takes_the_fused_swiglu_only_without_gradients(monkeypatch, grad):
+    """A SwiGLU FFN gives the same output either way; training (a gradient) takes PyTorch's ops."""
+    import attnlab.nn.feed_forward as feed_forward
+
+    calls = []
+    monkeypatch.setattr(feed_forward, "fused_swiglu", lambda h: calls.append(1) or native.swiglu(h))
+    ffn = feed_forward.PositionwiseFeedForward(24, 40, activation="swiglu", bias=False).requires_grad_(grad)
+    x = torch.randn(2, 5, 24, requires_grad=grad)
+    out = ffn(x)
+    assert bool(calls) is not grad
+    first, second = ffn.linear1.weight.double(), ffn.linear2.weight.double()
+    expected = _swiglu_float64(x.double() @ first.T) @ second.T
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+    if grad:
+        out.sum().backward()
+        assert x.grad is not None and ffn.linear1.weight.grad is not None
 
 
 def test_available_is_marked_as_torch_compiler_marks_a_constant_result():
