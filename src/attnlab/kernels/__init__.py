@@ -16,6 +16,9 @@ the same results. The interface:
   (:mod:`.attention`, :mod:`.native`).
 * ``fused_swiglu_applies(hidden)`` and ``swiglu(hidden)``: SwiGLU's SiLU(gate) * up in one pass,
   without gradients (:mod:`.gated`, :mod:`.native`).
+* ``decode_attention_applies(q, k, v, mask, dropout_p)`` and ``decode_attention(q, k, v, mask,
+  causal=, scale=)``: soft attention of a decoding step's few queries against a KV cache, one
+  (batch, head) at a time, without gradients (:mod:`.attention`, :mod:`.native`).
 * ``explicit_is_faster(q, k, dropout_p)``: whether one decoding query over many (batch x head) rows
   is scored faster by the explicit formula than by PyTorch's fused kernel (:mod:`.attention`).
 
@@ -23,17 +26,19 @@ Imports point down only: nothing here imports from attnlab outside ``attnlab.ker
 ``attnlab.nn`` imports this package, never the reverse.
 """
 
-from attnlab.kernels.attention import explicit_is_faster, short_attention_applies
+from attnlab.kernels.attention import decode_attention_applies, explicit_is_faster, short_attention_applies
 from attnlab.kernels.dropout_masks import Dropout, dropout
 from attnlab.kernels.gated import fused_swiglu_applies
 from attnlab.kernels.linear import LINEAR_KERNELS, LinearKernel, check_linear_kernel, linear_kernel
-from attnlab.kernels.native import short_attention, swiglu
+from attnlab.kernels.native import decode_attention, short_attention, swiglu
 
 __all__ = [
     "LINEAR_KERNELS",
     "Dropout",
     "LinearKernel",
     "check_linear_kernel",
+    "decode_attention",
+    "decode_attention_applies",
     "dropout",
     "explicit_is_faster",
     "fused_swiglu_applies",

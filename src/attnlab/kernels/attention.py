@@ -57,3 +57,27 @@ def explicit_is_faster(q: Tensor, k: Tensor, dropout_p: float) -> bool:
     # Plain products, not torch.broadcast_shapes, whose cost per call shows on a decoding step's
     # path. The larger product is a lower bound of the broadcast one, enough for this choice.
     return max(math.prod(q.shape[:-2]), math.prod(k.shape[:-2])) >= EXPLICIT_SINGLE_QUERY_ROWS
+
+
+def decode_attention_applies(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float) -> bool:
+    """Whether :func:`attnlab.kernels.native.decode_attention` takes this call: (B, H, T, d) float32
+    heads on a CPU with 1 to :data:`~attnlab.kernels.native.DECODE_ATTENTION_MAX_QUERIES` queries
+    (a decoding step), the same (B, H) for q, k and v, heads up to 256 wide with unit stride, a
+    bool mask or none, no
+    dropout and no gradient wanted, where the kernels are built."""
+    # The query count first: it turns away a training step or a prompt in one check.
+    return (
+        q.dim() == 4
+        and 0 < q.shape[-2] <= native.DECODE_ATTENTION_MAX_QUERIES
+        and dropout_p == 0.0
+        and q.device.type == "cpu"
+        and q.dtype == k.dtype == v.dtype == torch.float32
+        and k.dim() == v.dim() == 4
+        and q.shape[:2] == k.shape[:2] == v.shape[:2]
+        and k.shape[-2] > 0
+        and max(q.shape[-1], v.shape[-1]) <= native.SHORT_ATTENTION_MAX_HEAD_DIM
+        and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
+        and (mask is None or mask.dtype == torch.bool)
+        and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
+        and native.available()
+    )

@@ -140,6 +140,10 @@ torch::Tensor few_rows_linear(const torch::Tensor& x, const torch::Tensor& weigh
 // native_swiglu.cpp
 torch::Tensor swiglu(const torch::Tensor& hidden);
 
+// native_decode_attention.cpp
+torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                               const c10::optional<torch::Tensor>& mask, bool causal, double scale);
+
 // Operators, not only Python functions, so that dispatch modes (torch.utils.flop_counter) see them.
 TORCH_LIBRARY(attnlab, m) {
   m.def("short_attention(Tensor q, Tensor k, Tensor v, bool causal, float scale) -> (Tensor, Tensor)");
@@ -147,6 +151,7 @@ TORCH_LIBRARY(attnlab, m) {
         "-> (Tensor, Tensor, Tensor)");
   m.def("few_rows_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   m.def("swiglu(Tensor hidden) -> Tensor");
+  m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor? mask, bool causal, float scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(attnlab, CPU, m) {
@@ -154,6 +159,7 @@ TORCH_LIBRARY_IMPL(attnlab, CPU, m) {
   m.impl("short_attention_backward", &short_attention_backward);
   m.impl("few_rows_linear", &few_rows_linear);
   m.impl("swiglu", &swiglu);
+  m.impl("decode_attention", &decode_attention);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

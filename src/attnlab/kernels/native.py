@@ -22,6 +22,10 @@ products, and keeps the probabilities for the backward rather than recomputing t
 Its two operators are registered with PyTorch (``torch.ops.attnlab.short_attention`` and
 ``short_attention_backward``), so dispatch modes such as ``torch.utils.flop_counter`` see them.
 
+:func:`decode_attention` is soft attention for a decoding step: a few queries per (batch, head)
+against a KV cache, scores, softmax and weighted sum of one (batch, head) at a time, where PyTorch
+runs two batched GEMMs of one row per entry and a softmax between them (``native_decode_attention.cpp``).
+
 :func:`swiglu` is SwiGLU's SiLU(gate) * up in one pass over the activations (PyTorch makes two
 and a tensor between them; ``native_swiglu.cpp``), for inference: an operator,
 ``torch.ops.attnlab.swiglu``.
@@ -84,6 +88,8 @@ __all__ = [
     "short_attention",
     "few_rows_linear",
     "swiglu",
+    "decode_attention",
+    "DECODE_ATTENTION_MAX_QUERIES",
     "SOURCES",
     "HEADERS",
     "BuildSpec",
@@ -94,7 +100,13 @@ __all__ = [
 
 SOURCES = tuple(
     Path(__file__).with_name(name)
-    for name in ("native.cpp", "native_attention.cpp", "native_linear.cpp", "native_swiglu.cpp")
+    for name in (
+        "native.cpp",
+        "native_attention.cpp",
+        "native_decode_attention.cpp",
+        "native_linear.cpp",
+        "native_swiglu.cpp",
+    )
 )
 """The kernels' C++ sources, shipped with the package."""
 HEADERS = (Path(__file__).with_name("native_vectors.h"),)
@@ -290,6 +302,11 @@ def _register_fake_kernels() -> None:
     def _few_rows_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         return x.new_empty(x.shape[0], weight.shape[0])
 
+    @torch.library.register_fake("attnlab::decode_attention")
+    def _decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, scale: float) -> Tensor:
+        b, h, t_q, _ = q.shape
+        return heads(q, b, h, t_q, v.shape[3])
+
     @torch.library.register_fake("attnlab::swiglu")
     def _swiglu(hidden: Tensor) -> Tensor:
         return hidden.new_empty(hidden.shape[0], hidden.shape[1] // 2)
@@ -414,10 +431,44 @@ def few_rows_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         x: (..., d_in) float32 on the CPU, few rows (the kernel reads W once per 4 rows of x);
         weight: (d_out, d_in); bias: (d_out,); returns (..., d_out).
     """
+    _loaded()
     rows = x.reshape(-1, x.shape[-1])  # (R, d_in), R = all leading dims of x
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
     return torch.ops.attnlab.few_rows_linear(rows, weight, bias).view(*x.shape[:-1], weight.shape[0])
+
+
+DECODE_ATTENTION_MAX_QUERIES = 4
+"""The most queries per (batch, head) :func:`attnlab.kernels.decode_attention_applies` hands
+:func:`decode_attention` (a decoding step has one, or a group's under grouped-query attention). It
+takes more, but from about 8 queries over up to 256 keys :func:`short_attention` is faster
+(benchmarks/README.md)."""
+
+
+def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, causal: bool, scale: float) -> Tensor:
+    """softmax(mask(scale Q K^T)) V, one (batch, head) at a time (``native_decode_attention.cpp``).
+
+        Attention(Q, K, V) = softmax(scale Q K^T) V                       (Vaswani et al. §3.2.1, Eq. 1)
+
+    Keys the mask forbids (False) and, with ``causal``, keys after a query's position
+    (bottom-right aligned) get weight 0; a query that may see no key gets zeros. No gradient.
+
+    Args:
+        q: queries.
+        k: keys (a KV cache's view is fine: any strides with unit stride in d).
+        v: values.
+        mask: True where a query may attend; broadcastable to (B, H, T_q, T_k); or None.
+        causal: mask keys after each query's position.
+        scale: multiplies Q K^T.
+
+    Shape:
+        q: (B, H, T_q, d_k); k: (B, H, T_k, d_k); v: (B, H, T_k, d_v), float32 on the CPU; returns
+        (B, H, T_q, d_v), laid out as (B, T_q, H, d_v), so the heads' concatenation is a view.
+    """
+    _loaded()  # the operator is registered when the kernels load (raises, naming why, if they cannot)
+    if mask is not None:
+        mask = mask.expand(*q.shape[:-1], k.shape[-2])  # (B, H, T_q, T_k), a view
+    return torch.ops.attnlab.decode_attention(q, k, v, mask, causal, scale)
 
 
 def swiglu(hidden: Tensor) -> Tensor:
@@ -430,6 +481,7 @@ def swiglu(hidden: Tensor) -> Tensor:
     Shape:
         hidden: (..., 2 d_ff) float32 on the CPU, unit stride in the last dim -> (..., d_ff).
     """
+    _loaded()
     rows = hidden.reshape(-1, hidden.shape[-1])  # (R, 2 d_ff), R = all leading dims
     if rows.stride(-1) != 1:
         rows = rows.contiguous()

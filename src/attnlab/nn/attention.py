@@ -145,9 +145,18 @@ def _softmax_attention(
     straight_through: bool,
     bias: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    """softmax(mask(scale Q K^T + bias)) V: step by step where the weights are wanted, the score is
-    custom, or that is the faster way (:func:`attnlab.kernels.explicit_is_faster`); else by a fused kernel."""
+    """softmax(mask(scale Q K^T + bias)) V: a decoding step's few queries by attnlab's kernel
+    (:func:`attnlab.kernels.decode_attention_applies`); step by step where the weights are wanted,
+    the score is custom, or that is the faster way (:func:`attnlab.kernels.explicit_is_faster`);
+    else by a fused kernel."""
     del straight_through  # a soft forward pass already has the soft gradient
+    if (
+        not need_weights
+        and score_fn is None
+        and bias is None
+        and kernels.decode_attention_applies(q, k, v, mask, dropout_p)
+    ):
+        return kernels.decode_attention(q, k, v, mask, causal=causal, scale=scale), None
     if need_weights or score_fn is not None or kernels.explicit_is_faster(q, k, dropout_p):
         output, weights = _softmax_explicit(
             q, k, v, mask, causal=causal, scale=scale, score_fn=score_fn, dropout_p=dropout_p, bias=bias

@@ -329,6 +329,11 @@ for causal in (False, True):
 x, w, b = torch.randn(3, 70), torch.randn(33, 70), torch.randn(33)
 expected = x.double() @ w.double().T + b.double()
 torch.testing.assert_close(native.few_rows_linear(x, w, b).double(), expected, rtol=1e-5, atol=1e-5)
+q, k, v = torch.randn(2, 3, 2, 40), torch.randn(2, 3, 9, 40), torch.randn(2, 3, 9, 24)
+weights = torch.softmax((q.double() @ k.double().transpose(-1, -2)) * 0.3, -1)
+expected = weights @ v.double()
+out = native.decode_attention(q, k, v, None, causal=False, scale=0.3).double()
+torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
 h = torch.randn(5, 2 * 37) * 6
 g, u = h.double().chunk(2, -1)
 torch.testing.assert_close(native.swiglu(h).double(), torch.nn.functional.silu(g) * u, rtol=1e-5, atol=1e-6)
@@ -429,6 +434,107 @@ def test_onednn_linear_takes_the_native_kernel_for_few_rows_without_gradients(mo
     calls.clear()
     linear_module.OneDNNLinear()(x.detach(), torch.randn(20, 96, generator=g)[:, :48], bias)  # not contiguous
     assert not calls
+
+
+def _decode_attention_float64(q, k, v, mask, causal, scale):
+    """The explicit formula in float64: forbidden keys weigh 0, a row with no allowed key is 0."""
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    allowed = torch.ones(t_q, t_k, dtype=torch.bool)
+    if causal:
+        allowed = allowed.tril(t_k - t_q)
+    if mask is not None:
+        allowed = allowed & mask
+    scores = (q.double() @ k.double().transpose(-1, -2)) * scale
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    has_key = allowed.any(-1, keepdim=True)
+    weights = torch.softmax(scores.masked_fill(~has_key, 0.0), -1) * has_key
+    return weights @ v.double()
+
+
+@pytest.mark.parametrize("t_q,t_k", [(1, 1), (1, 70), (3, 300), (16, 20), (4, 3)])
+@pytest.mark.parametrize("d_k,d_v", [(32, 32), (64, 64), (16, 16), (20, 36), (1, 7)])  # unrolled and general paths
+@pytest.mark.parametrize("causal", [False, True])
+def test_decode_attention_matches_float64(t_q, t_k, d_k, d_v, causal):
+    g = torch.Generator().manual_seed(t_q * 1000 + t_k + d_k)
+    q, k, v = (torch.randn(2, 3, t, d, generator=g) for t, d in ((t_q, d_k), (t_k, d_k), (t_k, d_v)))
+    out = native.decode_attention(q, k, v, None, causal=causal, scale=d_k**-0.5)
+    assert out.shape == (2, 3, t_q, d_v)
+    expected = _decode_attention_float64(q, k, v, None, causal, d_k**-0.5)
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [(2, 1, 1, 12), (2, 3, 4, 12), (1, 1, 4, 12), (12,)])  # broadcast to (B, H, T_q, T_k)
+def test_decode_attention_masks_and_empty_rows(shape):
+    """Forbidden keys weigh 0; a query with no allowed key gets zeros (the explicit formula's answer)."""
+    g = torch.Generator().manual_seed(len(shape))
+    q, k, v = torch.randn(2, 3, 4, 32, generator=g), torch.randn(2, 3, 12, 32, generator=g), torch.randn(2, 3, 12, 32)
+    mask = torch.rand(shape, generator=g) > 0.4
+    mask.view(-1)[:12] = False  # the first row (or the whole mask, when it has one row) sees nothing
+    out = native.decode_attention(q, k, v, mask, causal=False, scale=0.2)
+    expected = _decode_attention_float64(q, k, v, mask, False, 0.2)
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-6)
+    assert (out[0, 0, 0] == 0).all()
+
+
+def test_decode_attention_reads_a_cache_view_and_lays_heads_side_by_side():
+    """Keys and values as views into a longer preallocated cache; the output's heads concatenate as a view."""
+    cache = torch.randn(2, 4, 50, 64)
+    q, k, v = torch.randn(2, 4, 1, 64), cache[:, :, :17], cache.flip(2)[:, :, :17].contiguous()
+    out = native.decode_attention(q, k, v, None, causal=True, scale=0.125)
+    torch.testing.assert_close(
+        out.double(), _decode_attention_float64(q, k, v, None, True, 0.125), rtol=1e-5, atol=1e-6
+    )
+    assert out.transpose(1, 2).is_contiguous()  # (B, T_q, H, d_v)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    t_q=st.integers(1, 16), t_k=st.integers(1, 90), d=st.sampled_from([8, 16, 32, 48, 64, 100]), causal=st.booleans()
+)
+def test_decode_attention_property(t_q, t_k, d, causal):
+    g = torch.Generator().manual_seed(t_q * 100 + t_k)
+    q, k, v = (
+        torch.randn(1, 2, t_q, d, generator=g),
+        torch.randn(1, 2, t_k, d, generator=g) * 3,
+        torch.randn(1, 2, t_k, d),
+    )
+    out = native.decode_attention(q, k, v, None, causal=causal, scale=d**-0.5)
+    expected = _decode_attention_float64(q, k, v, None, causal, d**-0.5)
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_decode_attention_rejects_what_it_cannot_run():
+    q = torch.randn(1, 1, 1, 8)
+    with pytest.raises(RuntimeError, match="float32 CPU"):
+        native.decode_attention(q.double(), q.double(), q.double(), None, causal=False, scale=1.0)
+    with pytest.raises(RuntimeError, match="head widths up to 256"):
+        wide = torch.randn(1, 1, 1, 257)
+        native.decode_attention(wide, wide, wide, None, causal=False, scale=1.0)
+    with pytest.raises(RuntimeError, match="disagree"):
+        native.decode_attention(q, torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8), None, causal=False, scale=1.0)
+
+
+@pytest.mark.parametrize("case", ["decoding", "grad", "weights", "prompt", "bias"])
+def test_attention_takes_the_decode_kernel_only_for_a_decoding_step(monkeypatch, case):
+    """attnlab.nn.attention: a few queries without gradients, weights or a score bias go to the
+    kernel, with the explicit formula's result; anything else keeps its own path."""
+    from attnlab.nn.attention import attention
+
+    calls = []
+    real = kernels.decode_attention
+    monkeypatch.setattr(kernels, "decode_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    g = torch.Generator().manual_seed(5)
+    t_q = 40 if case == "prompt" else 2
+    q = torch.randn(2, 4, t_q, 32, generator=g, requires_grad=case == "grad")
+    k, v = torch.randn(2, 4, 40, 32, generator=g), torch.randn(2, 4, 40, 32, generator=g)
+    mask = torch.rand(2, 1, 1, 40, generator=g) > 0.3
+    bias = torch.randn(4, t_q, 40, generator=g) if case == "bias" else None
+    result = attention(q, k, v, mask=mask, causal=True, return_weights=case == "weights", bias=bias)
+    out = result[0] if case == "weights" else result
+    assert bool(calls) is (case == "decoding")
+    expected = _decode_attention_float64(q.detach(), k, v, mask, True, 32**-0.5)
+    if bias is None:
+        torch.testing.assert_close(out.detach().double(), expected, rtol=1e-5, atol=1e-6)
 
 
 def _swiglu_float64(hidden):

@@ -122,9 +122,10 @@ def test_single_query_keeps_gradients(batch):
     [(2, 1, 0.0, True), (42, 1, 0.0, True), (43, 1, 0.0, False), (48, 2, 0.0, True), (48, 1, 0.1, True)],
 )
 def test_single_query_path_is_chosen_by_rows(monkeypatch, batch, t_q, dropout_p, fused):
-    """One query over >= EXPLICIT_SINGLE_QUERY_ROWS (batch x head) rows is scored explicitly; with
-    fewer rows, more queries, or dropout on the weights, a fused kernel runs (PyTorch's, or
-    attnlab's for more queries; 3 heads here)."""
+    """Where a gradient is wanted (a decoding step without one takes attnlab's decode kernel,
+    tests/unit/kernels/test_native.py): one query over >= EXPLICIT_SINGLE_QUERY_ROWS (batch x head)
+    rows is scored explicitly; with fewer rows, more queries, or dropout on the weights, a fused
+    kernel runs (PyTorch's, or attnlab's for more queries; 3 heads here)."""
     assert kernels.attention.EXPLICIT_SINGLE_QUERY_ROWS == 128  # 42 x 3 = 126 < 128 <= 43 x 3
     calls = []
     sdpa, short = F.scaled_dot_product_attention, kernels.short_attention
@@ -133,7 +134,7 @@ def test_single_query_path_is_chosen_by_rows(monkeypatch, batch, t_q, dropout_p,
     )
     monkeypatch.setattr(kernels, "short_attention", lambda *a, **kw: calls.append(1) or short(*a, **kw))
     q, k, v = _qkv(b=batch, t_q=t_q)
-    attention(q, k, v, dropout_p=dropout_p)
+    attention(q.requires_grad_(), k, v, dropout_p=dropout_p)
     assert bool(calls) == fused
 
 
