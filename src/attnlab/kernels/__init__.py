@@ -15,7 +15,8 @@ the same results. The interface:
   scale=)``: soft attention of short heads by attnlab's C++ kernel, forward and backward
   (:mod:`.attention`, :mod:`.native`).
 * ``fused_swiglu_applies(hidden)`` and ``swiglu(hidden)``: SwiGLU's SiLU(gate) * up in one pass,
-  without gradients (:mod:`.gated`, :mod:`.native`).
+  and ``fused_rotary_applies(x, cos)`` and ``rotary(x, cos, sin)``: RoPE in one pass, both without
+  gradients (:mod:`.gated`, :mod:`.native`).
 * ``decode_attention_applies(q, k, v, mask, dropout_p)`` and ``decode_attention(q, k, v, mask,
   causal=, scale=)``: soft attention of a decoding step's few queries against a KV cache, one
   (batch, head) at a time, without gradients (:mod:`.attention`, :mod:`.native`).
@@ -28,9 +29,9 @@ Imports point down only: nothing here imports from attnlab outside ``attnlab.ker
 
 from attnlab.kernels.attention import decode_attention_applies, explicit_is_faster, short_attention_applies
 from attnlab.kernels.dropout_masks import Dropout, dropout
-from attnlab.kernels.gated import fused_swiglu_applies
+from attnlab.kernels.gated import fused_rotary_applies, fused_swiglu_applies
 from attnlab.kernels.linear import LINEAR_KERNELS, LinearKernel, check_linear_kernel, linear_kernel
-from attnlab.kernels.native import decode_attention, short_attention, swiglu
+from attnlab.kernels.native import decode_attention, rotary, short_attention, swiglu
 
 __all__ = [
     "LINEAR_KERNELS",
@@ -41,8 +42,10 @@ __all__ = [
     "decode_attention_applies",
     "dropout",
     "explicit_is_faster",
+    "fused_rotary_applies",
     "fused_swiglu_applies",
     "linear_kernel",
+    "rotary",
     "short_attention",
     "short_attention_applies",
     "swiglu",

@@ -1,11 +1,13 @@
-"""SwiGLU's gate, SiLU(gate) * up, in one pass where that is the same function and faster.
+"""Elementwise steps of Llama-family layers in one pass where that is the same function and
+faster: SwiGLU's gate, SiLU(gate) * up, and the rotation of queries and keys by their positions.
 
     FFN_SwiGLU(x) = (SiLU(x W_gate) * (x W_up)) W_2               (Shazeer 2020, Eq. 6)
 
 PyTorch computes SiLU(gate) into a tensor of its own and multiplies it by up: two passes over the
 largest activations of a Llama-family layer. attnlab's C++ kernel (:func:`attnlab.kernels.native.swiglu`)
 reads each half once and writes the product once; it has no backward, so it takes only calls that
-need no gradient (inference, decoding, prefill).
+need no gradient (inference, decoding, prefill). The same holds for rotary embeddings
+(:func:`attnlab.kernels.native.rotary`: one pass where PyTorch's ops take five).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from torch import Tensor
 
 from attnlab.kernels import native
 
-__all__ = ["fused_swiglu_applies"]
+__all__ = ["fused_swiglu_applies", "fused_rotary_applies"]
 
 
 def fused_swiglu_applies(hidden: Tensor) -> bool:
@@ -28,6 +30,22 @@ def fused_swiglu_applies(hidden: Tensor) -> bool:
         and not (hidden.requires_grad and torch.is_grad_enabled())
         and hidden.numel() > 0
         and hidden.stride(-1) == 1
+        and not torch.is_autocast_enabled("cpu")
+        and native.available()
+    )
+
+
+def fused_rotary_applies(x: Tensor, cos: Tensor) -> bool:
+    """Whether :func:`attnlab.kernels.native.rotary` takes ``x`` (queries or keys, (B, H, T, d)):
+    float32 on a CPU with float32 angles, unit stride in d, no gradient wanted, outside autocast,
+    where the kernels are built."""
+    return (
+        x.dtype == cos.dtype == torch.float32
+        and x.device.type == "cpu"
+        and x.dim() == 4
+        and not (x.requires_grad and torch.is_grad_enabled())
+        and x.numel() > 0
+        and x.stride(-1) == 1
         and not torch.is_autocast_enabled("cpu")
         and native.available()
     )

@@ -144,6 +144,9 @@ torch::Tensor swiglu(const torch::Tensor& hidden);
 torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                const c10::optional<torch::Tensor>& mask, bool causal, double scale);
 
+// native_rotary.cpp
+torch::Tensor rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+
 // Operators, not only Python functions, so that dispatch modes (torch.utils.flop_counter) see them.
 TORCH_LIBRARY(attnlab, m) {
   m.def("short_attention(Tensor q, Tensor k, Tensor v, bool causal, float scale) -> (Tensor, Tensor)");
@@ -151,6 +154,7 @@ TORCH_LIBRARY(attnlab, m) {
         "-> (Tensor, Tensor, Tensor)");
   m.def("few_rows_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   m.def("swiglu(Tensor hidden) -> Tensor");
+  m.def("rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor");
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor? mask, bool causal, float scale) -> Tensor");
 }
 
@@ -159,6 +163,7 @@ TORCH_LIBRARY_IMPL(attnlab, CPU, m) {
   m.impl("short_attention_backward", &short_attention_backward);
   m.impl("few_rows_linear", &few_rows_linear);
   m.impl("swiglu", &swiglu);
+  m.impl("rotary", &rotary);
   m.impl("decode_attention", &decode_attention);
 }
 

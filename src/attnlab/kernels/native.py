@@ -26,6 +26,9 @@ Its two operators are registered with PyTorch (``torch.ops.attnlab.short_attenti
 against a KV cache, scores, softmax and weighted sum of one (batch, head) at a time, where PyTorch
 runs two batched GEMMs of one row per entry and a softmax between them (``native_decode_attention.cpp``).
 
+:func:`rotary` rotates queries or keys by their positions (RoPE) in one pass, where PyTorch's ops
+take five and three temporaries (``native_rotary.cpp``), for inference: ``torch.ops.attnlab.rotary``.
+
 :func:`swiglu` is SwiGLU's SiLU(gate) * up in one pass over the activations (PyTorch makes two
 and a tensor between them; ``native_swiglu.cpp``), for inference: an operator,
 ``torch.ops.attnlab.swiglu``.
@@ -88,6 +91,7 @@ __all__ = [
     "short_attention",
     "few_rows_linear",
     "swiglu",
+    "rotary",
     "decode_attention",
     "DECODE_ATTENTION_MAX_QUERIES",
     "SOURCES",
@@ -105,6 +109,7 @@ SOURCES = tuple(
         "native_attention.cpp",
         "native_decode_attention.cpp",
         "native_linear.cpp",
+        "native_rotary.cpp",
         "native_swiglu.cpp",
     )
 )
@@ -307,6 +312,10 @@ def _register_fake_kernels() -> None:
         b, h, t_q, _ = q.shape
         return heads(q, b, h, t_q, v.shape[3])
 
+    @torch.library.register_fake("attnlab::rotary")
+    def _rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        return x.new_empty(x.shape)
+
     @torch.library.register_fake("attnlab::swiglu")
     def _swiglu(hidden: Tensor) -> Tensor:
         return hidden.new_empty(hidden.shape[0], hidden.shape[1] // 2)
@@ -469,6 +478,21 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, ca
     if mask is not None:
         mask = mask.expand(*q.shape[:-1], k.shape[-2])  # (B, H, T_q, T_k), a view
     return torch.ops.attnlab.decode_attention(q, k, v, mask, causal, scale)
+
+
+def rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x cos(m theta) + rotate_half(x) sin(m theta) in one pass (``native_rotary.cpp``).
+
+        RoPE(x, m) = x cos(m theta) + rotate_half(x) sin(m theta)       (Su et al. 2021, Eq. 34)
+
+    No gradient: callers take PyTorch's ops where one is needed.
+
+    Shape:
+        x: (B, H, T, d) float32 on the CPU, unit stride in d; cos, sin: (B or 1, 1, T, d);
+        returns (B, H, T, d), contiguous.
+    """
+    _loaded()
+    return torch.ops.attnlab.rotary(x, cos.squeeze(1).contiguous(), sin.squeeze(1).contiguous())
 
 
 def swiglu(hidden: Tensor) -> Tensor:

@@ -23,6 +23,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from attnlab.kernels import fused_rotary_applies
+from attnlab.kernels import rotary as fused_rotary
+
 __all__ = ["RotaryEmbedding", "rotate_half", "positions_of_tokens"]
 
 
@@ -96,5 +99,8 @@ class RotaryEmbedding(nn.Module):
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """RoPE(x, m) = x cos(m theta) + rotate_half(x) sin(m theta), in x's dtype."""
+    """RoPE(x, m) = x cos(m theta) + rotate_half(x) sin(m theta), in x's dtype; in one pass by
+    attnlab's kernel where no gradient is wanted (:mod:`attnlab.kernels.gated`)."""
+    if fused_rotary_applies(x, cos):
+        return fused_rotary(x, cos, sin)
     return x * cos.to(x.dtype) + rotate_half(x) * sin.to(x.dtype)

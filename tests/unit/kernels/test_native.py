@@ -334,6 +334,11 @@ weights = torch.softmax((q.double() @ k.double().transpose(-1, -2)) * 0.3, -1)
 expected = weights @ v.double()
 out = native.decode_attention(q, k, v, None, causal=False, scale=0.3).double()
 torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+x, angles = torch.randn(2, 3, 5, 38), torch.randn(1, 1, 5, 38)
+rotated = native.rotary(x, angles.cos(), angles.sin()).double()
+first, second = x.double().chunk(2, -1)
+expected = x.double() * angles.cos().double() + torch.cat((-second, first), -1) * angles.sin().double()
+torch.testing.assert_close(rotated, expected, rtol=1e-5, atol=1e-6)
 h = torch.randn(5, 2 * 37) * 6
 g, u = h.double().chunk(2, -1)
 torch.testing.assert_close(native.swiglu(h).double(), torch.nn.functional.silu(g) * u, rtol=1e-5, atol=1e-6)
@@ -535,6 +540,44 @@ def test_attention_takes_the_decode_kernel_only_for_a_decoding_step(monkeypatch,
     expected = _decode_attention_float64(q.detach(), k, v, mask, True, 32**-0.5)
     if bias is None:
         torch.testing.assert_close(out.detach().double(), expected, rtol=1e-5, atol=1e-6)
+
+
+def _rotary_float64(x, cos, sin):
+    first, second = x.double().chunk(2, dim=-1)
+    return x.double() * cos.double() + torch.cat((-second, first), dim=-1) * sin.double()
+
+
+@pytest.mark.parametrize("d", [2, 8, 30, 32, 64, 128])  # vector tails of the half width, and exact multiples
+@pytest.mark.parametrize("angle_batch", [1, 2])
+def test_rotary_matches_float64_on_strided_heads(d, angle_batch):
+    """Heads as the fused projection's strided view, angles per batch row or shared."""
+    from attnlab.nn.rotary import RotaryEmbedding
+
+    g = torch.Generator().manual_seed(d)
+    fused = torch.randn(2, 7, 3, 4, d, generator=g)  # (B, T, q|k|v, H, d)
+    x = fused[:, :, 1].transpose(1, 2)  # (B, H, T, d), not contiguous
+    positions = torch.randint(0, 500, (angle_batch, 7), generator=g)
+    cos, sin = RotaryEmbedding(d, 10000.0)._angles(positions)
+    out = native.rotary(x, cos, sin)
+    assert out.shape == x.shape and out.is_contiguous()
+    torch.testing.assert_close(out.double(), _rotary_float64(x, cos, sin), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_rotary_embedding_takes_the_kernel_only_without_gradients(monkeypatch, grad):
+    import importlib
+
+    rotary_module = importlib.import_module("attnlab.nn.rotary")
+    calls = []
+    monkeypatch.setattr(rotary_module, "fused_rotary", lambda *a: calls.append(1) or native.rotary(*a))
+    rope = rotary_module.RotaryEmbedding(16, 100.0)
+    q, k = torch.randn(2, 6, 5, 16, requires_grad=grad), torch.randn(2, 2, 5, 16, requires_grad=grad)
+    positions = torch.tensor([[0, 1, 2, 3, 4], [0, 0, 1, 2, 3]])
+    rq, rk = rope(q, k, positions)
+    assert bool(calls) is not grad
+    cos, sin = rope._angles(positions)
+    torch.testing.assert_close(rq.detach().double(), _rotary_float64(q.detach(), cos, sin), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(rk.detach().double(), _rotary_float64(k.detach(), cos, sin), rtol=1e-6, atol=1e-6)
 
 
 def _swiglu_float64(hidden):
