@@ -28,16 +28,6 @@ namespace {
 
 using namespace attnlab_vectors;
 
-typedef float vf8 __attribute__((vector_size(8 * sizeof(float))));
-typedef float vf4 __attribute__((vector_size(4 * sizeof(float))));
-
-inline float lane_sum(vf v) {
-  const vf8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-                __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  const vf4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
-  return (b[0] + b[2]) + (b[1] + b[3]);
-}
-
 struct Strides {
   int64_t b, h, t;
 };

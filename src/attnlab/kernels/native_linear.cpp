@@ -25,18 +25,6 @@ using namespace attnlab_vectors;
 
 constexpr int kMaxInputRows = 4;  // rows of x one pass over W takes (more: oneDNN's GEMM is faster)
 
-
-typedef float vf8 __attribute__((vector_size(8 * sizeof(float))));
-typedef float vf4 __attribute__((vector_size(4 * sizeof(float))));
-
-// The sum of a vector's lanes, by halves (a serial sum would be a chain of 16 dependent adds).
-inline float lane_sum(vf v) {
-  const vf8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-                __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  const vf4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
-  return (b[0] + b[2]) + (b[1] + b[3]);
-}
-
 // y[m, n] for m in [0, M): row n of W against M rows of x. Row n is read front to back (one
 // sequential stream per thread, which the hardware prefetcher follows at the memory's full rate;
 // interleaving several rows of W measured slower), into kChains accumulators per row of x, so that

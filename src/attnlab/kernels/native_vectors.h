@@ -13,9 +13,20 @@ typedef float vf __attribute__((vector_size(kLanes * sizeof(float))));
 typedef int32_t vi __attribute__((vector_size(kLanes * sizeof(int32_t))));
 typedef float vf_unaligned __attribute__((vector_size(kLanes * sizeof(float)), aligned(4), may_alias));
 
+typedef float vf8 __attribute__((vector_size(8 * sizeof(float))));
+typedef float vf4 __attribute__((vector_size(4 * sizeof(float))));
+
 inline vf splat(float x) { return (vf){} + x; }
 inline vf load(const float* p) { return *reinterpret_cast<const vf_unaligned*>(p); }
 inline void store(float* p, vf x) { *reinterpret_cast<vf_unaligned*>(p) = x; }
+
+// The sum of a vector's lanes, by halves (a serial sum would be a chain of 16 dependent adds).
+inline float lane_sum(vf v) {
+  const vf8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const vf4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  return (b[0] + b[2]) + (b[1] + b[3]);
+}
 
 // exp(x) for x <= 0 (Cephes' expf polynomial, about 1 ulp): 2^n e^r with n = round(x / ln 2).
 // Arguments below -87 give exp(-87) ~ 1.6e-38 rather than less: nothing next to a softmax's sum >= 1.
