@@ -22,27 +22,22 @@ __all__ = ["fused_swiglu_applies", "fused_rotary_applies"]
 
 def fused_swiglu_applies(hidden: Tensor) -> bool:
     """Whether :func:`attnlab.kernels.native.swiglu` takes ``hidden`` ([gate, up] side by side):
-    float32 on a CPU, unit stride in the last dim, no gradient wanted, outside autocast, where the
-    kernels are built."""
-    return (
-        hidden.dtype == torch.float32
-        and hidden.device.type == "cpu"
-        and not (hidden.requires_grad and torch.is_grad_enabled())
-        and hidden.numel() > 0
-        and hidden.stride(-1) == 1
-        and not torch.is_autocast_enabled("cpu")
-        and native.available()
-    )
+    see :func:`_inference_rows_on_cpu`."""
+    return _inference_rows_on_cpu(hidden)
 
 
 def fused_rotary_applies(x: Tensor, cos: Tensor) -> bool:
-    """Whether :func:`attnlab.kernels.native.rotary` takes ``x`` (queries or keys, (B, H, T, d)):
-    float32 on a CPU with float32 angles, unit stride in d, no gradient wanted, outside autocast,
-    where the kernels are built."""
+    """Whether :func:`attnlab.kernels.native.rotary` takes ``x`` (queries or keys, (B, H, T, d))
+    with float32 angles ``cos``: see :func:`_inference_rows_on_cpu`."""
+    return x.dim() == 4 and cos.dtype == torch.float32 and _inference_rows_on_cpu(x)
+
+
+def _inference_rows_on_cpu(x: Tensor) -> bool:
+    """float32 on a CPU, not empty, unit stride in the last dim, no gradient wanted, outside
+    autocast, where the kernels are built: what the one-pass kernels take."""
     return (
-        x.dtype == cos.dtype == torch.float32
+        x.dtype == torch.float32
         and x.device.type == "cpu"
-        and x.dim() == 4
         and not (x.requires_grad and torch.is_grad_enabled())
         and x.numel() > 0
         and x.stride(-1) == 1
