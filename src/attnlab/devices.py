@@ -14,7 +14,7 @@ from itertools import chain
 import torch
 from torch import nn
 
-__all__ = ["DEVICE_NAMES", "check_device_name", "model_device", "resolve_device"]
+__all__ = ["DEVICE_NAMES", "check_device_name", "check_gpus_for_processes", "model_device", "resolve_device"]
 
 DEVICE_NAMES = "auto, cpu, cuda, cuda:N"
 """The device names :func:`resolve_device` accepts, as error messages list them."""
@@ -53,6 +53,28 @@ def resolve_device(name: str) -> torch.device:
                 f"{name!r} asked for, but this process sees {count} CUDA device(s): cuda:0 to cuda:{count - 1}"
             )
     return torch.device(name)
+
+
+def check_gpus_for_processes(device: str, processes: int) -> None:
+    """Check that ``processes`` training processes (``attnlab train --nproc``) fit ``device``.
+
+    Under torchrun each process on a GPU takes its own, ``cuda:LOCAL_RANK``: N processes need N
+    visible GPUs, and ``cuda:N`` (one GPU for all) cannot be honoured. The CPU takes any number.
+
+    Raises:
+        ValueError: fewer GPUs than processes, or ``cuda:N`` with more than one process.
+    """
+    if processes <= 1 or not device.startswith("cuda"):
+        return
+    if ":" in device:
+        raise ValueError(
+            f"{device!r} names one GPU, but each of the {processes} processes takes its own "
+            f"(cuda:0 to cuda:{processes - 1}); give cuda"
+        )
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if processes > count:
+        advice = f"use --nproc {count} or fewer, or the cpu" if count else "use the cpu"
+        raise ValueError(f"{processes} processes on cuda need one GPU each, but this process sees {count}; {advice}")
 
 
 def model_device(model: nn.Module) -> torch.device:

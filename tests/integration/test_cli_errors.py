@@ -139,6 +139,8 @@ CASES: list[tuple[list[str], list[str]]] = [
     (["train", "{config}", "--no-such-flag"], ["attnlab train", "--no-such-flag"]),
     (["train", "{config}", "--nproc", "0"], ["--nproc"]),
     (["train", "{config}", "--nproc", "two"], ["--nproc", "two"]),
+    (["train", "{config}", "--nproc", "2", "--set", 'train.device="cuda:1"'], ["--nproc 2", "'cuda:1' names one GPU"]),
+    (["train", "{config}", "--nproc", "64", "--set", 'train.device="cuda"'], ["--nproc 64", "need one GPU each"]),
     (["train", "{config}", "--set"], ["--set", "requires an argument"]),
     (["train", "{config}", "--out"], ["--out", "requires an argument"]),
     (["eval"], ["Missing argument", "run"]),

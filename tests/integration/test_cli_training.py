@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from attnlab.runs import RunDir
 from tests.toy_corpora import write_number_words
@@ -126,7 +127,11 @@ def test_resume_continues_to_more_steps(trained, tmp_path):
             ("train", "{config}", "--set", "model.kind=decoder_only"),
             "model.kind: task 'reverse' trains a encoder_decoder model",
         ),
-        (("train", "{config}", "--device", "cuda"), "no CUDA device is visible"),
+        pytest.param(
+            ("train", "{config}", "--device", "cuda"),
+            "no CUDA device is visible",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible"),
+        ),
         (
             ("train", "{config}", "--precision", "fp8"),
             "Invalid value for '--precision': 'fp8': 'fp8' is not one of 'fp32', 'bf16', 'fp16'",

@@ -56,6 +56,12 @@ def train(
         run_path = out or Path("runs") / f"{experiment.task_name}-{time.strftime('%Y%m%d-%H%M%S')}"
         check_output_path(run_path, kind="run", flag="--out")
     if nproc > 1:
+        from attnlab.devices import check_gpus_for_processes
+
+        try:
+            check_gpus_for_processes(experiment.train.device, nproc)
+        except ValueError as exc:
+            raise UsageError(f"--nproc {nproc}: {exc}") from None
         _spawn(nproc, config, overrides, run_path, resume is not None, progress, as_json)
         return
     from attnlab.runtime import keep_freed_memory
