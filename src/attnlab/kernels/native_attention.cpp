@@ -297,8 +297,11 @@ void check_inputs(const torch::Tensor& q, const torch::Tensor& k, const torch::T
   TORCH_CHECK(k.size(0) == q.size(0) && v.size(0) == q.size(0) && k.size(1) == q.size(1) && v.size(1) == q.size(1),
               "short_attention: q, k and v need the same B and H");
   TORCH_CHECK(k.size(3) == q.size(3) && v.size(2) == k.size(2), "short_attention: q, k, v shapes disagree");
+  // The message is one literal: TORCH_CHECK formats other arguments into a std::string handed to
+  // libc10, which crashed (SIGSEGV) on a machine whose compiler's std::string differed from libc10's.
+  static_assert(kMaxKeys == 256 && kMaxHeadDim == 256, "the message below states the limits");
   TORCH_CHECK(k.size(2) >= 1 && k.size(2) <= kMaxKeys && q.size(3) <= kMaxHeadDim && v.size(3) <= kMaxHeadDim,
-              "short_attention: at most ", kMaxKeys, " keys and head widths up to ", kMaxHeadDim);
+              "short_attention: at most 256 keys and head widths up to 256");
 }
 
 // (B, H, T, d) laid out as (B, T, H, d): the layout the heads' concatenation reads without a copy.

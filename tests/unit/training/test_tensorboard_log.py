@@ -169,11 +169,13 @@ def test_an_encoder_decoder_sample_has_all_three_kinds_on_its_own_axes():
     assert len(sample.axes["cross"][0]) == len(first.target) + 1  # BOS + target reads the source
     assert len(sample.axes["cross"][1]) == len(first.source)
     np.testing.assert_array_equal(np.triu(maps["decoder_self"][0][0], 1), 0.0)  # causal: no later key
-    # eval mode: no dropout, so the same maps twice
+    # eval mode: no dropout, so the same maps twice (dropout at 0.1 would move them by far more
+    # than 1e-5; equal to rounding only, since oneDNN's packed weights, made at a weight's second
+    # use, can round differently from its first, unpacked use: seen on an Intel Xeon with AMX)
     again = sample_maps(model, sample)
     for kind in maps:
         for ours, theirs in zip(maps[kind], again[kind], strict=True):
-            np.testing.assert_array_equal(ours, theirs)
+            np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=0)
 
 
 def test_without_tensorboard_no_event_file_is_written(tmp_path):
