@@ -18,7 +18,10 @@
 // where the build targets it, narrower registers elsewhere), and the (batch, head) pairs are spread
 // over PyTorch's intra-op threads.
 
-#include <torch/extension.h>
+// ATen's tensor and empty() alone, not <torch/extension.h> (pybind11 and every op): a fifth of the
+// compile time. The operators are registered in native.cpp.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -276,7 +279,7 @@ template <typename Float>
 struct Heads {
   Float* data;
   int64_t batch, head, row;
-  explicit Heads(const torch::Tensor& t)
+  explicit Heads(const at::Tensor& t)
       : data(t.data_ptr<float>()), batch(t.stride(0)), head(t.stride(1)), row(t.stride(2)) {}
   Float* at(int64_t b, int64_t h) const { return data + b * batch + h * head; }
   // The (rows x width) rows of the (batch x head) pair `bh`, asked for ahead of their use: rows of
@@ -289,9 +292,9 @@ struct Heads {
   }
 };
 
-void check_inputs(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   for (const auto* t : {&q, &k, &v}) {
-    TORCH_CHECK(t->dim() == 4 && t->scalar_type() == torch::kFloat && t->device().is_cpu() && t->stride(3) == 1,
+    TORCH_CHECK(t->dim() == 4 && t->scalar_type() == at::kFloat && t->device().is_cpu() && t->stride(3) == 1,
                 "short_attention: q, k and v must be (B, H, T, d) float32 CPU tensors with unit stride in d");
   }
   TORCH_CHECK(k.size(0) == q.size(0) && v.size(0) == q.size(0) && k.size(1) == q.size(1) && v.size(1) == q.size(1),
@@ -305,22 +308,22 @@ void check_inputs(const torch::Tensor& q, const torch::Tensor& k, const torch::T
 }
 
 // (B, H, T, d) laid out as (B, T, H, d): the layout the heads' concatenation reads without a copy.
-torch::Tensor empty_heads(int64_t b, int64_t h, int64_t t, int64_t d, const torch::TensorOptions& options) {
-  return torch::empty({b, t, h, d}, options).permute({0, 2, 1, 3});
+at::Tensor empty_heads(int64_t b, int64_t h, int64_t t, int64_t d, const at::TensorOptions& options) {
+  return at::empty({b, t, h, d}, options).permute({0, 2, 1, 3});
 }
 
 }  // namespace
 
 // Forward: the output (B, H, T_q, d_v) and P^T (B, H, T_k, round_up(T_q)), kept for the backward.
-std::tuple<torch::Tensor, torch::Tensor> short_attention(const torch::Tensor& q, const torch::Tensor& k,
-                                                         const torch::Tensor& v, bool causal, double scale) {
+std::tuple<at::Tensor, at::Tensor> short_attention(const at::Tensor& q, const at::Tensor& k,
+                                                         const at::Tensor& v, bool causal, double scale) {
   check_inputs(q, k, v);
   const int64_t batch = q.size(0), heads = q.size(1), t_q = q.size(2), t_k = k.size(2), d_k = q.size(3),
                 d_v = v.size(3);
   TORCH_CHECK(!causal || t_k >= t_q, "short_attention: causal needs T_k >= T_q");
   const int64_t ld = round_up(t_q);
   auto out = empty_heads(batch, heads, t_q, d_v, q.options());
-  auto probs = torch::empty({batch, heads, t_k, ld}, q.options());
+  auto probs = at::empty({batch, heads, t_k, ld}, q.options());
   const Heads<const float> qs(q), ks(k), vs(v);
   const Heads<float> os(out);
   float* const probs_data = probs.data_ptr<float>();
@@ -347,17 +350,17 @@ std::tuple<torch::Tensor, torch::Tensor> short_attention(const torch::Tensor& q,
 
 // Backward: dQ, dK, dV from dO and the forward's P^T, which is already 0 where a causal query may
 // not see a key (so the backward needs no mask of its own).
-std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> short_attention_backward(
-    const torch::Tensor& grad_out, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-    const torch::Tensor& probs, double scale) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> short_attention_backward(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& probs, double scale) {
   check_inputs(q, k, v);
-  TORCH_CHECK(grad_out.dim() == 4 && grad_out.scalar_type() == torch::kFloat && grad_out.stride(3) == 1 &&
-                  grad_out.sizes() == torch::IntArrayRef({q.size(0), q.size(1), q.size(2), v.size(3)}),
+  TORCH_CHECK(grad_out.dim() == 4 && grad_out.scalar_type() == at::kFloat && grad_out.stride(3) == 1 &&
+                  grad_out.sizes() == at::IntArrayRef({q.size(0), q.size(1), q.size(2), v.size(3)}),
               "short_attention_backward: grad_out must be (B, H, T_q, d_v) float32 with unit stride in d");
   const int64_t batch = q.size(0), heads = q.size(1), t_q = q.size(2), t_k = k.size(2), d_k = q.size(3),
                 d_v = v.size(3);
   const int64_t ld = round_up(t_q);
-  TORCH_CHECK(probs.is_contiguous() && probs.sizes() == torch::IntArrayRef({batch, heads, t_k, ld}),
+  TORCH_CHECK(probs.is_contiguous() && probs.sizes() == at::IntArrayRef({batch, heads, t_k, ld}),
               "short_attention_backward: probs must be the forward's");
   auto grad_q = empty_heads(batch, heads, t_q, d_k, q.options());
   auto grad_k = empty_heads(batch, heads, t_k, d_k, q.options());

@@ -11,7 +11,10 @@
 // registers elsewhere). Each output's sum runs in float32 in an order fixed by K alone: the same
 // inputs give the same bits on every call and at every thread count.
 
-#include <torch/extension.h>
+// ATen's tensor and empty() alone, not <torch/extension.h> (pybind11 and every op): a fifth of the
+// compile time. The operators are registered in native.cpp.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -69,21 +72,21 @@ void few_rows_pass(const float* w, const float* x, float* y, int64_t first, int6
 }  // namespace
 
 // x (M, K) with unit stride in K, W (N, K) contiguous, bias (N,) or undefined -> (M, N).
-torch::Tensor few_rows_linear(const torch::Tensor& x, const torch::Tensor& weight,
-                              const c10::optional<torch::Tensor>& bias) {
+at::Tensor few_rows_linear(const at::Tensor& x, const at::Tensor& weight,
+                              const c10::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1),
               "few_rows_linear: needs x (M, K) and weight (N, K)");
-  TORCH_CHECK(x.scalar_type() == torch::kFloat && weight.scalar_type() == torch::kFloat && x.device().is_cpu() &&
+  TORCH_CHECK(x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat && x.device().is_cpu() &&
                   weight.device().is_cpu(),
               "few_rows_linear: needs float32 CPU tensors");
   TORCH_CHECK(weight.is_contiguous() && x.stride(1) == 1, "few_rows_linear: needs a contiguous weight and unit stride in x's rows");
   const bool has_bias = bias.has_value() && bias->defined();
   if (has_bias)
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == weight.size(0) && bias->is_contiguous() &&
-                    bias->scalar_type() == torch::kFloat,
+                    bias->scalar_type() == at::kFloat,
                 "few_rows_linear: needs a contiguous float32 bias of N entries");
   const int64_t rows = x.size(0), n_len = weight.size(0), k_len = weight.size(1);
-  auto y = torch::empty({rows, n_len}, x.options());
+  auto y = at::empty({rows, n_len}, x.options());
   const float* w = weight.data_ptr<float>();
   const float* b = has_bias ? bias->data_ptr<float>() : nullptr;
   const float* xs = x.data_ptr<float>();

@@ -7,7 +7,10 @@
 // are read once and h written once, with sigmoid from one exponential of a non-positive argument
 // (so it never overflows): with t = exp(-|g|), sigmoid(g) = 1 / (1 + t) for g >= 0, t / (1 + t) below.
 
-#include <torch/extension.h>
+// ATen's tensor and empty() alone, not <torch/extension.h> (pybind11 and every op): a fifth of the
+// compile time. The operators are registered in native.cpp.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -36,12 +39,12 @@ void swiglu_row(const float* gate, const float* up, float* out, int64_t width) {
 }  // namespace
 
 // hidden (R, 2 d_ff), rows of unit stride, [gate | up] side by side -> (R, d_ff).
-torch::Tensor swiglu(const torch::Tensor& hidden) {
+at::Tensor swiglu(const at::Tensor& hidden) {
   TORCH_CHECK(hidden.dim() == 2 && hidden.size(1) % 2 == 0, "swiglu: needs (rows, 2 d_ff)");
-  TORCH_CHECK(hidden.scalar_type() == torch::kFloat && hidden.device().is_cpu(), "swiglu: needs a float32 CPU tensor");
+  TORCH_CHECK(hidden.scalar_type() == at::kFloat && hidden.device().is_cpu(), "swiglu: needs a float32 CPU tensor");
   TORCH_CHECK(hidden.stride(1) == 1, "swiglu: needs unit stride along a row");
   const int64_t rows = hidden.size(0), width = hidden.size(1) / 2, row_stride = hidden.stride(0);
-  auto out = torch::empty({rows, width}, hidden.options());
+  auto out = at::empty({rows, width}, hidden.options());
   const float* in = hidden.data_ptr<float>();
   float* o = out.data_ptr<float>();
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(width, 1));
