@@ -154,7 +154,8 @@ class _Packed:
     owner: weakref.ref  # the parameter the weight is (or is a view of)
     data_ptr: int
     version: int  # the weight's version counter: every in-place write (an optimizer step) bumps it
-    packed: Tensor | None  # None: seen once, not packed yet
+    rows: int  # the row count of the last unpacked use: a second use with as many rows packs
+    packed: Tensor | None  # None: not packed yet
 
     def fits(self, owner: Tensor, weight: Tensor) -> bool:
         return self.owner() is owner and self.data_ptr == weight.data_ptr() and self.version == weight._version
@@ -169,10 +170,12 @@ class OneDNNLinear:
     layout and the packed copy reused, as long as the weight is unchanged (the same tensor, storage
     and version counter, which every in-place update such as an optimizer step or
     ``load_state_dict`` bumps). Unpacked, oneDNN lays the weight out again on every call, which
-    slows decoding steps measurably (benchmarks/README.md). A weight is packed at its second use,
-    not its first (a prompt read once at batch 1 packs nothing), and packed copies cost the
-    weights' memory once more; a forward pass that needs a weight's gradient drops that weight's
-    copy, so training keeps none.
+    slows decoding steps measurably (benchmarks/README.md). A weight is packed at its second use
+    with as many rows as the use before, the sign of a repeated shape (decoding steps, batches of
+    one size, a benchmark's repeats): a prompt read once at batch 1, or prompts of different
+    lengths read one after another (``attnlab generate RUN "a" "b c"``), pack nothing. Packed
+    copies cost the weights' memory once more; a forward pass that needs a weight's gradient
+    drops that weight's copy, so training keeps none.
 
     One instance per module (:func:`linear_kernel` makes them), so the copies live and die with the
     module whose weights they are.
@@ -200,16 +203,19 @@ class OneDNNLinear:
         return _onednn_matmul(x, self._packed_weight(weight, x.numel() // x.shape[-1]), bias)
 
     def _packed_weight(self, weight: Tensor, rows: int) -> Tensor:
-        """The packed copy of ``weight``, made at its second use: a weight used once with many
-        rows (the prompt of a generation at batch 1, whose later steps take ``F.linear``) is
-        never packed, so it is never held twice."""
+        """The packed copy of ``weight``, made at its second use with ``rows`` rows in a row: a
+        weight used once, or with another row count each time (the prompts of a generation, whose
+        later steps take the few-rows kernel), is never packed, so it is never held twice."""
         owner = _owner(weight)
         key = _key(owner, weight)
         entry = self._packed.get(key)
         if entry is None or not entry.fits(owner, weight):
-            self._packed[key] = _Packed(weakref.ref(owner), weight.data_ptr(), weight._version, None)
+            self._packed[key] = _Packed(weakref.ref(owner), weight.data_ptr(), weight._version, rows, None)
             return weight
         if entry.packed is None:
+            if entry.rows != rows:
+                entry.rows = rows
+                return weight
             entry.packed = _pack(weight, rows)
         return entry.packed
 

@@ -228,6 +228,21 @@ def test_onednn_packs_each_weight_once_for_inference_and_repacks_when_it_changes
 
 
 @needs_onednn
+def test_onednn_packs_only_when_a_row_count_repeats():
+    """Prompts of different lengths read one after another (a generation of several prompts) pack
+    nothing; the first row count used twice in a row packs, and the copy then serves every shape."""
+    kernel = OneDNNLinear()
+    g = torch.Generator().manual_seed(5)
+    weight = torch.nn.Parameter(torch.randn(24, 16, generator=g))
+    with torch.no_grad():
+        for use, rows in enumerate((6, 9, 5, 7, 7, 4, 12)):
+            x = torch.randn(rows, 16, generator=g)
+            torch.testing.assert_close(kernel(x, weight, None), x @ weight.detach().t(), atol=1e-5, rtol=1e-5)
+            (entry,) = kernel._packed.values()
+            assert (entry.packed is not None) == (use >= 4), use  # from the second 7 on
+
+
+@needs_onednn
 def test_onednn_packs_views_of_a_fused_weight_apart():
     """W^Q and W^KV of encoder-decoder attention are row slices of one parameter."""
     kernel = OneDNNLinear()
