@@ -201,6 +201,7 @@ CASES: list[tuple[list[str], list[str]]] = [
     (["eval", "{missing}"], ["run not found", "{missing}"]),
     (["eval", "{not_a_run}"], ["{not_a_run}", "config.json"]),
     (["eval", "{run}", "--split", "nope"], ["--split", "nope"]),
+    (["eval", "{run}", "--texts", "{corpus}"], ["--texts", "needs a language model run", "task 'reverse'"]),
     (["eval", "{run}", "--mask-head", "bogus"], ["bogus"]),
     (["eval", "{run}", "--mask-head", "cross:7:0"], ["cross:7:0"]),
     (

@@ -232,24 +232,30 @@ def test_translation_with_word2vec_initialisation_reports_bleu(tmp_path):
 
 
 def test_language_model_reports_perplexity(tmp_path):
-    corpus = tmp_path / "corpus.txt"
     rng = random.Random(0)
-    corpus.write_text(
-        "\n".join(
-            " ".join(rng.choice(["the cat", "a dog", "sat", "ran", "on the mat"]) for _ in range(4)) for _ in range(300)
-        )
-        + "\n"
-    )
+    corpus, held_out = tmp_path / "corpus.txt", tmp_path / "held_out.txt"
+    for path, lines in ((corpus, 300), (held_out, 40)):
+        words = ["the cat", "a dog", "sat", "ran", "on the mat"]
+        path.write_text("\n".join(" ".join(rng.choice(words) for _ in range(4)) for _ in range(lines)) + "\n")
     config = tmp_path / "lm.toml"
     config.write_text(
-        f'[task]\nname = "lm"\ntrain_file = "{corpus}"\ntokenizer_kind = "bpe"\nvocab_size = 300\n'
-        '[model]\nkind = "decoder_only"\nlayers = 1\nd_model = 16\nheads = 2\nd_ff = 32\ntie_embeddings = true\n'
-        "[train]\nsteps = 20\nbatch_size = 16\nlr = 3e-3\nwarmup = 5\n"
+        f'[task]\nname = "lm"\ntrain_file = "{corpus}"\ntest_file = "{held_out}"\ntokenizer_kind = "bpe"\n'
+        'vocab_size = 300\n[model]\nkind = "decoder_only"\nlayers = 1\nd_model = 16\nheads = 2\nd_ff = 32\n'
+        "tie_embeddings = true\n[train]\nsteps = 20\nbatch_size = 16\nlr = 3e-3\nwarmup = 5\n"
     )
     result = attnlab("train", str(config), "--out", str(tmp_path / "run"), "--no-progress")
     assert result.returncode == 0, result.stderr
     metrics = json.loads(attnlab("eval", str(tmp_path / "run"), "--split", "test", "--json", "--no-progress").stdout)
     assert 1.0 < metrics["perplexity"] < 300.0
+    # the same lines given as --texts (BOS text EOS, as trained) score what the split scores
+    on_file = json.loads(attnlab("eval", str(tmp_path / "run"), "--texts", str(held_out), "--json").stdout)
+    assert on_file["texts"] == metrics["examples"] == 40
+    assert on_file["loss"] == pytest.approx(metrics["loss"], abs=1e-5)
+    assert on_file["perplexity"] == pytest.approx(metrics["perplexity"], rel=1e-5)
+    scores = attnlab("heads", "importance", str(tmp_path / "run"), "--texts", str(held_out), "--json",
+                     "--no-progress", "--out", str(tmp_path / "importance.csv"))  # fmt: skip
+    assert scores.returncode == 0, scores.stderr
+    assert [row["head"] for row in json.loads(scores.stdout)["importance"]] == [0, 1]
     out = attnlab("generate", str(tmp_path / "run"), "the cat", "--max-length", "5", "--json")
     assert out.returncode == 0, out.stderr
     assert "continuation" in json.loads(out.stdout)

@@ -12,12 +12,15 @@ Michel's I_h = E_x |dL(x)/dxi_h|, the mean over texts, from one forward and one 
 batch (:func:`attnlab.analysis.heads.importance`).
 
 Choices: each line of the file is one text, encoded by the run's task as the model reads it
-(:meth:`attnlab.tasks.pretrained_lm.PretrainedLMTask.encode`: with a BOS in front when the model
-adds one, so the first word is predicted too; SmolLM2 adds none, so its first token is context
-only). No EOS is appended: a line of a file is not a finished document, and a chat model's EOS
-(SmolLM2's ``<|im_end|>``) ends a chat turn. A text of a single token predicts nothing and is
-skipped (counted in :attr:`NextTokenProbe.skipped`). A text longer than the context is an error
-naming its line, or cut to the context with ``truncate`` (counted in :attr:`NextTokenProbe.truncated`).
+(``task.scored_ids``). A pretrained LM's (:class:`attnlab.tasks.pretrained_lm.PretrainedLMTask`)
+has a BOS in front when the model adds one, so the first word is predicted too (SmolLM2 adds none,
+so its first token is context only), and no EOS: a line of a file is not a finished document, and
+a chat model's EOS (SmolLM2's ``<|im_end|>``) ends a chat turn. A language model trained here on
+lines of text (:class:`attnlab.tasks.text.LMTask`) reads ``BOS text EOS``, as it was trained: the
+perplexity of a file is then what ``attnlab eval --split`` reports on a split of the same lines.
+A text of a single token predicts nothing and is skipped (counted in
+:attr:`NextTokenProbe.skipped`). A text longer than the context is an error naming its line, or
+cut to the context with ``truncate`` (counted in :attr:`NextTokenProbe.truncated`).
 
 Padding is never recognised by its id (a pretrained LM's pad id may be a real token, as SmolLM2's
 is): texts are padded on the right and the model is given which positions are real
@@ -41,7 +44,7 @@ from attnlab.errors import DataError, UsageError
 from attnlab.loaded_run import LoadedRun
 from attnlab.nn import HeadMask
 from attnlab.tasks.pretrained_lm import PretrainedLMTask
-from attnlab.tasks.text import MAX_LINE_CHARS, read_lines
+from attnlab.tasks.text import MAX_LINE_CHARS, LMTask, read_lines
 
 __all__ = ["TextBatch", "NextTokenProbe", "check_language_model_run", "pad_right"]
 
@@ -73,10 +76,10 @@ def pad_right(rows: Sequence[Sequence[int]], pad_id: int) -> TextBatch:
 
 
 def check_language_model_run(loaded: LoadedRun, what: str) -> None:
-    """Refuse a run that is not a pretrained causal language model (task ``pretrained_lm``)."""
-    if not isinstance(loaded.task, PretrainedLMTask):
+    """Refuse a run that is not a causal language model of text (task ``lm`` or ``pretrained_lm``)."""
+    if not isinstance(loaded.task, (PretrainedLMTask, LMTask)):
         raise UsageError(
-            f"{what} needs a pretrained language model run (attnlab import gguf); "
+            f"{what} needs a language model run of text (task lm, or pretrained_lm from attnlab import gguf); "
             f"{loaded.run.path} is a {loaded.experiment.model_kind} run of task {loaded.experiment.task_name!r}"
         )
 
@@ -97,7 +100,7 @@ class NextTokenProbe:
     """Next-token loss of a language model over the texts of a file (see the module docstring).
 
     Args:
-        loaded: a pretrained language model run (task ``pretrained_lm``).
+        loaded: a language model run of text (task ``lm`` or ``pretrained_lm``).
         texts_file: plain text, one text per non-empty line.
         batch_size: texts per batch (similar lengths together, so little padding).
         truncate: cut a text longer than the context instead of refusing it.
@@ -130,7 +133,10 @@ class NextTokenProbe:
         self.loaded, self.batch_size = loaded, batch_size
         self.model: nn.Module = loaded.model.eval()
         self.base_mask: HeadMask | None = loaded.held_mask() if base_mask is None else base_mask
-        self.context = min(loaded.task.max_tokens, loaded.model.config.max_len)
+        task_context = loaded.task.scored_context
+        self.context = (
+            loaded.model.config.max_len if task_context is None else min(task_context, loaded.model.config.max_len)
+        )
         rows = self._encode(texts_file, truncate)
         self.texts, self.tokens = len(rows), sum(len(row) - 1 for row in rows)
         device = model_device(self.model)
@@ -145,7 +151,7 @@ class NextTokenProbe:
         rows: list[list[int]] = []
         self.skipped = self.truncated = 0
         for number, text in zip(lines.numbers, lines.items, strict=True):
-            ids = self.loaded.task.encode(text)
+            ids = self.loaded.task.scored_ids(text)
             if len(ids) > self.context:
                 if not truncate:
                     raise DataError(

@@ -58,8 +58,10 @@ def evaluate_run(
     so that "did not generalise" is never read where the model did not learn.
 
     With --texts: a language model's perplexity over a text file, the exp of
-    the mean next-token negative log-likelihood over every predicted token
-    (a text's first token is context only unless the model adds a BOS; no EOS).
+    the mean next-token negative log-likelihood over every predicted token.
+    A pretrained LM reads each line as it is (its first token is context only
+    unless the model adds a BOS; no EOS); an lm run trained here reads
+    BOS line EOS, as it was trained, so a file scores as a split of its lines.
     """
     from attnlab.evaluation.evaluate import evaluate
     from attnlab.evaluation.fit import training_fit

@@ -96,6 +96,18 @@ class PretrainedLMTask(SplitAccessors):
         """The model's input ids for ``text``."""
         return self.frame(self.tokenizer.encode(text))
 
+    # ---- scoring a text file (``attnlab eval --texts``, ``attnlab heads ... --texts``) -------------
+
+    def scored_ids(self, text: str) -> list[int]:
+        """The ids a text is scored on (every one after the first predicted): ``text`` framed,
+        no EOS (a line of a file is not a finished document, and a chat model's EOS ends a turn)."""
+        return self.encode(text)
+
+    @property
+    def scored_context(self) -> int:
+        """The most ids a scored text may have (``max_tokens``)."""
+        return self.max_tokens
+
     # ---- generation (``attnlab generate``) -------------------------------------------------------
 
     @property

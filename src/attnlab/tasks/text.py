@@ -246,6 +246,17 @@ class LMTask(_TextTask):
 
     kind = "lm"
 
+    # ---- scoring a text file (``attnlab eval --texts``, ``attnlab heads ... --texts``) -------------
+
+    def scored_ids(self, text: str) -> list[int]:
+        """``BOS text EOS``: a line framed as the model was trained on every line (input ``BOS
+        text``, targets ``text EOS``), so a file's perplexity is what ``eval`` reports on a split
+        of the same lines."""
+        return [self.bos_id, *self.tokenizer.encode(text), self.eos_id]
+
+    scored_context = None
+    """The most ids a scored text may have: the model's (``model.max_len``)."""
+
     # ---- generation (``attnlab generate``) -------------------------------------------------------
 
     generation_context = None
