@@ -55,7 +55,7 @@ def test_eval_texts_needs_a_language_model(capsys, tmp_path) -> None:
     texts = tmp_path / "t.txt"
     texts.write_text("hello there\n", encoding="utf-8")
     code, _, err = _main(capsys, "eval", str(tiny_run(tmp_path, "encoder_classifier")), "--texts", str(texts))
-    assert code == 2 and "pretrained language model" in err
+    assert code == 2 and "needs a language model run of text" in err
 
 
 def test_importance_and_the_pruning_curve_score_every_query_head(lm, capsys, tmp_path) -> None:

@@ -133,5 +133,5 @@ def test_texts_without_a_next_token_and_other_runs_are_refused(lm, tmp_path) -> 
         NextTokenProbe(loaded, path)
     from tests.unit.analysis.tiny_runs import tiny_run
 
-    with pytest.raises(UsageError, match="pretrained language model"):
+    with pytest.raises(UsageError, match="needs a language model run of text"):
         NextTokenProbe(open_run(tiny_run(tmp_path, "encoder_classifier")), path)
