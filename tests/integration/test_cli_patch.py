@@ -4,16 +4,11 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
-import sys
 
 import pytest
 
+from tests.cli import attnlab
 from tests.unit.analysis.tiny_runs import tiny_run
-
-
-def attnlab(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "attnlab", *args], capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,16 +11,13 @@ from attnlab.experiment import ExperimentConfig
 from attnlab.loaded_run import open_run
 from attnlab.nn.sites import model_sites
 from attnlab.training.trainer import train
+from tests.cli import attnlab
 
 EXPERIMENT = {
     "task": {"name": "reverse", "max_train_length": 4, "train_size": 60, "valid_size": 10, "test_size": 10},
     "model": {"kind": "encoder_decoder", "layers": 2, "d_model": 16, "heads": 2, "d_ff": 32, "dropout": 0.0},
     "train": {"steps": 2, "batch_size": 8, "log_every": 0},
 }
-
-
-def attnlab(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "attnlab", *args], capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")

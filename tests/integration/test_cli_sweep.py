@@ -5,10 +5,11 @@ from __future__ import annotations
 import csv
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.cli import attnlab
 
 TINY = """
 [task]
@@ -33,10 +34,6 @@ batch_size = 8
 log_every = 2
 schedule = "constant"
 """
-
-
-def attnlab(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "attnlab", *args], capture_output=True, text=True, timeout=timeout)
 
 
 def _one_error_line(result: subprocess.CompletedProcess[str], code: int = 2) -> str:

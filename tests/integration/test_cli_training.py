@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import random
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from attnlab.runs import RunDir
+from tests.cli import attnlab
 from tests.toy_corpora import write_number_words
 
 TINY = """
@@ -33,10 +33,6 @@ steps = 5
 batch_size = 8
 log_every = 1
 """
-
-
-def attnlab(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "attnlab", *args], capture_output=True, text=True, timeout=timeout)
 
 
 def _error(result: subprocess.CompletedProcess[str], code: int = 2) -> str:

