@@ -12,6 +12,9 @@ The optimiser is the run's (:func:`attnlab.training.trainer.make_optimizer`: Ada
 label smoothing, gradient clipping and batch size; the batches are the run's train split in the
 order ``train.seed`` gives (:class:`attnlab.training.data.BatchStream`), and dropout draws from
 ``torch.manual_seed(train.seed)``, so a fine-tuning repeats exactly.
+
+A non-finite loss or gradient stops the fine-tuning before its update (the trainer refuses a
+diverged step the same way): the pruning curve is never measured on NaN weights.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from attnlab.loaded_run import LoadedRun
 from attnlab.nn import HeadMask
 from attnlab.training.data import BatchStream
 from attnlab.training.distributed import DistInfo
-from attnlab.training.trainer import make_optimizer
+from attnlab.training.trainer import TrainingDiverged, make_optimizer
 
 __all__ = ["fine_tune"]
 
@@ -43,6 +46,8 @@ def fine_tune(loaded: LoadedRun, head_mask: HeadMask | None, steps: int) -> list
 
     Raises:
         UsageError: a negative ``steps``, or a task with no training examples.
+        TrainingDiverged: a step's loss or gradient is not finite (the model keeps the weights of
+            the step before).
     """
     if steps < 0:
         raise UsageError(f"--retrain-steps: must be >= 0, got {steps}")
@@ -71,14 +76,20 @@ def fine_tune(loaded: LoadedRun, head_mask: HeadMask | None, steps: int) -> list
     losses = []
     model.train()
     try:
-        for _ in range(steps):
+        for step in range(1, steps + 1):
             batch = stream.next().to(device)
             parts = objective(model, batch, head_mask, task.pad_id, cfg.label_smoothing)
             loss = parts.total / parts.count.clamp_min(1)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            if cfg.clip_norm > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm)
+            # max_norm = inf measures the gradient's norm and scales by 1: no clipping
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm or float("inf"))
+            if not (torch.isfinite(loss) and torch.isfinite(norm)):
+                raise TrainingDiverged(
+                    f"--retrain-steps: fine-tuning step {step} of {steps} gave loss {float(loss)} and gradient "
+                    f"norm {float(norm)}; its update was not applied. Lower train.lr (the run's peak rate, "
+                    "used throughout the fine-tuning) or --retrain-steps"
+                )
             optimizer.step()
             losses.append(float(loss.detach()))
     finally:

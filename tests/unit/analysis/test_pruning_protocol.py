@@ -15,7 +15,7 @@ from attnlab.cli import main
 from attnlab.experiment import ExperimentConfig
 from attnlab.head_ids import HeadId, mask_without
 from attnlab.loaded_run import open_run
-from attnlab.training.trainer import train
+from attnlab.training.trainer import TrainingDiverged, train
 
 EXPERIMENT = {
     "task": {
@@ -126,6 +126,20 @@ def test_retraining_changes_the_weights_and_keeps_the_pruned_heads_off(run):
         not torch.equal(before_t, _head_weights(model, kept)[n])
         for n, before_t in _head_weights_of(before, loaded, kept).items()
     )
+
+
+def test_retraining_refuses_a_non_finite_loss_before_updating(run):
+    loaded = open_run(run)
+    model = loaded.model
+    site = next(iter(model.attention_sites()))
+    with torch.no_grad():
+        site.module.out_proj.weight[0, 0] = float("inf")  # every output, hence the loss, is no longer finite
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    with pytest.raises(TrainingDiverged, match=r"--retrain-steps: fine-tuning step 1 of 3 gave loss nan"):
+        fine_tune(loaded, mask_without(model, []), 3)
+    after = model.state_dict()
+    assert all(torch.equal(before[name], after[name]) for name in before)  # no update was applied
+    assert not model.training
 
 
 def _head_weights_of(state, loaded, head):  # noqa: ANN001, ANN202
