@@ -300,8 +300,9 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)
   TORCH_CHECK(k.size(0) == q.size(0) && v.size(0) == q.size(0) && k.size(1) == q.size(1) && v.size(1) == q.size(1),
               "short_attention: q, k and v need the same B and H");
   TORCH_CHECK(k.size(3) == q.size(3) && v.size(2) == k.size(2), "short_attention: q, k, v shapes disagree");
-  // The message is one literal: TORCH_CHECK formats other arguments into a std::string handed to
-  // libc10, which crashed (SIGSEGV) on a machine whose compiler's std::string differed from libc10's.
+  // The message is one literal: TORCH_CHECK formats other arguments into a std::string for libc10,
+  // and that crashed (SIGSEGV) in an extension built on a GPU machine (gcc 13.3, torch 2.11), where
+  // a literal message raised as it should.
   static_assert(kMaxKeys == 256 && kMaxHeadDim == 256, "the message below states the limits");
   TORCH_CHECK(k.size(2) >= 1 && k.size(2) <= kMaxKeys && q.size(3) <= kMaxHeadDim && v.size(3) <= kMaxHeadDim,
               "short_attention: at most 256 keys and head widths up to 256");
@@ -315,8 +316,8 @@ at::Tensor empty_heads(int64_t b, int64_t h, int64_t t, int64_t d, const at::Ten
 }  // namespace
 
 // Forward: the output (B, H, T_q, d_v) and P^T (B, H, T_k, round_up(T_q)), kept for the backward.
-std::tuple<at::Tensor, at::Tensor> short_attention(const at::Tensor& q, const at::Tensor& k,
-                                                         const at::Tensor& v, bool causal, double scale) {
+std::tuple<at::Tensor, at::Tensor> short_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                   bool causal, double scale) {
   check_inputs(q, k, v);
   const int64_t batch = q.size(0), heads = q.size(1), t_q = q.size(2), t_k = k.size(2), d_k = q.size(3),
                 d_v = v.size(3);

@@ -113,7 +113,7 @@ AttendOne attend_for(int64_t d, int64_t d_v) {
 // dim; mask: bool, (B, H, T_q, T_k) (expanded views welcome), or undefined. Returns (B, H, T_q, d_v)
 // laid out as (B, T_q, H, d_v).
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                               const c10::optional<at::Tensor>& mask, bool causal, double scale) {
+                            const c10::optional<at::Tensor>& mask, bool causal, double scale) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "decode_attention: needs (B, H, T, d) q, k and v");
   TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat &&
                   q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu(),

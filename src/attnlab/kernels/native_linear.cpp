@@ -73,7 +73,7 @@ void few_rows_pass(const float* w, const float* x, float* y, int64_t first, int6
 
 // x (M, K) with unit stride in K, W (N, K) contiguous, bias (N,) or undefined -> (M, N).
 at::Tensor few_rows_linear(const at::Tensor& x, const at::Tensor& weight,
-                              const c10::optional<at::Tensor>& bias) {
+                           const c10::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && x.size(1) == weight.size(1),
               "few_rows_linear: needs x (M, K) and weight (N, K)");
   TORCH_CHECK(x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat && x.device().is_cpu() &&
