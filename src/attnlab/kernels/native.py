@@ -441,10 +441,7 @@ def few_rows_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         weight: (d_out, d_in); bias: (d_out,); returns (..., d_out).
     """
     _loaded()
-    rows = x.reshape(-1, x.shape[-1])  # (R, d_in), R = all leading dims of x
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
-    return torch.ops.attnlab.few_rows_linear(rows, weight, bias).view(*x.shape[:-1], weight.shape[0])
+    return torch.ops.attnlab.few_rows_linear(_rows(x), weight, bias).view(*x.shape[:-1], weight.shape[0])
 
 
 DECODE_ATTENTION_MAX_QUERIES = 4
@@ -506,10 +503,13 @@ def swiglu(hidden: Tensor) -> Tensor:
         hidden: (..., 2 d_ff) float32 on the CPU, unit stride in the last dim -> (..., d_ff).
     """
     _loaded()
-    rows = hidden.reshape(-1, hidden.shape[-1])  # (R, 2 d_ff), R = all leading dims
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
-    return torch.ops.attnlab.swiglu(rows).view(*hidden.shape[:-1], hidden.shape[-1] // 2)
+    return torch.ops.attnlab.swiglu(_rows(hidden)).view(*hidden.shape[:-1], hidden.shape[-1] // 2)
+
+
+def _rows(x: Tensor) -> Tensor:
+    """``x`` as (R, d), R = all its leading dims (a view where it can be), with unit stride in d."""
+    rows = x.reshape(-1, x.shape[-1])  # (R, d)
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
 
 
 class _ShortAttention(torch.autograd.Function):
