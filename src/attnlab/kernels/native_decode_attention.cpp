@@ -149,8 +149,8 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
       for (int64_t i = 0; i < t_q; ++i) {
         const int64_t visible = causal ? std::clamp<int64_t>(i + t_k - t_q + 1, 0, t_k) : t_k;
         attend(qp + b * sq.b + h * sq.h + i * sq.t, kp + b * sk.b + h * sk.h, vp + b * sv.b + h * sv.h,
-                   mp == nullptr ? nullptr : mp + b * sm.b + h * sm.h + i * sm.t, mask_t, visible, d, d_v, sk.t, sv.t,
-                   s, scores.data(), op + ((b * t_q + i) * heads + h) * d_v);
+               mp == nullptr ? nullptr : mp + b * sm.b + h * sm.h + i * sm.t, mask_t, visible, d, d_v, sk.t, sv.t,
+               s, scores.data(), op + ((b * t_q + i) * heads + h) * d_v);
       }
     }
   });
