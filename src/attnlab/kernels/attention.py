@@ -78,6 +78,6 @@ def decode_attention_applies(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | Non
         and max(q.shape[-1], v.shape[-1]) <= native.SHORT_ATTENTION_MAX_HEAD_DIM
         and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
         and (mask is None or mask.dtype == torch.bool)
-        and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
+        and not native.gradient_wanted(q, k, v)
         and native.available()
     )

@@ -38,7 +38,7 @@ def _inference_rows_on_cpu(x: Tensor) -> bool:
     return (
         x.dtype == torch.float32
         and x.device.type == "cpu"
-        and not (x.requires_grad and torch.is_grad_enabled())
+        and not native.gradient_wanted(x)
         and x.numel() > 0
         and x.stride(-1) == 1
         and not torch.is_autocast_enabled("cpu")

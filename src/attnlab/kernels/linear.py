@@ -192,9 +192,7 @@ class OneDNNLinear:
             return F.linear(x, weight, bias)
         if torch.is_autocast_enabled(x.device.type):  # mixed precision: autocast casts F.linear's inputs
             return F.linear(x, weight, bias)  # (PyTorch runs its bf16 GEMMs on oneDNN itself)
-        if torch.is_grad_enabled() and (
-            x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
-        ):
+        if native.gradient_wanted(x, weight, bias):
             if self._packed:  # training: this weight changes every step, so its copy is dropped
                 self._packed.pop(_key(_owner(weight), weight), None)
             return _OneDNNLinear.apply(x, weight, bias)
@@ -237,10 +235,7 @@ def _few_rows(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         _onednn_runs(x, weight)
         and weight.is_contiguous()
         and (bias is None or bias.is_contiguous())
-        and not (
-            torch.is_grad_enabled()
-            and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
-        )
+        and not native.gradient_wanted(x, weight, bias)
         and not torch.is_autocast_enabled("cpu")
         and native.available()
     ):

@@ -89,6 +89,7 @@ __all__ = [
     "transpose",
     "scaled_keep_mask",
     "short_attention",
+    "gradient_wanted",
     "few_rows_linear",
     "swiglu",
     "rotary",
@@ -345,6 +346,13 @@ def kernels() -> ModuleType | None:
 def available() -> bool:
     """Whether the kernels are built (building them on the first call)."""
     return kernels() is not None
+
+
+def gradient_wanted(*tensors: Tensor | None) -> bool:
+    """Whether autograd records this call: grad mode on and one of ``tensors`` (None skipped)
+    requires a gradient. The kernels without a backward (all but :func:`short_attention`) take
+    only calls where it does not."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 # Traced code (torch.compile) takes available()'s answer as given, not the build. This is what
