@@ -13,8 +13,8 @@ import torch
 
 from attnlab.cli import main
 from attnlab.experiment import ExperimentConfig
-from attnlab.loaded_run import open_run
-from attnlab.runs import RunDir
+from attnlab.run.directory import RunDir
+from attnlab.run.loaded import open_run
 from attnlab.tasks.factory import build_task, model_for_task
 from attnlab.training.trainer import train
 from tests.cli import attnlab

@@ -24,8 +24,8 @@ pytest.importorskip("gguf")
 pytest.importorskip("accelerate", reason="transformers loads GGUF files only with accelerate installed")
 pytest.importorskip("transformers")
 
-from attnlab.loaded_run import open_run  # noqa: E402
 from attnlab.pretrained.gguf import package_gguf  # noqa: E402
+from attnlab.run.loaded import open_run  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from smollm2_prompts import PROMPTS  # noqa: E402

@@ -55,7 +55,7 @@ def generate(
     Heads held at zero in training (train.mask_heads) stay off, as in `attnlab eval`.
     """
     from attnlab.decoding import DecodeOptions
-    from attnlab.loaded_run import open_run
+    from attnlab.run.loaded import open_run
 
     check_beam(beam, flag="--beam")
     check_new_tokens(max_new_tokens, flag="--max-new-tokens (--max-length)")

@@ -24,8 +24,8 @@ def sites(
     """
     from attnlab.analysis.trace import resolve_sites
     from attnlab.errors import UsageError
-    from attnlab.loaded_run import open_run
     from attnlab.nn.sites import site_shapes
+    from attnlab.run.loaded import open_run
 
     loaded = open_run(run, device=device)
     shapes = site_shapes(loaded.model)

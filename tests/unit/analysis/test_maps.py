@@ -8,7 +8,7 @@ import torch
 
 from attnlab.analysis.maps import attention_view, kind_maps
 from attnlab.head_ids import HeadId, mask_without
-from attnlab.loaded_run import open_run
+from attnlab.run.loaded import open_run
 from tests.unit.analysis.tiny_runs import tiny_run
 
 

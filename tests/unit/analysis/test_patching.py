@@ -12,8 +12,8 @@ from attnlab.analysis.heads import ablate
 from attnlab.analysis.patching import head_means, patch
 from attnlab.analysis.trace import trace
 from attnlab.errors import UsageError
-from attnlab.loaded_run import open_run
 from attnlab.pretrained.bert import find_source, import_bert
+from attnlab.run.loaded import open_run
 from tests.unit.analysis.tiny_runs import tiny_run
 from tests.unit.pretrained.tiny_bert import write_tiny_bert
 
