@@ -127,7 +127,7 @@ def test_chat_prompt_ids_equal_the_reference_chat_template(loaded, reference) ->
 )
 def test_greedy_generation_equals_hugging_face_generate(loaded, reference, plain, new_tokens) -> None:
     """Plain prompts and one chat prompt (which ends at EOS), token for token."""
-    from attnlab.decoding import DecodeOptions, generate_continuations
+    from attnlab.generate.search import DecodeOptions, generate_continuations
 
     tokenizer, model = reference
     task = loaded.task
@@ -151,7 +151,7 @@ def test_greedy_generation_equals_hugging_face_generate(loaded, reference, plain
 
 
 def test_the_kv_cache_holds_the_three_key_value_heads(loaded) -> None:
-    from attnlab.decoding import DecoderOnlyStepper
+    from attnlab.generate.search import DecoderOnlyStepper
 
     stepper = DecoderOnlyStepper(loaded.model, use_cache=True)
     prompt = torch.tensor([loaded.task.generation_prompt("Hello there")])
@@ -163,7 +163,8 @@ def test_the_kv_cache_holds_the_three_key_value_heads(loaded) -> None:
 
 
 def test_sampling_is_seeded_and_degenerate_sampling_is_greedy(loaded) -> None:
-    from attnlab.decoding import DecodeOptions, SamplingOptions, generate_continuations
+    from attnlab.generate.sampling import SamplingOptions
+    from attnlab.generate.search import DecodeOptions, generate_continuations
 
     task = loaded.task
     prompt = [task.generation_prompt("Once upon a time")]
@@ -182,7 +183,7 @@ def test_sampling_is_seeded_and_degenerate_sampling_is_greedy(loaded) -> None:
 
 
 def test_generate_streams_the_chat_reply_and_json_gives_the_same(run: Path, loaded) -> None:
-    from attnlab.decoding import DecodeOptions, generate_continuations
+    from attnlab.generate.search import DecodeOptions, generate_continuations
 
     task = loaded.task
     expected = generate_continuations(

@@ -13,8 +13,8 @@ import torch
 from starlette.testclient import TestClient
 
 from attnlab.analysis.maps import attention_view
-from attnlab.decoding import DecodeOptions, decode
 from attnlab.errors import UsageError
+from attnlab.generate.search import DecodeOptions, decode
 from attnlab.head_ids import HeadId, mask_without
 from attnlab.nn import capture
 from attnlab.run.loaded import open_run

@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from attnlab.decoding import DecodeOptions, decode, generate_continuations
 from attnlab.devices import model_device
+from attnlab.generate.search import DecodeOptions, decode, generate_continuations
 from attnlab.head_ids import HeadId, heads_off
 from attnlab.nn import AttentionRecord, capture
 from attnlab.nn.models import POOLINGS

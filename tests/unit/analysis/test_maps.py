@@ -67,7 +67,7 @@ def test_a_head_switched_off_changes_later_layers_only(runs):
 
 def test_heads_held_in_training_are_off_in_every_view(tmp_path_factory):
     """A run's train.mask_heads stay off in the maps and the output; a head_mask switches more off."""
-    from attnlab.decoding import DecodeOptions, decode
+    from attnlab.generate.search import DecodeOptions, decode
     from attnlab.nn import capture
     from tests.unit.analysis.tiny_runs import HELD
 
