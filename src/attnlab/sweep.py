@@ -658,6 +658,8 @@ def run_sweep(
     """
     from tqdm import tqdm
 
+    from attnlab.experiment import ExperimentConfig
+    from attnlab.kernels import native
     from attnlab.runlock import RunLock
     from attnlab.storage import atomic_write_json, ensure_folder
 
@@ -672,6 +674,7 @@ def run_sweep(
             atomic_write_json(out / PLAN_FILE, plan.to_json())
         todo = _jobs_to_run(plan, out, retry_failed=retry_failed)
         skipped = len(plan.runs) - len(todo)
+        native.prepare(*(ExperimentConfig.from_dict(job.config).train.device for job in todo))  # before the bar
         bar = tqdm(total=len(plan.runs), initial=skipped, desc="sweep", unit="run", disable=not progress, leave=False)
         failed = 0
 

@@ -50,6 +50,7 @@ from attnlab.evaluation.fit import training_fit
 from attnlab.evaluation.objectives import OBJECTIVES
 from attnlab.experiment import ExperimentConfig, TrainConfig
 from attnlab.head_ids import held_mask
+from attnlab.kernels import native
 from attnlab.loaded_run import saved_tokenizer
 from attnlab.nn import InputEmbedding
 from attnlab.output_paths import check_output_path
@@ -385,6 +386,7 @@ class _Trainer:
         """
         cfg = self.cfg
         losses: list[float] = []
+        native.prepare(self.device)  # a first use's kernel build before the bar, not in its first step
         bar = tqdm(total=cfg.steps, initial=self.step, desc="train", disable=not (self.progress and self.dist.is_main))
         window = _LogWindow(rate_key=_rate_key(self.experiment.model_kind))
         final_metrics = None
