@@ -38,7 +38,7 @@ def swiglu(hidden: Tensor) -> Tensor:
     if fused_swiglu_applies(hidden):
         key = ("swiglu", calibration.bucket(hidden.numel() // hidden.shape[-1]), hidden.shape[-1])
         choice = calibration.chosen(key) or calibration.choose(
-            key, {"torch": lambda: _swiglu_by_ops(hidden), "native": lambda: fused_swiglu(hidden)}
+            key, {"native": lambda: fused_swiglu(hidden), "torch": lambda: _swiglu_by_ops(hidden)}
         )
         if choice == "native":
             return fused_swiglu(hidden)

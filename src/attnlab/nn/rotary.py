@@ -105,7 +105,7 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     if fused_rotary_applies(x, cos):
         key = ("rotary", calibration.bucket(x.shape[0] * x.shape[1]), calibration.bucket(x.shape[2]), x.shape[3])
         choice = calibration.chosen(key) or calibration.choose(
-            key, {"torch": lambda: _rotate_by_ops(x, cos, sin), "native": lambda: fused_rotary(x, cos, sin)}
+            key, {"native": lambda: fused_rotary(x, cos, sin), "torch": lambda: _rotate_by_ops(x, cos, sin)}
         )
         if choice == "native":
             return fused_rotary(x, cos, sin)
