@@ -436,11 +436,12 @@ def _shape_class(
     measured (another device, dropout, or too many scores to time cheaply)."""
     if q.device.type != "cpu" or dropout_p > 0.0:
         return None
-    t_q, t_k = q.shape[-2], k.shape[-2]
-    rows = max(math.prod(q.shape[:-2]), math.prod(k.shape[:-2]))  # (batch x head), a lower bound of the broadcast
+    # Inline arithmetic, no helper calls: this runs at every call (~30 per decoded token).
+    shape, t_k = q.shape, k.shape[-2]
+    t_q, d_k, d_v = shape[-2], shape[-1], v.shape[-1]
+    rows = math.prod(shape[:-2])  # (batch x head) of the queries
     if rows * t_q * t_k > _MAX_TIMED_SCORES:
         return None
-    bucket = calibration.bucket
     return (
         "attention",
         q.dtype,
@@ -448,12 +449,12 @@ def _shape_class(
         mask is not None,
         bias is not None,
         causal,
-        q.dim(),
-        bucket(t_q),
-        bucket(t_k),
-        bucket(q.shape[-1]),
-        bucket(v.shape[-1]),
-        bucket(rows),
+        len(shape),
+        1 << (t_q - 1).bit_length() if t_q else 0,  # each size rounded up to a power of two (calibration.bucket)
+        1 << (t_k - 1).bit_length() if t_k else 0,
+        1 << (d_k - 1).bit_length() if d_k else 0,
+        1 << (d_v - 1).bit_length() if d_v else 0,
+        1 << (rows - 1).bit_length() if rows else 0,
     )
 
 
