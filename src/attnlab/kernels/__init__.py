@@ -24,7 +24,8 @@ the same results. The interface:
   measured once per shape class and cached on disk (the kernels' ``applies`` predicates say only
   which can).
 
-Imports point down only: nothing here imports from attnlab outside ``attnlab.kernels``;
+Imports point down only: nothing here imports from attnlab outside ``attnlab.kernels`` but the
+errors module (a bad ``ATTNLAB_LINEAR`` is a ``ConfigError``);
 ``attnlab.nn`` imports this package, never the reverse.
 """
 

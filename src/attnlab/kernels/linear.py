@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnlab.errors import ConfigError
 from attnlab.kernels import calibration, native
 
 __all__ = [
@@ -354,13 +355,13 @@ def available_linear_kernels() -> list[str]:
 
 
 def linear_setting() -> str:
-    """``ATTNLAB_LINEAR`` from the environment (default ``auto``); a ValueError naming the
+    """``ATTNLAB_LINEAR`` from the environment (default ``auto``); a ConfigError naming the
     variable where it is not ``auto`` or a kernel this PyTorch build can run."""
     name = os.environ.get("ATTNLAB_LINEAR") or "auto"
     if name not in LINEAR_SETTINGS:
-        raise ValueError(f"ATTNLAB_LINEAR: unknown {name!r}; allowed: {', '.join(LINEAR_SETTINGS)}")
+        raise ConfigError(f"ATTNLAB_LINEAR: unknown {name!r}; allowed: {', '.join(LINEAR_SETTINGS)}")
     if name != "auto" and name not in available_linear_kernels():
-        raise ValueError(
+        raise ConfigError(
             f"ATTNLAB_LINEAR: {name!r} needs a PyTorch build with oneDNN (torch.backends.mkldnn); use 'aten' or 'auto'"
         )
     return name

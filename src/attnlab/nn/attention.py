@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnlab import kernels
+from attnlab.errors import ConfigError
 from attnlab.kernels import calibration
 from attnlab.nn.masks import causal_mask, check_mask, combine_masks
 
@@ -426,7 +427,7 @@ def _forced_backend(name: str) -> Backend:
     try:
         return BACKENDS[name]
     except KeyError:
-        raise ValueError(f"ATTNLAB_BACKEND: unknown {name!r}; allowed: {', '.join(sorted(BACKENDS))}") from None
+        raise ConfigError(f"ATTNLAB_BACKEND: unknown {name!r}; allowed: {', '.join(sorted(BACKENDS))}") from None
 
 
 def _shape_class(
