@@ -296,18 +296,18 @@ class MeasuredLinear:
         key = ("linear", calibration.bucket(rows), weight.shape, bias is None, grad)
         name = calibration.chosen(key)
         if name is None or not _linear_applies(name, rows, weight, bias, grad):
-            names = [name for name in self._kernels if _linear_applies(name, rows, weight, bias, grad)]
-            name = calibration.choose(key, {name: _timed_linear(name, x, weight, bias, grad) for name in names})
+            names = [each for each in self._kernels if _linear_applies(each, rows, weight, bias, grad)]
+            if len(names) == 1 or not calibration.can_measure():
+                name = names[0]  # aten
+            else:
+                name = calibration.choose(key, {each: _timed_linear(each, x, weight, bias, grad) for each in names})
         return self._kernels[name](x, weight, bias)
 
     def __deepcopy__(self, memo: dict) -> MeasuredLinear:
         return MeasuredLinear()  # a copied module has weights of its own: it packs them itself
 
-    def __getstate__(self) -> dict:
-        return {}  # packed copies are oneDNN's opaque tensors: never serialised
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__()
+    def __reduce__(self) -> tuple:
+        return MeasuredLinear, ()  # packed copies are oneDNN's opaque tensors: never serialised
 
     def __repr__(self) -> str:
         return "MeasuredLinear()"
@@ -329,7 +329,7 @@ def _linear_applies(name: str, rows: int, weight: Tensor, bias: Tensor | None, g
 
 
 def _timed_linear(name: str, x: Tensor, weight: Tensor, bias: Tensor | None, grad: bool) -> Callable[[], object]:
-    """One call of kernel ``name`` on detached copies of the inputs, to time: forward only, or
+    """One call of kernel ``name`` on detached views of the inputs, to time: forward only, or
     forward and backward on fresh leaves where a gradient is wanted (nothing is recorded in the
     caller's graph). oneDNN runs on an instance of its own, whose packed weights are dropped after."""
     kernel = OneDNNLinear() if name == "onednn" else {"aten": aten_linear, "few_rows": _few_rows}[name]

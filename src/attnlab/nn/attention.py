@@ -227,7 +227,7 @@ def select_backend(
     applicable = [
         backend for backend in BACKENDS.values() if backend.applies(q, k, v, mask, bias, dropout_p, False, None)
     ]
-    if key is None or len(applicable) == 1:
+    if key is None or len(applicable) == 1 or not calibration.can_measure():
         return applicable[0]
     timed = {backend.name: _timed(backend, q, k, v, mask, bias, causal, scale) for backend in applicable}
     return BACKENDS[calibration.choose(key, timed)]
@@ -469,7 +469,7 @@ def _timed(
     causal: bool,
     scale: float,
 ) -> Callable[[], object]:
-    """One call of ``backend`` on detached copies of the call's tensors, to time: forward under
+    """One call of ``backend`` on detached views of the call's tensors, to time: forward under
     ``no_grad``, or forward and backward on fresh leaves where a gradient is wanted (nothing is
     recorded in the caller's graph, no random number is drawn)."""
     leaves = [None if t is None else t.detach().requires_grad_(t.requires_grad) for t in (q, k, v, bias)]

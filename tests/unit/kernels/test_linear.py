@@ -377,3 +377,12 @@ def test_models_with_either_kernel_agree_and_share_state_dict_keys(monkeypatch):
     torch.testing.assert_close(logits["onednn"], logits["aten"], atol=1e-5, rtol=1e-5)
     for key, grad in grads["aten"].items():
         torch.testing.assert_close(grads["onednn"][key], grad, atol=1e-4, rtol=1e-4, msg=lambda m, k=key: f"{k}: {m}")
+
+
+def test_a_copied_or_pickled_measured_kernel_computes_the_map():
+    import copy
+    import pickle
+
+    x, weight = torch.randn(5, 8), torch.randn(6, 8)
+    for kernel in (pickle.loads(pickle.dumps(MeasuredLinear())), copy.deepcopy(MeasuredLinear())):
+        torch.testing.assert_close(kernel(x, weight, None), F.linear(x, weight, None))
