@@ -491,7 +491,8 @@ def _timed(
 
     def run_with_backward() -> object:
         with torch.enable_grad():
-            return torch.autograd.grad(forward().sum(), wanted)
+            output = forward()
+            return torch.autograd.grad(output, wanted, torch.ones_like(output))  # dense, as a loss's
 
     return run_with_backward
 
