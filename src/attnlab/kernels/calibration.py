@@ -9,7 +9,8 @@ the shapes. Rather than constants tuned on one CPU, the choice is timed at the f
 rounded up to powers of two by :func:`bucket`), among the implementations whose ``applies``
 predicate takes that call, and remembered:
 
-* in memory, :data:`CHOICES` (key -> name): the hot path is one dict lookup (:func:`chosen`);
+* in memory, :data:`CHOICES` (key -> name), for the process's life: the hot path is one dict
+  lookup (:func:`chosen`);
 * on disk, one JSON file per machine (:func:`cache_path`), named by a hash of what makes one
   machine's answers differ from another's: the kernels' build (:func:`attnlab.kernels.native.build_spec`,
   whose name carries the CPU capability and a key over the sources, flags, compiler, torch and
@@ -68,7 +69,7 @@ BUDGET_S = 0.05
 and never much over this."""
 
 _FILE_VERSION = 1
-_disk: dict[str, str] | None = None  # the cache file's choices, read at the first measurement
+_disk: tuple[Path, dict[str, str]] | None = None  # the cache file read last, and its choices
 
 
 def bucket(n: int) -> int:
@@ -150,17 +151,21 @@ def cache_path() -> Path:
     return Path(root) / f"{_machine_key()}.json"
 
 
-@cache
 def _machine_key() -> str:
-    """16 hex digits over what makes one machine's timings differ from another's."""
+    """16 hex digits over what makes one machine's timings differ from another's: the build and
+    the processor, and the thread count now (a process may change it)."""
+    return hashlib.sha256(f"{_build_and_processor()}\n{torch.get_num_threads()}".encode()).hexdigest()[:16]
+
+
+@cache
+def _build_and_processor() -> str:
     parts = (
         native.build_spec().name,  # the CPU capability and a key over the kernels' build
         str(torch.__version__),
         torch.backends.cpu.get_cpu_capability(),
         _cpu_model(),
-        str(torch.get_num_threads()),
     )
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+    return "\n".join(parts)
 
 
 def _cpu_model() -> str:
@@ -181,9 +186,10 @@ def _entry(key: tuple) -> str:
 def _read() -> dict[str, str]:
     """The cache file's choices (read once per process); empty where it is missing or unreadable."""
     global _disk
-    if _disk is None:
-        _disk = _load(cache_path())
-    return _disk
+    path = cache_path()
+    if _disk is None or _disk[0] != path:
+        _disk = (path, _load(path))
+    return _disk[1]
 
 
 def _load(path: Path) -> dict[str, str]:

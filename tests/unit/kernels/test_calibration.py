@@ -97,3 +97,13 @@ def test_measure_picks_the_fastest_and_ties_go_to_the_first():
     assert calibration.measure({"slow": slow, "fast": fast}) == "fast"
     assert calls.count("fast") == calls.count("slow") >= 2  # a warm-up call and rounds, interleaved
     assert calibration.measure({"x": lambda: None, "y": lambda: None}) in {"x", "y"}
+
+
+def test_the_thread_count_is_part_of_the_cache_key(timings, monkeypatch):
+    calibration.choose(KEY, CANDIDATES)
+    first = calibration.cache_path()
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 97)
+    assert calibration.cache_path() != first
+    calibration.CHOICES.clear()  # this process's answers stay; a file for 97 threads has none
+    calibration.choose(KEY, CANDIDATES)
+    assert len(timings) == 2
