@@ -233,7 +233,6 @@ def _multi_head(config: TransformerConfig, kind: str, layer: int) -> MultiHeadAt
         # ALiBi and Shaw et al.'s relative positions bias self-attention's scores; not cross-attention's.
         position_bias=config.positional if config.positional in POSITION_BIASES and kind != "cross" else None,
         relative_clip=config.relative_clip,
-        linear=config.linear,
     )
 
 
@@ -244,23 +243,22 @@ def _feed_forward(config: TransformerConfig) -> PositionwiseFeedForward:
         activation=config.activation,
         dropout=config.activation_dropout,
         bias=config.bias,
-        linear=config.linear,
     )
 
 
 class OutputLayer(nn.Linear):
-    """The last linear map, hidden states -> logits, through the config's GEMM kernel.
+    """The last linear map, hidden states -> logits, through the GEMM kernel of the runtime setting.
 
     A ``torch.nn.Linear`` (the same parameters and state-dict keys) whose forward is the kernel
-    named by ``linear`` (:mod:`attnlab.kernels.linear`).
+    ``ATTNLAB_LINEAR`` names (:func:`attnlab.kernels.linear_kernel`).
 
     Shape:
         x: (..., d_model) -> (..., out_features).
     """
 
-    def __init__(self, in_features: int, out_features: int, *, bias: bool = True, linear: str = "auto") -> None:
+    def __init__(self, in_features: int, out_features: int, *, bias: bool = True) -> None:
         super().__init__(in_features, out_features, bias=bias)
-        self._linear: LinearKernel = linear_kernel(linear)
+        self._linear: LinearKernel = linear_kernel()
 
     def forward(self, x: Tensor) -> Tensor:
         return self._linear(x, self.weight, self.bias)
@@ -521,7 +519,7 @@ class EncoderDecoder(TransformerModel):
         self.config = config
         self.encoder = Encoder(config, vocab_size=config.vocab_size)
         self.decoder = Decoder(config)
-        self.generator = OutputLayer(config.d_model, config.target_vocab_size, bias=config.bias, linear=config.linear)
+        self.generator = OutputLayer(config.d_model, config.target_vocab_size, bias=config.bias)
         if config.tie_embeddings:
             self.generator.weight = self.decoder.embedding.token.weight
 
@@ -611,7 +609,7 @@ class EncoderClassifier(TransformerModel):
         self.config = config
         self.encoder = Encoder(config, vocab_size=config.vocab_size, kind="self")
         self.pool = POOLINGS[config.pooling]
-        self.classifier = OutputLayer(config.d_model, config.num_classes, bias=config.bias, linear=config.linear)
+        self.classifier = OutputLayer(config.d_model, config.num_classes, bias=config.bias)
 
     def forward(self, tokens: Tensor, *, head_mask: HeadMask | None = None) -> Tensor:
         self.check_head_mask(head_mask)
@@ -639,7 +637,7 @@ class DecoderOnly(TransformerModel):
         super().__init__()
         self.config = config
         self.body = Encoder(config, vocab_size=config.vocab_size, causal=True, kind="self")
-        self.lm_head = OutputLayer(config.d_model, config.vocab_size, bias=config.bias, linear=config.linear)
+        self.lm_head = OutputLayer(config.d_model, config.vocab_size, bias=config.bias)
         if config.tie_embeddings:
             self.lm_head.weight = self.body.embedding.token.weight
 

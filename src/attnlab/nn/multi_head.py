@@ -228,8 +228,6 @@ class MultiHeadAttention(nn.Module):
         position_bias: relative positions on the scores (:mod:`attnlab.nn.position_bias`):
             ``alibi`` (Press et al. 2022) or ``relative`` (Shaw et al. 2018); None for none.
         relative_clip: the clipping distance k of ``relative``.
-        linear: GEMM kernel of the projections, a name in :data:`attnlab.kernels.LINEAR_KERNELS`
-            or ``auto``.
 
     Shape:
         query: (B, T_q, d_model);  key, value: (B, T_k, d_model), or None for self-attention.
@@ -258,7 +256,6 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         kv_heads: int | None = None,
         rope_base: float | None = None,
-        linear: str = "auto",
         kv_index: list[int] | None = None,
         position_bias: str | None = None,
         relative_clip: int = 16,
@@ -307,7 +304,7 @@ class MultiHeadAttention(nn.Module):
         # head alike, attend without copying K and V per query head at a decoding step.
         grouped = self.kv_heads not in (0, heads) and self.kv_index == uniform
         self._attend = self._attend_grouped if grouped and score in GROUPABLE_SCORES else self._attend_shared
-        self._linear = linear_kernel(linear)  # x W^T + b, for W^Q, W^K, W^V and W^O
+        self._linear = linear_kernel()  # x W^T + b, for W^Q, W^K, W^V and W^O (ATTNLAB_LINEAR)
         qk, vv = heads * self.d_k, heads * self.d_v
         self._split = (qk, self.kv_heads * self.d_k, self.kv_heads * self.d_v)
         self.in_proj_weight = nn.Parameter(torch.empty(sum(self._split), d_model))

@@ -100,9 +100,11 @@ def test_importance_on_the_onednn_kernel_spends_nothing_on_weight_gradients(run,
     from attnlab.nn import build_model
 
     loaded = open_run(run)
-    onednn = build_model(dataclasses.replace(loaded.model.config, linear="onednn"))
+    monkeypatch.setenv("ATTNLAB_LINEAR", "onednn")
+    onednn = build_model(loaded.model.config)
     onednn.load_state_dict(loaded.model.state_dict())
-    reference = build_model(dataclasses.replace(loaded.model.config, linear="aten")).double()
+    monkeypatch.setenv("ATTNLAB_LINEAR", "aten")
+    reference = build_model(loaded.model.config).double()
     reference.load_state_dict(loaded.model.state_dict())
     formed = []
     real = linear_module._weight_gradient

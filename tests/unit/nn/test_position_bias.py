@@ -19,7 +19,6 @@ from attnlab.nn import (
     MultiHeadAttention,
     attention,
 )
-from attnlab.nn.attention import _softmax_fused_biased
 from attnlab.nn.position_bias import alibi_slopes
 
 IN_ATTENTION = ["alibi", "relative", "rope"]
@@ -80,7 +79,7 @@ def test_alibi_weights_equal_the_papers_formula(causal: bool, heads: int) -> Non
     torch.testing.assert_close(out.head_outputs, reference @ v, rtol=1e-12, atol=1e-12)
 
 
-def test_alibi_fused_path_equals_explicit_with_masks() -> None:
+def test_alibi_fused_path_equals_explicit_with_masks(monkeypatch) -> None:
     """The bias reaches SDPA as a float attn_mask, with the boolean mask folded in as -inf; a row
     with no allowed key gives 0, as on the explicit path."""
     torch.manual_seed(1)
@@ -90,7 +89,9 @@ def test_alibi_fused_path_equals_explicit_with_masks() -> None:
     mask[0, 0, 2] = False  # a row with no key at all
     for causal in (False, True):
         explicit = attention(q, k, v, mask, causal=causal, bias=bias, return_weights=True)[0]
-        fused = _softmax_fused_biased(q, k, v, mask, bias, causal=causal, scale=1 / math.sqrt(8), dropout_p=0.0)
+        monkeypatch.setenv("ATTNLAB_BACKEND", "sdpa")
+        fused = attention(q, k, v, mask, causal=causal, bias=bias)
+        monkeypatch.delenv("ATTNLAB_BACKEND")
         torch.testing.assert_close(fused, explicit, rtol=1e-12, atol=1e-12)
     assert torch.equal(fused[0, :, 2], torch.zeros_like(fused[0, :, 2]))
 
