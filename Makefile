@@ -39,7 +39,7 @@ lint: $(STAMP)
 # --strict: a warning fails the build, such as a broken link or anchor, or a docstring mkdocstrings
 # cannot read; `make test` runs it.
 docs: $(STAMP)
-	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 test: $(STAMP) browser lint docs
 	$(PY) -m pytest -m "not slow" -q -n 2

@@ -46,15 +46,19 @@ def _tables(text: str) -> str:
 
 
 class RestRoles(griffe.Extension):
-    """Rewrite every docstring griffe loads with :func:`markdown` (and see :func:`_prefer_imports`)."""
-
-    def on_object(self, *, obj: griffe.Object, **kwargs: Any) -> None:
-        if obj.docstring is not None:
-            obj.docstring.value = markdown(obj.docstring.value)
+    """Rewrite every docstring of a loaded package with :func:`markdown`, then :func:`_prefer_imports`."""
 
     def on_package(self, *, pkg: griffe.Module, **kwargs: Any) -> None:
-        self.on_object(obj=pkg)
+        _rewrite_docstrings(pkg)
         _prefer_imports(pkg)
+
+
+def _rewrite_docstrings(obj: griffe.Object) -> None:
+    if obj.docstring is not None:
+        obj.docstring.value = markdown(obj.docstring.value)
+    for member in obj.members.values():
+        if not member.is_alias:
+            _rewrite_docstrings(member)
 
 
 def _prefer_imports(module: griffe.Module) -> None:
