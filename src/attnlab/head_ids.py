@@ -47,14 +47,16 @@ class HeadId:
 
 
 def head_ids(model: TransformerModel, kinds: Sequence[str] | None = None) -> list[HeadId]:
-    """Every head of the model (of ``kinds`` only, when given), in (kind, layer, head) order."""
-    available = {site.kind for site in model.attention_sites()}
+    """Every head of the model (of ``kinds`` only, when given), in (kind, layer, head) order, the
+    kinds in the order a forward pass first reaches them."""
+    sites = model.attention_sites()
+    rank = {kind: index for index, kind in enumerate(dict.fromkeys(site.kind for site in sites))}
     for kind in kinds or ():
-        if kind not in available:
-            raise UsageError(f"this run has no {kind!r} attention; it has: {', '.join(sorted(available))}")
+        if kind not in rank:
+            raise UsageError(f"this run has no {kind!r} attention; it has: {', '.join(sorted(rank))}")
     return [
         HeadId(site.kind, site.layer, head)
-        for site in model.attention_sites()
+        for site in sorted(sites, key=lambda site: (rank[site.kind], site.layer))
         if kinds is None or site.kind in kinds
         for head in range(site.module.heads)
     ]

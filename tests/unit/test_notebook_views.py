@@ -37,8 +37,8 @@ def tiny_model(layers: int = 2, heads: int = 2) -> attnlab.DecoderOnly:
 
 
 def captured(model: attnlab.DecoderOnly, tokens: torch.Tensor, head_mask=None):  # noqa: ANN001, ANN201
-    with torch.no_grad(), attnlab.capture(model) as records:
-        model(tokens, head_mask=head_mask)
+    with torch.no_grad(), attnlab.capture(model) as records, attnlab.masking_heads(model, head_mask):
+        model(tokens)
     return records
 
 
