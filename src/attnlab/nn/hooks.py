@@ -548,8 +548,12 @@ ATTENTION_KINDS = ("encoder_self", "decoder_self", "cross", "self")
 def head_mask_shapes(model: nn.Module) -> dict[str, tuple[int, int]]:
     """kind -> (layers, heads) for every attention kind of the model (as wide as the widest layer
     of the kind, after physical pruning)."""
+    return _shapes(attention_sites(model))
+
+
+def _shapes(sites: Iterable[Site]) -> dict[str, tuple[int, int]]:
     shapes: dict[str, tuple[int, int]] = {}
-    for site in attention_sites(model):
+    for site in sites:
         layers, heads = shapes.get(site.kind, (0, 0))  # type: ignore[arg-type]
         shapes[site.kind] = (max(layers, (site.layer or 0) + 1), max(heads, site.module.heads))  # type: ignore[index]
     return shapes
@@ -609,10 +613,11 @@ def masking_heads(model: nn.Module, head_mask: HeadMask | Tensor | None) -> Iter
         if head_mask.dim() not in (1, 2):
             raise ValueError(f"head_mask must have shape (H,) or (B, H), got {tuple(head_mask.shape)}")
         head_mask = {"self": head_mask.unsqueeze(-2)}
-    check_head_mask(head_mask, head_mask_shapes(model))
+    sites = attention_sites(model)
+    check_head_mask(head_mask, _shapes(sites))
     removers = [
         add_hook(site, _head_scale(head_mask[site.kind], site.layer or 0, site.module.heads), first=True)
-        for site in attention_sites(model)
+        for site in sites
         if site.kind in head_mask and site.module.heads
     ]
     try:
