@@ -9,7 +9,7 @@ import pytest
 
 from attnlab.experiment import ExperimentConfig
 from attnlab.loaded_run import open_run
-from attnlab.nn.sites import model_sites
+from attnlab.nn.hooks import model_sites
 from attnlab.training.trainer import train
 from tests.cli import attnlab
 

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from attnlab.kernels import Dropout, calibration, dropout, fused_swiglu_applies, linear_kernel
 from attnlab.kernels import swiglu as fused_swiglu
-from attnlab.nn.sites import Tap, tap
+from attnlab.nn.hooks import Hook, run_hooks
 
 __all__ = ["PositionwiseFeedForward", "ACTIVATIONS", "GATED", "swiglu"]
 
@@ -95,17 +95,17 @@ class PositionwiseFeedForward(nn.Module):
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias)  # W_2
         self.dropout = Dropout(dropout)
         self._linear = linear_kernel()  # x W^T + b by the runtime setting ATTNLAB_LINEAR
-        self.taps: dict[str, Tap] = {}  # named sites hidden, out (attnlab.nn.sites)
+        self.hooks: dict[str, list[Hook]] = {}  # sites hidden, out (attnlab.nn.hooks)
 
     def forward(self, x: Tensor) -> Tensor:
         # The kernel on the sub-modules' parameters: same maps, without three sub-module calls.
         first, second = self.linear1, self.linear2
         hidden = self.activation(self._linear(x, first.weight, first.bias))  # (B, T, d_ff)
-        if self.taps:
-            hidden = tap(self.taps, "hidden", hidden)
+        if self.hooks:
+            hidden = run_hooks(self.hooks, "hidden", hidden)
         hidden = dropout(hidden, self.dropout.p, self.training)
         output = self._linear(hidden, second.weight, second.bias)
-        return output if not self.taps else tap(self.taps, "out", output)
+        return output if not self.hooks else run_hooks(self.hooks, "out", output)
 
     def extra_repr(self) -> str:
         return f"activation={self.activation_name}"

@@ -52,7 +52,7 @@ from attnlab.experiment import ExperimentConfig, TrainConfig
 from attnlab.head_ids import held_mask
 from attnlab.kernels import native
 from attnlab.loaded_run import saved_tokenizer
-from attnlab.nn import InputEmbedding
+from attnlab.nn import InputEmbedding, masking_heads
 from attnlab.output_paths import check_output_path
 from attnlab.resources import check_length_bins_fit, check_training_resources
 from attnlab.runs import RunDir, validation_record
@@ -428,7 +428,8 @@ class _Trainer:
         self.trained.train()
         batch = self.stream.next().to(self.device)
         with self._autocast():
-            parts = self.objective(self.trained, batch, self.head_mask, self.task.pad_id, cfg.label_smoothing)
+            with masking_heads(self.model, self.head_mask):  # the held heads' xi = 0, on the model under any wrapper
+                parts = self.objective(self.trained, batch, None, self.task.pad_id, cfg.label_smoothing)
         global_count = all_reduce_sum(parts.count.to(torch.float64), self.dist)
         global_total = all_reduce_sum(parts.total.detach().to(torch.float64), self.dist)
         mean_loss = float(global_total / global_count.clamp_min(1))

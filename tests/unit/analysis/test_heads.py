@@ -224,7 +224,7 @@ def test_keep_zero_heads_in_a_layer_gives_only_the_output_bias(run):
     empty = next(s for s in smaller.attention_sites() if (s.kind, s.layer) == (site.kind, site.layer)).module
     assert empty.heads == 0 and empty.in_proj_weight.shape[0] == 0
     x = torch.randn(2, 3, empty.d_model)
-    torch.testing.assert_close(empty(x).output, empty.out_proj.bias.expand(2, 3, -1))
+    torch.testing.assert_close(empty(x), empty.out_proj.bias.expand(2, 3, -1))
 
 
 # ---- heads held at zero in training (train.mask_heads) ----------------------------------------------

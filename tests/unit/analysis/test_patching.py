@@ -10,9 +10,9 @@ import torch
 from attnlab.analysis.fidelity import FidelityProbe
 from attnlab.analysis.heads import ablate
 from attnlab.analysis.patching import head_means, patch
-from attnlab.analysis.trace import trace
 from attnlab.errors import UsageError
 from attnlab.loaded_run import open_run
+from attnlab.nn.hooks import trace
 from attnlab.pretrained.bert import find_source, import_bert
 from tests.unit.analysis.tiny_runs import tiny_run
 from tests.unit.pretrained.tiny_bert import write_tiny_bert
