@@ -24,7 +24,7 @@ from torch import nn
 
 from attnlab.errors import ConfigError, DataError
 from attnlab.resources import check_memory, check_vector_dim, word2vec_memory
-from attnlab.storage import atomic_write
+from attnlab.run.storage import atomic_write
 
 __all__ = ["WordVectors", "Coverage", "train_word2vec", "save_vectors", "load_vectors", "init_embedding"]
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import matplotlib
 
-from attnlab.storage import atomic_write
+from attnlab.run.storage import atomic_write
 
 matplotlib.use("Agg")  # files only; never a window
 import matplotlib.pyplot as plt  # noqa: E402
@@ -19,7 +19,7 @@ def save_figure(fig: Figure, path: Path, *, dpi: int = 110) -> Path:
     """Write ``fig`` as PNG atomically (a reader never sees half an image), then close it.
 
     Raises:
-        UsageError: ``path`` cannot be written (see :func:`attnlab.storage.atomic_write`).
+        UsageError: ``path`` cannot be written (see :func:`attnlab.run.storage.atomic_write`).
     """
     path = Path(path)
     try:

@@ -13,7 +13,7 @@ A run's *held* heads are those of ``train.mask_heads``: Michel §2.3's xi_h = 0,
 training, so they never learned. :func:`held_mask` is the one place that turns them into a head
 mask; every command that runs a trained model (eval, generate, attention, the viewer, heads
 ablate/importance/prune, encode) starts from it, through
-:meth:`attnlab.loaded_run.LoadedRun.held_mask`.
+:meth:`attnlab.run.loaded.LoadedRun.held_mask`.
 
 One vocabulary for one idea, a head mask with some heads at zero:
 

@@ -16,7 +16,7 @@ It changes the whole process, so the library never calls it on import: the ``att
 ``attnlab bench`` commands call it, as a program that owns its process may.
 
 :func:`release_freed_memory` does the opposite, once: it hands the heap's free pages back to the
-system (``malloc_trim``). :func:`attnlab.loaded_run.open_run` calls it after loading a run, whose
+system (``malloc_trim``). :func:`attnlab.run.loaded.open_run` calls it after loading a run, whose
 tokenizer parse (a pretrained vocabulary and its merges) frees some 15 MB of short-lived blocks
 that sit between live ones, where no threshold returns them; ``attnlab generate`` would otherwise
 carry them through its whole run (benchmarks/README.md). It changes no setting.

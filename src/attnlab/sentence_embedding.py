@@ -18,9 +18,9 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.errors import UsageError
-from attnlab.loaded_run import LoadedRun
 from attnlab.nn import masking_heads
 from attnlab.nn.models import POOLINGS
+from attnlab.run.loaded import LoadedRun
 from attnlab.tasks.base import Example
 from attnlab.tasks.batching import collate
 

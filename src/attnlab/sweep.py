@@ -568,8 +568,8 @@ def check_sweep_folder(out: Path, plan: SweepPlan) -> bool:
     Raises:
         UsageError: ``out`` holds something else, or a sweep with another grid, seeds or config.
     """
-    from attnlab.output_paths import check_output_path
-    from attnlab.runlock import LOCK_NAME
+    from attnlab.run.lock import LOCK_NAME
+    from attnlab.run.output_paths import check_output_path
 
     check_output_path(out, kind="folder", flag="--out")
     record = out / PLAN_FILE
@@ -623,7 +623,7 @@ def read_plan(out: Path) -> SweepPlan:
     Raises:
         UsageError: no sweep there. DataError: the record is damaged.
     """
-    from attnlab.storage import parse_json, read_bytes
+    from attnlab.run.storage import parse_json, read_bytes
 
     path = Path(out) / PLAN_FILE
     if not path.exists():
@@ -660,8 +660,8 @@ def run_sweep(
 
     from attnlab.experiment import ExperimentConfig
     from attnlab.kernels import native
-    from attnlab.runlock import RunLock
-    from attnlab.storage import atomic_write_json, ensure_folder
+    from attnlab.run.lock import RunLock
+    from attnlab.run.storage import atomic_write_json, ensure_folder
 
     if jobs < 1:
         raise UsageError(f"--jobs: must be >= 1, got {jobs}")
@@ -709,7 +709,7 @@ def _jobs_to_run(plan: SweepPlan, out: Path, *, retry_failed: bool) -> list[_Job
     """The runs this call trains: never run, interrupted (resumed from their last checkpoint, or
     started over without one), and with ``retry_failed`` the failed ones (started over)."""
     from attnlab.errors import CheckpointError
-    from attnlab.runs import RunDir
+    from attnlab.run.directory import RunDir
 
     todo = []
     for run in plan.runs:
@@ -793,7 +793,7 @@ def _worker_died(
 
 def _resumable(path: Path) -> bool:
     from attnlab.errors import CheckpointError
-    from attnlab.runs import RunDir
+    from attnlab.run.directory import RunDir
 
     try:
         if path.is_dir() and RunDir(path).latest_checkpoint() is not None:
@@ -878,7 +878,7 @@ class _RunReport:
 
 
 def _run_report(out: Path, plan: SweepPlan, run: SweepRun) -> _RunReport:
-    from attnlab.runs import RunDir
+    from attnlab.run.directory import RunDir
 
     outcome = _read_outcome(out, run.name) or {}
     status = outcome.get("status", PENDING)
@@ -1101,7 +1101,7 @@ def write_report(out: str | Path) -> list[Path]:
     Raises:
         UsageError: ``out`` is not a sweep folder. CheckpointError: a run's metrics are damaged.
     """
-    from attnlab.storage import atomic_write_text, ensure_folder
+    from attnlab.run.storage import atomic_write_text, ensure_folder
 
     out = Path(out)
     plan = read_plan(out)

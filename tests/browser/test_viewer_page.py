@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from attnlab.loaded_run import open_run
+from attnlab.run.loaded import open_run
 from attnlab.viewer import create_app
 from attnlab.viewer.requests import MAX_INPUT_CHARS, MAX_INPUT_TOKENS
 from tests.browser.conftest import screenshot, serving

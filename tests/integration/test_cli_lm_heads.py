@@ -10,7 +10,7 @@ import math
 import pytest
 
 from attnlab.cli import main
-from attnlab.loaded_run import open_run
+from attnlab.run.loaded import open_run
 from tests.unit.analysis.tiny_lm import tiny_lm_run
 
 

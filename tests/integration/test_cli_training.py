@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnlab.runs import RunDir
+from attnlab.run.directory import RunDir
 from tests.cli import attnlab
 from tests.toy_corpora import write_number_words
 
@@ -83,7 +83,7 @@ def test_generate_decodes(trained):
     result = attnlab("generate", str(trained), "abc", "dd", "--json")
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     assert [line["input"] for line in lines] == ["abc", "dd"]
-    from attnlab.loaded_run import open_run
+    from attnlab.run.loaded import open_run
 
     alphabet = set(open_run(trained).task.vocab.tokens[3:])
     assert all(set(line["output"]) <= alphabet and line["log_prob"] <= 0 for line in lines)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from attnlab.experiment import ExperimentConfig
-from attnlab.runs import RunDir
+from attnlab.run.directory import RunDir
 from attnlab.training.trainer import train
 
 TINY = {

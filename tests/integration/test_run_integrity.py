@@ -16,11 +16,11 @@ from attnlab.cli import main
 from attnlab.errors import AttnlabWarning, CheckpointError
 from attnlab.evaluation.evaluate import evaluate
 from attnlab.head_ids import head_ids
-from attnlab.loaded_run import LoadedRun, open_run
-from attnlab.manifest import read_manifest, write_manifest
-from attnlab.runs import RunDir
+from attnlab.run.directory import RunDir
+from attnlab.run.loaded import LoadedRun, open_run
+from attnlab.run.manifest import read_manifest, write_manifest
+from attnlab.run.verification import verify_run
 from attnlab.training.trainer import TrainingDiverged, train
-from attnlab.verification import verify_run
 from tests.tiny_run import build_tiny_run, tiny_experiment
 
 CHECKPOINT = "checkpoints/step-00000004"

@@ -24,8 +24,8 @@ pytest.importorskip("gguf")
 pytest.importorskip("accelerate", reason="transformers loads GGUF files only with accelerate installed")
 pytest.importorskip("transformers")
 
-from attnlab.loaded_run import open_run  # noqa: E402
 from attnlab.pretrained.gguf import package_gguf  # noqa: E402
+from attnlab.run.loaded import open_run  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from smollm2_prompts import PROMPTS  # noqa: E402
@@ -138,7 +138,7 @@ def test_chat_prompt_ids_equal_the_reference_chat_template(loaded, reference) ->
 )
 def test_greedy_generation_equals_hugging_face_generate(loaded, reference, plain, new_tokens) -> None:
     """Plain prompts and one chat prompt (which ends at EOS), token for token."""
-    from attnlab.decoding import DecodeOptions, generate_continuations
+    from attnlab.generate.search import DecodeOptions, generate_continuations
 
     tokenizer, model = reference
     task = loaded.task
@@ -162,7 +162,7 @@ def test_greedy_generation_equals_hugging_face_generate(loaded, reference, plain
 
 
 def test_the_kv_cache_holds_the_three_key_value_heads(loaded) -> None:
-    from attnlab.decoding import DecoderOnlyStepper
+    from attnlab.generate.search import DecoderOnlyStepper
 
     stepper = DecoderOnlyStepper(loaded.model, use_cache=True)
     prompt = torch.tensor([loaded.task.generation_prompt("Hello there")])
@@ -174,7 +174,8 @@ def test_the_kv_cache_holds_the_three_key_value_heads(loaded) -> None:
 
 
 def test_sampling_is_seeded_and_degenerate_sampling_is_greedy(loaded) -> None:
-    from attnlab.decoding import DecodeOptions, SamplingOptions, generate_continuations
+    from attnlab.generate.sampling import SamplingOptions
+    from attnlab.generate.search import DecodeOptions, generate_continuations
 
     task = loaded.task
     prompt = [task.generation_prompt("Once upon a time")]
@@ -193,7 +194,7 @@ def test_sampling_is_seeded_and_degenerate_sampling_is_greedy(loaded) -> None:
 
 
 def test_generate_streams_the_chat_reply_and_json_gives_the_same(run: Path, loaded) -> None:
-    from attnlab.decoding import DecodeOptions, generate_continuations
+    from attnlab.generate.search import DecodeOptions, generate_continuations
 
     task = loaded.task
     expected = generate_continuations(

@@ -15,13 +15,13 @@ import torch
 
 from attnlab.errors import AttnlabError, CheckpointError
 from attnlab.experiment import ExperimentConfig
-from attnlab.runs import RunDir, load_weights_into
-from attnlab.storage import load_tensors
+from attnlab.run.directory import RunDir, load_weights_into
+from attnlab.run.storage import load_tensors
+from attnlab.run.verification import verify_run
 from attnlab.tasks.factory import build_task, model_for_task
 from attnlab.training import trainer as trainer_module
 from attnlab.training.schedule import multiplier
 from attnlab.training.trainer import TrainingDiverged, train
-from attnlab.verification import verify_run
 
 BASE = {
     "task": {

@@ -13,11 +13,11 @@ import torch
 from starlette.testclient import TestClient
 
 from attnlab.analysis.maps import attention_view
-from attnlab.decoding import DecodeOptions, decode
 from attnlab.errors import UsageError
+from attnlab.generate.search import DecodeOptions, decode
 from attnlab.head_ids import HeadId, mask_without
-from attnlab.loaded_run import open_run
 from attnlab.nn import capture
+from attnlab.run.loaded import open_run
 from attnlab.viewer import create_app
 from attnlab.viewer.requests import MAX_INPUT_CHARS, MAX_INPUT_TOKENS, MAX_JSON_DEPTH, MAX_OUTPUT_TOKENS
 from attnlab.viewer.serve import LOOPBACK_HOSTS, allowed_hosts

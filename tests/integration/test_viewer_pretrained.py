@@ -11,7 +11,7 @@ from starlette.testclient import TestClient
 
 from attnlab.analysis.maps import attention_view, kind_maps
 from attnlab.head_ids import HeadId, mask_without
-from attnlab.loaded_run import open_run
+from attnlab.run.loaded import open_run
 from attnlab.viewer import create_app
 from attnlab.viewer.requests import HEADS_PER_PAGE, MAX_OUTPUT_TOKENS, MAX_PRETRAINED_INPUT_CHARS
 from tests.unit.analysis.tiny_lm import tiny_lm_run

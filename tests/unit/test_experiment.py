@@ -10,8 +10,8 @@ import pytest
 
 from attnlab.errors import ConfigError
 from attnlab.experiment import ExperimentConfig, load_experiment
-from attnlab.loaded_run import run_experiment
-from attnlab.runs import RunDir
+from attnlab.run.directory import RunDir
+from attnlab.run.loaded import run_experiment
 from attnlab.tasks import get_task
 from attnlab.tasks.factory import build_task
 

@@ -12,7 +12,7 @@ import torch
 import attnlab
 from attnlab.errors import UsageError
 from attnlab.head_ids import HeadId
-from attnlab.loaded_run import open_run
+from attnlab.run.loaded import open_run
 from attnlab.viewer import notebook
 from attnlab.viewer.notebook import STATIC_DIR, AttentionHTML, json_for_html, show, show_records
 from attnlab.viewer.payload import run_payload

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from attnlab.errors import ConfigError, UsageError
-from attnlab.runs import RunDir
+from attnlab.run.directory import RunDir
 from attnlab.sweep import (
     OUTCOMES_FOLDER,
     PLAN_FILE,

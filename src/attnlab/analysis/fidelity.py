@@ -46,8 +46,8 @@ from torch import Tensor, nn
 
 from attnlab.analysis.heads import Score
 from attnlab.errors import DataError
-from attnlab.loaded_run import LoadedRun
 from attnlab.nn import HeadMask
+from attnlab.run.loaded import LoadedRun
 from attnlab.sentence_embedding import check_encoder_run, pad_ids, sentence_embeddings
 from attnlab.tasks.text import read_lines
 

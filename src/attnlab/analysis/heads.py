@@ -37,8 +37,8 @@ from attnlab.errors import UsageError
 from attnlab.evaluation import evaluate
 from attnlab.evaluation.objectives import PREDICTIONS, example_losses
 from attnlab.head_ids import HeadId, head_ids, head_site, heads_off, mask_without
-from attnlab.loaded_run import LoadedRun
 from attnlab.nn import HeadMask, TransformerModel, trace
+from attnlab.run.loaded import LoadedRun
 from attnlab.tasks.batching import make_batches
 
 __all__ = [

@@ -41,8 +41,8 @@ from torch import Tensor, nn
 from attnlab.analysis.heads import Score
 from attnlab.devices import model_device
 from attnlab.errors import DataError, UsageError
-from attnlab.loaded_run import LoadedRun
 from attnlab.nn import HeadMask, masking_heads
+from attnlab.run.loaded import LoadedRun
 from attnlab.tasks.pretrained_lm import PretrainedLMTask
 from attnlab.tasks.text import MAX_LINE_CHARS, LMTask, read_lines
 

@@ -27,13 +27,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from attnlab.decoding import DecodeOptions, decode, generate_continuations
 from attnlab.devices import model_device
+from attnlab.generate.search import DecodeOptions, decode, generate_continuations
 from attnlab.head_ids import HeadId, heads_off
-from attnlab.loaded_run import LoadedRun
 from attnlab.nn import AttentionRecord, capture, masking_heads
 from attnlab.nn.models import POOLINGS
 from attnlab.resources import check_decode_length, check_input_text, check_input_tokens
+from attnlab.run.loaded import LoadedRun
 
 __all__ = ["AttentionView", "attention_view", "kind_maps", "KIND_TITLES"]
 

@@ -37,9 +37,9 @@ from torch import Tensor
 
 from attnlab.devices import model_device
 from attnlab.errors import UsageError
-from attnlab.loaded_run import LoadedRun
 from attnlab.nn.hooks import trace
 from attnlab.resources import check_input_text, check_input_tokens
+from attnlab.run.loaded import LoadedRun
 
 __all__ = ["HeadPatch", "ResidualPatch", "PatchResult", "patch", "head_means", "METRICS", "RUNNERS"]
 

@@ -23,7 +23,7 @@ from attnlab.analysis.maps import KIND_TITLES, AttentionView, kind_maps
 from attnlab.errors import UsageError
 from attnlab.figures import Figure, plt, save_figure
 from attnlab.head_ids import HeadId
-from attnlab.storage import atomic_write
+from attnlab.run.storage import atomic_write
 
 __all__ = [
     "head_heatmap",

@@ -28,9 +28,9 @@ import torch
 
 from attnlab.errors import UsageError
 from attnlab.head_ids import HeadId
-from attnlab.loaded_run import LoadedRun
 from attnlab.nn import TransformerModel, build_model
-from attnlab.runs import RunDir
+from attnlab.run.directory import RunDir
+from attnlab.run.loaded import LoadedRun
 
 __all__ = ["prune_model", "renumber_heads", "write_pruned_run", "median_seconds"]
 
@@ -108,7 +108,7 @@ def write_pruned_run(
     if pruned_config.kv_groups is not None:
         config["model"]["kv_groups"] = pruned_config.kv_groups
     config["train"]["mask_heads"] = [str(h) for h in held]
-    with run.lock():  # one writer at a time (attnlab.runlock)
+    with run.lock():  # one writer at a time (attnlab.run.lock)
         run.write_config(config)
         tokenizer = loaded.run.read_tokenizer_text()  # verified; written with its record in the new manifest
         if tokenizer is not None:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from attnlab.figures import plt, save_figure
-from attnlab.storage import atomic_write_text
+from attnlab.run.storage import atomic_write_text
 
 __all__ = ["write_rows", "head_matrix_plot", "curve_plot"]
 

@@ -24,8 +24,8 @@ import torch
 from attnlab.devices import model_device
 from attnlab.errors import UsageError
 from attnlab.evaluation.objectives import OBJECTIVES
-from attnlab.loaded_run import LoadedRun
 from attnlab.nn import HeadMask
+from attnlab.run.loaded import LoadedRun
 from attnlab.training.data import BatchStream
 from attnlab.training.distributed import DistInfo
 from attnlab.training.trainer import TrainingDiverged, make_optimizer

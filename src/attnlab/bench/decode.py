@@ -12,7 +12,7 @@ import torch
 
 from attnlab.bench.harness import BenchResult, interleaved_median_times
 from attnlab.bench.models import FULL, QUICK, attnlab_model, hf_available, hf_bart, random_batch
-from attnlab.decoding import EncoderDecoderStepper, greedy_search
+from attnlab.generate.search import EncoderDecoderStepper, greedy_search
 
 __all__ = ["run_decode"]
 

@@ -105,7 +105,7 @@ def run_lm(quick: bool = False, repeats: int = 5) -> BenchResult:
 
 
 _GENERATE_IMPORTS = (
-    "import torch, tokenizers, attnlab.loaded_run, attnlab.generation, attnlab.decoding, attnlab.cli.generate"
+    "import torch, tokenizers, attnlab.run.loaded, attnlab.generate.chat, attnlab.generate.search, attnlab.cli.generate"
 )
 """What ``attnlab generate`` imports before it reads a run: the floor under its peak RSS."""
 
@@ -113,7 +113,7 @@ _GENERATE_IMPORTS = (
 def _timings(result: BenchResult, run: Path, gguf: Path, sizes: LmSizes, repeats: int, peaks: dict[str, int]) -> None:
     from transformers import AutoModelForCausalLM
 
-    from attnlab.loaded_run import open_run
+    from attnlab.run.loaded import open_run
 
     torch.manual_seed(0)
     loaded = open_run(run)
@@ -157,7 +157,7 @@ def _prefill(result: BenchResult, model, hf, tokens: torch.Tensor, repeats: int)
 
 
 def _decode(result: BenchResult, model, hf, rows, sizes: LmSizes, repeats: int) -> None:  # noqa: ANN001
-    from attnlab.decoding import DecodeOptions, generate_continuations
+    from attnlab.generate.search import DecodeOptions, generate_continuations
 
     eos = 2
     options = DecodeOptions(max_length=sizes.new_tokens)

@@ -41,9 +41,9 @@ def attention(
     """
     from attnlab.analysis.maps import attention_view
     from attnlab.analysis.plots import save_attention_pictures, select_layers
-    from attnlab.loaded_run import open_run
-    from attnlab.output_paths import check_output_path
     from attnlab.resources import check_input_text, check_new_tokens
+    from attnlab.run.loaded import open_run
+    from attnlab.run.output_paths import check_output_path
 
     check_input_text(text, what="TEXT")
     check_new_tokens(max_length, flag="--max-length")

@@ -28,9 +28,9 @@ def bench(
 
     from attnlab.bench import BENCHMARKS, NOT_IN_ALL, run_benchmark
     from attnlab.bench.harness import format_table
-    from attnlab.output_paths import check_output_path
+    from attnlab.run.output_paths import check_output_path
+    from attnlab.run.storage import atomic_write_text
     from attnlab.runtime import keep_freed_memory
-    from attnlab.storage import atomic_write_text
 
     name = name.value
     names = [b for b in BENCHMARKS if b not in NOT_IN_ALL] if name == "all" else [name]

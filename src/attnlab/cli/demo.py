@@ -63,8 +63,8 @@ def demo(
     from attnlab.analysis.plots import layer_grid
     from attnlab.evaluation.evaluate import evaluate
     from attnlab.experiment import ExperimentConfig
-    from attnlab.loaded_run import open_run
-    from attnlab.output_paths import check_output_path
+    from attnlab.run.loaded import open_run
+    from attnlab.run.output_paths import check_output_path
     from attnlab.training.trainer import train
 
     experiment = ExperimentConfig.from_dict({**DEMO_CONFIG, "train": {**DEMO_CONFIG["train"], "device": device}})

@@ -23,8 +23,8 @@ def encode(
     device: str = device_option(),
 ) -> None:
     """For each text: its WordPiece tokens, the last hidden states (T x d) and the sentence embedding."""
-    from attnlab.loaded_run import open_run
     from attnlab.resources import check_input_text
+    from attnlab.run.loaded import open_run
     from attnlab.sentence_embedding import encode_texts
 
     for number, text in enumerate(texts, start=1):

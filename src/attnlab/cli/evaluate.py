@@ -66,7 +66,7 @@ def evaluate_run(
     from attnlab.evaluation.evaluate import evaluate
     from attnlab.evaluation.fit import training_fit
     from attnlab.head_ids import parse_head
-    from attnlab.loaded_run import open_run
+    from attnlab.run.loaded import open_run
     from attnlab.tasks.base import SPLITS
     from attnlab.tasks.batching import count_too_long
 

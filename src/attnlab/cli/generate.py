@@ -54,8 +54,8 @@ def generate(
 
     Heads held at zero in training (train.mask_heads) stay off, as in `attnlab eval`.
     """
-    from attnlab.decoding import DecodeOptions
-    from attnlab.loaded_run import open_run
+    from attnlab.generate.search import DecodeOptions
+    from attnlab.run.loaded import open_run
 
     check_beam(beam, flag="--beam")
     check_new_tokens(max_new_tokens, flag="--max-new-tokens (--max-length)")
@@ -91,7 +91,7 @@ def generate(
 
 def _sampling(temperature: float, top_k: int | None, top_p: float | None, seed: int | None, *, beam: int):
     """The sampling options the flags ask for (None: greedy or beam search), or one UsageError."""
-    from attnlab.decoding import SamplingOptions
+    from attnlab.generate.sampling import SamplingOptions
 
     if not 0 <= temperature < float("inf"):
         raise UsageError(f"--temperature: must be >= 0 (0 = greedy), got {temperature:g}")
@@ -128,8 +128,8 @@ def _prepared(loaded, text: str, max_new: int, *, chat: bool, what: str) -> tupl
 def _translate(loaded, text: str, ids: list[int], options, *, stream: bool) -> dict:  # noqa: ANN001
     import torch
 
-    from attnlab.decoding import decode
     from attnlab.devices import model_device
+    from attnlab.generate.search import decode
 
     task, model = loaded.task, loaded.model
     hypothesis = decode(
@@ -160,8 +160,8 @@ def _classify(loaded, text: str, ids: list[int], options, *, stream: bool) -> di
 
 def _continue(loaded, text: str, prompt: list[int], options, *, stream: bool) -> dict:  # noqa: ANN001
     """Continue ``prompt``; with ``stream``, print ``text``, a tab, then the continuation as it grows."""
-    from attnlab.decoding import generate_continuations
-    from attnlab.generation import TextStream
+    from attnlab.generate.search import generate_continuations
+    from attnlab.generate.stream import TextStream
 
     task = loaded.task
     pieces = TextStream(loaded.codec.decode)

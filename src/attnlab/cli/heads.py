@@ -11,7 +11,7 @@ from attnlab.cli.app import ClassicCommand, ClassicOption, app
 from attnlab.cli.choices import HeadKind, Split, value_of
 from attnlab.cli.options import device_option, json_option, print_json, progress_option
 from attnlab.errors import UsageError
-from attnlab.output_paths import check_output_path
+from attnlab.run.output_paths import check_output_path
 
 heads_app = typer.Typer(help="Head analysis: ablation, importance and pruning (Michel et al.).", no_args_is_help=True)
 app.add_typer(heads_app, name="heads")
@@ -91,7 +91,7 @@ def _probe(  # noqa: ANN202
     from attnlab.analysis.fidelity import FidelityProbe, PairProbe
     from attnlab.analysis.heads import TaskProbe
     from attnlab.analysis.lm_probe import NextTokenProbe
-    from attnlab.loaded_run import open_run
+    from attnlab.run.loaded import open_run
 
     if texts is not None and pairs is not None:
         raise UsageError("give --texts or --pairs, not both")

@@ -31,8 +31,8 @@ def bert_command(
     as_json: bool = json_option(),
 ) -> None:
     """Convert a BERT checkpoint into a run directory that every attnlab command can open."""
-    from attnlab.output_paths import check_output_path
     from attnlab.pretrained.bert import find_source, import_bert, package_source
+    from attnlab.run.output_paths import check_output_path
 
     if (source is None) == (package is None):
         raise UsageError("give either SOURCE (a folder) or --package NAME, not both and not neither")
@@ -82,8 +82,8 @@ def gguf_command(
     as_json: bool = json_option(),
 ) -> None:
     """Convert a Llama-family GGUF file into a run directory (weights dequantized to float32 once)."""
-    from attnlab.output_paths import check_output_path
     from attnlab.pretrained.gguf import import_gguf, package_gguf
+    from attnlab.run.output_paths import check_output_path
 
     if (source is None) == (package is None):
         raise UsageError("give either SOURCE (a .gguf file) or --package NAME, not both and not neither")

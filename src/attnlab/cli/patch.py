@@ -10,7 +10,7 @@ import typer
 from attnlab.cli.app import app
 from attnlab.cli.options import device_option, json_option, print_json, progress_option
 from attnlab.errors import UsageError
-from attnlab.output_paths import check_output_path
+from attnlab.run.output_paths import check_output_path
 
 SITES = ("heads", "residual")
 
@@ -53,7 +53,7 @@ def patch_command(
     from attnlab.analysis.patching import patch, patch_steps
     from attnlab.analysis.reports import head_matrix_plot, position_matrix_plot, write_rows
     from attnlab.head_ids import HeadId
-    from attnlab.loaded_run import open_run
+    from attnlab.run.loaded import open_run
 
     chosen = list(dict.fromkeys(sites or SITES))
     unknown = [s for s in chosen if s not in SITES]

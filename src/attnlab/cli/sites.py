@@ -23,8 +23,8 @@ def sites(
     keys of scores and pattern).
     """
     from attnlab.errors import UsageError
-    from attnlab.loaded_run import open_run
     from attnlab.nn.hooks import resolve_sites, site_shapes
+    from attnlab.run.loaded import open_run
 
     loaded = open_run(run, device=device)
     shapes = site_shapes(loaded.model)

@@ -14,7 +14,7 @@ from attnlab.cli.app import app
 from attnlab.cli.choices import Precision, value_of
 from attnlab.cli.options import device_option, json_option, print_json, progress_option
 from attnlab.errors import UsageError
-from attnlab.output_paths import check_output_path
+from attnlab.run.output_paths import check_output_path
 
 
 @app.command()
@@ -38,8 +38,8 @@ def train(
 ) -> None:
     """Train a model on a task; writes a run directory (config, weights, checkpoints, metrics, plots)."""
     from attnlab.experiment import load_experiment
-    from attnlab.loaded_run import run_experiment
-    from attnlab.runs import RunDir
+    from attnlab.run.directory import RunDir
+    from attnlab.run.loaded import run_experiment
 
     overrides = list(overrides)
     if device:

@@ -20,7 +20,7 @@ def verify(
     checkpoint pointer, metrics and every checkpoint. Exit 0 when all is well, 3 when anything is
     damaged, missing or unreadable (each such file is named with what differs).
     """
-    from attnlab.verification import verify_run
+    from attnlab.run.verification import verify_run
 
     report = verify_run(run)
     if as_json:

@@ -37,7 +37,7 @@ def view(
 ) -> None:
     """Start the attention viewer: type an input, see every head's attention, switch heads off live."""
     from attnlab.head_ids import head_ids
-    from attnlab.loaded_run import open_run
+    from attnlab.run.loaded import open_run
     from attnlab.viewer.importance import read_importance
     from attnlab.viewer.serve import LOOPBACK_HOSTS, allowed_hosts, is_loopback, listen, make_server, url_of
     from attnlab.viewer.server import create_app

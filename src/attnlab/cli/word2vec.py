@@ -8,8 +8,8 @@ import typer
 
 from attnlab.cli.app import app
 from attnlab.cli.options import json_option, print_json, progress_option
-from attnlab.output_paths import check_output_path
 from attnlab.resources import MAX_VECTOR_DIM, check_vector_dim
+from attnlab.run.output_paths import check_output_path
 
 
 @app.command("word2vec")

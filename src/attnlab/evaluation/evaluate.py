@@ -28,10 +28,10 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from attnlab.decoding import DecodeOptions, decode
 from attnlab.devices import model_device
 from attnlab.evaluation import metrics
 from attnlab.evaluation.objectives import FIRST_PREDICTED_ID, OBJECTIVES, next_symbol_targets
+from attnlab.generate.search import DecodeOptions, decode
 from attnlab.nn import masking_heads
 from attnlab.tasks.base import Example
 from attnlab.tasks.batching import Batch, make_batches

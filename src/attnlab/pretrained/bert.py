@@ -38,8 +38,8 @@ from attnlab.errors import CheckpointError, ConfigError, UsageError
 from attnlab.experiment import ExperimentConfig
 from attnlab.nn import EncoderOnlyConfig, TransformerModel
 from attnlab.pretrained.packages import installed_distribution
-from attnlab.runs import RunDir
-from attnlab.storage import load_tensors
+from attnlab.run.directory import RunDir
+from attnlab.run.storage import load_tensors
 from attnlab.tasks.factory import model_for_task
 from attnlab.tasks.sentences import SentencesTask
 from attnlab.tokenizers import Tokenizer
@@ -414,7 +414,7 @@ def import_bert(
 ) -> ImportedBert:
     """Convert ``source`` into the run directory ``out``: config.json, tokenizer.json, model.safetensors.
 
-    The run's task is ``sentences`` (task kind ``embedding``), so :func:`attnlab.loaded_run.open_run`
+    The run's task is ``sentences`` (task kind ``embedding``), so :func:`attnlab.run.loaded.open_run`
     loads it like any other run.
     """
     say = progress or (lambda _message: None)
@@ -443,7 +443,7 @@ def import_bert(
     network.load_state_dict(state, strict=True)
     network.eval()
     run = RunDir.create(out, overwrite=overwrite)
-    with run.lock():  # one writer at a time (attnlab.runlock)
+    with run.lock():  # one writer at a time (attnlab.run.lock)
         run.write_config(experiment.to_dict())
         run.write_tokenizer(tokenizer.hf.to_str(pretty=True))
         run.save_weights(network)

@@ -484,7 +484,7 @@ def chat_template(gguf: GGUFFile) -> str | None:
 class ImportedGGUF:
     """What :func:`import_gguf` wrote: the run, its config and the model's shape."""
 
-    run: Any  # attnlab.runs.RunDir
+    run: Any  # attnlab.run.directory.RunDir
     experiment: Any  # attnlab.experiment.ExperimentConfig
     hyperparameters: LlamaHyperparameters
     source: Path
@@ -520,7 +520,7 @@ def import_gguf(path: str | Path, out: str | Path, *, overwrite: bool = False, p
     from attnlab.experiment import ExperimentConfig
     from attnlab.nn import build_model
     from attnlab.pretrained.llama import fill_llama_state, llama_model_section
-    from attnlab.runs import RunDir
+    from attnlab.run.directory import RunDir
     from attnlab.tasks.factory import build_task, model_config_for_task
     from attnlab.tokenizers import Tokenizer
 
@@ -560,7 +560,7 @@ def import_gguf(path: str | Path, out: str | Path, *, overwrite: bool = False, p
         where=gguf.path,
     )
     run = RunDir.create(out, overwrite=overwrite)
-    with run.lock():  # one writer at a time (attnlab.runlock)
+    with run.lock():  # one writer at a time (attnlab.run.lock)
         run.write_config(experiment.to_dict())
         run.write_tokenizer(tokenizer.hf.to_str(pretty=True))
         run.save_state_dict(state)

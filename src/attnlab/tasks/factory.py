@@ -118,7 +118,7 @@ def build_task(
 
     A text task's tokenizer is, in order: the run's saved ``tokenizer.json`` (``saved_tokenizer``,
     when resuming or evaluating: a Tokenizer already read, see
-    :func:`attnlab.loaded_run.saved_tokenizer`, or a path), the file named by ``task.tokenizer``, or
+    :func:`attnlab.run.loaded.saved_tokenizer`, or a path), the file named by ``task.tokenizer``, or
     one trained on the training file (``task.tokenizer_kind``, default ``bpe``; ``task.vocab_size``,
     default 8000). The ``sentences`` task reads a pretrained encoder's tokenizer, so it never trains one.
     """

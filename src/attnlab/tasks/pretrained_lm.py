@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass
 
 from attnlab.errors import ConfigError, UsageError
-from attnlab.generation import chat_prompt_ids
+from attnlab.generate.chat import chat_prompt_ids
 from attnlab.tasks.base import Example, SplitAccessors, check_split_name, split_of
 from attnlab.tasks.text import MAX_LINE_CHARS, read_lines
 from attnlab.tokenizers import Tokenizer
@@ -124,7 +124,7 @@ class PretrainedLMTask(SplitAccessors):
     def generation_prompt(self, text: str, *, chat: bool = False) -> list[int]:
         """The ids the model continues: ``text`` framed (:meth:`frame`), or with ``chat`` the
         model's chat template around one user message ``text``, ready for the assistant's reply
-        (:func:`attnlab.generation.chat_prompt_ids`; the template writes any BOS itself).
+        (:func:`attnlab.generate.chat.chat_prompt_ids`; the template writes any BOS itself).
 
         Raises:
             UsageError: ``chat`` and the run has no chat template, or the template fails.

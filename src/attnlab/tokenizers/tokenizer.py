@@ -244,7 +244,7 @@ class Tokenizer:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write Hugging Face ``tokenizer.json`` (atomically: a reader never sees half a file)."""
-        from attnlab.storage import atomic_write_text  # imports torch: only when saving
+        from attnlab.run.storage import atomic_write_text  # imports torch: only when saving
 
         atomic_write_text(Path(path), self.hf.to_str(pretty=True))
 

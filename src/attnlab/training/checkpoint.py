@@ -7,7 +7,7 @@
 * the data position: epoch and batch index, so the next batch after a resume is the one an
   uninterrupted run would have drawn.
 
-Everything goes through :class:`attnlab.runs.RunDir`; nothing here touches files.
+Everything goes through :class:`attnlab.run.directory.RunDir`; nothing here touches files.
 """
 
 from __future__ import annotations

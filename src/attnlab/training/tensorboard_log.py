@@ -1,6 +1,6 @@
 """Metric sinks: where the trainer sends its metrics besides ``metrics.jsonl`` (``train.log_to``).
 
-``metrics.jsonl`` is always written (by :class:`attnlab.runs.RunDir`) and stays the run's record:
+``metrics.jsonl`` is always written (by :class:`attnlab.run.directory.RunDir`) and stays the run's record:
 every command reads it, never the sinks' files. A sink is chosen once, when the trainer starts
 (:func:`open_sink`), and gets three calls: :meth:`MetricSink.write` with each log line and each
 evaluation as appended to metrics.jsonl, :meth:`MetricSink.attention` after each validation, and

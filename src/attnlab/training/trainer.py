@@ -18,7 +18,7 @@ One call, :func:`train`, does a whole run:
 With several processes (torchrun) the model is wrapped in DistributedDataParallel and only rank 0
 writes anything.
 
-While it trains, rank 0 holds the run's writer lock (:mod:`attnlab.runlock`): a second writer of the
+While it trains, rank 0 holds the run's writer lock (:mod:`attnlab.run.lock`): a second writer of the
 same run directory is refused, naming this process. The run trains on ``train.threads`` threads,
 recorded in config.json, and each checkpoint records the platform; a resume on another one warns
 (:mod:`attnlab.training.reproducibility`).
@@ -51,11 +51,11 @@ from attnlab.evaluation.objectives import OBJECTIVES
 from attnlab.experiment import ExperimentConfig, TrainConfig
 from attnlab.head_ids import held_mask
 from attnlab.kernels import native
-from attnlab.loaded_run import saved_tokenizer
 from attnlab.nn import InputEmbedding, masking_heads
-from attnlab.output_paths import check_output_path
 from attnlab.resources import check_length_bins_fit, check_training_resources
-from attnlab.runs import RunDir, validation_record
+from attnlab.run.directory import RunDir, validation_record
+from attnlab.run.loaded import saved_tokenizer
+from attnlab.run.output_paths import check_output_path
 from attnlab.tasks.base import check_final_splits, split_statistics
 from attnlab.tasks.codec import TextCodec
 from attnlab.tasks.factory import build_task, model_config_for_task, model_for_task
@@ -532,7 +532,7 @@ class _Trainer:
             "platform": self.platform,
         }
         if self.validation is not None and self.validation["step"] == self.step:
-            state["validation"] = self.validation  # what --checkpoint best ranks by (attnlab.runs)
+            state["validation"] = self.validation  # what --checkpoint best ranks by (attnlab.run.directory)
         self.run.write_checkpoint(
             self.step, self.model, {**optimizer_tensors, **rng_tensors}, state, keep=self.cfg.keep_checkpoints
         )

@@ -42,9 +42,9 @@ import numpy as np
 from attnlab.analysis.maps import AttentionView
 from attnlab.errors import UsageError
 from attnlab.head_ids import HeadId, head_ids, parse_head, parse_head_name
-from attnlab.loaded_run import LoadedRun, open_run
 from attnlab.nn import AttentionRecord
-from attnlab.storage import atomic_write_text
+from attnlab.run.loaded import LoadedRun, open_run
+from attnlab.run.storage import atomic_write_text
 from attnlab.viewer.payload import head_json, kind_info, maps_json, run_limits, run_payload
 from attnlab.viewer.requests import MAX_INPUT_TOKENS, RunRequest, viewer_limits
 
@@ -135,7 +135,7 @@ def show(
     """Run a trained run on ``text`` and show its attention as the viewer does, inline in Jupyter.
 
     Args:
-        run: a run directory, or a run opened with :func:`attnlab.loaded_run.open_run`.
+        run: a run directory, or a run opened with :func:`attnlab.run.loaded.open_run`.
         text: the input, as typed in the viewer (the viewer's caps apply: 48 tokens, or 512 for a
             pretrained LM, and the model's context).
         view: ``"model"`` (a heatmap per head) or ``"head"`` (lines between tokens).

@@ -12,7 +12,7 @@ from typing import Any
 from attnlab.analysis.maps import KIND_TITLES, AttentionView, attention_view, kind_maps
 from attnlab.errors import UsageError
 from attnlab.head_ids import HeadId, head_ids, mask_without
-from attnlab.loaded_run import LoadedRun
+from attnlab.run.loaded import LoadedRun
 from attnlab.viewer.importance import Importance
 from attnlab.viewer.requests import Limits, RequestError, RunRequest, check_input_length, viewer_limits
 

@@ -33,7 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from attnlab.errors import AttnlabError
 from attnlab.head_ids import head_ids
-from attnlab.loaded_run import LoadedRun
+from attnlab.run.loaded import LoadedRun
 from attnlab.viewer.importance import MAX_IMPORTANCE_BYTES, Importance, parse_importance
 from attnlab.viewer.payload import describe_model, run_limits, run_payload
 from attnlab.viewer.requests import RequestError, cut, decode_json_body, parse_run_request

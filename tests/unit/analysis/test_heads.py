@@ -21,7 +21,7 @@ from attnlab.evaluation.objectives import PREDICTIONS
 from attnlab.experiment import ExperimentConfig
 from attnlab.head_ids import HeadId, head_ids, mask_without, parse_head
 from attnlab.kernels.linear import onednn_available
-from attnlab.loaded_run import open_run
+from attnlab.run.loaded import open_run
 from attnlab.training.trainer import train
 from tests.unit.analysis.tiny_runs import HELD, tiny_run
 

@@ -17,8 +17,8 @@ from attnlab.analysis.lm_probe import NextTokenProbe
 from attnlab.analysis.pruning import prune_model, write_pruned_run
 from attnlab.errors import DataError, UsageError
 from attnlab.head_ids import mask_without
-from attnlab.loaded_run import open_run
 from attnlab.nn import masking_heads
+from attnlab.run.loaded import open_run
 from tests.unit.analysis.tiny_lm import PAD, TEXTS, tiny_lm_run
 
 

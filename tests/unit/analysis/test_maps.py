@@ -8,7 +8,7 @@ import torch
 
 from attnlab.analysis.maps import attention_view, kind_maps
 from attnlab.head_ids import HeadId, mask_without
-from attnlab.loaded_run import open_run
+from attnlab.run.loaded import open_run
 from tests.unit.analysis.tiny_runs import tiny_run
 
 
@@ -67,7 +67,7 @@ def test_a_head_switched_off_changes_later_layers_only(runs):
 
 def test_heads_held_in_training_are_off_in_every_view(tmp_path_factory):
     """A run's train.mask_heads stay off in the maps and the output; a head_mask switches more off."""
-    from attnlab.decoding import DecodeOptions, decode
+    from attnlab.generate.search import DecodeOptions, decode
     from attnlab.nn import capture, masking_heads
     from tests.unit.analysis.tiny_runs import HELD
 

@@ -12,10 +12,10 @@ import torch
 
 from attnlab.analysis.maps import attention_view, kind_maps
 from attnlab.cli import main
-from attnlab.decoding import DecodeOptions, generate_continuations
 from attnlab.errors import UsageError
-from attnlab.loaded_run import open_run
+from attnlab.generate.search import DecodeOptions, generate_continuations
 from attnlab.nn import capture
+from attnlab.run.loaded import open_run
 from tests.unit.analysis.tiny_lm import PAD, tiny_lm_run
 
 TEXT = "the cat sat"  # holds "e", the pad (and eos) id: padding read from the id would hide it

@@ -11,9 +11,9 @@ from attnlab.analysis.fidelity import FidelityProbe
 from attnlab.analysis.heads import ablate
 from attnlab.analysis.patching import head_means, patch
 from attnlab.errors import UsageError
-from attnlab.loaded_run import open_run
 from attnlab.nn.hooks import trace
 from attnlab.pretrained.bert import find_source, import_bert
+from attnlab.run.loaded import open_run
 from tests.unit.analysis.tiny_runs import tiny_run
 from tests.unit.pretrained.tiny_bert import write_tiny_bert
 

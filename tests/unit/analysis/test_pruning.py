@@ -8,7 +8,7 @@ from attnlab.analysis.pruning import prune_model, renumber_heads, write_pruned_r
 from attnlab.errors import UsageError
 from attnlab.evaluation import evaluate
 from attnlab.head_ids import HeadId
-from attnlab.loaded_run import open_run
+from attnlab.run.loaded import open_run
 from tests.unit.analysis.tiny_runs import tiny_run
 
 

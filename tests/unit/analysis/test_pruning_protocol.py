@@ -14,7 +14,7 @@ from attnlab.analysis.retrain import fine_tune
 from attnlab.cli import main
 from attnlab.experiment import ExperimentConfig
 from attnlab.head_ids import HeadId, mask_without
-from attnlab.loaded_run import open_run
+from attnlab.run.loaded import open_run
 from attnlab.training.trainer import TrainingDiverged, train
 
 EXPERIMENT = {

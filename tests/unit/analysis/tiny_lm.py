@@ -11,7 +11,7 @@ import torch
 
 from attnlab.experiment import ExperimentConfig
 from attnlab.nn import build_model
-from attnlab.runs import RunDir
+from attnlab.run.directory import RunDir
 from attnlab.tasks.factory import build_task, model_config_for_task
 from attnlab.tokenizers import Tokenizer
 

@@ -9,10 +9,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from attnlab.errors import CheckpointError, ConfigError, UsageError
-from attnlab.loaded_run import open_run
 from attnlab.nn import EncoderOnly, EncoderOnlyConfig, mean_pool
 from attnlab.pretrained.bert import find_source, import_bert, model_section
-from attnlab.verification import verify_run
+from attnlab.run.loaded import open_run
+from attnlab.run.verification import verify_run
 from tests.unit.pretrained.tiny_bert import transformers, write_tiny_bert
 
 TEXTS = ["the cat sat on the mat.", "A big red house!", "they runs fast, not slow?", "cafe", "zebra xylophone 42"]

@@ -9,8 +9,8 @@ from attnlab.analysis.fidelity import FidelityProbe, PairProbe, average_ranks, r
 from attnlab.analysis.heads import ablate, importance
 from attnlab.errors import DataError, UsageError
 from attnlab.head_ids import head_ids, mask_without
-from attnlab.loaded_run import open_run
 from attnlab.pretrained.bert import find_source, import_bert
+from attnlab.run.loaded import open_run
 from tests.unit.pretrained.tiny_bert import write_tiny_bert
 
 TEXTS = [

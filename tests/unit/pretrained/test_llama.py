@@ -154,7 +154,7 @@ def test_on_the_gpu_logits_cache_head_mask_and_greedy_tokens_match_float64(dtype
     CPU logits' scale; cached decoding equal to the whole sequence there; greedy tokens equal."""
     import copy
 
-    from attnlab.decoding import DecodeOptions, generate_continuations
+    from attnlab.generate.search import DecodeOptions, generate_continuations
 
     _, ours = _pair(2, True)
     gpu = copy.deepcopy(ours).to("cuda", dtype)

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnlab.decoding import DecodeOptions, decode
 from attnlab.errors import ConfigError
 from attnlab.evaluation.evaluate import evaluate
 from attnlab.evaluation.metrics import accuracy_by_length, token_accuracy_per_sequence
 from attnlab.evaluation.objectives import OBJECTIVES
 from attnlab.experiment import ExperimentConfig, load_experiment
-from attnlab.loaded_run import open_run
+from attnlab.generate.search import DecodeOptions, decode
+from attnlab.run.loaded import open_run
 from attnlab.tasks import get_task, make_batches
 from attnlab.tasks.chomsky import CHOMSKY_TASKS, LEVELS
 from attnlab.tasks.codec import TextCodec

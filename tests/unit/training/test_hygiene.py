@@ -16,8 +16,8 @@ from safetensors.torch import load_file
 from attnlab.errors import UsageError
 from attnlab.evaluation.fit import TRAINED_THRESHOLD, fit_sample, training_fit
 from attnlab.experiment import ExperimentConfig
-from attnlab.loaded_run import open_run
-from attnlab.runs import RunDir
+from attnlab.run.directory import RunDir
+from attnlab.run.loaded import open_run
 from attnlab.tasks.factory import build_task, model_for_task
 from attnlab.training.data import BatchStream
 from attnlab.training.distributed import DistInfo

@@ -14,7 +14,7 @@ import torch
 from attnlab.errors import AttnlabWarning
 from attnlab.experiment import TASK_DECIDES, ExperimentConfig, TrainConfig
 from attnlab.nn import MODELS
-from attnlab.runs import RunDir
+from attnlab.run.directory import RunDir
 from attnlab.tasks.registry import task_options
 from attnlab.training import trainer as trainer_module
 from attnlab.training.reproducibility import platform_differences, platform_record, warn_if_platform_differs

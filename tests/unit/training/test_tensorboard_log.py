@@ -20,8 +20,9 @@ from tensorboard.backend.event_processing.event_accumulator import IMAGES, SCALA
 from attnlab.analysis.maps import attention_view, kind_maps
 from attnlab.errors import ConfigError
 from attnlab.experiment import ExperimentConfig, load_experiment
-from attnlab.loaded_run import open_run, run_experiment
-from attnlab.runs import RunDir
+from attnlab.run.directory import RunDir
+from attnlab.run.loaded import open_run, run_experiment
+from attnlab.run.verification import verify_run
 from attnlab.tasks.codec import TextCodec
 from attnlab.tasks.factory import build_task, model_for_task
 from attnlab.training import trainer as trainer_module
@@ -35,7 +36,6 @@ from attnlab.training.tensorboard_log import (
     scalars_of,
 )
 from attnlab.training.trainer import train
-from attnlab.verification import verify_run
 
 pytestmark = pytest.mark.filterwarnings("ignore::attnlab.errors.AttnlabWarning")  # splits this small are warned about
 

@@ -14,7 +14,7 @@ Layout::
       metrics.jsonl               one JSON object per logged step or evaluation
       plots/  analysis/
       tensorboard/                TensorBoard event files, with train.log_to = ["jsonl", "tensorboard"]
-      .lock                       the writer's lock (attnlab.runlock): one writer at a time
+      .lock                       the writer's lock (attnlab.run.lock): one writer at a time
 
 Why a checkpoint is a directory plus a pointer: resuming needs the weights *and* the optimizer, RNG
 and data state from the same step. Each file is written atomically, but several files cannot be
@@ -28,7 +28,7 @@ Choosing a checkpoint (``attnlab eval --checkpoint``): ``last`` is the one ``che
 latest ones and the best one.
 
 Integrity: every file a command reads is read once with :meth:`RunDir.read_verified`, which checks
-the bytes against the manifest of their folder (:mod:`attnlab.manifest`) before they are parsed;
+the bytes against the manifest of their folder (:mod:`attnlab.run.manifest`) before they are parsed;
 any difference is a :class:`~attnlab.errors.CheckpointError` naming the file (exit 3). A
 checkpoint's manifest is written in its staging folder, so it is complete before the pointer moves.
 ``model.safetensors`` is published before ``manifest.json`` records it, so in between it is accepted
@@ -52,9 +52,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab import manifest as manifests
 from attnlab.errors import AttnlabWarning, CheckpointError, UsageError
-from attnlab.manifest import (
+from attnlab.nn.models import optional_state_keys
+from attnlab.run import manifest as manifests
+from attnlab.run.lock import LOCK_NAME, RunLock
+from attnlab.run.manifest import (
     FileRecord,
     Manifest,
     check_record,
@@ -62,9 +64,7 @@ from attnlab.manifest import (
     record_of,
     record_of_file,
 )
-from attnlab.nn.models import optional_state_keys
-from attnlab.runlock import LOCK_NAME, RunLock
-from attnlab.storage import (
+from attnlab.run.storage import (
     atomic_write_bytes,
     atomic_write_json,
     atomic_write_text,
@@ -121,7 +121,7 @@ class RunDir:
     POINTER = "checkpoint.json"
     METRICS = "metrics.jsonl"
     MANIFEST = manifests.NAME
-    LOCK = LOCK_NAME  # the writer's lock (attnlab.runlock); its presence alone means nothing
+    LOCK = LOCK_NAME  # the writer's lock (attnlab.run.lock); its presence alone means nothing
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
@@ -683,7 +683,7 @@ def load_tensors_into(
 
     With ``assign`` the model's parameters and buffers take the given tensors' storage (of the
     same dtype; others are copied) instead of a copy of them: for memory-mapped tensors
-    (:func:`attnlab.storage.map_tensors`). Tied parameters stay one parameter.
+    (:func:`attnlab.run.storage.map_tensors`). Tied parameters stay one parameter.
     """
     try:
         aliases = json.loads(metadata.get(_ALIASES_KEY, "{}"))

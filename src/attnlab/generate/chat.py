@@ -1,5 +1,4 @@
-"""What generating text with a decoder-only run needs besides decoding: a model's chat template
-rendered into a prompt, and the generated text handed out as it becomes final (streaming).
+"""Chat templates: a model's chat template rendered into the prompt of a decoder-only run.
 
 Chat templates are Jinja programs shipped with a model (a GGUF file's ``tokenizer.chat_template``).
 They are rendered as ``transformers`` renders them: in Jinja's *sandboxed* environment
@@ -17,14 +16,14 @@ content as plain text, in order.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 from attnlab.errors import UsageError
 from attnlab.tokenizers import Tokenizer
 
-__all__ = ["render_chat", "chat_prompt_ids", "TextStream"]
+__all__ = ["render_chat", "chat_prompt_ids"]
 
 _CONTENT = "\x00attnlab-message-content\x00"
 """Stands for a message's content while the template renders (no template writes a NUL itself)."""
@@ -91,37 +90,3 @@ def chat_prompt_ids(tokenizer: Tokenizer, template: str, text: str, **variables:
         *tokenizer.encode(text),
         *tokenizer.encode(after, allow_special=True),
     ]
-
-
-class TextStream:
-    """The text of a growing token sequence, handed out piece by piece as it becomes final.
-
-    A token of a byte-level vocabulary may hold part of a UTF-8 character; its text is held back
-    (the decoded text ends with U+FFFD) until the character is complete, as Hugging Face's
-    ``TextStreamer`` does.
-
-    Args:
-        decode: token ids -> text (the run's codec).
-    """
-
-    def __init__(self, decode: Callable[[list[int]], str]) -> None:
-        self._decode = decode
-        self.ids: list[int] = []
-        self._shown = 0
-
-    def push(self, ids: Sequence[int]) -> str:
-        """Add tokens; return the text that is now final and was not returned before."""
-        self.ids.extend(int(i) for i in ids)
-        text = self._decode(self.ids)
-        if text.endswith("\ufffd"):
-            return ""
-        return self._take(text)
-
-    def finish(self) -> str:
-        """The rest of the text (an unfinished character included, as U+FFFD)."""
-        return self._take(self._decode(self.ids))
-
-    def _take(self, text: str) -> str:
-        new = text[self._shown :]
-        self._shown = max(self._shown, len(text))
-        return new

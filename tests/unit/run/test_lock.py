@@ -12,13 +12,13 @@ import textwrap
 import pytest
 
 from attnlab.errors import UsageError
-from attnlab.runlock import LOCK_NAME, RunLock
-from attnlab.runs import RunDir
+from attnlab.run.directory import RunDir
+from attnlab.run.lock import LOCK_NAME, RunLock
 
 HOLDER = textwrap.dedent(
     """
     import sys, time
-    from attnlab.runlock import RunLock
+    from attnlab.run.lock import RunLock
     with RunLock(sys.argv[1]):
         print("locked", flush=True)
         time.sleep(120)
@@ -78,7 +78,7 @@ def test_a_directory_holding_only_the_lock_counts_as_empty(tmp_path):
 
 
 def test_an_unreadable_holder_record_still_gives_a_one_line_error(tmp_path, monkeypatch):
-    monkeypatch.setattr("attnlab.runlock._HOLDER_WAIT_S", 0.05)
+    monkeypatch.setattr("attnlab.run.lock._HOLDER_WAIT_S", 0.05)
     with RunLock(tmp_path):
         (tmp_path / LOCK_NAME).write_text("[" * 100_000)
         with pytest.raises(UsageError, match="its PID is not recorded"):
@@ -105,7 +105,7 @@ def test_import_bert_into_a_locked_run_is_refused(tmp_path):
 def test_writing_a_pruned_run_into_a_locked_directory_is_refused(tmp_path):
     from attnlab.analysis.pruning import write_pruned_run
     from attnlab.experiment import ExperimentConfig
-    from attnlab.loaded_run import LoadedRun, open_run
+    from attnlab.run.loaded import LoadedRun, open_run
     from attnlab.tasks.codec import TextCodec
     from attnlab.tasks.factory import build_task, model_for_task
 

@@ -1,12 +1,11 @@
-"""Chat templates rendered as transformers renders them (sandboxed), the message kept as text, and
-streamed text handed out only when it is final."""
+"""Chat templates rendered as transformers renders them (sandboxed), the message kept as text."""
 
 from __future__ import annotations
 
 import pytest
 
 from attnlab.errors import UsageError
-from attnlab.generation import TextStream, chat_prompt_ids, render_chat
+from attnlab.generate.chat import chat_prompt_ids, render_chat
 from attnlab.tokenizers import train_tokenizer
 
 CHATML = (
@@ -49,12 +48,3 @@ def test_chat_ids_take_specials_from_the_template_and_text_from_the_message():
     )
     with pytest.raises(UsageError, match="writes the message 2 times"):
         chat_prompt_ids(tok, "{% for m in messages %}{{ m['content'] }}{{ m['content'] }}{% endfor %}", "x")
-
-
-def test_text_stream_holds_back_a_partial_character():
-    stream = TextStream(lambda ids: bytes(ids).decode("utf-8", errors="replace"))
-    pieces = [stream.push([b]) for b in "aé👍b".encode()]
-    assert "".join(pieces) == "aé👍b" and pieces[1] == "" and pieces[3:6] == ["", "", ""]
-    assert stream.finish() == ""
-    stream.push(list(b"c") + [0xF0])
-    assert stream.finish() == "c\ufffd"

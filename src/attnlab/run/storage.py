@@ -7,7 +7,7 @@ rename survives a power cut. A kill -9 at any instant leaves either the old file
 Weights and optimizer tensors are stored with ``safetensors``: a JSON header plus raw bytes, so
 loading never executes code (unlike pickle). Reading is split in two so that the bytes checked are
 the bytes used: :func:`read_bytes` reads a file once, the caller checks them (a run's files against
-its manifest, :mod:`attnlab.manifest`), and :func:`parse_json` / :func:`parse_tensors` parse those
+its manifest, :mod:`attnlab.run.manifest`), and :func:`parse_json` / :func:`parse_tensors` parse those
 bytes. A malformed file (truncated, a damaged header, a pickle in disguise, JSON nested too deeply,
 a folder where a file belongs) raises :class:`attnlab.errors.CheckpointError` naming the file. A flip
 in the tensor data leaves a well-formed file: only the manifest's SHA-256 catches it.

@@ -12,7 +12,7 @@ bytes once, checks them against the manifest and parses those same bytes (no che
 race). Any difference is a :class:`attnlab.errors.CheckpointError` (exit 3) naming the file and
 what differs.
 
-Two kinds exist in a run (see :mod:`attnlab.runs`): ``RUN/manifest.json`` for ``config.json``,
+Two kinds exist in a run (see :mod:`attnlab.run.directory`): ``RUN/manifest.json`` for ``config.json``,
 ``tokenizer.json`` and ``model.safetensors``, and ``checkpoints/step-N/manifest.json`` for the files
 of one checkpoint, written inside the staging folder before it is renamed into place.
 """
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.errors import CheckpointError
-from attnlab.storage import atomic_write_text, parse_json, read_bytes
+from attnlab.run.storage import atomic_write_text, parse_json, read_bytes
 
 __all__ = [
     "FORMAT",

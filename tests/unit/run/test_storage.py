@@ -11,7 +11,7 @@ import torch
 from attnlab.embeddings import WordVectors, save_vectors, train_word2vec
 from attnlab.errors import DataError, UsageError
 from attnlab.figures import plt, save_figure
-from attnlab.storage import atomic_write, atomic_write_text, ensure_folder
+from attnlab.run.storage import atomic_write, atomic_write_text, ensure_folder
 from attnlab.tokenizers import train_tokenizer
 
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from attnlab.errors import CheckpointError, UsageError
-from attnlab.manifest import read_manifest, record_of
 from attnlab.nn import DecoderOnly, DecoderOnlyConfig
-from attnlab.runs import RunDir, load_weights_into
-from attnlab.storage import atomic_write_text, load_tensors, save_tensors
+from attnlab.run.directory import RunDir, load_weights_into
+from attnlab.run.manifest import read_manifest, record_of
+from attnlab.run.storage import atomic_write_text, load_tensors, save_tensors
 
 CFG = DecoderOnlyConfig(vocab_size=7, layers=1, d_model=8, heads=2, d_ff=8, tie_embeddings=True)
 
@@ -53,7 +53,7 @@ def test_loaded_weights_are_the_mapped_file_and_writes_leave_it_unchanged(run):
 
 
 def test_weights_replaced_while_loading_are_refused(run, monkeypatch):
-    import attnlab.runs as runs
+    import attnlab.run.directory as runs
 
     model = DecoderOnly(CFG)
     run.save_weights(model)
@@ -182,7 +182,7 @@ def test_atomic_write_leaves_old_file_on_failure(tmp_path):
     class Boom(Exception):
         pass
 
-    from attnlab import storage
+    from attnlab.run import storage
 
     def failing_write(handle):
         handle.write("partial")

@@ -1,5 +1,5 @@
 """Opening a trained run: its config, task, tokenizer, codec and model, each verified against the
-run's manifest (see :meth:`attnlab.runs.RunDir.read_verified`)."""
+run's manifest (see :meth:`attnlab.run.directory.RunDir.read_verified`)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from attnlab.experiment import ExperimentConfig
 from attnlab.head_ids import HeadId, held_heads, held_mask
 from attnlab.kernels import native
 from attnlab.nn import HeadMask, TransformerModel
-from attnlab.runs import CheckpointFiles, RunDir
+from attnlab.run.directory import CheckpointFiles, RunDir
 from attnlab.runtime import release_freed_memory
 from attnlab.tasks.base import Task
 from attnlab.tasks.codec import TextCodec
@@ -79,14 +79,14 @@ def saved_tokenizer(run: RunDir) -> Tokenizer | None:
 
 def open_run(path: str | Path, *, device: str | torch.device = "cpu", checkpoint: str | None = None) -> LoadedRun:
     """Load a run directory: config.json, the task, tokenizer.json and model.safetensors, each
-    verified against the run's manifest (see :meth:`attnlab.runs.RunDir.read_verified`).
+    verified against the run's manifest (see :meth:`attnlab.run.directory.RunDir.read_verified`).
 
     Args:
         path: the run directory.
         device: where the model goes (``auto``, ``cpu``, ``cuda``, ``cuda:N`` or a
             :class:`torch.device`); its head masks follow it (:meth:`LoadedRun.held_mask`).
         checkpoint: load this checkpoint's weights instead of model.safetensors: ``last``,
-            ``best`` or ``step-N`` (:meth:`attnlab.runs.RunDir.choose_checkpoint`).
+            ``best`` or ``step-N`` (:meth:`attnlab.run.directory.RunDir.choose_checkpoint`).
 
     Raises:
         UsageError: a device name that is malformed or names a GPU this process cannot see; a

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from attnlab.errors import UsageError
-from attnlab.output_paths import _shown, check_output_path, name_max
+from attnlab.run.output_paths import _shown, check_output_path, name_max
 
 
 @pytest.fixture

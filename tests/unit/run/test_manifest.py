@@ -8,7 +8,7 @@ import json
 import pytest
 
 from attnlab.errors import CheckpointError
-from attnlab.manifest import (
+from attnlab.run.manifest import (
     FileRecord,
     Manifest,
     build_manifest,
@@ -18,7 +18,7 @@ from attnlab.manifest import (
     record_of,
     write_manifest,
 )
-from attnlab.storage import parse_json, read_bytes
+from attnlab.run.storage import parse_json, read_bytes
 
 
 def test_record_is_size_and_sha256_of_the_bytes():

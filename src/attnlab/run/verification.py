@@ -1,6 +1,6 @@
 """``verify_run``: check every file of a run directory against its manifests and say what is wrong.
 
-It reads each file the way the commands do (:meth:`attnlab.runs.RunDir.read_verified`: the bytes
+It reads each file the way the commands do (:meth:`attnlab.run.directory.RunDir.read_verified`: the bytes
 once, checked against the manifest of their folder, then parsed), so a run that verifies clean is
 one every command can open. Checked: ``manifest.json`` itself, ``config.json``, ``tokenizer.json``,
 ``model.safetensors``, ``checkpoint.json`` (well formed, naming a checkpoint that exists),
@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attnlab import manifest as manifests
 from attnlab.errors import AttnlabWarning, CheckpointError, UsageError
-from attnlab.runs import RunDir
-from attnlab.storage import parse_json, parse_tensors
+from attnlab.run import manifest as manifests
+from attnlab.run.directory import RunDir
+from attnlab.run.storage import parse_json, parse_tensors
 
 __all__ = ["FileCheck", "VerifyReport", "verify_run"]
 
@@ -142,7 +142,7 @@ def _verify_top_level(run: RunDir, report: VerifyReport) -> None:
 
 
 def _read_tokenizer(run: RunDir) -> object:
-    from attnlab.loaded_run import saved_tokenizer  # the tokenizer libraries load only when needed
+    from attnlab.run.loaded import saved_tokenizer  # the tokenizer libraries load only when needed
 
     return saved_tokenizer(run)
 

@@ -1,0 +1,12 @@
+"""Generating tokens and text with a trained model.
+
+* :mod:`.search`: greedy search, beam search and sampling over the KV cache, for
+  :class:`~attnlab.nn.EncoderDecoder` (:func:`~attnlab.generate.search.decode`) and
+  :class:`~attnlab.nn.DecoderOnly` (:func:`~attnlab.generate.search.generate_continuations`).
+* :mod:`.sampling`: temperature, top-k and top-p, the distribution a sampled token is drawn from.
+* :mod:`.chat`: a pretrained model's chat template rendered into a prompt.
+* :mod:`.stream`: generated text handed out as it becomes final.
+
+The package imports none of them: a task that renders a chat prompt (:mod:`.chat`) loads no model
+code.
+"""
