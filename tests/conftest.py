@@ -14,6 +14,16 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _calibration_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """No backend timing (attnlab.kernels.calibration) outside its own tests: every call takes the
+    fixed order of the backends that apply, so no result depends on which one a busy machine timed
+    fastest, and no test spends time measuring. Its tests turn it on, with the cache in a folder of
+    this session, never the user's. The CLI's subprocesses inherit both."""
+    os.environ["ATTNLAB_CALIBRATE"] = "0"
+    os.environ["ATTNLAB_CALIBRATION_DIR"] = str(tmp_path_factory.mktemp("calibration"))
+
+
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)

@@ -26,8 +26,9 @@ Quick start::
     model = attnlab.EncoderDecoder(cfg)
     src, tgt_in = torch.randint(1, 100, (8, 12)), torch.randint(1, 100, (8, 10))
     logits = model(src, tgt_in)                                  # (8, 10, 100)
-    with attnlab.capture(model) as records:
-        model(src, tgt_in, head_mask={"cross": torch.tensor([[1., 0, 1, 1], [1, 1, 1, 1]])})
+    xi = {"cross": torch.tensor([[1., 0, 1, 1], [1, 1, 1, 1]])}      # head 1 of cross layer 0 off
+    with attnlab.capture(model) as records, attnlab.masking_heads(model, xi):
+        model(src, tgt_in)
     records[0].weights.shape                                     # (B, H, T_q, T_k)
 """
 
@@ -52,13 +53,14 @@ _FROM_NN = (
     "capture",
     "causal_mask",
     "full_head_mask",
+    "masking_heads",
+    "model_sites",
     "padding_mask",
     "preset",
+    "trace",
 )
 
 _ELSEWHERE = {
-    "trace": "attnlab.analysis.trace",  # read and edit named sites (caching, patching)
-    "model_sites": "attnlab.nn.sites",  # the named sites of a model
     "show": "attnlab.viewer.notebook",  # the viewer's head and model views inline in Jupyter
     "show_records": "attnlab.viewer.notebook",
 }

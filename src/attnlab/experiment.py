@@ -31,7 +31,11 @@ from typing import Any
 
 from attnlab.errors import ConfigError
 from attnlab.nn import MODELS, TransformerConfig
-from attnlab.nn.config import check_field_types, check_value_types  # the same type rules as the model configs
+from attnlab.nn.config import (
+    RETIRED_KEYS,
+    check_field_types,
+    check_value_types,
+)  # the same type rules as the model configs
 from attnlab.resources import check_split_sizes
 from attnlab.tasks.factory import TEXT_TASK_EXTRAS, TOKENIZER_KEYS, TokenizerKeys
 from attnlab.tasks.registry import TASKS, check_task_types, task_options
@@ -259,7 +263,8 @@ class ExperimentConfig:
         unknown = sorted(set(train) - set(allowed))
         if unknown:
             raise ConfigError(f"train.{unknown[0]}: unknown key; allowed: {', '.join(allowed)}")
-        return cls(task=dict(data["task"]), model=dict(data["model"]), train=TrainConfig(**train))
+        model = {key: value for key, value in data["model"].items() if key not in RETIRED_KEYS}  # an older run's
+        return cls(task=dict(data["task"]), model=model, train=TrainConfig(**train))
 
     def with_overrides(self, overrides: Sequence[str], *, flag: str = "override") -> ExperimentConfig:
         """This config with ``section.key=value`` overrides applied (``flag`` names them in errors)."""
@@ -396,7 +401,7 @@ def _toml_value(raw: str) -> Any:
 def load_experiment(path: str | Path, overrides: Sequence[str] = (), *, flag: str = "override") -> ExperimentConfig:
     """Read a TOML config file and apply ``--set`` overrides.
 
-    A ``[sweep]`` table (a grid and seeds for ``attnlab sweep``, :func:`attnlab.sweep.sweep_table`)
+    A ``[sweep]`` table (a grid and seeds for ``attnlab sweep``, :func:`attnlab.sweep.plan.sweep_table`)
     is not part of the experiment: the file's base config is read without it.
     """
     path = Path(path)

@@ -1,5 +1,10 @@
 """Naming heads (``kind:layer:head``) and building head masks from such names.
 
+A head's name is its attention site's kind and layer (:mod:`attnlab.nn.hooks`: the ``kind`` of
+the site ``STACK.LAYER.attn.z`` or ``STACK.LAYER.cross.z``) and its index on the site's head axis;
+:meth:`HeadId.of` and :func:`head_site` go from a site to a head and back, and this module is the
+one place that parses (:func:`parse_head_name`) and prints (``str(HeadId)``) the name.
+
 Shared by training (heads held at zero while fine-tuning), evaluation from the command line,
 head analysis and the viewer. A name that does not fit the model is a :class:`UsageError` that
 says what the model has.
@@ -23,20 +28,30 @@ One vocabulary for one idea, a head mask with some heads at zero:
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 import torch
 from torch import Tensor
 
 from attnlab.errors import ConfigError, UsageError
-from attnlab.nn import HeadMask, TransformerModel
+from attnlab.nn import HeadMask, Site, TransformerModel
 
-__all__ = ["HeadId", "head_ids", "parse_head", "mask_without", "heads_off", "held_heads", "held_mask"]
+__all__ = [
+    "HeadId",
+    "head_ids",
+    "head_site",
+    "parse_head_name",
+    "parse_head",
+    "mask_without",
+    "heads_off",
+    "held_heads",
+    "held_mask",
+]
 
 
 @dataclass(frozen=True, order=True)
 class HeadId:
-    """One attention head: its kind, layer and index."""
+    """One attention head: its site's kind and layer, and its index on the site's head axis."""
 
     kind: str
     layer: int
@@ -45,16 +60,41 @@ class HeadId:
     def __str__(self) -> str:
         return f"{self.kind}:{self.layer}:{self.head}"
 
+    @classmethod
+    def of(cls, site: Site, head: int) -> HeadId:
+        """Head ``head`` of an attention site (any of its points: ``z``, ``pattern``, ...)."""
+        if site.kind is None or site.layer is None:
+            raise ValueError(f"site {site.name!r} is not an attention site; it has no heads")
+        return cls(site.kind, site.layer, head)
+
+
+def head_site(model: TransformerModel, head: HeadId) -> Site:
+    """The ``z`` site of the attention module ``head`` belongs to (e.g. ``decoder.3.attn.z``)."""
+    for site in model.attention_sites():
+        if (site.kind, site.layer) == (head.kind, head.layer):
+            return site
+    raise UsageError(f"head {head}: this model has no {head.kind} attention in layer {head.layer}")
+
+
+def parse_head_name(spec: str) -> HeadId:
+    """``kind:layer:head`` -> :class:`HeadId`, the syntax only (UsageError otherwise)."""
+    parts = spec.split(":")
+    if len(parts) != 3 or not parts[1].lstrip("-").isdigit() or not parts[2].lstrip("-").isdigit():
+        raise UsageError(f"head {spec!r}: expected kind:layer:head, e.g. cross:0:1")
+    return HeadId(parts[0], int(parts[1]), int(parts[2]))
+
 
 def head_ids(model: TransformerModel, kinds: Sequence[str] | None = None) -> list[HeadId]:
-    """Every head of the model (of ``kinds`` only, when given), in (kind, layer, head) order."""
-    available = {site.kind for site in model.attention_sites()}
+    """Every head of the model (of ``kinds`` only, when given), in (kind, layer, head) order, the
+    kinds in the order a forward pass first reaches them."""
+    sites = model.attention_sites()
+    rank = {kind: index for index, kind in enumerate(dict.fromkeys(site.kind for site in sites))}
     for kind in kinds or ():
-        if kind not in available:
-            raise UsageError(f"this run has no {kind!r} attention; it has: {', '.join(sorted(available))}")
+        if kind not in rank:
+            raise UsageError(f"this run has no {kind!r} attention; it has: {', '.join(sorted(rank))}")
     return [
-        HeadId(site.kind, site.layer, head)
-        for site in model.attention_sites()
+        HeadId.of(site, head)
+        for site in sorted(sites, key=lambda site: (rank[site.kind], site.layer))
         if kinds is None or site.kind in kinds
         for head in range(site.module.heads)
     ]
@@ -62,10 +102,7 @@ def head_ids(model: TransformerModel, kinds: Sequence[str] | None = None) -> lis
 
 def parse_head(spec: str, model: TransformerModel) -> HeadId:
     """``kind:layer:head`` -> :class:`HeadId`, checked against the model (UsageError otherwise)."""
-    parts = spec.split(":")
-    if len(parts) != 3 or not parts[1].lstrip("-").isdigit() or not parts[2].lstrip("-").isdigit():
-        raise UsageError(f"head {spec!r}: expected kind:layer:head, e.g. cross:0:1")
-    kind, layer, head = parts[0], int(parts[1]), int(parts[2])
+    kind, layer, head = astuple(parse_head_name(spec))
     sites = {(s.kind, s.layer): s.module.heads for s in model.attention_sites()}
     kinds = sorted({k for k, _ in sites})
     if kind not in kinds:

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.errors import UsageError
+from attnlab.nn import masking_heads
 from attnlab.nn.models import POOLINGS
 from attnlab.run.loaded import LoadedRun
 from attnlab.tasks.base import Example
@@ -52,7 +53,8 @@ def sentence_embeddings(
     head_mask: Mapping[str, Tensor] | None = None,
 ) -> Tensor:
     """e(x) for each row of ``tokens`` (B, T) -> (B, d_model); differentiable in ``head_mask``."""
-    hidden = model(tokens, head_mask=head_mask)
+    with masking_heads(model, head_mask):
+        hidden = model(tokens)
     return POOLINGS[pooling](hidden, tokens != pad_id)
 
 
@@ -79,13 +81,13 @@ def encode_texts(loaded: LoadedRun, texts: Sequence[str], *, batch_size: int = 3
         raise UsageError("give at least one text")
     task, codec, model = loaded.task, loaded.codec, loaded.model
     device = next(model.parameters()).device
-    head_mask = loaded.held_mask()
     out: list[EncodedText] = []
     for start in range(0, len(texts), batch_size):
         chunk = list(texts[start : start + batch_size])
         ids = [codec.encode(text) for text in chunk]
         tokens = pad_ids(ids, pad_id=task.pad_id).to(device)
-        hidden = model(tokens, head_mask=head_mask)
+        with masking_heads(model, loaded.held_mask()):
+            hidden = model(tokens)
         pooled = POOLINGS[task.pooling](hidden, tokens != task.pad_id)
         for row, (text, row_ids) in enumerate(zip(chunk, ids, strict=True)):
             out.append(EncodedText(text, codec.tokens(row_ids), hidden[row, : len(row_ids)].cpu(), pooled[row].cpu()))

@@ -171,10 +171,9 @@ def test_flop_count_includes_the_fused_cpu_attention(causal, kernel, monkeypatch
     backward, as the explicit path."""
     b, h, t, d = 2, 3, 16, 8
     q, k, v = (torch.randn(b, h, t, d, requires_grad=True) for _ in range(3))
-    if kernel == "sdpa":
-        monkeypatch.setattr(kernels, "short_attention_applies", lambda *args: False)
-    elif not native.available():
+    if kernel == "attnlab" and not native.available():
         pytest.skip(f"no C++ kernels: {native.unavailable_reason()}")
+    monkeypatch.setenv("ATTNLAB_BACKEND", {"sdpa": "sdpa", "attnlab": "short"}[kernel])
     calls = []
     spied = {"sdpa": (F, "scaled_dot_product_attention"), "attnlab": (kernels, "short_attention")}[kernel]
     real = getattr(*spied)
@@ -194,10 +193,9 @@ def test_flop_count_includes_the_fused_cpu_attention(causal, kernel, monkeypatch
 
 
 @pytest.mark.parametrize("kernel", ["aten", "onednn"])
-def test_flop_count_of_a_training_step_is_the_same_on_either_linear_kernel(kernel):
+def test_flop_count_of_a_training_step_is_the_same_on_either_linear_kernel(kernel, monkeypatch):
     """FlopCounterMode alone counts oneDNN's linear op as 0 FLOPs; taught it, a training step of the
     quick model counts what it counts on aten's addmm/mm, and both are the model's FLOPs."""
-    import dataclasses
 
     import torch.nn.functional as F
 
@@ -208,7 +206,10 @@ def test_flop_count_of_a_training_step_is_the_same_on_either_linear_kernel(kerne
         pytest.skip("this PyTorch build has no oneDNN")
     batch = random_batch(QUICK)
     reference = attnlab_model(QUICK)
-    models = {name: EncoderDecoder(dataclasses.replace(reference.config, linear=name)) for name in ("aten", kernel)}
+    models = {}
+    for name in ("aten", kernel):
+        monkeypatch.setenv("ATTNLAB_LINEAR", name)
+        models[name] = EncoderDecoder(reference.config)
 
     def step(model):  # noqa: ANN001, ANN202
         return lambda: F.cross_entropy(model(batch.src, batch.tgt_in).flatten(0, 1), batch.tgt_out.flatten()).backward()

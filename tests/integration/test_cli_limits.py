@@ -21,7 +21,6 @@ EXPERIMENT = {
         "test_size": 8,
         "length_generalisation_size": 4,
     },
-    # linear = "aten": no C++ kernel to build on a fresh machine; the checks tested here come before any kernel.
     "model": {
         "kind": "encoder_decoder",
         "layers": 1,
@@ -29,7 +28,6 @@ EXPERIMENT = {
         "heads": 2,
         "d_ff": 32,
         "dropout": 0.0,
-        "linear": "aten",
     },
     "train": {"steps": 2, "batch_size": 8, "log_every": 0},
 }
@@ -49,7 +47,6 @@ layers = 1
 d_model = 16
 heads = 2
 d_ff = 32
-linear = "aten"
 
 [train]
 steps = 2
@@ -64,7 +61,10 @@ LONG_NAME = "x" * 300
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("limits") / "run"
-    train(ExperimentConfig.from_dict(EXPERIMENT), path, progress=False)
+    with pytest.MonkeyPatch.context() as patch:
+        # aten's GEMMs: no C++ kernel to build on a fresh machine; the checks tested here come before any kernel.
+        patch.setenv("ATTNLAB_LINEAR", "aten")
+        train(ExperimentConfig.from_dict(EXPERIMENT), path, progress=False)
     return path
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from attnlab.experiment import ExperimentConfig
-from attnlab.nn.sites import model_sites
+from attnlab.nn.hooks import model_sites
 from attnlab.run.loaded import open_run
 from attnlab.training.trainer import train
 from tests.cli import attnlab

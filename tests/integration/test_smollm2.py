@@ -78,11 +78,22 @@ def test_token_ids_equal_the_reference_tokenizer(run: Path, reference) -> None:
 
 
 def test_logits_equal_hugging_face_on_a_left_padded_batch(run: Path, reference) -> None:
-    """Every position of every prompt, one left-padded batch: within 1e-3 and the same argmax."""
+    """Every position of every prompt, left-padded batches: within 1e-3 and the same argmax.
+
+    Two batches rather than one: the short prompts together, and the one over 500 tokens with two
+    short ones padded to its length. The same prompts, padding and lengths are checked as in one
+    batch of all of them, at a fifth of the tokens (a batch is as wide as its longest prompt)."""
     tokenizer, model = reference
     loaded = open_run(run)
     ids = [loaded.codec.encode(prompt) for prompt in PROMPTS]
     assert len(PROMPTS) >= 20 and max(map(len, ids)) > 500
+    longest = max(range(len(ids)), key=lambda i: len(ids[i]))
+    short = [row for i, row in enumerate(ids) if i != longest]
+    for batch in (short, [short[0], ids[longest], short[-1]]):
+        _check_left_padded_batch(loaded, model, batch)
+
+
+def _check_left_padded_batch(loaded, model, ids: list[list[int]]) -> None:
     width, pad = max(map(len, ids)), loaded.task.pad_id
     tokens = torch.tensor([[pad] * (width - len(row)) + row for row in ids])
     is_token = torch.tensor([[False] * (width - len(row)) + [True] * len(row) for row in ids])
@@ -358,7 +369,7 @@ def test_named_sites_equal_hugging_face_hidden_states_and_attentions(run: Path, 
     left-padded batch of three prompts. Residual entries reach a few hundred in magnitude here, so
     the stream is compared relative to its largest entry; over 30 float32 layers the measured
     maxima are 1.4e-5 of it and 9.8e-6 for the weights (AMD EPYC Zen 4)."""
-    from attnlab.analysis.trace import trace
+    from attnlab.nn.hooks import trace
 
     tokenizer, model = reference
     loaded = open_run(run)

@@ -210,6 +210,17 @@ def test_an_old_config_json_without_newer_keys_still_loads(tmp_path):
     assert experiment.train.threads == 0 and experiment.task["num_symbols"] == 10
 
 
+@pytest.mark.parametrize("linear", ["auto", "aten", "onednn"])
+def test_an_old_config_json_with_the_linear_kernel_opens_with_the_key_ignored(tmp_path, linear):
+    """``model.linear`` (the GEMM kernel) was written into every config.json until it became the
+    runtime setting ATTNLAB_LINEAR: such a run still opens, builds its model, and drops the key."""
+    run = RunDir.create(tmp_path / "run")
+    run.write_config({"task": COPY, "model": {**MODEL, "linear": linear}, "train": {"steps": 5}})
+    experiment = run_experiment(run)
+    assert "linear" not in experiment.model and "linear" not in experiment.to_dict()["model"]
+    assert experiment.model_config(vocab_size=12).layers == 1
+
+
 def test_given_values_are_kept_and_a_changed_kind_is_still_checked():
     config = _config(COPY, {**MODEL, "max_len": 64})
     assert config.model["max_len"] == 64 and config.task["train_size"] == 8

@@ -5,9 +5,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlab.errors import ConfigError
-from attnlab.head_ids import HeadId, heads_off, held_heads, held_mask, mask_without
-from attnlab.nn import EncoderDecoder, EncoderDecoderConfig
+from attnlab.errors import ConfigError, UsageError
+from attnlab.head_ids import (
+    HeadId,
+    head_ids,
+    head_site,
+    heads_off,
+    held_heads,
+    held_mask,
+    mask_without,
+    parse_head_name,
+)
+from attnlab.nn import EncoderDecoder, EncoderDecoderConfig, model_sites
 
 
 @pytest.fixture(scope="module")
@@ -42,3 +51,17 @@ def test_a_per_example_base_gets_the_held_heads_in_every_row(model):
 def test_a_held_head_the_model_lacks_is_a_config_error_naming_the_key(model):
     with pytest.raises(ConfigError, match=r"train.mask_heads: head 'cross:0:2': head 2 is out of range"):
         held_mask(model, ["cross:0:2"])
+
+
+def test_head_names_come_from_attention_sites_and_back(model):
+    heads = head_ids(model)
+    assert [str(h) for h in heads[:3]] == ["encoder_self:0:0", "encoder_self:0:1", "encoder_self:1:0"]
+    assert [h.kind for h in heads[::4]] == ["encoder_self", "decoder_self", "cross"]  # kinds in forward order
+    assert head_site(model, HeadId("cross", 1, 0)).name == "decoder.1.cross.z"
+    assert head_site(model, HeadId("decoder_self", 0, 1)).name == "decoder.0.attn.z"
+    site = model_sites(model)["decoder.1.cross.pattern"]
+    assert HeadId.of(site, 1) == HeadId("cross", 1, 1) and str(parse_head_name("cross:1:1")) == "cross:1:1"
+    with pytest.raises(UsageError, match="expected kind:layer:head"):
+        parse_head_name("cross-1-1")
+    with pytest.raises(ValueError, match="not an attention site"):
+        HeadId.of(model_sites(model)["encoder.0.resid_pre"], 0)

@@ -37,8 +37,8 @@ def tiny_model(layers: int = 2, heads: int = 2) -> attnlab.DecoderOnly:
 
 
 def captured(model: attnlab.DecoderOnly, tokens: torch.Tensor, head_mask=None):  # noqa: ANN001, ANN201
-    with torch.no_grad(), attnlab.capture(model) as records:
-        model(tokens, head_mask=head_mask)
+    with torch.no_grad(), attnlab.capture(model) as records, attnlab.masking_heads(model, head_mask):
+        model(tokens)
     return records
 
 
@@ -152,7 +152,7 @@ def test_too_many_weights_ask_for_fewer_layers(monkeypatch, lm_run):
         ({"tokens": {"cross": ("a", "b")}}, "tokens: no labels for self"),
         ({"example": 1}, "example: 1 is not a row of the batch (0..0)"),
         ({"off": ["self:2:0"]}, "off: self:2:0 is not a head of these records"),
-        ({"off": ["self-0-0"]}, "off: 'self-0-0': expected kind:layer:head"),
+        ({"off": ["self-0-0"]}, "off: head 'self-0-0': expected kind:layer:head"),
     ],
 )
 def test_bad_arguments_are_one_usage_error_naming_the_argument(arguments, message):

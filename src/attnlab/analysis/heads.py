@@ -36,8 +36,8 @@ from attnlab.devices import model_device
 from attnlab.errors import UsageError
 from attnlab.evaluation import evaluate
 from attnlab.evaluation.objectives import PREDICTIONS, example_losses
-from attnlab.head_ids import HeadId, head_ids, heads_off, mask_without
-from attnlab.nn import HeadMask, TransformerModel
+from attnlab.head_ids import HeadId, head_ids, head_site, heads_off, mask_without
+from attnlab.nn import HeadMask, TransformerModel, trace
 from attnlab.run.loaded import LoadedRun
 from attnlab.tasks.batching import make_batches
 
@@ -237,15 +237,11 @@ def _mean_ablation(
     probe: HeadProbe, base: HeadMask | None, means: Mapping[str, Tensor]
 ) -> Callable[[list[HeadId]], Score]:
     """The probe's score with each head of ``off`` given its mean output (its ``z`` site)."""
-    from attnlab.analysis.trace import trace
-    from attnlab.nn.sites import model_sites
-
-    z_sites = {(s.kind, s.layer): name for name, s in model_sites(probe.model).items() if s.point == "z"}
 
     def evaluate(off: list[HeadId]) -> Score:
         with trace(probe.model) as t:
             for head in off:
-                site = z_sites[(head.kind, head.layer)]
+                site = head_site(probe.model, head).name
                 if site not in means:
                     raise UsageError(f"--mean-over: no mean output for {site} (head {head})")
                 t.replace(site, means[site][head.head][None, :], heads=[head.head])  # over every position

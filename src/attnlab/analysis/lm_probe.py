@@ -41,7 +41,7 @@ from torch import Tensor, nn
 from attnlab.analysis.heads import Score
 from attnlab.devices import model_device
 from attnlab.errors import DataError, UsageError
-from attnlab.nn import HeadMask
+from attnlab.nn import HeadMask, masking_heads
 from attnlab.run.loaded import LoadedRun
 from attnlab.tasks.pretrained_lm import PretrainedLMTask
 from attnlab.tasks.text import MAX_LINE_CHARS, LMTask, read_lines
@@ -187,7 +187,8 @@ class NextTokenProbe:
 
     def outputs_all(self, model: nn.Module, batch: TextBatch, head_mask: HeadMask | None) -> Tensor:
         """(B, T, V) logits of ``model`` on ``batch``, padding included."""
-        return model(batch.tokens, head_mask=head_mask, is_token=batch.is_token)
+        with masking_heads(model, head_mask):
+            return model(batch.tokens, is_token=batch.is_token)
 
     def outputs(self, model: nn.Module, batch: TextBatch, head_mask: HeadMask | None) -> Tensor:
         """(N, V) logits of ``model`` at the batch's N real tokens (e.g. a physically pruned model's)."""

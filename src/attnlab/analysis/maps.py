@@ -30,7 +30,7 @@ from torch import Tensor
 from attnlab.devices import model_device
 from attnlab.generate.search import DecodeOptions, decode, generate_continuations
 from attnlab.head_ids import HeadId, heads_off
-from attnlab.nn import AttentionRecord, capture
+from attnlab.nn import AttentionRecord, capture, masking_heads
 from attnlab.nn.models import POOLINGS
 from attnlab.resources import check_decode_length, check_input_text, check_input_tokens
 from attnlab.run.loaded import LoadedRun
@@ -130,8 +130,8 @@ def _seq2seq_view(loaded: LoadedRun, ids: list[int], *, head_mask, max_length: i
         head_mask=head_mask,
     )[0]
     tgt_in = torch.tensor([[task.bos_id, *hypothesis.tokens]], device=src.device)
-    with capture(model) as records:
-        model(src, tgt_in, head_mask=head_mask)
+    with capture(model) as records, masking_heads(model, head_mask):
+        model(src, tgt_in)
     source = codec.tokens(ids) + ["</s>"]
     target = ["<s>"] + codec.tokens(hypothesis.tokens)
     axes = {"encoder_self": (source, source), "decoder_self": (target, target), "cross": (target, source)}
@@ -142,8 +142,8 @@ def _classifier_view(loaded: LoadedRun, ids: list[int], *, head_mask, max_length
     """The label read at the EOS position (Hahn §3), with every class's probability."""
     task, codec, model = loaded.task, loaded.codec, loaded.model
     tokens = torch.tensor([ids + [task.eos_id]], device=model_device(model))
-    with capture(model) as records:
-        probs = torch.softmax(model(tokens, head_mask=head_mask), -1)[0]
+    with capture(model) as records, masking_heads(model, head_mask):
+        probs = torch.softmax(model(tokens), -1)[0]
     labels = codec.tokens(ids) + ["</s>"]
     label = int(probs.argmax())
     classes = [(str(index), float(p)) for index, p in enumerate(probs)]
@@ -164,8 +164,8 @@ def _language_model_view(loaded: LoadedRun, ids: list[int], *, head_mask, max_le
         head_mask=head_mask,
     )[0]
     full = torch.tensor([ids + hypothesis.tokens], device=model_device(model))
-    with capture(model) as records:
-        logits = model(full, head_mask=head_mask, is_token=torch.ones_like(full, dtype=torch.bool))
+    with capture(model) as records, masking_heads(model, head_mask):
+        logits = model(full, is_token=torch.ones_like(full, dtype=torch.bool))
     labels = codec.tokens(ids + hypothesis.tokens)
     next_token = torch.softmax(logits[0, len(ids) - 1].float(), -1)
     values, indices = next_token.topk(min(top_k, next_token.numel()))
@@ -176,8 +176,8 @@ def _language_model_view(loaded: LoadedRun, ids: list[int], *, head_mask, max_le
 def _encoder_view(loaded: LoadedRun, ids: list[int], *, head_mask, max_length: int, top_k: int) -> AttentionView:  # noqa: ANN001
     """A sentence encoder reads ``[CLS] text [SEP]`` once; the output summarises the sentence embedding."""
     tokens = torch.tensor([ids], device=model_device(loaded.model))
-    with capture(loaded.model) as records:
-        hidden = loaded.model(tokens, head_mask=head_mask)
+    with capture(loaded.model) as records, masking_heads(loaded.model, head_mask):
+        hidden = loaded.model(tokens)
     pooling = loaded.task.pooling
     embedding = POOLINGS[pooling](hidden, tokens != loaded.task.pad_id)[0]
     labels = loaded.codec.tokens(ids)

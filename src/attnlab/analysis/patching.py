@@ -1,7 +1,7 @@
 """Activation patching: how much of a clean-vs-corrupt difference one site restores.
 
 Run a model on a clean input and on a corrupt one of the same length; then run the corrupt input
-again with one site's value taken from the clean run (:mod:`attnlab.analysis.trace`). With m the
+again with one site's value taken from the clean run (:func:`attnlab.nn.hooks.trace`). With m the
 measured output (higher = more like the clean run), a patch restores
 
     r = (m_patched - m_corrupt) / (m_clean - m_corrupt)
@@ -35,9 +35,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab.analysis.trace import trace
 from attnlab.devices import model_device
 from attnlab.errors import UsageError
+from attnlab.nn.hooks import trace
 from attnlab.resources import check_input_text, check_input_tokens
 from attnlab.run.loaded import LoadedRun
 

@@ -43,7 +43,7 @@ def prune_model(model: TransformerModel, pruned: Iterable[HeadId]) -> Transforme
     groups: dict[str, list[list[int]]] = {}
     keep: dict[tuple[str, int], list[int]] = {}
     for site in model.attention_sites():
-        kept = [h for h in range(site.module.heads) if HeadId(site.kind, site.layer, h) not in pruned]
+        kept = [h for h in range(site.module.heads) if HeadId.of(site, h) not in pruned]
         keep[(site.kind, site.layer)] = kept
         counts.setdefault(site.kind, []).append(0)
         counts[site.kind][site.layer] = len(kept)

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from attnlab.kernels import native
-from attnlab.kernels.linear import preferred_linear_kernel
+from attnlab.kernels.linear import linear_setting
 
 __all__ = [
     "MIN_REPEATS",
@@ -134,14 +134,14 @@ def interleaved_median_times(
 
 def machine_info() -> dict[str, Any]:
     """What the numbers depend on: torch version, threads, CPU model and the vector instructions
-    PyTorch runs on it, the GEMM kernel of attnlab's linear maps there, whether attnlab's C++ CPU
+    PyTorch runs on it, the GEMM kernel setting of attnlab's linear maps (``ATTNLAB_LINEAR``), whether attnlab's C++ CPU
     kernels (:mod:`attnlab.kernels.native`) are built, devices."""
     return {
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "cpu": _cpu_model(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "linear_kernel": preferred_linear_kernel(),
+        "linear_kernel": linear_setting(),
         "native_kernels": native.available(),
         "cpus": os.cpu_count(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,

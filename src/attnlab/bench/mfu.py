@@ -24,7 +24,7 @@ from attnlab.bench.harness import BenchResult, interleaved_median_times
 from attnlab.bench.models import FULL, QUICK, attnlab_model, random_batch
 from attnlab.experiment import TrainConfig
 from attnlab.kernels import native
-from attnlab.kernels.linear import available_linear_kernels, linear_kernel, onednn_available
+from attnlab.kernels.linear import available_linear_kernels, linear_kernel, linear_setting, onednn_available
 from attnlab.training.trainer import make_optimizer
 
 __all__ = ["run_mfu", "count_step_flops", "cpu_kernel_flops"]
@@ -102,7 +102,7 @@ def run_mfu(quick: bool = False, repeats: int = 15) -> BenchResult:
     result.targets["mfu"] = (">=", 0.6)
     result.notes.append(
         f"peak: the fastest of {', '.join(rates)} on {n} x {n} x {n}; the model's linear maps use "
-        f"the kernel '{model.config.linear}' picks"
+        f"ATTNLAB_LINEAR={linear_setting()}"
     )
     return result
 

@@ -6,8 +6,9 @@ batch; one step is forward, cross-entropy, backward and an Adam update.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -25,8 +26,8 @@ from attnlab.bench.models import (
     random_batch,
 )
 from attnlab.experiment import TrainConfig
-from attnlab.kernels.linear import preferred_linear_kernel
-from attnlab.nn import EncoderDecoder
+from attnlab.kernels.linear import linear_setting
+from attnlab.nn import EncoderDecoder, masking_heads
 from attnlab.training.trainer import make_optimizer
 
 __all__ = ["run_train", "run_train_headmask", "ATEN_SYSTEM"]
@@ -67,7 +68,8 @@ def run_train(quick: bool = False, repeats: int = 15) -> BenchResult:
     }
     # The same model on F.linear's GEMMs (MKL on a CPU), as the two baselines run theirs: how much
     # of attnlab's lead is the kernel of its linear maps. No target.
-    on_aten = EncoderDecoder(dataclasses.replace(ours.config, linear="aten"))
+    with _linear_setting("aten"):
+        on_aten = EncoderDecoder(ours.config)
     on_aten.load_state_dict(ours.state_dict())
     steps[ATEN_SYSTEM] = _training_step(on_aten, lambda: on_aten(batch.src, batch.tgt_in), batch.tgt_out)
     if hf_available():
@@ -90,8 +92,22 @@ def run_train(quick: bool = False, repeats: int = 15) -> BenchResult:
         )
         result.targets["attnlab_vs_hf"] = (">=", 1.15)
     result.notes.append(f"sizes: {sizes}")
-    result.notes.append(f"attnlab's linear maps: '{ours.config.linear}' -> {preferred_linear_kernel()} on this machine")
+    result.notes.append(f"attnlab's linear maps: ATTNLAB_LINEAR={linear_setting()} (auto: measured per shape class)")
     return result
+
+
+@contextmanager
+def _linear_setting(name: str) -> Iterator[None]:
+    """``ATTNLAB_LINEAR=name`` while the modules built inside read it."""
+    before = os.environ.get("ATTNLAB_LINEAR")
+    os.environ["ATTNLAB_LINEAR"] = name
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["ATTNLAB_LINEAR"]
+        else:
+            os.environ["ATTNLAB_LINEAR"] = before
 
 
 def run_train_headmask(quick: bool = False, repeats: int = 15) -> BenchResult:
@@ -113,11 +129,10 @@ def run_train_headmask(quick: bool = False, repeats: int = 15) -> BenchResult:
     masked.load_state_dict(model.state_dict())  # same weights; its own optimizer and parameters
     steps = {
         "attnlab unmasked": _training_step(model, lambda: model(batch.src, batch.tgt_in), batch.tgt_out),
-        "attnlab 25% heads masked": _training_step(
-            masked, lambda: masked(batch.src, batch.tgt_in, head_mask=mask), batch.tgt_out
-        ),
+        "attnlab 25% heads masked": _training_step(masked, lambda: masked(batch.src, batch.tgt_in), batch.tgt_out),
     }
-    _add_throughputs(result, steps, sizes, repeats)
+    with masking_heads(masked, mask):  # xi scales every z of the masked model while it trains
+        _add_throughputs(result, steps, sizes, repeats)
     result.ratios["masked_vs_unmasked"] = result.value("attnlab 25% heads masked", "train_throughput") / result.value(
         "attnlab unmasked", "train_throughput"
     )

@@ -148,11 +148,12 @@ def _classify(loaded, text: str, ids: list[int], options, *, stream: bool) -> di
     import torch
 
     from attnlab.devices import model_device
+    from attnlab.nn import masking_heads
 
     model = loaded.model
-    with torch.no_grad():
+    with torch.no_grad(), masking_heads(model, loaded.held_mask()):
         source = torch.tensor([ids + [loaded.task.eos_id]], device=model_device(model))
-        probs = torch.softmax(model(source, head_mask=loaded.held_mask()), -1)[0]
+        probs = torch.softmax(model(source), -1)[0]
     label = int(probs.argmax())
     return {"input": text, "label": label, "probability": float(probs[label])}
 

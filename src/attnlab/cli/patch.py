@@ -52,6 +52,7 @@ def patch_command(
 
     from attnlab.analysis.patching import patch, patch_steps
     from attnlab.analysis.reports import head_matrix_plot, position_matrix_plot, write_rows
+    from attnlab.head_ids import HeadId
     from attnlab.run.loaded import open_run
 
     chosen = list(dict.fromkeys(sites or SITES))
@@ -129,7 +130,8 @@ def patch_command(
     top_heads = sorted(result.heads, key=lambda r: -r.restored)[:5]
     if top_heads:
         typer.echo(
-            "heads restoring most: " + ", ".join(f"{r.kind}:{r.layer}:{r.head} {r.restored:+.3f}" for r in top_heads)
+            "heads restoring most: "
+            + ", ".join(f"{HeadId(r.kind, r.layer, r.head)} {r.restored:+.3f}" for r in top_heads)
         )
     top_positions = sorted(result.residual, key=lambda r: -r.restored)[:5]
     if top_positions:

@@ -1,4 +1,4 @@
-"""``attnlab sites``: the named sites of a run's model (attnlab.nn.sites), with their shapes."""
+"""``attnlab sites``: the named sites of a run's model (attnlab.nn.hooks), with their shapes."""
 
 from __future__ import annotations
 
@@ -22,9 +22,8 @@ def sites(
     Shapes come from one forward pass of a few tokens; B is the batch, T the positions (T_k the
     keys of scores and pattern).
     """
-    from attnlab.analysis.trace import resolve_sites
     from attnlab.errors import UsageError
-    from attnlab.nn.sites import site_shapes
+    from attnlab.nn.hooks import resolve_sites, site_shapes
     from attnlab.run.loaded import open_run
 
     loaded = open_run(run, device=device)

@@ -32,6 +32,7 @@ from attnlab.devices import model_device
 from attnlab.evaluation import metrics
 from attnlab.evaluation.objectives import FIRST_PREDICTED_ID, OBJECTIVES, next_symbol_targets
 from attnlab.generate.search import DecodeOptions, decode
+from attnlab.nn import masking_heads
 from attnlab.tasks.base import Example
 from attnlab.tasks.batching import Batch, make_batches
 from attnlab.tokenizers import Tokenizer
@@ -190,14 +191,16 @@ def _per_sequence(task: Any, hypotheses: Sequence[Any], references: list[list[in
 
 
 def _score_classifier(model: nn.Module, batch: Batch, context: _Context, acc: _Accumulator) -> list[bool]:
-    predicted = model(batch.src, head_mask=context.head_mask).argmax(-1)
+    with masking_heads(model, context.head_mask):
+        predicted = model(batch.src).argmax(-1)
     return (predicted == batch.labels).tolist()
 
 
 def _score_lm(model: nn.Module, batch: Batch, context: _Context, acc: _Accumulator) -> list[bool]:
     if batch.next_symbols is not None:
         return _score_next_symbols(model, batch, context, acc)
-    predicted = model(batch.tgt_in, head_mask=context.head_mask).argmax(-1)
+    with masking_heads(model, context.head_mask):
+        predicted = model(batch.tgt_in).argmax(-1)
     hits = (predicted == batch.tgt_out) & batch.tgt_is_token
     acc.token_correct += int(hits.sum())
     acc.token_total += int(batch.tgt_is_token.sum())
@@ -218,7 +221,9 @@ def next_symbol_hits(logits: Tensor, next_symbols: Tensor, is_token: Tensor) -> 
 
 def _score_next_symbols(model: nn.Module, batch: Batch, context: _Context, acc: _Accumulator) -> list[bool]:
     """A string is right when every position's set is right; token_accuracy counts positions."""
-    hits = next_symbol_hits(model(batch.tgt_in, head_mask=context.head_mask), batch.next_symbols, batch.tgt_is_token)
+    with masking_heads(model, context.head_mask):
+        logits = model(batch.tgt_in)
+    hits = next_symbol_hits(logits, batch.next_symbols, batch.tgt_is_token)
     acc.token_correct += int((hits & batch.tgt_is_token).sum())
     acc.token_total += int(batch.tgt_is_token.sum())
     return hits.all(1).tolist()

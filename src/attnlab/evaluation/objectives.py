@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.nn import masking_heads
 from attnlab.tasks.batching import Batch
 
 __all__ = [
@@ -62,15 +63,18 @@ class LossParts(NamedTuple):
 
 
 def _seq2seq(model: nn.Module, batch: Batch, head_mask: Mapping[str, Tensor] | None, pad_id: int) -> Predictions:
-    return Predictions(model(batch.src, batch.tgt_in, head_mask=head_mask), batch.tgt_out, pad_id)
+    with masking_heads(model, head_mask):
+        return Predictions(model(batch.src, batch.tgt_in), batch.tgt_out, pad_id)
 
 
 def _classification(model: nn.Module, batch: Batch, head_mask: Mapping[str, Tensor] | None, pad_id: int) -> Predictions:
-    return Predictions(model(batch.src, head_mask=head_mask), batch.labels, -100)
+    with masking_heads(model, head_mask):
+        return Predictions(model(batch.src), batch.labels, -100)
 
 
 def _language_model(model: nn.Module, batch: Batch, head_mask: Mapping[str, Tensor] | None, pad_id: int) -> Predictions:
-    return Predictions(model(batch.tgt_in, head_mask=head_mask), batch.tgt_out, pad_id)
+    with masking_heads(model, head_mask):
+        return Predictions(model(batch.tgt_in), batch.tgt_out, pad_id)
 
 
 PREDICTIONS: dict[str, Callable[[nn.Module, Batch, Mapping[str, Tensor] | None, int], Predictions]] = {
@@ -78,7 +82,8 @@ PREDICTIONS: dict[str, Callable[[nn.Module, Batch, Mapping[str, Tensor] | None, 
     "encoder_classifier": _classification,
     "decoder_only": _language_model,
 }
-"""Registry: model kind -> predictions(model, batch, head_mask, pad_id)."""
+"""Registry: model kind -> predictions(model, batch, head_mask, pad_id); the model runs under the head
+mask (:func:`attnlab.nn.masking_heads`; None: every head on)."""
 
 
 def _token_losses(predictions: Predictions, label_smoothing: float) -> tuple[Tensor, Tensor]:
@@ -109,7 +114,8 @@ def _next_symbol_losses(
 ) -> tuple[Tensor, Tensor]:
     """Binary cross-entropy per (position, symbol), (B, T, K), zero at padding, and the (B, T) mask
     of real positions."""
-    logits = model(batch.tgt_in, head_mask=head_mask)
+    with masking_heads(model, head_mask):
+        logits = model(batch.tgt_in)
     targets = next_symbol_targets(batch.next_symbols, logits.shape[-1])
     scores = logits[..., FIRST_PREDICTED_ID:].to(torch.promote_types(logits.dtype, torch.float32))
     losses = F.binary_cross_entropy_with_logits(scores, targets.to(scores.dtype), reduction="none")

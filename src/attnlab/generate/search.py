@@ -33,7 +33,7 @@ from torch import Tensor
 
 from attnlab.devices import model_device
 from attnlab.generate.sampling import SamplingOptions, warp_logits
-from attnlab.nn import DecoderOnly, EncodedSource, EncoderDecoder, HeadMask
+from attnlab.nn import DecoderOnly, EncodedSource, EncoderDecoder, HeadMask, masking_heads
 
 __all__ = [
     "DecodeOptions",
@@ -111,18 +111,16 @@ class Stepper(Protocol):
 class EncoderDecoderStepper:
     """Steps an :class:`EncoderDecoder` over one encoded source batch."""
 
-    def __init__(
-        self, model: EncoderDecoder, src: Tensor, *, use_cache: bool, head_mask: HeadMask | None = None
-    ) -> None:
-        self.model, self.head_mask = model, head_mask
-        self.memory: EncodedSource = model.encode(src, head_mask=head_mask)
+    def __init__(self, model: EncoderDecoder, src: Tensor, *, use_cache: bool) -> None:
+        self.model = model
+        self.memory: EncodedSource = model.encode(src)
         self.state = model.new_state() if use_cache else None
 
     def next_logits(self, prefix: Tensor) -> Tensor:
         if self.state is None:
-            return self.model.decode(prefix, self.memory, head_mask=self.head_mask)[:, -1]
+            return self.model.decode(prefix, self.memory)[:, -1]
         new = prefix[:, len(self.state) :]
-        return self.model.decode(new, self.memory, head_mask=self.head_mask, state=self.state)[:, -1]
+        return self.model.decode(new, self.memory, state=self.state)[:, -1]
 
     def reorder(self, index: Tensor) -> None:
         self.memory = self.memory.reorder(index)
@@ -133,8 +131,8 @@ class EncoderDecoderStepper:
 class DecoderOnlyStepper:
     """Steps a :class:`DecoderOnly` model; the prefix is the prompt plus what was generated."""
 
-    def __init__(self, model: DecoderOnly, *, use_cache: bool, head_mask: HeadMask | None = None) -> None:
-        self.model, self.head_mask = model, head_mask
+    def __init__(self, model: DecoderOnly, *, use_cache: bool) -> None:
+        self.model = model
         self.state = model.new_state() if use_cache else None
 
     def next_logits(self, prefix: Tensor) -> Tensor:
@@ -142,7 +140,7 @@ class DecoderOnlyStepper:
         # since a model's padding id may be a real token too (SmolLM2's PAD is its EOS).
         new = prefix if self.state is None else prefix[:, len(self.state) :]
         is_token = torch.ones(new.shape, dtype=torch.bool, device=new.device)
-        return self.model(new, head_mask=self.head_mask, state=self.state, is_token=is_token)[:, -1]
+        return self.model(new, state=self.state, is_token=is_token)[:, -1]
 
     def reorder(self, index: Tensor) -> None:
         if self.state is not None:
@@ -366,8 +364,8 @@ def decode(
     Shape:
         src: (B, T_src), padded with ``pad_id``.
     """
-    with _evaluation_mode(model):
-        stepper = EncoderDecoderStepper(model, src, use_cache=options.use_cache, head_mask=head_mask)
+    with _evaluation_mode(model), masking_heads(model, head_mask):
+        stepper = EncoderDecoderStepper(model, src, use_cache=options.use_cache)
         prefix = torch.full((src.shape[0], 1), bos_id, dtype=torch.long, device=src.device)
         return _search(stepper, prefix, eos_id=eos_id, banned=(pad_id, bos_id), options=options)
 
@@ -401,10 +399,10 @@ def generate_continuations(
         if not prompt:
             raise ValueError(f"prompt {index} is empty: give at least a BOS token")
         by_length.setdefault(len(prompt), []).append(index)
-    with _evaluation_mode(model):
+    with _evaluation_mode(model), masking_heads(model, head_mask):
         for indices in by_length.values():
             prefix = torch.tensor([list(prompts[i]) for i in indices], dtype=torch.long, device=device)
-            stepper = DecoderOnlyStepper(model, use_cache=options.use_cache, head_mask=head_mask)
+            stepper = DecoderOnlyStepper(model, use_cache=options.use_cache)
             found = _search(stepper, prefix, eos_id=eos_id, banned=banned, options=options, on_token=on_token)
             for index, hypothesis in zip(indices, found):
                 results[index] = hypothesis

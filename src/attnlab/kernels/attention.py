@@ -1,29 +1,24 @@
-"""Which soft-attention kernel is fastest for a call's shapes on a CPU: the choices
-:mod:`attnlab.nn.attention` asks about before it runs PyTorch's fused kernel.
+"""Which calls attnlab's soft-attention kernels take: the ``applies`` predicates of the ``short``
+and ``decode`` entries of :data:`attnlab.nn.attention.BACKENDS`.
 
-Each choice computes the same softmax(scale Q K^T) V (Vaswani Eq. 1); only the speed differs
-(the crossovers are measured in benchmarks/README.md):
+Each kernel computes the same softmax(mask(scale Q K^T)) V (Vaswani Eq. 1) as PyTorch's fused
+kernel and the explicit formula; a predicate says only whether it *can* take a call. Whether it is
+the fastest of those that can is measured on the machine (:mod:`attnlab.kernels.calibration`):
 
-* :func:`short_attention_applies`: short heads (a training step's) go to attnlab's C++ kernel
+* :func:`short_attention_applies`: short heads (a training step's), for
   :func:`attnlab.kernels.native.short_attention`, which keeps one (batch, head) in L1 at a time;
-* :func:`explicit_is_faster`: one query over many (batch x head) rows (a decoding step at batch 16
-  and up) is scored by two batched matmuls, whose cost per row is below the fused kernel's.
+* :func:`decode_attention_applies`: a decoding step's few queries against a KV cache, for
+  :func:`attnlab.kernels.native.decode_attention`.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 from torch import Tensor
 
 from attnlab.kernels import native
 
-__all__ = ["short_attention_applies", "explicit_is_faster", "EXPLICIT_SINGLE_QUERY_ROWS"]
-
-EXPLICIT_SINGLE_QUERY_ROWS = 128
-"""From this many (batch x head) rows, one query on a CPU is scored explicitly rather than by the
-fused kernel: the crossover measured for the models' heads."""
+__all__ = ["short_attention_applies", "decode_attention_applies"]
 
 
 def short_attention_applies(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float) -> bool:
@@ -46,17 +41,6 @@ def short_attention_applies(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None
         and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
         and native.available()
     )
-
-
-def explicit_is_faster(q: Tensor, k: Tensor, dropout_p: float) -> bool:
-    """Whether soft attention without weights runs faster as its explicit formula than through the
-    fused kernel: one query on a CPU over at least :data:`EXPLICIT_SINGLE_QUERY_ROWS` (batch x head)
-    rows, without dropout."""
-    if q.shape[-2] != 1 or dropout_p != 0.0 or q.device.type != "cpu":
-        return False
-    # Plain products, not torch.broadcast_shapes, whose cost per call shows on a decoding step's
-    # path. The larger product is a lower bound of the broadcast one, enough for this choice.
-    return max(math.prod(q.shape[:-2]), math.prod(k.shape[:-2])) >= EXPLICIT_SINGLE_QUERY_ROWS
 
 
 def decode_attention_applies(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float) -> bool:

@@ -8,6 +8,11 @@ largest activations of a Llama-family layer. attnlab's C++ kernel (:func:`attnla
 reads each half once and writes the product once; it has no backward, so it takes only calls that
 need no gradient (inference, decoding, prefill). The same holds for rotary embeddings
 (:func:`attnlab.kernels.native.rotary`: one pass where PyTorch's ops take five).
+
+The predicates here say only whether a kernel *can* take a call; whether it is faster than
+PyTorch's ops for the call's shape class on this machine is measured once
+(:mod:`attnlab.kernels.calibration`, asked by :func:`attnlab.nn.feed_forward.swiglu` and
+:mod:`attnlab.nn.rotary`).
 """
 
 from __future__ import annotations

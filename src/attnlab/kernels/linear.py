@@ -20,13 +20,19 @@ Kernels, in the registry :data:`LINEAR_KERNELS` (name -> a factory; each module 
   one core. Every tensor that is not a float32 CPU tensor takes ``F.linear`` (oneDNN has no
   float64 kernel).
 
-``auto`` (:func:`preferred_linear_kernel`) picks ``onednn`` where PyTorch reports AVX-512 and ships
-oneDNN, and ``aten`` elsewhere: on the AVX2-only EPYC that measured the project's earlier
-benchmarks, oneDNN's fp32 linear was no faster than MKL's.
+Which kernel runs is a runtime setting, not part of a model's architecture: ``ATTNLAB_LINEAR`` in
+the environment (:func:`linear_setting`), read when a module is built: ``aten``, ``onednn``, or
+``auto`` (the default, :class:`MeasuredLinear`), which takes, for each shape class of a map (its
+rows rounded up to a power of two, d_in, d_out, a bias, whether a gradient is wanted), whichever
+of ``aten``, ``onednn`` (4 rows and more) and the few-rows kernel (1 to 3 rows, no gradient) ran
+it fastest on this machine, measured at its first call (:mod:`attnlab.kernels.calibration`). On
+the AVX2-only EPYC that measured the project's earlier benchmarks, oneDNN's fp32 linear was no
+faster than MKL's; on a Zen 5 it was far faster: the answer is the machine's.
 """
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,7 +42,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab.kernels import native
+from attnlab.errors import ConfigError
+from attnlab.kernels import calibration, native
 
 __all__ = [
     "LinearKernel",
@@ -45,9 +52,9 @@ __all__ = [
     "aten_linear",
     "OneDNNLinear",
     "onednn_available",
-    "preferred_linear_kernel",
+    "MeasuredLinear",
     "available_linear_kernels",
-    "check_linear_kernel",
+    "linear_setting",
     "linear_kernel",
 ]
 
@@ -119,7 +126,9 @@ class _OneDNNLinear(torch.autograd.Function):
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:  # type: ignore[override]
         x, weight = ctx.saved_tensors
         d_out, d_in = weight.shape
-        grad_rows = grad.reshape(-1, d_out)  # (R, d_out), R = all leading dims of x
+        # Dense: an expanded gradient (that of y.sum(), stride 0) sends oneDNN down a reference
+        # path 100 times slower. A no-op for the dense gradient a loss sends back.
+        grad_rows = grad.contiguous().view(-1, d_out)  # (R, d_out), R = all leading dims of x
         need_x, need_weight, need_bias = (_used_by_this_backward(ctx, index) for index in range(3))
         grad_x = _onednn_matmul(grad_rows, weight.t()).view(x.shape) if need_x else None  # G W
         grad_weight = _weight_gradient(grad_rows, x.reshape(-1, d_in)) if need_weight else None
@@ -261,15 +270,86 @@ LINEAR_KERNELS: dict[str, Callable[[], LinearKernel]] = {
     "onednn": OneDNNLinear,
 }
 """Registry of GEMM kernels for the model's linear maps: name -> a factory of the kernel one module
-calls; ``auto`` picks a name by the processor."""
+calls; ``auto`` (:class:`MeasuredLinear`) takes the fastest of them for each shape class."""
 
 
-@cache
-def preferred_linear_kernel() -> str:
-    """``onednn`` where PyTorch runs AVX-512 code and ships oneDNN; ``aten`` elsewhere."""
-    if onednn_available() and torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
-        return "onednn"
-    return "aten"
+class MeasuredLinear:
+    """y = x W^T + b by whichever kernel ran this map's shape class fastest on this machine.
+
+    float32 CPU maps outside autocast are sorted into classes (rows rounded up to a power of two,
+    d_out, d_in, a bias, whether a gradient is wanted); the candidates of a class are ``aten``
+    (``F.linear``), ``onednn`` (:class:`OneDNNLinear`, from :data:`MIN_ONEDNN_ROWS` rows) and
+    ``few_rows`` (:func:`attnlab.kernels.native.few_rows_linear`, fewer rows, no gradient). The
+    first call of a class times them on its own inputs (:mod:`attnlab.kernels.calibration`); later
+    calls look the answer up. Every other map takes ``F.linear``.
+
+    One instance per module, as :class:`OneDNNLinear`, whose packed weights it keeps.
+    """
+
+    def __init__(self) -> None:
+        self._onednn = OneDNNLinear()
+        self._kernels: dict[str, LinearKernel] = {"aten": aten_linear, "onednn": self._onednn, "few_rows": _few_rows}
+
+    def __call__(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        if not _onednn_runs(x, weight) or torch.is_autocast_enabled("cpu"):
+            return F.linear(x, weight, bias)
+        rows = x.numel() // x.shape[-1]
+        grad = native.gradient_wanted(x, weight, bias)
+        key = ("linear", calibration.bucket(rows), weight.shape, bias is None, grad)
+        name = calibration.chosen(key)
+        if name is None or not _linear_applies(name, rows, weight, bias, grad):
+            names = [each for each in self._kernels if _linear_applies(each, rows, weight, bias, grad)]
+            if len(names) == 1 or not calibration.can_measure():
+                name = names[0]  # aten
+            else:
+                name = calibration.choose(key, {each: _timed_linear(each, x, weight, bias, grad) for each in names})
+        return self._kernels[name](x, weight, bias)
+
+    def __deepcopy__(self, memo: dict) -> MeasuredLinear:
+        return MeasuredLinear()  # a copied module has weights of its own: it packs them itself
+
+    def __reduce__(self) -> tuple:
+        return MeasuredLinear, ()  # packed copies are oneDNN's opaque tensors: never serialised
+
+    def __repr__(self) -> str:
+        return "MeasuredLinear()"
+
+
+def _linear_applies(name: str, rows: int, weight: Tensor, bias: Tensor | None, grad: bool) -> bool:
+    """Whether kernel ``name`` of :class:`MeasuredLinear` takes a float32 CPU map of ``rows`` rows."""
+    if name == "onednn":
+        return rows >= MIN_ONEDNN_ROWS and onednn_available()
+    if name == "few_rows":
+        return (
+            0 < rows < MIN_ONEDNN_ROWS
+            and not grad
+            and weight.is_contiguous()
+            and (bias is None or bias.is_contiguous())
+            and native.available()
+        )
+    return True
+
+
+def _timed_linear(name: str, x: Tensor, weight: Tensor, bias: Tensor | None, grad: bool) -> Callable[[], object]:
+    """One call of kernel ``name`` on detached views of the inputs, to time: forward only, or
+    forward and backward on fresh leaves where a gradient is wanted (nothing is recorded in the
+    caller's graph). oneDNN runs on an instance of its own, whose packed weights are dropped after."""
+    kernel = OneDNNLinear() if name == "onednn" else {"aten": aten_linear, "few_rows": _few_rows}[name]
+    leaves = [None if t is None else t.detach().requires_grad_(t.requires_grad) for t in (x, weight, bias)]
+    wanted = [t for t in leaves if t is not None and t.requires_grad]
+    x, weight, bias = leaves
+    if not grad:
+        return lambda: kernel(x, weight, bias)
+
+    def run_with_backward() -> object:
+        output = kernel(x, weight, bias)
+        return torch.autograd.grad(output, wanted, torch.ones_like(output))  # dense, as a loss's
+
+    return run_with_backward
+
+
+LINEAR_SETTINGS = ("auto", *LINEAR_KERNELS)
+"""The values of ``ATTNLAB_LINEAR``: ``auto`` (measured, the default) or a kernel's name."""
 
 
 def available_linear_kernels() -> list[str]:
@@ -277,17 +357,27 @@ def available_linear_kernels() -> list[str]:
     return [name for name in LINEAR_KERNELS if name != "onednn" or onednn_available()]
 
 
-def check_linear_kernel(name: str) -> None:
-    """Raise ValueError unless ``name`` is ``auto`` or a kernel this PyTorch build can run."""
-    if name != "auto" and name not in LINEAR_KERNELS:
-        raise ValueError(f"linear: unknown {name!r}; allowed: auto, {', '.join(LINEAR_KERNELS)}")
+def linear_setting() -> str:
+    """``ATTNLAB_LINEAR`` from the environment (default ``auto``); a ConfigError naming the
+    variable where it is not ``auto`` or a kernel this PyTorch build can run."""
+    name = os.environ.get("ATTNLAB_LINEAR") or "auto"
+    if name not in LINEAR_SETTINGS:
+        raise ConfigError(f"ATTNLAB_LINEAR: unknown {name!r}; allowed: {', '.join(LINEAR_SETTINGS)}")
     if name != "auto" and name not in available_linear_kernels():
-        raise ValueError(
-            f"linear: {name!r} needs a PyTorch build with oneDNN (torch.backends.mkldnn); use 'aten' or 'auto'"
+        raise ConfigError(
+            f"ATTNLAB_LINEAR: {name!r} needs a PyTorch build with oneDNN (torch.backends.mkldnn); use 'aten' or 'auto'"
         )
+    return name
 
 
-def linear_kernel(name: str) -> LinearKernel:
-    """A new kernel called ``name`` in :data:`LINEAR_KERNELS`, or ``auto``'s choice for this machine."""
-    check_linear_kernel(name)
-    return LINEAR_KERNELS[preferred_linear_kernel() if name == "auto" else name]()
+def linear_kernel(name: str | None = None) -> LinearKernel:
+    """A new kernel for one module: ``name`` (a kernel of :data:`LINEAR_KERNELS` or ``auto``), by
+    default the runtime setting :func:`linear_setting`."""
+    name = linear_setting() if name is None else name
+    if name == "auto":
+        return MeasuredLinear()
+    if name not in available_linear_kernels():
+        raise ValueError(
+            f"linear kernel: unknown or unavailable {name!r}; allowed: {', '.join(available_linear_kernels())}, auto"
+        )
+    return LINEAR_KERNELS[name]()

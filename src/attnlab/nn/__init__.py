@@ -6,7 +6,6 @@ dropout's masks, soft attention of short heads), which computes the same functio
 """
 
 from attnlab.nn.attention import NORMALIZERS, attention
-from attnlab.nn.capture import AttentionRecord, capture
 from attnlab.nn.config import (
     PRESETS,
     DecoderOnlyConfig,
@@ -17,12 +16,23 @@ from attnlab.nn.config import (
     preset,
 )
 from attnlab.nn.feed_forward import ACTIVATIONS, PositionwiseFeedForward
-from attnlab.nn.head_mask import ATTENTION_KINDS, HeadMask, check_head_mask, full_head_mask
+from attnlab.nn.hooks import (
+    ATTENTION_KINDS,
+    AttentionRecord,
+    HeadMask,
+    Site,
+    add_hook,
+    capture,
+    check_head_mask,
+    full_head_mask,
+    masking_heads,
+    model_sites,
+    trace,
+)
 from attnlab.nn.layers import AddNorm, DecoderLayer, DecoderLayerCache, EncoderLayer
 from attnlab.nn.masks import causal_mask, check_mask, combine_masks, lengths_to_padding_mask, padding_mask
 from attnlab.nn.models import (
     MODELS,
-    AttentionSite,
     Decoder,
     DecoderOnly,
     DecodingState,
@@ -39,7 +49,7 @@ from attnlab.nn.models import (
     mean_pool,
     optional_state_keys,
 )
-from attnlab.nn.multi_head import KVCache, MultiHeadAttention, MultiHeadOutput
+from attnlab.nn.multi_head import KVCache, MultiHeadAttention
 from attnlab.nn.positional import POSITIONAL, make_positional, sinusoidal_table
 from attnlab.nn.scores import SCORES, make_score
 
@@ -53,7 +63,6 @@ __all__ = [
     "SCORES",
     "AddNorm",
     "AttentionRecord",
-    "AttentionSite",
     "Decoder",
     "DecoderLayer",
     "DecoderLayerCache",
@@ -70,16 +79,17 @@ __all__ = [
     "EncoderOnly",
     "EncoderOnlyConfig",
     "HeadMask",
+    "Site",
     "TokenTypes",
     "mean_pool",
     "InputEmbedding",
     "KVCache",
     "MultiHeadAttention",
-    "MultiHeadOutput",
     "PositionwiseFeedForward",
     "TransformerConfig",
     "TransformerModel",
     "attention",
+    "add_hook",
     "build_model",
     "build_model_to_load",
     "capture",
@@ -90,9 +100,12 @@ __all__ = [
     "full_head_mask",
     "lengths_to_padding_mask",
     "make_positional",
+    "masking_heads",
+    "model_sites",
     "make_score",
     "optional_state_keys",
     "padding_mask",
     "preset",
     "sinusoidal_table",
+    "trace",
 ]

@@ -18,7 +18,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
-from attnlab.kernels import check_linear_kernel
 from attnlab.nn.feed_forward import ACTIVATIONS
 from attnlab.nn.normalization import NORMS
 from attnlab.nn.positional import COMBINES, POSITIONAL, RANDOMIZABLE
@@ -31,6 +30,7 @@ __all__ = [
     "DecoderOnlyConfig",
     "EncoderOnlyConfig",
     "ATTENTION_NORMALIZERS",
+    "RETIRED_KEYS",
     "POOLINGS",
     "PRESETS",
     "preset",
@@ -41,6 +41,11 @@ ATTENTION_NORMALIZERS = {"soft": "softmax", "hard": "hardmax"}
 ``hard``, the words of config.json and TOML files) -> the normalizer ``a`` of
 :func:`attnlab.nn.attention.attention` and :class:`attnlab.nn.multi_head.MultiHeadAttention`
 (``softmax`` or ``hardmax``, the names of :data:`attnlab.nn.attention.NORMALIZERS`)."""
+
+RETIRED_KEYS = frozenset({"linear"})
+"""Keys that older configs (and runs' config.json) hold and that are no longer architecture,
+accepted and ignored: ``linear``, the GEMM kernel, now the runtime setting ``ATTNLAB_LINEAR``
+(:func:`attnlab.kernels.linear.linear_setting`)."""
 
 POOLINGS = ("eos", "first", "mean")
 """Readouts of :class:`attnlab.nn.models.EncoderClassifier` (``eos``: Hahn §3)."""
@@ -91,9 +96,6 @@ class TransformerConfig:
             the token and position vectors as in BERT; 0 means none.
         embedding_norm: LayerNorm the summed input embedding (BERT) before dropout.
         bias: biases in every linear map (attention projections, FFN, output layer); Llama has none.
-        linear: the GEMM kernel of every linear map (:mod:`attnlab.kernels.linear`): ``aten``
-            (``F.linear``, MKL on a CPU), ``onednn``, or ``auto`` (oneDNN where PyTorch runs
-            AVX-512 code). The same function either way, up to float rounding.
         heads_per_layer: after physical head pruning: attention kind -> the number of heads left
             in each layer of that kind (0 allowed: the sub-layer then adds only its output bias).
             Kinds not listed keep ``heads``. Needs ``d_k`` set, since d_model / H no longer applies.
@@ -135,7 +137,6 @@ class TransformerConfig:
     type_vocab_size: int = 0
     embedding_norm: bool = False
     bias: bool = True
-    linear: str = "auto"
     heads_per_layer: dict[str, list[int]] | None = None
     kv_groups: dict[str, list[list[int]]] | None = None
 
@@ -168,7 +169,6 @@ class TransformerConfig:
         _check_choice("activation", self.activation, ACTIVATIONS)
         _check_choice("norm", self.norm, NORMS)
         self._check_rotary_and_groups()
-        check_linear_kernel(self.linear)
         if self.positional_combine == "concat" and not 0 < self.positional_width < self.d_model:
             raise ValueError(
                 f"positional_dim: must lie in (0, d_model={self.d_model}) to concatenate, got {self.positional_width}"
@@ -286,7 +286,9 @@ class TransformerConfig:
 
     @classmethod
     def from_dict(cls: type[C], data: Mapping[str, Any]) -> C:
-        """Build from a mapping; an unknown key is a ``ValueError`` that lists the allowed keys."""
+        """Build from a mapping; an unknown key is a ``ValueError`` that lists the allowed keys, and
+        a key of :data:`RETIRED_KEYS` (an older config's) is ignored."""
+        data = {key: value for key, value in data.items() if key not in RETIRED_KEYS}
         allowed = cls.field_names()
         unknown = sorted(set(data) - set(allowed))
         if unknown:

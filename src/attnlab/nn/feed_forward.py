@@ -20,22 +20,32 @@ from functools import partial
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.kernels import Dropout, dropout, fused_swiglu_applies, linear_kernel
+from attnlab.kernels import Dropout, calibration, dropout, fused_swiglu_applies, linear_kernel
 from attnlab.kernels import swiglu as fused_swiglu
-from attnlab.nn.sites import Tap, tap
+from attnlab.nn.hooks import Hook, run_hooks
 
 __all__ = ["PositionwiseFeedForward", "ACTIVATIONS", "GATED", "swiglu"]
 
 
 def swiglu(hidden: Tensor) -> Tensor:
     """SiLU(gate) * up, from [x W_gate, x W_up] side by side; in one pass by attnlab's kernel
-    where no gradient is wanted (:mod:`attnlab.kernels.gated`).
+    where it applies (no gradient wanted: :mod:`attnlab.kernels.gated`) and was measured faster
+    than PyTorch's two for this shape class (:mod:`attnlab.kernels.calibration`).
 
     Shape:
         hidden: (..., 2 d_ff) -> (..., d_ff).
     """
     if fused_swiglu_applies(hidden):
-        return fused_swiglu(hidden)
+        key = ("swiglu", calibration.bucket(hidden.numel() // hidden.shape[-1]), hidden.shape[-1])
+        choice = calibration.chosen(key) or calibration.choose(
+            key, {"native": lambda: fused_swiglu(hidden), "torch": lambda: _swiglu_by_ops(hidden)}
+        )
+        if choice == "native":
+            return fused_swiglu(hidden)
+    return _swiglu_by_ops(hidden)
+
+
+def _swiglu_by_ops(hidden: Tensor) -> Tensor:
     gate, up = hidden.chunk(2, dim=-1)
     return F.silu(gate) * up
 
@@ -62,7 +72,6 @@ class PositionwiseFeedForward(nn.Module):
         dropout: dropout on the hidden activations during training (not in Vaswani et al., whose
             dropout is on sub-layer outputs; BART calls it ``activation_dropout``).
         bias: biases b_1, b_2 (Llama has none).
-        linear: GEMM kernel of W_1 and W_2, a name in :data:`attnlab.kernels.LINEAR_KERNELS` or ``auto``.
 
     Shape:
         x: (B, T, d_model) -> (B, T, d_model).
@@ -76,7 +85,6 @@ class PositionwiseFeedForward(nn.Module):
         activation: str = "relu",
         dropout: float = 0.0,
         bias: bool = True,
-        linear: str = "auto",
     ) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
@@ -86,18 +94,18 @@ class PositionwiseFeedForward(nn.Module):
         self.linear1 = nn.Linear(d_model, 2 * d_ff if activation in GATED else d_ff, bias=bias)  # W_1
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias)  # W_2
         self.dropout = Dropout(dropout)
-        self._linear = linear_kernel(linear)
-        self.taps: dict[str, Tap] = {}  # named sites hidden, out (attnlab.nn.sites)
+        self._linear = linear_kernel()  # x W^T + b by the runtime setting ATTNLAB_LINEAR
+        self.hooks: dict[str, list[Hook]] = {}  # sites hidden, out (attnlab.nn.hooks)
 
     def forward(self, x: Tensor) -> Tensor:
         # The kernel on the sub-modules' parameters: same maps, without three sub-module calls.
         first, second = self.linear1, self.linear2
         hidden = self.activation(self._linear(x, first.weight, first.bias))  # (B, T, d_ff)
-        if self.taps:
-            hidden = tap(self.taps, "hidden", hidden)
+        if self.hooks:
+            hidden = run_hooks(self.hooks, "hidden", hidden)
         hidden = dropout(hidden, self.dropout.p, self.training)
         output = self._linear(hidden, second.weight, second.bias)
-        return output if not self.taps else tap(self.taps, "out", output)
+        return output if not self.hooks else run_hooks(self.hooks, "out", output)
 
     def extra_repr(self) -> str:
         return f"activation={self.activation_name}"

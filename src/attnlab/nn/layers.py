@@ -21,9 +21,9 @@ from torch import Tensor, nn
 
 from attnlab.kernels import Dropout, dropout
 from attnlab.nn.feed_forward import PositionwiseFeedForward
+from attnlab.nn.hooks import Hook, run_hooks
 from attnlab.nn.multi_head import KVCache, MultiHeadAttention
 from attnlab.nn.normalization import NORMS, make_norm
-from attnlab.nn.sites import Tap, tap
 
 __all__ = ["AddNorm", "EncoderLayer", "DecoderLayer", "DecoderLayerCache"]
 
@@ -98,7 +98,7 @@ class EncoderLayer(nn.Module):
         self.feed_forward = feed_forward
         self.attn_norm = AddNorm(d_model, norm_first=norm_first, eps=eps, dropout=dropout, norm=norm)
         self.ffn_norm = AddNorm(d_model, norm_first=norm_first, eps=eps, dropout=dropout, norm=norm)
-        self.taps: dict[str, Tap] = {}  # named sites resid_pre, resid_mid, resid_post (attnlab.nn.sites)
+        self.hooks: dict[str, list[Hook]] = {}  # sites resid_pre, resid_mid, resid_post (attnlab.nn.hooks)
 
     def forward(
         self,
@@ -106,32 +106,23 @@ class EncoderLayer(nn.Module):
         *,
         mask: Tensor | None = None,
         causal: bool = False,
-        head_mask: Tensor | None = None,
         cache: KVCache | None = None,
         positions: Tensor | None = None,
         key_positions: Tensor | None = None,
     ) -> Tensor:
-        taps = self.taps
-        if taps:
-            x = tap(taps, "resid_pre", x)
+        hooks = self.hooks
+        if hooks:
+            x = run_hooks(hooks, "resid_pre", x)
         x = self.attn_norm(
             x,
-            lambda y: (
-                self.self_attn(
-                    y,
-                    mask=mask,
-                    causal=causal,
-                    head_mask=head_mask,
-                    cache=cache,
-                    positions=positions,
-                    key_positions=key_positions,
-                ).output
+            lambda y: self.self_attn(
+                y, mask=mask, causal=causal, cache=cache, positions=positions, key_positions=key_positions
             ),
         )
-        if taps:
-            x = tap(taps, "resid_mid", x)
+        if hooks:
+            x = run_hooks(hooks, "resid_mid", x)
         x = self.ffn_norm(x, self.feed_forward)
-        return x if not taps else tap(taps, "resid_post", x)
+        return x if not hooks else run_hooks(hooks, "resid_post", x)
 
 
 @dataclass
@@ -177,7 +168,7 @@ class DecoderLayer(nn.Module):
         self.self_attn_norm = AddNorm(d_model, norm_first=norm_first, eps=eps, dropout=dropout, norm=norm)
         self.cross_attn_norm = AddNorm(d_model, norm_first=norm_first, eps=eps, dropout=dropout, norm=norm)
         self.ffn_norm = AddNorm(d_model, norm_first=norm_first, eps=eps, dropout=dropout, norm=norm)
-        self.taps: dict[str, Tap] = {}  # resid_pre, resid_mid, resid_cross, resid_post (attnlab.nn.sites)
+        self.hooks: dict[str, list[Hook]] = {}  # resid_pre, resid_mid, resid_cross, resid_post (attnlab.nn.hooks)
 
     def forward(
         self,
@@ -186,38 +177,25 @@ class DecoderLayer(nn.Module):
         *,
         self_mask: Tensor | None = None,
         memory_mask: Tensor | None = None,
-        self_head_mask: Tensor | None = None,
-        cross_head_mask: Tensor | None = None,
         cache: DecoderLayerCache | None = None,
         positions: Tensor | None = None,
         key_positions: Tensor | None = None,
     ) -> Tensor:
         self_cache = None if cache is None else cache.self_attn
         cross_cache = None if cache is None else cache.cross_attn
-        taps = self.taps
-        if taps:
-            y = tap(taps, "resid_pre", y)
+        hooks = self.hooks
+        if hooks:
+            y = run_hooks(hooks, "resid_pre", y)
         y = self.self_attn_norm(
             y,
-            lambda z: (
-                self.self_attn(
-                    z,
-                    mask=self_mask,
-                    causal=True,
-                    head_mask=self_head_mask,
-                    cache=self_cache,
-                    positions=positions,
-                    key_positions=key_positions,
-                ).output
+            lambda z: self.self_attn(
+                z, mask=self_mask, causal=True, cache=self_cache, positions=positions, key_positions=key_positions
             ),
         )
-        if taps:
-            y = tap(taps, "resid_mid", y)
-        y = self.cross_attn_norm(
-            y,
-            lambda z: self.cross_attn(z, memory, mask=memory_mask, head_mask=cross_head_mask, cache=cross_cache).output,
-        )
-        if taps:
-            y = tap(taps, "resid_cross", y)
+        if hooks:
+            y = run_hooks(hooks, "resid_mid", y)
+        y = self.cross_attn_norm(y, lambda z: self.cross_attn(z, memory, mask=memory_mask, cache=cross_cache))
+        if hooks:
+            y = run_hooks(hooks, "resid_cross", y)
         y = self.ffn_norm(y, self.feed_forward)
-        return y if not taps else tap(taps, "resid_post", y)
+        return y if not hooks else run_hooks(hooks, "resid_post", y)

@@ -1,8 +1,8 @@
 """The four models: EncoderDecoder, EncoderClassifier, DecoderOnly and EncoderOnly.
 
-Each maps token ids to logits and nothing else: no loss, no tokenizer, no files. Each lists its
-attention modules as :class:`AttentionSite` (kind, layer, module), which is what head masks
-(:mod:`attnlab.nn.head_mask`) and capture (:mod:`attnlab.nn.capture`) are keyed on.
+Each maps token ids to logits and nothing else: no loss, no tokenizer, no files. Each names its
+stacks (:meth:`TransformerModel.site_stacks`), from which :mod:`attnlab.nn.hooks` names every site
+that is read or changed: caching, editing, capture and the head mask are all hooks on those sites.
 
 * :class:`EncoderDecoder`: p(y_{1:L} | x_{1:T}) = prod_l p(y_l | y_{<l}, z_{1:T}) (Li's slides,
   "Transformer Architecture"; Vaswani §3.1). Training feeds the target shifted right (Agarwal §5.2).
@@ -33,7 +33,7 @@ from attnlab.nn.config import (
     TransformerConfig,
 )
 from attnlab.nn.feed_forward import PositionwiseFeedForward
-from attnlab.nn.head_mask import HeadMask, check_head_mask, kind_mask
+from attnlab.nn.hooks import Hook, Site, attention_sites, head_mask_shapes, run_hooks
 from attnlab.nn.layers import DecoderLayer, DecoderLayerCache, EncoderLayer
 from attnlab.nn.masks import padding_mask
 from attnlab.nn.multi_head import KVCache, MultiHeadAttention
@@ -41,10 +41,8 @@ from attnlab.nn.normalization import make_norm
 from attnlab.nn.position_bias import POSITION_BIASES
 from attnlab.nn.positional import AddPositions, make_positional, randomized_positions
 from attnlab.nn.rotary import positions_of_tokens
-from attnlab.nn.sites import Tap, tap
 
 __all__ = [
-    "AttentionSite",
     "TransformerModel",
     "InputEmbedding",
     "OutputLayer",
@@ -66,18 +64,8 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class AttentionSite:
-    """One attention module of a model: its kind, its layer index and the module itself."""
-
-    kind: str
-    layer: int
-    module: MultiHeadAttention
-
-
 class TransformerModel(nn.Module):
-    """Base class: a model that lists its attention sites and its stacks (for named sites,
-    :mod:`attnlab.nn.sites`)."""
+    """Base class: a model that names its stacks, whence its named sites (:mod:`attnlab.nn.hooks`)."""
 
     config: TransformerConfig
     has_logits_site: bool = True
@@ -87,10 +75,11 @@ class TransformerModel(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.taps: dict[str, Tap] = {}  # the named site logits
+        self.hooks: dict[str, list[Hook]] = {}  # the site logits (attnlab.nn.hooks)
 
-    def attention_sites(self) -> list[AttentionSite]:
-        raise NotImplementedError
+    def attention_sites(self) -> list[Site]:
+        """The ``z`` site of every attention module (its kind, layer and module), in forward order."""
+        return attention_sites(self)
 
     def site_stacks(self) -> dict[str, tuple[nn.Module, tuple[str, ...]]]:
         """``encoder`` / ``decoder`` -> (the stack, the head-mask kinds of its self-attention and,
@@ -99,29 +88,16 @@ class TransformerModel(nn.Module):
 
     def example_inputs(self, length: int) -> tuple[Tensor, ...]:
         """A forward pass's positional inputs for one row of ``length`` real tokens (named-site
-        shapes, :func:`attnlab.nn.sites.site_shapes`)."""
+        shapes, :func:`attnlab.nn.hooks.site_shapes`)."""
         token = 1 if self.config.pad_id != 1 else 2
         return (torch.full((1, length), token, device=next(self.parameters()).device),)
 
     def _logits(self, logits: Tensor) -> Tensor:
-        return logits if not self.taps else tap(self.taps, "logits", logits)
+        return logits if not self.hooks else run_hooks(self.hooks, "logits", logits)
 
     def head_mask_shapes(self) -> dict[str, tuple[int, int]]:
-        """kind -> (layers, heads) for every attention kind of the model.
-
-        After physical pruning layers can have fewer heads; the mask is then as wide as the
-        widest layer of the kind, and a layer with h heads reads the first h entries of its row.
-        """
-        shapes: dict[str, tuple[int, int]] = {}
-        for site in self.attention_sites():
-            layers, heads = shapes.get(site.kind, (0, 0))
-            shapes[site.kind] = (max(layers, site.layer + 1), max(heads, site.module.heads))
-        return shapes
-
-    def check_head_mask(self, head_mask: HeadMask | None) -> None:
-        """Raise ValueError naming the kind when ``head_mask`` does not fit this model."""
-        if head_mask is not None:  # the shapes walk every site: skip it on the unmasked path
-            check_head_mask(head_mask, self.head_mask_shapes())
+        """kind -> (layers, heads) for every attention kind of the model (:func:`attnlab.nn.hooks.head_mask_shapes`)."""
+        return head_mask_shapes(self)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -194,7 +170,7 @@ class InputEmbedding(nn.Module):
         self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.embedding_norm else nn.Identity()
         self.dropout = Dropout(config.dropout)
         self.adds_positions = isinstance(self.positional, AddPositions)  # has a pos_embed site
-        self.taps: dict[str, Tap] = {}  # named sites embed, pos_embed (attnlab.nn.sites)
+        self.hooks: dict[str, list[Hook]] = {}  # sites embed, pos_embed (attnlab.nn.hooks)
 
     def forward(
         self, tokens: Tensor, offset: int = 0, token_types: Tensor | None = None, positions: Tensor | None = None
@@ -202,16 +178,16 @@ class InputEmbedding(nn.Module):
         """``positions`` (B, T): explicit positions (randomized positions); default offset, offset + 1, ..."""
         _check_ids(tokens, self.token.num_embeddings)
         token = self.token(tokens) * self.scale  # s E[x_i]
-        x = self.positional(token, offset, positions) if not self.taps else self._tapped(token, offset, positions)
+        x = self.positional(token, offset, positions) if not self.hooks else self._hooked(token, offset, positions)
         return self.dropout(self.norm(self.token_type(x, token_types)))
 
-    def _tapped(self, token: Tensor, offset: int, positions: Tensor | None) -> Tensor:
+    def _hooked(self, token: Tensor, offset: int, positions: Tensor | None) -> Tensor:
         """f(s E[x_i], p_i) with the ``embed`` and ``pos_embed`` sites (the latter when p_i is added)."""
-        token = tap(self.taps, "embed", token)
-        if "pos_embed" not in self.taps or not self.adds_positions:
+        token = run_hooks(self.hooks, "embed", token)
+        if "pos_embed" not in self.hooks or not self.adds_positions:
             return self.positional(token, offset, positions)
         added = self.positional.added(token, offset, positions).expand_as(token)  # (B, T, d_model)
-        return token + tap(self.taps, "pos_embed", added)
+        return token + run_hooks(self.hooks, "pos_embed", added)
 
 
 def _multi_head(config: TransformerConfig, kind: str, layer: int) -> MultiHeadAttention:
@@ -233,7 +209,6 @@ def _multi_head(config: TransformerConfig, kind: str, layer: int) -> MultiHeadAt
         # ALiBi and Shaw et al.'s relative positions bias self-attention's scores; not cross-attention's.
         position_bias=config.positional if config.positional in POSITION_BIASES and kind != "cross" else None,
         relative_clip=config.relative_clip,
-        linear=config.linear,
     )
 
 
@@ -244,23 +219,22 @@ def _feed_forward(config: TransformerConfig) -> PositionwiseFeedForward:
         activation=config.activation,
         dropout=config.activation_dropout,
         bias=config.bias,
-        linear=config.linear,
     )
 
 
 class OutputLayer(nn.Linear):
-    """The last linear map, hidden states -> logits, through the config's GEMM kernel.
+    """The last linear map, hidden states -> logits, through the GEMM kernel of the runtime setting.
 
     A ``torch.nn.Linear`` (the same parameters and state-dict keys) whose forward is the kernel
-    named by ``linear`` (:mod:`attnlab.kernels.linear`).
+    ``ATTNLAB_LINEAR`` names (:func:`attnlab.kernels.linear_kernel`).
 
     Shape:
         x: (..., d_model) -> (..., out_features).
     """
 
-    def __init__(self, in_features: int, out_features: int, *, bias: bool = True, linear: str = "auto") -> None:
+    def __init__(self, in_features: int, out_features: int, *, bias: bool = True) -> None:
         super().__init__(in_features, out_features, bias=bias)
-        self._linear: LinearKernel = linear_kernel(linear)
+        self._linear: LinearKernel = linear_kernel()
 
     def forward(self, x: Tensor) -> Tensor:
         return self._linear(x, self.weight, self.bias)
@@ -314,11 +288,6 @@ class PositionPlacer:
         return Placement(None, None, None)
 
 
-def _layer_row(head_mask: Tensor | None, layer: int, heads: int) -> Tensor | None:
-    """The (H,) or (B, H) mask of one layer: its first ``heads`` entries (fewer after pruning)."""
-    return None if head_mask is None else head_mask[..., layer, :heads]
-
-
 def _key_padding(is_token: Tensor) -> Tensor | None:
     """The padding mask, or None when nothing is padded (which keeps SDPA's fastest path)."""
     return None if bool(is_token.all()) else padding_mask(is_token)
@@ -334,10 +303,10 @@ class Encoder(nn.Module):
         config: model options.
         vocab_size: token vocabulary size.
         causal: mask future positions in self-attention.
-        kind: the attention kind its sites report (``encoder_self`` or ``self``).
+        kind: the attention kind of its sites (``encoder_self`` or ``self``).
 
     Shape:
-        tokens: (B, T);  head_mask: (N, H) or (B, N, H);  returns (B, T, d_model).
+        tokens: (B, T);  returns (B, T, d_model).
     """
 
     def __init__(
@@ -359,13 +328,12 @@ class Encoder(nn.Module):
         )
         self.final_norm = _final_norm(config)
         self._place = PositionPlacer(config)
-        self.taps: dict[str, Tap] = {}  # the named site final_norm (attnlab.nn.sites)
+        self.hooks: dict[str, list[Hook]] = {}  # the site final_norm (attnlab.nn.hooks)
 
     def forward(
         self,
         tokens: Tensor,
         *,
-        head_mask: Tensor | None = None,
         state: DecodingState | None = None,
         token_types: Tensor | None = None,
         is_token: Tensor | None = None,
@@ -383,16 +351,12 @@ class Encoder(nn.Module):
                 x,
                 mask=mask,
                 causal=self.causal,
-                head_mask=_layer_row(head_mask, index, layer.self_attn.heads),
                 cache=None if state is None else state.layers[index],
                 positions=place.queries,
                 key_positions=place.keys,
             )
         x = self.final_norm(x)
-        return x if not self.taps else tap(self.taps, "final_norm", x)
-
-    def sites(self) -> list[AttentionSite]:
-        return [AttentionSite(self.kind, i, layer.self_attn) for i, layer in enumerate(self.layers)]
+        return x if not self.hooks else run_hooks(self.hooks, "final_norm", x)
 
 
 @dataclass
@@ -463,15 +427,13 @@ class Decoder(nn.Module):
         )
         self.final_norm = _final_norm(config)
         self._place = PositionPlacer(config)
-        self.taps: dict[str, Tap] = {}  # the named site final_norm (attnlab.nn.sites)
+        self.hooks: dict[str, list[Hook]] = {}  # the site final_norm (attnlab.nn.hooks)
 
     def forward(
         self,
         tokens: Tensor,
         memory: EncodedSource,
         *,
-        self_head_mask: Tensor | None = None,
-        cross_head_mask: Tensor | None = None,
         state: DecodingState | None = None,
     ) -> Tensor:
         """With ``state``, ``tokens`` holds only the new positions."""
@@ -488,19 +450,12 @@ class Decoder(nn.Module):
                 memory.states,
                 self_mask=self_mask,
                 memory_mask=memory_mask,
-                self_head_mask=_layer_row(self_head_mask, index, layer.self_attn.heads),
-                cross_head_mask=_layer_row(cross_head_mask, index, layer.cross_attn.heads),
                 cache=None if state is None else state.layers[index],
                 positions=place.queries,
                 key_positions=place.keys,
             )
         y = self.final_norm(y)
-        return y if not self.taps else tap(self.taps, "final_norm", y)
-
-    def sites(self) -> list[AttentionSite]:
-        return [AttentionSite("decoder_self", i, layer.self_attn) for i, layer in enumerate(self.layers)] + [
-            AttentionSite("cross", i, layer.cross_attn) for i, layer in enumerate(self.layers)
-        ]
+        return y if not self.hooks else run_hooks(self.hooks, "final_norm", y)
 
 
 # ---- the three models ----------------------------------------------------------------------------
@@ -521,43 +476,28 @@ class EncoderDecoder(TransformerModel):
         self.config = config
         self.encoder = Encoder(config, vocab_size=config.vocab_size)
         self.decoder = Decoder(config)
-        self.generator = OutputLayer(config.d_model, config.target_vocab_size, bias=config.bias, linear=config.linear)
+        self.generator = OutputLayer(config.d_model, config.target_vocab_size, bias=config.bias)
         if config.tie_embeddings:
             self.generator.weight = self.decoder.embedding.token.weight
 
-    def forward(self, src: Tensor, tgt_in: Tensor, *, head_mask: HeadMask | None = None) -> Tensor:
-        memory = self.encode(src, head_mask=head_mask)
-        return self.decode(tgt_in, memory, head_mask=head_mask)
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        return self.decode(tgt_in, self.encode(src))
 
-    def encode(self, src: Tensor, *, head_mask: HeadMask | None = None) -> EncodedSource:
-        self.check_head_mask(head_mask)
-        states = self.encoder(src, head_mask=kind_mask(head_mask, "encoder_self"))
-        return EncodedSource(states, src != self.config.pad_id)
+    def encode(self, src: Tensor) -> EncodedSource:
+        return EncodedSource(self.encoder(src), src != self.config.pad_id)
 
     def decode(
         self,
         tgt_in: Tensor,
         memory: EncodedSource,
         *,
-        head_mask: HeadMask | None = None,
         state: DecodingState | None = None,
     ) -> Tensor:
         """Logits for ``tgt_in``; with ``state`` (from :meth:`new_state`), only the new positions."""
-        self.check_head_mask(head_mask)
-        hidden = self.decoder(
-            tgt_in,
-            memory,
-            self_head_mask=kind_mask(head_mask, "decoder_self"),
-            cross_head_mask=kind_mask(head_mask, "cross"),
-            state=state,
-        )
-        return self._logits(self.generator(hidden))
+        return self._logits(self.generator(self.decoder(tgt_in, memory, state=state)))
 
     def new_state(self) -> DecodingState:
         return DecodingState([DecoderLayerCache() for _ in self.decoder.layers])
-
-    def attention_sites(self) -> list[AttentionSite]:
-        return self.encoder.sites() + self.decoder.sites()
 
     def site_stacks(self) -> dict[str, tuple[nn.Module, tuple[str, ...]]]:
         return {"encoder": (self.encoder, ("encoder_self",)), "decoder": (self.decoder, ("decoder_self", "cross"))}
@@ -611,15 +551,11 @@ class EncoderClassifier(TransformerModel):
         self.config = config
         self.encoder = Encoder(config, vocab_size=config.vocab_size, kind="self")
         self.pool = POOLINGS[config.pooling]
-        self.classifier = OutputLayer(config.d_model, config.num_classes, bias=config.bias, linear=config.linear)
+        self.classifier = OutputLayer(config.d_model, config.num_classes, bias=config.bias)
 
-    def forward(self, tokens: Tensor, *, head_mask: HeadMask | None = None) -> Tensor:
-        self.check_head_mask(head_mask)
-        hidden = self.encoder(tokens, head_mask=kind_mask(head_mask, "self"))
+    def forward(self, tokens: Tensor) -> Tensor:
+        hidden = self.encoder(tokens)
         return self._logits(self.classifier(self.pool(hidden, tokens != self.config.pad_id)))
-
-    def attention_sites(self) -> list[AttentionSite]:
-        return self.encoder.sites()
 
     def site_stacks(self) -> dict[str, tuple[nn.Module, tuple[str, ...]]]:
         return {"encoder": (self.encoder, ("self",))}
@@ -639,7 +575,7 @@ class DecoderOnly(TransformerModel):
         super().__init__()
         self.config = config
         self.body = Encoder(config, vocab_size=config.vocab_size, causal=True, kind="self")
-        self.lm_head = OutputLayer(config.d_model, config.vocab_size, bias=config.bias, linear=config.linear)
+        self.lm_head = OutputLayer(config.d_model, config.vocab_size, bias=config.bias)
         if config.tie_embeddings:
             self.lm_head.weight = self.body.embedding.token.weight
 
@@ -647,21 +583,16 @@ class DecoderOnly(TransformerModel):
         self,
         tokens: Tensor,
         *,
-        head_mask: HeadMask | None = None,
         state: DecodingState | None = None,
         is_token: Tensor | None = None,
     ) -> Tensor:
         """``is_token`` (B, T): which positions are real tokens, for a model whose padding id is
         also a real token (a pretrained LM's); default ``tokens != pad_id``."""
-        self.check_head_mask(head_mask)
-        hidden = self.body(tokens, head_mask=kind_mask(head_mask, "self"), state=state, is_token=is_token)
+        hidden = self.body(tokens, state=state, is_token=is_token)
         return self._logits(self.lm_head(hidden))
 
     def new_state(self) -> DecodingState:
         return DecodingState([KVCache() for _ in self.body.layers])
-
-    def attention_sites(self) -> list[AttentionSite]:
-        return self.body.sites()
 
     def site_stacks(self) -> dict[str, tuple[nn.Module, tuple[str, ...]]]:
         return {"decoder": (self.body, ("self",))}
@@ -685,14 +616,8 @@ class EncoderOnly(TransformerModel):
         self.config = config
         self.encoder = Encoder(config, vocab_size=config.vocab_size, kind="self")
 
-    def forward(
-        self, tokens: Tensor, *, head_mask: HeadMask | None = None, token_types: Tensor | None = None
-    ) -> Tensor:
-        self.check_head_mask(head_mask)
-        return self.encoder(tokens, head_mask=kind_mask(head_mask, "self"), token_types=token_types)
-
-    def attention_sites(self) -> list[AttentionSite]:
-        return self.encoder.sites()
+    def forward(self, tokens: Tensor, *, token_types: Tensor | None = None) -> Tensor:
+        return self.encoder(tokens, token_types=token_types)
 
     def site_stacks(self) -> dict[str, tuple[nn.Module, tuple[str, ...]]]:
         return {"encoder": (self.encoder, ("self",))}

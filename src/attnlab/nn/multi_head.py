@@ -9,9 +9,10 @@ blocks W_o^h of shape (d_model, d_v), and §2.3 adds a mask variable xi_h per he
 
     MHAtt(x, q) = sum_h xi_h Att_h(x, q)          with Att_h = W_o^h head_h
 
-Both are one line here: the heads are a real tensor axis (B, H, T_q, d_v); the head mask multiplies
-that tensor before W^O, and the concatenation + W^O is the sum over heads. Because xi_h scales the
-output of the attention kernel rather than its weights, the fused SDPA kernel is used unchanged.
+Both are one line here: the heads are a real tensor axis (B, H, T_q, d_v), the site ``z``; the head
+mask multiplies that tensor before W^O (a hook on ``z``, :func:`attnlab.nn.hooks.masking_heads`),
+and the concatenation + W^O is the sum over heads. Because xi_h scales the output of the attention
+kernel rather than its weights, the fused SDPA kernel is used unchanged.
 
 The same module serves the three uses of Vaswani §3.2.3 (Agarwal §5):
 
@@ -22,40 +23,21 @@ The same module serves the three uses of Vaswani §3.2.3 (Agarwal §5):
 
 from __future__ import annotations
 
-import itertools
 import warnings
 from collections.abc import Callable
-from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
 from attnlab.kernels import linear_kernel
 from attnlab.nn.attention import NORMALIZERS, ScoreFn
+from attnlab.nn.hooks import ATTENTION_POINTS, Hook, run_hooks
 from attnlab.nn.masks import check_mask
 from attnlab.nn.position_bias import PositionBias, distances, make_position_bias
 from attnlab.nn.rotary import RotaryEmbedding
 from attnlab.nn.scores import make_score
-from attnlab.nn.sites import Tap, tap
 
-__all__ = ["MultiHeadAttention", "MultiHeadOutput", "KVCache", "Recorder"]
-
-Recorder = Callable[[Tensor, Tensor], None]
-"""Called as ``recorder(weights, head_outputs)`` on every forward pass while registered."""
-
-
-class MultiHeadOutput(NamedTuple):
-    """What :class:`MultiHeadAttention` returns.
-
-    Attributes:
-        output: (B, T_q, d_model).
-        weights: (B, H, T_q, T_k) per-head attention weights, or None unless asked for.
-        head_outputs: (B, H, T_q, d_v) per-head outputs after the head mask, or None unless asked for.
-    """
-
-    output: Tensor
-    weights: Tensor | None
-    head_outputs: Tensor | None
+__all__ = ["MultiHeadAttention", "KVCache"]
 
 
 class KVCache:
@@ -228,21 +210,23 @@ class MultiHeadAttention(nn.Module):
         position_bias: relative positions on the scores (:mod:`attnlab.nn.position_bias`):
             ``alibi`` (Press et al. 2022) or ``relative`` (Shaw et al. 2018); None for none.
         relative_clip: the clipping distance k of ``relative``.
-        linear: GEMM kernel of the projections, a name in :data:`attnlab.kernels.LINEAR_KERNELS`
-            or ``auto``.
 
     Shape:
         query: (B, T_q, d_model);  key, value: (B, T_k, d_model), or None for self-attention.
         mask: bool, True = may attend, broadcastable to (B, H, T_q, T_k).
-        head_mask: (H,) or (B, H), 0/1 or real-valued (differentiable).
-        returns :class:`MultiHeadOutput`.
+        returns (B, T_q, d_model). The head mask xi (0/1 or real-valued, differentiable) is a
+        scale of the ``z`` site: :func:`attnlab.nn.hooks.masking_heads`.
 
     Attributes:
         in_proj_weight: (H*d_k + H_kv*d_k + H_kv*d_v, d_model): W^Q, W^K, W^V stacked, head h of
             each in rows h*d:(h+1)*d (the layout of ``torch.nn.MultiheadAttention``; H_kv = H
             unless ``kv_heads`` is set).
         out_proj: W^O, a Linear(H*d_v -> d_model).
+        hooks: point -> hooks of its named sites (:mod:`attnlab.nn.hooks`).
     """
+
+    site_points = ATTENTION_POINTS
+    """Its named sites, in the order it computes them (a lone module's are ``attn.POINT``)."""
 
     def __init__(
         self,
@@ -258,7 +242,6 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         kv_heads: int | None = None,
         rope_base: float | None = None,
-        linear: str = "auto",
         kv_index: list[int] | None = None,
         position_bias: str | None = None,
         relative_clip: int = 16,
@@ -307,7 +290,7 @@ class MultiHeadAttention(nn.Module):
         # head alike, attend without copying K and V per query head at a decoding step.
         grouped = self.kv_heads not in (0, heads) and self.kv_index == uniform
         self._attend = self._attend_grouped if grouped and score in GROUPABLE_SCORES else self._attend_shared
-        self._linear = linear_kernel(linear)  # x W^T + b, for W^Q, W^K, W^V and W^O
+        self._linear = linear_kernel()  # x W^T + b, for W^Q, W^K, W^V and W^O (ATTNLAB_LINEAR)
         qk, vv = heads * self.d_k, heads * self.d_v
         self._split = (qk, self.kv_heads * self.d_k, self.kv_heads * self.d_v)
         self.in_proj_weight = nn.Parameter(torch.empty(sum(self._split), d_model))
@@ -318,9 +301,7 @@ class MultiHeadAttention(nn.Module):
             nn.init.xavier_uniform_(self.in_proj_weight)
         if bias:
             nn.init.zeros_(self.out_proj.bias)
-        self._recorders: dict[int, Recorder] = {}
-        self._recorder_ids = itertools.count()
-        self.taps: dict[str, Tap] = {}  # named sites q, k, v, scores, pattern, z, result, out (attnlab.nn.sites)
+        self.hooks: dict[str, list[Hook]] = {}  # sites q, k, v, scores, pattern, z, result, out (attnlab.nn.hooks)
 
     def forward(
         self,
@@ -330,13 +311,14 @@ class MultiHeadAttention(nn.Module):
         *,
         mask: Tensor | None = None,
         causal: bool = False,
-        head_mask: Tensor | None = None,
         cache: KVCache | None = None,
-        need_weights: bool = False,
         positions: Tensor | None = None,
         key_positions: Tensor | None = None,
-    ) -> MultiHeadOutput:
+    ) -> Tensor:
         """sum_h xi_h Attention(Q W_h^Q, K W_h^K, V W_h^V) W_o^h + b^O.
+
+        xi is the head mask, a hook scaling the ``z`` site (:func:`attnlab.nn.hooks.masking_heads`);
+        without hooks xi = 1 and the fused path runs.
 
         Args:
             query: the queries' inputs.
@@ -344,42 +326,34 @@ class MultiHeadAttention(nn.Module):
             value: the values' inputs; None for K = V (encoder-decoder attention over ``key``).
             mask: bool, True = may attend.
             causal: also block keys after each query (masked decoder self-attention).
-            head_mask: xi_h per head (Michel §2.3).
             cache: keys and values kept across decoding steps.
-            need_weights: also return the per-head weights and outputs.
             positions: (B, T_q) or (T_q,) positions of the queries, for rotary positions and
                 position biases; default the cache's length onwards.
             key_positions: (B, T_k) or (T_k,) positions of all keys (the cache's included), for
                 position biases; default 0, 1, ..., T_k - 1.
 
         Returns:
-            :class:`MultiHeadOutput` (shapes in the class docstring).
+            (B, T_q, d_model).
         """
-        want_weights = need_weights or bool(self._recorders)
         if self.heads == 0:
-            return self._without_heads(query, key, cache, want_weights)
+            return self._without_heads(query, key, cache)
         offset = 0 if cache is None else len(cache)
-        taps = self.taps
+        hooks = self.hooks
         q, k, v = self._project(query, key, value, cache, positions)  # (B, H|H_kv, T, d_k|d_v) each
-        attend = self._attend
-        if taps:  # named sites (attnlab.nn.sites): read or edit q, k, v; scores and pattern explicitly
-            q, k, v = tap(taps, "q", q), tap(taps, "k", k), tap(taps, "v", v)
-            if "scores" in taps or "pattern" in taps:
-                attend, want_weights = self._attend_tapped, True
+        attend, want_weights = self._attend, False
+        if hooks:  # named sites (attnlab.nn.hooks): read or edit q, k, v; scores and pattern explicitly
+            q, k, v = run_hooks(hooks, "q", q), run_hooks(hooks, "k", k), run_hooks(hooks, "v", v)
+            if "scores" in hooks or "pattern" in hooks:
+                attend, want_weights = self._attend_hooked, True
         if self.position_bias is None:
-            head_outputs, weights = attend(q, k, v, mask, causal, want_weights)  # (B, H, T_q, d_v)
+            head_outputs, _ = attend(q, k, v, mask, causal, want_weights)  # (B, H, T_q, d_v)
         else:
-            head_outputs, weights = self._attend_biased(
+            head_outputs, _ = self._attend_biased(
                 q, k, v, mask, causal, want_weights, positions, key_positions, offset, attend
             )
-        if head_mask is not None:
-            head_outputs = head_outputs * self._head_scale(head_mask, head_outputs)  # xi_h head_h  (Michel §2.3)
-        if taps:
-            head_outputs = tap(taps, "z", head_outputs)
-        output = self._combine_heads(head_outputs) if not taps else self._combine_tapped(head_outputs, taps)
-        for recorder in self._recorders.values():
-            recorder(weights, head_outputs)
-        return MultiHeadOutput(output, weights if want_weights else None, head_outputs if want_weights else None)
+        if not hooks:
+            return self._combine_heads(head_outputs)
+        return self._combine_hooked(run_hooks(hooks, "z", head_outputs), hooks)  # z: xi_h head_h (Michel §2.3)
 
     def _combine_heads(self, head_outputs: Tensor) -> Tensor:
         """Concat(xi_1 head_1, ..., xi_H head_H) W^O + b^O = sum_h xi_h head_h W_o^h + b^O.
@@ -391,19 +365,19 @@ class MultiHeadAttention(nn.Module):
         concat = head_outputs.transpose(1, 2).reshape(batch, t_q, self.heads * self.d_v)  # (B, T_q, H*d_v)
         return self._linear(concat, self.out_proj.weight, self.out_proj.bias)
 
-    def _combine_tapped(self, head_outputs: Tensor, taps: dict[str, Tap]) -> Tensor:
+    def _combine_hooked(self, head_outputs: Tensor, hooks: dict[str, list[Hook]]) -> Tensor:
         """:meth:`_combine_heads` with the ``result`` site (each head's term xi_h head_h W_o^h, summed
         after it is read or edited) and the ``out`` site."""
-        if "result" in taps:
-            result = tap(taps, "result", self.head_contributions(head_outputs))  # (B, H, T_q, d_model)
+        if "result" in hooks:
+            result = run_hooks(hooks, "result", self.head_contributions(head_outputs))  # (B, H, T_q, d_model)
             output = result.sum(1)
             if self.out_proj.bias is not None:
                 output = output + self.out_proj.bias
         else:
             output = self._combine_heads(head_outputs)
-        return tap(taps, "out", output)
+        return run_hooks(hooks, "out", output)
 
-    def _attend_tapped(
+    def _attend_hooked(
         self,
         q: Tensor,
         k: Tensor,
@@ -414,22 +388,22 @@ class MultiHeadAttention(nn.Module):
         bias: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """:meth:`_attend_shared` with the ``scores`` and ``pattern`` sites: the scores (scale q.k, or
-        the score function's, plus any position bias) go through their site before the mask and
+        the score function's, plus any position bias) go through their hooks before the mask and
         a(.); the weights through theirs, and an edited pattern is what multiplies V.
 
         Shape:
             as :meth:`_attend_shared`; the weights are always returned.
         """
-        taps = self.taps
+        hooks = self.hooks
         pairwise, scale = self.score.score_fn, self.score.scale
 
         def scores(q_: Tensor, k_: Tensor) -> Tensor:  # (B, H, T_q, T_k), after score.prepare
             raw = pairwise(q_, k_) if pairwise is not None else torch.matmul(q_, k_.transpose(-2, -1)) * scale
-            return tap(taps, "scores", raw if bias is None else raw + bias.to(raw.dtype))
+            return run_hooks(hooks, "scores", raw if bias is None else raw + bias.to(raw.dtype))
 
         head_outputs, weights = self._attend_shared(q, k, v, mask, causal, True, score_fn=scores)
-        if "pattern" in taps:
-            edited = tap(taps, "pattern", weights)
+        if "pattern" in hooks:
+            edited = run_hooks(hooks, "pattern", weights)
             if edited is not weights:
                 _, v = self._share(k, v, self.heads)  # (B, H, T_k, d_v): what the weights multiply
                 head_outputs, weights = torch.matmul(edited.to(v.dtype), v), edited
@@ -452,7 +426,7 @@ class MultiHeadAttention(nn.Module):
 
         The distance j - i comes from the given positions, or from offset, offset + 1, ... for the
         queries (a KV cache's length on) and 0, 1, ... for the keys. ``attend`` is
-        :meth:`_attend` or, with named sites, :meth:`_attend_tapped`.
+        :meth:`_attend` or, with hooked sites, :meth:`_attend_hooked`.
         """
         t_q, t_k = q.shape[-2], k.shape[-2]
         if positions is None:
@@ -481,7 +455,7 @@ class MultiHeadAttention(nn.Module):
         """head_h = Attention(Q W_h^Q, K W_h^K, V W_h^V), each query head with its K/V head's copy.
 
         ``score_fn`` replaces the score module's pairwise score (scale and ``bias`` included: it is
-        what :meth:`_attend_tapped` passes, with ``bias`` None).
+        what :meth:`_attend_hooked` passes, with ``bias`` None).
 
         Shape:
             q: (B, H, T_q, d_k);  k, v: (B, H_kv, T_k, d_k|d_v);  returns (B, H, T_q, d_v) and the
@@ -546,11 +520,10 @@ class MultiHeadAttention(nn.Module):
         unfolded = None if weights is None else weights.reshape(batch, heads, 1, weights.shape[-1])
         return outputs.reshape(batch, heads, 1, outputs.shape[-1]), unfolded
 
-    def _without_heads(
-        self, query: Tensor, key: Tensor | None, cache: KVCache | None, want_weights: bool
-    ) -> MultiHeadOutput:
+    def _without_heads(self, query: Tensor, key: Tensor | None, cache: KVCache | None) -> Tensor:
         """A layer whose heads were all pruned: the sum over no heads is 0, so the output is W^O's
-        bias alone (as when every head is masked)."""
+        bias alone (as when every head is masked). Its ``pattern`` and ``z`` hooks see empty
+        tensors (B, 0, T_q, T_k) and (B, 0, T_q, d_v)."""
         batch, t_q, _ = query.shape
         t_k = t_q if key is None else key.shape[1]
         if cache is not None and key is None:  # self-attention: the cache still counts the keys seen
@@ -559,11 +532,10 @@ class MultiHeadAttention(nn.Module):
         output = query.new_zeros(batch, t_q, self.d_model)
         if self.out_proj.bias is not None:
             output = output + self.out_proj.bias
-        weights = query.new_zeros(batch, 0, t_q, t_k)
-        head_outputs = query.new_zeros(batch, 0, t_q, self.d_v)
-        for recorder in self._recorders.values():
-            recorder(weights, head_outputs)
-        return MultiHeadOutput(output, weights if want_weights else None, head_outputs if want_weights else None)
+        if self.hooks:
+            run_hooks(self.hooks, "pattern", query.new_zeros(batch, 0, t_q, t_k))
+            run_hooks(self.hooks, "z", query.new_zeros(batch, 0, t_q, self.d_v))
+        return output
 
     def _gather_key_values(self, k: Tensor, v: Tensor, heads: int) -> tuple[Tensor, Tensor]:
         """An explicit map: query head h reads key/value head ``kv_index[h]``.
@@ -615,16 +587,6 @@ class MultiHeadAttention(nn.Module):
         heads = self.kv_heads if heads is None else heads
         batch, length, width = x.shape
         return x.view(batch, length, heads, width // heads).transpose(1, 2)  # (B, heads, T, d)
-
-    def _head_scale(self, head_mask: Tensor, head_outputs: Tensor) -> Tensor:
-        batch = head_outputs.shape[0]
-        if head_mask.dim() not in (1, 2) or head_mask.shape[-1] != self.heads:
-            raise ValueError(
-                f"head_mask must have shape ({self.heads},) or (B, {self.heads}), got {tuple(head_mask.shape)}"
-            )
-        if head_mask.dim() == 2 and head_mask.shape[0] not in (1, batch):
-            raise ValueError(f"head_mask batch size {head_mask.shape[0]} does not match the input's {batch}")
-        return head_mask.to(head_outputs.dtype).reshape(-1, self.heads, 1, 1)  # (B|1, H, 1, 1)
 
     # ---- views for analysis -------------------------------------------------------------
 
@@ -679,18 +641,6 @@ class MultiHeadAttention(nn.Module):
         """
         w_o = self.out_proj.weight.view(self.d_model, self.heads, self.d_v)  # (d_model, H, d_v)
         return torch.einsum("bhtv,mhv->bhtm", head_outputs, w_o)
-
-    # ---- capture points ------------------------------------------------------------------
-
-    def add_recorder(self, recorder: Recorder) -> Callable[[], None]:
-        """Call ``recorder(weights, head_outputs)`` on every forward pass; returns a remover.
-
-        While a recorder is registered the weights are computed explicitly (the fused kernel does
-        not expose them). Prefer :func:`attnlab.nn.capture.capture`, which uses this.
-        """
-        key = next(self._recorder_ids)
-        self._recorders[key] = recorder
-        return lambda: self._recorders.pop(key, None)
 
     def extra_repr(self) -> str:
         return (

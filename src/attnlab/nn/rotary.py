@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from attnlab.kernels import fused_rotary_applies
+from attnlab.kernels import calibration, fused_rotary_applies
 from attnlab.kernels import rotary as fused_rotary
 
 __all__ = ["RotaryEmbedding", "rotate_half", "positions_of_tokens"]
@@ -100,7 +100,17 @@ class RotaryEmbedding(nn.Module):
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """RoPE(x, m) = x cos(m theta) + rotate_half(x) sin(m theta), in x's dtype; in one pass by
-    attnlab's kernel where no gradient is wanted (:mod:`attnlab.kernels.gated`)."""
+    attnlab's kernel where it applies (no gradient wanted: :mod:`attnlab.kernels.gated`) and was
+    measured faster than PyTorch's ops for this shape class (:mod:`attnlab.kernels.calibration`)."""
     if fused_rotary_applies(x, cos):
-        return fused_rotary(x, cos, sin)
+        key = ("rotary", calibration.bucket(x.shape[0] * x.shape[1]), calibration.bucket(x.shape[2]), x.shape[3])
+        choice = calibration.chosen(key) or calibration.choose(
+            key, {"native": lambda: fused_rotary(x, cos, sin), "torch": lambda: _rotate_by_ops(x, cos, sin)}
+        )
+        if choice == "native":
+            return fused_rotary(x, cos, sin)
+    return _rotate_by_ops(x, cos, sin)
+
+
+def _rotate_by_ops(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos.to(x.dtype) + rotate_half(x) * sin.to(x.dtype)

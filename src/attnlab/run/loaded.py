@@ -14,6 +14,7 @@ from attnlab.devices import resolve_device
 from attnlab.errors import CheckpointError, ConfigError, DataError, UsageError
 from attnlab.experiment import ExperimentConfig
 from attnlab.head_ids import HeadId, held_heads, held_mask
+from attnlab.kernels import native
 from attnlab.nn import HeadMask, TransformerModel
 from attnlab.run.directory import CheckpointFiles, RunDir
 from attnlab.runtime import release_freed_memory
@@ -106,5 +107,6 @@ def open_run(path: str | Path, *, device: str | torch.device = "cpu", checkpoint
     else:
         run.load_checkpoint_weights(model, chosen)
     model.to(device).eval()
+    native.prepare(device)  # a first use's kernel build now, before a command's progress bar
     release_freed_memory()  # the tokenizer's parse leaves freed blocks between live ones (attnlab.runtime)
     return LoadedRun(run, experiment, task, tokenizer, TextCodec(task, tokenizer), model, chosen)

@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from attnlab.errors import AttnlabError, AttnlabWarning, CheckpointError, UsageError
 from attnlab.experiment import ExperimentConfig
+from attnlab.kernels import native
 from attnlab.run.directory import RunDir
 from attnlab.run.lock import LOCK_NAME, RunLock
 from attnlab.run.output_paths import check_output_path
@@ -167,6 +168,7 @@ def run_sweep(
             atomic_write_json(out / PLAN_FILE, plan.to_json())
         todo = _jobs_to_run(plan, out, retry_failed=retry_failed)
         skipped = len(plan.runs) - len(todo)
+        native.prepare(*(ExperimentConfig.from_dict(job.config).train.device for job in todo))  # before the bar
         bar = tqdm(total=len(plan.runs), initial=skipped, desc="sweep", unit="run", disable=not progress, leave=False)
         failed = 0
 

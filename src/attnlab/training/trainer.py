@@ -50,7 +50,8 @@ from attnlab.evaluation.fit import training_fit
 from attnlab.evaluation.objectives import OBJECTIVES
 from attnlab.experiment import ExperimentConfig, TrainConfig
 from attnlab.head_ids import held_mask
-from attnlab.nn import InputEmbedding
+from attnlab.kernels import native
+from attnlab.nn import InputEmbedding, masking_heads
 from attnlab.resources import check_length_bins_fit, check_training_resources
 from attnlab.run.directory import RunDir, validation_record
 from attnlab.run.loaded import saved_tokenizer
@@ -418,6 +419,7 @@ class _Trainer:
         """
         cfg = self.cfg
         losses: list[float] = []
+        native.prepare(self.device)  # a first use's kernel build before the bar, not in its first step
         bar = tqdm(total=cfg.steps, initial=self.step, desc="train", disable=not (self.progress and self.dist.is_main))
         window = _LogWindow(rate_key=_rate_key(self.experiment.model_kind))
         final_metrics = None
@@ -459,7 +461,8 @@ class _Trainer:
         self.trained.train()
         batch = self.stream.next().to(self.device)
         with self._autocast():
-            parts = self.objective(self.trained, batch, self.head_mask, self.task.pad_id, cfg.label_smoothing)
+            with masking_heads(self.model, self.head_mask):  # the held heads' xi = 0, on the model under any wrapper
+                parts = self.objective(self.trained, batch, None, self.task.pad_id, cfg.label_smoothing)
         global_count = all_reduce_sum(parts.count.to(torch.float64), self.dist)
         global_total = all_reduce_sum(parts.total.detach().to(torch.float64), self.dist)
         mean_loss = float(global_total / global_count.clamp_min(1))

@@ -41,7 +41,7 @@ import numpy as np
 
 from attnlab.analysis.maps import AttentionView
 from attnlab.errors import UsageError
-from attnlab.head_ids import HeadId, head_ids, parse_head
+from attnlab.head_ids import HeadId, head_ids, parse_head, parse_head_name
 from attnlab.nn import AttentionRecord
 from attnlab.run.loaded import LoadedRun, open_run
 from attnlab.run.storage import atomic_write_text
@@ -329,10 +329,10 @@ def _record_off(off: Iterable[HeadId | str], heads: list[HeadId]) -> list[HeadId
     stopped = []
     for head in off:
         if isinstance(head, str):
-            parts = head.split(":")
-            if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
-                raise UsageError(f"off: {head!r}: expected kind:layer:head, e.g. self:0:1")
-            head = HeadId(parts[0], int(parts[1]), int(parts[2]))
+            try:
+                head = parse_head_name(head)
+            except UsageError as error:
+                raise UsageError(f"off: {error}") from None
         if head not in known:
             raise UsageError(f"off: {head} is not a head of these records")
         stopped.append(head)

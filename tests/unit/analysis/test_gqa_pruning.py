@@ -9,7 +9,7 @@ import torch
 
 from attnlab.analysis.pruning import prune_model
 from attnlab.head_ids import HeadId, mask_without
-from attnlab.nn import build_model
+from attnlab.nn import build_model, masking_heads
 from attnlab.nn.config import DecoderOnlyConfig
 from attnlab.nn.multi_head import MultiHeadAttention, _share_key_values
 
@@ -79,7 +79,8 @@ def test_the_pruned_model_computes_the_masked_one_on_a_padded_batch(models) -> N
     is_token[1, :3] = False  # left padding
     is_token[2, 6:] = False  # right padding
     with torch.no_grad():
-        masked = model(tokens, head_mask=mask_without(model, PRUNED), is_token=is_token)
+        with masking_heads(model, mask_without(model, PRUNED)):
+            masked = model(tokens, is_token=is_token)
         smaller = pruned(tokens, is_token=is_token)
     assert (masked - smaller)[is_token].abs().max() < 1e-5
 
@@ -101,7 +102,8 @@ def test_pruning_a_pruned_model_again_composes(models) -> None:
     assert again.config.kv_groups == {"self": [[0, 0], [0, 0, 1, 1]]}
     tokens = torch.randint(1, 40, (2, 6))
     with torch.no_grad():
-        masked = model(tokens, head_mask=mask_without(model, [*PRUNED, HeadId("self", 1, 0)]))
+        with masking_heads(model, mask_without(model, [*PRUNED, HeadId("self", 1, 0)])):
+            masked = model(tokens)
         assert (again(tokens) - masked).abs().max() < 1e-5
 
 

@@ -17,6 +17,7 @@ from attnlab.analysis.lm_probe import NextTokenProbe
 from attnlab.analysis.pruning import prune_model, write_pruned_run
 from attnlab.errors import DataError, UsageError
 from attnlab.head_ids import mask_without
+from attnlab.nn import masking_heads
 from attnlab.run.loaded import open_run
 from tests.unit.analysis.tiny_lm import PAD, TEXTS, tiny_lm_run
 
@@ -33,7 +34,8 @@ def lm(tmp_path_factory):
 def _text_loss(model, ids: list[int], head_mask=None) -> torch.Tensor:  # noqa: ANN001
     """Mean -log p(x_t | x_<t) over t >= 2 of one unpadded text, computed from the logits."""
     tokens = torch.tensor([ids])
-    logits = model(tokens, head_mask=head_mask, is_token=torch.ones_like(tokens, dtype=torch.bool))
+    with masking_heads(model, head_mask):
+        logits = model(tokens, is_token=torch.ones_like(tokens, dtype=torch.bool))
     return -F.log_softmax(logits[0, :-1], dim=-1).gather(1, tokens[0, 1:, None]).mean()
 
 

@@ -68,7 +68,7 @@ def test_a_head_switched_off_changes_later_layers_only(runs):
 def test_heads_held_in_training_are_off_in_every_view(tmp_path_factory):
     """A run's train.mask_heads stay off in the maps and the output; a head_mask switches more off."""
     from attnlab.generate.search import DecodeOptions, decode
-    from attnlab.nn import capture
+    from attnlab.nn import capture, masking_heads
     from tests.unit.analysis.tiny_runs import HELD
 
     loaded = open_run(tiny_run(tmp_path_factory.mktemp("maps-held"), "held"))
@@ -90,8 +90,8 @@ def test_heads_held_in_training_are_off_in_every_view(tmp_path_factory):
             head_mask=expected_mask,
         )[0]
         assert view.output == loaded.codec.decode(hypothesis.tokens)
-        with torch.no_grad(), capture(loaded.model) as records:
-            loaded.model(src, torch.tensor([[task.bos_id, *hypothesis.tokens]]), head_mask=expected_mask)
+        with torch.no_grad(), capture(loaded.model) as records, masking_heads(loaded.model, expected_mask):
+            loaded.model(src, torch.tensor([[task.bos_id, *hypothesis.tokens]]))
         for kind in ("encoder_self", "decoder_self", "cross"):
             expected = np.stack(
                 [r.weights[0].numpy() for r in sorted(records, key=lambda r: r.layer) if r.kind == kind]

@@ -10,8 +10,8 @@ import torch
 from attnlab.analysis.fidelity import FidelityProbe
 from attnlab.analysis.heads import ablate
 from attnlab.analysis.patching import head_means, patch
-from attnlab.analysis.trace import trace
 from attnlab.errors import UsageError
+from attnlab.nn.hooks import trace
 from attnlab.pretrained.bert import find_source, import_bert
 from attnlab.run.loaded import open_run
 from tests.unit.analysis.tiny_runs import tiny_run

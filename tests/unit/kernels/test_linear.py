@@ -3,7 +3,6 @@ reference; the oneDNN kernel's routes (row threshold, dtypes, grad modes) and th
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 
 import pytest
@@ -12,20 +11,22 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from attnlab.kernels import calibration
 from attnlab.kernels.linear import (
     LINEAR_KERNELS,
     MIN_ONEDNN_ROWS,
+    MeasuredLinear,
     OneDNNLinear,
-    check_linear_kernel,
     linear_kernel,
+    linear_setting,
     onednn_available,
 )
-from attnlab.nn import EncoderDecoder, EncoderDecoderConfig, TransformerConfig
+from attnlab.nn import EncoderDecoder, EncoderDecoderConfig
 
 linear_module = importlib.import_module("attnlab.kernels.linear")
 
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN")
-KERNELS = [pytest.param(name, marks=needs_onednn if name == "onednn" else ()) for name in LINEAR_KERNELS]
+KERNELS = [pytest.param(name, marks=needs_onednn if name == "onednn" else ()) for name in (*LINEAR_KERNELS, "auto")]
 
 
 def _float64_reference(x, weight, bias, grad):
@@ -170,8 +171,9 @@ def test_onednn_leaves_mixed_precision_to_autocast(grad):
 
 
 @needs_onednn
-def test_a_model_under_autocast_computes_its_maps_in_bf16():
-    config = EncoderDecoderConfig(vocab_size=40, layers=1, d_model=32, heads=4, d_ff=64, linear="onednn")
+def test_a_model_under_autocast_computes_its_maps_in_bf16(monkeypatch):
+    monkeypatch.setenv("ATTNLAB_LINEAR", "onednn")
+    config = EncoderDecoderConfig(vocab_size=40, layers=1, d_model=32, heads=4, d_ff=64)
     model = EncoderDecoder(config)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         logits = model(torch.randint(1, 40, (3, 9)), torch.randint(1, 40, (3, 7)))
@@ -256,13 +258,14 @@ def test_onednn_packs_views_of_a_fused_weight_apart():
 
 
 @needs_onednn
-def test_a_copied_or_pickled_module_starts_without_packed_weights():
+def test_a_copied_or_pickled_module_starts_without_packed_weights(monkeypatch):
     import copy
     import pickle
 
     from attnlab.nn import PositionwiseFeedForward
 
-    ffn = PositionwiseFeedForward(16, 32, linear="onednn").eval()
+    monkeypatch.setenv("ATTNLAB_LINEAR", "onednn")
+    ffn = PositionwiseFeedForward(16, 32).eval()
     x = torch.randn(2, 5, 16)
     with torch.no_grad():
         expected = ffn(x)
@@ -278,12 +281,14 @@ def test_a_copied_or_pickled_module_starts_without_packed_weights():
 
 
 @needs_onednn
-def test_evaluation_after_training_steps_uses_the_updated_weights():
+def test_evaluation_after_training_steps_uses_the_updated_weights(monkeypatch):
     """eval -> optimizer step -> eval, as a training run's validation does: the second evaluation
     equals a fresh model on aten GEMMs loaded with the updated weights."""
     torch.manual_seed(1)
-    config = EncoderDecoderConfig(vocab_size=30, layers=1, d_model=16, heads=2, d_ff=32, dropout=0.0, linear="onednn")
+    config = EncoderDecoderConfig(vocab_size=30, layers=1, d_model=16, heads=2, d_ff=32, dropout=0.0)
+    monkeypatch.setenv("ATTNLAB_LINEAR", "onednn")
     model = EncoderDecoder(config)
+    monkeypatch.setenv("ATTNLAB_LINEAR", "aten")
     optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
     src, tgt = torch.randint(1, 30, (4, 7)), torch.randint(1, 30, (4, 6))
     for _ in range(2):
@@ -295,51 +300,72 @@ def test_evaluation_after_training_steps_uses_the_updated_weights():
         model(src, tgt).logsumexp(-1).sum().backward()
         optimizer.step()
     model.eval()
-    reference = EncoderDecoder(dataclasses.replace(config, linear="aten")).eval()
+    reference = EncoderDecoder(config).eval()
     reference.load_state_dict(model.state_dict())
     with torch.no_grad():
         torch.testing.assert_close(model(src, tgt), reference(src, tgt), atol=1e-5, rtol=1e-5)
         # new weights loaded into a model in eval mode, no gradient pass between: no stale copy either
-        other = EncoderDecoder(dataclasses.replace(config, linear="aten")).eval()
+        other = EncoderDecoder(config).eval()
         model.load_state_dict(other.state_dict())
         torch.testing.assert_close(model(src, tgt), other(src, tgt), atol=1e-5, rtol=1e-5)
 
 
-def test_auto_picks_onednn_on_avx512_only(monkeypatch):
-    monkeypatch.setattr(linear_module, "onednn_available", lambda: True)
-    choices = {}
-    for capability in ("AVX512", "AVX2", "DEFAULT"):
-        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
-        linear_module.preferred_linear_kernel.cache_clear()
-        choices[capability] = linear_module.preferred_linear_kernel()
+def test_the_setting_is_read_from_the_environment_and_checked(monkeypatch):
+    monkeypatch.delenv("ATTNLAB_LINEAR", raising=False)
+    assert linear_setting() == "auto" and isinstance(linear_kernel(), MeasuredLinear)
+    monkeypatch.setenv("ATTNLAB_LINEAR", "aten")
+    assert linear_kernel() is LINEAR_KERNELS["aten"]()
+    monkeypatch.setenv("ATTNLAB_LINEAR", "mkl")
+    with pytest.raises(ValueError, match=r"ATTNLAB_LINEAR: unknown 'mkl'; allowed: auto, aten, onednn"):
+        EncoderDecoder(EncoderDecoderConfig(vocab_size=20, layers=1, d_model=16, heads=2, d_ff=32))
+    monkeypatch.setenv("ATTNLAB_LINEAR", "onednn")
     monkeypatch.setattr(linear_module, "onednn_available", lambda: False)
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
-    linear_module.preferred_linear_kernel.cache_clear()
-    choices["AVX512 without oneDNN"] = linear_module.preferred_linear_kernel()
-    monkeypatch.undo()
-    linear_module.preferred_linear_kernel.cache_clear()
-    assert choices == {"AVX512": "onednn", "AVX2": "aten", "DEFAULT": "aten", "AVX512 without oneDNN": "aten"}
-    assert type(linear_kernel("auto")) is type(LINEAR_KERNELS[linear_module.preferred_linear_kernel()]())
+    with pytest.raises(ValueError, match="ATTNLAB_LINEAR: 'onednn' needs a PyTorch build with oneDNN"):
+        linear_kernel()
 
 
-def test_unknown_or_unavailable_kernel_is_a_value_error_naming_the_field(monkeypatch):
-    with pytest.raises(ValueError, match=r"linear: unknown 'mkl'; allowed: auto, aten, onednn"):
-        check_linear_kernel("mkl")
-    with pytest.raises(ValueError, match="linear: unknown"):
-        TransformerConfig(linear="fast")
-    monkeypatch.setattr(linear_module, "onednn_available", lambda: False)
-    with pytest.raises(ValueError, match="linear: 'onednn' needs a PyTorch build with oneDNN"):
-        TransformerConfig(linear="onednn")
-    assert TransformerConfig(linear="aten").linear == "aten"
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("rows", [1, 3, 4, 40])
+def test_the_measured_kernel_takes_only_kernels_that_apply_and_remembers(monkeypatch, tmp_path, grad, rows):
+    """Whichever kernel wins the timing (each is made to win once), the map equals F.linear's and
+    its gradients; a second call of the class is looked up, not timed."""
+    monkeypatch.setenv("ATTNLAB_CALIBRATE", "1")
+    g = torch.Generator().manual_seed(rows)
+    x, weight, bias = torch.randn(rows, 16, generator=g), torch.randn(24, 16, generator=g), torch.randn(24, generator=g)
+    offered, winner = [], [0]
+
+    def pick(candidates):  # noqa: ANN001, ANN202
+        offered.append(list(candidates))
+        return list(candidates)[min(winner[0], len(candidates) - 1)]
+
+    monkeypatch.setattr(calibration, "measure", pick)
+    few = ["few_rows"] if rows < MIN_ONEDNN_ROWS and calibration.native.available() else []
+    many = ["onednn"] if rows >= MIN_ONEDNN_ROWS and onednn_available() else []
+    expected = [["aten", *many]] if grad and many else []  # one candidate: nothing to time
+    expected += [["aten", *many, *few]] if many or few else []
+    for winner[0] in range(3):
+        monkeypatch.setenv("ATTNLAB_CALIBRATION_DIR", str(tmp_path / str(winner[0])))  # an empty cache each time
+        calibration.forget()
+        offered.clear()
+        kernel = MeasuredLinear()
+        for _ in range(2):
+            if grad:
+                _assert_matches_reference(kernel, x, weight, bias)
+            with torch.no_grad():
+                torch.testing.assert_close(kernel(x, weight, bias), F.linear(x, weight, bias), atol=1e-5, rtol=1e-5)
+        assert offered == expected  # one timing per class (grad, no grad), only of kernels that apply
 
 
 @needs_onednn
-def test_models_with_either_kernel_agree_and_share_state_dict_keys():
+def test_models_with_either_kernel_agree_and_share_state_dict_keys(monkeypatch):
     """The kernel is how the maps are computed, not what they are: one state dict loads into
     both, and logits and every parameter gradient agree to float32 rounding."""
     torch.manual_seed(0)
     config = EncoderDecoderConfig(vocab_size=40, layers=2, d_model=32, heads=4, d_ff=64, dropout=0.0)
-    models = {name: EncoderDecoder(dataclasses.replace(config, linear=name)) for name in LINEAR_KERNELS}
+    models = {}
+    for name in LINEAR_KERNELS:
+        monkeypatch.setenv("ATTNLAB_LINEAR", name)
+        models[name] = EncoderDecoder(config)
     assert len({tuple(m.state_dict()) for m in models.values()}) == 1
     models["onednn"].load_state_dict(models["aten"].state_dict())
     src, tgt = torch.randint(1, 40, (3, 11)), torch.randint(1, 40, (3, 9))
@@ -351,3 +377,12 @@ def test_models_with_either_kernel_agree_and_share_state_dict_keys():
     torch.testing.assert_close(logits["onednn"], logits["aten"], atol=1e-5, rtol=1e-5)
     for key, grad in grads["aten"].items():
         torch.testing.assert_close(grads["onednn"][key], grad, atol=1e-4, rtol=1e-4, msg=lambda m, k=key: f"{k}: {m}")
+
+
+def test_a_copied_or_pickled_measured_kernel_computes_the_map():
+    import copy
+    import pickle
+
+    x, weight = torch.randn(5, 8), torch.randn(6, 8)
+    for kernel in (pickle.loads(pickle.dumps(MeasuredLinear())), copy.deepcopy(MeasuredLinear())):
+        torch.testing.assert_close(kernel(x, weight, None), F.linear(x, weight, None))

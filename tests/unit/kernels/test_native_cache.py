@@ -113,24 +113,36 @@ def test_the_compiler_changes_the_name(monkeypatch, tmp_path):
     assert _key() not in (before, other)
 
 
+def _spec(tmp_path: Path, name: str = "attnlab_native_test_0") -> native.BuildSpec:
+    return native.BuildSpec(name=name, directory=tmp_path / "ext" / name, cflags=(), ldflags=())
+
+
+def _fake_build(builds: list, seconds: float = 0.0):
+    """A stand-in for the compiler: records the call, takes ``seconds``, writes the library."""
+
+    def build(spec: native.BuildSpec, sources: list[str]) -> None:
+        builds.append(sources)
+        time.sleep(seconds)
+        native._library(spec).write_bytes(b"built")
+
+    return build
+
+
+def _fake_load(spec: native.BuildSpec) -> types.ModuleType:
+    assert native._library(spec).read_bytes() == b"built"
+    return types.ModuleType(spec.name)
+
+
 def test_two_concurrent_first_uses_build_once(tmp_path):
-    """Two threads ask for the same build at once; a stand-in for PyTorch's ``load`` builds (0.3 s)
-    when the library is missing. The lock makes the second wait and find it built."""
-    spec = native.BuildSpec(name="attnlab_native_test_0", directory=tmp_path / "ext", cflags=(), ldflags=())
+    """Two threads ask for the same build at once; a stand-in for the build takes 0.3 s. The lock
+    makes the second wait and find the build complete."""
+    spec = _spec(tmp_path)
     builds, results = [], []
     start = threading.Barrier(2)
 
-    def fake_load(*, name, build_directory, **_kwargs):
-        library = Path(build_directory) / f"{name}.so"
-        if not library.exists():
-            builds.append(threading.get_ident())
-            time.sleep(0.3)
-            library.write_text("built")
-        return types.ModuleType(name)
-
     def first_use():
         start.wait()
-        results.append(native._load_once(spec, fake_load).__name__)
+        results.append(native._load_once(spec, _fake_build(builds, 0.3), _fake_load).__name__)
 
     threads = [threading.Thread(target=first_use) for _ in range(2)]
     for thread in threads:
@@ -141,13 +153,148 @@ def test_two_concurrent_first_uses_build_once(tmp_path):
     assert len(builds) == 1
 
 
+def test_the_build_is_announced_and_a_complete_build_is_loaded_silently_without_a_build(tmp_path, capsys):
+    spec = _spec(tmp_path)
+    builds = []
+    native._load_once(spec, _fake_build(builds), _fake_load)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and len(builds) == 1
+    assert lines[0].startswith("attnlab: building the C++ CPU kernels, once") and native.TYPICAL_BUILD in lines[0]
+    assert str(spec.directory) in lines[0]
+    assert re.fullmatch(r"attnlab: built the C\+\+ CPU kernels in \d+\.\d s", lines[1])
+    assert native._complete(spec)
+    (spec.directory / native._LOCK_NAME).unlink()  # the lock is not taken for a complete build
+    assert native._load_once(spec, _fake_build(builds), _fake_load).__name__ == spec.name
+    assert len(builds) == 1 and capsys.readouterr().err == ""
+    assert not (spec.directory / native._LOCK_NAME).exists()
+
+
+@pytest.mark.parametrize("damage", ["no marker", "library rewritten", "marker of another build"])
+def test_a_library_its_marker_does_not_describe_is_built_again(tmp_path, damage):
+    """A library without a completion marker may be half written (a killed build): it is never
+    loaded as it is, and neither is one rewritten after its marker."""
+    spec = _spec(tmp_path)
+    builds = []
+    native._load_once(spec, _fake_build(builds), _fake_load)
+    if damage == "no marker":
+        native._marker(spec).unlink()
+    elif damage == "library rewritten":
+        native._library(spec).write_bytes(b"half")
+    else:
+        native._marker(spec).write_text(native._marker_text(spec).replace(spec.name, spec.name + "x"))
+    assert not native._complete(spec)
+    native._load_once(spec, _fake_build(builds), _fake_load)
+    assert len(builds) == 2 and native._complete(spec)
+
+
+def test_a_failed_build_leaves_no_marker_and_raises(tmp_path):
+    spec = _spec(tmp_path)
+
+    def failing(spec: native.BuildSpec, sources: list[str]) -> None:
+        native._library(spec).write_bytes(b"half")
+        raise RuntimeError("Error building extension")
+
+    with pytest.raises(RuntimeError, match="Error building"):
+        native._load_once(spec, failing, _fake_load)
+    assert not native._marker(spec).exists() and not native._complete(spec)
+
+
+@pytest.mark.skipif(native.fcntl is None, reason="no fcntl on this platform")
+def test_a_process_finding_the_build_lock_taken_says_so_and_gives_up_after_the_limit(tmp_path, capsys, monkeypatch):
+    """Another holder of the lock (a thread here: its own open file, so its own lock) builds; the
+    waiter says whom it waits for, where the lock is, and raises after ATTNLAB_BUILD_WAIT_S."""
+    spec = _spec(tmp_path)
+    spec.directory.mkdir(parents=True)
+    lock = spec.directory / native._LOCK_NAME
+    held, release = threading.Event(), threading.Event()
+
+    def builder():
+        with native._exclusive(lock):
+            held.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=builder)
+    thread.start()
+    try:
+        assert held.wait(30)
+        monkeypatch.setenv("ATTNLAB_BUILD_WAIT_S", "0.3")
+        builds = []
+        with pytest.raises(TimeoutError, match=f"pid {os.getpid()}.*0.3 s"):
+            native._load_once(spec, _fake_build(builds), _fake_load)
+        assert builds == []
+        assert capsys.readouterr().err.splitlines() == [
+            f"attnlab: waiting for another process's build of the C++ CPU kernels (pid {os.getpid()}, lock {lock}); "
+            "giving up after 0.3 s (ATTNLAB_BUILD_WAIT_S)"
+        ]
+    finally:
+        release.set()
+        thread.join(30)
+
+
+@pytest.mark.skipif(native.fcntl is None, reason="no fcntl on this platform")
+def test_a_wait_given_up_falls_back_to_pytorch_with_one_warning(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setenv("ATTNLAB_BUILD_WAIT_S", "0")
+    monkeypatch.delenv("ATTNLAB_NATIVE", raising=False)
+    spec = native.build_spec()
+    spec.directory.mkdir(parents=True)
+    held, release = threading.Event(), threading.Event()
+
+    def builder():
+        with native._exclusive(spec.directory / native._LOCK_NAME):
+            held.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=builder)
+    thread.start()
+    try:
+        assert held.wait(30)
+        expected = "CPU kernels are not available \\(TimeoutError: another process"
+        with pytest.warns(RuntimeWarning, match=expected) as seen:
+            module, reason = native._build.__wrapped__()
+        assert module is None and reason.startswith("TimeoutError") and len(seen) == 1
+    finally:
+        release.set()
+        thread.join(30)
+
+
+@pytest.mark.parametrize("value", ["soon", "-1", "nan"])
+def test_a_wait_limit_that_is_not_seconds_is_named(monkeypatch, value):
+    monkeypatch.setenv("ATTNLAB_BUILD_WAIT_S", value)
+    with pytest.raises(ValueError, match=f"ATTNLAB_BUILD_WAIT_S='{value}' is not a number of seconds"):
+        native._wait_limit()
+
+
+def test_the_wait_limit_defaults_to_ten_minutes(monkeypatch):
+    monkeypatch.delenv("ATTNLAB_BUILD_WAIT_S", raising=False)
+    assert native._wait_limit() == native.BUILD_WAIT_S == 600
+    monkeypatch.setenv("ATTNLAB_BUILD_WAIT_S", "2.5")
+    assert native._wait_limit() == 2.5
+
+
+def test_prepare_builds_for_a_cpu_only(monkeypatch):
+    calls = []
+    monkeypatch.setattr(native, "kernels", lambda: calls.append(1))
+    native.prepare("cuda", torch.device("cuda:1"))
+    native.prepare()
+    assert calls == []
+    native.prepare(torch.device("cpu"))
+    native.prepare("cuda", "cpu")
+    assert calls == [1, 1]
+
+
 def test_a_stale_torch_lock_file_is_removed_under_the_lock(tmp_path):
     """PyTorch's FileBaton (``lock``) left by a killed build would make every later build wait forever."""
-    spec = native.BuildSpec(name="attnlab_native_test_1", directory=tmp_path / "ext", cflags=(), ldflags=())
-    spec.directory.mkdir()
+    spec = _spec(tmp_path, "attnlab_native_test_1")
+    spec.directory.mkdir(parents=True)
     (spec.directory / "lock").write_text("")
     seen = []
-    native._load_once(spec, lambda **kwargs: seen.append((spec.directory / "lock").exists()) or types.ModuleType("m"))
+
+    def build(spec: native.BuildSpec, sources: list[str]) -> None:
+        seen.append((spec.directory / "lock").exists())
+        native._library(spec).write_bytes(b"built")
+
+    native._load_once(spec, build, _fake_load)
     assert seen == [False]
 
 
@@ -189,26 +336,20 @@ def test_a_killed_builder_releases_the_lock(tmp_path):
 def test_sources_are_built_from_copies_in_the_build_directory(monkeypatch, tmp_path):
     """Two checkouts of the same sources hand PyTorch the same paths (its build commands name them,
     and ninja rebuilds when a command changes); a copy is rewritten only when it differs."""
-    spec = native.BuildSpec(name="attnlab_native_test_2", directory=tmp_path / "ext", cflags=(), ldflags=())
-    calls = []
-
-    def fake_load(*, sources, **_kwargs):
-        calls.append(sources)
-        return types.ModuleType("m")
-
-    native._load_once(spec, fake_load)
-    staged = [Path(path) for path in calls[0]]
+    spec = _spec(tmp_path, "attnlab_native_test_2")
+    builds = []
+    native._load_once(spec, _fake_build(builds), _fake_load)
+    staged = [Path(path) for path in builds[0]]
     assert [path.parent for path in staged] == [spec.directory / "sources"] * len(native.SOURCES)
     assert [path.read_bytes() for path in staged] == [source.read_bytes() for source in native.SOURCES]
     for path in staged:
         os.utime(path, ns=(1, 1))
     monkeypatch.setattr(native, "SOURCES", _copy_sources(tmp_path, "other_checkout"))
-    native._load_once(spec, fake_load)
-    assert calls[1] == calls[0]
+    assert native._stage_sources(spec.directory) == builds[0]
     assert [path.stat().st_mtime_ns for path in staged] == [1] * len(staged)  # not rewritten
     edited = native.SOURCES[0]
     edited.write_bytes(edited.read_bytes() + b"\n// edited\n")
-    native._load_once(spec, fake_load)
+    native._stage_sources(spec.directory)
     assert staged[0].read_bytes() == edited.read_bytes()
 
 
@@ -257,3 +398,40 @@ def test_two_processes_building_at_once_build_once(tmp_path):
     assert again.stdout.split()[-2].startswith(str(checkout))  # this checkout's attnlab
     assert again.stdout.split()[-1] == outputs[0][0].split()[-1]
     assert [line for line in log.read_text().splitlines() if " -c " in f" {line} "] == compiles
+
+
+_LOAD_THROUGH_THE_LINK = """
+import torch
+from attnlab.kernels import native
+module = native.kernels()
+assert module is not None, native.unavailable_reason()
+print(torch.__file__)
+print(module.__file__)
+"""
+
+
+def test_an_environment_reached_through_a_symlink_loads_the_existing_build(tmp_path):
+    """The same virtual environment reached through a symlink (PyTorch's build commands then name
+    other include paths, and ninja would rebuild) loads the complete build as it is: the library
+    is not rewritten and nothing says it is building."""
+    if not native.available():
+        pytest.skip(f"no C++ kernels: {native.unavailable_reason()}")
+    library = native._library(native.build_spec())
+    before = library.stat()
+    link = tmp_path / "venvlink"
+    link.symlink_to(sys.prefix, target_is_directory=True)
+    python = link / "bin" / Path(sys.executable).name
+    if not python.exists():
+        pytest.skip(f"no {Path(sys.executable).name} in {sys.prefix}/bin")
+    env = {**os.environ, "PYTHONPATH": str(Path(native.__file__).parents[2])}  # this attnlab; torch via the link
+    env.pop("ATTNLAB_NATIVE", None)
+    done = subprocess.run(
+        [str(python), "-c", _LOAD_THROUGH_THE_LINK], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    torch_file, module_file = done.stdout.split()
+    assert torch_file.startswith(str(link))  # the child's torch is reached through the link
+    assert Path(module_file) == library
+    assert "building" not in done.stderr
+    after = library.stat()
+    assert (after.st_ino, after.st_mtime_ns, after.st_size) == (before.st_ino, before.st_mtime_ns, before.st_size)

@@ -10,7 +10,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnlab import kernels
 from attnlab.nn.attention import attention
 from attnlab.nn.masks import causal_mask
 from tests import reference
@@ -75,7 +74,7 @@ def test_weights_change_output_by_at_most_1e6(mask_kind):
     assert weights.shape == (2, 3, 9, 9)
 
 
-# 2 x 3 (batch x head) rows take the fused kernel, 48 x 3 the explicit single-query path.
+# 2 x 3 and 48 x 3 (batch x head) rows: either side of where the explicit formula used to take over.
 SINGLE_QUERY_BATCHES = [2, 48]
 
 
@@ -115,27 +114,6 @@ def test_single_query_equals_sdpa_and_float64_reference(batch, mask_kind, causal
 def test_single_query_keeps_gradients(batch):
     q, k, v = (t.requires_grad_() for t in _qkv(b=batch, t_q=1, dtype=torch.float64))
     assert torch.autograd.gradcheck(lambda q, k, v: attention(q, k, v), (q, k, v))
-
-
-@pytest.mark.parametrize(
-    ("batch", "t_q", "dropout_p", "fused"),
-    [(2, 1, 0.0, True), (42, 1, 0.0, True), (43, 1, 0.0, False), (48, 2, 0.0, True), (48, 1, 0.1, True)],
-)
-def test_single_query_path_is_chosen_by_rows(monkeypatch, batch, t_q, dropout_p, fused):
-    """Where a gradient is wanted (a decoding step without one takes attnlab's decode kernel,
-    tests/unit/kernels/test_native.py): one query over >= EXPLICIT_SINGLE_QUERY_ROWS (batch x head)
-    rows is scored explicitly; with fewer rows, more queries, or dropout on the weights, a fused
-    kernel runs (PyTorch's, or attnlab's for more queries; 3 heads here)."""
-    assert kernels.attention.EXPLICIT_SINGLE_QUERY_ROWS == 128  # 42 x 3 = 126 < 128 <= 43 x 3
-    calls = []
-    sdpa, short = F.scaled_dot_product_attention, kernels.short_attention
-    monkeypatch.setattr(
-        attention_module.F, "scaled_dot_product_attention", lambda *a, **kw: calls.append(1) or sdpa(*a, **kw)
-    )
-    monkeypatch.setattr(kernels, "short_attention", lambda *a, **kw: calls.append(1) or short(*a, **kw))
-    q, k, v = _qkv(b=batch, t_q=t_q)
-    attention(q.requires_grad_(), k, v, dropout_p=dropout_p)
-    assert bool(calls) == fused
 
 
 @pytest.mark.parametrize("normalizer", ["softmax", "hardmax"])

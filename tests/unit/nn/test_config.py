@@ -77,6 +77,13 @@ def test_from_dict_rejects_unknown_keys_listing_allowed():
     assert cfg.layers == 3 and cfg.target_vocab_size == 50 and cfg.decoder_depth == 3
 
 
+def test_from_dict_ignores_the_retired_linear_key():
+    """An older config.json's ``linear`` (now the runtime setting ATTNLAB_LINEAR) is accepted and
+    ignored; it is no field of the config any more."""
+    cfg = EncoderDecoderConfig.from_dict({"layers": 3, "linear": "onednn"})
+    assert cfg == EncoderDecoderConfig(layers=3) and "linear" not in cfg.to_dict()
+
+
 def test_frozen_and_derived_values():
     cfg = EncoderDecoderConfig(d_model=64, heads=8)
     with pytest.raises(dataclasses.FrozenInstanceError):

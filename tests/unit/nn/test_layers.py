@@ -51,13 +51,13 @@ def test_feed_forward_rejects_unknown_activation():
 def test_encoder_layer_composition():
     layer = EncoderLayer(MultiHeadAttention(16, 4), PositionwiseFeedForward(16, 32)).eval()
     x = torch.randn(2, 5, 16)
-    h = layer.attn_norm.norm(x + layer.self_attn(x).output)
+    h = layer.attn_norm.norm(x + layer.self_attn(x))
     torch.testing.assert_close(layer(x), layer.ffn_norm.norm(h + layer.feed_forward(h)))
 
 
 def test_decoder_layer_composition():
     layer = DecoderLayer(MultiHeadAttention(16, 4), MultiHeadAttention(16, 4), PositionwiseFeedForward(16, 32)).eval()
     y, memory = torch.randn(2, 5, 16), torch.randn(2, 7, 16)
-    a = layer.self_attn_norm.norm(y + layer.self_attn(y, causal=True).output)
-    c = layer.cross_attn_norm.norm(a + layer.cross_attn(a, memory).output)
+    a = layer.self_attn_norm.norm(y + layer.self_attn(y, causal=True))
+    c = layer.cross_attn_norm.norm(a + layer.cross_attn(a, memory))
     torch.testing.assert_close(layer(y, memory), layer.ffn_norm.norm(c + layer.feed_forward(c)))

@@ -15,6 +15,7 @@ from attnlab.nn import (
     EncoderDecoderConfig,
     build_model,
     full_head_mask,
+    masking_heads,
 )
 
 VOCAB = 13
@@ -136,10 +137,16 @@ def test_head_mask_shapes_and_all_ones(kind):
     assert set(shapes) == expected_kinds and all(s == (2, 4) for s in shapes.values())
     args = (_tokens(2, 5), _tokens(2, 4)) if kind == "encoder_decoder" else (_tokens(2, 5),)
     plain = model(*args)
-    assert torch.equal(model(*args, head_mask=full_head_mask(shapes)), plain)
-    assert torch.equal(model(*args, head_mask=full_head_mask(shapes, batch=2)), plain)
+    assert torch.equal(_masked(model, *args, head_mask=full_head_mask(shapes)), plain)
+    assert torch.equal(_masked(model, *args, head_mask=full_head_mask(shapes, batch=2)), plain)
     zeros = full_head_mask(shapes, 0.0)
-    assert not torch.allclose(model(*args, head_mask=zeros), plain)
+    assert not torch.allclose(_masked(model, *args, head_mask=zeros), plain)
+    assert all(not m.hooks for m in model.modules() if hasattr(m, "hooks"))  # nothing left installed
+
+
+def _masked(model, *args, head_mask):  # noqa: ANN001, ANN002, ANN202
+    with masking_heads(model, head_mask):
+        return model(*args)
 
 
 @pytest.mark.parametrize("bad", [VOCAB, VOCAB + 100, -1])
@@ -158,16 +165,16 @@ def test_head_mask_errors_name_the_kind():
     model = EncoderDecoder(EncoderDecoderConfig(**SMALL))
     src, tgt = _tokens(1, 3), _tokens(1, 3)
     with pytest.raises(ValueError, match="no 'self' attention"):
-        model(src, tgt, head_mask={"self": torch.ones(2, 4)})
+        _masked(model, src, tgt, head_mask={"self": torch.ones(2, 4)})
     with pytest.raises(ValueError, match=r"head_mask\['cross'\] has shape \(3, 4\)"):
-        model(src, tgt, head_mask={"cross": torch.ones(3, 4)})
+        _masked(model, src, tgt, head_mask={"cross": torch.ones(3, 4)})
 
 
 def test_all_heads_of_a_layer_masked_is_fine():
     model = EncoderDecoder(EncoderDecoderConfig(**SMALL)).eval()
     mask = full_head_mask(model.head_mask_shapes())
     mask["cross"][1] = 0.0
-    out = model(_tokens(2, 5), _tokens(2, 4), head_mask=mask)
+    out = _masked(model, _tokens(2, 5), _tokens(2, 4), head_mask=mask)
     assert torch.isfinite(out).all()
 
 

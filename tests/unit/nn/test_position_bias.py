@@ -18,9 +18,10 @@ from attnlab.nn import (
     EncoderDecoderConfig,
     MultiHeadAttention,
     attention,
+    masking_heads,
 )
-from attnlab.nn.attention import _softmax_fused_biased
 from attnlab.nn.position_bias import alibi_slopes
+from tests.unit.nn.attending import attend, masked
 
 IN_ATTENTION = ["alibi", "relative", "rope"]
 TINY = {"vocab_size": 13, "layers": 2, "d_model": 16, "heads": 4, "d_ff": 32, "dropout": 0.0, "relative_clip": 3}
@@ -73,14 +74,14 @@ def test_alibi_weights_equal_the_papers_formula(causal: bool, heads: int) -> Non
     torch.manual_seed(0)
     mha = MultiHeadAttention(24, heads, position_bias="alibi").double()
     x = torch.randn(2, 9, 24, dtype=torch.float64) * 2
-    out = mha(x, causal=causal, need_weights=True)
+    out = attend(mha, x, causal=causal)
     reference = _alibi_reference(mha, x, causal)
     torch.testing.assert_close(out.weights, reference, rtol=1e-12, atol=1e-12)
     _, _, v = _projections(mha, x)
     torch.testing.assert_close(out.head_outputs, reference @ v, rtol=1e-12, atol=1e-12)
 
 
-def test_alibi_fused_path_equals_explicit_with_masks() -> None:
+def test_alibi_fused_path_equals_explicit_with_masks(monkeypatch) -> None:
     """The bias reaches SDPA as a float attn_mask, with the boolean mask folded in as -inf; a row
     with no allowed key gives 0, as on the explicit path."""
     torch.manual_seed(1)
@@ -90,7 +91,9 @@ def test_alibi_fused_path_equals_explicit_with_masks() -> None:
     mask[0, 0, 2] = False  # a row with no key at all
     for causal in (False, True):
         explicit = attention(q, k, v, mask, causal=causal, bias=bias, return_weights=True)[0]
-        fused = _softmax_fused_biased(q, k, v, mask, bias, causal=causal, scale=1 / math.sqrt(8), dropout_p=0.0)
+        monkeypatch.setenv("ATTNLAB_BACKEND", "sdpa")
+        fused = attention(q, k, v, mask, causal=causal, bias=bias)
+        monkeypatch.delenv("ATTNLAB_BACKEND")
         torch.testing.assert_close(fused, explicit, rtol=1e-12, atol=1e-12)
     assert torch.equal(fused[0, :, 2], torch.zeros_like(fused[0, :, 2]))
 
@@ -107,7 +110,7 @@ def test_hard_alibi_takes_the_argmax_of_the_biased_scores() -> None:
     torch.manual_seed(2)
     mha = MultiHeadAttention(16, 4, position_bias="alibi", normalizer="hardmax").double()
     x = torch.randn(2, 7, 16, dtype=torch.float64)
-    out = mha(x, causal=True, need_weights=True)
+    out = attend(mha, x, causal=True)
     soft = _alibi_reference(mha, x, causal=True)
     expected = torch.nn.functional.one_hot(soft.argmax(dim=-1), 7).double()
     assert torch.equal(out.weights, expected)
@@ -138,10 +141,10 @@ def test_relative_equals_a_loop_over_shaws_equations(causal: bool) -> None:
     torch.manual_seed(3)
     mha = MultiHeadAttention(16, 2, position_bias="relative", relative_clip=2).double()
     x = torch.randn(2, 7, 16, dtype=torch.float64)
-    out = mha(x, causal=causal, need_weights=True)
+    out = attend(mha, x, causal=causal)
     torch.testing.assert_close(out.head_outputs, _shaw_loop(mha, x, causal), rtol=1e-12, atol=1e-12)
-    plain = mha(x, causal=causal)  # without weights asked for: the same output
-    torch.testing.assert_close(plain.output, out.output, rtol=1e-12, atol=1e-12)
+    plain = mha(x, causal=causal)  # without the pattern read: the same output
+    torch.testing.assert_close(plain, out.output, rtol=1e-12, atol=1e-12)
 
 
 def _decoder(positional: str, **extra) -> DecoderOnly:
@@ -164,13 +167,14 @@ def test_cache_equals_full_at_every_offset(positional: str, kv_heads: int | None
     model = _decoder(positional, kv_heads=kv_heads)
     tokens = torch.randint(1, 13, (3, 11))
     head_mask = {"self": torch.tensor([[1.0, 0.0, 1.0, 1.0], [1.0, 1.0, 0.5, 1.0]], dtype=torch.float64)}
-    full = model(tokens, head_mask=head_mask)
-    for prompt in (1, 4):
-        state = model.new_state()
-        pieces = [model(tokens[:, :prompt], state=state, head_mask=head_mask)]
-        for start in range(prompt, 11, 2):  # two tokens, then one, at every later offset
-            pieces.append(model(tokens[:, start : start + 2], state=state, head_mask=head_mask))
-        torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-10, atol=1e-10)
+    with masking_heads(model, head_mask):
+        full = model(tokens)
+        for prompt in (1, 4):
+            state = model.new_state()
+            pieces = [model(tokens[:, :prompt], state=state)]
+            for start in range(prompt, 11, 2):  # two tokens, then one, at every later offset
+                pieces.append(model(tokens[:, start : start + 2], state=state))
+            torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.parametrize("positional", IN_ATTENTION)
@@ -214,5 +218,5 @@ def test_pruning_keeps_each_heads_own_bias(positional: str) -> None:
     pruned.load_state_dict(mha.head_subset_state(keep))
     x = torch.randn(2, 6, 16, dtype=torch.float64)
     mask = torch.tensor([1.0, 0.0, 1.0, 0.0], dtype=torch.float64)
-    expected = mha(x, causal=True, head_mask=mask).output
-    torch.testing.assert_close(pruned(x, causal=True).output, expected, rtol=1e-12, atol=1e-12)
+    expected = masked(mha, x, causal=True, head_mask=mask)
+    torch.testing.assert_close(pruned(x, causal=True), expected, rtol=1e-12, atol=1e-12)

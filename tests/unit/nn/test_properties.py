@@ -17,6 +17,7 @@ from attnlab.nn.attention import attention
 from attnlab.nn.masks import causal_mask
 from attnlab.nn.scores import SCORES
 from tests import reference
+from tests.unit.nn.attending import masked
 
 DTYPES = {
     torch.float64: 1e-10,
@@ -139,7 +140,7 @@ def test_multi_head_matches_float64_sum_of_heads(score, normalizer, heads, d_k, 
     t_k = t_k if cross else t_q
     allowed = torch.from_numpy(rng.random((t_q, t_k)) < 0.7)
     xi = torch.from_numpy(rng.random(heads))
-    out = mha(x, memory, mask=allowed, head_mask=xi).output[0].detach().numpy()
+    out = masked(mha, x, memory, mask=allowed, head_mask=xi)[0].detach().numpy()
     assert np.isfinite(out).all()
     expected = reference.multi_head(mha, x[0], None if memory is None else memory[0], allowed.numpy(), xi.numpy())
     np.testing.assert_allclose(out, expected, atol=1e-9)

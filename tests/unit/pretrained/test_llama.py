@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from attnlab.errors import CheckpointError
-from attnlab.nn import DecoderOnlyConfig, build_model
+from attnlab.nn import DecoderOnlyConfig, build_model, masking_heads
 from attnlab.pretrained.llama import convert_llama_state, llama_model_section
 
 transformers = pytest.importorskip("transformers")
@@ -119,7 +119,8 @@ def test_head_mask_on_a_query_head_equals_zeroing_its_columns_of_w_o() -> None:
     head_mask = torch.ones(SHAPE["layers"], SHAPE["heads"], dtype=torch.float64)
     head_mask[1, 3] = 0.0
     with torch.no_grad():
-        masked = ours(tokens, head_mask={"self": head_mask})
+        with masking_heads(ours, {"self": head_mask}):
+            masked = ours(tokens)
         d = SHAPE["d_model"] // SHAPE["heads"]
         ours.body.layers[1].self_attn.out_proj.weight[:, 3 * d : 4 * d] = 0.0
         zeroed = ours(tokens)
@@ -162,9 +163,10 @@ def test_on_the_gpu_logits_cache_head_mask_and_greedy_tokens_match_float64(dtype
     head_mask[1, 3] = 0.0
     with torch.no_grad():
         for mask in (None, head_mask):
-            on_cpu = ours(tokens, is_token=is_token, head_mask=None if mask is None else {"self": mask})
-            gpu_mask = None if mask is None else {"self": mask.to("cuda", dtype)}
-            on_gpu = gpu(tokens.cuda(), is_token=is_token.cuda(), head_mask=gpu_mask)
+            with masking_heads(ours, None if mask is None else {"self": mask}):
+                on_cpu = ours(tokens, is_token=is_token)
+            with masking_heads(gpu, None if mask is None else {"self": mask.to("cuda", dtype)}):
+                on_gpu = gpu(tokens.cuda(), is_token=is_token.cuda())
             assert on_gpu.dtype == dtype and on_gpu.device.type == "cuda"
             scale = on_cpu[is_token].abs().max()
             assert (on_gpu.double().cpu() - on_cpu)[is_token].abs().max() <= relative * scale

@@ -1,6 +1,6 @@
-"""Named sites (attnlab.nn.sites) and tracing (attnlab.analysis.trace) on every model kind:
-reading changes nothing, cached values equal what the model computes by other routes, zero
-ablation of a head's contribution is xi_h = 0, patching restores, edits hit only their slice."""
+"""Named sites and hooks (attnlab.nn.hooks) on every model kind: reading changes nothing, cached
+values equal what the model computes by other routes, zero ablation of a head's contribution is
+xi_h = 0, patching restores, edits hit only their slice, hooks come off when a block ends."""
 
 from __future__ import annotations
 
@@ -8,10 +8,19 @@ import pytest
 import torch
 
 import attnlab
-from attnlab.analysis.trace import trace
-from attnlab.nn import build_model, capture
-from attnlab.nn.config import DecoderOnlyConfig, EncoderClassifierConfig, EncoderDecoderConfig, EncoderOnlyConfig
-from attnlab.nn.sites import model_sites
+from attnlab.nn import (
+    DecoderOnly,
+    DecoderOnlyConfig,
+    EncoderDecoder,
+    EncoderDecoderConfig,
+    MultiHeadAttention,
+    build_model,
+    capture,
+    masking_heads,
+    trace,
+)
+from attnlab.nn.config import EncoderClassifierConfig, EncoderOnlyConfig
+from attnlab.nn.hooks import model_sites, site_shapes
 
 V = 23
 SMALL = {"layers": 2, "d_model": 16, "heads": 4, "d_ff": 24, "dropout": 0.0}
@@ -61,7 +70,7 @@ def test_reading_every_site_leaves_the_output_as_it_was(name):
             traced = model(*inputs)
     assert torch.allclose(traced, expected, atol=1e-12)
     assert list(t.cache) == list(t.sites)  # every site reached, in the documented order
-    assert all(not module_taps for module_taps in (m.taps for m in model.modules() if hasattr(m, "taps")))
+    assert all(not m.hooks for m in model.modules() if hasattr(m, "hooks"))  # nothing left installed
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -71,7 +80,7 @@ def test_cached_sites_equal_what_the_model_computes_by_other_routes(name):
         model(*inputs)
     cache, sites = t.cache, t.sites
     kinds = {(s.kind, s.layer): s for s in sites.values() if s.point == "pattern"}
-    for record in records:  # pattern and z equal what attnlab.nn.capture records
+    for record in records:  # pattern and z equal what capture records
         site = kinds[(record.kind, record.layer)]
         prefix = site.name.rsplit(".", 1)[0]
         assert torch.equal(cache[f"{prefix}.pattern"], record.weights)
@@ -110,7 +119,8 @@ def test_zero_ablating_a_heads_contribution_equals_masking_it_with_xi(name):
     xi = {k: torch.ones(shape, dtype=torch.float64) for k, shape in heads.items()}
     xi[kind][1, 2] = 0.0
     with torch.no_grad():
-        masked = model(*inputs, head_mask=xi)
+        with masking_heads(model, xi):
+            masked = model(*inputs)
         site = next(s for s in model_sites(model).values() if s.kind == kind and s.layer == 1 and s.point == "result")
         with trace(model) as t:
             t.scale(site.name, 0.0, heads=[2])
@@ -230,8 +240,6 @@ def test_the_top_level_names_are_the_modules_functions():
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_site_shapes_name_every_site_with_the_models_sizes(name):
-    from attnlab.nn.sites import site_shapes
-
     model = _model(name)
     shapes = site_shapes(model)
     assert list(shapes) == list(model_sites(model))
@@ -242,15 +250,109 @@ def test_site_shapes_name_every_site_with_the_models_sizes(name):
     kv = 2 if name == "llama_like" else 4
     assert shapes[f"{stack}.1.attn.k"][1] == f"(B, {kv}, T_k, 4)"  # grouped-query: the key/value heads
     assert shapes[f"{stack}.0.ffn.hidden"][1] == "(B, T, 24)"
-    assert all(not m.taps for m in model.modules() if hasattr(m, "taps"))  # nothing left installed
+    assert all(not m.hooks for m in model.modules() if hasattr(m, "hooks"))  # nothing left installed
 
 
 def test_site_shapes_inside_a_trace_leave_the_traces_edits_in_place():
-    from attnlab.nn.sites import site_shapes
-
     model, (tokens,) = _model("classifier_hard"), _inputs("classifier_hard")
     with torch.no_grad(), trace(model) as t:
         t.scale("encoder.0.ffn.out", 0.0)
         edited = model(tokens)
         site_shapes(model)
         assert torch.equal(model(tokens), edited)
+
+
+def test_the_head_mask_scales_z_before_any_other_hook_and_comes_off():
+    model, (tokens,) = _model("llama_like"), _inputs("llama_like")
+    xi = {"self": torch.ones(2, 4, dtype=torch.float64)}
+    xi["self"][0, 1] = 0.0
+    with torch.no_grad(), trace(model, cache="decoder.0.attn.z") as t, masking_heads(model, xi):
+        model(tokens)  # the mask installed after the trace still scales z before the trace reads it
+    assert torch.equal(t.cache["decoder.0.attn.z"][:, 1], torch.zeros_like(t.cache["decoder.0.attn.z"][:, 1]))
+    assert all(not m.hooks for m in model.modules() if hasattr(m, "hooks"))
+
+
+def test_a_per_example_head_mask_is_differentiable_per_example():
+    model, inputs = _model("encoder_decoder"), _inputs("encoder_decoder")
+    shapes = model.head_mask_shapes()
+    xi = {kind: torch.ones(3, *shape, dtype=torch.float64, requires_grad=True) for kind, shape in shapes.items()}
+    with masking_heads(model, xi):
+        logits = model(*inputs)
+    logits[0].sum().backward()  # example 0 only
+    for kind in shapes:
+        grad = xi[kind].grad
+        assert grad[0].abs().sum() > 0 and torch.equal(grad[1:], torch.zeros_like(grad[1:]))
+    with pytest.raises(ValueError, match="head_mask batch size 2 does not match the input's 3"):
+        with masking_heads(model, {k: torch.ones(2, *s, dtype=torch.float64) for k, s in shapes.items()}):
+            model(*inputs)
+
+
+# ---- capture: a view of every call's pattern and z ----
+
+CAPTURE = {"vocab_size": 11, "layers": 2, "d_model": 16, "heads": 4, "d_ff": 32, "dropout": 0.0}
+
+
+def test_capture_records_every_call_of_an_encoder_decoder():
+    model = EncoderDecoder(EncoderDecoderConfig(**CAPTURE)).eval()
+    src, tgt = torch.randint(1, 11, (3, 7)), torch.randint(1, 11, (3, 5))
+    plain = model(src, tgt)
+    with capture(model) as records:
+        captured = model(src, tgt)
+    torch.testing.assert_close(captured, plain, atol=1e-6, rtol=0)
+    assert [(r.kind, r.layer) for r in records] == [
+        ("encoder_self", 0),
+        ("encoder_self", 1),
+        ("decoder_self", 0),
+        ("cross", 0),
+        ("decoder_self", 1),
+        ("cross", 1),
+    ]
+    shapes = {r.kind: (tuple(r.weights.shape), tuple(r.head_outputs.shape)) for r in records}
+    assert shapes == {
+        "encoder_self": ((3, 4, 7, 7), (3, 4, 7, 4)),
+        "decoder_self": ((3, 4, 5, 5), (3, 4, 5, 4)),
+        "cross": ((3, 4, 5, 7), (3, 4, 5, 4)),
+    }
+    for r in records:
+        torch.testing.assert_close(r.weights.sum(-1), torch.ones(r.weights.shape[:-1]))
+    decoder_self = records[2].weights
+    assert (decoder_self.triu(1) == 0).all()  # masked self-attention never looks ahead
+
+
+def test_capture_stops_after_the_block():
+    model = DecoderOnly(DecoderOnlyConfig(**CAPTURE))
+    x = torch.randint(1, 11, (2, 4))
+    with capture(model) as records:
+        model(x)
+    model(x)
+    assert len(records) == 2
+
+
+def test_captured_head_outputs_reflect_the_head_mask():
+    model = DecoderOnly(DecoderOnlyConfig(**CAPTURE)).eval()
+    mask = {"self": torch.tensor([[1.0, 0.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]])}
+    with capture(model) as records, masking_heads(model, mask):
+        model(torch.randint(1, 11, (2, 4)))
+    assert (records[0].head_outputs[:, 1] == 0).all()
+    assert (records[1].head_outputs.abs().sum((0, 2, 3)) > 0).all()
+
+
+def test_capture_of_hard_attention_records_one_hot_rows():
+    model = DecoderOnly(DecoderOnlyConfig(**CAPTURE, attention="hard"))
+    with capture(model) as records:
+        model(torch.randint(1, 11, (2, 6)))
+    for r in records:
+        assert set(r.weights.unique().tolist()) <= {0.0, 1.0}
+        assert (r.weights.sum(-1) == 1).all()
+
+
+def test_capture_a_single_module_and_keep_graph():
+    mha = MultiHeadAttention(16, 4)
+    x = torch.randn(1, 3, 16, requires_grad=True)
+    with capture(mha, detach=False) as records:
+        mha(x)
+    records[0].weights.sum().backward()
+    assert x.grad is not None
+    with pytest.raises(TypeError, match="no named sites"):
+        with capture(torch.nn.Linear(2, 2)):
+            pass

@@ -1,0 +1,219 @@
+"""Which of several implementations of one function is fastest here: measured on this machine, once.
+
+Where more than one implementation computes the same function for a call (soft attention by the
+explicit formula, PyTorch's fused kernel or attnlab's C++ kernels; a linear map on aten's or
+oneDNN's GEMM; SwiGLU and RoPE in one pass or by PyTorch's ops), which is fastest depends on the
+processor (an AVX2 Zen 3 and an AVX-512 Zen 4 rank them differently), on the thread count and on
+the shapes. Rather than constants tuned on one CPU, the choice is timed at the first call of each
+*shape class* (the caller's key: the device, dtype, whether a gradient is wanted, and the sizes
+rounded up to powers of two by :func:`bucket`), among the implementations whose ``applies``
+predicate takes that call, and remembered:
+
+* in memory, :data:`CHOICES` (key -> name), for the process's life: the hot path is one dict
+  lookup (:func:`chosen`);
+* on disk, one JSON file per machine (:func:`cache_path`), named by a hash of what makes one
+  machine's answers differ from another's: the kernels' build (:func:`attnlab.kernels.native.build_spec`,
+  whose name carries the CPU capability and a key over the sources, flags, compiler, torch and
+  Python), torch's version, the CPU capability and model, and the thread count. A machine measures
+  each class once; the file is written through a temporary file and ``os.replace``, and an
+  unreadable or corrupt file is ignored (the classes are measured again and the file rewritten).
+
+The timing (:func:`measure`) runs each candidate once to warm it, then in interleaved rounds,
+at most :data:`ROUNDS` or until :data:`BUDGET_S` has passed, and keeps each one's fastest time; the
+fastest candidate wins, ties to the earlier listed. Callers time the call's own inputs, detached
+(forward only under ``no_grad``, or forward and backward on fresh leaves where a gradient is
+wanted), so the timing records nothing in the caller's graph and draws no random numbers: the
+choice changes a result only by the candidates' own rounding.
+
+No measurement is taken (:func:`can_measure` is False) while ``torch.compile`` traces, while a
+dispatch mode is active (``FlopCounterMode``, fake tensors) or inside a functorch transform, nor
+with ``ATTNLAB_CALIBRATE=0``: the caller's first candidate (its fixed preference) is taken and
+nothing is remembered.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from attnlab.kernels import native
+
+__all__ = [
+    "CHOICES",
+    "ROUNDS",
+    "BUDGET_S",
+    "bucket",
+    "chosen",
+    "choose",
+    "measure",
+    "can_measure",
+    "cache_path",
+    "forget",
+]
+
+CHOICES: dict[tuple, str] = {}
+"""Shape class -> the name of the implementation measured fastest for it (this process's answers,
+and those read from the disk cache)."""
+
+ROUNDS = 5
+"""Timed rounds per candidate (after one warm-up call each), fewer where :data:`BUDGET_S` runs out."""
+BUDGET_S = 0.05
+"""Seconds after which no further round starts: a class is measured in microseconds to milliseconds,
+and never much over this."""
+
+_FILE_VERSION = 1
+_disk: tuple[Path, dict[str, str]] | None = None  # the cache file read last, and its choices
+
+
+def bucket(n: int) -> int:
+    """``n`` rounded up to a power of two (0 stays 0): 1, 2, 4 (3 and 4), 8 (5 to 8), ..."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
+def chosen(key: tuple) -> str | None:
+    """The implementation measured for the shape class ``key``, or None (not measured yet)."""
+    return CHOICES.get(key)
+
+
+def choose(key: tuple, candidates: dict[str, Callable[[], object]]) -> str:
+    """The fastest of ``candidates`` (name -> a call to time) for the class ``key``: remembered,
+    read from the disk cache, or measured now (and remembered on both). With one candidate, or
+    where nothing may be measured (:func:`can_measure`), the first one, not remembered."""
+    names = list(candidates)
+    if len(names) == 1 or not can_measure():
+        return names[0]
+    known = CHOICES.get(key)
+    if known in candidates:
+        return known
+    entry = _entry(key)
+    stored = _read().get(entry)
+    if stored in candidates:
+        CHOICES[key] = stored
+        return stored
+    winner = measure(candidates)
+    CHOICES[key] = winner
+    _write(entry, winner)
+    return winner
+
+
+def measure(candidates: dict[str, Callable[[], object]]) -> str:
+    """The name of the fastest call in ``candidates``: one warm-up call each, then interleaved
+    rounds (at most :data:`ROUNDS`, none started after :data:`BUDGET_S`), each one's best time
+    compared; ties go to the earlier listed."""
+    best = dict.fromkeys(candidates, float("inf"))
+    for run in candidates.values():
+        run()
+    start = time.perf_counter()
+    for _ in range(ROUNDS):
+        for name, run in candidates.items():
+            begun = time.perf_counter()
+            run()
+            best[name] = min(best[name], time.perf_counter() - begun)
+        if time.perf_counter() - start > BUDGET_S:
+            break
+    return min(candidates, key=best.__getitem__)
+
+
+def can_measure() -> bool:
+    """Whether timing may run now: not while ``torch.compile`` traces, a dispatch mode is active
+    (``FlopCounterMode``, ``FakeTensorMode``) or a functorch transform runs, and not with
+    ``ATTNLAB_CALIBRATE=0`` in the environment."""
+    return (
+        os.environ.get("ATTNLAB_CALIBRATE", "1") != "0"
+        and not torch.compiler.is_compiling()
+        and torch._C._len_torch_dispatch_stack() == 0
+        and torch._C._functorch.peek_interpreter_stack() is None
+    )
+
+
+def forget() -> None:
+    """Drop this process's answers (the disk cache is read again at the next measurement)."""
+    global _disk
+    CHOICES.clear()
+    _disk = None
+
+
+# --------------------------------------------------------------------------------------------
+# the disk cache: one JSON file per machine key
+# --------------------------------------------------------------------------------------------
+
+
+def cache_path() -> Path:
+    """``$ATTNLAB_CALIBRATION_DIR`` (default ``~/.cache/attnlab/calibration``) / ``{machine key}.json``."""
+    root = os.environ.get("ATTNLAB_CALIBRATION_DIR") or Path.home() / ".cache" / "attnlab" / "calibration"
+    return Path(root) / f"{_machine_key()}.json"
+
+
+def _machine_key() -> str:
+    """16 hex digits over what makes one machine's timings differ from another's: the build and
+    the processor, and the thread count now (a process may change it)."""
+    return hashlib.sha256(f"{_build_and_processor()}\n{torch.get_num_threads()}".encode()).hexdigest()[:16]
+
+
+@cache
+def _build_and_processor() -> str:
+    parts = (
+        native.build_spec().name,  # the CPU capability and a key over the kernels' build
+        str(torch.__version__),
+        torch.backends.cpu.get_cpu_capability(),
+        _cpu_model(),
+    )
+    return "\n".join(parts)
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def _entry(key: tuple) -> str:
+    return "|".join(map(str, key))
+
+
+def _read() -> dict[str, str]:
+    """The cache file's choices (read once per process); empty where it is missing or unreadable."""
+    global _disk
+    path = cache_path()
+    if _disk is None or _disk[0] != path:
+        _disk = (path, _load(path))
+    return _disk[1]
+
+
+def _load(path: Path) -> dict[str, str]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("version") != _FILE_VERSION or not isinstance(data.get("choices"), dict):
+        return {}
+    return {str(entry): name for entry, name in data["choices"].items() if isinstance(name, str)}
+
+
+def _write(entry: str, name: str) -> None:
+    """Add one answer to the cache file: merged with what other processes wrote meanwhile, written
+    to a temporary file and renamed over it. A file that cannot be written is left as it is (the
+    answer stays in memory)."""
+    path = cache_path()
+    choices = _load(path)
+    choices[entry] = name
+    _read()[entry] = name
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+        partial.write_text(json.dumps({"version": _FILE_VERSION, "choices": choices}, indent=0), encoding="utf-8")
+        os.replace(partial, path)
+    except OSError:
+        pass

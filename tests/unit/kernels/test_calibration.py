@@ -1,0 +1,109 @@
+"""attnlab.kernels.calibration: a shape class is measured once, remembered in memory and on disk
+under the machine's key, re-measured when the key differs or the file is corrupt, and never while
+timing must not run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from attnlab.kernels import calibration
+
+
+@pytest.fixture
+def timings(monkeypatch, tmp_path):
+    """Calibration on, an empty cache in ``tmp_path``, and ``measure`` replaced by a stub that
+    records each call and picks the last candidate (the real timing is tested on its own)."""
+    monkeypatch.setenv("ATTNLAB_CALIBRATE", "1")
+    monkeypatch.setenv("ATTNLAB_CALIBRATION_DIR", str(tmp_path))
+    calibration.forget()
+    calls = []
+    monkeypatch.setattr(
+        calibration, "measure", lambda candidates: calls.append(list(candidates)) or list(candidates)[-1]
+    )
+    yield calls
+    calibration.forget()
+
+
+CANDIDATES = {"a": lambda: None, "b": lambda: None}
+KEY = ("job", torch.float32, True, 8, 64)
+
+
+def test_bucket_rounds_up_to_powers_of_two():
+    assert [calibration.bucket(n) for n in (0, 1, 2, 3, 4, 5, 8, 9, 256, 257)] == [0, 1, 2, 4, 4, 8, 8, 16, 256, 512]
+
+
+def test_a_class_is_measured_once_then_read_back_from_disk(timings):
+    assert calibration.choose(KEY, CANDIDATES) == "b" and len(timings) == 1
+    assert calibration.chosen(KEY) == "b"
+    assert calibration.choose(KEY, CANDIDATES) == "b" and len(timings) == 1  # memory
+    calibration.forget()
+    assert calibration.chosen(KEY) is None
+    assert calibration.choose(KEY, CANDIDATES) == "b" and len(timings) == 1  # the disk cache
+    data = json.loads(calibration.cache_path().read_text())
+    assert data["choices"] == {"job|torch.float32|True|8|64": "b"}
+    assert [p.name for p in calibration.cache_path().parent.iterdir()] == [
+        calibration.cache_path().name
+    ]  # no temp file
+
+
+def test_another_machine_key_measures_again(timings, monkeypatch):
+    calibration.choose(KEY, CANDIDATES)
+    calibration.forget()
+    monkeypatch.setattr(calibration, "_machine_key", lambda: "another-build")
+    calibration.choose(KEY, CANDIDATES)
+    assert len(timings) == 2 and calibration.cache_path().name == "another-build.json"
+
+
+@pytest.mark.parametrize("text", ["{not json", '{"version": 1, "choices": [1]}', '{"version": 99, "choices": {}}', ""])
+def test_a_corrupt_cache_file_is_measured_again_and_rewritten(timings, text):
+    path = calibration.cache_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    assert calibration.choose(KEY, CANDIDATES) == "b" and len(timings) == 1
+    assert json.loads(path.read_text())["choices"] == {"job|torch.float32|True|8|64": "b"}
+
+
+def test_a_stored_name_that_is_no_candidate_now_is_measured_again(timings):
+    calibration.choose(KEY, {"a": lambda: None, "gone": lambda: None})
+    calibration.forget()
+    assert calibration.choose(KEY, CANDIDATES) == "b" and len(timings) == 2
+
+
+def test_an_unwritable_cache_keeps_the_answer_in_memory(timings, monkeypatch, tmp_path):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("ATTNLAB_CALIBRATION_DIR", str(tmp_path / "file" / "below"))  # a folder inside a file
+    assert calibration.choose(KEY, CANDIDATES) == "b" and calibration.chosen(KEY) == "b"
+
+
+def test_nothing_is_measured_or_remembered_where_timing_must_not_run(timings, monkeypatch):
+    """One candidate; a dispatch mode (FlopCounterMode); ATTNLAB_CALIBRATE=0: the first candidate."""
+    assert calibration.choose(KEY, {"a": lambda: None}) == "a"
+    with FlopCounterMode(display=False):
+        assert calibration.choose(KEY, CANDIDATES) == "a"
+    monkeypatch.setenv("ATTNLAB_CALIBRATE", "0")
+    assert calibration.choose(KEY, CANDIDATES) == "a"
+    assert not timings and calibration.chosen(KEY) is None and not calibration.cache_path().exists()
+
+
+def test_measure_picks_the_fastest_and_ties_go_to_the_first():
+    import time
+
+    calls = []
+    fast, slow = (lambda: calls.append("fast")), (lambda: calls.append("slow") or time.sleep(0.002))
+    assert calibration.measure({"slow": slow, "fast": fast}) == "fast"
+    assert calls.count("fast") == calls.count("slow") >= 2  # a warm-up call and rounds, interleaved
+    assert calibration.measure({"x": lambda: None, "y": lambda: None}) in {"x", "y"}
+
+
+def test_the_thread_count_is_part_of_the_cache_key(timings, monkeypatch):
+    calibration.choose(KEY, CANDIDATES)
+    first = calibration.cache_path()
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 97)
+    assert calibration.cache_path() != first
+    calibration.CHOICES.clear()  # this process's answers stay; a file for 97 threads has none
+    calibration.choose(KEY, CANDIDATES)
+    assert len(timings) == 2
