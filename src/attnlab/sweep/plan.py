@@ -13,8 +13,7 @@ from typing import Any
 
 from attnlab.errors import AttnlabError, ConfigError, DataError, UsageError
 from attnlab.experiment import ExperimentConfig, apply_overrides, load_experiment, parse_overrides
-from attnlab.tasks.factory import build_task
-from attnlab.tasks.registry import TASKS, task_options
+from attnlab.tasks.registry import TASKS, build_task, task_options
 from attnlab.training.trainer import check_log_targets, check_resources, check_splits
 
 __all__ = [

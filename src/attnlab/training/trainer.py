@@ -48,7 +48,7 @@ from attnlab.errors import EXIT_DIVERGED, AttnlabError, CheckpointError, ConfigE
 from attnlab.evaluation.evaluate import evaluate
 from attnlab.evaluation.fit import training_fit
 from attnlab.evaluation.objectives import OBJECTIVES
-from attnlab.experiment import ExperimentConfig, TrainConfig
+from attnlab.experiment import ExperimentConfig, TrainConfig, model_config_for_task, model_for_task
 from attnlab.head_ids import held_mask
 from attnlab.kernels import native
 from attnlab.nn import InputEmbedding, masking_heads
@@ -58,7 +58,7 @@ from attnlab.run.loaded import saved_tokenizer
 from attnlab.run.output_paths import check_output_path
 from attnlab.tasks.base import Example, Task, check_final_splits, split_statistics
 from attnlab.tasks.codec import TextCodec
-from attnlab.tasks.factory import build_task, model_config_for_task, model_for_task
+from attnlab.tasks.registry import build_task
 from attnlab.tokenizers import Tokenizer
 from attnlab.training.checkpoint import optimizer_from_tensors, optimizer_to_tensors, restore_rng, rng_to_tensors
 from attnlab.training.data import BatchStream
