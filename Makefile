@@ -31,10 +31,13 @@ browser:
 			|| echo "could not install chromium: the browser tests will be skipped"; \
 	fi
 
-# Ruff (configured in pyproject.toml): lint and formatting; `make test` fails on either.
+# Ruff (configured in pyproject.toml): lint and formatting; import-linter: the direction of imports
+# ([tool.importlinter] in pyproject.toml: the layers, the model's and the tasks' imports, no cycles).
+# `make test` fails on any of them.
 lint: $(STAMP)
 	$(PY) -m ruff check src tests
 	$(PY) -m ruff format --check src tests
+	$(VENV)/bin/lint-imports
 
 # The documentation site (MkDocs, Material theme, the API reference from the docstrings) into site/.
 # --strict: a warning fails the build, such as a broken link or anchor, or a docstring mkdocstrings

@@ -444,7 +444,7 @@ def import_bert(
     run = RunDir.create(out, overwrite=overwrite)
     with run.lock():  # one writer at a time (attnlab.run.lock)
         run.write_config(experiment.to_dict())
-        run.write_tokenizer(tokenizer.hf.to_str(pretty=True))
+        run.write_tokenizer(tokenizer.to_json())
         run.save_weights(network)
     say(f"wrote {run.path}")
     return ImportedBert(run, experiment, network, source, skipped)

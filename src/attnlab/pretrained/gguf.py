@@ -562,7 +562,7 @@ def import_gguf(path: str | Path, out: str | Path, *, overwrite: bool = False, p
     run = RunDir.create(out, overwrite=overwrite)
     with run.lock():  # one writer at a time (attnlab.run.lock)
         run.write_config(experiment.to_dict())
-        run.write_tokenizer(tokenizer.hf.to_str(pretty=True))
+        run.write_tokenizer(tokenizer.to_json())
         run.save_state_dict(state)
     say(f"wrote {run.path}")
     return ImportedGGUF(run, experiment, hp, gguf.path)

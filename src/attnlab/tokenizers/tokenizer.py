@@ -242,11 +242,10 @@ class Tokenizer:
 
     # ---- files ------------------------------------------------------------------------------
 
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Write Hugging Face ``tokenizer.json`` (atomically: a reader never sees half a file)."""
-        from attnlab.run.storage import atomic_write_text  # imports torch: only when saving
-
-        atomic_write_text(Path(path), self.hf.to_str(pretty=True))
+    def to_json(self) -> str:
+        """The Hugging Face ``tokenizer.json`` text of this tokenizer, what :meth:`from_str` and
+        :meth:`load` read back (a run writes it with :meth:`attnlab.run.directory.RunDir.write_tokenizer`)."""
+        return self.hf.to_str(pretty=True)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Tokenizer:

@@ -291,7 +291,7 @@ class _Trainer:
             if dist.is_main:
                 self.run.write_config(experiment.to_dict())
                 if self.tokenizer is not None:
-                    self.run.write_tokenizer(self.tokenizer.hf.to_str(pretty=True))
+                    self.run.write_tokenizer(self.tokenizer.to_json())
         self.objective = OBJECTIVES[experiment.model_kind]
         self.head_mask = held_mask(self.model, cfg.mask_heads)  # xi_h = 0 for the held heads (Michel §2.3)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "fp16")

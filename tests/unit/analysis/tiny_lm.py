@@ -92,6 +92,6 @@ def tiny_lm_run(
     run = RunDir.create(folder / "run")
     with run.lock():
         run.write_config(experiment.to_dict())
-        run.write_tokenizer(tokenizer.hf.to_str(pretty=True))
+        run.write_tokenizer(tokenizer.to_json())
         run.save_weights(model)
     return run.path, texts_file

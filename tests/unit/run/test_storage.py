@@ -12,7 +12,6 @@ from attnlab.embeddings import WordVectors, save_vectors, train_word2vec
 from attnlab.errors import DataError, UsageError
 from attnlab.figures import plt, save_figure
 from attnlab.run.storage import atomic_write, atomic_write_text, ensure_folder
-from attnlab.tokenizers import train_tokenizer
 
 
 def test_ensure_folder_creates_nested_folders_and_keeps_existing_ones(tmp_path):
@@ -67,15 +66,11 @@ def _save_vectors(path):
     save_vectors(WordVectors({"a": 0}, torch.zeros(1, 2)), path)
 
 
-def _save_tokenizer(path):
-    train_tokenizer("word", ["a b c"], 20).save(path)
-
-
 def _save_figure(path):
     save_figure(plt.figure(), path)
 
 
-@pytest.mark.parametrize("save", [_save_vectors, _save_tokenizer, _save_figure])
+@pytest.mark.parametrize("save", [_save_vectors, _save_figure])
 def test_every_writer_names_a_bad_output_path(tmp_path, save):
     (tmp_path / "plain").write_text("x")
     with pytest.raises(UsageError, match="plain is a file"):
