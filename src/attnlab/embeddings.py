@@ -103,7 +103,7 @@ def train_word2vec(
         negative: negative samples per positive pair.
         seed: random seed.
     """
-    from gensim.models import Word2Vec  # heavy import; only this function needs it
+    from gensim.models import Word2Vec  # heavy, and only `attnlab word2vec` needs it (the trainer imports this module)
 
     if dim < 1:
         raise ConfigError(f"dim: must be >= 1, got {dim}")

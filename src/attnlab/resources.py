@@ -328,6 +328,7 @@ def parameter_count(config) -> int:  # noqa: ANN001  (a TransformerConfig; torch
         describe (a size past 2**63 bytes) gets a lower bound, its attention maps alone, which
         the memory check refuses anyway.
     """
+    # Imported here: the CLI reads this module's limits for its help pages, which load no torch.
     import torch
 
     from attnlab.nn import build_model

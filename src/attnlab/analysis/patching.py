@@ -35,11 +35,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnlab.analysis.maps import language_model_prompt  # the prompt `attnlab attention` reads
 from attnlab.devices import model_device
 from attnlab.errors import UsageError
 from attnlab.nn.hooks import trace
+from attnlab.nn.models import POOLINGS
 from attnlab.resources import check_input_text, check_input_tokens
 from attnlab.run.loaded import LoadedRun
+from attnlab.tasks.text import read_lines
 
 __all__ = ["HeadPatch", "ResidualPatch", "PatchResult", "patch", "head_means", "METRICS", "RUNNERS"]
 
@@ -111,8 +114,6 @@ class Runner:
 
 
 def _lm_ids(loaded: LoadedRun, text: str) -> list[int]:
-    from attnlab.analysis.maps import language_model_prompt  # the prompt `attnlab attention` reads
-
     return language_model_prompt(loaded, text)
 
 
@@ -127,8 +128,6 @@ def _encoder_ids(loaded: LoadedRun, text: str) -> list[int]:
 
 
 def _encoder_output(loaded: LoadedRun, tokens: Tensor) -> Tensor:
-    from attnlab.nn.models import POOLINGS
-
     hidden = loaded.model(tokens)
     return POOLINGS[loaded.task.pooling](hidden, torch.ones_like(tokens, dtype=torch.bool))  # (B, d_model)
 
@@ -315,8 +314,6 @@ def head_means(loaded: LoadedRun, texts_file: str | Path) -> dict[str, Tensor]:
     Raises:
         UsageError: a run patching does not support; DataError: an empty or unreadable file.
     """
-    from attnlab.tasks.text import read_lines
-
     runner = runner_of(loaded)
     texts = [line for line in read_lines(Path(texts_file)).items if line.strip()]
     if not texts:

@@ -9,6 +9,10 @@ from attnlab.bench.harness import BenchResult
 
 __all__ = ["BENCHMARKS", "NOT_IN_ALL", "run_benchmark"]
 
+# Each benchmark's module is imported when it runs, not here: `attnlab bench` answers at once, and
+# the measuring subprocesses of `bench attention` (which import this package) load no other
+# benchmark's model code into the memory they measure.
+
 
 def _train(quick: bool, plots: Path | None) -> BenchResult:
     from attnlab.bench.train import run_train

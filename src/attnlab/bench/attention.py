@@ -13,11 +13,17 @@ from __future__ import annotations
 
 import json
 import math
+import resource
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import torch
+
 from attnlab.bench.harness import MIN_REPEATS, BenchResult
+from attnlab.nn.attention import attention
 
 __all__ = ["run_attention", "SYSTEMS", "point", "peak_rss", "loglog_slope"]
 
@@ -36,8 +42,6 @@ def peak_rss() -> int:
     ``ru_maxrss``, so every point run from a 1.6 GiB ``bench all`` reported 1.6 GiB. Elsewhere,
     ``ru_maxrss`` (bytes on macOS, KiB on other systems).
     """
-    import resource
-
     try:
         with open("/proc/self/status", encoding="ascii") as status:
             for line in status:
@@ -51,12 +55,6 @@ def peak_rss() -> int:
 
 def point(system: str, length: int, repeats: int) -> dict[str, float]:
     """Time forward+backward of one system at one length; runs inside the measuring subprocess."""
-    import statistics
-    import time
-
-    import torch
-
-    from attnlab.nn.attention import attention
 
     def make() -> tuple[torch.Tensor, ...]:
         return tuple(torch.randn(1, HEADS, length, HEAD_DIM, requires_grad=True) for _ in range(3))
@@ -146,7 +144,7 @@ def run_attention(quick: bool = False, repeats: int = MIN_REPEATS, plot: Path | 
 
 
 def _plot(measured: dict[str, list[tuple[int, float, float]]], path: Path) -> None:
-    from attnlab.figures import plt, save_figure
+    from attnlab.figures import plt, save_figure  # matplotlib stays out of the measuring subprocesses
 
     fig, (time_axis, memory_axis) = plt.subplots(1, 2, figsize=(10, 4))
     for system, points in measured.items():

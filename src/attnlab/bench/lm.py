@@ -29,7 +29,12 @@ from pathlib import Path
 
 import torch
 
+from attnlab.analysis.heads import importance
+from attnlab.analysis.lm_probe import NextTokenProbe
 from attnlab.bench.harness import BenchResult, interleaved_median_times
+from attnlab.generate.search import DecodeOptions, generate_continuations
+from attnlab.pretrained.gguf import package_gguf
+from attnlab.run.loaded import open_run
 
 __all__ = ["LmSizes", "run_lm", "peak_rss_of"]
 
@@ -88,8 +93,6 @@ def _weights_bytes(model: torch.nn.Module) -> int:
 
 
 def run_lm(quick: bool = False, repeats: int = 5) -> BenchResult:
-    from attnlab.pretrained.gguf import package_gguf
-
     sizes = QUICK if quick else FULL
     result = BenchResult("lm")
     with tempfile.TemporaryDirectory(prefix="attnlab-bench-lm-") as folder:
@@ -111,9 +114,7 @@ _GENERATE_IMPORTS = (
 
 
 def _timings(result: BenchResult, run: Path, gguf: Path, sizes: LmSizes, repeats: int, peaks: dict[str, int]) -> None:
-    from transformers import AutoModelForCausalLM
-
-    from attnlab.run.loaded import open_run
+    from transformers import AutoModelForCausalLM  # the [bench] extra: imported where it is needed
 
     torch.manual_seed(0)
     loaded = open_run(run)
@@ -157,8 +158,6 @@ def _prefill(result: BenchResult, model, hf, tokens: torch.Tensor, repeats: int)
 
 
 def _decode(result: BenchResult, model, hf, rows, sizes: LmSizes, repeats: int) -> None:  # noqa: ANN001
-    from attnlab.generate.search import DecodeOptions, generate_continuations
-
     eos = 2
     options = DecodeOptions(max_length=sizes.new_tokens)
     for batch_size in (1, sizes.batch):
@@ -190,9 +189,6 @@ def _decode(result: BenchResult, model, hf, rows, sizes: LmSizes, repeats: int) 
 
 
 def _importance(result: BenchResult, loaded, rows, repeats: int) -> None:  # noqa: ANN001
-    from attnlab.analysis.heads import importance
-    from attnlab.analysis.lm_probe import NextTokenProbe
-
     with tempfile.TemporaryDirectory(prefix="attnlab-bench-lm-") as folder:
         texts = Path(folder) / "texts.txt"
         lines = [" ".join(loaded.tokenizer.decode(row).split()) for row in rows]

@@ -107,7 +107,7 @@ def hf_available() -> bool:
 
 def hf_bart(sizes: Sizes) -> nn.Module:
     """BART at the same sizes (ReLU FFN like the others), random weights, sdpa attention."""
-    from transformers import BartConfig, BartForConditionalGeneration
+    from transformers import BartConfig, BartForConditionalGeneration  # the optional [bench] extra
 
     config = BartConfig(
         vocab_size=sizes.vocab,

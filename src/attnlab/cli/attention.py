@@ -39,6 +39,7 @@ def attention(
     Heads held at zero in training (train.mask_heads) are off, as in `attnlab eval`; their maps are
     still drawn, titled "(off)". --layers draws only some layers (a 30-layer model has 300 pictures).
     """
+    # Imported when the command runs: the help pages load no torch (see attnlab.cli).
     from attnlab.analysis.maps import attention_view
     from attnlab.analysis.plots import save_attention_pictures, select_layers
     from attnlab.resources import check_input_text, check_new_tokens

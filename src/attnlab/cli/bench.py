@@ -24,6 +24,7 @@ def bench(
 
     Every system runs on the CPU (the figures compare CPU implementations), so there is no --device.
     """
+    # Imported when the command runs: the help pages load no torch (see attnlab.cli).
     from tqdm import tqdm
 
     from attnlab.bench import BENCHMARKS, NOT_IN_ALL, run_benchmark

@@ -59,6 +59,7 @@ def demo(
     ),
 ) -> None:
     """Train a small encoder-decoder to reverse strings, report its accuracy, and draw its attention."""
+    # Imported when the command runs: the help pages load no torch (see attnlab.cli).
     from attnlab.analysis.maps import attention_view
     from attnlab.evaluation.evaluate import evaluate
     from attnlab.experiment import ExperimentConfig

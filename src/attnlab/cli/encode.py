@@ -23,6 +23,7 @@ def encode(
     device: str = device_option(),
 ) -> None:
     """For each text: its WordPiece tokens, the last hidden states (T x d) and the sentence embedding."""
+    # Imported when the command runs: the help pages load no torch (see attnlab.cli).
     from attnlab.resources import check_input_text
     from attnlab.run.loaded import open_run
     from attnlab.sentence_embedding import encode_texts

@@ -63,6 +63,7 @@ def evaluate_run(
     unless the model adds a BOS; no EOS); an lm run trained here reads
     BOS line EOS, as it was trained, so a file scores as a split of its lines.
     """
+    # Imported when the command runs: the help pages load no torch (see attnlab.cli).
     from attnlab.evaluation.evaluate import evaluate
     from attnlab.evaluation.fit import training_fit
     from attnlab.head_ids import parse_head

@@ -54,6 +54,7 @@ def generate(
 
     Heads held at zero in training (train.mask_heads) stay off, as in `attnlab eval`.
     """
+    # Imported when the command runs: the help pages load no torch (see attnlab.cli).
     from attnlab.generate.search import DecodeOptions
     from attnlab.run.loaded import open_run
 

@@ -88,6 +88,7 @@ def _probe(  # noqa: ANN202
 
     Every probe starts from the run's held heads (train.mask_heads) switched off, as `attnlab eval` does.
     """
+    # Imported when the command runs: the help pages load no torch (see attnlab.cli).
     from attnlab.analysis.fidelity import FidelityProbe, PairProbe
     from attnlab.analysis.heads import TaskProbe
     from attnlab.analysis.lm_probe import NextTokenProbe

@@ -31,6 +31,7 @@ def bert_command(
     as_json: bool = json_option(),
 ) -> None:
     """Convert a BERT checkpoint into a run directory that every attnlab command can open."""
+    # Imported when the command runs: the help pages load no torch (see attnlab.cli).
     from attnlab.pretrained.bert import find_source, import_bert, package_source
     from attnlab.run.output_paths import check_output_path
 

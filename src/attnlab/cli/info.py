@@ -13,6 +13,7 @@ from attnlab.cli.app import app
 @app.command()
 def info(as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")) -> None:
     """Show versions, threads, devices and the registered model variants."""
+    # Imported when the command runs: the help pages load no torch (see attnlab.cli).
     import torch
 
     from attnlab.nn import ACTIVATIONS, MODELS, NORMALIZERS, POSITIONAL, SCORES

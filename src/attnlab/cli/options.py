@@ -31,6 +31,7 @@ def _resolve_device(ctx: typer.Context, value: str | None) -> str | None:
     """
     if value is None or ctx.resilient_parsing:
         return value
+    # Imported when the command runs: the help pages load no torch (see attnlab.cli).
     from attnlab.devices import resolve_device
 
     try:

@@ -48,6 +48,7 @@ def patch_command(
     every head's output (all positions) and the residual stream entering every layer (and leaving the
     last), position by position. restored = (m_patched - m_corrupt) / (m_clean - m_corrupt).
     """
+    # Imported when the command runs: the help pages load no torch (see attnlab.cli).
     from tqdm import tqdm
 
     from attnlab.analysis.patching import patch, patch_steps

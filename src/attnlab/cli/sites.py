@@ -22,6 +22,7 @@ def sites(
     Shapes come from one forward pass of a few tokens; B is the batch, T the positions (T_k the
     keys of scores and pattern).
     """
+    # Imported when the command runs: the help pages load no torch (see attnlab.cli).
     from attnlab.errors import UsageError
     from attnlab.nn.hooks import resolve_sites, site_shapes
     from attnlab.run.loaded import open_run

@@ -33,6 +33,7 @@ def _pick_tokenizer(
     if lowercase is not None and vocab is None:
         flag = "--lowercase" if lowercase else "--no-lowercase"
         raise UsageError(f"{flag}: applies to --vocab only (a tokenizer.json carries its own normalizer)")
+    # Imported when the command runs: `attnlab tokenize` and the help pages load no torch (see attnlab.cli).
     from attnlab.tokenizers import Tokenizer, train_tokenizer
 
     if tokenizer is not None:

@@ -20,6 +20,7 @@ def verify(
     checkpoint pointer, metrics and every checkpoint. Exit 0 when all is well, 3 when anything is
     damaged, missing or unreadable (each such file is named with what differs).
     """
+    # Imported when the command runs: the help pages load no torch (see attnlab.cli).
     from attnlab.run.verification import verify_run
 
     report = verify_run(run)

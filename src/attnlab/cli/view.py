@@ -36,6 +36,7 @@ def view(
     device: str = device_option(),
 ) -> None:
     """Start the attention viewer: type an input, see every head's attention, switch heads off live."""
+    # Imported when the command runs: the help pages load no torch (see attnlab.cli).
     from attnlab.head_ids import head_ids
     from attnlab.run.loaded import open_run
     from attnlab.viewer.importance import read_importance

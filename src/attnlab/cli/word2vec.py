@@ -33,6 +33,7 @@ def word2vec(
     as_json: bool = json_option(),
 ) -> None:
     """Train skip-gram word2vec vectors with gensim and write them to --out."""
+    # Imported when the command runs: the help pages load no torch (see attnlab.cli).
     from tqdm import tqdm
 
     from attnlab.embeddings import save_vectors, train_word2vec

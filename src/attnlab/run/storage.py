@@ -26,6 +26,7 @@ from typing import Any
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_save
+from safetensors.torch import save_file
 from torch import Tensor
 
 from attnlab.errors import CheckpointError, UsageError
@@ -184,8 +185,6 @@ def stream_tensors(path: Path, tensors: Mapping[str, Tensor], metadata: Mapping[
     """Write ``tensors`` as one safetensors file, atomically, tensor by tensor from memory to disk
     (safetensors' ``save_file``): no second copy of the weights in memory, as
     :func:`tensors_to_bytes` makes."""
-    from safetensors.torch import save_file
-
     prepared = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}
     atomic_write_file(path, lambda name: save_file(prepared, name, metadata=dict(metadata) if metadata else None))
 
