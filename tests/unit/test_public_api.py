@@ -1,0 +1,73 @@
+"""The public API is small and documented: every name of ``attnlab.__all__`` and
+``attnlab.nn.__all__`` imports, and has a docstring of its own (a class's or function's, or the
+string under a constant), which the API reference shows."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib
+import inspect
+from pathlib import Path
+
+import pytest
+
+import attnlab
+import attnlab.nn
+
+
+def _own_docstring(obj: object) -> str | None:
+    """The docstring written for ``obj`` itself: not inherited, not a dataclass's generated signature."""
+    doc = obj.__dict__.get("__doc__") if inspect.isclass(obj) else getattr(obj, "__doc__", None)
+    if inspect.isclass(obj) and dataclasses.is_dataclass(obj) and doc and doc.startswith(f"{obj.__name__}("):
+        return None
+    return doc
+
+
+def _defining_module(package: str, name: str) -> str:
+    """The module ``package``'s ``__init__`` imports ``name`` from."""
+    tree = ast.parse(Path(importlib.import_module(package).__file__).read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and any(alias.name == name for alias in node.names):
+            return node.module or package
+    return package
+
+
+def _constant_docstring(module: str, name: str) -> str | None:
+    """The string right under ``name = ...`` in ``module``'s source (how a constant is documented)."""
+    body = ast.parse(Path(importlib.import_module(module).__file__).read_text(encoding="utf-8")).body
+    for statement, following in zip(body, body[1:]):
+        targets = statement.targets if isinstance(statement, ast.Assign) else [getattr(statement, "target", None)]
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            if isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant):
+                return following.value.value
+    return None
+
+
+def _public(module: str) -> list[tuple[str, str]]:
+    return [(module, name) for name in importlib.import_module(module).__all__ if name != "__version__"]
+
+
+@pytest.mark.parametrize(("module", "name"), [*_public("attnlab"), *_public("attnlab.nn")], ids=lambda x: x)
+def test_a_public_name_imports_and_has_a_docstring(module, name):
+    obj = getattr(importlib.import_module(module), name)
+    if inspect.isclass(obj) or inspect.isroutine(obj):
+        doc = _own_docstring(obj)
+    else:  # a constant or type alias, documented by the string under its assignment
+        package = "attnlab.nn" if module == "attnlab" else module
+        doc = _constant_docstring(_defining_module(package, name), name)
+    assert doc and doc.strip(), f"{module}.{name} has no docstring"
+
+
+def test_the_public_api_is_small_and_names_no_internals():
+    assert len(attnlab.nn.__all__) == len(set(attnlab.nn.__all__)) <= 40
+    internals = {"optional_state_keys", "build_model_to_load", "DecoderLayerCache", "check_mask", "make_score"}
+    assert not internals & set(attnlab.nn.__all__)
+    assert set(attnlab.__all__) - {"__version__", "show", "show_records"} <= set(attnlab.nn.__all__)
+    for name in internals:  # still importable by name for attnlab's own modules
+        assert getattr(attnlab.nn, name) is not None
+
+
+def test_attnlab_gives_the_same_objects_as_their_modules():
+    assert attnlab.EncoderDecoder is attnlab.nn.EncoderDecoder
+    assert attnlab.show is importlib.import_module("attnlab.viewer.notebook").show
