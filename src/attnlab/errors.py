@@ -14,9 +14,21 @@ Exit codes (the README and ``attnlab --help`` list them):
   click's usage errors, a file the system refuses to open or create, and memory that runs out);
 * 3: corrupt or unreadable data (a run directory, checkpoint or file that fails verification);
 * 4: a diverged run (the loss became NaN or Inf).
+
+Beside them, :func:`check_value_types`: the one type check of configuration values (the model
+configs, the task options, ``[train]``), whose failure is the commonest ``ConfigError``. It lives
+here, at the bottom of the imports, so that the model (:mod:`attnlab.nn`) and the tasks
+(:mod:`attnlab.tasks`) share it without importing each other.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any
 
 EXIT_INTERNAL = 1
 EXIT_USAGE = 2
@@ -52,3 +64,32 @@ class AttnlabWarning(UserWarning):
     """Something a person should know that does not stop the work (an old run without a manifest,
     a resume at another thread count). Raised with :func:`warnings.warn`; the CLI prints each as one
     ``warning: ...`` line on stderr, Python callers see an ordinary warning."""
+
+
+def check_field_types(config: Any) -> None:
+    """Reject values of the wrong type (a TOML string where an int belongs, a float for an int)."""
+    check_value_types(type(config), {f.name: getattr(config, f.name) for f in dataclasses.fields(config)})
+
+
+def check_value_types(cls: type, values: Mapping[str, Any]) -> None:
+    """The check of :func:`check_field_types`, on values meant for dataclass ``cls``'s fields
+    before it is built (its ``__post_init__`` may compare them)."""
+    hints = typing.get_type_hints(cls)
+    for name, value in values.items():
+        expected = _runtime_types(hints[name])
+        ok = isinstance(value, expected) and not (isinstance(value, bool) and bool not in expected)
+        if not ok:
+            names = " or ".join("None" if t is type(None) else t.__name__ for t in expected)
+            raise ValueError(f"{name}: expected {names}, got {value!r}")
+        if isinstance(value, float) and not math.isfinite(value):  # TOML has nan and inf literals
+            raise ValueError(f"{name}: must be a finite number, got {value!r}")
+
+
+def _runtime_types(hint: Any) -> tuple[type, ...]:
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        return tuple(t for arg in typing.get_args(hint) for t in _runtime_types(arg))
+    if typing.get_origin(hint) is not None:  # list[str], dict[str, list[int]]: check the container
+        return (typing.get_origin(hint),)
+    if hint is float:  # a float option accepts an int (TOML `lr = 1`)
+        return (float, int)
+    return (hint,)

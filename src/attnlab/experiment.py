@@ -29,16 +29,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attnlab.errors import ConfigError
-from attnlab.nn import MODELS, TransformerConfig
-from attnlab.nn.config import (
-    RETIRED_KEYS,
-    check_field_types,
-    check_value_types,
-)  # the same type rules as the model configs
+from attnlab.errors import ConfigError, check_field_types, check_value_types
+from attnlab.nn import MODELS, TransformerConfig, TransformerModel, build_model, build_model_to_load
+from attnlab.nn.config import RETIRED_KEYS
 from attnlab.resources import check_split_sizes
-from attnlab.tasks.factory import TEXT_TASK_EXTRAS, TOKENIZER_KEYS, TokenizerKeys
-from attnlab.tasks.registry import TASKS, check_task_types, task_options
+from attnlab.tasks.base import Task
+from attnlab.tasks.registry import (
+    MODEL_FOR_TASK_KIND,
+    TASKS,
+    TEXT_TASK_EXTRAS,
+    TOKENIZER_KEYS,
+    TokenizerKeys,
+    check_task_types,
+    task_options,
+)
 from attnlab.tokenizers import check_build_options
 
 SCHEDULE_NAMES = ("noam", "constant", "cosine")
@@ -57,6 +61,8 @@ __all__ = [
     "apply_overrides",
     "complete_task_section",
     "complete_model_section",
+    "model_for_task",
+    "model_config_for_task",
 ]
 
 TASK_DECIDES = ("vocab_size", "tgt_vocab_size", "num_classes", "pad_id")
@@ -330,9 +336,9 @@ def _check_model_keys_without_kind(model: Mapping[str, Any]) -> None:
 def complete_task_section(task: Mapping[str, Any]) -> dict[str, Any]:
     """A checked [task] section with every option it leaves out set to its default (the task
     class's, or :class:`TokenizerKeys`' for the tokenizer keys); an option without a default (a
-    text task's ``train_file``) stays out, for :func:`attnlab.tasks.factory.build_task` to ask for."""
+    text task's ``train_file``) stays out, for :func:`attnlab.tasks.registry.build_task` to ask for."""
     name = task["name"]
-    defaults = _field_defaults(TASKS[name].func if hasattr(TASKS[name], "func") else TASKS[name])
+    defaults = _field_defaults(TASKS[name].task_class)
     defaults.update(_field_defaults(TokenizerKeys))
     keys = task_options(name) + list(TEXT_TASK_EXTRAS.get(name, ()))
     complete = {"name": name}
@@ -401,7 +407,7 @@ def _toml_value(raw: str) -> Any:
 def load_experiment(path: str | Path, overrides: Sequence[str] = (), *, flag: str = "override") -> ExperimentConfig:
     """Read a TOML config file and apply ``--set`` overrides.
 
-    A ``[sweep]`` table (a grid and seeds for ``attnlab sweep``, :func:`attnlab.sweep.sweep_table`)
+    A ``[sweep]`` table (a grid and seeds for ``attnlab sweep``, :func:`attnlab.sweep.plan.sweep_table`)
     is not part of the experiment: the file's base config is read without it.
     """
     path = Path(path)
@@ -417,3 +423,42 @@ def load_experiment(path: str | Path, overrides: Sequence[str] = (), *, flag: st
         raise ConfigError(f"{path}: invalid TOML: {error}") from None
     data.pop("sweep", None)
     return ExperimentConfig.from_dict(apply_overrides(data, parse_overrides(overrides, flag=flag)))
+
+
+# ---- the model of an experiment --------------------------------------------------------------
+# Here, above both the model (attnlab.nn) and the tasks: the experiment's [model] section, sized by
+# its task, is the one place they meet.
+
+
+def model_for_task(experiment: ExperimentConfig, task: Task, *, to_load: bool = False) -> TransformerModel:
+    """The model of the experiment, sized by the task (vocabularies, classes, padding id).
+
+    With ``to_load`` its parameters are left uninitialised, for saved weights to take their place
+    (:func:`attnlab.nn.build_model_to_load`).
+    """
+    config = model_config_for_task(experiment, task)
+    return build_model_to_load(config) if to_load else build_model(config)
+
+
+def model_config_for_task(experiment: ExperimentConfig, task: Task) -> TransformerConfig:
+    """The config of :func:`model_for_task`'s model, without building it (for memory estimates).
+
+    Raises:
+        ConfigError: ``model.kind`` is not the kind the task trains
+            (:data:`attnlab.tasks.registry.MODEL_FOR_TASK_KIND`).
+    """
+    wanted = MODEL_FOR_TASK_KIND[task.kind]
+    if experiment.model_kind != wanted:
+        formulation = getattr(task, "formulation", "classify")
+        why = "" if formulation == "classify" else f" (task.formulation = {formulation!r})"
+        raise ConfigError(
+            f"model.kind: task {experiment.task_name!r}{why} trains a {wanted} model, not {experiment.model_kind}"
+        )
+    target = getattr(task, "target", None)
+    decided = {
+        "vocab_size": task.vocab_size,
+        "tgt_vocab_size": target.vocab_size if target is not None else task.vocab_size,
+        "num_classes": getattr(task, "num_classes", 2),  # recognition: in / not in the language
+        "pad_id": task.pad_id,
+    }
+    return experiment.model_config(**decided)

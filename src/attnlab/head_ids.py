@@ -38,6 +38,7 @@ from attnlab.nn import HeadMask, Site, TransformerModel
 
 __all__ = [
     "HeadId",
+    "KIND_TITLES",
     "head_ids",
     "head_site",
     "parse_head_name",
@@ -47,6 +48,16 @@ __all__ = [
     "held_heads",
     "held_mask",
 ]
+
+
+KIND_TITLES = {
+    "encoder_self": "encoder self-attention",
+    "decoder_self": "decoder masked self-attention",
+    "cross": "encoder-decoder attention",
+    "self": "self-attention",
+}
+"""A person's name for each attention kind, a head's ``kind`` (Vaswani §3.2.3: the three uses of
+attention), for titles of pictures and views."""
 
 
 @dataclass(frozen=True, order=True)

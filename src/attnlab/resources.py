@@ -252,7 +252,7 @@ def check_training_resources(
     training example (at most ``max_length``) fits in the available memory.
 
     Args:
-        config: the model's config (from :func:`attnlab.tasks.factory.model_config_for_task`).
+        config: the model's config (from :func:`attnlab.experiment.model_config_for_task`).
         batch_size: ``train.batch_size``.
         examples: the training split.
         max_length: the longest sequence training feeds (``train.max_length`` or ``model.max_len``).

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from attnlab.cli import main
-from attnlab.experiment import ExperimentConfig
+from attnlab.experiment import ExperimentConfig, model_for_task
 from attnlab.run.directory import RunDir
 from attnlab.run.loaded import open_run
-from attnlab.tasks.factory import build_task, model_for_task
+from attnlab.tasks.registry import build_task
 from attnlab.training.trainer import train
 from tests.cli import attnlab
 

@@ -92,8 +92,7 @@ def config_keys() -> set[str]:
     """Every ``section.key`` an experiment config may hold."""
     from attnlab.experiment import TASK_DECIDES, TrainConfig
     from attnlab.nn import MODELS
-    from attnlab.tasks.factory import TEXT_TASK_EXTRAS
-    from attnlab.tasks.registry import TASKS, task_options
+    from attnlab.tasks.registry import TASKS, TEXT_TASK_EXTRAS, task_options
 
     task = {"name"} | {key for name in TASKS for key in task_options(name)}
     task |= {key for extras in TEXT_TASK_EXTRAS.values() for key in extras}

@@ -13,7 +13,7 @@ from attnlab.experiment import ExperimentConfig, load_experiment
 from attnlab.run.directory import RunDir
 from attnlab.run.loaded import run_experiment
 from attnlab.tasks import get_task
-from attnlab.tasks.factory import build_task
+from attnlab.tasks.registry import build_task
 
 MODEL = {"kind": "encoder_decoder", "layers": 1, "d_model": 16, "heads": 2, "d_ff": 32}
 LM_MODEL = {"kind": "decoder_only", "layers": 1, "d_model": 16, "heads": 2, "d_ff": 32}
@@ -188,8 +188,7 @@ def test_every_option_is_filled_in_so_config_json_is_complete(kind, task):
 
     from attnlab.experiment import TASK_DECIDES, TrainConfig
     from attnlab.nn import MODELS
-    from attnlab.tasks.factory import TEXT_TASK_EXTRAS
-    from attnlab.tasks.registry import task_options
+    from attnlab.tasks.registry import TEXT_TASK_EXTRAS, task_options
 
     config = ExperimentConfig.from_dict({"task": task, "model": {"kind": kind}}).to_dict()
     assert set(config["model"]) == {"kind"} | set(MODELS[kind][0].field_names()) - set(TASK_DECIDES)

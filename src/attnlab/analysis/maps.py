@@ -35,15 +35,7 @@ from attnlab.nn.models import POOLINGS
 from attnlab.resources import check_decode_length, check_input_text, check_input_tokens
 from attnlab.run.loaded import LoadedRun
 
-__all__ = ["AttentionView", "attention_view", "kind_maps", "KIND_TITLES"]
-
-KIND_TITLES = {
-    "encoder_self": "encoder self-attention",
-    "decoder_self": "decoder masked self-attention",
-    "cross": "encoder-decoder attention",
-    "self": "self-attention",
-}
-"""A person's name for each attention kind (Vaswani §3.2.3: the three uses of attention)."""
+__all__ = ["AttentionView", "attention_view", "kind_maps"]
 
 
 @dataclass(frozen=True)

@@ -60,9 +60,9 @@ def demo(
 ) -> None:
     """Train a small encoder-decoder to reverse strings, report its accuracy, and draw its attention."""
     from attnlab.analysis.maps import attention_view
-    from attnlab.analysis.plots import layer_grid
     from attnlab.evaluation.evaluate import evaluate
     from attnlab.experiment import ExperimentConfig
+    from attnlab.figures import layer_grid
     from attnlab.run.loaded import open_run
     from attnlab.run.output_paths import check_output_path
     from attnlab.training.trainer import train

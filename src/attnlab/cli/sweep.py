@@ -40,7 +40,9 @@ def sweep(
     as_json: bool = json_option("Print one JSON object when the sweep ends: counts, seconds, files."),
 ) -> None:
     """Train every combination of the --grid values for every seed; write results.csv, summary.md, plots/."""
-    from attnlab.sweep import plan_sweep, run_sweep, write_report  # torch-heavy: import when needed
+    from attnlab.sweep.execute import run_sweep  # torch-heavy: import when needed
+    from attnlab.sweep.plan import plan_sweep
+    from attnlab.sweep.report import write_report
 
     if report is not None:
         if config is not None or grid or overrides or out is not None:

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import types
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
+from attnlab.errors import check_field_types
 from attnlab.nn.feed_forward import ACTIVATIONS
 from attnlab.nn.normalization import NORMS
 from attnlab.nn.positional import COMBINES, POSITIONAL, RANDOMIZABLE
@@ -421,32 +420,3 @@ def _check_positive(name: str, value: int) -> None:
 def _check_choice(name: str, value: str, allowed: Mapping[str, Any] | tuple[str, ...]) -> None:
     if value not in allowed:
         raise ValueError(f"{name}: unknown {value!r}; allowed: {', '.join(sorted(allowed))}")
-
-
-def check_field_types(config: Any) -> None:
-    """Reject values of the wrong type (a TOML string where an int belongs, a float for an int)."""
-    check_value_types(type(config), {f.name: getattr(config, f.name) for f in dataclasses.fields(config)})
-
-
-def check_value_types(cls: type, values: Mapping[str, Any]) -> None:
-    """The check of :func:`check_field_types`, on values meant for dataclass ``cls``'s fields
-    before it is built (its ``__post_init__`` may compare them)."""
-    hints = typing.get_type_hints(cls)
-    for name, value in values.items():
-        expected = _runtime_types(hints[name])
-        ok = isinstance(value, expected) and not (isinstance(value, bool) and bool not in expected)
-        if not ok:
-            names = " or ".join("None" if t is type(None) else t.__name__ for t in expected)
-            raise ValueError(f"{name}: expected {names}, got {value!r}")
-        if isinstance(value, float) and not math.isfinite(value):  # TOML has nan and inf literals
-            raise ValueError(f"{name}: must be a finite number, got {value!r}")
-
-
-def _runtime_types(hint: Any) -> tuple[type, ...]:
-    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
-        return tuple(t for arg in typing.get_args(hint) for t in _runtime_types(arg))
-    if typing.get_origin(hint) is not None:  # list[str], dict[str, list[int]]: check the container
-        return (typing.get_origin(hint),)
-    if hint is float:  # a float option accepts an int (TOML `lr = 1`)
-        return (float, int)
-    return (hint,)

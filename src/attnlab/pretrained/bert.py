@@ -35,12 +35,11 @@ import torch
 from torch import Tensor
 
 from attnlab.errors import CheckpointError, ConfigError, UsageError
-from attnlab.experiment import ExperimentConfig
+from attnlab.experiment import ExperimentConfig, model_for_task
 from attnlab.nn import EncoderOnlyConfig, TransformerModel
 from attnlab.pretrained.packages import installed_distribution
 from attnlab.run.directory import RunDir
 from attnlab.run.storage import load_tensors
-from attnlab.tasks.factory import model_for_task
 from attnlab.tasks.sentences import SentencesTask
 from attnlab.tokenizers import Tokenizer
 

@@ -517,11 +517,11 @@ def import_gguf(path: str | Path, out: str | Path, *, overwrite: bool = False, p
     """
     import torch
 
-    from attnlab.experiment import ExperimentConfig
+    from attnlab.experiment import ExperimentConfig, model_config_for_task
     from attnlab.nn import build_model
     from attnlab.pretrained.llama import fill_llama_state, llama_model_section
     from attnlab.run.directory import RunDir
-    from attnlab.tasks.factory import build_task, model_config_for_task
+    from attnlab.tasks.registry import build_task
     from attnlab.tokenizers import Tokenizer
 
     say = progress or (lambda _message: None)

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from attnlab.devices import resolve_device
 from attnlab.errors import CheckpointError, ConfigError, DataError, UsageError
-from attnlab.experiment import ExperimentConfig
+from attnlab.experiment import ExperimentConfig, model_for_task
 from attnlab.head_ids import HeadId, held_heads, held_mask
 from attnlab.kernels import native
 from attnlab.nn import HeadMask, TransformerModel
@@ -20,7 +20,7 @@ from attnlab.run.directory import CheckpointFiles, RunDir
 from attnlab.runtime import release_freed_memory
 from attnlab.tasks.base import Task
 from attnlab.tasks.codec import TextCodec
-from attnlab.tasks.factory import build_task, model_for_task
+from attnlab.tasks.registry import build_task
 from attnlab.tokenizers import Tokenizer
 
 __all__ = ["LoadedRun", "open_run", "run_experiment", "saved_tokenizer"]

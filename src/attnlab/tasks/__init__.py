@@ -9,9 +9,9 @@
 * :mod:`.text`: translation from parallel TSV, lm from plain text; file+line errors.
 * :mod:`.sentences`: texts for a sentence encoder, framed as BERT reads them.
 * :mod:`.batching`: pad + mask, bucket by length, deterministic shuffle, max-length policy.
-* :mod:`.registry`: ``get_task(name, **options)``.
-* :mod:`.factory`: ``TASK_PROPERTIES`` (one row per task name), ``build_task`` (a [task] section ->
-  task and tokenizer), ``model_for_task``.
+* :mod:`.registry`: ``TASKS``, one entry per task name (how to build it, its kind, the model kind it
+  trains, whether it reads text); ``get_task(name, **options)``; ``build_task`` (a [task] section ->
+  task and tokenizer).
 * :mod:`.codec`: ``TextCodec``, text <-> token ids.
 
 Every task gives ``train()``, ``valid()``, ``test()`` and ``length_generalisation()`` (lengths

@@ -17,7 +17,7 @@ into ``RUN/tensorboard/`` (``tensorboard --logdir RUN/tensorboard``) through PyT
   them as float32;
 * at each validation, the attention weights of one fixed example, the first of the ``valid``
   split, as one image per attention kind (``attention/self``, ``attention/encoder_self``, ...): a
-  grid with a row per layer and a column per head (:func:`attnlab.analysis.plots.kind_grid`),
+  grid with a row per layer and a column per head (:func:`attnlab.figures.kind_grid`),
   captured with :func:`attnlab.nn.capture` in eval mode without gradients, under the run's held
   heads. Drawing it takes a fraction of a second for a small model and several seconds for a
   12 x 12 grid of 128 tokens, at each validation.
@@ -49,6 +49,8 @@ from torch import Tensor, nn
 from attnlab.devices import model_device
 from attnlab.errors import ConfigError
 from attnlab.evaluation.objectives import PREDICTIONS
+from attnlab.figures import kind_grid
+from attnlab.head_ids import KIND_TITLES
 from attnlab.nn import capture
 from attnlab.tasks.batching import Batch, collate, fit_length
 from attnlab.tasks.codec import TextCodec
@@ -219,9 +221,6 @@ class TensorBoardSink:
     def attention(self, step: int, model: nn.Module, head_mask: Mapping[str, Tensor] | None) -> None:
         if self.sample is None:
             return
-        from attnlab.analysis.maps import KIND_TITLES  # matplotlib loads with the first picture
-        from attnlab.analysis.plots import kind_grid
-
         for kind, maps in sample_maps(model, self.sample, head_mask).items():
             queries, keys = self.sample.axes[kind]
             title = f"{KIND_TITLES.get(kind, kind)}, step {step} (first validation example)"

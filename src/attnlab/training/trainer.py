@@ -32,7 +32,7 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,7 @@ from attnlab.errors import EXIT_DIVERGED, AttnlabError, CheckpointError, ConfigE
 from attnlab.evaluation.evaluate import evaluate
 from attnlab.evaluation.fit import training_fit
 from attnlab.evaluation.objectives import OBJECTIVES
-from attnlab.experiment import ExperimentConfig, TrainConfig
+from attnlab.experiment import ExperimentConfig, TrainConfig, model_config_for_task, model_for_task
 from attnlab.head_ids import held_mask
 from attnlab.kernels import native
 from attnlab.nn import InputEmbedding, masking_heads
@@ -56,9 +56,9 @@ from attnlab.resources import check_length_bins_fit, check_training_resources
 from attnlab.run.directory import RunDir, validation_record
 from attnlab.run.loaded import saved_tokenizer
 from attnlab.run.output_paths import check_output_path
-from attnlab.tasks.base import check_final_splits, split_statistics
+from attnlab.tasks.base import Example, Task, check_final_splits, split_statistics
 from attnlab.tasks.codec import TextCodec
-from attnlab.tasks.factory import build_task, model_config_for_task, model_for_task
+from attnlab.tasks.registry import build_task
 from attnlab.tokenizers import Tokenizer
 from attnlab.training.checkpoint import optimizer_from_tensors, optimizer_to_tensors, restore_rng, rng_to_tensors
 from attnlab.training.data import BatchStream
@@ -68,7 +68,16 @@ from attnlab.training.reproducibility import applied_threads, platform_record, w
 from attnlab.training.schedule import make_scheduler
 from attnlab.training.tensorboard_log import MetricSink, attention_sample, open_sink, require_tensorboard
 
-__all__ = ["TrainingDiverged", "TrainResult", "train", "resolve_device", "make_optimizer"]
+__all__ = [
+    "TrainingDiverged",
+    "TrainResult",
+    "train",
+    "check_log_targets",
+    "check_resources",
+    "check_splits",
+    "resolve_device",
+    "make_optimizer",
+]
 
 Log = Callable[[str], None]
 
@@ -175,6 +184,44 @@ def train(
     return result
 
 
+def check_log_targets(cfg: TrainConfig) -> None:
+    """Refuse a ``train.log_to`` target whose package is missing (TensorBoard's), before anything is
+    built or written."""
+    if "tensorboard" in cfg.log_to:
+        require_tensorboard()
+
+
+def check_resources(
+    experiment: ExperimentConfig, task: Task, train_examples: Sequence[Example], *, available: int | None = None
+) -> None:
+    """Refuse a model or batch that cannot fit (layers, batch size, memory estimate), and length
+    bins longer than the model reads (scored only at the end), before any of it is allocated; see
+    :func:`attnlab.resources.check_training_resources` and ``check_length_bins_fit``.
+
+    Args:
+        available: bytes free on the training device (a GPU's); None on a CPU.
+    """
+    config = model_config_for_task(experiment, task)
+    max_length = experiment.train.max_length or config.max_len
+    check_training_resources(
+        config,
+        batch_size=experiment.train.batch_size,
+        examples=train_examples,
+        max_length=max_length,
+        available=available,
+    )
+    check_length_bins_fit(task, max_length)
+
+
+def check_splits(task: Task, final_splits: Sequence[str]) -> None:
+    """Refuse a ``train.final_splits`` entry the task lacks, and draw the splits the end-of-training
+    evaluation scores (``valid`` and ``final_splits``) now: a seed can make a small split of a small
+    language impossible, which training would otherwise find only after its last step."""
+    check_final_splits(task, final_splits)
+    for name in ("valid", *final_splits):
+        task.split(name)
+
+
 def _run_directory(path: Path, *, resume: bool, dist: DistInfo) -> RunDir:
     """The run to resume, or a new one (made by rank 0 only)."""
     if resume:
@@ -203,8 +250,7 @@ class _Trainer:
         log: Log | None,
     ) -> None:
         cfg = self.cfg = experiment.train
-        if "tensorboard" in cfg.log_to:
-            require_tensorboard()  # a missing package is a ConfigError before anything is built or written
+        check_log_targets(cfg)  # a missing package is a ConfigError before anything is built or written
         self.experiment, self.dist, self.progress = experiment, dist, progress
         self.log = log if (log is not None and dist.is_main) else (lambda message: None)
         self.device = resolve_device(
@@ -216,7 +262,9 @@ class _Trainer:
         random.seed(cfg.seed)
         self.task, self.tokenizer = self._build_task(resume)
         train_examples = self.task.split("train")
-        self._check_resources(train_examples)  # before the model exists or a file is written
+        available = torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else None
+        check_resources(experiment, self.task, train_examples, available=available)  # before the model exists
+        check_splits(self.task, cfg.final_splits)  # ... or a file is written
         self.log(_describe_split("train", split_statistics(train_examples)))
         self._report_skipped_lines()
         self.model = model_for_task(experiment, self.task).to(self.device)
@@ -279,21 +327,6 @@ class _Trainer:
     def _saved_tokenizer(self, resume: bool) -> Tokenizer | None:
         """On resume, the run's tokenizer.json, verified against its manifest."""
         return saved_tokenizer(self.run) if resume else None
-
-    def _check_resources(self, train_examples: list) -> None:
-        """Refuse a model or batch that cannot fit (layers, batch size, memory estimate), and length
-        bins longer than the model reads (scored only at the end), before any of it is allocated;
-        see :func:`attnlab.resources.check_training_resources` and ``check_length_bins_fit``."""
-        config = model_config_for_task(self.experiment, self.task)
-        available = None
-        if self.device.type == "cuda":
-            available = torch.cuda.mem_get_info(self.device)[0]
-        max_length = self.cfg.max_length or config.max_len
-        check_training_resources(
-            config, batch_size=self.cfg.batch_size, examples=train_examples, max_length=max_length, available=available
-        )
-        check_length_bins_fit(self.task, max_length)
-        check_final_splits(self.task, self.cfg.final_splits)
 
     def _report_skipped_lines(self) -> None:
         """With ``task.skip_bad_lines`` nothing is dropped silently: say how many lines were skipped."""

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from attnlab.analysis.maps import KIND_TITLES, AttentionView, attention_view, kind_maps
+from attnlab.analysis.maps import AttentionView, attention_view, kind_maps
 from attnlab.errors import UsageError
-from attnlab.head_ids import HeadId, head_ids, mask_without
+from attnlab.head_ids import KIND_TITLES, HeadId, head_ids, mask_without
 from attnlab.run.loaded import LoadedRun
 from attnlab.viewer.importance import Importance
 from attnlab.viewer.requests import Limits, RequestError, RunRequest, check_input_length, viewer_limits

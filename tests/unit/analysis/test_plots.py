@@ -10,12 +10,11 @@ from attnlab.analysis.maps import AttentionView
 from attnlab.analysis.plots import (
     argmax_pattern,
     attention_figures,
-    head_heatmap,
     save_attention_pictures,
     select_layers,
 )
 from attnlab.errors import UsageError
-from attnlab.figures import plt
+from attnlab.figures import head_heatmap, kind_grid, layer_grid, plt
 from attnlab.nn import AttentionRecord
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -83,8 +82,6 @@ def test_tokens_label_both_axes_as_plain_text():
 
 @pytest.mark.parametrize("heads", [1, 5])
 def test_layer_grid_hides_unused_cells(heads):
-    from attnlab.analysis.plots import layer_grid
-
     figure = layer_grid(np.full((heads, 2, 2), 0.5), ["a", "b"], ["a", "b"])
     visible = [ax for ax in figure.axes if ax.axison]
     assert len(visible) == heads
@@ -92,8 +89,6 @@ def test_layer_grid_hides_unused_cells(heads):
 
 
 def test_kind_grid_has_a_row_per_layer_a_column_per_head_and_blanks_for_pruned_heads():
-    from attnlab.analysis.plots import kind_grid
-
     rng = np.random.default_rng(0)
     maps = [rng.dirichlet(np.ones(3), size=(3, 2)), rng.dirichlet(np.ones(3), size=(1, 2))]  # 3 heads, then 1
     figure = kind_grid(maps, ["<s>", "x"], ["a", "b", "</s>"], title="cross")
@@ -121,8 +116,6 @@ def test_kind_grid_has_a_row_per_layer_a_column_per_head_and_blanks_for_pruned_h
 
 @pytest.mark.parametrize("tokens", [3, 64, 65, 300])
 def test_long_inputs_give_bounded_pictures_with_every_kth_token_labelled(tokens):
-    from attnlab.analysis.plots import layer_grid
-
     names = [f"t{i}" for i in range(tokens)]
     weights = np.full((tokens, tokens), 1 / tokens)
     figure = head_heatmap(weights, names, names)

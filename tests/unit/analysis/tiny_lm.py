@@ -9,10 +9,10 @@ from pathlib import Path
 
 import torch
 
-from attnlab.experiment import ExperimentConfig
+from attnlab.experiment import ExperimentConfig, model_config_for_task
 from attnlab.nn import build_model
 from attnlab.run.directory import RunDir
-from attnlab.tasks.factory import build_task, model_config_for_task
+from attnlab.tasks.registry import build_task
 from attnlab.tokenizers import Tokenizer
 
 TEXTS = [

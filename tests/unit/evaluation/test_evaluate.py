@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from attnlab.evaluation.evaluate import evaluate
-from attnlab.experiment import ExperimentConfig
-from attnlab.tasks.factory import build_task, model_for_task
+from attnlab.experiment import ExperimentConfig, model_for_task
+from attnlab.tasks.registry import build_task
 from tests.toy_corpora import write_number_words
 
 MODEL = {"layers": 1, "d_model": 16, "heads": 2, "d_ff": 32, "dropout": 0.0}

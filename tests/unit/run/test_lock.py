@@ -104,10 +104,10 @@ def test_import_bert_into_a_locked_run_is_refused(tmp_path):
 
 def test_writing_a_pruned_run_into_a_locked_directory_is_refused(tmp_path):
     from attnlab.analysis.pruning import write_pruned_run
-    from attnlab.experiment import ExperimentConfig
+    from attnlab.experiment import ExperimentConfig, model_for_task
     from attnlab.run.loaded import LoadedRun, open_run
     from attnlab.tasks.codec import TextCodec
-    from attnlab.tasks.factory import build_task, model_for_task
+    from attnlab.tasks.registry import build_task
 
     experiment = ExperimentConfig.from_dict(
         {

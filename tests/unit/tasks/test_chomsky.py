@@ -19,13 +19,13 @@ from attnlab.errors import ConfigError
 from attnlab.evaluation.evaluate import evaluate
 from attnlab.evaluation.metrics import accuracy_by_length, token_accuracy_per_sequence
 from attnlab.evaluation.objectives import OBJECTIVES
-from attnlab.experiment import ExperimentConfig, load_experiment
+from attnlab.experiment import ExperimentConfig, load_experiment, model_config_for_task, model_for_task
 from attnlab.generate.search import DecodeOptions, decode
 from attnlab.run.loaded import open_run
 from attnlab.tasks import get_task, make_batches
 from attnlab.tasks.chomsky import CHOMSKY_TASKS, LEVELS
 from attnlab.tasks.codec import TextCodec
-from attnlab.tasks.factory import TASK_PROPERTIES, build_task, model_config_for_task, model_for_task
+from attnlab.tasks.registry import TASKS, build_task
 
 CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 SPLITS = ("train", "valid", "test", "length_generalisation")
@@ -113,7 +113,7 @@ def test_every_task_is_registered_with_its_model_and_level():
     assert set(CHOMSKY_TASKS) == set(REFERENCES)
     for name, cls in CHOMSKY_TASKS.items():
         model = "encoder_classifier" if cls.level == "regular" else "encoder_decoder"
-        assert TASK_PROPERTIES[name].model_kind == model
+        assert TASKS[name].model_kind == model
     assert [cls.level for cls in CHOMSKY_TASKS.values()] == ["regular"] * 3 + ["dcf"] * 2 + ["cs"] * 3
 
 
@@ -210,7 +210,7 @@ def test_one_example_config_per_level(level):
     experiment = load_experiment(CONFIGS / f"chomsky_{level}.toml")
     task, _ = build_task({**experiment.task, "train_size": 10, "valid_size": 2, "test_size": 2})
     assert task.level == level and task.max_train_length < 40  # small: for two CPU cores
-    assert model_config_for_task(experiment, task).kind == TASK_PROPERTIES[task.name].model_kind
+    assert model_config_for_task(experiment, task).kind == TASKS[task.name].model_kind
 
 
 def test_inputs_are_typed_as_symbols():

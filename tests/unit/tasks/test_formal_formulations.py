@@ -17,13 +17,13 @@ from torch import nn
 from attnlab.errors import AttnlabWarning, ConfigError
 from attnlab.evaluation.evaluate import evaluate, next_symbol_hits
 from attnlab.evaluation.objectives import OBJECTIVES, example_losses
-from attnlab.experiment import ExperimentConfig
+from attnlab.experiment import ExperimentConfig, model_config_for_task
 from attnlab.nn import build_model
 from attnlab.tasks import LANGUAGES, RecognitionTask, get_task
 from attnlab.tasks.base import Example, split_statistics
 from attnlab.tasks.batching import collate, make_batches
-from attnlab.tasks.factory import MODEL_FOR_TASK_KIND, model_config_for_task
 from attnlab.tasks.formal import END, baseline_accuracy
+from attnlab.tasks.registry import MODEL_FOR_TASK_KIND
 from tests.unit.tasks.test_task_formal import ORACLES
 
 # ---- next-symbol sets against brute force ---------------------------------------------------------

@@ -15,10 +15,10 @@ from safetensors.torch import load_file
 
 from attnlab.errors import UsageError
 from attnlab.evaluation.fit import TRAINED_THRESHOLD, fit_sample, training_fit
-from attnlab.experiment import ExperimentConfig
+from attnlab.experiment import ExperimentConfig, model_for_task
 from attnlab.run.directory import RunDir
 from attnlab.run.loaded import open_run
-from attnlab.tasks.factory import build_task, model_for_task
+from attnlab.tasks.registry import build_task
 from attnlab.training.data import BatchStream
 from attnlab.training.distributed import DistInfo
 from attnlab.training.trainer import train

@@ -19,12 +19,12 @@ from tensorboard.backend.event_processing.event_accumulator import IMAGES, SCALA
 
 from attnlab.analysis.maps import attention_view, kind_maps
 from attnlab.errors import ConfigError
-from attnlab.experiment import ExperimentConfig, load_experiment
+from attnlab.experiment import ExperimentConfig, load_experiment, model_for_task
 from attnlab.run.directory import RunDir
 from attnlab.run.loaded import open_run, run_experiment
 from attnlab.run.verification import verify_run
 from attnlab.tasks.codec import TextCodec
-from attnlab.tasks.factory import build_task, model_for_task
+from attnlab.tasks.registry import build_task
 from attnlab.training import trainer as trainer_module
 from attnlab.training.tensorboard_log import (
     TENSORBOARD_FOLDER,

@@ -1,0 +1,298 @@
+"""A sweep's report: results.csv, accuracy_by_length.csv, summary.md and plots/, rebuilt from what
+each run's metrics.jsonl holds, never recomputed (see :mod:`attnlab.sweep`)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import re
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from matplotlib.ticker import MaxNLocator
+
+from attnlab.figures import plt, save_figure
+from attnlab.run.directory import RunDir
+from attnlab.run.storage import atomic_write_text, ensure_folder
+from attnlab.sweep.folder import (
+    BY_LENGTH_FILE,
+    DIVERGED,
+    FAILED,
+    OK,
+    PENDING,
+    PLOTS_FOLDER,
+    RESULTS_FILE,
+    RUNS_FOLDER,
+    SUMMARY_FILE,
+    read_outcome,
+    read_plan,
+)
+from attnlab.sweep.plan import SweepPlan, SweepRun, name_part, seed_text
+
+__all__ = ["collect_rows", "results_csv", "by_length_csv", "summary_statistics", "summary_markdown", "write_report"]
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _final_evaluations(records: Sequence[Mapping[str, Any]], step: int | None) -> dict[str, dict[str, Any]]:
+    """Split -> the last evaluation record of the run's final step (the end-of-training evaluation)."""
+    if step is None:
+        steps = [r["step"] for r in records if _number(r.get("step"))]
+        step = max(steps) if steps else None
+    found: dict[str, dict[str, Any]] = {}
+    for record in records:
+        if isinstance(record.get("split"), str) and record.get("step") == step:
+            found[record["split"]] = dict(record)
+    return found
+
+
+def _final_train_loss(records: Sequence[Mapping[str, Any]]) -> float | None:
+    losses = [r["loss"] for r in records if "split" not in r and _number(r.get("loss"))]
+    return float(losses[-1]) if losses else None
+
+
+@dataclass(frozen=True)
+class _RunReport:
+    """One run as the report sees it: its row of results.csv, and accuracy per length per split."""
+
+    run: SweepRun
+    row: dict[str, Any]
+    by_length: dict[str, dict[int, float]]
+
+
+def _run_report(out: Path, plan: SweepPlan, run: SweepRun) -> _RunReport:
+    outcome = read_outcome(out, run.name) or {}
+    status = outcome.get("status", PENDING)
+    row: dict[str, Any] = {"run": run.name, **run.labels, "seed": run.seed, "status": status}
+    row["error"] = outcome.get("error") or ""
+    by_length: dict[str, dict[int, float]] = {}
+    if status == OK:
+        records = RunDir(out / RUNS_FOLDER / run.name).read_metrics()
+        steps = outcome.get("steps")
+        row["steps"] = steps
+        row["final_loss"] = _final_train_loss(records)
+        row["wall_s"] = outcome.get("wall_s")
+        for split, record in _final_evaluations(records, steps).items():
+            for key in ("accuracy", *sorted(record)):
+                value = record.get(key)
+                if key not in ("split", "step") and (isinstance(value, (bool, str)) or _number(value)):
+                    row.setdefault(f"{split}.{key}", value)
+            lengths = record.get("accuracy_by_length")
+            if isinstance(lengths, Mapping):
+                by_length[split] = {int(k): float(v) for k, v in lengths.items() if _number(v) and str(k).isdigit()}
+    else:
+        row["steps"] = outcome.get("steps")
+        row["wall_s"] = outcome.get("wall_s")
+    return _RunReport(run, row, by_length)
+
+
+def collect_rows(out: str | Path) -> tuple[SweepPlan, list[dict[str, Any]]]:
+    """The sweep's plan and one results row per run (in plan order), read from the runs' files."""
+    out = Path(out)
+    plan = read_plan(out)
+    return plan, [report.row for report in _collect(out, plan)]
+
+
+def _collect(out: Path, plan: SweepPlan) -> list[_RunReport]:
+    return [_run_report(out, plan, run) for run in plan.runs]
+
+
+def _columns(plan: SweepPlan, rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    fixed = ["run", *plan.keys, "seed", "status", "error", "steps", "final_loss", "wall_s"]
+    splits: list[str] = []
+    metric_columns: dict[str, list[str]] = {}
+    for row in rows:
+        for column in row:
+            if column in fixed or "." not in column or column in plan.keys:
+                continue
+            split, _, _ = column.partition(".")
+            if split not in splits:
+                splits.append(split)
+            if column not in metric_columns.setdefault(split, []):
+                metric_columns[split].append(column)
+    ordered = [*fixed]
+    for split in _split_order(splits):
+        ordered += sorted(metric_columns[split], key=lambda c: (not c.endswith(".accuracy"), c))
+    return ordered
+
+
+def _split_order(splits: Iterable[str]) -> list[str]:
+    """Splits in reading order: train, valid, test, length_generalisation, then the others by name."""
+    first = ("train", "valid", "test", "length_generalisation")
+    return sorted(set(splits), key=lambda s: (first.index(s) if s in first else len(first), _natural(s)))
+
+
+def _natural(text: str) -> list[Any]:
+    """Sort key putting ``length_13_24`` before ``length_100_200``."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def results_csv(plan: SweepPlan, rows: Sequence[Mapping[str, Any]]) -> str:
+    """``results.csv``: one row per run, every grid key, seed, status and the final metrics."""
+    columns = _columns(plan, rows)
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(columns)
+    for row in rows:
+        writer.writerow([_cell(row.get(column)) for column in columns])
+    return buffer.getvalue()
+
+
+def by_length_csv(plan: SweepPlan, reports: Sequence[_RunReport]) -> str:
+    """``accuracy_by_length.csv``: one row per run, split and length (the evaluation's
+    ``accuracy_by_length``), for plots of one's own."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["run", *plan.keys, "seed", "split", "length", "accuracy"])
+    for report in reports:
+        for split in _split_order(report.by_length):
+            for length, accuracy in sorted(report.by_length[split].items()):
+                labels = [report.run.labels[key] for key in plan.keys]
+                writer.writerow([report.run.name, *labels, report.run.seed, split, length, repr(accuracy)])
+    return buffer.getvalue()
+
+
+def summary_statistics(values: Sequence[float]) -> dict[str, float | int | None]:
+    """n, mean, sample standard deviation (n - 1 in the denominator; None below 2 values), min, max."""
+    if not values:
+        return {"n": 0, "mean": None, "std": None, "min": None, "max": None}
+    return {
+        "n": len(values),
+        "mean": statistics.fmean(values),
+        "std": statistics.stdev(values) if len(values) > 1 else None,
+        "min": min(values),
+        "max": max(values),
+    }
+
+
+def _fmt(value: float | None) -> str:
+    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.4f}"
+
+
+def summary_markdown(plan: SweepPlan, rows: Sequence[Mapping[str, Any]]) -> str:
+    """``summary.md``: per combination and split, accuracy mean ± std and min–max over seeds."""
+    keys = plan.keys
+    by_combination: dict[tuple[str, ...], list[Mapping[str, Any]]] = {}
+    for run, row in zip(plan.runs, rows):
+        by_combination.setdefault(run.combination, []).append(row)
+    splits = _split_order({c.partition(".")[0] for r in rows for c in r if c.endswith(".accuracy")})
+    baseline = any(f"{s}.baseline_accuracy" in r for r in rows for s in splits)
+    trained = any(isinstance(r.get(f"{s}.trained"), bool) for r in rows for s in splits)
+    header = [*keys, "split", "accuracy (mean ± std)", "min–max", "n", "failed"]
+    header += ["baseline"] * baseline + ["trained"] * trained
+    grid = "; ".join(a.key + " = " + ", ".join(a.labels) for a in plan.axes)
+    lines = [
+        f"# Sweep of {plan.config_file}",
+        "",
+        f"Grid: {grid or 'none'}. "
+        f"Seeds: {seed_text(plan.seeds)}." + (f" Fixed: {', '.join(plan.sets)}." if plan.sets else ""),
+        "",
+        "Accuracy of the end-of-training evaluation, per combination and split, over the seeds that "
+        "finished: mean ± sample standard deviation (n − 1), min–max; n runs finished, failed runs "
+        "(errors below and in results.csv)"
+        + ("; baseline: the evaluation's baseline accuracy, mean" if baseline else "")
+        + ("; trained: runs that fit their training split" if trained else "")
+        + ".",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    for combination, group in by_combination.items():
+        ok_rows = [r for r in group if r["status"] == OK]
+        failed = sum(r["status"] in (FAILED, DIVERGED) for r in group)
+        shown = [s for s in splits if any(f"{s}.accuracy" in r for r in ok_rows)] or ["–"]
+        for split in shown:
+            values = [float(r[f"{split}.accuracy"]) for r in ok_rows if _number(r.get(f"{split}.accuracy"))]
+            stats = summary_statistics(values)
+            cells = [*combination, split, f"{_fmt(stats['mean'])} ± {_fmt(stats['std'])}"]
+            cells += [f"{_fmt(stats['min'])}–{_fmt(stats['max'])}", str(stats["n"]), str(failed)]
+            if baseline:
+                base = [
+                    float(r[f"{split}.baseline_accuracy"])
+                    for r in ok_rows
+                    if _number(r.get(f"{split}.baseline_accuracy"))
+                ]
+                cells.append(_fmt(statistics.fmean(base)) if base else "–")
+            if trained:
+                flags = [r[f"{split}.trained"] for r in ok_rows if isinstance(r.get(f"{split}.trained"), bool)]
+                cells.append(f"{sum(flags)}/{len(flags)}" if flags else "–")
+            lines.append("| " + " | ".join(cells) + " |")
+    problems = [r for r in rows if r["status"] in (FAILED, DIVERGED)]
+    pending = [r for r in rows if r["status"] == PENDING]
+    if problems:
+        lines += ["", "## Failed runs", ""]
+        lines += [f"- `{r['run']}` ({r['status']}): {r['error']}" for r in problems]
+    if pending:
+        lines += ["", f"{len(pending)} runs have not finished: {', '.join(r['run'] for r in pending)}."]
+    return "\n".join(lines) + "\n"
+
+
+def _plot_by_length(plan: SweepPlan, reports: Sequence[_RunReport], folder: Path) -> list[Path]:
+    """One PNG per split: accuracy against length, one line per combination (mean over seeds),
+    a band from the lowest to the highest seed."""
+    splits = _split_order({split for report in reports for split in report.by_length})
+    written = []
+    for split in splits:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        groups: dict[tuple[str, ...], list[dict[int, float]]] = {}
+        for report in reports:
+            if split in report.by_length:
+                groups.setdefault(report.run.combination, []).append(report.by_length[split])
+        for combination, curves in groups.items():
+            lengths = sorted({length for curve in curves for length in curve})
+            values = [[curve[n] for curve in curves if n in curve] for n in lengths]
+            label = ", ".join(f"{k.partition('.')[2]}={v}" for k, v in zip(plan.keys, combination)) or "all runs"
+            line = ax.plot(
+                lengths, [statistics.fmean(v) for v in values], "o-", markersize=3, label=f"{label} (n={len(curves)})"
+            )
+            ax.fill_between(
+                lengths, [min(v) for v in values], [max(v) for v in values], color=line[0].get_color(), alpha=0.2
+            )
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("length")
+        ax.set_ylabel(f"{split} accuracy")
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_title(f"{split}: mean over seeds, band min–max")
+        ax.legend(fontsize="small")
+        fig.tight_layout()
+        written.append(save_figure(fig, folder / f"accuracy_by_length-{name_part(split)}.png", dpi=100))
+    return written
+
+
+def write_report(out: str | Path) -> list[Path]:
+    """Rebuild ``results.csv``, ``accuracy_by_length.csv``, ``summary.md`` and ``plots/`` from the sweep's runs.
+
+    Returns:
+        The files written.
+
+    Raises:
+        UsageError: ``out`` is not a sweep folder. CheckpointError: a run's metrics are damaged.
+    """
+    out = Path(out)
+    plan = read_plan(out)
+    reports = _collect(out, plan)
+    rows = [report.row for report in reports]
+    atomic_write_text(out / RESULTS_FILE, results_csv(plan, rows))
+    atomic_write_text(out / BY_LENGTH_FILE, by_length_csv(plan, reports))
+    atomic_write_text(out / SUMMARY_FILE, summary_markdown(plan, rows))
+    folder = ensure_folder(out / PLOTS_FOLDER)
+    for old in folder.glob("accuracy_by_length-*.png"):
+        old.unlink()
+    files = [out / RESULTS_FILE, out / BY_LENGTH_FILE, out / SUMMARY_FILE]
+    return [*files, *_plot_by_length(plan, reports, folder)]
