@@ -32,6 +32,8 @@ Quick start::
     records[0].weights.shape                                     # (B, H, T_q, T_k)
 """
 
+from attnlab.lazy import lazy_exports
+
 __version__ = "0.1.0"
 
 # The public API lives in attnlab.nn, which imports PyTorch: load it on first use (PEP 562), so
@@ -67,17 +69,4 @@ _ELSEWHERE = {
 
 __all__ = ["__version__", *_FROM_NN, *_ELSEWHERE]
 
-
-def __getattr__(name: str):  # noqa: ANN202 - PEP 562 module attribute hook
-    """``attnlab.X`` for a public name of :mod:`attnlab.nn` (or :data:`_ELSEWHERE`), imported on first use."""
-    if name in _FROM_NN or name in _ELSEWHERE:
-        import importlib
-
-        value = getattr(importlib.import_module(_ELSEWHERE.get(name, "attnlab.nn")), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, {**dict.fromkeys(_FROM_NN, "attnlab.nn"), **_ELSEWHERE})

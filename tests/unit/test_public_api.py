@@ -1,6 +1,7 @@
-"""The public API is small and documented: every name of ``attnlab.__all__`` and
-``attnlab.nn.__all__`` imports, and has a docstring of its own (a class's or function's, or the
-string under a constant), which the API reference shows."""
+"""The public API is small and documented: every name of ``attnlab.__all__``, ``attnlab.nn.__all__``
+and the entry points of ``attnlab.run``, ``attnlab.generate`` and ``attnlab.sweep`` imports, and has
+a docstring of its own (a class's or function's, or the string under a constant), which the API
+reference shows."""
 
 from __future__ import annotations
 
@@ -48,7 +49,10 @@ def _public(module: str) -> list[tuple[str, str]]:
     return [(module, name) for name in importlib.import_module(module).__all__ if name != "__version__"]
 
 
-@pytest.mark.parametrize(("module", "name"), [*_public("attnlab"), *_public("attnlab.nn")], ids=lambda x: x)
+PACKAGES = ("attnlab", "attnlab.nn", "attnlab.run", "attnlab.generate", "attnlab.sweep")
+
+
+@pytest.mark.parametrize(("module", "name"), [pair for package in PACKAGES for pair in _public(package)], ids=str)
 def test_a_public_name_imports_and_has_a_docstring(module, name):
     obj = getattr(importlib.import_module(module), name)
     if inspect.isclass(obj) or inspect.isroutine(obj):
@@ -71,3 +75,10 @@ def test_the_public_api_is_small_and_names_no_internals():
 def test_attnlab_gives_the_same_objects_as_their_modules():
     assert attnlab.EncoderDecoder is attnlab.nn.EncoderDecoder
     assert attnlab.show is importlib.import_module("attnlab.viewer.notebook").show
+    from attnlab.generate import generate_continuations
+    from attnlab.run import open_run
+
+    assert open_run is importlib.import_module("attnlab.run.loaded").open_run
+    assert generate_continuations is importlib.import_module("attnlab.generate.search").generate_continuations
+    with pytest.raises(AttributeError, match="has no attribute 'nope'"):
+        importlib.import_module("attnlab.run").nope  # noqa: B018

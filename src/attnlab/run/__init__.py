@@ -11,6 +11,20 @@
 * :mod:`.loaded`: :func:`~attnlab.run.loaded.open_run`, a trained run ready to use (its config,
   task, tokenizer and model).
 
-The package imports none of them: ``from attnlab.run.storage import atomic_write`` loads neither
-the task nor the model code that :mod:`.loaded` needs.
+The package's own names (:data:`__all__`) load their module on first use (:mod:`attnlab.lazy`):
+``from attnlab.run import open_run`` works, and ``from attnlab.run.storage import atomic_write``
+loads none of the task and model code that :mod:`.loaded` needs.
 """
+
+from attnlab.lazy import lazy_exports
+
+_HOMES = {
+    "open_run": "attnlab.run.loaded",
+    "LoadedRun": "attnlab.run.loaded",
+    "RunDir": "attnlab.run.directory",
+    "verify_run": "attnlab.run.verification",
+}
+
+__all__ = list(_HOMES)
+
+__getattr__, __dir__ = lazy_exports(__name__, _HOMES)

@@ -50,11 +50,25 @@ worker processes (spawned; each trains one run at a time on its ``train.threads`
 once and trains many runs). Either way a run that fails is recorded and the others go on, and a
 run's numbers do not depend on ``jobs``: every run seeds itself from its config.
 
-The package, one module per stage (it imports none of them itself):
+The package, one module per stage:
 
 * :mod:`.plan`: the grid, the seeds and every run's config, each checked by the trainer's own
   checks (:func:`~attnlab.sweep.plan.plan_sweep`).
 * :mod:`.execute`: the runs trained and their outcomes recorded (:func:`~attnlab.sweep.execute.run_sweep`).
 * :mod:`.report`: the tables, summary and plots rebuilt from the runs (:func:`~attnlab.sweep.report.write_report`).
 * :mod:`.folder`: where a sweep's files lie.
+
+The package's own names (:data:`__all__`) load their module on first use (:mod:`attnlab.lazy`).
 """
+
+from attnlab.lazy import lazy_exports
+
+_HOMES = {
+    "plan_sweep": "attnlab.sweep.plan",
+    "run_sweep": "attnlab.sweep.execute",
+    "write_report": "attnlab.sweep.report",
+}
+
+__all__ = list(_HOMES)
+
+__getattr__, __dir__ = lazy_exports(__name__, _HOMES)
