@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from attnlab.kernels import native
+from attnlab.kernels import calibration, native
 from attnlab.kernels.linear import linear_setting
 
 __all__ = [
@@ -139,7 +139,7 @@ def machine_info() -> dict[str, Any]:
     return {
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
-        "cpu": _cpu_model(),
+        "cpu": calibration.cpu_model(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "linear_kernel": linear_setting(),
         "native_kernels": native.available(),
@@ -148,17 +148,6 @@ def machine_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
     }
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def format_table(result: BenchResult) -> str:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 import time
 from collections.abc import Callable
 from functools import cache
@@ -47,6 +48,7 @@ from attnlab.kernels import native
 
 __all__ = [
     "CHOICES",
+    "cpu_model",
     "ROUNDS",
     "BUDGET_S",
     "bucket",
@@ -163,12 +165,14 @@ def _build_and_processor() -> str:
         native.build_spec().name,  # the CPU capability and a key over the kernels' build
         str(torch.__version__),
         torch.backends.cpu.get_cpu_capability(),
-        _cpu_model(),
+        cpu_model(),
     )
     return "\n".join(parts)
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``'s "model name", else ``platform.processor()``, else
+    ``unknown``): part of the cache's key, and the machine a benchmark records."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as handle:
             for line in handle:
@@ -176,7 +180,7 @@ def _cpu_model() -> str:
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return "unknown"
+    return platform.processor() or "unknown"
 
 
 def _entry(key: tuple) -> str:
