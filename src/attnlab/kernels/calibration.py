@@ -20,9 +20,10 @@ predicate takes that call, and remembered:
 
 The timing (:func:`measure`) runs each candidate once to warm it, then in interleaved rounds,
 at most :data:`ROUNDS` or until :data:`BUDGET_S` has passed, and keeps each one's fastest time; the
-fastest candidate wins, ties to the earlier listed. Callers time the call's own inputs, detached
-(forward only under ``no_grad``, or forward and backward on fresh leaves where a gradient is
-wanted), so the timing records nothing in the caller's graph and draws no random numbers: the
+fastest candidate wins, unless an earlier listed one is within :data:`TIE` of it (callers list
+their fixed preference first, so noise does not flip a choice between equals). Callers time
+the call's own inputs, detached (forward only under ``no_grad``, or forward and backward on fresh
+leaves where a gradient is wanted), so the timing records nothing in the caller's graph and draws no random numbers: the
 choice changes a result only by the candidates' own rounding.
 
 No measurement is taken (:func:`can_measure` is False) while ``torch.compile`` traces, while a
@@ -51,6 +52,8 @@ __all__ = [
     "cpu_model",
     "ROUNDS",
     "BUDGET_S",
+    "TIE",
+    "cache_bytes",
     "bucket",
     "chosen",
     "choose",
@@ -70,7 +73,13 @@ BUDGET_S = 0.05
 """Seconds after which no further round starts: a class is measured in microseconds to milliseconds,
 and never much over this."""
 
-_FILE_VERSION = 1
+TIE = 0.05
+"""A candidate listed earlier wins over a faster later one that is less than this fraction faster:
+timings of equals differ by a few percent from run to run, and a caller's order is its preference
+(switching a decoding step's maps between two GEMM libraries costs time of its own, so the
+kernels of one regime are listed first)."""
+
+_FILE_VERSION = 2  # 2: linear maps timed with their weights out of the core's cache
 _disk: tuple[Path, dict[str, str]] | None = None  # the cache file read last, and its choices
 
 
@@ -108,7 +117,7 @@ def choose(key: tuple, candidates: dict[str, Callable[[], object]]) -> str:
 def measure(candidates: dict[str, Callable[[], object]]) -> str:
     """The name of the fastest call in ``candidates``: one warm-up call each, then interleaved
     rounds (at most :data:`ROUNDS`, none started after :data:`BUDGET_S`), each one's best time
-    compared; ties go to the earlier listed."""
+    compared; the earliest listed within :data:`TIE` of the best wins."""
     best = dict.fromkeys(candidates, float("inf"))
     for run in candidates.values():
         run()
@@ -120,7 +129,8 @@ def measure(candidates: dict[str, Callable[[], object]]) -> str:
             best[name] = min(best[name], time.perf_counter() - begun)
         if time.perf_counter() - start > BUDGET_S:
             break
-    return min(candidates, key=best.__getitem__)
+    fastest = min(best.values())
+    return next(name for name, seconds in best.items() if seconds <= fastest * (1.0 + TIE))
 
 
 def can_measure() -> bool:
@@ -133,6 +143,24 @@ def can_measure() -> bool:
         and torch._C._len_torch_dispatch_stack() == 0
         and torch._C._functorch.peek_interpreter_stack() is None
     )
+
+
+@cache
+def cache_bytes() -> int:
+    """The bytes of this core's last private cache level (L2 on the EPYCs met; sysfs's
+    ``cpu0/cache``), 1 MiB where the system does not say. Timings that cycle through more data
+    than this read it from the shared cache or memory, as a model's weights are read in a forward
+    pass, rather than from a cache that holds them between one timed call and the next."""
+    private = 0
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            shared = (index / "shared_cpu_list").read_text().strip()
+            size = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        if shared == "0" and size.endswith("K") and size[:-1].isdigit():  # held by cpu0 alone
+            private = max(private, int(size[:-1]) * 1024)
+    return private or 1 << 20
 
 
 def forget() -> None:

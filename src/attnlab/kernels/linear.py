@@ -252,6 +252,12 @@ def _few_rows(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return F.linear(x, weight, bias)
 
 
+def _few_rows_unchecked(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """:func:`attnlab.kernels.native.few_rows_linear` for a call whose class :func:`_linear_applies`
+    already took (float32 CPU, no gradient, W and b contiguous, the kernels built)."""
+    return torch.ops.attnlab.few_rows_linear(native._rows(x), weight, bias).view(*x.shape[:-1], weight.shape[0])
+
+
 def _owner(weight: Tensor) -> Tensor:
     """The parameter ``weight`` is, or is a view of (W^Q is a view of in_proj_weight)."""
     return weight if weight._base is None else weight._base
@@ -288,22 +294,46 @@ class MeasuredLinear:
 
     def __init__(self) -> None:
         self._onednn = OneDNNLinear()
-        self._kernels: dict[str, LinearKernel] = {"aten": aten_linear, "onednn": self._onednn, "few_rows": _few_rows}
+        # The order is the preference between kernels timed within calibration.TIE of each other: the
+        # few-rows kernel first, so a decoding step's maps stay on PyTorch's intra-op threads
+        # rather than switching to MKL's single-threaded product and back, which costs a few
+        # microseconds a switch (benchmarks/README.md).
+        self._kernels: dict[str, LinearKernel] = {"few_rows": _few_rows, "aten": aten_linear, "onednn": self._onednn}
+        # This module's classes already looked up: (rows, grad, W's shape, W and b contiguous) -> the kernel
+        # to call. A decoding step calls ~20 maps per layer, each a few microseconds of work: the
+        # class's key and its dictionary lookups were a tenth of that.
+        self._calls: dict[tuple, LinearKernel] = {}
 
     def __call__(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         if not _onednn_runs(x, weight) or torch.is_autocast_enabled("cpu"):
             return F.linear(x, weight, bias)
         rows = x.numel() // x.shape[-1]
         grad = native.gradient_wanted(x, weight, bias)
+        seen = (
+            rows if rows < MIN_ONEDNN_ROWS else calibration.bucket(rows),
+            grad,
+            *weight.shape,
+            weight.is_contiguous(),
+            None if bias is None else bias.is_contiguous(),
+        )
+        kernel = self._calls.get(seen)
+        if kernel is None:
+            kernel = self._kernel_for(x, weight, bias, rows, grad)
+            if calibration.can_measure():  # else nothing was measured: ask again next time
+                self._calls[seen] = kernel
+        return kernel(x, weight, bias)
+
+    def _kernel_for(self, x: Tensor, weight: Tensor, bias: Tensor | None, rows: int, grad: bool) -> LinearKernel:
+        """The kernel measured (now, or earlier in this process or on this machine) for this call's class."""
         key = ("linear", calibration.bucket(rows), weight.shape, bias is None, grad)
         name = calibration.chosen(key)
         if name is None or not _linear_applies(name, rows, weight, bias, grad):
             names = [each for each in self._kernels if _linear_applies(each, rows, weight, bias, grad)]
             if len(names) == 1 or not calibration.can_measure():
-                name = names[0]  # aten
+                name = names[0]  # the first in the order above
             else:
                 name = calibration.choose(key, {each: _timed_linear(each, x, weight, bias, grad) for each in names})
-        return self._kernels[name](x, weight, bias)
+        return _few_rows_unchecked if name == "few_rows" else self._kernels[name]
 
     def __deepcopy__(self, memo: dict) -> MeasuredLinear:
         return MeasuredLinear()  # a copied module has weights of its own: it packs them itself
@@ -333,19 +363,46 @@ def _linear_applies(name: str, rows: int, weight: Tensor, bias: Tensor | None, g
 def _timed_linear(name: str, x: Tensor, weight: Tensor, bias: Tensor | None, grad: bool) -> Callable[[], object]:
     """One call of kernel ``name`` on detached views of the inputs, to time: forward only, or
     forward and backward on fresh leaves where a gradient is wanted (nothing is recorded in the
-    caller's graph). oneDNN runs on an instance of its own, whose packed weights are dropped after."""
+    caller's graph). oneDNN runs on an instance of its own, whose packed weights are dropped after.
+
+    Each call takes the next of enough copies of the weight to fill twice this core's private
+    cache (:func:`attnlab.kernels.calibration.cache_bytes`; the weight itself where it is that
+    large): in a forward pass the other layers' weights pass through the cache between two reads
+    of this one, and timing one small weight over and over, always cached, favoured aten's
+    single-threaded matrix-vector product where the model's decoding step ran faster on the
+    few-rows kernel, which reads W on all cores (benchmarks/README.md).
+    """
     kernel = OneDNNLinear() if name == "onednn" else {"aten": aten_linear, "few_rows": _few_rows}[name]
-    leaves = [None if t is None else t.detach().requires_grad_(t.requires_grad) for t in (x, weight, bias)]
-    wanted = [t for t in leaves if t is not None and t.requires_grad]
-    x, weight, bias = leaves
+    copies = max(1, -(-2 * calibration.cache_bytes() // max(weight.numel() * weight.element_size(), 1)))
+    weights = [_leaf(weight)] + [_leaf(weight, copy=True) for _ in range(copies - 1)]
+    x, bias = _leaf(x), None if bias is None else _leaf(bias)
+    turn = [0]
+
+    def next_weight() -> Tensor:
+        turn[0] = (turn[0] + 1) % copies
+        return weights[turn[0]]
+
     if not grad:
-        return lambda: kernel(x, weight, bias)
+        if name == "onednn":  # used twice with these rows, each copy is packed as the module's weight would be
+            for w in weights * 2:
+                kernel(x, w, bias)
+        return lambda: kernel(x, next_weight(), bias)
 
     def run_with_backward() -> object:
-        output = kernel(x, weight, bias)
+        w = next_weight()
+        output = kernel(x, w, bias)
+        wanted = [t for t in (x, w, bias) if t is not None and t.requires_grad]
         return torch.autograd.grad(output, wanted, torch.ones_like(output))  # dense, as a loss's
 
     return run_with_backward
+
+
+def _leaf(t: Tensor, copy: bool = False) -> Tensor:
+    """A detached leaf (a copy with ``copy``) of ``t`` that requires a gradient where ``t`` does."""
+    if not copy:
+        return t.detach().requires_grad_(t.requires_grad)
+    with torch.inference_mode(False):  # a normal tensor, as the weight is, also under inference_mode
+        return t.detach().clone().requires_grad_(t.requires_grad)
 
 
 LINEAR_SETTINGS = ("auto", *LINEAR_KERNELS)

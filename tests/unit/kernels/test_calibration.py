@@ -99,6 +99,32 @@ def test_measure_picks_the_fastest_and_ties_go_to_the_first():
     assert calibration.measure({"x": lambda: None, "y": lambda: None}) in {"x", "y"}
 
 
+@pytest.mark.parametrize(
+    ("seconds", "winner"),
+    [
+        ({"first": 1.00, "second": 0.97}, "first"),  # 3% faster: within TIE, the caller's order holds
+        ({"first": 1.00, "second": 0.90}, "second"),  # 10% faster: the timing decides
+        ({"first": 0.90, "second": 1.00}, "first"),
+        ({"first": 1.00, "second": 0.99, "third": 0.50}, "third"),
+    ],
+)
+def test_an_earlier_candidate_within_tie_of_the_fastest_wins(monkeypatch, seconds, winner):
+    """Each call advances a fake clock by its candidate's time: the rule, not the machine, decides."""
+    clock = [0.0]
+    monkeypatch.setattr(calibration.time, "perf_counter", lambda: clock[0])
+
+    def call(name):  # noqa: ANN001, ANN202
+        return lambda: clock.__setitem__(0, clock[0] + seconds[name] * 1e-3)
+
+    assert calibration.TIE == 0.05
+    assert calibration.measure({name: call(name) for name in seconds}) == winner
+
+
+def test_the_private_cache_size_is_read_from_the_system_or_defaults_to_a_mebibyte():
+    size = calibration.cache_bytes()
+    assert isinstance(size, int) and 64 * 1024 <= size <= 1 << 30
+
+
 def test_the_thread_count_is_part_of_the_cache_key(timings, monkeypatch):
     calibration.choose(KEY, CANDIDATES)
     first = calibration.cache_path()
