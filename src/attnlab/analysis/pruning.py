@@ -110,7 +110,7 @@ def write_pruned_run(
     config["train"]["mask_heads"] = [str(h) for h in held]
     with run.lock():  # one writer at a time (attnlab.run.lock)
         run.write_config(config)
-        tokenizer = loaded.run.read_tokenizer_text()  # verified; written with its record in the new manifest
+        tokenizer = loaded.tokenizer_text()  # verified; written with its record in the new manifest
         if tokenizer is not None:
             run.write_tokenizer(tokenizer)
         run.save_weights(pruned_model)

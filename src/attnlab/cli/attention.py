@@ -13,13 +13,13 @@ from pathlib import Path
 import typer
 
 from attnlab.cli.app import app
-from attnlab.cli.options import device_option, json_option, print_json
+from attnlab.cli.options import SOURCE_HELP, device_option, dtype_option, json_option, print_json, revision_option
 from attnlab.resources import MAX_NEW_TOKENS
 
 
 @app.command()
 def attention(
-    run: Path = typer.Argument(..., help="A run directory written by `attnlab train`."),
+    run: Path = typer.Argument(..., help=SOURCE_HELP),
     text: str = typer.Argument(..., help="The input: symbols of the task (e.g. abcd) or text."),
     out: Path = typer.Option(..., "--out", help="Folder to write the PNG files into (created if missing)."),
     argmax: bool | None = typer.Option(
@@ -32,6 +32,8 @@ def attention(
         None, "--layers", help="Only these layers, e.g. 0,5,29 or 0-3 or 0,10-12 (default: every layer)."
     ),
     device: str = device_option(),
+    dtype: str | None = dtype_option(),
+    revision: str | None = revision_option(),
     as_json: bool = json_option("Print one JSON object: input, output, held heads and the pictures written."),
 ) -> None:
     """Draw every attention map of RUN on TEXT: per head, per layer (grid), and the argmax pattern.
@@ -42,14 +44,14 @@ def attention(
     # Imported when the command runs: the help pages load no torch (see attnlab.cli).
     from attnlab.analysis.maps import attention_view
     from attnlab.analysis.plots import save_attention_pictures, select_layers
+    from attnlab.pretrained.sources import open_model
     from attnlab.resources import check_input_text, check_new_tokens
-    from attnlab.run.loaded import open_run
     from attnlab.run.output_paths import check_output_path
 
     check_input_text(text, what="TEXT")
     check_new_tokens(max_length, flag="--max-length")
     check_output_path(out, kind="folder", flag="--out")
-    loaded = open_run(run, device=device)
+    loaded = open_model(run, device=device, dtype=dtype, revision=revision)
     chosen = None if layers is None else select_layers(layers, _deepest(loaded.model.config), flag="--layers")
     view = attention_view(loaded, text, max_length=max_length)
     hard = loaded.experiment.model.get("attention") == "hard"

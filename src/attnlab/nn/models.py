@@ -271,11 +271,15 @@ class PositionPlacer:
       embedding's table and for attention alike;
     * otherwise, for encodings inside attention: each real token's index among the real tokens
       (:func:`attnlab.nn.rotary.positions_of_tokens`), so left padding does not shift them;
+    * otherwise, where some keys are padding (a left-padded batch of prompts), the same indices
+      for the embedding's table (GPT-2's learned positions start at 0 on each row's first token,
+      as Hugging Face's ``generate`` places them);
     * otherwise none: the embedding counts from the cache's offset.
     """
 
     def __init__(self, config: TransformerConfig) -> None:
         self.in_attention = config.positional in IN_ATTENTION
+        self.in_embedding = config.positional != "none" and not self.in_attention
         self.limit = config.randomized_positions or 0
 
     def __call__(self, keys_are_tokens: Tensor, new: int, *, training: bool, cached: bool) -> Placement:
@@ -285,6 +289,8 @@ class PositionPlacer:
         if self.in_attention:
             keys = positions_of_tokens(keys_are_tokens, keys_are_tokens.shape[1])  # (B, T_k)
             return Placement(keys[:, -new:], keys, None)
+        if self.in_embedding and not bool(keys_are_tokens[:, 0].all()):  # a row starts with padding
+            return Placement(None, None, positions_of_tokens(keys_are_tokens, new))  # (B, T)
         return Placement(None, None, None)
 
 
