@@ -70,7 +70,7 @@ def _build(model_type: str, folder: Path) -> Any:
     torch.manual_seed(sum(map(ord, model_type)))
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
     with torch.no_grad():
-        for name, parameter in model.named_parameters():
+        for parameter in model.parameters():
             if parameter.dim() == 1:  # norms' gains and biases, away from 1 and 0
                 parameter.add_(torch.randn_like(parameter) * 0.2)
     model.save_pretrained(folder)
@@ -137,7 +137,9 @@ def test_cached_decoding_equals_the_whole_sequence(family) -> None:  # noqa: ANN
         whole = model(tokens, is_token=is_token)
         state = model.new_state()
         first = model(tokens[:, :5], is_token=is_token[:, :5], state=state)
-        steps = [model(tokens[:, t : t + 1], is_token=is_token[:, t : t + 1], state=state) for t in range(5, tokens.shape[1])]
+        steps = [
+            model(tokens[:, t : t + 1], is_token=is_token[:, t : t + 1], state=state) for t in range(5, tokens.shape[1])
+        ]
     cached = torch.cat([first, *steps], dim=1)
     torch.testing.assert_close(cached[is_token], whole[is_token], atol=1e-10, rtol=1e-9)
 
