@@ -302,8 +302,9 @@ def _key_padding(is_token: Tensor) -> Tensor | None:
 class Encoder(nn.Module):
     """Embedding, then N encoder layers (Vaswani §3.1; Agarwal §3, §5.1).
 
-    With ``causal=True`` every layer's self-attention is masked, which makes this the body of a
-    decoder-only model.
+    With ``causal=True`` every layer's self-attention is masked, which makes this the decoder of a
+    decoder-only model (:class:`DecoderOnly`'s ``decoder``): a decoder without cross-attention is a
+    causal encoder stack.
 
     Args:
         config: model options.
@@ -580,10 +581,10 @@ class DecoderOnly(TransformerModel):
     def __init__(self, config: DecoderOnlyConfig) -> None:
         super().__init__()
         self.config = config
-        self.body = Encoder(config, vocab_size=config.vocab_size, causal=True, kind="self")
+        self.decoder = Encoder(config, vocab_size=config.vocab_size, causal=True, kind="self")
         self.lm_head = OutputLayer(config.d_model, config.vocab_size, bias=config.bias)
         if config.tie_embeddings:
-            self.lm_head.weight = self.body.embedding.token.weight
+            self.lm_head.weight = self.decoder.embedding.token.weight
 
     def forward(
         self,
@@ -594,14 +595,14 @@ class DecoderOnly(TransformerModel):
     ) -> Tensor:
         """``is_token`` (B, T): which positions are real tokens, for a model whose padding id is
         also a real token (a pretrained LM's); default ``tokens != pad_id``."""
-        hidden = self.body(tokens, state=state, is_token=is_token)
+        hidden = self.decoder(tokens, state=state, is_token=is_token)
         return self._logits(self.lm_head(hidden))
 
     def new_state(self) -> DecodingState:
-        return DecodingState([KVCache() for _ in self.body.layers])
+        return DecodingState([KVCache() for _ in self.decoder.layers])
 
     def site_stacks(self) -> dict[str, tuple[nn.Module, tuple[str, ...]]]:
-        return {"decoder": (self.body, ("self",))}
+        return {"decoder": (self.decoder, ("self",))}
 
 
 class EncoderOnly(TransformerModel):
