@@ -253,4 +253,5 @@ class LanguageModel:
 def _next_token_loss(logits: Tensor, tokens: Tensor, is_token: Tensor) -> Tensor:
     """Mean cross-entropy of each real token after the first given the ones before it."""
     targets = tokens[:, 1:].masked_fill(~(is_token[:, 1:] & is_token[:, :-1]), -100)
-    return F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
+    scores = logits[:, :-1] if logits.dtype in (torch.float32, torch.float64) else logits[:, :-1].float()
+    return F.cross_entropy(scores.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)

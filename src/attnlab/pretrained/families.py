@@ -30,7 +30,7 @@ from attnlab.errors import CheckpointError, ConfigError
 
 __all__ = ["Family", "FAMILIES", "Piece", "family_of", "fill_state", "STACK"]
 
-STACK = "body"
+STACK = "decoder"
 """The attribute of :class:`attnlab.nn.DecoderOnly` that holds its embedding and layers."""
 
 Transform = Callable[[Tensor, Mapping[str, Any]], Tensor]

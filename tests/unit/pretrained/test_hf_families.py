@@ -19,69 +19,16 @@ import torch
 from attnlab.nn import capture, trace
 from attnlab.pretrained.checkpoint import find_checkpoint
 from attnlab.pretrained.hf_model import open_checkpoint
+from tests.unit.pretrained.tiny_hf import LAYERS, SIZES, TEXTS, VARIED, build
 
 transformers = pytest.importorskip("transformers")
-
-LAYERS, HEADS, D_MODEL = 2, 4, 32
-SIZES: dict[str, dict[str, Any]] = {
-    "llama": {
-        "hidden_size": D_MODEL,
-        "intermediate_size": 48,
-        "num_hidden_layers": LAYERS,
-        "num_attention_heads": HEADS,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 64,
-        "tie_word_embeddings": False,
-    },
-    "gpt2": {"n_embd": D_MODEL, "n_layer": LAYERS, "n_head": HEADS, "n_positions": 64},
-}
-"""model_type -> the tiny sizes of its transformers config (the classes come from AutoConfig)."""
-
-TEXTS = ["hello world, the quick brown fox", "def f(x): return x + 1", "12 34"]
-VARIED = ["Hello, world!", "def f(x):\n    return x ** 2  # code", "3.14159 and 2718", "Ünïcödé ✓ 日本語", "  spaces  "]
-
-
-def _tokenizer(folder: Path) -> int:
-    """A byte-level BPE tokenizer.json (BOS put before each text), saved into ``folder``; its size."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=320, special_tokens=["<s>", "</s>", "<pad>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    tokenizer.train_from_iterator(TEXTS * 20 + VARIED * 5, trainer)
-    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
-    wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
-    wrapped.save_pretrained(folder)
-    return tokenizer.get_vocab_size()
-
-
-def _build(model_type: str, folder: Path) -> Any:
-    """A random transformers model of ``model_type`` saved into ``folder``; returned in float64."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    vocab = _tokenizer(folder)
-    config = AutoConfig.for_model(
-        model_type, vocab_size=vocab, bos_token_id=0, eos_token_id=1, pad_token_id=2, **SIZES[model_type]
-    )
-    torch.manual_seed(sum(map(ord, model_type)))
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() == 1:  # norms' gains and biases, away from 1 and 0
-                parameter.add_(torch.randn_like(parameter) * 0.2)
-    model.save_pretrained(folder)
-    return model.double().eval()
 
 
 @pytest.fixture(scope="module", params=sorted(SIZES))
 def family(request, tmp_path_factory) -> tuple[str, Path, Any, Any]:  # noqa: ANN001
     """(model_type, its folder, the transformers model and attnlab's, both float64)."""
     folder = tmp_path_factory.mktemp(request.param)
-    reference = _build(request.param, folder)
+    reference = build(request.param, folder)
     ours = open_checkpoint(find_checkpoint(folder), dtype=torch.float64)
     return request.param, folder, reference, ours
 
