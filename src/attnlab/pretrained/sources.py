@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from attnlab.devices import resolve_device
+from attnlab.devices import cast_parameters, resolve_device
 from attnlab.errors import UsageError
 from attnlab.kernels import native
 from attnlab.pretrained.checkpoint import find_checkpoint, is_checkpoint_folder, storage_dtype
@@ -88,8 +88,8 @@ def open_model(
             source=found.name,
         )
     model = loaded.model
-    if wanted is not None and next(model.parameters()).dtype != wanted:
-        model.to(dtype=wanted)
+    if wanted is not None:
+        cast_parameters(model, wanted)
     model.to(device).eval()
     native.prepare(device)  # a first use's kernel build now, before a command's progress bar
     return loaded

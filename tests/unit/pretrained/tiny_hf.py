@@ -28,6 +28,12 @@ TEXTS = ["hello world, the quick brown fox", "def f(x): return x + 1", "12 34"]
 VARIED = ["Hello, world!", "def f(x):\n    return x ** 2  # code", "3.14159 and 2718", "Ünïcödé ✓ 日本語", "  spaces  "]
 
 
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ bos_token }}{{ m['role'] }}: {{ m['content'] }}{{ eos_token }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ bos_token }}assistant:{% endif %}"
+)
+
+
 def save_tokenizer(folder: Path) -> int:
     """A byte-level BPE tokenizer.json (BOS put before each text), saved into ``folder``; its size."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -42,6 +48,7 @@ def save_tokenizer(folder: Path) -> int:
     tokenizer.train_from_iterator(TEXTS * 20 + VARIED * 5, trainer)
     tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
     wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    wrapped.chat_template = CHAT_TEMPLATE
     wrapped.save_pretrained(folder)
     return tokenizer.get_vocab_size()
 
