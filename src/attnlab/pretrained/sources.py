@@ -4,7 +4,8 @@ A SOURCE is, in this order:
 
 * an attnlab run directory (``attnlab train`` or ``attnlab import`` wrote it): opened and
   verified against its manifest (:func:`attnlab.run.loaded.open_run`);
-* a Hugging Face model folder (config.json with a ``model_type``, safetensors weights, tokenizer.json),
+* a Hugging Face model folder (config.json with a ``model_type``, safetensors weights, tokenizer.json;
+  a decoder of :data:`attnlab.pretrained.families.FAMILIES`, or a BERT or RoBERTa encoder),
   or ``NAME`` / ``ORG/NAME`` of a model in the local Hugging Face cache (``--revision`` picks a
   snapshot): opened in memory (:func:`attnlab.pretrained.hf_model.open_checkpoint`), nothing
   written, nothing downloaded;
@@ -24,6 +25,8 @@ import torch
 from attnlab.devices import cast_parameters, resolve_device
 from attnlab.errors import UsageError
 from attnlab.kernels import native
+from attnlab.pretrained.bert import SUPPORTED_MODEL_TYPES as ENCODERS
+from attnlab.pretrained.bert import find_source, read_bert
 from attnlab.pretrained.checkpoint import find_checkpoint, is_checkpoint_folder, storage_dtype
 from attnlab.pretrained.gguf import read_gguf
 from attnlab.pretrained.hf_model import open_checkpoint
@@ -77,7 +80,10 @@ def open_model(
     else:
         _only_for_runs(checkpoint, None, what=f"{source} is no attnlab run")
         found = find_checkpoint(source, revision=revision)
-        opened = open_checkpoint(found, dtype=wanted)
+        if found.model_type in ENCODERS:  # BERT and RoBERTa: attnlab's sentence encoder
+            opened = read_bert(find_source(found.folder))
+        else:
+            opened = open_checkpoint(found, dtype=wanted)
         loaded = LoadedRun(
             None,
             opened.experiment,
