@@ -28,6 +28,11 @@ def attention(
     max_length: int = typer.Option(
         64, "--max-length", min=1, help=f"Most output tokens to decode (at most {MAX_NEW_TOKENS})."
     ),
+    continuation: bool = typer.Option(
+        False,
+        "--continuation/--prompt-only",
+        help="Language models: draw the greedy continuation's rows and columns too (default: the prompt only).",
+    ),
     layers: str | None = typer.Option(
         None, "--layers", help="Only these layers, e.g. 0,5,29 or 0-3 or 0,10-12 (default: every layer)."
     ),
@@ -53,7 +58,7 @@ def attention(
     check_output_path(out, kind="folder", flag="--out")
     loaded = open_model(run, device=device, dtype=dtype, revision=revision)
     chosen = None if layers is None else select_layers(layers, _deepest(loaded.model.config), flag="--layers")
-    view = attention_view(loaded, text, max_length=max_length)
+    view = attention_view(loaded, text, max_length=max_length, continuation=continuation)
     hard = loaded.experiment.model.get("attention") == "hard"
     paths = save_attention_pictures(view, out, argmax=hard if argmax is None else argmax, layers=chosen)
     if as_json:
