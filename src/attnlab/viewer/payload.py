@@ -124,7 +124,7 @@ def run_payload(
         len(ids), model_kind=kind, context=_context(loaded), cap=limits.max_input_tokens, extra=extra
     )
     mask = mask_without(loaded.model, request.off) if request.off else None
-    view = attention_view(loaded, request.text, head_mask=mask, max_length=outputs, continuation=True)
+    view = attention_view(loaded, request.text, head_mask=mask, max_length=outputs)
     if check is not None:
         check(view)
     layers = request.layers if request.layers is not None else tuple(range(limits.layers_per_page))
