@@ -11,6 +11,7 @@
     xi = lm.head_mask(); xi["self"][5, 1] = 0.0      # Michel et al.'s xi_h: head 5:1 off
     with attnlab.masking_heads(lm.model, xi):
         lm("When Mary and John went to the store", return_type="loss")
+    lm.importance("texts.txt")[:5]                   # the five heads that matter most on a text file
 
 :class:`LanguageModel` wraps what :func:`attnlab.pretrained.sources.open_model` opens (a
 :class:`attnlab.run.loaded.LoadedRun`): the tokenizer, the model, and the task that says how a text
@@ -31,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnlab.analysis.heads import ImportanceRow, importance
+from attnlab.analysis.lm_probe import NextTokenProbe
 from attnlab.devices import model_device
 from attnlab.errors import UsageError
 from attnlab.generate.sampling import SamplingOptions
@@ -233,6 +236,13 @@ class LanguageModel:
     def head_mask(self, value: float = 1.0, *, requires_grad: bool = False) -> dict[str, Tensor]:
         """A head mask xi with every entry ``value`` (1: every head on), on the model's device."""
         return full_head_mask(self.head_mask_shapes, value, requires_grad=requires_grad, device=self.device)
+
+    def importance(self, texts: str | os.PathLike[str], *, batch_size: int = 16) -> list[ImportanceRow]:
+        """Every head ranked by Michel et al.'s I_h = E_x |dL(x)/dxi_h| on a text file (one text
+        per line; next-token loss), most important first: one forward and backward pass per batch
+        (``attnlab heads importance RUN --texts FILE``)."""
+        probe = NextTokenProbe(self.loaded, texts, batch_size=batch_size)
+        return sorted(importance(probe), key=lambda row: -row.importance)
 
     # ---- where and how it runs ------------------------------------------------------------------------
 

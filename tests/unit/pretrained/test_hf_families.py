@@ -127,3 +127,34 @@ def test_token_ids_equal_autotokenizer(family) -> None:  # noqa: ANN001
     reference = AutoTokenizer.from_pretrained(folder)
     for text in VARIED + TEXTS:
         assert ours.task.encode(text) == reference(text).input_ids, text
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize(("dtype", "relative"), [(torch.float32, 1e-5), (torch.bfloat16, 5e-2), (torch.float16, 1e-2)])
+def test_on_the_gpu_logits_and_a_masked_head_match_float64(family, dtype, relative) -> None:  # noqa: ANN001
+    """The family on CUDA in fp32/bf16/fp16 (PyTorch's fused GPU attention, the head mask on the
+    fused path): a left-padded batch's logits, with and without a head off, within ``relative``
+    of the float64 CPU logits' scale; greedy tokens equal in fp32."""
+    from attnlab.generate.search import DecodeOptions, generate_continuations
+    from attnlab.head_ids import HeadId, mask_without
+    from attnlab.nn import masking_heads
+    from attnlab.pretrained.sources import open_model
+
+    _, folder, _, ours = family
+    gpu = open_model(folder, device="cuda", dtype=str(dtype).removeprefix("torch."))
+    tokens, is_token = _left_padded([ours.task.encode(t) for t in TEXTS], ours.task.pad)
+    for off in ([], [HeadId("self", LAYERS - 1, 1)]):
+        with torch.no_grad():
+            with masking_heads(ours.model, mask_without(ours.model, off) if off else None):
+                expected = ours.model(tokens, is_token=is_token)
+            mask = mask_without(gpu.model, off) if off else None
+            with masking_heads(gpu.model, mask):
+                got = gpu.model(tokens.cuda(), is_token=is_token.cuda())
+        assert got.dtype == dtype and got.device.type == "cuda"
+        assert (got.double().cpu() - expected)[is_token].abs().max() <= relative * expected[is_token].abs().max()
+    if dtype == torch.float32:
+        prompts = [ours.task.encode(t) for t in TEXTS[:2]]
+        options = DecodeOptions(max_length=6)
+        on_cpu = generate_continuations(ours.model, prompts, eos_id=ours.task.eos, banned=(), options=options)
+        on_gpu = generate_continuations(gpu.model, prompts, eos_id=ours.task.eos, banned=(), options=options)
+        assert [h.tokens for h in on_gpu] == [h.tokens for h in on_cpu]
