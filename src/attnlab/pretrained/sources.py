@@ -60,6 +60,7 @@ def open_model(
     """
     device = _device(device)
     wanted = storage_dtype(dtype) if isinstance(dtype, str) else dtype
+    _check_runs_on(device, wanted)
     path = Path(source).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         _only_for_runs(checkpoint, revision, what=f"{path} is a GGUF file")
@@ -110,6 +111,14 @@ def _device(device: str | torch.device | None) -> torch.device:
         return resolve_device(device)
     except ValueError as error:
         raise UsageError(str(error)) from None
+
+
+def _check_runs_on(device: torch.device, dtype: torch.dtype | None) -> None:
+    """A UsageError naming --dtype where the device cannot compute in ``dtype`` (bf16 on a GPU
+    older than Ampere); the CPU runs all three."""
+    if dtype == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        name = torch.cuda.get_device_name(device)
+        raise UsageError(f"--dtype: {name} does not compute in bfloat16; use float16 or float32")
 
 
 def _only_for_runs(checkpoint: str | None, revision: str | None, *, what: str) -> None:

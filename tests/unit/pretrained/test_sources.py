@@ -198,3 +198,40 @@ def test_load_generates_greedily_by_sampling_and_as_a_stream(llama) -> None:  # 
     assert lm.generate(TEXTS[1], max_new_tokens=6, temperature=1.0, seed=7) == first
     with pytest.raises(UsageError, match="only when sampling"):
         lm.generate(TEXTS[1], top_k=3)
+
+
+@pytest.mark.parametrize(
+    ("damage", "code", "words"),
+    [
+        ("no_config", 2, "no config.json"),
+        ("truncated", 3, "model.safetensors: not a complete safetensors file"),
+        ("model_type", 2, "model_type 'bloom' is not implemented by attnlab"),
+        ("absent_name", 2, "no model of that name in the Hugging Face cache"),
+    ],
+)
+def test_the_cli_gives_one_error_line_and_its_exit_code(
+    llama, tmp_path, monkeypatch, capsys, damage, code, words
+) -> None:  # noqa: ANN001, PLR0913
+    from attnlab.cli import main
+
+    folder, _ = llama
+    source = _copy(folder, tmp_path / "model")
+    if damage == "no_config":
+        (source / "config.json").unlink()
+    elif damage == "truncated":
+        data = (source / "model.safetensors").read_bytes()
+        (source / "model.safetensors").write_bytes(data[:20])
+    elif damage == "model_type":
+        config = json.loads((source / "config.json").read_text())
+        (source / "config.json").write_text(json.dumps({**config, "model_type": "bloom"}))
+    else:
+        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+        source = "org/absent"
+    out = tmp_path / "maps"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["attention", str(source), TEXTS[0], "--out", str(out)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == code, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], err
+    assert not out.exists()  # nothing half-written
