@@ -20,6 +20,7 @@ from attnlab.errors import check_field_types
 from attnlab.nn.feed_forward import ACTIVATIONS
 from attnlab.nn.normalization import NORMS
 from attnlab.nn.positional import COMBINES, POSITIONAL, RANDOMIZABLE
+from attnlab.nn.rotary import rope_frequencies
 from attnlab.nn.scores import SCORES
 
 __all__ = [
@@ -77,6 +78,12 @@ class TransformerConfig:
             ``alibi`` (linear biases on the scores, Press et al. 2022) or ``relative`` (learned
             relative representations, Shaw et al. 2018): :mod:`attnlab.nn.position_bias`.
         rope_base: the base of the rotary angles (``positional = "rope"``).
+        rotary_fraction: rotate only the first int(d_k * rotary_fraction) dims of each query and
+            key head, the rest passing unchanged (partial rotary: GPT-NeoX's ``rotary_pct``,
+            Phi-3's ``partial_rotary_factor``); the rotated width must be even and > 0.
+        rope_scaling: Hugging Face's ``rope_scaling`` dict (``rope_type`` or ``type``: ``linear``,
+            ``llama3``, ``yarn`` or ``default``, with that type's parameters), scaling the rotary
+            frequencies (:data:`attnlab.nn.rotary.ROPE_SCALINGS`); None for none.
         relative_clip: the clipping distance k of ``positional = "relative"`` (Shaw et al. §3.2).
         randomized_positions: M, or None/0 for off: in training, each sequence's positions are an
             ordered random subset of [0, M) instead of 0..T-1 (Ruoss et al. 2023); in evaluation
@@ -95,6 +102,8 @@ class TransformerConfig:
             the token and position vectors as in BERT; 0 means none.
         embedding_norm: LayerNorm the summed input embedding (BERT) before dropout.
         bias: biases in every linear map (attention projections, FFN, output layer); Llama has none.
+        qkv_bias: biases on W^Q, W^K and W^V only (Qwen2 has them there and nowhere else); None
+            follows ``bias``. W^O, the FFN and the output layer follow ``bias``.
         heads_per_layer: after physical head pruning: attention kind -> the number of heads left
             in each layer of that kind (0 allowed: the sub-layer then adds only its output bias).
             Kinds not listed keep ``heads``. Needs ``d_k`` set, since d_model / H no longer applies.
@@ -124,6 +133,8 @@ class TransformerConfig:
     positional_combine: str = "add"
     positional_dim: int | None = None
     rope_base: float = 10000.0
+    rotary_fraction: float = 1.0
+    rope_scaling: dict[str, Any] | None = None
     relative_clip: int = 16
     randomized_positions: int | None = None
     max_len: int = 512
@@ -136,6 +147,7 @@ class TransformerConfig:
     type_vocab_size: int = 0
     embedding_norm: bool = False
     bias: bool = True
+    qkv_bias: bool | None = None
     heads_per_layer: dict[str, list[int]] | None = None
     kv_groups: dict[str, list[list[int]]] | None = None
 
@@ -186,7 +198,21 @@ class TransformerConfig:
             raise ValueError(f"rope_base: must be a positive number, got {self.rope_base}")
         if self.positional == "rope" and self.head_dim_k % 2:
             raise ValueError(f"positional: rope needs an even head size d_k, got {self.head_dim_k}")
+        self._check_rotary_variants()
         self._check_relative_positions()
+
+    def _check_rotary_variants(self) -> None:
+        if not 0.0 < self.rotary_fraction <= 1.0:
+            raise ValueError(f"rotary_fraction: must lie in (0, 1], got {self.rotary_fraction}")
+        rotated = int(self.head_dim_k * self.rotary_fraction)
+        if self.positional == "rope" and (rotated % 2 or rotated == 0):
+            raise ValueError(
+                f"rotary_fraction: int(d_k * rotary_fraction) = {rotated} rotated dims; it must be even and > 0"
+            )
+        if self.rope_scaling is not None:
+            if self.positional != "rope":
+                raise ValueError(f"rope_scaling: applies to positional='rope' only, not {self.positional!r}")
+            rope_frequencies(self.rope_base, rotated, self.rope_scaling)  # a ValueError naming rope_scaling
 
     def _check_relative_positions(self) -> None:
         _check_positive("relative_clip", self.relative_clip)

@@ -201,11 +201,14 @@ def _multi_head(config: TransformerConfig, kind: str, layer: int) -> MultiHeadAt
         straight_through=config.straight_through,
         dropout=config.attention_dropout,
         bias=config.bias,
+        qkv_bias=config.qkv_bias,
         # Grouped-query attention in self-attention; None: one key/value head per (unpruned) head.
         kv_heads=None if kind == "cross" or config.kv_index_at(kind, layer) is not None else config.kv_heads,
         kv_index=config.kv_index_at(kind, layer),  # what pruning left of grouped-query attention
         # Rotary positions rotate self-attention's queries and keys; cross-attention has none.
         rope_base=config.rope_base if config.positional == "rope" and kind != "cross" else None,
+        rotary_fraction=config.rotary_fraction,
+        rope_scaling=config.rope_scaling,
         # ALiBi and Shaw et al.'s relative positions bias self-attention's scores; not cross-attention's.
         position_bias=config.positional if config.positional in POSITION_BIASES and kind != "cross" else None,
         relative_clip=config.relative_clip,

@@ -24,7 +24,8 @@ The same module serves the three uses of Vaswani §3.2.3 (Agarwal §5):
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -198,7 +199,9 @@ class MultiHeadAttention(nn.Module):
             choice (:data:`attnlab.nn.config.ATTENTION_NORMALIZERS`).
         straight_through: hard attention trained with the soft gradient.
         dropout: dropout on the attention weights during training.
-        bias: biases on the projections.
+        bias: biases on the projections (W^O's always follows it).
+        qkv_bias: biases on W^Q, W^K and W^V only (Qwen2: on q, k and v but not on W^O); None
+            follows ``bias``.
         kv_heads: key/value heads (grouped-query attention, Ainslie et al. 2023): query head h reads
             key/value head h // (H / kv_heads); default H. The KV cache holds kv_heads heads.
         kv_index: an explicit query -> key/value head map instead (H entries; key/value heads
@@ -207,6 +210,9 @@ class MultiHeadAttention(nn.Module):
             uniform h // (H / kv_heads) one takes the same path as ``kv_heads``.
         rope_base: rotate queries and keys by their positions in self-attention (rotary position
             embeddings, :mod:`attnlab.nn.rotary`) with this base; None for no rotation.
+        rotary_fraction: rotate the first int(d_k * rotary_fraction) dims of each head only
+            (partial rotary, GPT-NeoX).
+        rope_scaling: a ``rope_scaling`` dict of :data:`attnlab.nn.rotary.ROPE_SCALINGS`, or None.
         position_bias: relative positions on the scores (:mod:`attnlab.nn.position_bias`):
             ``alibi`` (Press et al. 2022) or ``relative`` (Shaw et al. 2018); None for none.
         relative_clip: the clipping distance k of ``relative``.
@@ -245,6 +251,9 @@ class MultiHeadAttention(nn.Module):
         kv_index: list[int] | None = None,
         position_bias: str | None = None,
         relative_clip: int = 16,
+        qkv_bias: bool | None = None,
+        rotary_fraction: float = 1.0,
+        rope_scaling: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         if heads < 0 or (heads == 0 and d_k is None):
@@ -265,7 +274,11 @@ class MultiHeadAttention(nn.Module):
         uniform = uniform_kv_index(heads, self.kv_heads) if heads and heads % self.kv_heads == 0 else []
         self.kv_index: list[int] = list(kv_index) if kv_index is not None else uniform_kv_index(heads, self.kv_heads)
         # Chosen once: rotary positions on queries and keys, or none; K/V heads shared by groups.
-        self.rotary = RotaryEmbedding(self.d_k, rope_base) if rope_base is not None else None
+        self.rotary = (
+            RotaryEmbedding(self.d_k, rope_base, fraction=rotary_fraction, scaling=rope_scaling)
+            if rope_base is not None
+            else None
+        )
         self._place: PlaceFn = _rotate_by_position if self.rotary is not None else _unplaced
         # Chosen once: a bias on the scores from the distance j - i (ALiBi, Shaw et al.), or none.
         self.position_bias: PositionBias | None = (
@@ -294,7 +307,8 @@ class MultiHeadAttention(nn.Module):
         qk, vv = heads * self.d_k, heads * self.d_v
         self._split = (qk, self.kv_heads * self.d_k, self.kv_heads * self.d_v)
         self.in_proj_weight = nn.Parameter(torch.empty(sum(self._split), d_model))
-        self.in_proj_bias = nn.Parameter(torch.zeros(sum(self._split))) if bias else None
+        in_bias = bias if qkv_bias is None else qkv_bias
+        self.in_proj_bias = nn.Parameter(torch.zeros(sum(self._split))) if in_bias else None
         with warnings.catch_warnings():  # a fully pruned layer has zero-element weights by design
             warnings.filterwarnings("ignore", message="Initializing zero-element tensors")
             self.out_proj = nn.Linear(vv, d_model, bias=bias)
@@ -615,6 +629,7 @@ class MultiHeadAttention(nn.Module):
         }
         if self.in_proj_bias is not None:
             state["in_proj_bias"] = self.in_proj_bias.detach()[rows]
+        if self.out_proj.bias is not None:
             state["out_proj.bias"] = self.out_proj.bias.detach().clone()
         for name, parameter in self.score.named_parameters():  # score parameters: head axis first
             state[f"score.{name}"] = parameter.detach()[index]

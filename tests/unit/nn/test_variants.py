@@ -1,0 +1,147 @@
+"""The model-family variants of attnlab's core, each against the transformers module that defines
+it (its weights copied into attnlab's modules, float64): biases on q, k, v only (Qwen2), partial
+rotary and parallel residuals (GPT-NeoX), q/k norms per head (Qwen3) or over the whole projection
+(OLMo 2), sliding-window layers (Mistral), and Gemma 2/3's sandwich norms, 1 + w RMSNorm, GeGLU,
+soft-capping, query scale, scaled embeddings and local rotary base. The head mask and the named
+sites on these variants: tests/unit/nn/test_hooks.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnlab.nn import DecoderOnlyConfig, build_model
+
+transformers = pytest.importorskip("transformers")
+
+V, D, HEADS, KV_HEADS, D_FF, LAYERS = 37, 32, 4, 2, 48, 3
+COMMON = {"vocab_size": V, "d_model": D, "heads": HEADS, "d_ff": D_FF, "layers": LAYERS, "dropout": 0.0}
+LLAMA_LIKE = {
+    **COMMON,
+    "kv_heads": KV_HEADS,
+    "positional": "rope",
+    "norm": "rms",
+    "norm_first": True,
+    "activation": "swiglu",
+    "bias": False,
+    "scale_embeddings": False,
+    "pad_id": 0,
+}
+HF_COMMON = {
+    "vocab_size": V,
+    "hidden_size": D,
+    "num_attention_heads": HEADS,
+    "num_key_value_heads": KV_HEADS,
+    "intermediate_size": D_FF,
+    "num_hidden_layers": LAYERS,
+    "max_position_embeddings": 64,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+}
+
+
+def _perturbed(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """Every parameter drawn at random (norm gains and biases away from 1 and 0)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype) * 0.3)
+            if parameter.dim() == 1 and parameter.shape[0] in (D, D // HEADS, HEADS * D // HEADS):
+                parameter.add_(1.0)  # norms' gains near 1, as trained ones are
+    return model
+
+
+def _stack_prefix(model) -> str:
+    stack = model.site_stacks()["decoder"][0]
+    return next(name for name, module in model.named_modules() if module is stack)
+
+
+def _copy_llama_like(hf, ours, *, norms: dict[str, str]) -> None:
+    """Copies a Llama-layout transformers model into ours; ``norms`` maps a layer's norm names in
+    transformers onto ours (which differ by where the family puts them)."""
+    prefix = _stack_prefix(ours)
+    theirs = hf.state_dict()
+    state: dict[str, torch.Tensor] = {
+        f"{prefix}.embedding.token.weight": theirs["model.embed_tokens.weight"],
+        f"{prefix}.final_norm.weight": theirs["model.norm.weight"],
+        "lm_head.weight": theirs["lm_head.weight"],
+    }
+    for i in range(LAYERS):
+        hf_layer, layer = f"model.layers.{i}", f"{prefix}.layers.{i}"
+        attn = f"{hf_layer}.self_attn"
+        state[f"{layer}.self_attn.in_proj_weight"] = torch.cat([theirs[f"{attn}.{p}_proj.weight"] for p in "qkv"])
+        if f"{attn}.q_proj.bias" in theirs:
+            state[f"{layer}.self_attn.in_proj_bias"] = torch.cat([theirs[f"{attn}.{p}_proj.bias"] for p in "qkv"])
+        state[f"{layer}.self_attn.out_proj.weight"] = theirs[f"{attn}.o_proj.weight"]
+        for name in ("q_norm", "k_norm"):
+            if f"{attn}.{name}.weight" in theirs:
+                state[f"{layer}.self_attn.{name}.weight"] = theirs[f"{attn}.{name}.weight"]
+        mlp = f"{hf_layer}.mlp"
+        state[f"{layer}.feed_forward.linear1.weight"] = torch.cat(
+            [theirs[f"{mlp}.gate_proj.weight"], theirs[f"{mlp}.up_proj.weight"]]
+        )
+        state[f"{layer}.feed_forward.linear2.weight"] = theirs[f"{mlp}.down_proj.weight"]
+        for hf_name, name in norms.items():
+            state[f"{layer}.{name}.weight"] = theirs[f"{hf_layer}.{hf_name}.weight"]
+    ours.load_state_dict(state, strict=True)
+
+
+def _compare(hf, ours, *, length: int = 11, seed: int = 0, atol: float = 1e-6) -> None:
+    """Logits, and KV-cached decoding step by step, equal transformers' full forward in float64 (within
+    1e-6 of the largest logit: transformers takes the softmax and the rotary angles in float32)."""
+    tokens = torch.randint(1, V, (2, length), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        expected = hf(tokens).logits
+        logits = ours(tokens)
+        torch.testing.assert_close(logits, expected, atol=atol * expected.abs().max(), rtol=0)
+        state = ours.new_state()
+        steps = [ours(tokens[:, :4], state=state)[:, -1]]
+        for t in range(4, length):
+            steps.append(ours(tokens[:, t : t + 1], state=state)[:, -1])
+        torch.testing.assert_close(torch.stack(steps, 1), expected[:, 3:], atol=atol * expected.abs().max(), rtol=0)
+
+
+def _hf(config_class, model_class, **options):
+    config = config_class(**options)
+    config._attn_implementation = "eager"
+    return _perturbed(model_class(config), 1).double().eval()
+
+
+def _ours(**options):
+    torch.manual_seed(0)
+    return build_model(DecoderOnlyConfig(**options)).double().eval()
+
+
+LLAMA_NORMS = {"input_layernorm": "attn_norm.norm", "post_attention_layernorm": "ffn_norm.norm"}
+
+
+def test_qwen2_biases_on_q_k_v_only():
+    hf = _hf(transformers.Qwen2Config, transformers.Qwen2ForCausalLM, **HF_COMMON, rope_theta=1000.0)
+    ours = _ours(**LLAMA_LIKE, qkv_bias=True, rope_base=1000.0, layer_norm_eps=1e-6)
+    attn = ours.site_stacks()["decoder"][0].layers[0].self_attn
+    assert attn.in_proj_bias is not None and attn.out_proj.bias is None
+    assert ours.site_stacks()["decoder"][0].layers[0].feed_forward.linear1.bias is None
+    _copy_llama_like(hf, ours, norms=LLAMA_NORMS)
+    _compare(hf, ours)
+
+
+@pytest.mark.parametrize(
+    "scaling",
+    [
+        {"rope_type": "linear", "factor": 2.0},
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8,
+        },
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8},
+    ],
+)
+def test_llama_with_scaled_rotary_frequencies(scaling):
+    rope_parameters = {**scaling, "rope_theta": 500.0}
+    hf = _hf(transformers.LlamaConfig, transformers.LlamaForCausalLM, **HF_COMMON, rope_parameters=rope_parameters)
+    ours = _ours(**LLAMA_LIKE, rope_base=500.0, rope_scaling=scaling, layer_norm_eps=1e-6)
+    _copy_llama_like(hf, ours, norms=LLAMA_NORMS)
+    _compare(hf, ours)
