@@ -18,6 +18,7 @@ from typing import Any, ClassVar, TypeVar
 
 from attnlab.errors import check_field_types
 from attnlab.nn.feed_forward import ACTIVATIONS
+from attnlab.nn.layers import PLACEMENTS
 from attnlab.nn.normalization import NORMS
 from attnlab.nn.positional import COMBINES, POSITIONAL, RANDOMIZABLE
 from attnlab.nn.rotary import rope_frequencies
@@ -94,7 +95,13 @@ class TransformerConfig:
         max_len: longest sequence for learned and one-hot positions; sinusoidal ones extrapolate.
         activation: FFN activation, ``relu``, ``gelu``, ``gelu_tanh`` or ``swiglu`` (gated, Llama).
         norm: ``layer`` (LayerNorm) or ``rms`` (RMSNorm, Llama) in Add & Norm and the final norm.
-        norm_first: pre-LN instead of the paper's post-LN.
+        norm_first: pre-LN instead of the paper's post-LN; read only where ``norm_placement`` is None.
+        norm_placement: where each sub-layer's norms sit (:data:`attnlab.nn.layers.PLACEMENTS`):
+            ``post`` Norm(x + f(x)) (Vaswani), ``pre`` x + f(Norm(x)), ``sandwich``
+            x + Norm_post(f(Norm(x))) (Gemma 2/3), ``output`` x + Norm(f(x)) (OLMo 2); None: ``pre``
+            if ``norm_first`` else ``post``. Stacks of all but ``post`` end with a final norm.
+        parallel_residual: x + Attn(Norm_1(x)) + FFN(Norm_2(x)), both sub-layers on the layer's
+            input (GPT-J, GPT-NeoX); needs a placement other than ``post``.
         layer_norm_eps: the epsilon of the norm (LayerNorm or RMSNorm).
         pad_id: the padding token id; keys at padding are masked out.
         scale_embeddings: multiply token embeddings by sqrt(d_model) (Vaswani §3.4).
@@ -141,6 +148,8 @@ class TransformerConfig:
     activation: str = "relu"
     norm: str = "layer"
     norm_first: bool = False
+    norm_placement: str | None = None
+    parallel_residual: bool = False
     layer_norm_eps: float = 1e-5
     pad_id: int = 0
     scale_embeddings: bool = True
@@ -179,6 +188,13 @@ class TransformerConfig:
         _check_choice("positional_combine", self.positional_combine, COMBINES)
         _check_choice("activation", self.activation, ACTIVATIONS)
         _check_choice("norm", self.norm, NORMS)
+        if self.norm_placement is not None:
+            _check_choice("norm_placement", self.norm_placement, PLACEMENTS)
+        if self.parallel_residual and PLACEMENTS[self.placement].branch is None:
+            raise ValueError(
+                f"parallel_residual: needs norm layers with a residual branch (pre, sandwich, output), "
+                f"not {self.placement!r}"
+            )
         self._check_rotary_and_groups()
         if self.positional_combine == "concat" and not 0 < self.positional_width < self.d_model:
             raise ValueError(
@@ -294,6 +310,13 @@ class TransformerConfig:
     @property
     def head_dim_v(self) -> int:
         return self.d_v if self.d_v is not None else self.head_dim_k
+
+    @property
+    def placement(self) -> str:
+        """norm_placement, or ``pre`` / ``post`` from ``norm_first`` where it is None."""
+        if self.norm_placement is not None:
+            return self.norm_placement
+        return "pre" if self.norm_first else "post"
 
     @property
     def normalizer(self) -> str:

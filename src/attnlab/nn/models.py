@@ -34,7 +34,7 @@ from attnlab.nn.config import (
 )
 from attnlab.nn.feed_forward import PositionwiseFeedForward
 from attnlab.nn.hooks import Hook, Site, attention_sites, head_mask_shapes, run_hooks
-from attnlab.nn.layers import DecoderLayer, DecoderLayerCache, EncoderLayer
+from attnlab.nn.layers import PLACEMENTS, DecoderLayer, DecoderLayerCache, EncoderLayer
 from attnlab.nn.masks import padding_mask
 from attnlab.nn.multi_head import KVCache, MultiHeadAttention
 from attnlab.nn.normalization import make_norm
@@ -244,8 +244,9 @@ class OutputLayer(nn.Linear):
 
 
 def _final_norm(config: TransformerConfig) -> nn.Module:
-    """Pre-LN stacks end with a norm (LayerNorm or RMSNorm); post-LN ones are already normalised."""
-    return make_norm(config.norm, config.d_model, config.layer_norm_eps) if config.norm_first else nn.Identity()
+    """Stacks of pre-LN (sandwich, output) layers end with a norm; post-LN ones are already normalised."""
+    final = PLACEMENTS[config.placement].final_norm
+    return make_norm(config.norm, config.d_model, config.layer_norm_eps) if final else nn.Identity()
 
 
 IN_ATTENTION = ("rope", *POSITION_BIASES)
@@ -322,10 +323,11 @@ class Encoder(nn.Module):
             EncoderLayer(
                 _multi_head(config, kind, index),
                 _feed_forward(config),
-                norm_first=config.norm_first,
+                placement=config.placement,
                 eps=config.layer_norm_eps,
                 dropout=config.dropout,
                 norm=config.norm,
+                parallel=config.parallel_residual,
             )
             for index in range(config.layers)
         )
@@ -421,7 +423,7 @@ class Decoder(nn.Module):
                 _multi_head(config, "decoder_self", index),
                 _multi_head(config, "cross", index),
                 _feed_forward(config),
-                norm_first=config.norm_first,
+                placement=config.placement,
                 eps=config.layer_norm_eps,
                 dropout=config.dropout,
                 norm=config.norm,

@@ -103,7 +103,7 @@ def test_cached_sites_equal_what_the_model_computes_by_other_routes(name):
     for stack, (body, _) in model.site_stacks().items():
         for index in range(len(body.layers) - 1):  # one layer's output is the next one's input
             assert torch.equal(cache[f"{stack}.{index}.resid_post"], cache[f"{stack}.{index + 1}.resid_pre"])
-        if not model.config.norm_first:
+        if model.config.placement == "post":
             last = len(body.layers) - 1
             assert torch.equal(cache[f"{stack}.final_norm"], cache[f"{stack}.{last}.resid_post"])  # post-LN
         if f"{stack}.pos_embed" in cache:  # the first residual is token + position embeddings

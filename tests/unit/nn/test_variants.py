@@ -145,3 +145,54 @@ def test_llama_with_scaled_rotary_frequencies(scaling):
     ours = _ours(**LLAMA_LIKE, rope_base=500.0, rope_scaling=scaling, layer_norm_eps=1e-6)
     _copy_llama_like(hf, ours, norms=LLAMA_NORMS)
     _compare(hf, ours)
+
+
+def test_gpt_neox_partial_rotary_and_parallel_residuals():
+    hf = _hf(
+        transformers.GPTNeoXConfig,
+        transformers.GPTNeoXForCausalLM,
+        vocab_size=V,
+        hidden_size=D,
+        num_attention_heads=HEADS,
+        intermediate_size=D_FF,
+        num_hidden_layers=LAYERS,
+        max_position_embeddings=64,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000.0, "partial_rotary_factor": 0.5},
+        tie_word_embeddings=False,
+    )
+    ours = _ours(
+        **COMMON,
+        positional="rope",
+        rope_base=1000.0,
+        rotary_fraction=0.5,
+        parallel_residual=True,
+        norm_first=True,
+        activation="gelu",
+        scale_embeddings=False,
+    )
+    theirs, prefix, d = hf.state_dict(), _stack_prefix(ours), D // HEADS
+    state = {
+        f"{prefix}.embedding.token.weight": theirs["gpt_neox.embed_in.weight"],
+        f"{prefix}.final_norm.weight": theirs["gpt_neox.final_layer_norm.weight"],
+        f"{prefix}.final_norm.bias": theirs["gpt_neox.final_layer_norm.bias"],
+        "lm_head.weight": theirs["lm_head.weight"],
+        "lm_head.bias": torch.zeros(V, dtype=torch.float64),  # GPT-NeoX's output layer has none
+    }
+    for i in range(LAYERS):
+        hf_layer, layer = f"gpt_neox.layers.{i}", f"{prefix}.layers.{i}"
+        qkv = f"{hf_layer}.attention.query_key_value"
+        # transformers interleaves q, k, v per head: rows (H, 3, d); ours stacks [W^Q; W^K; W^V].
+        state[f"{layer}.self_attn.in_proj_weight"] = theirs[f"{qkv}.weight"].view(HEADS, 3, d, D).transpose(0, 1)
+        state[f"{layer}.self_attn.in_proj_weight"] = state[f"{layer}.self_attn.in_proj_weight"].reshape(3 * D, D)
+        state[f"{layer}.self_attn.in_proj_bias"] = theirs[f"{qkv}.bias"].view(HEADS, 3, d).transpose(0, 1).reshape(-1)
+        for hf_name, name in [
+            ("attention.dense", "self_attn.out_proj"),
+            ("mlp.dense_h_to_4h", "feed_forward.linear1"),
+            ("mlp.dense_4h_to_h", "feed_forward.linear2"),
+            ("input_layernorm", "attn_norm.norm"),
+            ("post_attention_layernorm", "ffn_norm.norm"),
+        ]:
+            for p in ("weight", "bias"):
+                state[f"{layer}.{name}.{p}"] = theirs[f"{hf_layer}.{hf_name}.{p}"]
+    ours.load_state_dict(state, strict=True)
+    _compare(hf, ours)
