@@ -94,7 +94,8 @@ class TransformerConfig:
         positional_dim: width of the position vector when concatenating; default d_model // 2.
         max_len: longest sequence for learned and one-hot positions; sinusoidal ones extrapolate.
         activation: FFN activation, ``relu``, ``gelu``, ``gelu_tanh`` or ``swiglu`` (gated, Llama).
-        norm: ``layer`` (LayerNorm) or ``rms`` (RMSNorm, Llama) in Add & Norm and the final norm.
+        norm: ``layer`` (LayerNorm), ``rms`` (RMSNorm, Llama) or ``rms_one_plus`` (Gemma's RMSNorm,
+            (1 + w) a / rms(a), w starting at 0) in Add & Norm, the final norm and the q/k norms.
         norm_first: pre-LN instead of the paper's post-LN; read only where ``norm_placement`` is None.
         norm_placement: where each sub-layer's norms sit (:data:`attnlab.nn.layers.PLACEMENTS`):
             ``post`` Norm(x + f(x)) (Vaswani), ``pre`` x + f(Norm(x)), ``sandwich``
