@@ -19,6 +19,7 @@ from typing import Any, ClassVar, TypeVar
 from attnlab.errors import check_field_types
 from attnlab.nn.feed_forward import ACTIVATIONS
 from attnlab.nn.layers import PLACEMENTS
+from attnlab.nn.multi_head import QK_NORMS
 from attnlab.nn.normalization import NORMS
 from attnlab.nn.positional import COMBINES, POSITIONAL, RANDOMIZABLE
 from attnlab.nn.rotary import rope_frequencies
@@ -96,6 +97,11 @@ class TransformerConfig:
         activation: FFN activation, ``relu``, ``gelu``, ``gelu_tanh`` or ``swiglu`` (gated, Llama).
         norm: ``layer`` (LayerNorm), ``rms`` (RMSNorm, Llama) or ``rms_one_plus`` (Gemma's RMSNorm,
             (1 + w) a / rms(a), w starting at 0) in Add & Norm, the final norm and the q/k norms.
+        qk_norm: ``none``, ``head`` (a norm over d_k on each query and key head, one gain of size
+            d_k shared by the heads: Qwen3, Gemma 3) or ``full`` (a norm over the whole H*d_k query
+            projection and the whole H_kv*d_k key projection: OLMo 2), after the projection and
+            before rotary positions, of the kind ``norm`` (:data:`attnlab.nn.multi_head.QK_NORMS`);
+            parameters ``q_norm.weight`` and ``k_norm.weight`` of the attention module.
         norm_first: pre-LN instead of the paper's post-LN; read only where ``norm_placement`` is None.
         norm_placement: where each sub-layer's norms sit (:data:`attnlab.nn.layers.PLACEMENTS`):
             ``post`` Norm(x + f(x)) (Vaswani), ``pre`` x + f(Norm(x)), ``sandwich``
@@ -148,6 +154,7 @@ class TransformerConfig:
     max_len: int = 512
     activation: str = "relu"
     norm: str = "layer"
+    qk_norm: str = "none"
     norm_first: bool = False
     norm_placement: str | None = None
     parallel_residual: bool = False
@@ -189,6 +196,7 @@ class TransformerConfig:
         _check_choice("positional_combine", self.positional_combine, COMBINES)
         _check_choice("activation", self.activation, ACTIVATIONS)
         _check_choice("norm", self.norm, NORMS)
+        _check_choice("qk_norm", self.qk_norm, QK_NORMS)
         if self.norm_placement is not None:
             _check_choice("norm_placement", self.norm_placement, PLACEMENTS)
         if self.parallel_residual and PLACEMENTS[self.placement].branch is None:
@@ -315,6 +323,7 @@ class TransformerConfig:
     @property
     def placement(self) -> str:
         """norm_placement, or ``pre`` / ``post`` from ``norm_first`` where it is None."""
+        _check_choice("qk_norm", self.qk_norm, QK_NORMS)
         if self.norm_placement is not None:
             return self.norm_placement
         return "pre" if self.norm_first else "post"

@@ -209,6 +209,9 @@ def _multi_head(config: TransformerConfig, kind: str, layer: int) -> MultiHeadAt
         rope_base=config.rope_base if config.positional == "rope" and kind != "cross" else None,
         rotary_fraction=config.rotary_fraction,
         rope_scaling=config.rope_scaling,
+        qk_norm=config.qk_norm,
+        norm=config.norm,
+        norm_eps=config.layer_norm_eps,
         # ALiBi and Shaw et al.'s relative positions bias self-attention's scores; not cross-attention's.
         position_bias=config.positional if config.positional in POSITION_BIASES and kind != "cross" else None,
         relative_clip=config.relative_clip,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -34,6 +35,7 @@ from attnlab.kernels import linear_kernel
 from attnlab.nn.attention import NORMALIZERS, ScoreFn
 from attnlab.nn.hooks import ATTENTION_POINTS, Hook, run_hooks
 from attnlab.nn.masks import check_mask
+from attnlab.nn.normalization import NORMS, make_norm
 from attnlab.nn.position_bias import PositionBias, distances, make_position_bias
 from attnlab.nn.rotary import RotaryEmbedding
 from attnlab.nn.scores import make_score
@@ -130,6 +132,7 @@ def _grown(buffer: Tensor, length: int, capacity: int) -> Tensor:
 
 # ---- variants chosen once in MultiHeadAttention.__init__ ---------------------------------------
 
+NormFn = Callable[[nn.Module, Tensor], Tensor]
 PlaceFn = Callable[[RotaryEmbedding | None, Tensor, Tensor, Tensor | None, int], tuple[Tensor, Tensor]]
 ShareFn = Callable[[Tensor, Tensor, int], tuple[Tensor, Tensor]]
 
@@ -159,6 +162,58 @@ def _share_key_values(k: Tensor, v: Tensor, heads: int) -> tuple[Tensor, Tensor]
     """
     groups = heads // k.shape[1]
     return k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+
+
+def _unnormalized(apply: NormFn, norm: nn.Module | None, x: Tensor, d_k: int) -> Tensor:
+    """No q/k norm: the projection as it is."""
+    return x
+
+
+def _per_head(apply: NormFn, norm: nn.Module | None, x: Tensor, d_k: int) -> Tensor:
+    """Norm over d_k on each head, one gain of size d_k shared by the heads (Qwen3, Gemma 3).
+
+    Shape:
+        x: (B, T, heads*d_k) -> (B, T, heads*d_k).
+    """
+    return apply(norm, x.unflatten(-1, (-1, d_k))).flatten(-2)  # type: ignore[arg-type]
+
+
+def _whole(apply: NormFn, norm: nn.Module | None, x: Tensor, d_k: int) -> Tensor:
+    """Norm over the whole projection, every head's d_k together (OLMo 2)."""
+    return apply(norm, x)  # type: ignore[arg-type]
+
+
+def _same_gain(parameter: Tensor, rows: Tensor) -> Tensor:
+    return parameter.detach().clone()
+
+
+def _gain_rows(parameter: Tensor, rows: Tensor) -> Tensor:
+    return parameter.detach()[rows]
+
+
+@dataclass(frozen=True)
+class QKNorm:
+    """One way of normalising queries and keys after their projection, before rotary positions.
+
+    Attributes:
+        widths: (heads, kv_heads, d_k) -> the widths of the query and key norms; None for no norm.
+        apply: ``(norm_fn, norm_module, x, d_k) -> x`` on a projection (B, T, heads*d_k).
+        subset: ``(parameter, rows) -> parameter`` of a norm restricted to the kept heads' rows.
+    """
+
+    widths: Callable[[int, int, int], tuple[int, int]] | None
+    apply: Callable[[NormFn, nn.Module | None, Tensor, int], Tensor]
+    subset: Callable[[Tensor, Tensor], Tensor] = _same_gain
+
+
+QK_NORMS: dict[str, QKNorm] = {
+    "none": QKNorm(None, _unnormalized),
+    "head": QKNorm(lambda heads, kv_heads, d_k: (d_k, d_k), _per_head),
+    "full": QKNorm(lambda heads, kv_heads, d_k: (heads * d_k, kv_heads * d_k), _whole, _gain_rows),
+}
+"""Registry of q/k norms (``model.qk_norm``): ``none``; ``head``, Norm over d_k on each head of q and
+of k (Qwen3, Gemma 3); ``full``, Norm over the whole H*d_k query projection and the whole
+H_kv*d_k key projection (OLMo 2). The norm's kind is the model's ``norm``."""
 
 
 GROUPABLE_SCORES = ("scaled_dot", "dot")
@@ -213,6 +268,9 @@ class MultiHeadAttention(nn.Module):
         rotary_fraction: rotate the first int(d_k * rotary_fraction) dims of each head only
             (partial rotary, GPT-NeoX).
         rope_scaling: a ``rope_scaling`` dict of :data:`attnlab.nn.rotary.ROPE_SCALINGS`, or None.
+        qk_norm: a name in :data:`QK_NORMS`: ``none``, ``head`` or ``full``, the norm of the
+            projected queries and keys before rotary positions.
+        norm, norm_eps: the kind of the q/k norms (:data:`attnlab.nn.normalization.NORMS`) and its eps.
         position_bias: relative positions on the scores (:mod:`attnlab.nn.position_bias`):
             ``alibi`` (Press et al. 2022) or ``relative`` (Shaw et al. 2018); None for none.
         relative_clip: the clipping distance k of ``relative``.
@@ -228,6 +286,7 @@ class MultiHeadAttention(nn.Module):
             each in rows h*d:(h+1)*d (the layout of ``torch.nn.MultiheadAttention``; H_kv = H
             unless ``kv_heads`` is set).
         out_proj: W^O, a Linear(H*d_v -> d_model).
+        q_norm, k_norm: the q/k norms (``qk_norm`` other than ``none``), else None.
         hooks: point -> hooks of its named sites (:mod:`attnlab.nn.hooks`).
     """
 
@@ -254,6 +313,9 @@ class MultiHeadAttention(nn.Module):
         qkv_bias: bool | None = None,
         rotary_fraction: float = 1.0,
         rope_scaling: Mapping[str, Any] | None = None,
+        qk_norm: str = "none",
+        norm: str = "rms",
+        norm_eps: float = 1e-6,
     ) -> None:
         super().__init__()
         if heads < 0 or (heads == 0 and d_k is None):
@@ -315,6 +377,17 @@ class MultiHeadAttention(nn.Module):
             nn.init.xavier_uniform_(self.in_proj_weight)
         if bias:
             nn.init.zeros_(self.out_proj.bias)
+        # Chosen once: queries and keys normalised after the projection (Qwen3, OLMo 2), or not.
+        if qk_norm not in QK_NORMS:
+            raise ValueError(f"qk_norm: unknown {qk_norm!r}; allowed: {', '.join(sorted(QK_NORMS))}")
+        self.qk_norm = QK_NORMS[qk_norm]
+        widths = self.qk_norm.widths
+        self.q_norm, self.k_norm = (
+            (None, None)
+            if widths is None
+            else (make_norm(norm, width, norm_eps) for width in widths(heads, self.kv_heads, self.d_k))
+        )
+        self._norm_fn: NormFn = NORMS[norm].apply
         self.hooks: dict[str, list[Hook]] = {}  # sites q, k, v, scores, pattern, z, result, out (attnlab.nn.hooks)
 
     def forward(
@@ -573,6 +646,8 @@ class MultiHeadAttention(nn.Module):
             if value is not None:
                 raise ValueError("MultiHeadAttention: value given without key")
             q, k, v = self._linear(query, self.in_proj_weight, self.in_proj_bias).split_with_sizes(self._split, dim=-1)
+            normalize, norm_fn = self.qk_norm.apply, self._norm_fn
+            q, k = normalize(norm_fn, self.q_norm, q, self.d_k), normalize(norm_fn, self.k_norm, k, self.d_k)
             q, k, v = self._split_heads(q, self.heads), self._split_heads(k), self._split_heads(v)
             q, k = self._place(self.rotary, q, k, positions, 0 if cache is None else len(cache))
             if cache is not None:
@@ -580,7 +655,9 @@ class MultiHeadAttention(nn.Module):
             return q, k, v
         value = key if value is None else value
         weight, bias, qk = self.in_proj_weight, self.in_proj_bias, self._split[0]
-        q = self._split_heads(self._linear(query, weight[:qk], None if bias is None else bias[:qk]), self.heads)
+        normalize, norm_fn = self.qk_norm.apply, self._norm_fn
+        q = self._linear(query, weight[:qk], None if bias is None else bias[:qk])
+        q = self._split_heads(normalize(norm_fn, self.q_norm, q, self.d_k), self.heads)
 
         def project_memory() -> tuple[Tensor, Tensor]:  # not called again once a cache keeps K, V
             if value is key:  # encoder-decoder attention, K = V = memory: one matmul
@@ -591,7 +668,7 @@ class MultiHeadAttention(nn.Module):
                 _, w_k, w_v = weight.split(self._split, dim=0)
                 b_k, b_v = (None, None) if bias is None else bias.split(self._split)[1:]
                 k_, v_ = self._linear(key, w_k, b_k), self._linear(value, w_v, b_v)
-            return self._split_heads(k_), self._split_heads(v_)
+            return self._split_heads(normalize(norm_fn, self.k_norm, k_, self.d_k)), self._split_heads(v_)
 
         k, v = cache.keep(project_memory) if cache is not None else project_memory()
         return q, k, v
@@ -606,7 +683,8 @@ class MultiHeadAttention(nn.Module):
 
     def head_subset_state(self, keep: list[int]) -> dict[str, Tensor]:
         """The state dict of this module restricted to heads ``keep`` (in that order): the rows of
-        W^Q, W^K, W^V and the columns of W^O that belong to them, and their score parameters.
+        W^Q, W^K, W^V and the columns of W^O that belong to them, their score parameters, and the
+        q/k norms' gains (for ``qk_norm = "full"``, the kept heads' entries of them).
 
         Load it into a ``MultiHeadAttention`` built with ``heads=len(keep)``, the same d_k, d_v and
         ``kv_index=self.kept_kv_index(keep)``: its output equals this module's with every other
@@ -631,6 +709,11 @@ class MultiHeadAttention(nn.Module):
             state["in_proj_bias"] = self.in_proj_bias.detach()[rows]
         if self.out_proj.bias is not None:
             state["out_proj.bias"] = self.out_proj.bias.detach().clone()
+        q_norm_rows = torch.tensor(q_rows, dtype=torch.long)
+        k_norm_rows = torch.tensor([j * d_k + i for j in kv_keep for i in range(d_k)], dtype=torch.long)
+        for name, norm, norm_rows in (("q_norm", self.q_norm, q_norm_rows), ("k_norm", self.k_norm, k_norm_rows)):
+            for key, parameter in [] if norm is None else norm.named_parameters():  # a whole norm: its heads' rows
+                state[f"{name}.{key}"] = self.qk_norm.subset(parameter, norm_rows)
         for name, parameter in self.score.named_parameters():  # score parameters: head axis first
             state[f"score.{name}"] = parameter.detach()[index]
         if self.position_bias is not None:  # ALiBi's slopes per head; Shaw's tables shared by all

@@ -196,3 +196,24 @@ def test_gpt_neox_partial_rotary_and_parallel_residuals():
                 state[f"{layer}.{name}.{p}"] = theirs[f"{hf_layer}.{hf_name}.{p}"]
     ours.load_state_dict(state, strict=True)
     _compare(hf, ours)
+
+
+def test_qwen3_norms_on_each_query_and_key_head():
+    hf = _hf(transformers.Qwen3Config, transformers.Qwen3ForCausalLM, **HF_COMMON, head_dim=D // HEADS)
+    ours = _ours(**LLAMA_LIKE, qk_norm="head", layer_norm_eps=1e-6)
+    attn = ours.site_stacks()["decoder"][0].layers[0].self_attn
+    assert attn.q_norm.weight.shape == attn.k_norm.weight.shape == (D // HEADS,)
+    _copy_llama_like(hf, ours, norms=LLAMA_NORMS)
+    _compare(hf, ours)
+
+
+OLMO2_NORMS = {"post_attention_layernorm": "attn_norm.norm", "post_feedforward_layernorm": "ffn_norm.norm"}
+
+
+def test_olmo2_norms_on_whole_projections_and_after_the_sublayers():
+    hf = _hf(transformers.Olmo2Config, transformers.Olmo2ForCausalLM, **HF_COMMON)
+    ours = _ours(**LLAMA_LIKE, qk_norm="full", norm_placement="output", layer_norm_eps=1e-6)
+    attn = ours.site_stacks()["decoder"][0].layers[0].self_attn
+    assert attn.q_norm.weight.shape == (D,) and attn.k_norm.weight.shape == (KV_HEADS * D // HEADS,)
+    _copy_llama_like(hf, ours, norms=OLMO2_NORMS)
+    _compare(hf, ours)
