@@ -97,6 +97,13 @@ class TransformerConfig:
         activation: FFN activation, ``relu``, ``gelu``, ``gelu_tanh`` or ``swiglu`` (gated, Llama).
         norm: ``layer`` (LayerNorm), ``rms`` (RMSNorm, Llama) or ``rms_one_plus`` (Gemma's RMSNorm,
             (1 + w) a / rms(a), w starting at 0) in Add & Norm, the final norm and the q/k norms.
+        sliding_window: local attention (Mistral, Gemma 2/3): in the layers of ``sliding_layers``,
+            query i attends to keys j with i - sliding_window < j <= i (Hugging Face's convention,
+            positions counted over the sequence's columns, padding included); None: none.
+            Decoder-only models.
+        sliding_layers: the layers (0-based) with local attention; None: every layer.
+        local_rope_base: the rotary base of the local layers (Gemma 3); there, no ``rope_scaling``
+            (which applies to the other layers only). None: the local layers rotate as the others.
         qk_norm: ``none``, ``head`` (a norm over d_k on each query and key head, one gain of size
             d_k shared by the heads: Qwen3, Gemma 3) or ``full`` (a norm over the whole H*d_k query
             projection and the whole H_kv*d_k key projection: OLMo 2), after the projection and
@@ -128,6 +135,8 @@ class TransformerConfig:
     """
 
     kind: ClassVar[str] = ""
+    local_attention: ClassVar[bool] = False
+    """Whether the model may have sliding-window layers (its self-attention is causal)."""
 
     vocab_size: int = 32
     layers: int = 2
@@ -154,6 +163,9 @@ class TransformerConfig:
     max_len: int = 512
     activation: str = "relu"
     norm: str = "layer"
+    sliding_window: int | None = None
+    sliding_layers: list[int] | None = None
+    local_rope_base: float | None = None
     qk_norm: str = "none"
     norm_first: bool = False
     norm_placement: str | None = None
@@ -224,6 +236,7 @@ class TransformerConfig:
         if self.positional == "rope" and self.head_dim_k % 2:
             raise ValueError(f"positional: rope needs an even head size d_k, got {self.head_dim_k}")
         self._check_rotary_variants()
+        self._check_local_attention()
         self._check_relative_positions()
 
     def _check_rotary_variants(self) -> None:
@@ -238,6 +251,29 @@ class TransformerConfig:
             if self.positional != "rope":
                 raise ValueError(f"rope_scaling: applies to positional='rope' only, not {self.positional!r}")
             rope_frequencies(self.rope_base, rotated, self.rope_scaling)  # a ValueError naming rope_scaling
+
+    def _check_local_attention(self) -> None:
+        window, layers = self.sliding_window, self.sliding_layers
+        if window is not None:
+            if not self.local_attention:
+                raise ValueError(f"sliding_window: applies to decoder-only models, not {self.kind or 'this model'}")
+            _check_positive("sliding_window", window)
+        if layers is not None:
+            if window is None:
+                raise ValueError("sliding_layers: needs sliding_window")
+            if any(not _is_int(i) or not 0 <= i < self.layers for i in layers) or len(set(layers)) != len(layers):
+                raise ValueError(
+                    f"sliding_layers: expected distinct layer indices in [0, {self.layers}), got {layers!r}"
+                )
+        if self.local_rope_base is not None:
+            if window is None or self.positional != "rope":
+                raise ValueError("local_rope_base: needs sliding_window and positional='rope'")
+            if not 0 < self.local_rope_base < math.inf:
+                raise ValueError(f"local_rope_base: must be a positive number, got {self.local_rope_base}")
+
+    def is_local_layer(self, layer: int) -> bool:
+        """Whether ``layer`` has sliding-window attention."""
+        return self.sliding_window is not None and (self.sliding_layers is None or layer in self.sliding_layers)
 
     def _check_relative_positions(self) -> None:
         _check_positive("relative_clip", self.relative_clip)
@@ -425,6 +461,7 @@ class DecoderOnlyConfig(TransformerConfig):
     """
 
     kind: ClassVar[str] = "decoder_only"
+    local_attention: ClassVar[bool] = True
 
     tie_embeddings: bool = False
 

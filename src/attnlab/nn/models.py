@@ -35,7 +35,7 @@ from attnlab.nn.config import (
 from attnlab.nn.feed_forward import PositionwiseFeedForward
 from attnlab.nn.hooks import Hook, Site, attention_sites, head_mask_shapes, run_hooks
 from attnlab.nn.layers import PLACEMENTS, DecoderLayer, DecoderLayerCache, EncoderLayer
-from attnlab.nn.masks import padding_mask
+from attnlab.nn.masks import combine_masks, padding_mask, sliding_window_mask
 from attnlab.nn.multi_head import KVCache, MultiHeadAttention
 from attnlab.nn.normalization import make_norm
 from attnlab.nn.position_bias import POSITION_BIASES
@@ -191,6 +191,8 @@ class InputEmbedding(nn.Module):
 
 
 def _multi_head(config: TransformerConfig, kind: str, layer: int) -> MultiHeadAttention:
+    # Sliding-window layers with their own rotary base (Gemma 3) take no frequency scaling.
+    own_base = config.is_local_layer(layer) and config.local_rope_base is not None
     return MultiHeadAttention(
         config.d_model,
         config.heads_at(kind, layer),
@@ -206,9 +208,11 @@ def _multi_head(config: TransformerConfig, kind: str, layer: int) -> MultiHeadAt
         kv_heads=None if kind == "cross" or config.kv_index_at(kind, layer) is not None else config.kv_heads,
         kv_index=config.kv_index_at(kind, layer),  # what pruning left of grouped-query attention
         # Rotary positions rotate self-attention's queries and keys; cross-attention has none.
-        rope_base=config.rope_base if config.positional == "rope" and kind != "cross" else None,
+        rope_base=(config.local_rope_base if own_base else config.rope_base)
+        if config.positional == "rope" and kind != "cross"
+        else None,
         rotary_fraction=config.rotary_fraction,
-        rope_scaling=config.rope_scaling,
+        rope_scaling=None if own_base else config.rope_scaling,
         qk_norm=config.qk_norm,
         norm=config.norm,
         norm_eps=config.layer_norm_eps,
@@ -300,6 +304,11 @@ def _key_padding(is_token: Tensor) -> Tensor | None:
     return None if bool(is_token.all()) else padding_mask(is_token)
 
 
+def _one_mask(mask: Tensor | None, t_q: int, t_k: int, device: torch.device) -> tuple[Tensor | None, ...]:
+    """No sliding-window layers: every layer takes the same mask."""
+    return mask, mask
+
+
 class Encoder(nn.Module):
     """Embedding, then N encoder layers (Vaswani §3.1; Agarwal §3, §5.1).
 
@@ -336,7 +345,16 @@ class Encoder(nn.Module):
         )
         self.final_norm = _final_norm(config)
         self._place = PositionPlacer(config)
+        # Chosen once: sliding-window layers get the window's mask as well, or every layer one mask.
+        self.local_layers = [config.is_local_layer(index) for index in range(config.layers)]
+        self.sliding_window = config.sliding_window
+        self._layer_masks = self._with_window if any(self.local_layers) else _one_mask
         self.hooks: dict[str, list[Hook]] = {}  # the site final_norm (attnlab.nn.hooks)
+
+    def _with_window(self, mask: Tensor | None, t_q: int, t_k: int, device: torch.device) -> tuple[Tensor | None, ...]:
+        """(the global layers' mask, the sliding-window layers'), built once per forward pass."""
+        window = sliding_window_mask(t_q, self.sliding_window, t_k, device=device)  # type: ignore[arg-type]
+        return mask, combine_masks(mask, window)
 
     def forward(
         self,
@@ -351,13 +369,15 @@ class Encoder(nn.Module):
         offset = 0 if state is None else len(state)
         is_token = tokens != self.pad_id if is_token is None else is_token
         keys_are_tokens = is_token if state is None else state.advance(is_token)  # (B, T_k)
-        mask = _key_padding(keys_are_tokens)
+        masks = self._layer_masks(
+            _key_padding(keys_are_tokens), tokens.shape[1], keys_are_tokens.shape[1], tokens.device
+        )
         place = self._place(keys_are_tokens, tokens.shape[1], training=self.training, cached=state is not None)
         x = self.embedding(tokens, offset, token_types, place.embedding)
         for index, layer in enumerate(self.layers):
             x = layer(
                 x,
-                mask=mask,
+                mask=masks[self.local_layers[index]],
                 causal=self.causal,
                 cache=None if state is None else state.layers[index],
                 positions=place.queries,

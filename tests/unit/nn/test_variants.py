@@ -217,3 +217,41 @@ def test_olmo2_norms_on_whole_projections_and_after_the_sublayers():
     assert attn.q_norm.weight.shape == (D,) and attn.k_norm.weight.shape == (KV_HEADS * D // HEADS,)
     _copy_llama_like(hf, ours, norms=OLMO2_NORMS)
     _compare(hf, ours)
+
+
+def test_mistral_sliding_window_attention():
+    hf = _hf(transformers.MistralConfig, transformers.MistralForCausalLM, **HF_COMMON, sliding_window=4)
+    ours = _ours(**LLAMA_LIKE, sliding_window=4, layer_norm_eps=1e-6)
+    _copy_llama_like(hf, ours, norms=LLAMA_NORMS)
+    _compare(hf, ours, length=13)
+    no_window = _ours(**LLAMA_LIKE, layer_norm_eps=1e-6)
+    no_window.load_state_dict(ours.state_dict())
+    tokens = torch.randint(1, V, (1, 13))
+    with torch.no_grad():
+        assert torch.equal(ours(tokens[:, :4]), no_window(tokens[:, :4]))  # within the window: no difference
+        assert not torch.allclose(ours(tokens)[:, 4:], no_window(tokens)[:, 4:])  # beyond it, the window cuts
+
+
+def test_the_window_mask_follows_hugging_faces_boundary_and_a_caches_offset():
+    from transformers.masking_utils import and_masks, causal_mask_function, sliding_window_overlay
+
+    from attnlab.nn.masks import sliding_window_mask
+
+    theirs = and_masks(causal_mask_function, sliding_window_overlay(3))
+    t = torch.tensor
+    expected = torch.tensor([[bool(theirs(t(0), t(0), t(i), t(j))) for j in range(7)] for i in range(7)])
+    assert torch.equal(sliding_window_mask(7, 3)[0, 0], expected)
+    assert torch.equal(sliding_window_mask(2, 3, 7)[0, 0], expected[5:])  # the last two queries of seven keys
+
+
+def test_sliding_layers_take_their_own_rotary_base_without_the_scaling():
+    scaling = {"rope_type": "linear", "factor": 2.0}
+    model = _ours(**LLAMA_LIKE, sliding_window=3, sliding_layers=[0, 2], local_rope_base=10.0, rope_scaling=scaling)
+    stack = model.site_stacks()["decoder"][0]
+    assert stack.local_layers == [True, False, True]
+    rotaries = [layer.self_attn.rotary for layer in stack.layers]
+    assert [r.base for r in rotaries] == [10.0, 10000.0, 10.0]
+    d = D // HEADS
+    plain = 1.0 / (10.0 ** (torch.arange(0, d, 2).float() / d))
+    assert torch.equal(rotaries[0].inv_freq.float(), plain)
+    assert torch.equal(rotaries[1].inv_freq.float(), 1.0 / (10000.0 ** (torch.arange(0, d, 2).float() / d)) / 2.0)
