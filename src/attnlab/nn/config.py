@@ -94,7 +94,8 @@ class TransformerConfig:
         positional_combine: ``add`` or ``concat`` (Hahn §3's f(v_i, p_i)).
         positional_dim: width of the position vector when concatenating; default d_model // 2.
         max_len: longest sequence for learned and one-hot positions; sinusoidal ones extrapolate.
-        activation: FFN activation, ``relu``, ``gelu``, ``gelu_tanh`` or ``swiglu`` (gated, Llama).
+        activation: FFN activation, ``relu``, ``gelu``, ``gelu_tanh``, ``swiglu`` (gated, Llama) or
+            ``geglu`` (gated by GELU with the tanh approximation, Gemma; W_1 = [W_gate; W_up]).
         norm: ``layer`` (LayerNorm), ``rms`` (RMSNorm, Llama) or ``rms_one_plus`` (Gemma's RMSNorm,
             (1 + w) a / rms(a), w starting at 0) in Add & Norm, the final norm and the q/k norms.
         sliding_window: local attention (Mistral, Gemma 2/3): in the layers of ``sliding_layers``,

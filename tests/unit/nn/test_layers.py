@@ -68,6 +68,22 @@ def test_feed_forward_formula(activation):
     torch.testing.assert_close(ffn(x[:, 3:4]), ffn(x)[:, 3:4])  # position-wise
 
 
+def test_geglu_equals_gemmas_mlp():
+    """(GELU_tanh(x W_gate) * x W_up) W_2, with W_1 = [W_gate; W_up] (Gemma's ``gelu_pytorch_tanh``)."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.gemma2.modeling_gemma2 import Gemma2MLP
+
+    torch.manual_seed(4)
+    config = transformers.Gemma2Config(hidden_size=8, intermediate_size=12, hidden_activation="gelu_pytorch_tanh")
+    theirs = Gemma2MLP(config).double()
+    ours = PositionwiseFeedForward(8, 12, activation="geglu", bias=False).double()
+    with torch.no_grad():
+        ours.linear1.weight.copy_(torch.cat([theirs.gate_proj.weight, theirs.up_proj.weight]))
+        ours.linear2.weight.copy_(theirs.down_proj.weight)
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    torch.testing.assert_close(ours(x), theirs(x), rtol=1e-15, atol=1e-15)
+
+
 def test_feed_forward_rejects_unknown_activation():
     with pytest.raises(ValueError, match="activation: unknown 'swish'"):
         PositionwiseFeedForward(8, 16, activation="swish")
