@@ -105,6 +105,12 @@ class TransformerConfig:
         sliding_layers: the layers (0-based) with local attention; None: every layer.
         local_rope_base: the rotary base of the local layers (Gemma 3); there, no ``rope_scaling``
             (which applies to the other layers only). None: the local layers rotate as the others.
+        attention_softcap: soft-cap the attention scores, c tanh(scores / c) after the scale and
+            before the mask (Gemma 2); the explicit attention formula then runs (no fused kernel).
+            None: none.
+        final_softcap: soft-cap the logits, c tanh(logits / c) (Gemma 2); decoder-only models.
+        query_scale: the scale of the attention scores where it is not d_k^-1/2 (Gemma:
+            ``query_pre_attn_scalar ** -0.5``); the scale itself. ``score = "scaled_dot"`` only.
         qk_norm: ``none``, ``head`` (a norm over d_k on each query and key head, one gain of size
             d_k shared by the heads: Qwen3, Gemma 3) or ``full`` (a norm over the whole H*d_k query
             projection and the whole H_kv*d_k key projection: OLMo 2), after the projection and
@@ -136,8 +142,9 @@ class TransformerConfig:
     """
 
     kind: ClassVar[str] = ""
-    local_attention: ClassVar[bool] = False
-    """Whether the model may have sliding-window layers (its self-attention is causal)."""
+    language_model: ClassVar[bool] = False
+    """Whether the model is a causal language model, which may have sliding-window layers and
+    soft-capped logits."""
 
     vocab_size: int = 32
     layers: int = 2
@@ -167,6 +174,9 @@ class TransformerConfig:
     sliding_window: int | None = None
     sliding_layers: list[int] | None = None
     local_rope_base: float | None = None
+    attention_softcap: float | None = None
+    final_softcap: float | None = None
+    query_scale: float | None = None
     qk_norm: str = "none"
     norm_first: bool = False
     norm_placement: str | None = None
@@ -238,6 +248,7 @@ class TransformerConfig:
             raise ValueError(f"positional: rope needs an even head size d_k, got {self.head_dim_k}")
         self._check_rotary_variants()
         self._check_local_attention()
+        self._check_caps_and_scale()
         self._check_relative_positions()
 
     def _check_rotary_variants(self) -> None:
@@ -256,7 +267,7 @@ class TransformerConfig:
     def _check_local_attention(self) -> None:
         window, layers = self.sliding_window, self.sliding_layers
         if window is not None:
-            if not self.local_attention:
+            if not self.language_model:
                 raise ValueError(f"sliding_window: applies to decoder-only models, not {self.kind or 'this model'}")
             _check_positive("sliding_window", window)
         if layers is not None:
@@ -271,6 +282,16 @@ class TransformerConfig:
                 raise ValueError("local_rope_base: needs sliding_window and positional='rope'")
             if not 0 < self.local_rope_base < math.inf:
                 raise ValueError(f"local_rope_base: must be a positive number, got {self.local_rope_base}")
+
+    def _check_caps_and_scale(self) -> None:
+        for name in ("attention_softcap", "final_softcap", "query_scale"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name}: must be a positive number (or none), got {value}")
+        if self.final_softcap is not None and not self.language_model:
+            raise ValueError(f"final_softcap: applies to decoder-only models, not {self.kind or 'this model'}")
+        if self.query_scale is not None and self.score != "scaled_dot":
+            raise ValueError(f"query_scale: replaces the scale of score='scaled_dot', not of {self.score!r}")
 
     def is_local_layer(self, layer: int) -> bool:
         """Whether ``layer`` has sliding-window attention."""
@@ -462,7 +483,7 @@ class DecoderOnlyConfig(TransformerConfig):
     """
 
     kind: ClassVar[str] = "decoder_only"
-    local_attention: ClassVar[bool] = True
+    language_model: ClassVar[bool] = True
 
     tie_embeddings: bool = False
 

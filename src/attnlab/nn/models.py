@@ -14,9 +14,11 @@ that is read or changed: caching, editing, capture and the head mask are all hoo
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, NamedTuple
 
 import torch
@@ -41,6 +43,7 @@ from attnlab.nn.normalization import make_norm
 from attnlab.nn.position_bias import POSITION_BIASES
 from attnlab.nn.positional import AddPositions, make_positional, randomized_positions
 from attnlab.nn.rotary import positions_of_tokens
+from attnlab.nn.scores import soft_cap
 
 __all__ = [
     "TransformerModel",
@@ -141,7 +144,9 @@ def _check_ids(tokens: Tensor, vocab_size: int) -> None:
 class InputEmbedding(nn.Module):
     """Layer 0: y_i^(0) = Norm(f(s E[x_i], p_i) + T[t_i])  (Hahn §3; Vaswani §3.4-3.5; Agarwal §6.3).
 
-    s = sqrt(d) when ``scale_embeddings`` (Vaswani §3.4), else 1. The token-type vector T[t_i] and
+    s = sqrt(d) when ``scale_embeddings`` (Vaswani §3.4), else 1, rounded to the embeddings' dtype
+    before the product, as Hugging Face's Gemma computes it (in bfloat16, sqrt(640) = 25.298...
+    becomes 25.25), so that the product equals Gemma's bit for bit. The token-type vector T[t_i] and
     the LayerNorm ``Norm`` are BERT's (``type_vocab_size`` > 0, ``embedding_norm``); without them
     they are the identity. Which of them exist is decided once, here, from the config.
 
@@ -177,7 +182,8 @@ class InputEmbedding(nn.Module):
     ) -> Tensor:
         """``positions`` (B, T): explicit positions (randomized positions); default offset, offset + 1, ..."""
         _check_ids(tokens, self.token.num_embeddings)
-        token = self.token(tokens) * self.scale  # s E[x_i]
+        embedded = self.token(tokens)
+        token = embedded * _in_dtype(self.scale, embedded.dtype)  # s E[x_i]
         x = self.positional(token, offset, positions) if not self.hooks else self._hooked(token, offset, positions)
         return self.dropout(self.norm(self.token_type(x, token_types)))
 
@@ -188,6 +194,12 @@ class InputEmbedding(nn.Module):
             return self.positional(token, offset, positions)
         added = self.positional.added(token, offset, positions).expand_as(token)  # (B, T, d_model)
         return token + run_hooks(self.hooks, "pos_embed", added)
+
+
+@functools.cache
+def _in_dtype(value: float, dtype: torch.dtype) -> float:
+    """``value`` rounded to ``dtype`` (the multiplier Hugging Face's ``torch.tensor(value, dtype=dtype)`` is)."""
+    return float(torch.tensor(value, dtype=dtype))
 
 
 def _multi_head(config: TransformerConfig, kind: str, layer: int) -> MultiHeadAttention:
@@ -219,6 +231,8 @@ def _multi_head(config: TransformerConfig, kind: str, layer: int) -> MultiHeadAt
         # ALiBi and Shaw et al.'s relative positions bias self-attention's scores; not cross-attention's.
         position_bias=config.positional if config.positional in POSITION_BIASES and kind != "cross" else None,
         relative_clip=config.relative_clip,
+        scale=config.query_scale,
+        softcap=config.attention_softcap,
     )
 
 
@@ -589,8 +603,15 @@ class EncoderClassifier(TransformerModel):
         return {"encoder": (self.encoder, ("self",))}
 
 
+def _identity(x: Tensor) -> Tensor:
+    return x
+
+
 class DecoderOnly(TransformerModel):
     """A causal language model: p(x_t | x_{<t}) from masked self-attention layers.
+
+    With ``final_softcap`` c the logits are c tanh(logits / c) (Gemma 2), the ``logits`` site
+    after the cap.
 
     Attention kind: ``self``.
 
@@ -606,6 +627,8 @@ class DecoderOnly(TransformerModel):
         self.lm_head = OutputLayer(config.d_model, config.vocab_size, bias=config.bias)
         if config.tie_embeddings:
             self.lm_head.weight = self.body.embedding.token.weight
+        # Chosen once: soft-capped logits (Gemma 2), or the output layer's as they are.
+        self._cap = _identity if config.final_softcap is None else partial(soft_cap, cap=config.final_softcap)
 
     def forward(
         self,
@@ -617,7 +640,7 @@ class DecoderOnly(TransformerModel):
         """``is_token`` (B, T): which positions are real tokens, for a model whose padding id is
         also a real token (a pretrained LM's); default ``tokens != pad_id``."""
         hidden = self.body(tokens, state=state, is_token=is_token)
-        return self._logits(self.lm_head(hidden))
+        return self._logits(self._cap(self.lm_head(hidden)))
 
     def new_state(self) -> DecodingState:
         return DecodingState([KVCache() for _ in self.body.layers])

@@ -38,7 +38,7 @@ from attnlab.nn.masks import check_mask
 from attnlab.nn.normalization import NORMS, make_norm
 from attnlab.nn.position_bias import PositionBias, distances, make_position_bias
 from attnlab.nn.rotary import RotaryEmbedding
-from attnlab.nn.scores import make_score
+from attnlab.nn.scores import make_score, soft_cap
 
 __all__ = ["MultiHeadAttention", "KVCache"]
 
@@ -271,6 +271,11 @@ class MultiHeadAttention(nn.Module):
         qk_norm: a name in :data:`QK_NORMS`: ``none``, ``head`` or ``full``, the norm of the
             projected queries and keys before rotary positions.
         norm, norm_eps: the kind of the q/k norms (:data:`attnlab.nn.normalization.NORMS`) and its eps.
+        scale: the scale of the scores in place of the score's own (d_k^-1/2 for ``scaled_dot``;
+            Gemma: ``query_pre_attn_scalar`` ** -1/2).
+        softcap: soft-cap the scores, c tanh(scores / c) after the scale and before the mask (and
+            before a position bias; Gemma 2); None for none. Capped scores take the explicit
+            attention formula.
         position_bias: relative positions on the scores (:mod:`attnlab.nn.position_bias`):
             ``alibi`` (Press et al. 2022) or ``relative`` (Shaw et al. 2018); None for none.
         relative_clip: the clipping distance k of ``relative``.
@@ -316,6 +321,8 @@ class MultiHeadAttention(nn.Module):
         qk_norm: str = "none",
         norm: str = "rms",
         norm_eps: float = 1e-6,
+        scale: float | None = None,
+        softcap: float | None = None,
     ) -> None:
         super().__init__()
         if heads < 0 or (heads == 0 and d_k is None):
@@ -361,6 +368,12 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"normalizer: unknown {normalizer!r}; allowed: {', '.join(sorted(NORMALIZERS))}") from None
         self.normalizer = normalizer
         self.score = make_score(score, heads=heads, d_k=self.d_k)
+        if scale is not None:
+            self.score.scale = scale
+        # Chosen once: the pairwise score the attention takes, soft-capped or the score's own
+        # (None: scale q.k on the fused kernels).
+        self.softcap = softcap
+        self._pairwise: ScoreFn | None = self.score.score_fn if softcap is None else self._capped_scores
         # Chosen once: equal groups of query heads over K/V heads, with a score that treats every
         # head alike, attend without copying K and V per query head at a decoding step.
         grouped = self.kv_heads not in (0, heads) and self.kv_index == uniform
@@ -442,6 +455,16 @@ class MultiHeadAttention(nn.Module):
             return self._combine_heads(head_outputs)
         return self._combine_hooked(run_hooks(hooks, "z", head_outputs), hooks)  # z: xi_h head_h (Michel §2.3)
 
+    def _capped_scores(self, q: Tensor, k: Tensor) -> Tensor:
+        """c tanh(e / c) of the score's own e (scale q.k for dot products), Gemma 2's soft-capping.
+
+        Shape:
+            q: (..., T_q, d_k);  k: (..., T_k, d_k);  returns (..., T_q, T_k).
+        """
+        own = self.score.score_fn
+        scores = own(q, k) if own is not None else torch.matmul(q, k.transpose(-2, -1)) * self.score.scale
+        return soft_cap(scores, self.softcap)  # type: ignore[arg-type]
+
     def _combine_heads(self, head_outputs: Tensor) -> Tensor:
         """Concat(xi_1 head_1, ..., xi_H head_H) W^O + b^O = sum_h xi_h head_h W_o^h + b^O.
 
@@ -482,7 +505,7 @@ class MultiHeadAttention(nn.Module):
             as :meth:`_attend_shared`; the weights are always returned.
         """
         hooks = self.hooks
-        pairwise, scale = self.score.score_fn, self.score.scale
+        pairwise, scale = self._pairwise, self.score.scale
 
         def scores(q_: Tensor, k_: Tensor) -> Tensor:  # (B, H, T_q, T_k), after score.prepare
             raw = pairwise(q_, k_) if pairwise is not None else torch.matmul(q_, k_.transpose(-2, -1)) * scale
@@ -558,7 +581,7 @@ class MultiHeadAttention(nn.Module):
             mask,
             causal=causal,
             scale=self.score.scale,
-            score_fn=self.score.score_fn if score_fn is None else score_fn,
+            score_fn=self._pairwise if score_fn is None else score_fn,
             dropout_p=self.dropout if self.training else 0.0,
             need_weights=want_weights,
             straight_through=self.straight_through,
@@ -598,7 +621,7 @@ class MultiHeadAttention(nn.Module):
             mask,
             causal=False,
             scale=self.score.scale,
-            score_fn=None,
+            score_fn=self._pairwise,
             dropout_p=self.dropout if self.training else 0.0,
             need_weights=want_weights,
             straight_through=self.straight_through,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlab.nn import DecoderOnlyConfig, build_model
+from attnlab.nn import DecoderOnlyConfig, KVCache, build_model
 
 transformers = pytest.importorskip("transformers")
 
@@ -255,3 +255,166 @@ def test_sliding_layers_take_their_own_rotary_base_without_the_scaling():
     plain = 1.0 / (10.0 ** (torch.arange(0, d, 2).float() / d))
     assert torch.equal(rotaries[0].inv_freq.float(), plain)
     assert torch.equal(rotaries[1].inv_freq.float(), 1.0 / (10000.0 ** (torch.arange(0, d, 2).float() / d)) / 2.0)
+
+
+GEMMA_NORMS = {
+    "input_layernorm": "attn_norm.norm",
+    "post_attention_layernorm": "attn_norm.post_norm",
+    "pre_feedforward_layernorm": "ffn_norm.norm",
+    "post_feedforward_layernorm": "ffn_norm.post_norm",
+}
+GEMMA_TOLERANCE = 1e-5
+"""Of the largest logit: transformers' Gemma norms compute in float32 even on float64 inputs
+(``x.float()``), about 1e-6 relative each, four per layer; ours in float64."""
+GEMMA_LIKE = {
+    **LLAMA_LIKE,
+    "norm": "rms_one_plus",
+    "norm_placement": "sandwich",
+    "activation": "geglu",
+    "scale_embeddings": True,
+    "layer_norm_eps": 1e-6,
+    "query_scale": 16.0**-0.5,
+    "sliding_window": 4,
+}
+HF_GEMMA = {
+    **HF_COMMON,
+    "head_dim": D // HEADS,
+    "query_pre_attn_scalar": 16,
+    "sliding_window": 4,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+}
+
+
+def test_gemma2_sandwich_norms_soft_caps_geglu_query_scale_scaled_embeddings_and_local_layers():
+    hf = _hf(
+        transformers.Gemma2Config,
+        transformers.Gemma2ForCausalLM,
+        **HF_GEMMA,
+        attn_logit_softcapping=2.0,
+        final_logit_softcapping=3.0,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000.0},
+    )
+    ours = _ours(**GEMMA_LIKE, sliding_layers=[0, 2], attention_softcap=2.0, final_softcap=3.0, rope_base=1000.0)
+    _copy_llama_like(hf, ours, norms=GEMMA_NORMS)
+    _compare(hf, ours, length=13, atol=GEMMA_TOLERANCE)
+    with torch.no_grad():
+        logits = ours(torch.randint(1, V, (2, 13)))
+    assert logits.abs().max() < 3.0 and logits.abs().max() > 2.0  # the cap is what bounds them
+
+
+def test_gemma3_local_rotary_base_scaled_global_layers_and_per_head_q_k_norms():
+    scaling = {"rope_type": "linear", "factor": 4.0}
+    hf = _hf(
+        transformers.Gemma3TextConfig,
+        transformers.Gemma3ForCausalLM,
+        **HF_GEMMA,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 50.0},
+            "full_attention": {**scaling, "rope_theta": 1000.0},
+        },
+    )
+    ours = _ours(
+        **GEMMA_LIKE,
+        sliding_layers=[0, 2],
+        qk_norm="head",
+        rope_base=1000.0,
+        rope_scaling=scaling,
+        local_rope_base=50.0,
+    )
+    _copy_llama_like(hf, ours, norms=GEMMA_NORMS)
+    _compare(hf, ours, length=13, atol=GEMMA_TOLERANCE)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "short", "decode", "explicit", None])
+@pytest.mark.parametrize("t_q", [1, 6])
+def test_soft_capped_scores_take_the_explicit_formula_whatever_the_backend_asked(monkeypatch, backend, t_q):
+    """c tanh(scale q.k / c), after the scale and before the mask, on every path: SDPA and attnlab's
+    C++ kernels take no score function, so a soft-capped call never reaches them."""
+    from attnlab.nn import MultiHeadAttention
+
+    if backend is not None:
+        monkeypatch.setenv("ATTNLAB_BACKEND", backend)
+    torch.manual_seed(6)
+    mha = MultiHeadAttention(16, 4, kv_heads=2, softcap=0.7, scale=0.5, bias=False).eval()
+    x = torch.randn(2, 6, 16) * 3
+    with torch.no_grad():
+        q, k, v = (x @ mha.in_proj_weight.T).split([16, 8, 8], dim=-1)
+        q, k, v = (t.unflatten(-1, (-1, 4)).transpose(1, 2) for t in (q, k, v))
+        k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+        scores = 0.7 * torch.tanh(q @ k.transpose(-1, -2) * 0.5 / 0.7)
+        scores = scores.masked_fill(~torch.ones(6, 6, dtype=torch.bool).tril(), float("-inf"))
+        expected = mha.out_proj(((scores.softmax(-1) @ v).transpose(1, 2)).flatten(2))[:, -t_q:]
+        if t_q == 6:
+            ours = mha(x, causal=True)
+        else:  # one decoding step against a cache of five keys
+            cache = KVCache()
+            mha(x[:, :5], causal=True, cache=cache)
+            ours = mha(x[:, 5:], causal=True, cache=cache)
+    torch.testing.assert_close(ours, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_the_logits_site_holds_the_capped_logits():
+    from attnlab.nn import trace
+
+    ours = _ours(**LLAMA_LIKE, final_softcap=0.5)
+    uncapped = _ours(**LLAMA_LIKE)
+    uncapped.load_state_dict(ours.state_dict())
+    tokens = torch.randint(1, V, (2, 5))
+    with torch.no_grad(), trace(ours, cache="logits") as t:
+        logits = ours(tokens)
+        torch.testing.assert_close(logits, 0.5 * torch.tanh(uncapped(tokens) / 0.5), rtol=1e-14, atol=1e-14)
+    assert torch.equal(t.cache["logits"], logits)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_scaled_embeddings_round_the_normalizer_to_their_dtype_as_gemma(dtype):
+    ours = build_model(DecoderOnlyConfig(**{**LLAMA_LIKE, "d_model": 40, "heads": 4, "scale_embeddings": True}))
+    ours = ours.to(dtype).eval()
+    stack = ours.site_stacks()["decoder"][0]
+    tokens = torch.randint(1, V, (2, 5))
+    from attnlab.nn import trace
+
+    with torch.no_grad(), trace(ours, cache="decoder.embed") as t:
+        ours(tokens)
+    expected = stack.embedding.token(tokens) * torch.tensor(40**0.5, dtype=dtype)  # Gemma's normalizer
+    assert torch.equal(t.cache["decoder.embed"], expected)
+
+
+VARIANTS = {
+    "qwen2": {**LLAMA_LIKE, "qkv_bias": True},
+    "neox": {**COMMON, "positional": "rope", "rotary_fraction": 0.5, "parallel_residual": True, "norm_first": True},
+    "qwen3": {**LLAMA_LIKE, "qk_norm": "head"},
+    "olmo2": {**LLAMA_LIKE, "qk_norm": "full", "norm_placement": "output"},
+    "mistral": {**LLAMA_LIKE, "sliding_window": 3},
+    "gemma2": {**GEMMA_LIKE, "sliding_layers": [0, 2], "attention_softcap": 1.0, "final_softcap": 5.0},
+    "gemma3": {
+        **GEMMA_LIKE,
+        "qk_norm": "head",
+        "local_rope_base": 10.0,
+        "rope_scaling": {"type": "linear", "factor": 2},
+    },
+}
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_masking_a_head_equals_zeroing_its_columns_of_w_o_and_the_pattern_is_captured(name):
+    from attnlab.nn import capture, masking_heads
+
+    model = _perturbed(_ours(**VARIANTS[name]), 2)
+    zeroed = _perturbed(_ours(**VARIANTS[name]), 2)
+    layer, head, d = 1, 2, D // HEADS
+    with torch.no_grad():
+        zeroed.site_stacks()["decoder"][0].layers[layer].self_attn.out_proj.weight[:, head * d : (head + 1) * d] = 0
+    xi = torch.ones(LAYERS, HEADS, dtype=torch.float64)
+    xi[layer, head] = 0.0
+    tokens = torch.randint(1, V, (2, 9))
+    with torch.no_grad():
+        with masking_heads(model, {"self": xi}), capture(model) as records:
+            masked = model(tokens)
+        torch.testing.assert_close(masked, zeroed(tokens), rtol=1e-12, atol=1e-12)
+        assert not torch.allclose(masked, model(tokens))  # the head mattered
+    record = records[layer]
+    assert torch.all(record.head_outputs[:, head] == 0)  # z of the masked head
+    torch.testing.assert_close(record.weights.sum(-1), torch.ones(2, HEADS, 9, dtype=torch.float64))
+    assert torch.all(record.weights.triu(1) == 0)  # causal
