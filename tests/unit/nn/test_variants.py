@@ -87,18 +87,27 @@ def _copy_llama_like(hf, ours, *, norms: dict[str, str]) -> None:
 
 
 def _compare(hf, ours, *, length: int = 11, seed: int = 0, atol: float = 1e-6) -> None:
-    """Logits, and KV-cached decoding step by step, equal transformers' full forward in float64 (within
-    1e-6 of the largest logit: transformers takes the softmax and the rotary angles in float32)."""
+    """Logits of a left-padded batch, and KV-cached decoding step by step, equal transformers' in
+    float64 (within ``atol`` of the largest logit: transformers takes the softmax and the rotary
+    angles in float32). The padded row's reference is transformers on that row without its padding:
+    in float64 transformers' own padded rows are NaN (its float32 softmax of a fully masked row)."""
     tokens = torch.randint(1, V, (2, length), generator=torch.Generator().manual_seed(seed))
+    is_token = torch.ones(2, length, dtype=torch.bool)
+    is_token[1, :3] = False  # left padding
     with torch.no_grad():
-        expected = hf(tokens).logits
-        logits = ours(tokens)
-        torch.testing.assert_close(logits, expected, atol=atol * expected.abs().max(), rtol=0)
+        expected = torch.full((2, length, V), float("nan"), dtype=torch.float64)
+        expected[:1] = hf(tokens[:1]).logits
+        expected[1:, 3:] = hf(tokens[1:, 3:]).logits
+        logits = ours(tokens, is_token=is_token)
+        tolerance = atol * expected[is_token].abs().max()
+        torch.testing.assert_close(logits[is_token], expected[is_token], atol=tolerance, rtol=0)
+        assert torch.equal(logits[is_token].argmax(-1), expected[is_token].argmax(-1))
         state = ours.new_state()
-        steps = [ours(tokens[:, :4], state=state)[:, -1]]
+        steps = [ours(tokens[:, :4], state=state, is_token=is_token[:, :4])[:, -1]]
         for t in range(4, length):
-            steps.append(ours(tokens[:, t : t + 1], state=state)[:, -1])
-        torch.testing.assert_close(torch.stack(steps, 1), expected[:, 3:], atol=atol * expected.abs().max(), rtol=0)
+            steps.append(ours(tokens[:, t : t + 1], state=state, is_token=is_token[:, t : t + 1])[:, -1])
+        decoded, full = torch.stack(steps, 1), expected[:, 3:]
+        torch.testing.assert_close(decoded[is_token[:, 3:]], full[is_token[:, 3:]], atol=tolerance, rtol=0)
 
 
 def _hf(config_class, model_class, **options):
