@@ -327,7 +327,9 @@ class Encoder(nn.Module):
     """Embedding, then N encoder layers (Vaswani §3.1; Agarwal §3, §5.1).
 
     With ``causal=True`` every layer's self-attention is masked, which makes this the body of a
-    decoder-only model.
+    decoder-only model. The layers that ``sliding_window`` / ``sliding_layers`` name
+    (:attr:`local_layers`) attend locally: their mask adds :func:`attnlab.nn.masks.sliding_window_mask`
+    over the key columns (a KV cache's included), built once per forward pass.
 
     Args:
         config: model options.
