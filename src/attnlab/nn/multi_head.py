@@ -19,6 +19,13 @@ The same module serves the three uses of Vaswani §3.2.3 (Agarwal §5):
 * encoder self-attention: ``mha(x)`` (Q = K = V = x; Agarwal Def. 5.1);
 * masked decoder self-attention: ``mha(y, causal=True)`` (Agarwal Def. 5.3);
 * encoder-decoder attention: ``mha(y, memory)`` (K = V = the encoder output; Agarwal §5.3).
+
+What pretrained families add is chosen once in ``__init__``, each a small variant: biases on
+W^Q, W^K, W^V alone (``qkv_bias``, Qwen2); q/k norms after the projection (:data:`QK_NORMS`,
+Qwen3, Gemma 3, OLMo 2); partial or frequency-scaled rotary positions (:mod:`attnlab.nn.rotary`,
+GPT-NeoX, Llama 3.1); another scale of the scores (``scale``, Gemma) and soft-capped scores
+(``softcap``, Gemma 2, through the score function, so the explicit formula runs). Local
+attention is a mask, built by the model (:func:`attnlab.nn.masks.sliding_window_mask`).
 """
 
 from __future__ import annotations
