@@ -63,6 +63,8 @@ _FROM_NN = (
 )
 
 _ELSEWHERE = {
+    "load": "attnlab.lm",  # any run, Hugging Face folder or cached name, or GGUF file, as a LanguageModel
+    "LanguageModel": "attnlab.lm",
     "show": "attnlab.viewer.notebook",  # the viewer's head and model views inline in Jupyter
     "show_records": "attnlab.viewer.notebook",
 }

@@ -14,7 +14,14 @@ from itertools import chain
 import torch
 from torch import nn
 
-__all__ = ["DEVICE_NAMES", "check_device_name", "check_gpus_for_processes", "model_device", "resolve_device"]
+__all__ = [
+    "DEVICE_NAMES",
+    "cast_parameters",
+    "check_device_name",
+    "check_gpus_for_processes",
+    "model_device",
+    "resolve_device",
+]
 
 DEVICE_NAMES = "auto, cpu, cuda, cuda:N"
 """The device names :func:`resolve_device` accepts, as error messages list them."""
@@ -81,3 +88,16 @@ def model_device(model: nn.Module) -> torch.device:
     """The device of ``model``'s first parameter (or buffer); the CPU for a model with neither."""
     first = next(chain(model.parameters(), model.buffers()), None)
     return torch.device("cpu") if first is None else first.device
+
+
+def cast_parameters(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """``model`` with its parameters in ``dtype`` (tied ones stay one); its buffers as they are.
+
+    Unlike ``model.to(dtype)``, which casts floating buffers too, the rotary frequencies and other
+    tables computed in float32 stay float32, as Hugging Face keeps them in a bf16 model.
+    """
+    with torch.no_grad():
+        for parameter in model.parameters():  # a tied parameter appears once
+            if parameter.dtype != dtype:
+                parameter.data = parameter.data.to(dtype)
+    return model

@@ -48,7 +48,7 @@ _MAX_GRID_CELL_INCHES = 6.0
 _MAX_KIND_GRID_INCHES = 24.0
 """The longer side of a :func:`kind_grid` (every layer and head of a kind): its cells shrink to fit."""
 _MAX_TICK_LABELS = 64
-_MAX_TICK_LABELS_SMALL = 32
+_MAX_TICK_LABELS_SMALL = 64
 
 
 def _inches(tokens: int, per_token: float, margin: float, smallest: float, largest: float) -> float:

@@ -63,7 +63,7 @@ def check_encoder_run(loaded: LoadedRun, what: str) -> None:
     if loaded.experiment.model_kind != "encoder":
         raise UsageError(
             f"{what} needs a sentence encoder run (model kind 'encoder', e.g. from `attnlab import bert`); "
-            f"{loaded.run.path} is a {loaded.experiment.model_kind} run"
+            f"{loaded.source} is a {loaded.experiment.model_kind} run"
         )
 
 

@@ -1,6 +1,6 @@
 """Every built-in task trains to its documented accuracy with its config in configs/ (slow).
 
-The documented numbers are in README.md ("What the configs reach"); each threshold below sits a
+The documented numbers are in docs/tasks.md ("What the configs reach"); each threshold below sits a
 little under the measured value so that the test checks learning, not a particular seed's luck.
 """
 
@@ -31,7 +31,7 @@ DOCUMENTED = {
     "parity": ("test", 0.94),
     # a^n b^n and a^n b^n c^n have one positive string per n, and leak-free splits hold some n
     # out of training: the configs learn the training strings perfectly, and the test split
-    # measures interpolation to unseen n, which these models do not achieve (README).
+    # measures interpolation to unseen n, which these models do not achieve (docs/tasks.md).
     "anbn": ("train", 0.98),
     "anbncn": ("train", 0.98),
     # Delétang et al. 2023, one task per level; accuracy is the paper's per-sequence token accuracy.

@@ -18,7 +18,8 @@ from attnlab.evaluation.evaluate import evaluate
 from attnlab.head_ids import head_ids
 from attnlab.run.directory import RunDir
 from attnlab.run.loaded import LoadedRun, open_run
-from attnlab.run.manifest import read_manifest, write_manifest
+from attnlab.run.manifest import read_manifest, record_of, write_manifest
+from attnlab.run.storage import atomic_write_bytes, load_tensors, tensors_to_bytes
 from attnlab.run.verification import verify_run
 from attnlab.training.trainer import TrainingDiverged, train
 from tests.tiny_run import build_tiny_run, tiny_experiment
@@ -267,3 +268,47 @@ def test_a_pruned_run_has_a_manifest_and_verifies(tiny, tmp_path):
     assert set(read_manifest(out).files) == {"config.json", "tokenizer.json", "model.safetensors"}
     assert verify_run(out).ok
     open_run(out)
+
+
+def _with_the_names_before_the_decoder_rename(run: Path) -> None:
+    """Rewrite ``run``'s weights as attnlab wrote them while DecoderOnly's stack was called ``body``:
+    each checkpoint's model.safetensors with ``body.*`` keys (aliases too) and its manifest record,
+    then the published copy and its record (as ``RunDir.point_to`` does)."""
+
+    def old(name: str) -> str:
+        return "body." + name[len("decoder.") :] if name.startswith("decoder.") else name
+
+    opened = RunDir.open(run)
+    for files in opened.checkpoints():
+        tensors, metadata = load_tensors(files.model)
+        aliases = json.loads(metadata["attnlab.aliases"])
+        metadata = {**metadata, "attnlab.aliases": json.dumps({old(a): old(c) for a, c in aliases.items()})}
+        data = tensors_to_bytes({old(name): tensor for name, tensor in tensors.items()}, metadata)
+        atomic_write_bytes(files.model, data)
+        manifest = read_manifest(files.directory)
+        write_manifest(files.directory, manifest.with_records({files.model.name: record_of(data)}))
+    opened.point_to(opened.latest_checkpoint())
+
+
+def test_a_run_written_before_the_decoder_rename_opens_verifies_and_resumes(tiny, copy, tmp_path):
+    """Weights whose keys are ``body.*`` load as ``decoder.*``: the same weights and metrics, the
+    run verifies unchanged (the files are never rewritten), and a resume equals the new run's."""
+    reference = Path(shutil.copytree(copy, tmp_path / "reference"))
+    _with_the_names_before_the_decoder_rename(copy)
+    for weights in [copy / "model.safetensors", *copy.glob("checkpoints/*/model.safetensors")]:
+        names = load_tensors(weights)[0].keys()
+        assert "body.embedding.token.weight" in names and not any(n.startswith("decoder.") for n in names)
+    loaded = open_run(copy)
+    assert _weights(loaded.model).keys() == tiny["weights"].keys()
+    for name, tensor in _weights(loaded.model).items():
+        assert torch.equal(tensor, tiny["weights"][name]), name
+    assert _metrics(loaded) == tiny["metrics"]
+    weights, _, state = _checkpoint_state(copy)
+    assert state == tiny["checkpoint"][2] and all(torch.equal(t, weights[n]) for n, t in tiny["checkpoint"][0].items())
+    assert verify_run(copy).ok
+    for run in (reference, copy):
+        train(tiny_experiment(tiny["folder"], steps=6), run, resume=True, progress=False)
+    resumed, expected = _weights(open_run(copy).model), _weights(open_run(reference).model)
+    assert resumed.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert torch.equal(resumed[name], tensor), name

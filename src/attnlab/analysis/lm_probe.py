@@ -80,7 +80,7 @@ def check_language_model_run(loaded: LoadedRun, what: str) -> None:
     if not isinstance(loaded.task, (PretrainedLMTask, LMTask)):
         raise UsageError(
             f"{what} needs a language model run of text (task lm, or pretrained_lm from attnlab import gguf); "
-            f"{loaded.run.path} is a {loaded.experiment.model_kind} run of task {loaded.experiment.task_name!r}"
+            f"{loaded.source} is a {loaded.experiment.model_kind} run of task {loaded.experiment.task_name!r}"
         )
 
 

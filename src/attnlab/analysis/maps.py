@@ -68,8 +68,12 @@ def attention_view(
     head_mask: Mapping[str, Tensor] | None = None,
     max_length: int = 64,
     top_k: int = 5,
+    continuation: bool = False,
 ) -> AttentionView:
     """Run ``loaded.model`` on ``text`` and capture its attention.
+
+    A language model's maps cover the prompt only, unless ``continuation``: then the prompt and
+    the greedy continuation it is given (its ``output``, computed either way).
 
     The run's held heads (``train.mask_heads``) are off; ``head_mask`` switches more heads off
     (``loaded.held_mask(base=head_mask)``). An empty text, one longer than
@@ -90,7 +94,7 @@ def attention_view(
             max_length = check_decode_length(1, max_length, config=loaded.model.config)  # after BOS
     mask = loaded.held_mask(base=head_mask)
     view = VIEWS[loaded.experiment.model_kind]
-    found = view(loaded, ids, head_mask=mask, max_length=max_length, top_k=top_k)
+    found = view(loaded, ids, head_mask=mask, max_length=max_length, top_k=top_k, continuation=continuation)
     return dataclasses.replace(found, off=tuple(heads_off(loaded.model, mask)))
 
 
@@ -108,7 +112,9 @@ def language_model_prompt(loaded: LoadedRun, text: str) -> list[int]:
     return ids
 
 
-def _seq2seq_view(loaded: LoadedRun, ids: list[int], *, head_mask, max_length: int, top_k: int) -> AttentionView:  # noqa: ANN001
+def _seq2seq_view(
+    loaded: LoadedRun, ids: list[int], *, head_mask, max_length: int, top_k: int, continuation: bool
+) -> AttentionView:  # noqa: ANN001
     """Decode greedily, then one teacher-forced pass over (source, BOS + output) records all kinds."""
     task, codec, model = loaded.task, loaded.codec, loaded.model
     src = torch.tensor([ids + [task.eos_id]], device=model_device(model))
@@ -130,7 +136,9 @@ def _seq2seq_view(loaded: LoadedRun, ids: list[int], *, head_mask, max_length: i
     return AttentionView(records, axes, codec.decode(hypothesis.tokens))
 
 
-def _classifier_view(loaded: LoadedRun, ids: list[int], *, head_mask, max_length: int, top_k: int) -> AttentionView:  # noqa: ANN001
+def _classifier_view(
+    loaded: LoadedRun, ids: list[int], *, head_mask, max_length: int, top_k: int, continuation: bool
+) -> AttentionView:  # noqa: ANN001
     """The label read at the EOS position (Hahn §3), with every class's probability."""
     task, codec, model = loaded.task, loaded.codec, loaded.model
     tokens = torch.tensor([ids + [task.eos_id]], device=model_device(model))
@@ -142,10 +150,13 @@ def _classifier_view(loaded: LoadedRun, ids: list[int], *, head_mask, max_length
     return AttentionView(records, {"self": (labels, labels)}, str(label), float(probs[label]), classes)
 
 
-def _language_model_view(loaded: LoadedRun, ids: list[int], *, head_mask, max_length: int, top_k: int) -> AttentionView:  # noqa: ANN001
+def _language_model_view(  # noqa: ANN001
+    loaded: LoadedRun, ids: list[int], *, head_mask, max_length: int, top_k: int, continuation: bool
+) -> AttentionView:
     """The greedy continuation of the prompt ``ids``, the next-token distribution right after it,
-    and the maps over prompt + continuation. Every position is a real token (``is_token``): a
-    pretrained LM's padding id may be a real token (SmolLM2's is its EOS)."""
+    and the maps over the prompt (with ``continuation``, over prompt + continuation). Every
+    position is a real token (``is_token``): a pretrained LM's padding id may be a real token
+    (SmolLM2's is its EOS)."""
     task, codec, model = loaded.task, loaded.codec, loaded.model
     hypothesis = generate_continuations(
         model,
@@ -155,17 +166,20 @@ def _language_model_view(loaded: LoadedRun, ids: list[int], *, head_mask, max_le
         options=DecodeOptions(max_length=max_length),
         head_mask=head_mask,
     )[0]
-    full = torch.tensor([ids + hypothesis.tokens], device=model_device(model))
+    drawn = ids + hypothesis.tokens if continuation else ids
+    full = torch.tensor([drawn], device=model_device(model))
     with capture(model) as records, masking_heads(model, head_mask):
         logits = model(full, is_token=torch.ones_like(full, dtype=torch.bool))
-    labels = codec.tokens(ids + hypothesis.tokens)
+    labels = codec.tokens(drawn)
     next_token = torch.softmax(logits[0, len(ids) - 1].float(), -1)
     values, indices = next_token.topk(min(top_k, next_token.numel()))
     top = [(codec.tokens([int(i)])[0], float(v)) for v, i in zip(values, indices, strict=True)]
     return AttentionView(records, {"self": (labels, labels)}, codec.decode(hypothesis.tokens), distribution=top)
 
 
-def _encoder_view(loaded: LoadedRun, ids: list[int], *, head_mask, max_length: int, top_k: int) -> AttentionView:  # noqa: ANN001
+def _encoder_view(
+    loaded: LoadedRun, ids: list[int], *, head_mask, max_length: int, top_k: int, continuation: bool
+) -> AttentionView:  # noqa: ANN001
     """A sentence encoder reads ``[CLS] text [SEP]`` once; the output summarises the sentence embedding."""
     tokens = torch.tensor([ids], device=model_device(loaded.model))
     with capture(loaded.model) as records, masking_heads(loaded.model, head_mask):

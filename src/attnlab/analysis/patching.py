@@ -292,8 +292,8 @@ def patch(
 
 def _stack_of(model) -> tuple[str, int]:  # noqa: ANN001
     """The one stack of a model patching supports, and its number of layers."""
-    stack, (body, _) = next(iter(model.site_stacks().items()))
-    return stack, len(body.layers)
+    stack, (stack_module, _) = next(iter(model.site_stacks().items()))
+    return stack, len(stack_module.layers)
 
 
 def patch_steps(loaded: LoadedRun, *, heads: bool = True, residual: bool = True) -> int:

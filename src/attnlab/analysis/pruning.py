@@ -26,9 +26,10 @@ from pathlib import Path
 
 import torch
 
+from attnlab.devices import cast_parameters
 from attnlab.errors import UsageError
 from attnlab.head_ids import HeadId
-from attnlab.nn import TransformerModel, build_model
+from attnlab.nn import TransformerModel, build_model_to_load
 from attnlab.run.directory import RunDir
 from attnlab.run.loaded import LoadedRun
 
@@ -56,7 +57,7 @@ def prune_model(model: TransformerModel, pruned: Iterable[HeadId]) -> Transforme
         d_k=config.head_dim_k,
         d_v=config.head_dim_v,
     )
-    new_model = build_model(new_config)
+    new_model = cast_parameters(build_model_to_load(new_config), next(model.parameters()).dtype)  # bf16 stays bf16
     names = {id(module): name for name, module in model.named_modules()}
     state = model.state_dict()
     for site in model.attention_sites():
@@ -110,7 +111,7 @@ def write_pruned_run(
     config["train"]["mask_heads"] = [str(h) for h in held]
     with run.lock():  # one writer at a time (attnlab.run.lock)
         run.write_config(config)
-        tokenizer = loaded.run.read_tokenizer_text()  # verified; written with its record in the new manifest
+        tokenizer = loaded.tokenizer_text()  # verified; written with its record in the new manifest
         if tokenizer is not None:
             run.write_tokenizer(tokenizer)
         run.save_weights(pruned_model)

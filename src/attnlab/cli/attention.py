@@ -13,13 +13,13 @@ from pathlib import Path
 import typer
 
 from attnlab.cli.app import app
-from attnlab.cli.options import device_option, json_option, print_json
+from attnlab.cli.options import SOURCE_HELP, device_option, dtype_option, json_option, print_json, revision_option
 from attnlab.resources import MAX_NEW_TOKENS
 
 
 @app.command()
 def attention(
-    run: Path = typer.Argument(..., help="A run directory written by `attnlab train`."),
+    run: Path = typer.Argument(..., help=SOURCE_HELP),
     text: str = typer.Argument(..., help="The input: symbols of the task (e.g. abcd) or text."),
     out: Path = typer.Option(..., "--out", help="Folder to write the PNG files into (created if missing)."),
     argmax: bool | None = typer.Option(
@@ -28,10 +28,17 @@ def attention(
     max_length: int = typer.Option(
         64, "--max-length", min=1, help=f"Most output tokens to decode (at most {MAX_NEW_TOKENS})."
     ),
+    continuation: bool = typer.Option(
+        False,
+        "--continuation/--prompt-only",
+        help="Language models: draw the greedy continuation's rows and columns too (default: the prompt only).",
+    ),
     layers: str | None = typer.Option(
         None, "--layers", help="Only these layers, e.g. 0,5,29 or 0-3 or 0,10-12 (default: every layer)."
     ),
     device: str = device_option(),
+    dtype: str | None = dtype_option(),
+    revision: str | None = revision_option(),
     as_json: bool = json_option("Print one JSON object: input, output, held heads and the pictures written."),
 ) -> None:
     """Draw every attention map of RUN on TEXT: per head, per layer (grid), and the argmax pattern.
@@ -42,16 +49,16 @@ def attention(
     # Imported when the command runs: the help pages load no torch (see attnlab.cli).
     from attnlab.analysis.maps import attention_view
     from attnlab.analysis.plots import save_attention_pictures, select_layers
+    from attnlab.pretrained.sources import open_model
     from attnlab.resources import check_input_text, check_new_tokens
-    from attnlab.run.loaded import open_run
     from attnlab.run.output_paths import check_output_path
 
     check_input_text(text, what="TEXT")
     check_new_tokens(max_length, flag="--max-length")
     check_output_path(out, kind="folder", flag="--out")
-    loaded = open_run(run, device=device)
+    loaded = open_model(run, device=device, dtype=dtype, revision=revision)
     chosen = None if layers is None else select_layers(layers, _deepest(loaded.model.config), flag="--layers")
-    view = attention_view(loaded, text, max_length=max_length)
+    view = attention_view(loaded, text, max_length=max_length, continuation=continuation)
     hard = loaded.experiment.model.get("attention") == "hard"
     paths = save_attention_pictures(view, out, argmax=hard if argmax is None else argmax, layers=chosen)
     if as_json:

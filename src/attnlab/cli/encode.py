@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from attnlab.cli.app import app
-from attnlab.cli.options import device_option
+from attnlab.cli.options import SOURCE_HELP, device_option, dtype_option, revision_option
 
 SHOWN = 6
 """Values per vector in the human-readable output (``--json`` has them all)."""
@@ -16,21 +16,23 @@ SHOWN = 6
 
 @app.command()
 def encode(
-    run: Path = typer.Argument(..., help="A sentence encoder run (e.g. from `attnlab import bert`)."),
+    run: Path = typer.Argument(..., help=SOURCE_HELP),
     texts: list[str] = typer.Argument(..., help="One or more texts."),
     as_json: bool = typer.Option(False, "--json", help="Print every value as JSON."),
     batch_size: int = typer.Option(32, "--batch-size", min=1),
     device: str = device_option(),
+    dtype: str | None = dtype_option(),
+    revision: str | None = revision_option(),
 ) -> None:
     """For each text: its WordPiece tokens, the last hidden states (T x d) and the sentence embedding."""
     # Imported when the command runs: the help pages load no torch (see attnlab.cli).
+    from attnlab.pretrained.sources import open_model
     from attnlab.resources import check_input_text
-    from attnlab.run.loaded import open_run
     from attnlab.sentence_embedding import encode_texts
 
     for number, text in enumerate(texts, start=1):
         check_input_text(text, what="TEXT" if len(texts) == 1 else f"TEXT {number}")
-    loaded = open_run(run, device=device)
+    loaded = open_model(run, device=device, dtype=dtype, revision=revision)
     results = encode_texts(loaded, texts, batch_size=batch_size)
     pooling = loaded.experiment.task.get("pooling", "mean")
     if as_json:

@@ -9,13 +9,13 @@ import typer
 
 from attnlab.cli.app import app
 from attnlab.cli.choices import Split
-from attnlab.cli.options import device_option, progress_option
+from attnlab.cli.options import SOURCE_HELP, device_option, dtype_option, progress_option, revision_option
 from attnlab.errors import UsageError
 
 
 @app.command("eval")
 def evaluate_run(
-    run: Path = typer.Argument(..., help="A run directory written by `attnlab train`."),
+    run: Path = typer.Argument(..., help=SOURCE_HELP),
     split: str = typer.Option(
         Split.test.value,
         "--split",
@@ -36,6 +36,8 @@ def evaluate_run(
     mask_heads: list[str] = typer.Option(None, "--mask-head", help="Mask a head, kind:layer:head (repeatable)."),
     progress: bool = progress_option(),
     device: str = device_option(),
+    dtype: str | None = dtype_option(),
+    revision: str | None = revision_option(),
     checkpoint: str = typer.Option(
         None,
         "--checkpoint",
@@ -67,11 +69,11 @@ def evaluate_run(
     from attnlab.evaluation.evaluate import evaluate
     from attnlab.evaluation.fit import training_fit
     from attnlab.head_ids import parse_head
-    from attnlab.run.loaded import open_run
+    from attnlab.pretrained.sources import open_model
     from attnlab.tasks.base import SPLITS
     from attnlab.tasks.batching import count_too_long
 
-    loaded = open_run(run, device=device, checkpoint=checkpoint)
+    loaded = open_model(run, device=device, dtype=dtype, revision=revision, checkpoint=checkpoint)
     names = loaded.task.split_names() if hasattr(loaded.task, "split_names") else SPLITS
     if split not in names:
         raise UsageError(f"--split: unknown split {split!r}; this run's task has {', '.join(names)}")

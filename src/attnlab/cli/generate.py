@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from attnlab.cli.app import app
-from attnlab.cli.options import device_option
+from attnlab.cli.options import SOURCE_HELP, device_option, dtype_option, revision_option
 from attnlab.errors import UsageError
 from attnlab.resources import (
     MAX_BEAM,
@@ -23,7 +23,7 @@ from attnlab.resources import (
 
 @app.command()
 def generate(
-    run: Path = typer.Argument(..., help="A run directory written by `attnlab train` or `attnlab import`."),
+    run: Path = typer.Argument(..., help=SOURCE_HELP),
     texts: list[str] = typer.Argument(..., help="Inputs: symbols of the task (e.g. abcd) or text."),
     beam: int = typer.Option(1, "--beam", min=1, help=f"Beam size (1 = greedy; at most {MAX_BEAM})."),
     max_new_tokens: int = typer.Option(
@@ -45,6 +45,8 @@ def generate(
     chat: bool = typer.Option(False, "--chat", help="Put each TEXT in the model's chat template (pretrained LMs)."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per input, when it is done."),
     device: str = device_option(),
+    dtype: str | None = dtype_option(),
+    revision: str | None = revision_option(),
 ) -> None:
     """Run a model on each TEXT: the output sequence, the class with its probability, or a continuation.
 
@@ -56,14 +58,14 @@ def generate(
     """
     # Imported when the command runs: the help pages load no torch (see attnlab.cli).
     from attnlab.generate.search import DecodeOptions
-    from attnlab.run.loaded import open_run
+    from attnlab.pretrained.sources import open_model
 
     check_beam(beam, flag="--beam")
     check_new_tokens(max_new_tokens, flag="--max-new-tokens (--max-length)")
     sampling = _sampling(temperature, top_k, top_p, seed, beam=beam)
     for number, text in enumerate(texts, start=1):
         check_input_text(text, what=_which(number, len(texts)))
-    loaded = open_run(run, device=device)
+    loaded = open_model(run, device=device, dtype=dtype, revision=revision)
     kind = loaded.experiment.model_kind
     if kind == "encoder":
         raise UsageError(f"{run} is a sentence encoder: it generates nothing; use `attnlab encode RUN TEXT...`")

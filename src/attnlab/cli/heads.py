@@ -9,7 +9,15 @@ import typer
 
 from attnlab.cli.app import ClassicCommand, ClassicOption, app
 from attnlab.cli.choices import HeadKind, Split, value_of
-from attnlab.cli.options import device_option, json_option, print_json, progress_option
+from attnlab.cli.options import (
+    SOURCE_HELP,
+    device_option,
+    dtype_option,
+    json_option,
+    print_json,
+    progress_option,
+    revision_option,
+)
 from attnlab.errors import UsageError
 from attnlab.run.output_paths import check_output_path
 
@@ -82,6 +90,8 @@ def _probe(  # noqa: ANN202
     texts: Path | None = None,
     pairs: Path | None = None,
     device: str = "cpu",
+    dtype: str | None = None,
+    revision: str | None = None,
 ):
     """The objective: the run's task split; for a language model --texts (next-token loss); for a
     sentence encoder --texts (fidelity) / --pairs.
@@ -92,12 +102,12 @@ def _probe(  # noqa: ANN202
     from attnlab.analysis.fidelity import FidelityProbe, PairProbe
     from attnlab.analysis.heads import TaskProbe
     from attnlab.analysis.lm_probe import NextTokenProbe
-    from attnlab.run.loaded import open_run
+    from attnlab.pretrained.sources import open_model
 
     if texts is not None and pairs is not None:
         raise UsageError("give --texts or --pairs, not both")
     split = Split(split).value
-    loaded = open_run(run, device=device)
+    loaded = open_model(run, device=device, dtype=dtype, revision=revision)
     if texts is not None and loaded.experiment.model_kind == "decoder_only":
         return loaded, NextTokenProbe(
             loaded,
@@ -129,7 +139,7 @@ def _held_note(loaded) -> str | None:  # noqa: ANN001
 def _json_head(loaded, probe) -> dict[str, Any]:  # noqa: ANN001
     """What every ``heads --json`` object starts with: the run, the metric, the held heads."""
     return {
-        "run": str(loaded.run.path),
+        "run": loaded.source,
         "metric_name": probe.metric_name,
         "held_heads": [str(head) for head in loaded.held_heads],
     }
@@ -144,7 +154,7 @@ def _rows(rows: list[Any]) -> list[dict[str, Any]]:
 
 @heads_app.command("ablate")
 def ablate_command(
-    run: Path = typer.Argument(..., help="A run directory."),
+    run: Path = typer.Argument(..., help=SOURCE_HELP),
     split: Split = typer.Option(Split.valid, "--split", help=SPLIT_HELP),
     out: Path = typer.Option(None, "--out", help="Folder for the CSVs and heatmaps (default RUN/analysis)."),
     kinds: list[HeadKind] = typer.Option(None, "--kind", help=KIND_HELP),
@@ -159,6 +169,8 @@ def ablate_command(
     ),
     progress: bool = progress_option(),
     device: str = device_option(),
+    dtype: str | None = dtype_option(),
+    revision: str | None = revision_option(),
     as_json: bool = json_option(),
 ) -> None:
     """The metric and loss with each head masked alone, and with all heads of a layer but one.
@@ -174,8 +186,8 @@ def ablate_command(
     if out is not None:
         check_output_path(out, kind="folder", flag="--out")
     kinds = [value_of(kind) for kind in kinds or ()]
-    loaded, probe = _probe(run, split, batch_size, texts, pairs, device)
-    folder = out or loaded.run.analysis
+    loaded, probe = _probe(run, split, batch_size, texts, pairs, device, dtype, revision)
+    folder = out or loaded.analysis
     means = None
     if mean_over is not None:
         from attnlab.analysis.patching import head_means
@@ -223,7 +235,7 @@ def ablate_command(
 
 @heads_app.command("importance")
 def importance_command(
-    run: Path = typer.Argument(..., help="A run directory."),
+    run: Path = typer.Argument(..., help=SOURCE_HELP),
     split: Split = typer.Option(Split.valid, "--split", help=SPLIT_HELP),
     normalize_per_layer: bool = typer.Option(
         False, "--normalize-per-layer", help="Divide each layer's scores by their l2 norm."
@@ -235,6 +247,8 @@ def importance_command(
     pairs: Path = typer.Option(None, "--pairs", help=PAIRS_HELP),
     progress: bool = progress_option(),
     device: str = device_option(),
+    dtype: str | None = dtype_option(),
+    revision: str | None = revision_option(),
     as_json: bool = json_option(),
 ) -> None:
     """I_h = E_x |dL/dxi_h| for every head, from one forward and backward pass per batch."""
@@ -247,8 +261,8 @@ def importance_command(
         check_output_path(out, kind="file", flag="--out")
         check_output_path(out.with_suffix(".png"), kind="file", flag="--out (its heatmap)")
     kinds = [value_of(kind) for kind in kinds or ()]
-    loaded, probe = _probe(run, split, batch_size, texts, pairs, device)
-    path = out or loaded.run.analysis / "importance.csv"
+    loaded, probe = _probe(run, split, batch_size, texts, pairs, device, dtype, revision)
+    path = out or loaded.analysis / "importance.csv"
     with tqdm(desc="importance", unit="batch", disable=not progress) as bar:
         rows = importance(
             probe, normalize_per_layer=normalize_per_layer, kinds=kinds or None, progress=lambda: bar.update(1)
@@ -270,7 +284,7 @@ def importance_command(
 
 @heads_app.command("prune", cls=PruneCommand)
 def prune_command(
-    run: Path = typer.Argument(..., help="A run directory."),
+    run: Path = typer.Argument(..., help=SOURCE_HELP),
     percent: list[float] = typer.Option(
         ..., "--percent", help="Percentages of heads to prune: --percent 10 20 30 (or --percent 10 --percent 20)."
     ),
@@ -302,6 +316,8 @@ def prune_command(
     pairs: Path = typer.Option(None, "--pairs", help=PAIRS_HELP),
     progress: bool = progress_option(),
     device: str = device_option(),
+    dtype: str | None = dtype_option(),
+    revision: str | None = revision_option(),
     as_json: bool = json_option(),
 ) -> None:
     """Mask the least important heads (ranked globally) and evaluate; or remove them for good.
@@ -327,7 +343,7 @@ def prune_command(
     kinds = [value_of(kind) for kind in kinds or ()]
     ranking_split = Split(importance_split or Split.valid).value
     curve_split = Split(split or Split.test).value
-    loaded, probe = _probe(run, curve_split, batch_size, texts, pairs, device)
+    loaded, probe = _probe(run, curve_split, batch_size, texts, pairs, device, dtype, revision)
     ranker = _ranking_probe(loaded, probe, ranking_split)
     if physical:
         _prune_physically(
@@ -354,7 +370,7 @@ def prune_command(
         def retrain(mask) -> None:  # noqa: ANN001
             fine_tune(loaded, mask, retrain_steps)
 
-    folder = out or loaded.run.analysis
+    folder = out or loaded.analysis
     with tqdm(total=len(percents), desc="prune", disable=not progress) as bar:
         rows = pruning_curve(
             probe,

@@ -1,4 +1,5 @@
-"""Options that many commands share, defined once: ``--device``, ``--json`` and ``--progress``.
+"""Options that many commands share, defined once: ``--device``, ``--dtype``, ``--revision``,
+``--json`` and ``--progress``.
 
 * ``--device auto|cpu|cuda|cuda:N`` on every command that runs a model; click checks the name and
   resolves it (:func:`attnlab.devices.resolve_device`) before the command starts, so a bad name or a
@@ -43,6 +44,37 @@ def _resolve_device(ctx: typer.Context, value: str | None) -> str | None:
 def device_option(default: str | None = "auto", help: str = DEVICE_HELP) -> Any:  # noqa: A002 - typer's name
     """The ``--device`` option; its value reaches the command resolved: ``cpu``, ``cuda`` or ``cuda:N``."""
     return typer.Option(default, "--device", metavar=DEVICE_METAVAR, callback=_resolve_device, help=help)
+
+
+DTYPES = ("float32", "bfloat16", "float16")
+SOURCE_HELP = (
+    "The model: a run directory, a Hugging Face model folder, the NAME or ORG/NAME of a model in the local "
+    "Hugging Face cache (never downloaded), or a GGUF file."
+)
+
+
+def _check_dtype(ctx: typer.Context, value: str | None) -> str | None:
+    if value is None or ctx.resilient_parsing or value in DTYPES:
+        return value
+    raise typer.BadParameter(f"unknown {value!r}; allowed: {', '.join(DTYPES)}")
+
+
+def dtype_option() -> Any:
+    """The ``--dtype`` option: the model's weights and computation in this dtype (default: as stored)."""
+    return typer.Option(
+        None,
+        "--dtype",
+        metavar="[float32|bfloat16|float16]",
+        callback=_check_dtype,
+        help="Run the model in this dtype (default: as its weights are stored; a run's are float32).",
+    )
+
+
+def revision_option() -> Any:
+    """The ``--revision`` option: a snapshot of a model in the Hugging Face cache."""
+    return typer.Option(
+        None, "--revision", help="For a model in the Hugging Face cache: the snapshot (a commit or a ref such as main)."
+    )
 
 
 def progress_option(help: str = PROGRESS_HELP) -> Any:  # noqa: A002 - typer's name

@@ -8,7 +8,15 @@ from pathlib import Path
 import typer
 
 from attnlab.cli.app import app
-from attnlab.cli.options import device_option, json_option, print_json, progress_option
+from attnlab.cli.options import (
+    SOURCE_HELP,
+    device_option,
+    dtype_option,
+    json_option,
+    print_json,
+    progress_option,
+    revision_option,
+)
 from attnlab.errors import UsageError
 from attnlab.run.output_paths import check_output_path
 
@@ -17,7 +25,7 @@ SITES = ("heads", "residual")
 
 @app.command("patch")
 def patch_command(
-    run: Path = typer.Argument(..., help="A run directory (a language model, sentence encoder or classifier)."),
+    run: Path = typer.Argument(..., help=SOURCE_HELP),
     clean: str = typer.Option(..., "--clean", help="The clean input, whose output patches restore."),
     corrupt: str = typer.Option(..., "--corrupt", help="The corrupt input: as many tokens as --clean."),
     metric: str = typer.Option(
@@ -40,6 +48,8 @@ def patch_command(
     out: Path = typer.Option(None, "--out", help="Folder for the CSVs and heatmaps (default RUN/analysis/patching)."),
     progress: bool = progress_option(),
     device: str = device_option(),
+    dtype: str | None = dtype_option(),
+    revision: str | None = revision_option(),
     as_json: bool = json_option(),
 ) -> None:
     """How much of the clean-vs-corrupt difference patching each site restores.
@@ -54,7 +64,7 @@ def patch_command(
     from attnlab.analysis.patching import patch, patch_steps
     from attnlab.analysis.reports import head_matrix_plot, position_matrix_plot, write_rows
     from attnlab.head_ids import HeadId
-    from attnlab.run.loaded import open_run
+    from attnlab.pretrained.sources import open_model
 
     chosen = list(dict.fromkeys(sites or SITES))
     unknown = [s for s in chosen if s not in SITES]
@@ -62,7 +72,7 @@ def patch_command(
         raise UsageError(f"--site: unknown {unknown[0]!r}; allowed: {', '.join(SITES)}")
     if out is not None:
         check_output_path(out, kind="folder", flag="--out")
-    loaded = open_run(run, device=device)
+    loaded = open_model(run, device=device, dtype=dtype, revision=revision)
     heads, residual = "heads" in chosen, "residual" in chosen
     bars: list[tqdm] = []  # opened at the first patch, after every input check has passed
 
@@ -88,7 +98,7 @@ def patch_command(
     finally:
         for bar in bars:
             bar.close()
-    folder = out or loaded.run.analysis / "patching"
+    folder = out or loaded.analysis / "patching"
     files: dict[str, str] = {}
     if heads:
         files["heads"] = str(

@@ -7,14 +7,16 @@ from pathlib import Path
 import typer
 
 from attnlab.cli.app import app
-from attnlab.cli.options import device_option, json_option, print_json
+from attnlab.cli.options import SOURCE_HELP, device_option, dtype_option, json_option, print_json, revision_option
 
 
 @app.command()
 def sites(
-    run: Path = typer.Argument(..., help="A run directory."),
+    run: Path = typer.Argument(..., help=SOURCE_HELP),
     match: str = typer.Option(None, "--match", help="Only sites matching this name or glob, e.g. '*.attn.z'."),
     device: str = device_option(),
+    dtype: str | None = dtype_option(),
+    revision: str | None = revision_option(),
     as_json: bool = json_option("Print one JSON object: the sites with their shapes."),
 ) -> None:
     """List every named site of a run's model (what attnlab.trace caches and edits), with its shape.
@@ -25,9 +27,9 @@ def sites(
     # Imported when the command runs: the help pages load no torch (see attnlab.cli).
     from attnlab.errors import UsageError
     from attnlab.nn.hooks import resolve_sites, site_shapes
-    from attnlab.run.loaded import open_run
+    from attnlab.pretrained.sources import open_model
 
-    loaded = open_run(run, device=device)
+    loaded = open_model(run, device=device, dtype=dtype, revision=revision)
     shapes = site_shapes(loaded.model)
     named = {name: site for name, (site, _) in shapes.items()}
     try:

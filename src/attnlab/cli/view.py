@@ -7,12 +7,12 @@ from pathlib import Path
 import typer
 
 from attnlab.cli.app import app
-from attnlab.cli.options import device_option
+from attnlab.cli.options import SOURCE_HELP, device_option, dtype_option, revision_option
 
 
 @app.command()
 def view(
-    run: Path = typer.Argument(..., help="A run directory written by `attnlab train`."),
+    run: Path = typer.Argument(..., help=SOURCE_HELP),
     host: str = typer.Option(
         "127.0.0.1",
         "--host",
@@ -34,17 +34,19 @@ def view(
         None, "--importance", help="CSV from `attnlab heads importance`, to colour heads by importance."
     ),
     device: str = device_option(),
+    dtype: str | None = dtype_option(),
+    revision: str | None = revision_option(),
 ) -> None:
     """Start the attention viewer: type an input, see every head's attention, switch heads off live."""
     # Imported when the command runs: the help pages load no torch (see attnlab.cli).
     from attnlab.head_ids import head_ids
-    from attnlab.run.loaded import open_run
+    from attnlab.pretrained.sources import open_model
     from attnlab.viewer.importance import read_importance
     from attnlab.viewer.serve import LOOPBACK_HOSTS, allowed_hosts, is_loopback, listen, make_server, url_of
     from attnlab.viewer.server import create_app
 
     names = allowed_hosts(host, allow_host or [], host_flag="--host", names_flag="--allow-host")
-    loaded = open_run(run, device=device)
+    loaded = open_model(run, device=device, dtype=dtype, revision=revision)
     scores = None if importance is None else read_importance(importance, frozenset(head_ids(loaded.model)))
     app_ = create_app(loaded, importance=scores, allowed_hosts=names)
     sock = listen(host, port, host_flag="--host")

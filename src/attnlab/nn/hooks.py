@@ -166,12 +166,12 @@ def model_sites(model: nn.Module) -> dict[str, Site]:
             raise TypeError(f"{type(model).__name__} has no named sites (site_stacks()); an attnlab model has")
         add_attention("attn", model, None, 0, "self")
         return sites
-    for stack, (body, kinds) in model.site_stacks().items():
-        embedding = body.embedding
+    for stack, (stack_module, kinds) in model.site_stacks().items():
+        embedding = stack_module.embedding
         add(f"{stack}.embed", embedding, "embed", stack, None)
         if embedding.adds_positions:
             add(f"{stack}.pos_embed", embedding, "pos_embed", stack, None)
-        for index, layer in enumerate(body.layers):
+        for index, layer in enumerate(stack_module.layers):
             prefix = f"{stack}.{index}"
             add(f"{prefix}.resid_pre", layer, "resid_pre", stack, index)
             attentions = [("attn", layer.self_attn, kinds[0], "resid_mid")]
@@ -183,7 +183,7 @@ def model_sites(model: nn.Module) -> dict[str, Site]:
             for point in FFN_POINTS:
                 add(f"{prefix}.ffn.{point}", layer.feed_forward, point, stack, index)
             add(f"{prefix}.resid_post", layer, "resid_post", stack, index)
-        add(f"{stack}.final_norm", body, "final_norm", stack, None)
+        add(f"{stack}.final_norm", stack_module, "final_norm", stack, None)
     if model.has_logits_site:
         add("logits", model, "logits", None, None, pos=model.logits_position_axis)
     return sites
@@ -195,8 +195,8 @@ def attention_sites(model: nn.Module) -> list[Site]:
     if not hasattr(model, "site_stacks"):
         return [site for site in model_sites(model).values() if site.point == "z"]
     sites = []
-    for stack, (body, kinds) in model.site_stacks().items():
-        for index, layer in enumerate(body.layers):
+    for stack, (stack_module, kinds) in model.site_stacks().items():
+        for index, layer in enumerate(stack_module.layers):
             attentions = [("attn", layer.self_attn, kinds[0])]
             if hasattr(layer, "cross_attn"):
                 attentions.append(("cross", layer.cross_attn, kinds[1]))

@@ -296,11 +296,15 @@ class PositionPlacer:
       embedding's table and for attention alike;
     * otherwise, for encodings inside attention: each real token's index among the real tokens
       (:func:`attnlab.nn.rotary.positions_of_tokens`), so left padding does not shift them;
+    * otherwise, where some keys are padding (a left-padded batch of prompts), the same indices
+      for the embedding's table (GPT-2's learned positions start at 0 on each row's first token,
+      as Hugging Face's ``generate`` places them);
     * otherwise none: the embedding counts from the cache's offset.
     """
 
     def __init__(self, config: TransformerConfig) -> None:
         self.in_attention = config.positional in IN_ATTENTION
+        self.in_embedding = config.positional != "none" and not self.in_attention
         self.limit = config.randomized_positions or 0
 
     def __call__(self, keys_are_tokens: Tensor, new: int, *, training: bool, cached: bool) -> Placement:
@@ -310,6 +314,8 @@ class PositionPlacer:
         if self.in_attention:
             keys = positions_of_tokens(keys_are_tokens, keys_are_tokens.shape[1])  # (B, T_k)
             return Placement(keys[:, -new:], keys, None)
+        if self.in_embedding and not bool(keys_are_tokens[:, 0].all()):  # a row starts with padding
+            return Placement(None, None, positions_of_tokens(keys_are_tokens, new))  # (B, T)
         return Placement(None, None, None)
 
 
@@ -326,8 +332,9 @@ def _one_mask(mask: Tensor | None, t_q: int, t_k: int, device: torch.device) -> 
 class Encoder(nn.Module):
     """Embedding, then N encoder layers (Vaswani §3.1; Agarwal §3, §5.1).
 
-    With ``causal=True`` every layer's self-attention is masked, which makes this the body of a
-    decoder-only model. The layers that ``sliding_window`` / ``sliding_layers`` name
+    With ``causal=True`` every layer's self-attention is masked, which makes this the decoder of a
+    decoder-only model (:class:`DecoderOnly`'s ``decoder``): a decoder without cross-attention is a
+    causal encoder stack. The layers that ``sliding_window`` / ``sliding_layers`` name
     (:attr:`local_layers`) attend locally: their mask adds :func:`attnlab.nn.masks.sliding_window_mask`
     over the key columns (a KV cache's included), built once per forward pass.
 
@@ -625,10 +632,10 @@ class DecoderOnly(TransformerModel):
     def __init__(self, config: DecoderOnlyConfig) -> None:
         super().__init__()
         self.config = config
-        self.body = Encoder(config, vocab_size=config.vocab_size, causal=True, kind="self")
+        self.decoder = Encoder(config, vocab_size=config.vocab_size, causal=True, kind="self")
         self.lm_head = OutputLayer(config.d_model, config.vocab_size, bias=config.bias)
         if config.tie_embeddings:
-            self.lm_head.weight = self.body.embedding.token.weight
+            self.lm_head.weight = self.decoder.embedding.token.weight
         # Chosen once: soft-capped logits (Gemma 2), or the output layer's as they are.
         self._cap = _identity if config.final_softcap is None else partial(soft_cap, cap=config.final_softcap)
 
@@ -641,14 +648,14 @@ class DecoderOnly(TransformerModel):
     ) -> Tensor:
         """``is_token`` (B, T): which positions are real tokens, for a model whose padding id is
         also a real token (a pretrained LM's); default ``tokens != pad_id``."""
-        hidden = self.body(tokens, state=state, is_token=is_token)
+        hidden = self.decoder(tokens, state=state, is_token=is_token)
         return self._logits(self._cap(self.lm_head(hidden)))
 
     def new_state(self) -> DecodingState:
-        return DecodingState([KVCache() for _ in self.body.layers])
+        return DecodingState([KVCache() for _ in self.decoder.layers])
 
     def site_stacks(self) -> dict[str, tuple[nn.Module, tuple[str, ...]]]:
-        return {"decoder": (self.body, ("self",))}
+        return {"decoder": (self.decoder, ("self",))}
 
 
 class EncoderOnly(TransformerModel):

@@ -53,12 +53,17 @@ __all__ = [
     "load_bert_tokenizer",
     "convert_state_dict",
     "import_bert",
+    "ReadBert",
+    "read_bert",
+    "position_offset",
+    "SUPPORTED_MODEL_TYPES",
 ]
 
 ACTIVATIONS_FROM_HF = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
 """Hugging Face ``hidden_act`` -> attnlab activation (``gelu`` is the exact, erf-based GELU)."""
 
-SUPPORTED_MODEL_TYPES = ("bert",)
+SUPPORTED_MODEL_TYPES = ("bert", "roberta")
+"""BERT, and RoBERTa (Liu et al. 2019): the same encoder, its position table offset past the padding id."""
 
 # Tensors of a Hugging Face checkpoint that are not part of the encoder.
 _SKIPPED_PREFIXES = ("pooler.", "cls.")
@@ -253,7 +258,9 @@ def model_section(hf: Mapping[str, Any], where: str | Path = "config.json") -> d
     """
     model_type = hf.get("model_type", "bert")
     if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ConfigError(f"{where}: model_type {model_type!r} is not supported; attnlab imports: bert")
+        raise ConfigError(
+            f"{where}: model_type {model_type!r} is not supported; attnlab imports: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
     position = hf.get("position_embedding_type", "absolute")
     if position != "absolute":
         raise ConfigError(
@@ -285,7 +292,7 @@ def model_section(hf: Mapping[str, Any], where: str | Path = "config.json") -> d
         "score": "scaled_dot",
         "positional": "learned",
         "positional_combine": "add",
-        "max_len": _integer(hf, "max_position_embeddings", where),
+        "max_len": _integer(hf, "max_position_embeddings", where) - position_offset(hf),
         "activation": ACTIVATIONS_FROM_HF[act],
         "norm_first": False,
         "layer_norm_eps": _real(hf, "layer_norm_eps", where, 1e-12),
@@ -294,6 +301,15 @@ def model_section(hf: Mapping[str, Any], where: str | Path = "config.json") -> d
         "embedding_norm": True,
         "bias": True,
     }
+
+
+def position_offset(hf: Mapping[str, Any]) -> int:
+    """The first row of the position table a text's first token takes: 0 for BERT; for RoBERTa
+    ``pad_token_id + 1`` (its positions count from there, the rows before are never used)."""
+    if hf.get("model_type") != "roberta":
+        return 0
+    pad = hf.get("pad_token_id", 1)
+    return pad + 1 if isinstance(pad, int) and not isinstance(pad, bool) and pad >= 0 else 2
 
 
 # ---- the tokenizer ---------------------------------------------------------------------------------
@@ -319,6 +335,9 @@ def load_bert_tokenizer(source: BertSource) -> Tokenizer:
 
 Rule = tuple[str, tuple[str, ...]]
 """(attnlab tensor name, the Hugging Face names concatenated along dim 0 to make it)."""
+
+
+_POSITIONS = "embeddings.position_embeddings.weight"
 
 
 def _rules(layers: int) -> list[Rule]:
@@ -366,7 +385,12 @@ def _strip_prefix(tensors: Mapping[str, Tensor], where: Path) -> tuple[dict[str,
 
 
 def convert_state_dict(
-    tensors: Mapping[str, Tensor], expected: Mapping[str, Tensor], *, layers: int, where: Path
+    tensors: Mapping[str, Tensor],
+    expected: Mapping[str, Tensor],
+    *,
+    layers: int,
+    where: Path,
+    position_offset: int = 0,
 ) -> tuple[dict[str, Tensor], tuple[str, ...]]:
     """Map Hugging Face BERT tensors to attnlab names, checking every shape against ``expected``.
 
@@ -389,6 +413,8 @@ def convert_state_dict(
             if name not in theirs:
                 raise CheckpointError(f"{where}: missing tensor {name!r} (needed for {mine})")
             tensor = theirs[name]
+            if name == _POSITIONS and position_offset:
+                tensor = tensor[position_offset:]  # RoBERTa's first rows belong to no position
             if tuple(tensor.shape) != part:
                 raise CheckpointError(
                     f"{where}: tensor {name!r} has shape {tuple(tensor.shape)}, expected {part} from config.json"
@@ -408,13 +434,22 @@ def convert_state_dict(
 # ---- the run ---------------------------------------------------------------------------------------
 
 
-def import_bert(
-    source: BertSource, out: str | Path, *, overwrite: bool = False, progress: Callable[[str], None] | None = None
-) -> ImportedBert:
-    """Convert ``source`` into the run directory ``out``: config.json, tokenizer.json, model.safetensors.
+@dataclass(frozen=True)
+class ReadBert:
+    """A BERT-family checkpoint read into memory: its experiment, task, tokenizer and model."""
 
-    The run's task is ``sentences`` (task kind ``embedding``), so :func:`attnlab.run.loaded.open_run`
-    loads it like any other run.
+    experiment: ExperimentConfig
+    task: SentencesTask
+    tokenizer: Tokenizer
+    model: TransformerModel
+    skipped: tuple[str, ...]
+
+
+def read_bert(source: BertSource, *, progress: Callable[[str], None] | None = None) -> ReadBert:
+    """The encoder of ``source`` in memory (float32, eval mode), with its ``sentences`` task.
+
+    Raises:
+        ConfigError, CheckpointError: a config or tensor attnlab cannot take (named).
     """
     say = progress or (lambda _message: None)
     hf_config = _read_json(source.config)
@@ -438,13 +473,31 @@ def import_bert(
     config: EncoderOnlyConfig = network.config  # type: ignore[assignment]
     say(f"reading {source.weights}")
     tensors, _ = load_tensors(source.weights, what="weights")
-    state, skipped = convert_state_dict(tensors, network.state_dict(), layers=config.layers, where=source.weights)
+    state, skipped = convert_state_dict(
+        tensors,
+        network.state_dict(),
+        layers=config.layers,
+        where=source.weights,
+        position_offset=position_offset(hf_config),
+    )
     network.load_state_dict(state, strict=True)
-    network.eval()
+    return ReadBert(experiment, task, tokenizer, network.eval(), skipped)
+
+
+def import_bert(
+    source: BertSource, out: str | Path, *, overwrite: bool = False, progress: Callable[[str], None] | None = None
+) -> ImportedBert:
+    """Convert ``source`` into the run directory ``out``: config.json, tokenizer.json, model.safetensors.
+
+    The run's task is ``sentences`` (task kind ``embedding``), so :func:`attnlab.run.loaded.open_run`
+    loads it like any other run.
+    """
+    say = progress or (lambda _message: None)
+    read = read_bert(source, progress=say)
     run = RunDir.create(out, overwrite=overwrite)
     with run.lock():  # one writer at a time (attnlab.run.lock)
-        run.write_config(experiment.to_dict())
-        run.write_tokenizer(tokenizer.to_json())
-        run.save_weights(network)
+        run.write_config(read.experiment.to_dict())
+        run.write_tokenizer(read.tokenizer.to_json())
+        run.save_weights(read.model)
     say(f"wrote {run.path}")
-    return ImportedBert(run, experiment, network, source, skipped)
+    return ImportedBert(run, read.experiment, read.model, source, read.skipped)

@@ -35,7 +35,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from attnlab.errors import ConfigError, DataError, UsageError
 from attnlab.experiment import ExperimentConfig, model_config_for_task
-from attnlab.nn import build_model
+from attnlab.nn import build_model_to_load
 from attnlab.pretrained.llama import fill_llama_state, llama_model_section
 from attnlab.pretrained.packages import installed_distribution
 from attnlab.run.directory import RunDir
@@ -56,6 +56,8 @@ __all__ = [
     "DEQUANTIZABLE",
     "ImportedGGUF",
     "import_gguf",
+    "ReadGGUF",
+    "read_gguf",
     "chat_template",
 ]
 
@@ -508,13 +510,26 @@ def _task_section(gguf: GGUFFile, hp: LlamaHyperparameters) -> dict[str, Any]:
     }
 
 
-def import_gguf(path: str | Path, out: str | Path, *, overwrite: bool = False, progress: Any = None) -> ImportedGGUF:
-    """Convert the Llama GGUF file ``path`` into the run directory ``out``: config.json (task
-    ``pretrained_lm``, a ``decoder_only`` model with rotary positions, grouped-query attention,
-    RMSNorm and SwiGLU), tokenizer.json, and model.safetensors in float32, dequantized once here.
+@dataclass(frozen=True)
+class ReadGGUF:
+    """A GGUF file read into memory: attnlab's experiment, task, tokenizer and model (float32)."""
 
-    Everything is read and checked before ``out`` is touched, so a file attnlab cannot import
-    leaves nothing behind.
+    experiment: ExperimentConfig
+    task: Any
+    tokenizer: Tokenizer
+    model: Any
+    state: dict[str, torch.Tensor]
+    hyperparameters: LlamaHyperparameters
+    source: Path
+
+
+def read_gguf(path: str | Path, *, progress: Any = None) -> ReadGGUF:
+    """The Llama GGUF file ``path`` as an attnlab model in memory: a ``pretrained_lm`` task and a
+    ``decoder_only`` model with rotary positions, grouped-query attention, RMSNorm and SwiGLU,
+    its weights dequantized to float32 once.
+
+    Raises:
+        ConfigError, DataError: a file attnlab cannot read (named).
     """
     say = progress or (lambda _message: None)
     say(f"reading {path}")
@@ -537,24 +552,39 @@ def import_gguf(path: str | Path, out: str | Path, *, overwrite: bool = False, p
     task, _ = build_task(experiment.task, saved_tokenizer=tokenizer)
     if task.vocab_size != hp.vocab_size:
         raise ConfigError(f"{gguf.path}: the tokenizer has {task.vocab_size} tokens, the model {hp.vocab_size}")
-    with torch.device("meta"):  # names and shapes only: no memory for a second copy of the weights
-        expected = build_model(model_config_for_task(experiment, task)).state_dict()
+    model = build_model_to_load(model_config_for_task(experiment, task))
     say(f"dequantizing {len(gguf.reader.tensors)} tensors to float32")
     # Each weight is copied into its place in attnlab's tensors as soon as it is dequantized.
     sources = ((name, torch.from_numpy(values)) for name, values in llama_tensors(gguf, hp))
     state = fill_llama_state(
         sources,
-        expected,
+        model.state_dict(),
         layers=hp.layers,
         heads=hp.heads,
         kv_heads=hp.kv_heads,
         tied=hp.tied_embeddings,
         where=gguf.path,
     )
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():  # tied parameters appear once
+            parameter.data = state[name]
+    return ReadGGUF(experiment, task, tokenizer, model.eval(), state, hp, gguf.path)
+
+
+def import_gguf(path: str | Path, out: str | Path, *, overwrite: bool = False, progress: Any = None) -> ImportedGGUF:
+    """Convert the Llama GGUF file ``path`` into the run directory ``out``: config.json (task
+    ``pretrained_lm``, the model of :func:`read_gguf`), tokenizer.json, and model.safetensors in
+    float32, dequantized once here.
+
+    Everything is read and checked before ``out`` is touched, so a file attnlab cannot import
+    leaves nothing behind.
+    """
+    say = progress or (lambda _message: None)
+    read = read_gguf(path, progress=say)
     run = RunDir.create(out, overwrite=overwrite)
     with run.lock():  # one writer at a time (attnlab.run.lock)
-        run.write_config(experiment.to_dict())
-        run.write_tokenizer(tokenizer.to_json())
-        run.save_state_dict(state)
+        run.write_config(read.experiment.to_dict())
+        run.write_tokenizer(read.tokenizer.to_json())
+        run.save_state_dict(read.state)
     say(f"wrote {run.path}")
-    return ImportedGGUF(run, experiment, hp, gguf.path)
+    return ImportedGGUF(run, read.experiment, read.hyperparameters, read.source)

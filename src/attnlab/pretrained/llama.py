@@ -67,7 +67,7 @@ def llama_model_section(
 
 def _layer_rules(layer: int) -> dict[str, tuple[str, ...]]:
     """attnlab name -> the Hugging Face names stacked (in order) into it, for one block."""
-    ours, theirs = f"body.layers.{layer}.", f"model.layers.{layer}."
+    ours, theirs = f"decoder.layers.{layer}.", f"model.layers.{layer}."
     return {
         ours + "self_attn.in_proj_weight": tuple(
             theirs + f"self_attn.{name}_proj.weight" for name in ("q", "k", "v")
@@ -83,8 +83,8 @@ def _layer_rules(layer: int) -> dict[str, tuple[str, ...]]:
 def _layout(layers: int, untied_head: bool) -> dict[str, tuple[str, ...]]:
     """attnlab name -> the Hugging Face names stacked (along dim 0, in order) into it."""
     rules: dict[str, tuple[str, ...]] = {
-        "body.embedding.token.weight": ("model.embed_tokens.weight",),
-        "body.final_norm.weight": ("model.norm.weight",),
+        "decoder.embedding.token.weight": ("model.embed_tokens.weight",),
+        "decoder.final_norm.weight": ("model.norm.weight",),
     }
     if untied_head:
         rules["lm_head.weight"] = ("lm_head.weight",)
@@ -143,7 +143,7 @@ def fill_llama_state(
     if missing:
         raise CheckpointError(f"{where}: tensor {missing[0]!r} is missing")
     if tied:
-        state["lm_head.weight"] = state["body.embedding.token.weight"]  # tied
+        state["lm_head.weight"] = state["decoder.embedding.token.weight"]  # tied
     return state
 
 

@@ -87,9 +87,16 @@ __all__ = [
     "weights_to_tensors",
     "load_weights_into",
     "load_tensors_into",
+    "RENAMED_PREFIXES",
 ]
 
 _ALIASES_KEY = "attnlab.aliases"
+
+RENAMED_PREFIXES: tuple[tuple[str, str], ...] = (("body.", "decoder."),)
+"""State-dict prefixes renamed since weights were first written, (old, new): a decoder-only
+model's stack was ``body`` until it took the name its sites have (``decoder``). Weights that hold
+no key under the new prefix are read with the old one renamed (:func:`load_tensors_into`); the file
+itself is never rewritten, so its manifest record still verifies."""
 
 
 @dataclass(frozen=True)
@@ -683,7 +690,8 @@ def load_tensors_into(
 
     With ``assign`` the model's parameters and buffers take the given tensors' storage (of the
     same dtype; others are copied) instead of a copy of them: for memory-mapped tensors
-    (:func:`attnlab.run.storage.map_tensors`). Tied parameters stay one parameter.
+    (:func:`attnlab.run.storage.map_tensors`). Tied parameters stay one parameter. Older weights'
+    keys are read under their new names (:data:`RENAMED_PREFIXES`).
     """
     try:
         aliases = json.loads(metadata.get(_ALIASES_KEY, "{}"))
@@ -694,6 +702,7 @@ def load_tensors_into(
     for alias, canonical in aliases.items():
         if isinstance(canonical, str) and canonical in tensors:
             tensors[alias] = tensors[canonical]
+    tensors = _renamed(tensors)
     expected = model.state_dict()
     # A key that older weights lack (a record added since) keeps its reset value: not missing.
     missing = sorted(set(expected) - set(tensors) - optional_state_keys(model))
@@ -718,6 +727,16 @@ def load_tensors_into(
         for name, held in [*model.named_parameters(), *model.named_buffers()]:
             if name in tensors:
                 _take(held, tensors[name])
+
+
+def _renamed(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``tensors`` with the keys of older weights renamed by :data:`RENAMED_PREFIXES`, each prefix
+    only when no key already has its new name."""
+    for old, new in RENAMED_PREFIXES:
+        if any(name.startswith(new) for name in tensors):
+            continue
+        tensors = {new + name[len(old) :] if name.startswith(old) else name: t for name, t in tensors.items()}
+    return tensors
 
 
 def _take(held: Tensor, tensor: Tensor) -> None:

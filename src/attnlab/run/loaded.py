@@ -28,9 +28,11 @@ __all__ = ["LoadedRun", "open_run", "run_experiment", "saved_tokenizer"]
 
 @dataclass(frozen=True)
 class LoadedRun:
-    """A trained run, ready to use: its config, task, codec and model (weights loaded, eval mode)."""
+    """A model ready to use: its config, task, codec and model (weights loaded, eval mode), from a
+    run directory or opened from a pretrained checkpoint (:mod:`attnlab.pretrained.sources`)."""
 
-    run: RunDir
+    run: RunDir | None
+    """The run directory; None for a model opened from a checkpoint that is no run."""
     experiment: ExperimentConfig
     task: Task
     tokenizer: Tokenizer | None
@@ -38,6 +40,38 @@ class LoadedRun:
     model: TransformerModel
     checkpoint: CheckpointFiles | None = None
     """The checkpoint whose weights were loaded (``open_run(checkpoint=...)``); None: model.safetensors."""
+    source: str = ""
+    """What the model was opened from, as the user named it (a run's path, a folder, ``ORG/NAME``)."""
+    outputs: Path | None = None
+    """Where analyses write by default: the run, or for a checkpoint that is no run (often in the
+    read-only Hugging Face cache) ``attnlab-out/NAME`` in the working directory."""
+
+    @property
+    def name(self) -> str:
+        """A short name: the run folder's or the model's (``ORG/NAME`` as ``ORG--NAME``)."""
+        if self.run is not None:
+            return self.run.path.resolve().name
+        return (self.source or "model").rstrip("/").replace("/", "--")
+
+    @property
+    def analysis(self) -> Path:
+        """The default folder of analysis outputs (created on first use)."""
+        return self.run.analysis if self.run is not None else _ensure(self._output_root / "analysis")
+
+    @property
+    def plots(self) -> Path:
+        """The default folder of pictures (created on first use)."""
+        return self.run.plots if self.run is not None else _ensure(self._output_root / "plots")
+
+    @property
+    def _output_root(self) -> Path:
+        return self.outputs if self.outputs is not None else Path("attnlab-out") / self.name
+
+    def tokenizer_text(self) -> str | None:
+        """tokenizer.json's text (verified against the run's manifest for a run)."""
+        if self.run is not None:
+            return self.run.read_tokenizer_text()
+        return None if self.tokenizer is None else self.tokenizer.to_json()
 
     @property
     def held_heads(self) -> list[HeadId]:
@@ -52,6 +86,11 @@ class LoadedRun:
         masked. See :func:`attnlab.head_ids.held_mask`.
         """
         return held_mask(self.model, self.experiment.train.mask_heads, off, base=base)
+
+
+def _ensure(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def run_experiment(run: RunDir) -> ExperimentConfig:
@@ -109,4 +148,4 @@ def open_run(path: str | Path, *, device: str | torch.device = "cpu", checkpoint
     model.to(device).eval()
     native.prepare(device)  # a first use's kernel build now, before a command's progress bar
     release_freed_memory()  # the tokenizer's parse leaves freed blocks between live ones (attnlab.runtime)
-    return LoadedRun(run, experiment, task, tokenizer, TextCodec(task, tokenizer), model, chosen)
+    return LoadedRun(run, experiment, task, tokenizer, TextCodec(task, tokenizer), model, chosen, source=str(path))

@@ -43,6 +43,9 @@ class PretrainedLMTask(SplitAccessors):
         chat_template: the model's Jinja chat template, or "" when it has none.
         text_file: optional texts, one per line (for ``eval``, ``heads``).
         seed: the seed of the split hash.
+        model_vocab: the model's embedding rows where they differ from the tokenizer's own
+            vocabulary (0: the same). Hugging Face checkpoints often have more (Llama 3's 256
+            special tokens are added tokens; Pythia pads to 50,304 rows for 50,277 ids).
     """
 
     tokenizer: Tokenizer
@@ -54,12 +57,15 @@ class PretrainedLMTask(SplitAccessors):
     chat_template: str = ""
     text_file: str | os.PathLike[str] | None = None
     seed: int = 0
+    model_vocab: int = 0
 
     kind = "lm"
 
     def __post_init__(self) -> None:
         if not isinstance(self.tokenizer, Tokenizer):
             raise ConfigError(f"tokenizer: expected an attnlab Tokenizer, got {type(self.tokenizer).__name__}")
+        if self.model_vocab < 0:
+            raise ConfigError(f"model_vocab: must be >= 0 (0: the tokenizer's vocabulary), got {self.model_vocab}")
         if self.max_tokens < 2:
             raise ConfigError(f"max_tokens: must be >= 2, got {self.max_tokens}")
         for role in ("eos", "pad"):
@@ -73,8 +79,9 @@ class PretrainedLMTask(SplitAccessors):
     @property
     def vocab_size(self) -> int:
         """The tokenizer's own vocabulary (the model's embedding rows), without the special tokens
-        attnlab appends to a tokenizer lacking its spellings: text never encodes to those."""
-        return self.tokenizer.hf.get_vocab_size(with_added_tokens=False)
+        attnlab appends to a tokenizer lacking its spellings: text never encodes to those), or
+        ``model_vocab`` where set."""
+        return self.model_vocab or self.tokenizer.hf.get_vocab_size(with_added_tokens=False)
 
     @property
     def pad_id(self) -> int:

@@ -45,8 +45,8 @@ SPECIAL_ALIASES: dict[str, tuple[str, ...]] = {
     "unk": ("[UNK]", "<unk>", "<UNK>"),
     "bos": ("[BOS]", "<s>", "<bos>", "<BOS>", "<|startoftext|>"),
     "eos": ("[EOS]", "</s>", "<eos>", "<EOS>", "<|endoftext|>"),
-    "cls": ("[CLS]", "<cls>", "<CLS>"),
-    "sep": ("[SEP]", "<sep>", "<SEP>"),
+    "cls": ("[CLS]", "<cls>", "<CLS>", "<s>"),  # RoBERTa frames a text as <s> ... </s>
+    "sep": ("[SEP]", "<sep>", "<SEP>", "</s>"),
 }
 """role -> the spellings recognised in a foreign tokenizer.json or vocab.txt, preferred first."""
 

@@ -157,7 +157,7 @@ def show(
     stopped = tuple(head if isinstance(head, HeadId) else parse_head(head, loaded.model) for head in off)
     request = RunRequest(text=text, off=stopped, layers=embedded)
     found = run_payload(loaded, request, check=lambda view: _check_size(view.records, embedded))
-    title = f"run {loaded.run.path.resolve().name}: {loaded.experiment.model_kind.replace('_', ' ')}, input {text!r}"
+    title = f"run {loaded.name}: {loaded.experiment.model_kind.replace('_', ' ')}, input {text!r}"
     per_page = run_limits(loaded).layers_per_page
     return _view(found, heads, embedded, view=view, layer=layer, title=title, per_page=per_page)
 

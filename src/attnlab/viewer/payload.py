@@ -49,7 +49,7 @@ def describe_model(loaded: LoadedRun, importance: Importance | None = None) -> d
     heads = head_ids(loaded.model)
     limits = run_limits(loaded)
     return {
-        "run": loaded.run.path.resolve().name,
+        "run": loaded.name,
         "model_kind": loaded.experiment.model_kind,
         "task": loaded.experiment.task_name,
         "attention": str(loaded.experiment.model.get("attention", "soft")),

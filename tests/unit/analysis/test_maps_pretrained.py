@@ -40,8 +40,21 @@ def test_the_prompt_is_the_texts_own_tokens_without_a_bos(loaded):
     assert queries[: len(ids)] == loaded.codec.tokens(ids) == list(TEXT)  # byte-level "Ġ" shown as the space it is
 
 
+def test_the_maps_cover_the_prompt_unless_the_continuation_is_asked_for(loaded):
+    ids = loaded.task.tokenizer.encode(TEXT)
+    prompt_only = attention_view(loaded, TEXT, max_length=3)
+    both = attention_view(loaded, TEXT, max_length=3, continuation=True)
+    assert prompt_only.output == both.output
+    assert [t for t, _ in prompt_only.distribution] == [t for t, _ in both.distribution]
+    assert [p for _, p in prompt_only.distribution] == pytest.approx([p for _, p in both.distribution], abs=1e-6)
+    assert prompt_only.axes["self"][0] == loaded.codec.tokens(ids)
+    assert np.stack(kind_maps(prompt_only, "self")).shape[2:] == (len(ids), len(ids))
+    drawn = len(both.axes["self"][0])
+    assert drawn > len(ids) and np.stack(kind_maps(both, "self")).shape[2:] == (drawn, drawn)
+
+
 def test_next_token_distribution_and_maps_are_the_models_over_real_tokens(loaded):
-    view = attention_view(loaded, TEXT, max_length=3, top_k=4)
+    view = attention_view(loaded, TEXT, max_length=3, top_k=4, continuation=True)
     ids = loaded.task.tokenizer.encode(TEXT)
     continuation = generate_continuations(
         loaded.model, [ids], eos_id=loaded.task.eos_id, banned=(), options=DecodeOptions(max_length=3)

@@ -165,16 +165,16 @@ def test_the_record_is_saved_and_older_weights_load_without_it(tmp_path: Path) -
     trained = DecoderOnly(config)
     trained(torch.randint(1, 13, (2, 10)))
     state = trained.state_dict()
-    key = "body.embedding.positional.table.trained_positions"
+    key = "decoder.embedding.positional.table.trained_positions"
     assert int(state[key]) == 10
     loaded = build_model_to_load(config)
     load_tensors_into(loaded, dict(state), {}, path=tmp_path / "w", assign=True)
-    assert int(loaded.body.embedding.positional.table.trained_positions) == 10
+    assert int(loaded.decoder.embedding.positional.table.trained_positions) == 10
     older = {name: tensor for name, tensor in state.items() if name != key}
     for assign in (False, True):
         fresh = build_model_to_load(config) if assign else DecoderOnly(config)
         load_tensors_into(fresh, dict(older), {}, path=tmp_path / "w", assign=assign)
-        assert int(fresh.body.embedding.positional.table.trained_positions) == 0  # unknown: no warning
+        assert int(fresh.decoder.embedding.positional.table.trained_positions) == 0  # unknown: no warning
         fresh.eval()
         with warnings.catch_warnings():
             warnings.simplefilter("error")

@@ -231,7 +231,7 @@ def test_decoder_only_learns():
 
 def test_tied_embeddings_share_storage():
     model = DecoderOnly(DecoderOnlyConfig(**SMALL, tie_embeddings=True))
-    assert model.lm_head.weight is model.body.embedding.token.weight
+    assert model.lm_head.weight is model.decoder.embedding.token.weight
 
 
 LLAMA_LIKE = {"positional": "rope", "kv_heads": 2, "norm": "rms", "activation": "swiglu", "norm_first": True,
@@ -272,7 +272,7 @@ def test_a_model_built_to_load_takes_saved_weights_and_equals_the_original(confi
     for (name, mine), (_, theirs) in zip(empty.named_buffers(), original.named_buffers(), strict=True):
         torch.testing.assert_close(mine, theirs, rtol=0, atol=0, msg=name)
     if options.get("tie_embeddings"):
-        assert empty.lm_head.weight is empty.body.embedding.token.weight
+        assert empty.lm_head.weight is empty.decoder.embedding.token.weight
     src, tgt = _tokens(2, 7), _tokens(2, 5, seed=1)
     with torch.no_grad():
         if config_cls is EncoderDecoderConfig:

@@ -91,7 +91,7 @@ def test_run_config_is_a_post_ln_gelu_encoder_with_the_checkpoint_eps(tmp_path):
     [
         ("position_embedding_type", "relative_key"),
         ("hidden_act", "swish"),
-        ("model_type", "roberta"),
+        ("model_type", "distilbert"),
         ("is_decoder", True),
     ],
 )

@@ -94,7 +94,7 @@ def test_rope_base_reaches_the_attention() -> None:
     tokens = torch.tensor([[4, 8, 15, 16, 23, 42]])
     with torch.no_grad():
         assert torch.allclose(ours(tokens), reference(input_ids=tokens).logits, atol=ATOL, rtol=0)
-    assert ours.body.layers[0].self_attn.rotary.base == 500.0
+    assert ours.decoder.layers[0].self_attn.rotary.base == 500.0
 
 
 @pytest.mark.parametrize("kv_heads", [1, 2])
@@ -122,7 +122,7 @@ def test_head_mask_on_a_query_head_equals_zeroing_its_columns_of_w_o() -> None:
         with masking_heads(ours, {"self": head_mask}):
             masked = ours(tokens)
         d = SHAPE["d_model"] // SHAPE["heads"]
-        ours.body.layers[1].self_attn.out_proj.weight[:, 3 * d : 4 * d] = 0.0
+        ours.decoder.layers[1].self_attn.out_proj.weight[:, 3 * d : 4 * d] = 0.0
         zeroed = ours(tokens)
     assert torch.allclose(masked, zeroed, atol=1e-12, rtol=0)
 

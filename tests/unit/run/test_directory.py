@@ -32,7 +32,7 @@ def test_weights_round_trip_with_tied_embeddings(run):
     run.load_weights(other)
     for (name, a), (_, b) in zip(model.state_dict().items(), other.state_dict().items()):
         assert torch.equal(a, b), name
-    assert other.lm_head.weight is other.body.embedding.token.weight  # still tied after loading
+    assert other.lm_head.weight is other.decoder.embedding.token.weight  # still tied after loading
 
 
 def test_loaded_weights_are_the_mapped_file_and_writes_leave_it_unchanged(run):
@@ -46,7 +46,7 @@ def test_loaded_weights_are_the_mapped_file_and_writes_leave_it_unchanged(run):
     assert torch.equal(other(tokens), model(tokens))
     with torch.no_grad():
         other.lm_head.weight.zero_()
-    assert float(other.body.embedding.token.weight.detach().abs().sum()) == 0.0  # tied: one parameter
+    assert float(other.decoder.embedding.token.weight.detach().abs().sum()) == 0.0  # tied: one parameter
     third = DecoderOnly(CFG).eval()
     run.load_weights(third)
     assert torch.equal(third(tokens), model(tokens))
@@ -170,9 +170,47 @@ def test_shape_mismatch_names_the_tensor(run):
     bigger = DecoderOnly(CFG.replace(d_ff=16))
     with pytest.raises(
         CheckpointError,
-        match=r"tensor 'body.layers.0.feed_forward.linear1.weight' has shape \(8, 8\), the model expects \(16, 8\)",
+        match=r"tensor 'decoder.layers.0.feed_forward.linear1.weight' has shape \(8, 8\), the model expects \(16, 8\)",
     ):
         run.load_weights(bigger)
+
+
+def _named_as_before_the_decoder_rename(model: DecoderOnly) -> torch.nn.Module:
+    """``model``'s modules under the names they had while DecoderOnly's stack was ``body``: its
+    state dict is ``body.*`` and ``lm_head.weight``, tied tensors still one."""
+    old = torch.nn.Module()
+    old.body, old.lm_head = model.decoder, model.lm_head
+    return old
+
+
+def test_weights_with_the_names_before_the_decoder_rename_load_unchanged(run):
+    """``body.*`` weights (model.safetensors and a checkpoint's) give the same logits; the file is
+    read as written (its manifest record still verifies)."""
+    model = DecoderOnly(CFG).eval()
+    old = _named_as_before_the_decoder_rename(model)
+    run.save_weights(old)
+    files = run.write_checkpoint(3, old, {}, {})
+    for path in (run.path / "model.safetensors", files.model):
+        tensors, metadata = load_tensors(path)
+        assert "body.embedding.token.weight" in tensors and not any(n.startswith("decoder.") for n in tensors)
+        assert "body.embedding.token.weight" in metadata["attnlab.aliases"]  # the tied output layer's source
+    tokens = torch.tensor([[1, 2, 3, 4], [4, 3, 2, 1]])
+    for load in (run.load_weights, lambda m: run.load_checkpoint_weights(m, files)):
+        other = DecoderOnly(CFG).eval()
+        assert not torch.equal(other(tokens), model(tokens))
+        load(other)
+        assert torch.equal(other(tokens), model(tokens))
+        assert other.lm_head.weight is other.decoder.embedding.token.weight
+    written = (run.path / "model.safetensors").read_bytes()
+    assert read_manifest(run.path).files["model.safetensors"] == record_of(written)
+
+
+def test_old_names_are_renamed_only_in_weights_without_the_new_ones(run):
+    """A ``body.*`` key beside ``decoder.*`` keys is not a renamed key: it is named as unexpected."""
+    state = dict(DecoderOnly(CFG).state_dict())
+    run.save_state_dict({**state, "body.extra": torch.zeros(1)})
+    with pytest.raises(CheckpointError, match=r"unexpected \['body.extra'\]"):
+        run.load_weights(DecoderOnly(CFG))
 
 
 def test_atomic_write_leaves_old_file_on_failure(tmp_path):

@@ -1,0 +1,268 @@
+"""A Hugging Face checkpoint on this disk: where it is, and its tensors read without a copy on disk.
+
+A model folder in Hugging Face's layout holds ``config.json`` (the architecture, with its
+``model_type``), the weights as ``model.safetensors`` or as shards ``model-0000N-of-0000M.safetensors``
+listed by ``model.safetensors.index.json``, and the tokenizer (``tokenizer.json``, with
+``tokenizer_config.json`` and ``generation_config.json`` for the special tokens and the chat
+template). Such folders sit where a user saved them, or in the Hugging Face cache under
+``models--ORG--NAME/snapshots/REVISION/``; :func:`find_checkpoint` takes either, and never
+downloads anything.
+
+The weights are read with ``safetensors`` (never pickle) one tensor at a time, in their stored
+dtype, from memory-mapped files (:func:`read_tensors`). Every structural fault (a shard the index
+names that is missing, a tensor listed in the index but not in its shard, a header that does not
+parse, a file shorter than its header says) is a :class:`attnlab.errors.CheckpointError` naming the
+file, before any tensor is used.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from torch import Tensor
+
+from attnlab.errors import CheckpointError, ConfigError, UsageError
+
+__all__ = [
+    "Checkpoint",
+    "find_checkpoint",
+    "hub_cache",
+    "read_tensors",
+    "read_json",
+    "is_checkpoint_folder",
+    "storage_dtype",
+]
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+"""A model name as the Hub spells it: ``NAME`` or ``ORG/NAME``."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One Hugging Face model folder.
+
+    Attributes:
+        folder: the folder (a cache snapshot or a folder the user saved).
+        name: what the user called it (the folder's name, or ``ORG/NAME`` from the cache).
+        config: config.json, parsed.
+        shards: the safetensors files, in order; each tensor lives in exactly one.
+        revision: the cache snapshot's commit, or None for a plain folder.
+    """
+
+    folder: Path
+    name: str
+    config: dict[str, Any]
+    shards: tuple[Path, ...]
+    revision: str | None = None
+
+    def file(self, name: str) -> Path | None:
+        """The folder's file ``name`` (``tokenizer.json``, ...), or None where there is none."""
+        path = self.folder / name
+        return path if path.is_file() else None
+
+    def json_file(self, name: str) -> dict[str, Any]:
+        """The folder's JSON file ``name``, parsed; empty where there is none."""
+        path = self.file(name)
+        return {} if path is None else read_json(path)
+
+    @property
+    def model_type(self) -> str:
+        return str(self.config.get("model_type", ""))
+
+
+def is_checkpoint_folder(path: Path) -> bool:
+    """Whether ``path`` is a Hugging Face model folder (config.json with a ``model_type``), not an attnlab run."""
+    config = path / "config.json"
+    if not config.is_file() or (path / "manifest.json").exists():
+        return False
+    try:
+        return "model_type" in read_json(config)
+    except CheckpointError:
+        return False
+
+
+def find_checkpoint(source: str | os.PathLike[str], *, revision: str | None = None) -> Checkpoint:
+    """The checkpoint ``source`` names: a model folder, or a model name in the local Hugging Face cache.
+
+    Args:
+        source: a folder holding config.json and safetensors weights, or ``NAME`` / ``ORG/NAME``
+            of a model in the cache (:func:`hub_cache`), resolved offline.
+        revision: the cache snapshot to take: a commit hash (or its first characters) or a ref
+            such as ``main``; default the snapshot ``refs/main`` points at, or the only one.
+
+    Raises:
+        UsageError: nothing at ``source`` and no such model in the cache (the message says where
+            it looked), or a revision the cache does not hold.
+        CheckpointError: config.json or the weights' index is unreadable, or a shard is missing.
+    """
+    path = Path(source).expanduser()
+    if path.is_dir():
+        if revision is not None:
+            raise UsageError(f"--revision: {path} is a folder, not a model name in the Hugging Face cache")
+        return _open_folder(path, name=path.resolve().name, revision=None)
+    if path.exists():
+        raise UsageError(f"{path}: not a model folder (a folder with config.json and *.safetensors) or a run")
+    text = str(source)
+    if not MODEL_NAME.match(text):
+        raise UsageError(f"run not found: {text} (no such run directory, model folder or GGUF file)")
+    snapshot, commit = _cached_snapshot(text, revision)
+    return _open_folder(snapshot, name=text, revision=commit)
+
+
+def hub_cache() -> Path:
+    """The Hugging Face cache's ``hub`` folder: ``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else
+    ``~/.cache/huggingface/hub`` (huggingface_hub's own rule, without importing it)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface"
+    return Path(home).expanduser() / "hub"
+
+
+def _cached_snapshot(name: str, revision: str | None) -> tuple[Path, str]:
+    """(snapshot folder, commit) of model ``name`` in the cache; one UsageError saying where it looked."""
+    repo = hub_cache() / ("models--" + name.replace("/", "--"))
+    snapshots = repo / "snapshots"
+    available = sorted(p.name for p in snapshots.iterdir() if p.is_dir()) if snapshots.is_dir() else []
+    if not available:
+        raise UsageError(
+            f"run not found: {name}: no such folder, and no model of that name in the Hugging Face cache "
+            f"(looked in {repo}; "
+            "set HF_HUB_CACHE or HF_HOME to another cache). attnlab never downloads models"
+        )
+    wanted = revision or "main"
+    ref = repo / "refs" / wanted
+    if ref.is_file():
+        commit = ref.read_text(encoding="utf-8").strip()
+    else:
+        matches = [each for each in available if each.startswith(wanted)] if revision else []
+        if len(matches) == 1:
+            commit = matches[0]
+        elif revision is None and len(available) == 1:
+            commit = available[0]
+        else:
+            what = f"revision {revision!r}" if revision else "a revision 'main'"
+            raise UsageError(
+                f"--revision: the cache holds no {what} of {name}; snapshots: {', '.join(available)}"
+                + (" (give --revision)" if revision is None else "")
+            )
+    if commit not in available:
+        raise UsageError(f"--revision: {ref} points at {commit}, which is not among the snapshots in {snapshots}")
+    return snapshots / commit, commit
+
+
+def _open_folder(folder: Path, *, name: str, revision: str | None) -> Checkpoint:
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise UsageError(f"{folder}: no config.json: not a Hugging Face model folder or an attnlab run")
+    config = read_json(config_path)
+    if not isinstance(config.get("model_type"), str):
+        raise ConfigError(f"{config_path}: no 'model_type': attnlab cannot tell which architecture this is")
+    return Checkpoint(folder, name, config, _shards(folder), revision)
+
+
+def _shards(folder: Path) -> tuple[Path, ...]:
+    """The weight files: the index's shards (each checked to exist), or model.safetensors."""
+    index_path = folder / INDEX_FILE
+    if index_path.is_file():
+        weight_map = read_json(index_path).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"{index_path}: no 'weight_map' of tensor names to files")
+        names = sorted(set(map(str, weight_map.values())))
+        for shard in names:
+            if Path(shard).name != shard:
+                raise CheckpointError(f"{index_path}: shard {shard!r} is not a file name in {folder}")
+            if not (folder / shard).is_file():
+                raise CheckpointError(f"{index_path}: shard {shard} is missing from {folder}")
+        return tuple(folder / shard for shard in names)
+    single = folder / SINGLE_FILE
+    if single.is_file():
+        return (single,)
+    if any(folder.glob("*.bin")) or any(folder.glob("*.pt")):
+        raise CheckpointError(
+            f"{folder}: only pickled weights (*.bin); attnlab reads safetensors only (never pickle). Convert "
+            "them once with transformers: AutoModel.from_pretrained(folder).save_pretrained(folder)"
+        )
+    raise CheckpointError(f"{folder}: no {SINGLE_FILE} and no {INDEX_FILE}")
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from ``path``; a CheckpointError naming the file where it is not one."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
+        raise CheckpointError(f"{path}: not readable JSON ({error})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, found {type(data).__name__}")
+    return data
+
+
+def read_tensors(checkpoint: Checkpoint) -> Iterator[tuple[str, Tensor]]:
+    """Every tensor of the checkpoint as (name, tensor), one at a time, in its stored dtype.
+
+    Each shard is opened memory-mapped and its header checked before any tensor is read (every
+    tensor within the file); a name in two shards, or an index listing a tensor its shard lacks,
+    is a CheckpointError.
+    """
+    seen: dict[str, Path] = {}
+    listed = _index_names(checkpoint)
+    for shard in checkpoint.shards:
+        with _open_shard(shard) as handle:
+            for name in handle.keys():
+                if name in seen:
+                    raise CheckpointError(f"{shard}: tensor {name!r} is also in {seen[name].name}")
+                if listed is not None and listed.get(name) != shard.name:
+                    raise CheckpointError(f"{shard}: tensor {name!r} is not where {INDEX_FILE} puts it")
+                seen[name] = shard
+                try:
+                    yield name, handle.get_tensor(name)
+                except (SafetensorError, RuntimeError, ValueError) as error:
+                    raise CheckpointError(f"{shard}: tensor {name!r} cannot be read ({error})") from None
+    if listed is not None:
+        missing = sorted(set(listed) - set(seen))
+        if missing:
+            raise CheckpointError(
+                f"{checkpoint.folder / listed[missing[0]]}: tensor {missing[0]!r} listed in the index is missing"
+            )
+
+
+def _index_names(checkpoint: Checkpoint) -> dict[str, str] | None:
+    index_path = checkpoint.file(INDEX_FILE)
+    if index_path is None:
+        return None
+    return {str(k): str(v) for k, v in read_json(index_path)["weight_map"].items()}
+
+
+def _open_shard(shard: Path) -> Any:
+    """``safe_open`` on ``shard`` with its structure checked: the header parses and every tensor's
+    bytes lie within the file (safetensors checks this when it opens it)."""
+    try:
+        handle = safe_open(str(shard), framework="pt", device="cpu")
+    except (SafetensorError, OSError, ValueError, RuntimeError) as error:
+        raise CheckpointError(f"{shard}: not a complete safetensors file ({error})") from None
+    return handle
+
+
+def storage_dtype(name: str) -> torch.dtype:
+    """The torch dtype named ``float32``, ``bfloat16`` or ``float16`` (also ``fp32``, ``bf16``, ``fp16``)."""
+    dtypes = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+        "float64": torch.float64,
+    }
+    if name not in dtypes:
+        raise UsageError(f"--dtype: unknown {name!r}; allowed: float32, bfloat16, float16, float64")
+    return dtypes[name]

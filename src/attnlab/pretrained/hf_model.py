@@ -1,0 +1,159 @@
+"""A Hugging Face checkpoint opened as an attnlab model, in memory: nothing converted on disk.
+
+:func:`open_checkpoint` reads config.json through the family's mapping
+(:mod:`attnlab.pretrained.families`), builds attnlab's ``DecoderOnly`` with its parameters
+allocated but untouched, and fills them from the safetensors files one tensor at a time, in the
+stored dtype (bf16 stays bf16) unless ``dtype`` asks otherwise. The weights are held once; the
+checkpoint's files are only read.
+
+The tokenizer is the folder's ``tokenizer.json``; the special ids come from config.json,
+generation_config.json and tokenizer_config.json (in that order of precedence for the end of
+sequence, as Hugging Face's ``generate`` takes generation_config.json's), the chat template from
+tokenizer_config.json or ``chat_template.jinja``, and whether a BOS is put before each text from
+the tokenizer's own post-processor (what ``AutoTokenizer`` does with ``add_special_tokens``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from attnlab.errors import CheckpointError, ConfigError
+from attnlab.experiment import ExperimentConfig, model_for_task
+from attnlab.nn import TransformerModel
+from attnlab.pretrained.checkpoint import Checkpoint, read_tensors
+from attnlab.pretrained.families import family_of, fill_state
+from attnlab.tasks.base import Task
+from attnlab.tasks.registry import build_task
+from attnlab.tokenizers import Tokenizer
+
+__all__ = ["OpenedCheckpoint", "open_checkpoint", "checkpoint_tokenizer", "task_section"]
+
+
+@dataclass(frozen=True)
+class OpenedCheckpoint:
+    """A checkpoint as attnlab's experiment (task and model sections), task, tokenizer and model."""
+
+    checkpoint: Checkpoint
+    experiment: ExperimentConfig
+    task: Task
+    tokenizer: Tokenizer
+    model: TransformerModel
+
+
+def open_checkpoint(checkpoint: Checkpoint, *, dtype: torch.dtype | None = None) -> OpenedCheckpoint:
+    """The model of ``checkpoint`` with its weights, in ``dtype`` (default: as stored), on the CPU, in eval mode.
+
+    Raises:
+        ConfigError: a ``model_type``, rope scaling or config key attnlab does not implement (named).
+        CheckpointError: a tensor missing, unexpected or misshapen, or a damaged file (named).
+    """
+    where = checkpoint.folder / "config.json"
+    family = family_of(checkpoint.config, where)
+    try:
+        model_section = family.model_section(checkpoint.config, where)
+    except (KeyError, TypeError, ValueError) as error:
+        raise ConfigError(f"{where}: {error}") from None
+    tokenizer = checkpoint_tokenizer(checkpoint)
+    experiment = ExperimentConfig(task=task_section(checkpoint, tokenizer), model=model_section)
+    task, _ = build_task(experiment.task, saved_tokenizer=tokenizer)
+    try:
+        model = model_for_task(experiment, task, to_load=True)
+    except ValueError as error:
+        raise ConfigError(f"{where}: {error}") from None
+    layout = family.layout(checkpoint.config, model_section["tie_embeddings"])
+    expected = model.state_dict()
+    state = fill_state(
+        read_tensors(checkpoint),
+        expected,
+        layout,
+        checkpoint.config,
+        dtype=dtype,
+        ignored=family.ignored,
+        where=checkpoint.folder,
+    )
+    for name in family.zeros:
+        state[name] = torch.zeros(expected[name].shape, dtype=dtype or next(iter(state.values())).dtype)
+    _take_weights(model, state)
+    return OpenedCheckpoint(checkpoint, experiment, task, tokenizer, model.eval())
+
+
+def _take_weights(model: TransformerModel, state: dict[str, torch.Tensor]) -> None:
+    """Every parameter takes its filled tensor (its storage, its dtype); tied parameters stay one.
+    The model's own allocations were never written, so they were never resident."""
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():  # tied parameters appear once
+            if name not in state:
+                raise CheckpointError(f"no tensor for {name!r}: the family's layout misses it")
+            parameter.data = state[name]
+
+
+# ---- the tokenizer and the special ids --------------------------------------------------------------
+
+
+def checkpoint_tokenizer(checkpoint: Checkpoint) -> Tokenizer:
+    """The folder's tokenizer.json; a CheckpointError where there is none (attnlab reads no other format)."""
+    path = checkpoint.file("tokenizer.json")
+    if path is None:
+        raise CheckpointError(
+            f"{checkpoint.folder}: no tokenizer.json (attnlab reads the fast tokenizer's file; save one with "
+            "AutoTokenizer.from_pretrained(folder).save_pretrained(folder))"
+        )
+    return Tokenizer.load(path)
+
+
+def task_section(checkpoint: Checkpoint, tokenizer: Tokenizer) -> dict[str, Any]:
+    """The ``pretrained_lm`` task of a checkpoint: its context, special ids, chat template, vocabulary."""
+    config = checkpoint.config
+    generation = checkpoint.json_file("generation_config.json")
+    settings = checkpoint.json_file("tokenizer_config.json")
+    bos = _first_id(generation.get("bos_token_id", config.get("bos_token_id")))
+    eos = _first_id(generation.get("eos_token_id", config.get("eos_token_id")))
+    if eos is None:
+        eos = _named_id(tokenizer, settings.get("eos_token"))
+    if eos is None:
+        raise ConfigError(f"{checkpoint.folder / 'config.json'}: no eos_token_id (nor in generation_config.json)")
+    pad = _first_id(generation.get("pad_token_id", config.get("pad_token_id")))
+    vocab = int(config.get("vocab_size") or config.get("n_vocab") or 0)
+    return {
+        "name": "pretrained_lm",
+        "max_tokens": int(config.get("max_position_embeddings") or config.get("n_positions") or 2048),
+        "eos": eos,
+        "pad": eos if pad is None or (vocab and pad >= vocab) else pad,
+        "bos": -1 if bos is None else bos,
+        "add_bos": bos is not None and _adds_bos(tokenizer, bos),
+        "chat_template": _chat_template(checkpoint, settings),
+        "model_vocab": vocab,
+    }
+
+
+def _first_id(value: Any) -> int | None:
+    """A token id, or the first of a list of them (Llama 3 Instruct ends on either of two)."""
+    if isinstance(value, list):
+        value = value[0] if value else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _named_id(tokenizer: Tokenizer, token: Any) -> int | None:
+    if isinstance(token, dict):
+        token = token.get("content")
+    return tokenizer.token_to_id(token) if isinstance(token, str) else None
+
+
+def _adds_bos(tokenizer: Tokenizer, bos: int) -> bool:
+    """Whether the tokenizer's post-processor puts ``bos`` before a text (as ``AutoTokenizer`` does)."""
+    ids = tokenizer.hf.encode("a", add_special_tokens=True).ids
+    return bool(ids) and ids[0] == bos
+
+
+def _chat_template(checkpoint: Checkpoint, settings: dict[str, Any]) -> str:
+    template = settings.get("chat_template")
+    if isinstance(template, list):  # several named templates: the default one
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    if isinstance(template, str):
+        return template
+    path = checkpoint.file("chat_template.jinja")
+    return path.read_text(encoding="utf-8") if path is not None else ""

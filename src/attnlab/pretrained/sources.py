@@ -1,0 +1,119 @@
+"""One way in: any model a command or :func:`attnlab.load` is given, opened the same way.
+
+A SOURCE is, in this order:
+
+* an attnlab run directory (``attnlab train`` or ``attnlab import`` wrote it): opened and
+  verified against its manifest (:func:`attnlab.run.loaded.open_run`);
+* a Hugging Face model folder (config.json with a ``model_type``, safetensors weights, tokenizer.json;
+  a decoder of :data:`attnlab.pretrained.families.FAMILIES`, or a BERT or RoBERTa encoder),
+  or ``NAME`` / ``ORG/NAME`` of a model in the local Hugging Face cache (``--revision`` picks a
+  snapshot): opened in memory (:func:`attnlab.pretrained.hf_model.open_checkpoint`), nothing
+  written, nothing downloaded;
+* a GGUF file (``*.gguf``, a Llama-family model): dequantized into memory once
+  (:func:`attnlab.pretrained.gguf.read_gguf`).
+
+Every source gives a :class:`attnlab.run.loaded.LoadedRun`, so every analysis runs on all of them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from attnlab.devices import cast_parameters, resolve_device
+from attnlab.errors import UsageError
+from attnlab.kernels import native
+from attnlab.pretrained.bert import SUPPORTED_MODEL_TYPES as ENCODERS
+from attnlab.pretrained.bert import find_source, read_bert
+from attnlab.pretrained.checkpoint import find_checkpoint, is_checkpoint_folder, storage_dtype
+from attnlab.pretrained.gguf import read_gguf
+from attnlab.pretrained.hf_model import open_checkpoint
+from attnlab.run.loaded import LoadedRun, open_run
+from attnlab.tasks.codec import TextCodec
+
+__all__ = ["open_model"]
+
+
+def open_model(
+    source: str | os.PathLike[str],
+    *,
+    device: str | torch.device | None = "cpu",
+    dtype: str | torch.dtype | None = None,
+    revision: str | None = None,
+    checkpoint: str | None = None,
+) -> LoadedRun:
+    """The model ``source`` names (see the module docstring), in eval mode on ``device``.
+
+    Args:
+        source: a run directory, a Hugging Face model folder, a cached model's name, or a GGUF file.
+        device: ``auto``, ``cpu``, ``cuda``, ``cuda:N`` or a :class:`torch.device`.
+        dtype: ``float32``, ``bfloat16``, ``float16`` (or a torch dtype); default: as stored
+            (a run's float32, a checkpoint's own dtype, float32 for GGUF).
+        revision: a snapshot of a model in the Hugging Face cache (a commit or a ref).
+        checkpoint: a run's checkpoint (``last``, ``best``, ``step-N``) instead of its final weights.
+
+    Raises:
+        UsageError: nothing at ``source``, an option that does not apply to it, a bad device or dtype.
+        ConfigError, CheckpointError: a model attnlab cannot open, or a damaged file (named).
+    """
+    device = _device(device)
+    wanted = storage_dtype(dtype) if isinstance(dtype, str) else dtype
+    path = Path(source).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        _only_for_runs(checkpoint, revision, what=f"{path} is a GGUF file")
+        opened = read_gguf(path)
+        loaded = LoadedRun(
+            None,
+            opened.experiment,
+            opened.task,
+            opened.tokenizer,
+            TextCodec(opened.task, opened.tokenizer),
+            opened.model,
+            source=path.stem,
+        )
+    elif (path.is_dir() and not is_checkpoint_folder(path)) or (path.exists() and not path.is_dir()):
+        if revision is not None:
+            raise UsageError(f"--revision: {path} is an attnlab run, not a model in the Hugging Face cache")
+        loaded = open_run(path, checkpoint=checkpoint)
+    else:
+        _only_for_runs(checkpoint, None, what=f"{source} is no attnlab run")
+        found = find_checkpoint(source, revision=revision)
+        if found.model_type in ENCODERS:  # BERT and RoBERTa: attnlab's sentence encoder
+            opened = read_bert(find_source(found.folder))
+        else:
+            opened = open_checkpoint(found, dtype=wanted)
+        loaded = LoadedRun(
+            None,
+            opened.experiment,
+            opened.task,
+            opened.tokenizer,
+            TextCodec(opened.task, opened.tokenizer),
+            opened.model,
+            source=found.name,
+        )
+    model = loaded.model
+    if wanted is not None:
+        cast_parameters(model, wanted)
+    model.to(device).eval()
+    native.prepare(device)  # a first use's kernel build now, before a command's progress bar
+    return loaded
+
+
+def _device(device: str | torch.device | None) -> torch.device:
+    if device is None:
+        return torch.device("cpu")
+    if isinstance(device, torch.device):
+        return device
+    try:
+        return resolve_device(device)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+
+
+def _only_for_runs(checkpoint: str | None, revision: str | None, *, what: str) -> None:
+    if checkpoint is not None:
+        raise UsageError(f"--checkpoint: {what}; only a run has checkpoints")
+    if revision is not None:
+        raise UsageError(f"--revision: {what}, not a model in the Hugging Face cache")

@@ -1,0 +1,163 @@
+"""Every analysis on every Hugging Face family attnlab opens (the tiny models of tiny_hf.py, float64):
+the head mask xi on the fused path, one-pass importance against finite differences, ablation,
+physical pruning against the masked model, patching, named sites cached and edited, the attention
+pictures, the viewer, sampled and chat generation, and eval --texts through the CLI."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from attnlab.analysis.heads import ablate, importance
+from attnlab.analysis.lm_probe import NextTokenProbe
+from attnlab.analysis.patching import patch
+from attnlab.analysis.pruning import prune_model
+from attnlab.head_ids import HeadId, mask_without
+from attnlab.nn import masking_heads, trace
+from attnlab.pretrained.sources import open_model
+from tests.cli import attnlab as run_attnlab
+from tests.unit.pretrained.tiny_hf import LAYERS, SIZES, TEXTS, build
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module", params=sorted(SIZES))
+def family(request, tmp_path_factory) -> tuple[Path, Any, Path]:  # noqa: ANN001
+    """(the family's folder, attnlab's model opened in float64, a file of two texts)."""
+    folder = tmp_path_factory.mktemp(request.param)
+    build(request.param, folder)
+    texts = folder / "texts.txt"
+    texts.write_text("\n".join(TEXTS[:2]) + "\n", encoding="utf-8")
+    return folder, open_model(folder, dtype="float64"), texts
+
+
+def _tokens(loaded) -> torch.Tensor:  # noqa: ANN001
+    return torch.tensor([loaded.task.encode(TEXTS[0])])
+
+
+def test_masking_a_query_head_equals_zeroing_its_columns_of_w_o(family) -> None:  # noqa: ANN001
+    _, loaded, _ = family
+    model, layer, head = loaded.model, LAYERS - 1, 1
+    attention = model.attention_sites()[layer].module
+    d_v = attention.d_v
+    zeroed = copy.deepcopy(model)
+    with torch.no_grad():
+        zeroed.attention_sites()[layer].module.out_proj.weight[:, head * d_v : (head + 1) * d_v] = 0.0
+        with masking_heads(model, mask_without(model, [HeadId("self", layer, head)])):
+            masked = model(_tokens(loaded))
+        torch.testing.assert_close(masked, zeroed(_tokens(loaded)))
+        assert not torch.allclose(masked, model(_tokens(loaded)))
+
+
+def test_importance_equals_finite_differences_of_the_loss(family, tmp_path) -> None:  # noqa: ANN001
+    _, loaded, _ = family
+    one = tmp_path / "one.txt"
+    one.write_text(TEXTS[0] + "\n", encoding="utf-8")
+    probe = NextTokenProbe(loaded, one, batch_size=4)
+    rows = {(r.layer, r.head): r.importance for r in importance(probe)}
+    shape = loaded.model.head_mask_shapes()["self"]
+    assert set(rows) == {(i, h) for i in range(shape[0]) for h in range(shape[1])}
+    step = 1e-5
+    for layer, head in [(0, 0), (LAYERS - 1, shape[1] - 1)]:
+        losses = []
+        for value in (1 + step, 1 - step):
+            xi = torch.ones(shape, dtype=torch.float64)
+            xi[layer, head] = value
+            losses.append(probe.evaluate({"self": xi}).loss)
+        assert rows[(layer, head)] == pytest.approx(abs(losses[0] - losses[1]) / (2 * step), rel=1e-4, abs=1e-9)
+
+
+def test_ablating_a_head_is_evaluating_the_model_without_it(family) -> None:  # noqa: ANN001
+    _, loaded, texts = family
+    probe = NextTokenProbe(loaded, texts, batch_size=4)
+    result = ablate(probe)
+    row = next(r for r in result.single if (r.layer, r.head) == (0, 1))
+    expected = probe.evaluate(mask_without(loaded.model, [HeadId("self", 0, 1)])).loss
+    assert row.loss == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_physically_pruned_model_computes_the_masked_one(family) -> None:  # noqa: ANN001
+    _, loaded, texts = family
+    model = loaded.model
+    heads = model.head_mask_shapes()["self"][1]
+    gone = [HeadId("self", 0, h) for h in range(heads // 2)] + [HeadId("self", LAYERS - 1, heads - 1)]
+    smaller = prune_model(model, gone)
+    assert sum(p.numel() for p in smaller.parameters()) < sum(p.numel() for p in model.parameters())
+    probe = NextTokenProbe(loaded, texts, batch_size=4)
+    batch = next(probe.batches())
+    with torch.no_grad():
+        masked = probe.outputs(model, batch, mask_without(model, gone))
+        pruned = probe.outputs(smaller, batch, None)
+    torch.testing.assert_close(pruned, masked)
+
+
+def test_patching_the_last_residual_restores_everything(family) -> None:  # noqa: ANN001
+    _, loaded, _ = family
+    clean = "the quick fox"
+    corrupt = next(
+        t
+        for t in ("the brown fox", "the quick box", "the quack fox")
+        if len(loaded.task.encode(t)) == len(loaded.task.encode(clean))
+    )
+    result = patch(loaded, clean, corrupt, metric="loss")
+    assert len(result.heads) == LAYERS * loaded.model.head_mask_shapes()["self"][1]
+    last = [r for r in result.residual if r.site.endswith("resid_post") and r.position == len(result.clean_tokens) - 1]
+    assert last and last[0].restored == pytest.approx(1.0, abs=1e-9)
+
+
+def test_every_named_site_is_cached_and_an_edit_of_z_is_the_head_mask(family) -> None:  # noqa: ANN001
+    _, loaded, _ = family
+    model = loaded.model
+    with torch.no_grad(), trace(model, "*") as traced:
+        model(_tokens(loaded))
+    assert set(traced.cache) == set(traced.sites)
+    d_v = model.attention_sites()[0].module.d_v
+
+    def off(z: torch.Tensor) -> torch.Tensor:  # (B, H, T, d_v): head 2 of layer 0 off
+        z = z.clone()
+        z[:, 2] = 0.0
+        return z
+
+    with torch.no_grad():
+        with trace(model) as edited:
+            edited.edit("decoder.0.attn.z", off)
+            by_edit = model(_tokens(loaded))
+        with masking_heads(model, mask_without(model, [HeadId("self", 0, 2)])):
+            by_mask = model(_tokens(loaded))
+    assert d_v > 0
+    torch.testing.assert_close(by_edit, by_mask)
+
+
+def test_the_attention_pictures_and_the_viewer_cover_every_head(family, tmp_path) -> None:  # noqa: ANN001
+    from starlette.testclient import TestClient
+
+    from attnlab.viewer import create_app
+
+    folder, loaded, _ = family
+    result = run_attnlab("attention", str(folder), TEXTS[0], "--out", str(tmp_path / "maps"), "--json")
+    assert result.returncode == 0, result.stderr
+    assert list((tmp_path / "maps").glob("*.png"))
+    client = TestClient(create_app(loaded))
+    answer = client.post("/api/run", json={"text": TEXTS[0], "layers": [LAYERS - 1]})
+    assert answer.status_code == 200, answer.text
+    heads = loaded.model.head_mask_shapes()["self"][1]
+    assert len(answer.json()["attention"][0]["weights"]) == heads
+
+
+def test_generate_samples_and_chats_and_eval_scores_a_text_file(family) -> None:  # noqa: ANN001
+    folder, loaded, texts = family
+    args = ("generate", str(folder), TEXTS[1], "--max-new-tokens", "5", "--json")
+    sampled = [run_attnlab(*args, "--temperature", "1", "--seed", "3") for _ in range(2)]
+    assert all(r.returncode == 0 for r in sampled), sampled[0].stderr
+    assert json.loads(sampled[0].stdout) == json.loads(sampled[1].stdout)
+    chat = run_attnlab(*args, "--chat")
+    assert chat.returncode == 0, chat.stderr
+    evaluated = run_attnlab("eval", str(folder), "--texts", str(texts), "--json")
+    assert evaluated.returncode == 0, evaluated.stderr
+    probe = NextTokenProbe(loaded, texts, batch_size=4)
+    assert json.loads(evaluated.stdout)["loss"] == pytest.approx(probe.evaluate(None).loss, rel=1e-5)

@@ -1,0 +1,200 @@
+"""Opening any source: a Hugging Face folder (single file or shards), a name in the local Hugging
+Face cache with its revisions, and every fault a user meets as one clear error; ``attnlab.load``'s
+LanguageModel on top."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+import attnlab
+from attnlab.errors import CheckpointError, ConfigError, UsageError
+from attnlab.pretrained.checkpoint import find_checkpoint, hub_cache
+from attnlab.pretrained.sources import open_model
+from tests.unit.pretrained.tiny_hf import TEXTS, build
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory) -> tuple[Path, object]:  # noqa: ANN001
+    folder = tmp_path_factory.mktemp("llama")
+    return folder, build("llama", folder)
+
+
+def _copy(folder: Path, to: Path) -> Path:
+    shutil.copytree(folder, to)
+    return to
+
+
+def _logits(source, **options) -> torch.Tensor:  # noqa: ANN001, ANN003
+    loaded = open_model(source, dtype="float64", **options)
+    with torch.no_grad():
+        return loaded.model(torch.tensor([loaded.task.encode(TEXTS[0])]))
+
+
+def test_sharded_weights_open_and_equal_the_single_file(llama, tmp_path) -> None:  # noqa: ANN001
+    folder, reference = llama
+    sharded = _copy(folder, tmp_path / "sharded")
+    (sharded / "model.safetensors").unlink()
+    reference.float().save_pretrained(sharded, max_shard_size="20KB")
+    shards = sorted(sharded.glob("model-*-of-*.safetensors"))
+    assert len(shards) > 1 and (sharded / "model.safetensors.index.json").is_file()
+    torch.testing.assert_close(_logits(sharded), _logits(folder))
+
+
+def test_a_missing_shard_or_a_misplaced_tensor_is_named(llama, tmp_path) -> None:  # noqa: ANN001
+    folder, reference = llama
+    sharded = _copy(folder, tmp_path / "sharded")
+    (sharded / "model.safetensors").unlink()
+    reference.float().save_pretrained(sharded, max_shard_size="20KB")
+    index = sharded / "model.safetensors.index.json"
+    data = json.loads(index.read_text())
+    shards = list(data["weight_map"].values())
+    name, shard = next((n, s) for n, s in data["weight_map"].items() if shards.count(s) > 1)
+    other = next(s for s in set(data["weight_map"].values()) if s != shard)
+    data["weight_map"][name] = other
+    index.write_text(json.dumps(data))
+    with pytest.raises(CheckpointError, match=f"{name}.*not where model.safetensors.index.json puts it"):
+        open_model(sharded)
+    (sharded / other).unlink()
+    with pytest.raises(CheckpointError, match=f"shard {other} is missing"):
+        open_model(sharded)
+
+
+@pytest.mark.parametrize("cut", [10, 5000])
+def test_a_truncated_safetensors_file_is_named(llama, tmp_path, cut) -> None:  # noqa: ANN001
+    folder, _ = llama
+    broken = _copy(folder, tmp_path / "broken")
+    data = (broken / "model.safetensors").read_bytes()
+    (broken / "model.safetensors").write_bytes(data[: len(data) - cut] if cut > 100 else data[:cut])
+    with pytest.raises(CheckpointError, match="model.safetensors"):
+        open_model(broken)
+
+
+def test_weights_that_do_not_fit_config_json_are_named(llama, tmp_path) -> None:  # noqa: ANN001
+    folder, _ = llama
+    wrong = _copy(folder, tmp_path / "wrong")
+    config = json.loads((wrong / "config.json").read_text())
+    (wrong / "config.json").write_text(json.dumps({**config, "intermediate_size": 40}))
+    with pytest.raises(CheckpointError, match=r"model.layers.0.mlp.\w+_proj.weight \(\d+, \d+\) do not fit"):
+        open_model(wrong)
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "words"),
+    [
+        ({"model_type": "bloom"}, ConfigError, "model_type 'bloom' is not implemented by attnlab; supported: gemma2"),
+        ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4}}, ConfigError, "rope_scaling type 'dynamic'"),
+        ({"hidden_act": "relu"}, ConfigError, "hidden_act = 'relu' is not implemented"),
+        ({"hidden_size": "wide"}, ConfigError, "'hidden_size' must be int"),
+    ],
+)
+def test_a_config_attnlab_does_not_implement_is_one_error_naming_it(llama, tmp_path, change, error, words) -> None:  # noqa: ANN001
+    folder, _ = llama
+    changed = _copy(folder, tmp_path / "changed")
+    config = json.loads((changed / "config.json").read_text())
+    (changed / "config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(error, match=words.replace("(", r"\(")):
+        open_model(changed)
+
+
+def test_a_folder_without_config_json_or_weights_is_named(llama, tmp_path) -> None:  # noqa: ANN001
+    folder, _ = llama
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "notes.txt").write_text("x")
+    with pytest.raises((UsageError, CheckpointError), match="empty"):
+        open_model(empty)
+    weightless = _copy(folder, tmp_path / "weightless")
+    (weightless / "model.safetensors").rename(weightless / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match="safetensors only"):
+        open_model(weightless)
+
+
+def _cache(tmp_path: Path, folder: Path, monkeypatch, commits=("0123abc", "4567def"), main="4567def") -> Path:  # noqa: ANN001
+    """``ORG/tiny`` in a Hugging Face cache layout under ``tmp_path`` (two snapshots, refs/main)."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    repo = hub_cache() / "models--org--tiny"
+    for commit in commits:
+        _copy(folder, repo / "snapshots" / commit)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(main)
+    return repo
+
+
+def test_a_name_in_the_cache_opens_its_revisions_offline(llama, tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    folder, _ = llama
+    repo = _cache(tmp_path, folder, monkeypatch)
+    assert find_checkpoint("org/tiny").folder == repo / "snapshots" / "4567def"  # refs/main
+    assert find_checkpoint("org/tiny", revision="0123").revision == "0123abc"  # a commit's first characters
+    torch.testing.assert_close(_logits("org/tiny"), _logits(folder))
+    with pytest.raises(UsageError, match="no revision 'v9'.*snapshots: 0123abc, 4567def"):
+        find_checkpoint("org/tiny", revision="v9")
+
+
+def test_a_name_not_in_the_cache_says_where_it_looked(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "home"))
+    with pytest.raises(UsageError, match=f"looked in {tmp_path / 'home' / 'hub' / 'models--org--absent'}"):
+        open_model("org/absent")
+
+
+def test_options_that_do_not_apply_to_the_source_are_refused(llama) -> None:  # noqa: ANN001
+    folder, _ = llama
+    with pytest.raises(UsageError, match="--checkpoint"):
+        open_model(folder, checkpoint="last")
+    with pytest.raises(UsageError, match="--revision"):
+        open_model(folder, revision="main")
+    with pytest.raises(UsageError, match="--dtype: unknown 'float8'"):
+        open_model(folder, dtype="float8")
+
+
+def test_weights_keep_their_stored_dtype_unless_asked(llama, tmp_path) -> None:  # noqa: ANN001
+    folder, reference = llama
+    stored = _copy(folder, tmp_path / "bf16")
+    (stored / "model.safetensors").unlink()
+    copy.deepcopy(reference).to(torch.bfloat16).save_pretrained(stored)
+    assert next(open_model(stored).model.parameters()).dtype == torch.bfloat16
+    assert next(open_model(stored, dtype="float32").model.parameters()).dtype == torch.float32
+
+
+# ---- attnlab.load ---------------------------------------------------------------------------------
+
+
+def test_load_gives_a_language_model_with_the_usual_helpers(llama) -> None:  # noqa: ANN001
+    folder, reference = llama
+    lm = attnlab.load(folder, dtype="float64")
+    ids = lm.tokenize(TEXTS[0])
+    assert ids[0] == lm.task.bos_id and lm.decode(ids) == TEXTS[0]
+    assert "".join(lm.to_str_tokens(TEXTS[0])[1:]) == TEXTS[0]
+    assert lm.to_single_token(lm.to_str_tokens(TEXTS[0])[1]) == ids[1]
+    with pytest.raises(UsageError, match="not one"):
+        lm.to_single_token(TEXTS[0])
+    logits, loss = lm(TEXTS[:2], return_type="both")
+    tokens = torch.tensor([ids])
+    with torch.no_grad():
+        expected = reference(tokens, labels=tokens).loss
+    got = lm(TEXTS[0], return_type="loss")  # transformers' own loss (which it takes in float32)
+    torch.testing.assert_close(got, expected, check_dtype=False, rtol=1e-6, atol=0)
+    assert logits.shape[:2] == (2, max(len(lm.tokenize(t)) for t in TEXTS[:2])) and loss.dim() == 0
+    assert lm.head_mask_shapes == {"self": (2, 4)}
+    with lm.trace("decoder.1.attn.pattern") as traced:
+        lm(TEXTS[0])
+    assert traced.cache["decoder.1.attn.pattern"].shape == (1, 4, len(ids), len(ids))
+
+
+def test_load_generates_greedily_by_sampling_and_as_a_stream(llama) -> None:  # noqa: ANN001
+    folder, _ = llama
+    lm = attnlab.load(folder)
+    greedy = lm.generate(TEXTS[1], max_new_tokens=6)
+    assert "".join(lm.generate(TEXTS[1], max_new_tokens=6, stream=True)) == greedy
+    first = lm.generate(TEXTS[1], max_new_tokens=6, temperature=1.0, seed=7)
+    assert lm.generate(TEXTS[1], max_new_tokens=6, temperature=1.0, seed=7) == first
+    with pytest.raises(UsageError, match="only when sampling"):
+        lm.generate(TEXTS[1], top_k=3)
