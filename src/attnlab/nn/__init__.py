@@ -30,7 +30,14 @@ from attnlab.nn.hooks import (
     trace,
 )
 from attnlab.nn.layers import AddNorm, DecoderLayer, DecoderLayerCache, EncoderLayer
-from attnlab.nn.masks import causal_mask, check_mask, combine_masks, lengths_to_padding_mask, padding_mask
+from attnlab.nn.masks import (
+    causal_mask,
+    check_mask,
+    combine_masks,
+    lengths_to_padding_mask,
+    padding_mask,
+    sliding_window_mask,
+)
 from attnlab.nn.models import (
     MODELS,
     Decoder,
@@ -80,6 +87,7 @@ __all__ = [
     "sinusoidal_table",
     # masks: boolean, True = may attend
     "causal_mask",
+    "sliding_window_mask",
     "padding_mask",
     "lengths_to_padding_mask",
     "combine_masks",

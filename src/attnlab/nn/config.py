@@ -18,8 +18,11 @@ from typing import Any, ClassVar, TypeVar
 
 from attnlab.errors import check_field_types
 from attnlab.nn.feed_forward import ACTIVATIONS
+from attnlab.nn.layers import PLACEMENTS
+from attnlab.nn.multi_head import QK_NORMS
 from attnlab.nn.normalization import NORMS
 from attnlab.nn.positional import COMBINES, POSITIONAL, RANDOMIZABLE
+from attnlab.nn.rotary import rope_frequencies
 from attnlab.nn.scores import SCORES
 
 __all__ = [
@@ -77,6 +80,12 @@ class TransformerConfig:
             ``alibi`` (linear biases on the scores, Press et al. 2022) or ``relative`` (learned
             relative representations, Shaw et al. 2018): :mod:`attnlab.nn.position_bias`.
         rope_base: the base of the rotary angles (``positional = "rope"``).
+        rotary_fraction: rotate only the first int(d_k * rotary_fraction) dims of each query and
+            key head, the rest passing unchanged (partial rotary: GPT-NeoX's ``rotary_pct``,
+            Phi-3's ``partial_rotary_factor``); the rotated width must be even and > 0.
+        rope_scaling: Hugging Face's ``rope_scaling`` dict (``rope_type`` or ``type``: ``linear``,
+            ``llama3``, ``yarn`` or ``default``, with that type's parameters), scaling the rotary
+            frequencies (:data:`attnlab.nn.rotary.ROPE_SCALINGS`); None for none.
         relative_clip: the clipping distance k of ``positional = "relative"`` (Shaw et al. §3.2).
         randomized_positions: M, or None/0 for off: in training, each sequence's positions are an
             ordered random subset of [0, M) instead of 0..T-1 (Ruoss et al. 2023); in evaluation
@@ -85,9 +94,35 @@ class TransformerConfig:
         positional_combine: ``add`` or ``concat`` (Hahn §3's f(v_i, p_i)).
         positional_dim: width of the position vector when concatenating; default d_model // 2.
         max_len: longest sequence for learned and one-hot positions; sinusoidal ones extrapolate.
-        activation: FFN activation, ``relu``, ``gelu``, ``gelu_tanh`` or ``swiglu`` (gated, Llama).
-        norm: ``layer`` (LayerNorm) or ``rms`` (RMSNorm, Llama) in Add & Norm and the final norm.
-        norm_first: pre-LN instead of the paper's post-LN.
+        activation: FFN activation, ``relu``, ``gelu``, ``gelu_tanh``, ``swiglu`` (gated, Llama) or
+            ``geglu`` (gated by GELU with the tanh approximation, Gemma; W_1 = [W_gate; W_up]).
+        norm: ``layer`` (LayerNorm), ``rms`` (RMSNorm, Llama) or ``rms_one_plus`` (Gemma's RMSNorm,
+            (1 + w) a / rms(a), w starting at 0) in Add & Norm, the final norm and the q/k norms.
+        sliding_window: local attention (Mistral, Gemma 2/3): in the layers of ``sliding_layers``,
+            query i attends to keys j with i - sliding_window < j <= i (Hugging Face's convention,
+            positions counted over the sequence's columns, padding included); None: none.
+            Decoder-only models.
+        sliding_layers: the layers (0-based) with local attention; None: every layer.
+        local_rope_base: the rotary base of the local layers (Gemma 3); there, no ``rope_scaling``
+            (which applies to the other layers only). None: the local layers rotate as the others.
+        attention_softcap: soft-cap the attention scores, c tanh(scores / c) after the scale and
+            before the mask (Gemma 2); the explicit attention formula then runs (no fused kernel).
+            None: none.
+        final_softcap: soft-cap the logits, c tanh(logits / c) (Gemma 2); decoder-only models.
+        query_scale: the scale of the attention scores where it is not d_k^-1/2 (Gemma:
+            ``query_pre_attn_scalar ** -0.5``); the scale itself. ``score = "scaled_dot"`` only.
+        qk_norm: ``none``, ``head`` (a norm over d_k on each query and key head, one gain of size
+            d_k shared by the heads: Qwen3, Gemma 3) or ``full`` (a norm over the whole H*d_k query
+            projection and the whole H_kv*d_k key projection: OLMo 2), after the projection and
+            before rotary positions, of the kind ``norm`` (:data:`attnlab.nn.multi_head.QK_NORMS`);
+            parameters ``q_norm.weight`` and ``k_norm.weight`` of the attention module.
+        norm_first: pre-LN instead of the paper's post-LN; read only where ``norm_placement`` is None.
+        norm_placement: where each sub-layer's norms sit (:data:`attnlab.nn.layers.PLACEMENTS`):
+            ``post`` Norm(x + f(x)) (Vaswani), ``pre`` x + f(Norm(x)), ``sandwich``
+            x + Norm_post(f(Norm(x))) (Gemma 2/3), ``output`` x + Norm(f(x)) (OLMo 2); None: ``pre``
+            if ``norm_first`` else ``post``. Stacks of all but ``post`` end with a final norm.
+        parallel_residual: x + Attn(Norm_1(x)) + FFN(Norm_2(x)), both sub-layers on the layer's
+            input (GPT-J, GPT-NeoX); needs a placement other than ``post``.
         layer_norm_eps: the epsilon of the norm (LayerNorm or RMSNorm).
         pad_id: the padding token id; keys at padding are masked out.
         scale_embeddings: multiply token embeddings by sqrt(d_model) (Vaswani §3.4).
@@ -95,6 +130,8 @@ class TransformerConfig:
             the token and position vectors as in BERT; 0 means none.
         embedding_norm: LayerNorm the summed input embedding (BERT) before dropout.
         bias: biases in every linear map (attention projections, FFN, output layer); Llama has none.
+        qkv_bias: biases on W^Q, W^K and W^V only (Qwen2 has them there and nowhere else); None
+            follows ``bias``. W^O, the FFN and the output layer follow ``bias``.
         heads_per_layer: after physical head pruning: attention kind -> the number of heads left
             in each layer of that kind (0 allowed: the sub-layer then adds only its output bias).
             Kinds not listed keep ``heads``. Needs ``d_k`` set, since d_model / H no longer applies.
@@ -105,6 +142,9 @@ class TransformerConfig:
     """
 
     kind: ClassVar[str] = ""
+    language_model: ClassVar[bool] = False
+    """Whether the model is a causal language model, which may have sliding-window layers and
+    soft-capped logits."""
 
     vocab_size: int = 32
     layers: int = 2
@@ -124,18 +164,30 @@ class TransformerConfig:
     positional_combine: str = "add"
     positional_dim: int | None = None
     rope_base: float = 10000.0
+    rotary_fraction: float = 1.0
+    rope_scaling: dict[str, Any] | None = None
     relative_clip: int = 16
     randomized_positions: int | None = None
     max_len: int = 512
     activation: str = "relu"
     norm: str = "layer"
+    sliding_window: int | None = None
+    sliding_layers: list[int] | None = None
+    local_rope_base: float | None = None
+    attention_softcap: float | None = None
+    final_softcap: float | None = None
+    query_scale: float | None = None
+    qk_norm: str = "none"
     norm_first: bool = False
+    norm_placement: str | None = None
+    parallel_residual: bool = False
     layer_norm_eps: float = 1e-5
     pad_id: int = 0
     scale_embeddings: bool = True
     type_vocab_size: int = 0
     embedding_norm: bool = False
     bias: bool = True
+    qkv_bias: bool | None = None
     heads_per_layer: dict[str, list[int]] | None = None
     kv_groups: dict[str, list[list[int]]] | None = None
 
@@ -167,6 +219,14 @@ class TransformerConfig:
         _check_choice("positional_combine", self.positional_combine, COMBINES)
         _check_choice("activation", self.activation, ACTIVATIONS)
         _check_choice("norm", self.norm, NORMS)
+        _check_choice("qk_norm", self.qk_norm, QK_NORMS)
+        if self.norm_placement is not None:
+            _check_choice("norm_placement", self.norm_placement, PLACEMENTS)
+        if self.parallel_residual and PLACEMENTS[self.placement].branch is None:
+            raise ValueError(
+                f"parallel_residual: needs norm layers with a residual branch (pre, sandwich, output), "
+                f"not {self.placement!r}"
+            )
         self._check_rotary_and_groups()
         if self.positional_combine == "concat" and not 0 < self.positional_width < self.d_model:
             raise ValueError(
@@ -186,7 +246,56 @@ class TransformerConfig:
             raise ValueError(f"rope_base: must be a positive number, got {self.rope_base}")
         if self.positional == "rope" and self.head_dim_k % 2:
             raise ValueError(f"positional: rope needs an even head size d_k, got {self.head_dim_k}")
+        self._check_rotary_variants()
+        self._check_local_attention()
+        self._check_caps_and_scale()
         self._check_relative_positions()
+
+    def _check_rotary_variants(self) -> None:
+        if not 0.0 < self.rotary_fraction <= 1.0:
+            raise ValueError(f"rotary_fraction: must lie in (0, 1], got {self.rotary_fraction}")
+        rotated = int(self.head_dim_k * self.rotary_fraction)
+        if self.positional == "rope" and (rotated % 2 or rotated == 0):
+            raise ValueError(
+                f"rotary_fraction: int(d_k * rotary_fraction) = {rotated} rotated dims; it must be even and > 0"
+            )
+        if self.rope_scaling is not None:
+            if self.positional != "rope":
+                raise ValueError(f"rope_scaling: applies to positional='rope' only, not {self.positional!r}")
+            rope_frequencies(self.rope_base, rotated, self.rope_scaling)  # a ValueError naming rope_scaling
+
+    def _check_local_attention(self) -> None:
+        window, layers = self.sliding_window, self.sliding_layers
+        if window is not None:
+            if not self.language_model:
+                raise ValueError(f"sliding_window: applies to decoder-only models, not {self.kind or 'this model'}")
+            _check_positive("sliding_window", window)
+        if layers is not None:
+            if window is None:
+                raise ValueError("sliding_layers: needs sliding_window")
+            if any(not _is_int(i) or not 0 <= i < self.layers for i in layers) or len(set(layers)) != len(layers):
+                raise ValueError(
+                    f"sliding_layers: expected distinct layer indices in [0, {self.layers}), got {layers!r}"
+                )
+        if self.local_rope_base is not None:
+            if window is None or self.positional != "rope":
+                raise ValueError("local_rope_base: needs sliding_window and positional='rope'")
+            if not 0 < self.local_rope_base < math.inf:
+                raise ValueError(f"local_rope_base: must be a positive number, got {self.local_rope_base}")
+
+    def _check_caps_and_scale(self) -> None:
+        for name in ("attention_softcap", "final_softcap", "query_scale"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name}: must be a positive number (or none), got {value}")
+        if self.final_softcap is not None and not self.language_model:
+            raise ValueError(f"final_softcap: applies to decoder-only models, not {self.kind or 'this model'}")
+        if self.query_scale is not None and self.score != "scaled_dot":
+            raise ValueError(f"query_scale: replaces the scale of score='scaled_dot', not of {self.score!r}")
+
+    def is_local_layer(self, layer: int) -> bool:
+        """Whether ``layer`` has sliding-window attention."""
+        return self.sliding_window is not None and (self.sliding_layers is None or layer in self.sliding_layers)
 
     def _check_relative_positions(self) -> None:
         _check_positive("relative_clip", self.relative_clip)
@@ -268,6 +377,14 @@ class TransformerConfig:
     @property
     def head_dim_v(self) -> int:
         return self.d_v if self.d_v is not None else self.head_dim_k
+
+    @property
+    def placement(self) -> str:
+        """norm_placement, or ``pre`` / ``post`` from ``norm_first`` where it is None."""
+        _check_choice("qk_norm", self.qk_norm, QK_NORMS)
+        if self.norm_placement is not None:
+            return self.norm_placement
+        return "pre" if self.norm_first else "post"
 
     @property
     def normalizer(self) -> str:
@@ -366,6 +483,7 @@ class DecoderOnlyConfig(TransformerConfig):
     """
 
     kind: ClassVar[str] = "decoder_only"
+    language_model: ClassVar[bool] = True
 
     tie_embeddings: bool = False
 

@@ -8,6 +8,11 @@ models use a gated unit, SwiGLU (Shazeer 2020, "GLU Variants Improve Transformer
 
     FFN_SwiGLU(x) = (Swish(x W_gate) * (x W_up)) W_2,        Swish(z) = SiLU(z) = z sigmoid(z)
 
+Gemma's GeGLU (Shazeer 2020, Eq. 5, with the tanh approximation of GELU, ``gelu_pytorch_tanh``)
+gates with GELU instead:
+
+    FFN_GeGLU(x) = (GELU_tanh(x W_gate) * (x W_up)) W_2
+
 A gated activation takes the two maps' outputs side by side, so its W_1 is [W_gate; W_up]
 (2 d_ff rows) and one GEMM computes both.
 """
@@ -24,7 +29,7 @@ from attnlab.kernels import Dropout, calibration, dropout, fused_swiglu_applies,
 from attnlab.kernels import swiglu as fused_swiglu
 from attnlab.nn.hooks import Hook, run_hooks
 
-__all__ = ["PositionwiseFeedForward", "ACTIVATIONS", "GATED", "swiglu"]
+__all__ = ["PositionwiseFeedForward", "ACTIVATIONS", "GATED", "swiglu", "geglu"]
 
 
 def swiglu(hidden: Tensor) -> Tensor:
@@ -50,15 +55,26 @@ def _swiglu_by_ops(hidden: Tensor) -> Tensor:
     return F.silu(gate) * up
 
 
+def geglu(hidden: Tensor) -> Tensor:
+    """GELU_tanh(gate) * up, from [x W_gate, x W_up] side by side (Gemma).
+
+    Shape:
+        hidden: (..., 2 d_ff) -> (..., d_ff).
+    """
+    gate, up = hidden.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
+
+
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": F.relu,
     "gelu": F.gelu,
     "gelu_tanh": partial(F.gelu, approximate="tanh"),
     "swiglu": swiglu,
+    "geglu": geglu,
 }
 """Registry of activations between the two linear maps."""
 
-GATED = frozenset({"swiglu"})
+GATED = frozenset({"swiglu", "geglu"})
 """Activations that take two d_ff-wide inputs (a gate and a value), so W_1 has 2 d_ff rows."""
 
 

@@ -19,15 +19,17 @@ classifier's or BERT's ``encoder``)::
     STACK.embed               (B, T, d_tok)          s E[x_i], the scaled token embedding
     STACK.pos_embed           (B, T, d_model)        p_i added to it (added encodings only)
     STACK.L.resid_pre         (B, T, d_model)        the residual stream entering layer L
-    STACK.L.attn.q            (B, H, T_q, d_k)       queries (after rotary positions)
+    STACK.L.attn.q            (B, H, T_q, d_k)       queries (after q/k norms and rotary positions)
     STACK.L.attn.k, .v        (B, H_kv, T_k, d_k|v)  keys, values (a KV cache's included)
-    STACK.L.attn.scores       (B, H, T_q, T_k)       scale q.k (+ position bias), before mask and a(.)
+    STACK.L.attn.scores       (B, H, T_q, T_k)       scale q.k (soft-capped, + position bias), before
+                                                     mask and a(.)
     STACK.L.attn.pattern      (B, H, T_q, T_k)       attention weights a(scores)
     STACK.L.attn.z            (B, H, T_q, d_v)       xi_h head_h, each head's output before W^O
     STACK.L.attn.result       (B, H, T_q, d_model)   xi_h head_h W_o^h, each head's contribution
                                                      to the residual (Michel §2.2's Att_h terms)
     STACK.L.attn.out          (B, T_q, d_model)      sum_h result_h + b^O, the attention output
-    STACK.L.resid_mid         (B, T, d_model)        after the self-attention's Add & Norm
+    STACK.L.resid_mid         (B, T, d_model)        after the self-attention's Add & Norm (parallel
+                                                     residuals: x + attention branch)
     STACK.L.cross.*           as attn.*              encoder-decoder attention (decoder layers)
     STACK.L.resid_cross       (B, T, d_model)        after the cross-attention's Add & Norm
     STACK.L.ffn.hidden        (B, T, d_ff)           act(x W_1 + b_1), the FFN's hidden layer
@@ -35,7 +37,8 @@ classifier's or BERT's ``encoder``)::
     STACK.L.resid_post        (B, T, d_model)        after the FFN's Add & Norm: layer L's output
     STACK.final_norm          (B, T, d_model)        the stack's output (after the final norm of
                                                      a pre-norm stack)
-    logits                    (B, T, V) or (B, C)    the model's output (not for encoder-only)
+    logits                    (B, T, V) or (B, C)    the model's output, soft-capped where the config
+                                                     says (not for encoder-only)
 
 A lone :class:`~attnlab.nn.MultiHeadAttention` has the sites ``attn.POINT``. Heads are axis 1 of
 the head sites. An attention site's *kind* is what a head mask and a head's name

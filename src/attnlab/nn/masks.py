@@ -14,7 +14,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["causal_mask", "padding_mask", "lengths_to_padding_mask", "check_mask", "combine_masks"]
+__all__ = [
+    "causal_mask",
+    "sliding_window_mask",
+    "padding_mask",
+    "lengths_to_padding_mask",
+    "check_mask",
+    "combine_masks",
+]
 
 
 def causal_mask(t_q: int, t_k: int | None = None, *, device: torch.device | str | None = None) -> Tensor:
@@ -37,6 +44,26 @@ def causal_mask(t_q: int, t_k: int | None = None, *, device: torch.device | str 
     query_pos = torch.arange(t_k - t_q, t_k, device=device).unsqueeze(-1)  # (T_q, 1)
     key_pos = torch.arange(t_k, device=device).unsqueeze(0)  # (1, T_k)
     return (key_pos <= query_pos)[None, None]  # (1, 1, T_q, T_k)
+
+
+def sliding_window_mask(
+    t_q: int, window: int, t_k: int | None = None, *, device: torch.device | str | None = None
+) -> Tensor:
+    """Causal local attention (Mistral, Gemma 2/3): query i may attend to keys j with
+    i - window < j <= i, the ``window`` latest positions including its own (Hugging Face's
+    ``sliding_window_overlay`` on a causal mask).
+
+    As in :func:`causal_mask`, with ``t_k > t_q`` the queries are the last ``t_q`` positions.
+
+    Shape:
+        returns (1, 1, T_q, T_k), bool.
+    """
+    if window < 1:
+        raise ValueError(f"sliding_window_mask: window must be >= 1, got {window}")
+    t_k = t_q if t_k is None else t_k
+    query_pos = torch.arange(t_k - t_q, t_k, device=device).unsqueeze(-1)  # (T_q, 1)
+    key_pos = torch.arange(t_k, device=device).unsqueeze(0)  # (1, T_k)
+    return causal_mask(t_q, t_k, device=device) & (key_pos > query_pos - window)[None, None]
 
 
 def padding_mask(is_token: Tensor) -> Tensor:

@@ -14,9 +14,11 @@ that is read or changed: caching, editing, capture and the head mask are all hoo
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, NamedTuple
 
 import torch
@@ -34,13 +36,14 @@ from attnlab.nn.config import (
 )
 from attnlab.nn.feed_forward import PositionwiseFeedForward
 from attnlab.nn.hooks import Hook, Site, attention_sites, head_mask_shapes, run_hooks
-from attnlab.nn.layers import DecoderLayer, DecoderLayerCache, EncoderLayer
-from attnlab.nn.masks import padding_mask
+from attnlab.nn.layers import PLACEMENTS, DecoderLayer, DecoderLayerCache, EncoderLayer
+from attnlab.nn.masks import combine_masks, padding_mask, sliding_window_mask
 from attnlab.nn.multi_head import KVCache, MultiHeadAttention
 from attnlab.nn.normalization import make_norm
 from attnlab.nn.position_bias import POSITION_BIASES
 from attnlab.nn.positional import AddPositions, make_positional, randomized_positions
 from attnlab.nn.rotary import positions_of_tokens
+from attnlab.nn.scores import soft_cap
 
 __all__ = [
     "TransformerModel",
@@ -141,7 +144,9 @@ def _check_ids(tokens: Tensor, vocab_size: int) -> None:
 class InputEmbedding(nn.Module):
     """Layer 0: y_i^(0) = Norm(f(s E[x_i], p_i) + T[t_i])  (Hahn §3; Vaswani §3.4-3.5; Agarwal §6.3).
 
-    s = sqrt(d) when ``scale_embeddings`` (Vaswani §3.4), else 1. The token-type vector T[t_i] and
+    s = sqrt(d) when ``scale_embeddings`` (Vaswani §3.4), else 1, rounded to the embeddings' dtype
+    before the product, as Hugging Face's Gemma computes it (in bfloat16, sqrt(640) = 25.298...
+    becomes 25.25), so that the product equals Gemma's bit for bit. The token-type vector T[t_i] and
     the LayerNorm ``Norm`` are BERT's (``type_vocab_size`` > 0, ``embedding_norm``); without them
     they are the identity. Which of them exist is decided once, here, from the config.
 
@@ -177,7 +182,8 @@ class InputEmbedding(nn.Module):
     ) -> Tensor:
         """``positions`` (B, T): explicit positions (randomized positions); default offset, offset + 1, ..."""
         _check_ids(tokens, self.token.num_embeddings)
-        token = self.token(tokens) * self.scale  # s E[x_i]
+        embedded = self.token(tokens)
+        token = embedded * _in_dtype(self.scale, embedded.dtype)  # s E[x_i]
         x = self.positional(token, offset, positions) if not self.hooks else self._hooked(token, offset, positions)
         return self.dropout(self.norm(self.token_type(x, token_types)))
 
@@ -190,7 +196,15 @@ class InputEmbedding(nn.Module):
         return token + run_hooks(self.hooks, "pos_embed", added)
 
 
+@functools.cache
+def _in_dtype(value: float, dtype: torch.dtype) -> float:
+    """``value`` rounded to ``dtype`` (the multiplier Hugging Face's ``torch.tensor(value, dtype=dtype)`` is)."""
+    return float(torch.tensor(value, dtype=dtype))
+
+
 def _multi_head(config: TransformerConfig, kind: str, layer: int) -> MultiHeadAttention:
+    # Sliding-window layers with their own rotary base (Gemma 3) take no frequency scaling.
+    own_base = config.is_local_layer(layer) and config.local_rope_base is not None
     return MultiHeadAttention(
         config.d_model,
         config.heads_at(kind, layer),
@@ -201,14 +215,24 @@ def _multi_head(config: TransformerConfig, kind: str, layer: int) -> MultiHeadAt
         straight_through=config.straight_through,
         dropout=config.attention_dropout,
         bias=config.bias,
+        qkv_bias=config.qkv_bias,
         # Grouped-query attention in self-attention; None: one key/value head per (unpruned) head.
         kv_heads=None if kind == "cross" or config.kv_index_at(kind, layer) is not None else config.kv_heads,
         kv_index=config.kv_index_at(kind, layer),  # what pruning left of grouped-query attention
         # Rotary positions rotate self-attention's queries and keys; cross-attention has none.
-        rope_base=config.rope_base if config.positional == "rope" and kind != "cross" else None,
+        rope_base=(config.local_rope_base if own_base else config.rope_base)
+        if config.positional == "rope" and kind != "cross"
+        else None,
+        rotary_fraction=config.rotary_fraction,
+        rope_scaling=None if own_base else config.rope_scaling,
+        qk_norm=config.qk_norm,
+        norm=config.norm,
+        norm_eps=config.layer_norm_eps,
         # ALiBi and Shaw et al.'s relative positions bias self-attention's scores; not cross-attention's.
         position_bias=config.positional if config.positional in POSITION_BIASES and kind != "cross" else None,
         relative_clip=config.relative_clip,
+        scale=config.query_scale,
+        softcap=config.attention_softcap,
     )
 
 
@@ -241,8 +265,9 @@ class OutputLayer(nn.Linear):
 
 
 def _final_norm(config: TransformerConfig) -> nn.Module:
-    """Pre-LN stacks end with a norm (LayerNorm or RMSNorm); post-LN ones are already normalised."""
-    return make_norm(config.norm, config.d_model, config.layer_norm_eps) if config.norm_first else nn.Identity()
+    """Stacks of pre-LN (sandwich, output) layers end with a norm; post-LN ones are already normalised."""
+    final = PLACEMENTS[config.placement].final_norm
+    return make_norm(config.norm, config.d_model, config.layer_norm_eps) if final else nn.Identity()
 
 
 IN_ATTENTION = ("rope", *POSITION_BIASES)
@@ -299,12 +324,19 @@ def _key_padding(is_token: Tensor) -> Tensor | None:
     return None if bool(is_token.all()) else padding_mask(is_token)
 
 
+def _one_mask(mask: Tensor | None, t_q: int, t_k: int, device: torch.device) -> tuple[Tensor | None, ...]:
+    """No sliding-window layers: every layer takes the same mask."""
+    return mask, mask
+
+
 class Encoder(nn.Module):
     """Embedding, then N encoder layers (Vaswani §3.1; Agarwal §3, §5.1).
 
     With ``causal=True`` every layer's self-attention is masked, which makes this the decoder of a
     decoder-only model (:class:`DecoderOnly`'s ``decoder``): a decoder without cross-attention is a
-    causal encoder stack.
+    causal encoder stack. The layers that ``sliding_window`` / ``sliding_layers`` name
+    (:attr:`local_layers`) attend locally: their mask adds :func:`attnlab.nn.masks.sliding_window_mask`
+    over the key columns (a KV cache's included), built once per forward pass.
 
     Args:
         config: model options.
@@ -326,16 +358,26 @@ class Encoder(nn.Module):
             EncoderLayer(
                 _multi_head(config, kind, index),
                 _feed_forward(config),
-                norm_first=config.norm_first,
+                placement=config.placement,
                 eps=config.layer_norm_eps,
                 dropout=config.dropout,
                 norm=config.norm,
+                parallel=config.parallel_residual,
             )
             for index in range(config.layers)
         )
         self.final_norm = _final_norm(config)
         self._place = PositionPlacer(config)
+        # Chosen once: sliding-window layers get the window's mask as well, or every layer one mask.
+        self.local_layers = [config.is_local_layer(index) for index in range(config.layers)]
+        self.sliding_window = config.sliding_window
+        self._layer_masks = self._with_window if any(self.local_layers) else _one_mask
         self.hooks: dict[str, list[Hook]] = {}  # the site final_norm (attnlab.nn.hooks)
+
+    def _with_window(self, mask: Tensor | None, t_q: int, t_k: int, device: torch.device) -> tuple[Tensor | None, ...]:
+        """(the global layers' mask, the sliding-window layers'), built once per forward pass."""
+        window = sliding_window_mask(t_q, self.sliding_window, t_k, device=device)  # type: ignore[arg-type]
+        return mask, combine_masks(mask, window)
 
     def forward(
         self,
@@ -350,13 +392,15 @@ class Encoder(nn.Module):
         offset = 0 if state is None else len(state)
         is_token = tokens != self.pad_id if is_token is None else is_token
         keys_are_tokens = is_token if state is None else state.advance(is_token)  # (B, T_k)
-        mask = _key_padding(keys_are_tokens)
+        masks = self._layer_masks(
+            _key_padding(keys_are_tokens), tokens.shape[1], keys_are_tokens.shape[1], tokens.device
+        )
         place = self._place(keys_are_tokens, tokens.shape[1], training=self.training, cached=state is not None)
         x = self.embedding(tokens, offset, token_types, place.embedding)
         for index, layer in enumerate(self.layers):
             x = layer(
                 x,
-                mask=mask,
+                mask=masks[self.local_layers[index]],
                 causal=self.causal,
                 cache=None if state is None else state.layers[index],
                 positions=place.queries,
@@ -425,7 +469,7 @@ class Decoder(nn.Module):
                 _multi_head(config, "decoder_self", index),
                 _multi_head(config, "cross", index),
                 _feed_forward(config),
-                norm_first=config.norm_first,
+                placement=config.placement,
                 eps=config.layer_norm_eps,
                 dropout=config.dropout,
                 norm=config.norm,
@@ -568,8 +612,15 @@ class EncoderClassifier(TransformerModel):
         return {"encoder": (self.encoder, ("self",))}
 
 
+def _identity(x: Tensor) -> Tensor:
+    return x
+
+
 class DecoderOnly(TransformerModel):
     """A causal language model: p(x_t | x_{<t}) from masked self-attention layers.
+
+    With ``final_softcap`` c the logits are c tanh(logits / c) (Gemma 2), the ``logits`` site
+    after the cap.
 
     Attention kind: ``self``.
 
@@ -585,6 +636,8 @@ class DecoderOnly(TransformerModel):
         self.lm_head = OutputLayer(config.d_model, config.vocab_size, bias=config.bias)
         if config.tie_embeddings:
             self.lm_head.weight = self.decoder.embedding.token.weight
+        # Chosen once: soft-capped logits (Gemma 2), or the output layer's as they are.
+        self._cap = _identity if config.final_softcap is None else partial(soft_cap, cap=config.final_softcap)
 
     def forward(
         self,
@@ -596,7 +649,7 @@ class DecoderOnly(TransformerModel):
         """``is_token`` (B, T): which positions are real tokens, for a model whose padding id is
         also a real token (a pretrained LM's); default ``tokens != pad_id``."""
         hidden = self.decoder(tokens, state=state, is_token=is_token)
-        return self._logits(self.lm_head(hidden))
+        return self._logits(self._cap(self.lm_head(hidden)))
 
     def new_state(self) -> DecodingState:
         return DecodingState([KVCache() for _ in self.decoder.layers])

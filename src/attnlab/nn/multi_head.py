@@ -19,12 +19,21 @@ The same module serves the three uses of Vaswani §3.2.3 (Agarwal §5):
 * encoder self-attention: ``mha(x)`` (Q = K = V = x; Agarwal Def. 5.1);
 * masked decoder self-attention: ``mha(y, causal=True)`` (Agarwal Def. 5.3);
 * encoder-decoder attention: ``mha(y, memory)`` (K = V = the encoder output; Agarwal §5.3).
+
+What pretrained families add is chosen once in ``__init__``, each a small variant: biases on
+W^Q, W^K, W^V alone (``qkv_bias``, Qwen2); q/k norms after the projection (:data:`QK_NORMS`,
+Qwen3, Gemma 3, OLMo 2); partial or frequency-scaled rotary positions (:mod:`attnlab.nn.rotary`,
+GPT-NeoX, Llama 3.1); another scale of the scores (``scale``, Gemma) and soft-capped scores
+(``softcap``, Gemma 2, through the score function, so the explicit formula runs). Local
+attention is a mask, built by the model (:func:`attnlab.nn.masks.sliding_window_mask`).
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -33,9 +42,10 @@ from attnlab.kernels import linear_kernel
 from attnlab.nn.attention import NORMALIZERS, ScoreFn
 from attnlab.nn.hooks import ATTENTION_POINTS, Hook, run_hooks
 from attnlab.nn.masks import check_mask
+from attnlab.nn.normalization import NORMS, make_norm
 from attnlab.nn.position_bias import PositionBias, distances, make_position_bias
 from attnlab.nn.rotary import RotaryEmbedding
-from attnlab.nn.scores import make_score
+from attnlab.nn.scores import make_score, soft_cap
 
 __all__ = ["MultiHeadAttention", "KVCache"]
 
@@ -129,6 +139,7 @@ def _grown(buffer: Tensor, length: int, capacity: int) -> Tensor:
 
 # ---- variants chosen once in MultiHeadAttention.__init__ ---------------------------------------
 
+NormFn = Callable[[nn.Module, Tensor], Tensor]
 PlaceFn = Callable[[RotaryEmbedding | None, Tensor, Tensor, Tensor | None, int], tuple[Tensor, Tensor]]
 ShareFn = Callable[[Tensor, Tensor, int], tuple[Tensor, Tensor]]
 
@@ -158,6 +169,58 @@ def _share_key_values(k: Tensor, v: Tensor, heads: int) -> tuple[Tensor, Tensor]
     """
     groups = heads // k.shape[1]
     return k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+
+
+def _unnormalized(apply: NormFn, norm: nn.Module | None, x: Tensor, d_k: int) -> Tensor:
+    """No q/k norm: the projection as it is."""
+    return x
+
+
+def _per_head(apply: NormFn, norm: nn.Module | None, x: Tensor, d_k: int) -> Tensor:
+    """Norm over d_k on each head, one gain of size d_k shared by the heads (Qwen3, Gemma 3).
+
+    Shape:
+        x: (B, T, heads*d_k) -> (B, T, heads*d_k).
+    """
+    return apply(norm, x.unflatten(-1, (-1, d_k))).flatten(-2)  # type: ignore[arg-type]
+
+
+def _whole(apply: NormFn, norm: nn.Module | None, x: Tensor, d_k: int) -> Tensor:
+    """Norm over the whole projection, every head's d_k together (OLMo 2)."""
+    return apply(norm, x)  # type: ignore[arg-type]
+
+
+def _same_gain(parameter: Tensor, rows: Tensor) -> Tensor:
+    return parameter.detach().clone()
+
+
+def _gain_rows(parameter: Tensor, rows: Tensor) -> Tensor:
+    return parameter.detach()[rows]
+
+
+@dataclass(frozen=True)
+class QKNorm:
+    """One way of normalising queries and keys after their projection, before rotary positions.
+
+    Attributes:
+        widths: (heads, kv_heads, d_k) -> the widths of the query and key norms; None for no norm.
+        apply: ``(norm_fn, norm_module, x, d_k) -> x`` on a projection (B, T, heads*d_k).
+        subset: ``(parameter, rows) -> parameter`` of a norm restricted to the kept heads' rows.
+    """
+
+    widths: Callable[[int, int, int], tuple[int, int]] | None
+    apply: Callable[[NormFn, nn.Module | None, Tensor, int], Tensor]
+    subset: Callable[[Tensor, Tensor], Tensor] = _same_gain
+
+
+QK_NORMS: dict[str, QKNorm] = {
+    "none": QKNorm(None, _unnormalized),
+    "head": QKNorm(lambda heads, kv_heads, d_k: (d_k, d_k), _per_head),
+    "full": QKNorm(lambda heads, kv_heads, d_k: (heads * d_k, kv_heads * d_k), _whole, _gain_rows),
+}
+"""Registry of q/k norms (``model.qk_norm``): ``none``; ``head``, Norm over d_k on each head of q and
+of k (Qwen3, Gemma 3); ``full``, Norm over the whole H*d_k query projection and the whole
+H_kv*d_k key projection (OLMo 2). The norm's kind is the model's ``norm``."""
 
 
 GROUPABLE_SCORES = ("scaled_dot", "dot")
@@ -198,7 +261,9 @@ class MultiHeadAttention(nn.Module):
             choice (:data:`attnlab.nn.config.ATTENTION_NORMALIZERS`).
         straight_through: hard attention trained with the soft gradient.
         dropout: dropout on the attention weights during training.
-        bias: biases on the projections.
+        bias: biases on the projections (W^O's always follows it).
+        qkv_bias: biases on W^Q, W^K and W^V only (Qwen2: on q, k and v but not on W^O); None
+            follows ``bias``.
         kv_heads: key/value heads (grouped-query attention, Ainslie et al. 2023): query head h reads
             key/value head h // (H / kv_heads); default H. The KV cache holds kv_heads heads.
         kv_index: an explicit query -> key/value head map instead (H entries; key/value heads
@@ -207,6 +272,17 @@ class MultiHeadAttention(nn.Module):
             uniform h // (H / kv_heads) one takes the same path as ``kv_heads``.
         rope_base: rotate queries and keys by their positions in self-attention (rotary position
             embeddings, :mod:`attnlab.nn.rotary`) with this base; None for no rotation.
+        rotary_fraction: rotate the first int(d_k * rotary_fraction) dims of each head only
+            (partial rotary, GPT-NeoX).
+        rope_scaling: a ``rope_scaling`` dict of :data:`attnlab.nn.rotary.ROPE_SCALINGS`, or None.
+        qk_norm: a name in :data:`QK_NORMS`: ``none``, ``head`` or ``full``, the norm of the
+            projected queries and keys before rotary positions.
+        norm, norm_eps: the kind of the q/k norms (:data:`attnlab.nn.normalization.NORMS`) and its eps.
+        scale: the scale of the scores in place of the score's own (d_k^-1/2 for ``scaled_dot``;
+            Gemma: ``query_pre_attn_scalar`` ** -1/2).
+        softcap: soft-cap the scores, c tanh(scores / c) after the scale and before the mask (and
+            before a position bias; Gemma 2); None for none. Capped scores take the explicit
+            attention formula.
         position_bias: relative positions on the scores (:mod:`attnlab.nn.position_bias`):
             ``alibi`` (Press et al. 2022) or ``relative`` (Shaw et al. 2018); None for none.
         relative_clip: the clipping distance k of ``relative``.
@@ -222,6 +298,7 @@ class MultiHeadAttention(nn.Module):
             each in rows h*d:(h+1)*d (the layout of ``torch.nn.MultiheadAttention``; H_kv = H
             unless ``kv_heads`` is set).
         out_proj: W^O, a Linear(H*d_v -> d_model).
+        q_norm, k_norm: the q/k norms (``qk_norm`` other than ``none``), else None.
         hooks: point -> hooks of its named sites (:mod:`attnlab.nn.hooks`).
     """
 
@@ -245,6 +322,14 @@ class MultiHeadAttention(nn.Module):
         kv_index: list[int] | None = None,
         position_bias: str | None = None,
         relative_clip: int = 16,
+        qkv_bias: bool | None = None,
+        rotary_fraction: float = 1.0,
+        rope_scaling: Mapping[str, Any] | None = None,
+        qk_norm: str = "none",
+        norm: str = "rms",
+        norm_eps: float = 1e-6,
+        scale: float | None = None,
+        softcap: float | None = None,
     ) -> None:
         super().__init__()
         if heads < 0 or (heads == 0 and d_k is None):
@@ -265,7 +350,11 @@ class MultiHeadAttention(nn.Module):
         uniform = uniform_kv_index(heads, self.kv_heads) if heads and heads % self.kv_heads == 0 else []
         self.kv_index: list[int] = list(kv_index) if kv_index is not None else uniform_kv_index(heads, self.kv_heads)
         # Chosen once: rotary positions on queries and keys, or none; K/V heads shared by groups.
-        self.rotary = RotaryEmbedding(self.d_k, rope_base) if rope_base is not None else None
+        self.rotary = (
+            RotaryEmbedding(self.d_k, rope_base, fraction=rotary_fraction, scaling=rope_scaling)
+            if rope_base is not None
+            else None
+        )
         self._place: PlaceFn = _rotate_by_position if self.rotary is not None else _unplaced
         # Chosen once: a bias on the scores from the distance j - i (ALiBi, Shaw et al.), or none.
         self.position_bias: PositionBias | None = (
@@ -286,6 +375,12 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"normalizer: unknown {normalizer!r}; allowed: {', '.join(sorted(NORMALIZERS))}") from None
         self.normalizer = normalizer
         self.score = make_score(score, heads=heads, d_k=self.d_k)
+        if scale is not None:
+            self.score.scale = scale
+        # Chosen once: the pairwise score the attention takes, soft-capped or the score's own
+        # (None: scale q.k on the fused kernels).
+        self.softcap = softcap
+        self._pairwise: ScoreFn | None = self.score.score_fn if softcap is None else self._capped_scores
         # Chosen once: equal groups of query heads over K/V heads, with a score that treats every
         # head alike, attend without copying K and V per query head at a decoding step.
         grouped = self.kv_heads not in (0, heads) and self.kv_index == uniform
@@ -294,13 +389,25 @@ class MultiHeadAttention(nn.Module):
         qk, vv = heads * self.d_k, heads * self.d_v
         self._split = (qk, self.kv_heads * self.d_k, self.kv_heads * self.d_v)
         self.in_proj_weight = nn.Parameter(torch.empty(sum(self._split), d_model))
-        self.in_proj_bias = nn.Parameter(torch.zeros(sum(self._split))) if bias else None
+        in_bias = bias if qkv_bias is None else qkv_bias
+        self.in_proj_bias = nn.Parameter(torch.zeros(sum(self._split))) if in_bias else None
         with warnings.catch_warnings():  # a fully pruned layer has zero-element weights by design
             warnings.filterwarnings("ignore", message="Initializing zero-element tensors")
             self.out_proj = nn.Linear(vv, d_model, bias=bias)
             nn.init.xavier_uniform_(self.in_proj_weight)
         if bias:
             nn.init.zeros_(self.out_proj.bias)
+        # Chosen once: queries and keys normalised after the projection (Qwen3, OLMo 2), or not.
+        if qk_norm not in QK_NORMS:
+            raise ValueError(f"qk_norm: unknown {qk_norm!r}; allowed: {', '.join(sorted(QK_NORMS))}")
+        self.qk_norm = QK_NORMS[qk_norm]
+        widths = self.qk_norm.widths
+        self.q_norm, self.k_norm = (
+            (None, None)
+            if widths is None
+            else (make_norm(norm, width, norm_eps) for width in widths(heads, self.kv_heads, self.d_k))
+        )
+        self._norm_fn: NormFn = NORMS[norm].apply
         self.hooks: dict[str, list[Hook]] = {}  # sites q, k, v, scores, pattern, z, result, out (attnlab.nn.hooks)
 
     def forward(
@@ -355,6 +462,16 @@ class MultiHeadAttention(nn.Module):
             return self._combine_heads(head_outputs)
         return self._combine_hooked(run_hooks(hooks, "z", head_outputs), hooks)  # z: xi_h head_h (Michel §2.3)
 
+    def _capped_scores(self, q: Tensor, k: Tensor) -> Tensor:
+        """c tanh(e / c) of the score's own e (scale q.k for dot products), Gemma 2's soft-capping.
+
+        Shape:
+            q: (..., T_q, d_k);  k: (..., T_k, d_k);  returns (..., T_q, T_k).
+        """
+        own = self.score.score_fn
+        scores = own(q, k) if own is not None else torch.matmul(q, k.transpose(-2, -1)) * self.score.scale
+        return soft_cap(scores, self.softcap)  # type: ignore[arg-type]
+
     def _combine_heads(self, head_outputs: Tensor) -> Tensor:
         """Concat(xi_1 head_1, ..., xi_H head_H) W^O + b^O = sum_h xi_h head_h W_o^h + b^O.
 
@@ -395,7 +512,7 @@ class MultiHeadAttention(nn.Module):
             as :meth:`_attend_shared`; the weights are always returned.
         """
         hooks = self.hooks
-        pairwise, scale = self.score.score_fn, self.score.scale
+        pairwise, scale = self._pairwise, self.score.scale
 
         def scores(q_: Tensor, k_: Tensor) -> Tensor:  # (B, H, T_q, T_k), after score.prepare
             raw = pairwise(q_, k_) if pairwise is not None else torch.matmul(q_, k_.transpose(-2, -1)) * scale
@@ -471,7 +588,7 @@ class MultiHeadAttention(nn.Module):
             mask,
             causal=causal,
             scale=self.score.scale,
-            score_fn=self.score.score_fn if score_fn is None else score_fn,
+            score_fn=self._pairwise if score_fn is None else score_fn,
             dropout_p=self.dropout if self.training else 0.0,
             need_weights=want_weights,
             straight_through=self.straight_through,
@@ -511,7 +628,7 @@ class MultiHeadAttention(nn.Module):
             mask,
             causal=False,
             scale=self.score.scale,
-            score_fn=None,
+            score_fn=self._pairwise,
             dropout_p=self.dropout if self.training else 0.0,
             need_weights=want_weights,
             straight_through=self.straight_through,
@@ -559,6 +676,8 @@ class MultiHeadAttention(nn.Module):
             if value is not None:
                 raise ValueError("MultiHeadAttention: value given without key")
             q, k, v = self._linear(query, self.in_proj_weight, self.in_proj_bias).split_with_sizes(self._split, dim=-1)
+            normalize, norm_fn = self.qk_norm.apply, self._norm_fn
+            q, k = normalize(norm_fn, self.q_norm, q, self.d_k), normalize(norm_fn, self.k_norm, k, self.d_k)
             q, k, v = self._split_heads(q, self.heads), self._split_heads(k), self._split_heads(v)
             q, k = self._place(self.rotary, q, k, positions, 0 if cache is None else len(cache))
             if cache is not None:
@@ -566,7 +685,9 @@ class MultiHeadAttention(nn.Module):
             return q, k, v
         value = key if value is None else value
         weight, bias, qk = self.in_proj_weight, self.in_proj_bias, self._split[0]
-        q = self._split_heads(self._linear(query, weight[:qk], None if bias is None else bias[:qk]), self.heads)
+        normalize, norm_fn = self.qk_norm.apply, self._norm_fn
+        q = self._linear(query, weight[:qk], None if bias is None else bias[:qk])
+        q = self._split_heads(normalize(norm_fn, self.q_norm, q, self.d_k), self.heads)
 
         def project_memory() -> tuple[Tensor, Tensor]:  # not called again once a cache keeps K, V
             if value is key:  # encoder-decoder attention, K = V = memory: one matmul
@@ -577,7 +698,7 @@ class MultiHeadAttention(nn.Module):
                 _, w_k, w_v = weight.split(self._split, dim=0)
                 b_k, b_v = (None, None) if bias is None else bias.split(self._split)[1:]
                 k_, v_ = self._linear(key, w_k, b_k), self._linear(value, w_v, b_v)
-            return self._split_heads(k_), self._split_heads(v_)
+            return self._split_heads(normalize(norm_fn, self.k_norm, k_, self.d_k)), self._split_heads(v_)
 
         k, v = cache.keep(project_memory) if cache is not None else project_memory()
         return q, k, v
@@ -592,7 +713,8 @@ class MultiHeadAttention(nn.Module):
 
     def head_subset_state(self, keep: list[int]) -> dict[str, Tensor]:
         """The state dict of this module restricted to heads ``keep`` (in that order): the rows of
-        W^Q, W^K, W^V and the columns of W^O that belong to them, and their score parameters.
+        W^Q, W^K, W^V and the columns of W^O that belong to them, their score parameters, and the
+        q/k norms' gains (for ``qk_norm = "full"``, the kept heads' entries of them).
 
         Load it into a ``MultiHeadAttention`` built with ``heads=len(keep)``, the same d_k, d_v and
         ``kv_index=self.kept_kv_index(keep)``: its output equals this module's with every other
@@ -615,7 +737,13 @@ class MultiHeadAttention(nn.Module):
         }
         if self.in_proj_bias is not None:
             state["in_proj_bias"] = self.in_proj_bias.detach()[rows]
+        if self.out_proj.bias is not None:
             state["out_proj.bias"] = self.out_proj.bias.detach().clone()
+        q_norm_rows = torch.tensor(q_rows, dtype=torch.long)
+        k_norm_rows = torch.tensor([j * d_k + i for j in kv_keep for i in range(d_k)], dtype=torch.long)
+        for name, norm, norm_rows in (("q_norm", self.q_norm, q_norm_rows), ("k_norm", self.k_norm, k_norm_rows)):
+            for key, parameter in [] if norm is None else norm.named_parameters():  # a whole norm: its heads' rows
+                state[f"{name}.{key}"] = self.qk_norm.subset(parameter, norm_rows)
         for name, parameter in self.score.named_parameters():  # score parameters: head axis first
             state[f"score.{name}"] = parameter.detach()[index]
         if self.position_bias is not None:  # ALiBi's slopes per head; Shaw's tables shared by all

@@ -20,6 +20,11 @@ Every score exposes the same three things to :func:`attnlab.nn.attention.attenti
 ``prepare(q, k)`` (a cheap transform of queries/keys), ``scale`` and ``score_fn``. Dot-product
 kinds leave ``score_fn`` as ``None`` and so run on the fused SDPA kernel; ``bilinear`` does too,
 because q^T W k = (q^T W) k. Only ``additive`` needs explicit (T_q, T_k) scores.
+
+Soft-capping (Gemma 2) bounds scores, or logits, to (-c, c) smoothly: :func:`soft_cap`,
+c tanh(e / c). On attention scores it is applied after the scale and before the mask, by
+:class:`attnlab.nn.multi_head.MultiHeadAttention` through a score function, so it runs on the
+explicit attention formula (the fused kernels take no score function).
 """
 
 from __future__ import annotations
@@ -31,7 +36,16 @@ from torch import Tensor, nn
 
 from attnlab.nn.attention import ScoreFn
 
-__all__ = ["AttentionScore", "ScaledDotScore", "DotScore", "BilinearScore", "AdditiveScore", "SCORES", "make_score"]
+__all__ = [
+    "AttentionScore",
+    "ScaledDotScore",
+    "DotScore",
+    "BilinearScore",
+    "AdditiveScore",
+    "SCORES",
+    "make_score",
+    "soft_cap",
+]
 
 # Elements of one chunk of the (T_q, T_k, d_k) tanh tensor of additive scores.
 _ADDITIVE_CHUNK_ELEMENTS = 2**24
@@ -140,3 +154,9 @@ def make_score(name: str, *, heads: int, d_k: int) -> AttentionScore:
     except KeyError:
         raise ValueError(f"score: unknown {name!r}; allowed: {', '.join(sorted(SCORES))}") from None
     return cls(heads=heads, d_k=d_k)
+
+
+def soft_cap(x: Tensor, cap: float) -> Tensor:
+    """c tanh(x / c): x squashed smoothly into (-c, c) (Gemma 2's soft-capping, as transformers
+    computes it: divide, tanh, multiply)."""
+    return torch.tanh(x / cap) * cap

@@ -122,3 +122,37 @@ def test_the_config_round_trips_and_refuses_bad_groups(models) -> None:
         tiny_llama(kv_groups={"self": [[0], [0]]})
     with pytest.raises(ValueError, match="kv_index"):
         MultiHeadAttention(24, 3, kv_index=[0, 2, 2])
+
+
+def _with_q_k_norms(qk_norm: str):
+    torch.manual_seed(1)
+    model = build_model(tiny_llama(qk_norm=qk_norm)).eval()
+    with torch.no_grad():
+        for site in model.attention_sites():
+            site.module.q_norm.weight.normal_(1.0, 0.3)
+            site.module.k_norm.weight.normal_(1.0, 0.3)
+    return model, prune_model(model, PRUNED)
+
+
+def test_a_per_head_q_k_norm_is_kept_whole_and_the_pruned_model_computes_the_masked_one() -> None:
+    model, pruned = _with_q_k_norms("head")
+    for before, after in zip(model.attention_sites(), pruned.attention_sites(), strict=True):
+        assert torch.equal(after.module.q_norm.weight, before.module.q_norm.weight)
+        assert torch.equal(after.module.k_norm.weight, before.module.k_norm.weight)
+    tokens = torch.randint(1, 40, (2, 7))
+    with torch.no_grad():
+        with masking_heads(model, mask_without(model, PRUNED)):
+            masked = model(tokens)
+        assert (pruned(tokens) - masked).abs().max() < 1e-5
+
+
+def test_a_whole_projection_q_k_norm_keeps_the_gains_of_the_kept_heads() -> None:
+    """OLMo 2's norms over all heads lose the pruned heads' entries of their gains (layer 0 keeps
+    query heads 3 and 5 and key/value head 1; d_k = 4)."""
+    model, pruned = _with_q_k_norms("full")
+    before, after = model.attention_sites()[0].module, pruned.attention_sites()[0].module
+    assert torch.equal(after.q_norm.weight, before.q_norm.weight.view(6, 4)[[3, 5]].flatten())
+    assert torch.equal(after.k_norm.weight, before.k_norm.weight.view(2, 4)[[1]].flatten())
+    second = pruned.attention_sites()[1].module  # all but query head 5: both key/value heads
+    assert torch.equal(second.q_norm.weight, model.attention_sites()[1].module.q_norm.weight[:20])
+    assert torch.equal(second.k_norm.weight, model.attention_sites()[1].module.k_norm.weight)

@@ -57,6 +57,77 @@ def test_invalid_values_raise_value_error_naming_the_field(cls, changes, message
         cls(**changes)
 
 
+ROPE = {"positional": "rope"}
+
+
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        ({"qkv_bias": 1}, "qkv_bias: expected bool or None, got 1"),
+        ({**ROPE, "rotary_fraction": 0.0}, r"rotary_fraction: must lie in \(0, 1\]"),
+        ({**ROPE, "rotary_fraction": 0.1}, r"rotary_fraction: int\(d_k \* rotary_fraction\) = 1 rotated dims"),
+        (
+            {**ROPE, "rope_scaling": {"rope_type": "ntk"}},
+            "rope_scaling: unknown type 'ntk'; supported: default, linear",
+        ),
+        (
+            {**ROPE, "rope_scaling": {"type": "yarn", "factor": 2.0}},
+            "rope_scaling: .* 'original_max_position_embeddings'",
+        ),
+        ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope_scaling: applies to positional='rope' only"),
+        ({"parallel_residual": True}, "parallel_residual: needs norm layers with a residual branch"),
+        ({"qk_norm": "layer"}, "qk_norm: unknown 'layer'; allowed: full, head, none"),
+        ({"sliding_layers": [0]}, "sliding_layers: needs sliding_window"),
+        (
+            {"sliding_window": 4, "sliding_layers": [0, 5]},
+            r"sliding_layers: expected distinct layer indices in \[0, 2\)",
+        ),
+        ({"sliding_window": 0}, "sliding_window: must be a positive integer"),
+        ({"sliding_window": 4, "local_rope_base": 10.0}, "local_rope_base: needs sliding_window and positional='rope'"),
+        ({**ROPE, "sliding_window": 4, "local_rope_base": -1.0}, "local_rope_base: must be a positive number"),
+        ({"norm_placement": "middle"}, "norm_placement: unknown 'middle'; allowed: output, post, pre, sandwich"),
+        ({"norm": "group"}, "norm: unknown 'group'; allowed: layer, rms, rms_one_plus"),
+        ({"activation": "reglu"}, "activation: unknown 'reglu'; allowed: geglu, gelu, gelu_tanh, relu, swiglu"),
+        ({"attention_softcap": 0.0}, "attention_softcap: must be a positive number"),
+        ({"final_softcap": -2.0}, "final_softcap: must be a positive number"),
+        ({"query_scale": 0.5, "score": "additive"}, "query_scale: replaces the scale of score='scaled_dot'"),
+    ],
+)
+def test_the_model_family_fields_are_validated_naming_the_field(changes, message):
+    with pytest.raises(ValueError, match=message):
+        DecoderOnlyConfig(**changes)
+
+
+@pytest.mark.parametrize("changes", [{"sliding_window": 4}, {"final_softcap": 30.0}])
+@pytest.mark.parametrize("cls", [EncoderDecoderConfig, EncoderClassifierConfig])
+def test_local_attention_and_capped_logits_are_for_language_models(cls, changes):
+    with pytest.raises(ValueError, match=f"{next(iter(changes))}: applies to decoder-only models, not {cls.kind}"):
+        cls(**changes)
+
+
+def test_the_family_fields_default_to_todays_models_and_round_trip():
+    config = DecoderOnlyConfig()
+    assert (config.placement, config.qkv_bias, config.rotary_fraction, config.qk_norm) == ("post", None, 1.0, "none")
+    assert DecoderOnlyConfig(norm_first=True).placement == "pre"
+    assert DecoderOnlyConfig(norm_first=True, norm_placement="sandwich").placement == "sandwich"
+    gemma = DecoderOnlyConfig(
+        **ROPE,
+        norm="rms_one_plus",
+        norm_placement="sandwich",
+        sliding_window=4,
+        sliding_layers=[0],
+        local_rope_base=10.0,
+        rope_scaling={"rope_type": "linear", "factor": 8.0},
+        attention_softcap=50.0,
+        final_softcap=30.0,
+        query_scale=0.0625,
+        qk_norm="head",
+        activation="geglu",
+    )
+    assert DecoderOnlyConfig.from_dict({k: v for k, v in gemma.to_dict().items() if k != "kind"}) == gemma
+    assert [gemma.is_local_layer(i) for i in range(2)] == [True, False]
+
+
 def test_model_specific_fields():
     with pytest.raises(ValueError, match="pooling: unknown 'max'; allowed: eos, first, mean"):
         EncoderClassifierConfig(pooling="max")

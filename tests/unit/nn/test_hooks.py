@@ -40,6 +40,37 @@ MODELS = {
     ),
     "encoder_relative": lambda: EncoderOnlyConfig(vocab_size=V, positional="relative", **SMALL),
     "decoder_alibi": lambda: DecoderOnlyConfig(vocab_size=V, positional="alibi", **SMALL),
+    # the model-family variants (tests/unit/nn/test_variants.py): Gemma 2/3, GPT-NeoX, OLMo 2
+    "gemma_like": lambda: DecoderOnlyConfig(
+        vocab_size=V,
+        positional="rope",
+        kv_heads=2,
+        norm="rms_one_plus",
+        norm_placement="sandwich",
+        activation="geglu",
+        bias=False,
+        qk_norm="head",
+        sliding_window=3,
+        sliding_layers=[0],
+        local_rope_base=100.0,
+        attention_softcap=1.0,
+        final_softcap=5.0,
+        query_scale=0.3,
+        **SMALL,
+    ),
+    "neox_like": lambda: DecoderOnlyConfig(
+        vocab_size=V, positional="rope", rotary_fraction=0.5, parallel_residual=True, norm_first=True, **SMALL
+    ),
+    "olmo_like": lambda: DecoderOnlyConfig(
+        vocab_size=V,
+        positional="rope",
+        norm="rms",
+        norm_placement="output",
+        qk_norm="full",
+        qkv_bias=True,
+        bias=False,
+        **SMALL,
+    ),
 }
 
 
@@ -103,7 +134,7 @@ def test_cached_sites_equal_what_the_model_computes_by_other_routes(name):
     for stack, (body, _) in model.site_stacks().items():
         for index in range(len(body.layers) - 1):  # one layer's output is the next one's input
             assert torch.equal(cache[f"{stack}.{index}.resid_post"], cache[f"{stack}.{index + 1}.resid_pre"])
-        if not model.config.norm_first:
+        if model.config.placement == "post":
             last = len(body.layers) - 1
             assert torch.equal(cache[f"{stack}.final_norm"], cache[f"{stack}.{last}.resid_post"])  # post-LN
         if f"{stack}.pos_embed" in cache:  # the first residual is token + position embeddings
@@ -247,7 +278,7 @@ def test_site_shapes_name_every_site_with_the_models_sizes(name):
     assert shapes[f"{stack}.0.resid_pre"][1] == "(B, T, 16)"
     assert shapes[f"{stack}.0.attn.z"][1] == "(B, 4, T, 4)"
     assert shapes[f"{stack}.0.attn.pattern"][1] == "(B, 4, T, T_k)"
-    kv = 2 if name == "llama_like" else 4
+    kv = MODELS[name]().key_value_heads
     assert shapes[f"{stack}.1.attn.k"][1] == f"(B, {kv}, T_k, 4)"  # grouped-query: the key/value heads
     assert shapes[f"{stack}.0.ffn.hidden"][1] == "(B, T, 24)"
     assert all(not m.hooks for m in model.modules() if hasattr(m, "hooks"))  # nothing left installed

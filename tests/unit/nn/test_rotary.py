@@ -77,3 +77,100 @@ def test_positions_count_real_tokens_only() -> None:
 def test_invalid_settings_are_named(head_dim: int, base: float) -> None:
     with pytest.raises(ValueError, match="rope"):
         RotaryEmbedding(head_dim, base)
+
+
+SCALINGS = {
+    "linear": {"rope_type": "linear", "factor": 4.0},
+    "llama3": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    },
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+    "yarn_mscale": {
+        "type": "yarn",  # the older files' key
+        "factor": 8.0,
+        "original_max_position_embeddings": 32,
+        "beta_fast": 16,
+        "beta_slow": 2,
+        "mscale": 0.9,
+        "mscale_all_dim": 0.7,
+    },
+}
+
+
+@pytest.mark.parametrize("name", list(SCALINGS))
+@pytest.mark.parametrize("d_rot", [16, 64])
+def test_scalings_equal_hugging_faces_rope_init_functions(name: str, d_rot: int) -> None:
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from attnlab.nn.rotary import rope_frequencies
+
+    params = SCALINGS[name]
+    hf_params = {k: v for k, v in params.items() if k != "type"}
+    hf_params.update(rope_type=params.get("rope_type", params.get("type")), rope_theta=50000.0)
+    config = LlamaConfig(hidden_size=4 * d_rot, num_attention_heads=4, head_dim=d_rot, max_position_embeddings=256)
+    config.rope_parameters = hf_params
+    expected, expected_factor = ROPE_INIT_FUNCTIONS[hf_params["rope_type"]](config, "cpu")
+    ours, factor = rope_frequencies(50000.0, d_rot, params)
+    assert torch.equal(ours, expected)
+    assert factor == pytest.approx(expected_factor, rel=1e-15)
+    assert (factor != 1.0) == name.startswith("yarn")  # only YaRN scales the cosines and sines
+
+
+def test_the_attention_factor_multiplies_the_cosines_and_sines() -> None:
+    torch.manual_seed(4)
+    x = torch.randn(1, 2, 5, 8)
+    positions = torch.arange(5)
+    plain, _ = RotaryEmbedding(8, 100.0)(x, x, positions)
+    rope = RotaryEmbedding(
+        8, 100.0, scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2}
+    )
+    rope.inv_freq = RotaryEmbedding(8, 100.0).inv_freq  # the same angles: only the factor differs
+    scaled, _ = rope(x, x, positions)
+    assert rope.attention_factor == pytest.approx(0.1 * torch.log(torch.tensor(4.0)).item() + 1.0)
+    torch.testing.assert_close(scaled, plain * rope.attention_factor)
+
+
+@pytest.mark.parametrize(
+    "scaling, match",
+    [
+        ({"rope_type": "dynamic", "factor": 2.0}, "unknown type 'dynamic'; supported: default, linear, llama3, yarn"),
+        ({"factor": 2.0}, "rope_type"),
+        ({"rope_type": "llama3", "factor": 2.0}, "'low_freq_factor'"),
+        ({"rope_type": "linear", "factor": "2"}, "'factor' must be a number"),
+    ],
+)
+def test_bad_scalings_name_rope_scaling(scaling: dict, match: str) -> None:
+    with pytest.raises(ValueError, match="rope_scaling") as error:
+        RotaryEmbedding(8, 100.0, scaling=scaling)
+    assert match in str(error.value)
+
+
+@pytest.mark.parametrize("fraction", [0.25, 0.5, 1.0])
+def test_partial_rotary_equals_hugging_face_gpt_neox(fraction: float) -> None:
+    from transformers import GPTNeoXConfig
+    from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXRotaryEmbedding, apply_rotary_pos_emb
+
+    torch.manual_seed(5)
+    head_dim, base = 16, 10000.0
+    config = GPTNeoXConfig(hidden_size=4 * head_dim, num_attention_heads=4)
+    config.rope_parameters = {"rope_type": "default", "rope_theta": base, "partial_rotary_factor": fraction}
+    q, k = torch.randn(2, 4, 9, head_dim), torch.randn(2, 4, 9, head_dim)
+    positions = torch.stack([torch.arange(9), torch.arange(3, 12)])
+    rotated = int(head_dim * fraction)
+    cos, sin = GPTNeoXRotaryEmbedding(config)(q, positions)
+    assert cos.shape[-1] == rotated
+    q_rot, k_rot = apply_rotary_pos_emb(q[..., :rotated], k[..., :rotated], cos, sin)
+    expected_q, expected_k = torch.cat((q_rot, q[..., rotated:]), -1), torch.cat((k_rot, k[..., rotated:]), -1)
+    ours_q, ours_k = RotaryEmbedding(head_dim, base, fraction=fraction)(q, k, positions)
+    assert torch.equal(ours_q, expected_q) and torch.equal(ours_k, expected_k)
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.0, 1.5])
+def test_a_partial_rotary_width_must_be_even_and_positive(fraction: float) -> None:
+    with pytest.raises(ValueError, match="rotated width"):
+        RotaryEmbedding(16, fraction=fraction)
