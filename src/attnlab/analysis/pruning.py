@@ -40,6 +40,12 @@ def prune_model(model: TransformerModel, pruned: Iterable[HeadId]) -> Transforme
     """A new model without the heads in ``pruned``; every other weight is copied."""
     pruned = set(pruned)
     config = model.config
+    if pruned and config.qk_norm == "full":
+        raise UsageError(
+            "--physical: this model normalises queries and keys over all heads together (qk_norm 'full', "
+            "OLMo 2): removing heads would change the kept heads' normalisation. Mask heads instead "
+            "(heads prune without --physical)"
+        )
     counts: dict[str, list[int]] = {}
     groups: dict[str, list[list[int]]] = {}
     keep: dict[tuple[str, int], list[int]] = {}
@@ -53,6 +59,7 @@ def prune_model(model: TransformerModel, pruned: Iterable[HeadId]) -> Transforme
     shared = [k for k in groups if k != "cross" and (grouped or k in (config.kv_groups or {}))]
     new_config = config.replace(
         heads_per_layer=counts,
+        kv_heads=config.kv_heads if grouped else None,  # multi-head attention: one key/value head per kept head
         kv_groups={kind: groups[kind] for kind in shared} or None,  # grouped-query attention only
         d_k=config.head_dim_k,
         d_v=config.head_dim_v,

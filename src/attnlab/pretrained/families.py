@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from attnlab.errors import CheckpointError, ConfigError
+from attnlab.nn.rotary import ROPE_SCALINGS
 
 __all__ = ["Family", "FAMILIES", "Piece", "family_of", "fill_state", "STACK"]
 
@@ -142,12 +143,27 @@ def _rope_scaling(hf: Mapping[str, Any], where: Path) -> dict[str, Any] | None:
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "default":
         return None
-    supported = ("linear", "llama3", "yarn")
+    supported = [name for name in ROPE_SCALINGS if name != "default"]
     if kind not in supported:
         raise ConfigError(
             f"{where}: rope_scaling type {kind!r} is not implemented by attnlab; supported: {', '.join(supported)}"
         )
     return {key: value for key, value in scaling.items() if key != "rope_theta"}
+
+
+def _rotary_fraction(hf: Mapping[str, Any], where: Path, default: float) -> float:
+    """The rotated share of each head: ``partial_rotary_factor`` (in ``rope_parameters`` since
+    transformers 5, else at the top level) or GPT-NeoX's ``rotary_pct``."""
+    for value in (
+        _rope_parameters(hf).get("partial_rotary_factor"),
+        hf.get("partial_rotary_factor"),
+        hf.get("rotary_pct"),
+    ):
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"{where}: partial_rotary_factor must be a number, got {value!r}")
+            return float(value)
+    return default
 
 
 def _core(hf: Mapping[str, Any], where: Path) -> dict[str, Any]:
@@ -240,7 +256,7 @@ def _olmo2_section(hf: Mapping[str, Any], where: Path) -> dict[str, Any]:
 def _phi3_section(hf: Mapping[str, Any], where: Path) -> dict[str, Any]:
     _require(hf, "hidden_act", ("silu",), where, default="silu")
     section = _core(hf, where)
-    fraction = _real(hf, "partial_rotary_factor", where, default=1.0)
+    fraction = _rotary_fraction(hf, where, default=1.0)
     if fraction != 1.0:
         section["rotary_fraction"] = fraction
     window = _get(hf, "sliding_window", where, default=None)
@@ -347,7 +363,7 @@ def _neox_section(hf: Mapping[str, Any], where: Path) -> dict[str, Any]:
         "tie_embeddings": bool(hf.get("tie_word_embeddings", False)),
         "rope_base": _real(hf, "rotary_emb_base", where, default=_rope_base(hf, where)),
     }
-    fraction = _real(hf, "rotary_pct", where, default=_real(hf, "partial_rotary_factor", where, default=1.0))
+    fraction = _rotary_fraction(hf, where, default=0.25)  # GPT-NeoX's own default rotary_pct
     if fraction != 1.0:
         section["rotary_fraction"] = fraction
     if hf.get("use_parallel_residual", True):
