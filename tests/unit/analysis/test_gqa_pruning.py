@@ -7,9 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlab.errors import UsageError
-
 from attnlab.analysis.pruning import prune_model
+from attnlab.errors import UsageError
 from attnlab.head_ids import HeadId, mask_without
 from attnlab.nn import build_model, masking_heads
 from attnlab.nn.config import DecoderOnlyConfig
