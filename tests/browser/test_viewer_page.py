@@ -148,6 +148,8 @@ def test_an_importance_csv_colours_heads_and_a_bad_one_is_explained(page, runs):
         )
         page.wait_for_function("() => document.querySelectorAll('.head-cell[data-importance]').length === 4")
         assert cell(page, "self", 0, 0).get_attribute("data-importance") == "0.9"
+        assert page.locator(".overview-cell[data-importance]").count() == 4  # the overview is coloured too
+        assert overview_cell(page, "self", 0, 0).get_attribute("data-importance") == "0.9"
         assert "importance.csv" in page.text_content("#importance-status")
         screenshot(page, "importance")
         page.set_input_files(

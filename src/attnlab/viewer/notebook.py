@@ -213,7 +213,7 @@ def show_records(
         "held": [],
         "output": None,
         "attention": maps_json(captured, set(embedded)),
-        "overview": overview_json(captured, set(stopped)),
+        "overview": overview_json(captured, stopped),
     }
     per_page = viewer_limits(heads, task_name="", context=MAX_INPUT_TOKENS).layers_per_page  # the viewer's paging
     return _view(found, heads, embedded, view=view, layer=layer, title=str(title), per_page=per_page)

@@ -25,6 +25,7 @@ a 300-token input is 90,000 weights). SmolLM2's 270 heads make about 95 KB of JS
 from __future__ import annotations
 
 import base64
+from collections.abc import Collection
 from typing import Any
 
 import numpy as np
@@ -71,7 +72,7 @@ def thumbnail_bytes(pooled: np.ndarray) -> str:
     return base64.b64encode(quantised.tobytes()).decode("ascii")
 
 
-def overview_json(view: AttentionView, off: set[HeadId] | frozenset[HeadId]) -> dict[str, Any]:
+def overview_json(view: AttentionView, off: Collection[HeadId]) -> dict[str, Any]:
     """``POST /api/run``'s ``overview``: a thumbnail of every head of every kind and layer of ``view``.
 
     Args:

@@ -138,7 +138,7 @@ def run_payload(
         "held": [head_json(h) for h in loaded.held_heads],
         "output": output_json(kind, view),
         "attention": maps_json(view, set(layers)),
-        "overview": overview_json(view, set(view.off)),
+        "overview": overview_json(view, view.off),
     }
 
 
