@@ -51,6 +51,14 @@ def test_views_draw_inline_without_a_server_and_token_markup_stays_text(page, re
     assert first.locator(".head-cell.off").get_attribute("data-head") == "1"
     first.locator("button", has_text="next").click()
     assert first.get_attribute("data-page") == "2" and first.locator(".head-cell[data-layer='5']").count() == 6
+
+    # the overview: every head of the 12 layers; a click shows its layer's page, the head highlighted
+    assert first.locator(".overview-cell").count() == 72
+    assert first.locator(".overview-cell.off").get_attribute("data-layer") == "2"
+    first.locator(".overview-cell[data-layer='9'][data-head='4']").click()
+    assert first.get_attribute("data-page") == "4"
+    focused = first.locator(".head-cell.focused")
+    assert (focused.get_attribute("data-layer"), focused.get_attribute("data-head")) == ("9", "4")
     assert first.locator(".attnlab-nb-fallback").count() == 0
 
     # the head view: layer 11's lines, the tokens as text

@@ -8,10 +8,13 @@ from typing import Any
 
 import pytest
 
+from attnlab.analysis.pruning import prune_model, write_pruned_run
+from attnlab.head_ids import HeadId
 from attnlab.run.loaded import open_run
 from attnlab.viewer import create_app
 from attnlab.viewer.requests import MAX_INPUT_CHARS, MAX_INPUT_TOKENS
 from tests.browser.conftest import screenshot, serving
+from tests.unit.analysis.tiny_lm import tiny_lm_run
 from tests.unit.analysis.tiny_runs import XSS, tiny_run
 
 
@@ -145,6 +148,8 @@ def test_an_importance_csv_colours_heads_and_a_bad_one_is_explained(page, runs):
         )
         page.wait_for_function("() => document.querySelectorAll('.head-cell[data-importance]').length === 4")
         assert cell(page, "self", 0, 0).get_attribute("data-importance") == "0.9"
+        assert page.locator(".overview-cell[data-importance]").count() == 4  # the overview is coloured too
+        assert overview_cell(page, "self", 0, 0).get_attribute("data-importance") == "0.9"
         assert "importance.csv" in page.text_content("#importance-status")
         screenshot(page, "importance")
         page.set_input_files(
@@ -213,8 +218,6 @@ def layers_shown(page) -> list[int]:  # noqa: ANN001
 def test_a_model_of_many_heads_is_shown_one_page_of_layers_at_a_time(page, tmp_path_factory):
     """A pretrained LM of 12 layers x 6 heads (72 heads, as SmolLM2's 270): pages of 2 layers, the
     head view follows the page, and a head switched off on one page stays off on the others."""
-    from tests.unit.analysis.tiny_lm import tiny_lm_run
-
     run, _ = tiny_lm_run(tmp_path_factory.mktemp("viewer-browser-lm"), layers=12, context=512)
     with serving(create_app(open_run(run))) as url:
         open_viewer(page, url)
@@ -244,4 +247,64 @@ def test_a_model_of_many_heads_is_shown_one_page_of_layers_at_a_time(page, tmp_p
             row["probability"] for row in plain["output"]["next_tokens"]
         ]
         screenshot(page, "pretrained-lm-pages")
+        assert page.errors == []
+
+
+def overview_cell(page, kind: str, layer: int, head: int):  # noqa: ANN001, ANN201
+    return page.locator(f".overview-cell[data-kind='{kind}'][data-layer='{layer}'][data-head='{head}']")
+
+
+def test_the_overview_shows_every_head_and_a_click_opens_its_layer(page, tmp_path_factory):
+    """12 layers x 6 heads of a paged model: one thumbnail per head above the pages; a click shows the
+    head's page with the head highlighted; a head switched off is marked in the overview too."""
+    run, _ = tiny_lm_run(tmp_path_factory.mktemp("viewer-browser-overview"), layers=12, context=512)
+    with serving(create_app(open_run(run))) as url:
+        open_viewer(page, url)
+        assert page.locator(".overview-cell").count() == 72 and page.locator(".overview-layer").count() == 12
+        painted = overview_cell(page, "self", 11, 5).locator("canvas")
+        assert painted.evaluate("c => [c.width, c.height]") == [16, 16]  # the example input is over 16 tokens
+        assert layers_shown(page) == [0, 1]
+
+        before = runs_done(page)
+        overview_cell(page, "self", 7, 3).click()
+        wait_for_run(page, before)
+        assert layers_shown(page) == [6, 7] and page.input_value("#page-select") == "3"
+        assert page.input_value("#head-view-layer") == "7"
+        focused = page.locator("#model-view .head-cell.focused")
+        assert focused.count() == 1 and focused.get_attribute("data-layer") == "7"
+        assert focused.get_attribute("data-head") == "3" and focused.is_visible()
+        assert "focused" in overview_cell(page, "self", 7, 3).get_attribute("class")
+
+        before = runs_done(page)
+        cell(page, "self", 7, 3).click()  # switched off in the model view: marked in the overview
+        wait_for_run(page, before)
+        assert "off" in overview_cell(page, "self", 7, 3).get_attribute("class")
+        assert page.locator(".overview-cell.off").count() == 1
+
+        overview_cell(page, "self", 6, 0).click()  # a head of the page shown: no new run, just the focus
+        assert page.locator("#model-view .head-cell.focused").get_attribute("data-layer") == "6"
+        assert layers_shown(page) == [6, 7]
+        screenshot(page, "overview")
+        assert page.errors == []
+
+
+def test_a_pruned_models_overview_and_model_view_keep_each_head_in_its_column(page, tmp_path_factory):
+    """Layers of different head counts (heads_per_layer [2, 5]): short rows end early, never wrap."""
+    folder = tmp_path_factory.mktemp("viewer-browser-pruned")
+    loaded = open_run(tiny_lm_run(folder, layers=2)[0])
+    pruned = [HeadId("self", 0, head) for head in (0, 1, 2, 4)] + [HeadId("self", 1, 5)]
+    write_pruned_run(loaded, prune_model(loaded.model, pruned), folder / "pruned", pruned=pruned)
+    with serving(create_app(open_run(folder / "pruned"))) as url:
+        open_viewer(page, url)
+        for selector in (".overview-cell", ".head-cell"):
+            assert page.locator(selector).count() == 7
+            boxes = page.locator(selector).evaluate_all(
+                "cs => cs.map(c => [+c.dataset.layer, +c.dataset.head, c.getBoundingClientRect().x, "
+                "c.getBoundingClientRect().y])"
+            )
+            rows = {layer: {y for lay, _, _, y in boxes if lay == layer} for layer in (0, 1)}
+            assert all(len(ys) == 1 for ys in rows.values()) and rows[0] != rows[1]  # one row a layer
+            columns = {head: {x for _, h, x, _ in boxes if h == head} for head in range(5)}
+            assert all(len(xs) == 1 for xs in columns.values())  # head h in the same column in every layer
+        screenshot(page, "overview-pruned")
         assert page.errors == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import concurrent.futures
 import dataclasses
 import json
@@ -12,13 +13,14 @@ import pytest
 import torch
 from starlette.testclient import TestClient
 
-from attnlab.analysis.maps import attention_view
+from attnlab.analysis.maps import attention_view, kind_maps
 from attnlab.errors import UsageError
 from attnlab.generate.search import DecodeOptions, decode
-from attnlab.head_ids import HeadId, mask_without
+from attnlab.head_ids import HeadId, mask_without, parse_head_name
 from attnlab.nn import capture
 from attnlab.run.loaded import open_run
 from attnlab.viewer import create_app
+from attnlab.viewer.overview import pool_map
 from attnlab.viewer.requests import MAX_INPUT_CHARS, MAX_INPUT_TOKENS, MAX_JSON_DEPTH, MAX_OUTPUT_TOKENS
 from attnlab.viewer.serve import LOOPBACK_HOSTS, allowed_hosts
 from attnlab.viewer.server import MAX_BODY_BYTES, MAX_RUN_BODY_BYTES, STATIC_DIR, host_name
@@ -178,6 +180,33 @@ def test_heads_held_in_training_are_always_off_and_listed(tmp_path_factory):
         loaded.model.encode(src)
     unmasked = next(r for r in records if (r.kind, r.layer) == ("encoder_self", 1)).weights[0].numpy()
     assert not np.allclose(later["weights"], unmasked, atol=1e-4)  # the held encoder head did matter
+
+
+def thumbnails(entry: dict) -> np.ndarray:
+    """An overview entry's heads decoded: (heads, rows, columns) weights in [0, 1]."""
+    data = [np.frombuffer(base64.b64decode(head), dtype=np.uint8) for head in entry["heads"]]
+    return np.stack(data).reshape(len(data), entry["rows"], entry["columns"]) / 255
+
+
+def test_the_overview_pools_every_map_of_every_kind_and_marks_the_heads_off(tmp_path_factory):
+    """Every kind and layer, whatever page `layers` asks for; held heads and those switched off marked."""
+    loaded = open_run(tiny_run(tmp_path_factory.mktemp("viewer-held"), "held"))
+    client = TestClient(create_app(loaded))
+    answer = post_run(client, "abcd", [("decoder_self", 1, 0)]).json()
+    overview = answer["overview"]
+    assert overview["size"] == 16
+    assert [(m["kind"], m["layer"]) for m in overview["maps"]] == [
+        (kind, layer) for kind in ("encoder_self", "decoder_self", "cross") for layer in (0, 1)
+    ]
+    off = {("cross", 0): [0], ("encoder_self", 0): [1], ("decoder_self", 1): [0]}  # HELD and the one switched off
+    assert {(m["kind"], m["layer"]): m["off"] for m in overview["maps"] if m["off"]} == off
+    mask = mask_without(loaded.model, [HeadId("decoder_self", 1, 0), *map(parse_head_name, HELD)])
+    view = attention_view(loaded, "abcd", max_length=MAX_OUTPUT_TOKENS, head_mask=mask)
+    for entry in overview["maps"]:
+        queries, keys = view.axes[entry["kind"]]
+        assert (entry["rows"], entry["columns"]) == (len(queries), len(keys))  # under 16 a side: the map itself
+        expected = pool_map(kind_maps(view, entry["kind"])[entry["layer"]])
+        np.testing.assert_allclose(thumbnails(entry), expected, atol=0.5 / 255 + 1e-6)
 
 
 @pytest.mark.parametrize(

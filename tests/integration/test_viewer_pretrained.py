@@ -4,15 +4,20 @@ context of 512 tokens, no BOS, and a pad id that is a frequent real token."""
 
 from __future__ import annotations
 
+import base64
+import json
+
 import numpy as np
 import pytest
 import torch
 from starlette.testclient import TestClient
 
 from attnlab.analysis.maps import attention_view, kind_maps
+from attnlab.analysis.pruning import prune_model, write_pruned_run
 from attnlab.head_ids import HeadId, mask_without
 from attnlab.run.loaded import open_run
 from attnlab.viewer import create_app
+from attnlab.viewer.overview import THUMBNAIL, pool_map
 from attnlab.viewer.requests import HEADS_PER_PAGE, MAX_OUTPUT_TOKENS, MAX_PRETRAINED_INPUT_CHARS
 from tests.unit.analysis.tiny_lm import tiny_lm_run
 
@@ -123,3 +128,41 @@ def test_switching_a_head_off_changes_later_layers_and_the_output_as_the_head_ma
     probabilities = [p for _, p in masked.distribution]
     assert [item["probability"] for item in off["output"]["next_tokens"]] == pytest.approx(probabilities, abs=1e-6)
     np.testing.assert_allclose(off["attention"][1]["weights"], kind_maps(masked, "self")[1], atol=1e-4)
+
+
+def thumbnails(entry: dict) -> np.ndarray:
+    """An overview entry's heads decoded: (heads, rows, columns) weights in [0, 1]."""
+    data = [np.frombuffer(base64.b64decode(head), dtype=np.uint8) for head in entry["heads"]]
+    return np.stack(data).reshape(len(data), entry["rows"], entry["columns"]) / 255
+
+
+def test_the_overview_pools_every_query_heads_map_in_a_size_that_does_not_grow_with_the_input(loaded, client):
+    """Grouped-query attention (6 query heads on 2 key/value heads): a thumbnail per query head, of
+    every layer, whatever page the answer holds; 300 tokens cost no more than 22."""
+    long = post(client, LONG, layers=[LAYERS - 1]).json()
+    maps = kind_maps(attention_view(loaded, LONG, max_length=MAX_OUTPUT_TOKENS), "self")
+    assert [(m["layer"], len(m["heads"]), m["rows"], m["columns"]) for m in long["overview"]["maps"]] == [
+        (layer, HEADS, THUMBNAIL, THUMBNAIL) for layer in range(LAYERS)
+    ]
+    for entry in long["overview"]["maps"]:
+        assert entry["off"] == []
+        np.testing.assert_allclose(thumbnails(entry), pool_map(maps[entry["layer"]]), atol=0.5 / 255 + 1e-6)
+    short = post(client, TEXT).json()
+    assert len(json.dumps(short["overview"])) == len(json.dumps(long["overview"])) < LAYERS * HEADS * 400
+
+
+def test_a_pruned_model_has_an_overview_row_of_each_layers_own_heads(loaded, tmp_path):
+    pruned = [HeadId("self", 0, head) for head in (0, 1, 2, 4)] + [HeadId("self", 3, 5)]
+    write_pruned_run(loaded, prune_model(loaded.model, pruned), tmp_path / "pruned", pruned=pruned)
+    small = open_run(tmp_path / "pruned")
+    client = TestClient(create_app(small))
+    per_layer = client.get("/api/model").json()["heads"][0]["heads_per_layer"]
+    assert per_layer == [2, 6, 6, 5] + [6] * (LAYERS - 4)
+    answer = post(client, TEXT, off=[{"kind": "self", "layer": 3, "head": 4}]).json()
+    assert [len(m["heads"]) for m in answer["overview"]["maps"]] == per_layer
+    assert [(m["layer"], m["off"]) for m in answer["overview"]["maps"] if m["off"]] == [(3, [4])]
+    view = attention_view(
+        small, TEXT, head_mask=mask_without(small.model, [HeadId("self", 3, 4)]), max_length=MAX_OUTPUT_TOKENS
+    )
+    for entry, weights in zip(answer["overview"]["maps"], kind_maps(view, "self"), strict=True):
+        np.testing.assert_allclose(thumbnails(entry), pool_map(weights), atol=0.5 / 255 + 1e-6)

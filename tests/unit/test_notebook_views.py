@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -15,6 +17,7 @@ from attnlab.head_ids import HeadId
 from attnlab.run.loaded import open_run
 from attnlab.viewer import notebook
 from attnlab.viewer.notebook import STATIC_DIR, AttentionHTML, json_for_html, show, show_records
+from attnlab.viewer.overview import pool_map
 from attnlab.viewer.payload import run_payload
 from attnlab.viewer.requests import RunRequest
 from tests.unit.analysis.tiny_lm import tiny_lm_run
@@ -77,6 +80,23 @@ def test_the_payload_holds_the_captured_weights_of_the_example_asked_for():
     assert data["output"] is None and data["off"] == [] and data["pages"] == [[0, 1]]
 
 
+def test_captured_records_get_the_viewers_overview_of_every_layer_whatever_is_embedded():
+    model = tiny_model(layers=3)
+    tokens = (torch.arange(20) % 19 + 1).reshape(1, 20)  # 20 positions: pooled to 16 x 16
+    records = captured(model, tokens)
+    data = data_of(show_records(records, [str(t) for t in range(20)], layers=[1], off=["self:2:0"]).html())
+    overview = data["overview"]["maps"]
+    assert [(m["layer"], m["rows"], m["columns"], len(m["heads"]), m["off"]) for m in overview] == [
+        (0, 16, 16, 2, []),
+        (1, 16, 16, 2, []),
+        (2, 16, 16, 2, [0]),
+    ]
+    for record, entry in zip(records, overview, strict=True):
+        shown = np.stack([np.frombuffer(base64.b64decode(head), dtype=np.uint8) for head in entry["heads"]])
+        expected = pool_map(record.weights[0].double().numpy())
+        np.testing.assert_allclose(shown.reshape(expected.shape) / 255, expected, atol=0.5 / 255 + 1e-6)
+
+
 def container_id(html: str) -> str:
     found = re.match(r'<div id="([^"]+)" class="attnlab-nb" data-view="(model|head)">', html)
     assert found, html[:100]
@@ -100,7 +120,7 @@ def test_show_gives_the_viewer_payload_of_a_run(lm_run):
     view = show(lm_run, text, view="head", layer=1, off=["self:0:1"])
     data = data_of(view.html())
     expected = run_payload(lm_run, RunRequest(text=text, off=(HeadId("self", 0, 1),), layers=(0, 1)))
-    for key in ("input", "tokens", "off", "held", "output", "attention"):
+    for key in ("input", "tokens", "off", "held", "output", "attention", "overview"):
         assert data[key] == expected[key]
     assert data["view"] == "head" and data["layer"] == 1 and data["kind"] == "self"
     assert data["off"] == [{"kind": "self", "layer": 0, "head": 1}]

@@ -21,7 +21,9 @@ text nodes, as the viewer page does.
 
 A model of many heads (SmolLM2: 30 layers of 9 heads) is shown a page of layers at a time, as the
 viewer pages it (:attr:`attnlab.viewer.requests.Limits.layers_per_page`); every layer asked for is
-embedded, at most :data:`MAX_EMBEDDED_WEIGHTS` numbers (``layers=`` embeds fewer).
+embedded, at most :data:`MAX_EMBEDDED_WEIGHTS` numbers (``layers=`` embeds fewer). Above the pages,
+the model view has the viewer's overview of every head of every layer (thumbnails pooled to 16 x 16,
+:mod:`attnlab.viewer.overview`, a few hundred bytes a head); clicking one shows its layer's page.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from attnlab.head_ids import HeadId, head_ids, parse_head, parse_head_name
 from attnlab.nn import AttentionRecord
 from attnlab.run.loaded import LoadedRun, open_run
 from attnlab.run.storage import atomic_write_text
+from attnlab.viewer.overview import overview_json
 from attnlab.viewer.payload import head_json, kind_info, maps_json, run_limits, run_payload
 from attnlab.viewer.requests import MAX_INPUT_TOKENS, RunRequest, viewer_limits
 
@@ -67,9 +70,10 @@ class AttentionHTML:
     Attributes:
         payload: the data the view draws: ``heads`` (per kind: title, layers, heads per layer),
             ``attention`` (maps as in the viewer's ``POST /api/run``: kind, layer, queries, keys,
-            weights (heads, queries, keys) rounded to 4 decimals), ``off``, ``held``, ``output``
-            (None for captured records), ``tokens``, ``pages`` (the layers of each page) and the
-            view's start (``view``, ``kind``, ``layer``).
+            weights (heads, queries, keys) rounded to 4 decimals), ``overview`` (every head's
+            thumbnail, as in ``POST /api/run``), ``off``, ``held``, ``output`` (None for captured
+            records), ``tokens``, ``pages`` (the layers of each page) and the view's start
+            (``view``, ``kind``, ``layer``).
     """
 
     payload: dict[str, Any]
@@ -201,12 +205,15 @@ def show_records(
     axes = _record_axes(records, tokens)
     rows = [_one_example(record, example) for record in records]
     _check_size(rows, embedded)
+    stopped = _record_off(off, heads)
+    captured = AttentionView(rows, axes, "")
     found = {
         "tokens": list(axes[records[0].kind][1]),
-        "off": [head_json(head) for head in _record_off(off, heads)],
+        "off": [head_json(head) for head in stopped],
         "held": [],
         "output": None,
-        "attention": maps_json(AttentionView(rows, axes, ""), set(embedded)),
+        "attention": maps_json(captured, set(embedded)),
+        "overview": overview_json(captured, stopped),
     }
     per_page = viewer_limits(heads, task_name="", context=MAX_INPUT_TOKENS).layers_per_page  # the viewer's paging
     return _view(found, heads, embedded, view=view, layer=layer, title=str(title), per_page=per_page)

@@ -1,4 +1,5 @@
-"""A run of the model as the JSON the page draws: the output and every attention map.
+"""A run of the model as the JSON the page draws: the output, the maps of a page of layers, and
+a thumbnail of every head (:mod:`attnlab.viewer.overview`).
 
 Token text goes into JSON as it is; the page puts it into the document only as text nodes, so an
 input such as ``"><img src=x onerror=alert(1)>`` shows as text (see ``static/viewer.js``).
@@ -14,6 +15,7 @@ from attnlab.errors import UsageError
 from attnlab.head_ids import KIND_TITLES, HeadId, head_ids, mask_without
 from attnlab.run.loaded import LoadedRun
 from attnlab.viewer.importance import Importance
+from attnlab.viewer.overview import overview_json
 from attnlab.viewer.requests import Limits, RequestError, RunRequest, check_input_length, viewer_limits
 
 __all__ = [
@@ -106,7 +108,8 @@ def run_payload(
     the one ``attnlab eval`` measures, and the user switches heads off on top of it. The input is
     checked against the viewer's caps (:func:`run_limits`) and the model's context before the model
     runs; the output is at most ``max_output_tokens`` tokens, fewer where the context leaves less
-    room. The answer holds the maps of ``request.layers`` only (default: the first page of layers).
+    room. The answer holds the maps of ``request.layers`` only (default: the first page of layers),
+    and the overview of every head's map pooled to a thumbnail (:func:`~attnlab.viewer.overview.overview_json`).
     ``check``, if given, sees the captured view before any of it is turned into JSON (and may raise).
 
     Raises:
@@ -135,6 +138,7 @@ def run_payload(
         "held": [head_json(h) for h in loaded.held_heads],
         "output": output_json(kind, view),
         "attention": maps_json(view, set(layers)),
+        "overview": overview_json(view, view.off),
     }
 
 

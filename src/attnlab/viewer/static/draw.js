@@ -1,5 +1,5 @@
-// attnlab attention drawing: the head view (lines between tokens) and the model view (a heatmap per
-// head), shared by the viewer page (viewer.js, data from the server) and the notebook views
+// attnlab attention drawing: the head view (lines between tokens), the model view (a heatmap per
+// head) and its overview (a thumbnail per head of every layer), shared by the viewer page (viewer.js, data from the server) and the notebook views
 // (notebook.js, data embedded in the notebook's output). Nothing here fetches anything.
 //
 // Token text only ever enters the document through textContent, setAttribute on non-executable
@@ -41,16 +41,15 @@
 
   // ---- model view ------------------------------------------------------------------------------
 
-  // One heatmap of a head's weights (rows: queries, columns: keys) into a canvas, one pixel a weight.
-  function heatmap(canvas, weights) {
-    const rows = weights.length, columns = rows ? weights[0].length : 0;
+  // Paint a rows x columns map into a canvas, one pixel a weight: at(r, c) is the weight in [0, 1].
+  function paint(canvas, rows, columns, at) {
     canvas.width = Math.max(columns, 1);
     canvas.height = Math.max(rows, 1);
     const context = canvas.getContext("2d");
     const image = context.createImageData(canvas.width, canvas.height);
     for (let r = 0; r < rows; r++) {
       for (let c = 0; c < columns; c++) {
-        const w = Math.max(0, Math.min(1, weights[r][c]));
+        const w = Math.max(0, Math.min(1, at(r, c)));
         const index = 4 * (r * canvas.width + c);
         image.data[index] = Math.round(255 - 220 * w);
         image.data[index + 1] = Math.round(255 - 170 * w);
@@ -59,6 +58,18 @@
       }
     }
     context.putImageData(image, 0, 0);
+  }
+
+  // One heatmap of a head's weights (rows: queries, columns: keys) into a canvas.
+  function heatmap(canvas, weights) {
+    paint(canvas, weights.length, weights.length ? weights[0].length : 0, (r, c) => weights[r][c]);
+  }
+
+  // One thumbnail of the overview (attnlab.viewer.overview): base64 of rows x columns bytes,
+  // row-major, byte b standing for the pooled weight b / 255.
+  function thumbnail(canvas, data, rows, columns) {
+    const bytes = atob(data);
+    paint(canvas, rows, columns, (r, c) => bytes.charCodeAt(r * columns + c) / 255);
   }
 
   // The model view: for each kind of `heads` (GET /api/model's list), a grid of one row per map of
@@ -73,10 +84,16 @@
       for (const map of maps.filter((item) => item.kind === info.kind)) {
         grid.append(el("span", `layer ${map.layer}`, "layer-label"));
         map.weights.forEach((weights, head) => grid.append(makeCell(info.kind, map.layer, head, weights)));
+        pad(grid, info.heads - map.weights.length);  // a pruned layer: fewer heads than the widest
       }
       block.append(grid);
       root.append(block);
     }
+  }
+
+  // Empty cells that end a grid row short of the widest layer's heads.
+  function pad(grid, count) {
+    for (let index = 0; index < count; index++) grid.append(el("span", null, "empty-cell"));
   }
 
   // A head's cell without behaviour: its heatmap and its label; `status` is "", "off" or "held".
@@ -90,6 +107,48 @@
     const label = el("span", `L${layer} H${head}${status ? " " + status : ""}`);
     cell.append(canvas, label);
     return { cell, label };
+  }
+
+  // ---- overview ----------------------------------------------------------------------------------
+
+  // The overview of the whole model: for each kind of `heads` (GET /api/model's list), a grid of
+  // rows = layers and columns = heads, one thumbnail a head from `overview` (POST /api/run's
+  // `overview`). makeCell(kind, layer, head, canvas, off) makes a cell around the thumbnail's
+  // canvas; `off` says whether the head was switched off in that run.
+  function drawOverview(root, heads, overview, makeCell) {
+    root.replaceChildren();
+    for (const info of heads) {
+      const block = el("div", null, "overview-block");
+      block.dataset.kind = info.kind;
+      const count = info.heads_per_layer.reduce((a, b) => a + b, 0);
+      block.append(el("h3", `${info.title} (${info.kind}): ${info.layers} layers × ${info.heads} heads, ${count} in all`));
+      const grid = el("div", null, "overview-grid");
+      grid.style.gridTemplateColumns = `3rem repeat(${info.heads}, max-content)`;
+      grid.append(el("span"), ...Array.from({ length: info.heads }, (_, head) => el("span", `H${head}`, "overview-head")));
+      for (const map of overview.maps.filter((item) => item.kind === info.kind)) {
+        grid.append(el("span", `L${map.layer}`, "overview-layer"));
+        const off = new Set(map.off);
+        map.heads.forEach((data, head) => {
+          const canvas = document.createElement("canvas");
+          thumbnail(canvas, data, map.rows, map.columns);
+          grid.append(makeCell(info.kind, map.layer, head, canvas, off.has(head)));
+        });
+        pad(grid, info.heads - map.heads.length);
+      }
+      block.append(grid);
+      root.append(block);
+    }
+  }
+
+  // An overview cell without behaviour: the thumbnail; `status` is "", "off" or "held".
+  function overviewCell(tag, kind, layer, head, canvas, status) {
+    const cell = el(tag, null, "overview-cell" + (status ? " off" : "") + (status === "held" ? " held" : ""));
+    cell.dataset.kind = kind;
+    cell.dataset.layer = String(layer);
+    cell.dataset.head = String(head);
+    cell.setAttribute("aria-label", `${kind}, layer ${layer}, head ${head}${status ? ` (${status})` : ""}`);
+    cell.append(canvas);
+    return cell;
   }
 
   // ---- head view -------------------------------------------------------------------------------
@@ -151,6 +210,7 @@
   }
 
   global.attnlabDraw = Object.freeze({
-    HEAD_COLOURS, el, svg, heatmap, headCell, drawModelView, drawHeadView, pageCount, pageLayers, pageName,
+    HEAD_COLOURS, el, svg, heatmap, thumbnail, headCell, drawModelView, drawOverview, overviewCell, drawHeadView,
+    pageCount, pageLayers, pageName,
   });
 })(window);

@@ -95,10 +95,25 @@
     const pageName = (layers) => layers.length === 1 ? `layer ${layers[0]}` : `layers ${layers[0]}–${layers[layers.length - 1]}`;
     const pageSelect = select(pages.map((layers, index) => [index, pageName(layers)]), page);
     pager.append(previous, " ", labelled("Showing", pageSelect), " ", next);
+    const overview = el("div", null, "attnlab-nb-overview");
+    let focus = null;  // "kind/layer/head" of the head last opened from the overview
     function cell(kind, layer, head, weights) {
       const shown = status(kind, layer, head);
       const { cell } = draw.headCell("div", kind, layer, head, weights, shown);
       cell.title = `${kind}, layer ${layer}, head ${head}${shown ? `: ${shown}` : ""}`;
+      if (headKey(kind, layer, head) === focus) cell.classList.add("focused");
+      return cell;
+    }
+    function thumbnailCell(kind, layer, head, canvas) {
+      const shown = status(kind, layer, head);
+      const cell = draw.overviewCell("button", kind, layer, head, canvas, shown);
+      cell.type = "button";
+      const target = pages.findIndex((layers) => layers.includes(layer));
+      if (headKey(kind, layer, head) === focus) cell.classList.add("focused");
+      cell.title = `${kind}, layer ${layer}, head ${head}${shown ? `: ${shown}` : ""}` +
+        (target < 0 ? " (its layer is not embedded: pass layers=[...])" : ": click to show its layer");
+      if (target < 0) cell.disabled = true;
+      else cell.addEventListener("click", () => { focus = headKey(kind, layer, head); showPage(target); });
       return cell;
     }
     function showPage(index) {
@@ -108,13 +123,16 @@
       next.disabled = page === pages.length - 1;
       body.parentElement.dataset.page = String(page);
       const layers = new Set(pages[page]);
+      draw.drawOverview(overview, data.heads, data.overview, thumbnailCell);
       draw.drawModelView(grid, data.heads, data.attention.filter((map) => layers.has(map.layer)), cell);
     }
     previous.addEventListener("click", () => showPage(page - 1));
     next.addEventListener("click", () => showPage(page + 1));
     pageSelect.addEventListener("change", () => showPage(Number(pageSelect.value)));
     pager.hidden = pages.length < 2;
-    body.append(el("p", "Every head of the layers shown (rows: query tokens, columns: key tokens). " +
+    body.append(el("p", "Overview: every head, one row a layer, its map pooled to at most 16 × 16 blocks; " +
+      "click one to show its layer.", "muted"), overview,
+    el("p", "Every head of the layers shown (rows: query tokens, columns: key tokens). " +
       "To switch heads off, ask again with off=[...].", "muted"), pager, grid);
     showPage(page);
   }

@@ -16,6 +16,8 @@ const state = {
   importance: null,   // kind -> [layer][head] -> number | null
   payload: null,      // the last successful POST /api/run answer
   page: 0,            // the page of layers shown (models of many heads: limits.layers_per_page a page)
+  focus: null,        // "kind/layer/head" of the head last opened from the overview, highlighted
+  scrollToFocus: false,  // scroll the model view to the focused head once it is drawn
   sequence: 0,        // numbers requests; only the newest answer is drawn
   timer: null,
 };
@@ -102,6 +104,30 @@ function showPage(page) {
   scheduleRun(0);
 }
 
+function pageOf(layer) { return isPaged() ? Math.floor(layer / state.model.limits.layers_per_page) : 0; }
+
+// An overview cell was clicked: show the head's layer (its page, in the model view and the head
+// view) with the head highlighted, and scroll to it.
+function openHead(kind, layer, head) {
+  state.focus = headKey(kind, layer, head);
+  state.scrollToFocus = true;
+  $("head-view-kind").value = kind;
+  const page = pageOf(layer);
+  if (page !== state.page) {
+    state.page = page;
+    fillPager();
+    fillLayers();
+    $("head-view-layer").value = String(layer);
+    scheduleRun(0);  // the answer holds the new page's maps; drawn with the head highlighted
+    return;
+  }
+  fillLayers();
+  $("head-view-layer").value = String(layer);
+  drawOverview();
+  drawModelView();
+  drawHeadView();
+}
+
 // ---- running the model -------------------------------------------------------------------
 
 function scheduleRun(delay) {
@@ -152,6 +178,7 @@ function toggleHead(kind, layer, head) {
 function drawAll() {
   drawOutput(state.payload.output);
   drawTokens(state.payload.tokens);
+  drawOverview();
   drawModelView();
   drawHeadView();
 }
@@ -199,8 +226,37 @@ function importanceOf(kind, layer, head) {
   return { value, scaled: high > low ? (value - low) / (high - low) : 1 };
 }
 
+function importanceShade(importance) { return `hsl(25, 90%, ${Math.round(92 - 50 * importance.scaled)}%)`; }
+
+function drawOverview() {
+  draw.drawOverview($("overview"), state.model.heads, state.payload.overview, overviewCell);
+}
+
+function overviewCell(kind, layer, head, canvas, offInRun) {
+  const key = headKey(kind, layer, head);
+  const held = state.held.has(key);
+  const status = held ? "held" : offInRun ? "off" : "";
+  const cell = draw.overviewCell("button", kind, layer, head, canvas, status);
+  cell.type = "button";
+  if (key === state.focus) cell.classList.add("focused");
+  let title = `${kind}, layer ${layer}, head ${head}${status ? ` (${held ? "held at zero in training" : "switched off"})` : ""}` +
+    ": click to open its layer";
+  const importance = importanceOf(kind, layer, head);
+  if (importance) {
+    cell.style.borderColor = importanceShade(importance);
+    title += ` (importance ${importance.value.toPrecision(4)})`;
+    cell.dataset.importance = String(importance.value);
+  }
+  cell.title = title;
+  cell.addEventListener("click", () => openHead(kind, layer, head));
+  return cell;
+}
+
 function drawModelView() {
   draw.drawModelView($("model-view"), state.model.heads, state.payload.attention, headCell);
+  const focused = document.querySelector("#model-view .head-cell.focused");
+  if (focused && state.scrollToFocus) focused.scrollIntoView({ block: "center" });
+  state.scrollToFocus = false;
 }
 
 function headCell(kind, layer, head, weights) {
@@ -208,6 +264,7 @@ function headCell(kind, layer, head, weights) {
   const off = held || state.off.has(headKey(kind, layer, head));
   const { cell, label } = draw.headCell("button", kind, layer, head, weights, held ? "held" : off ? "off" : "");
   cell.type = "button";
+  if (headKey(kind, layer, head) === state.focus) cell.classList.add("focused");
   cell.setAttribute("aria-pressed", off ? "true" : "false");
   if (held) cell.setAttribute("aria-disabled", "true");
   let title = held
@@ -215,7 +272,7 @@ function headCell(kind, layer, head, weights) {
     : `${kind}, layer ${layer}, head ${head}: click to switch ${off ? "on" : "off"}`;
   const importance = importanceOf(kind, layer, head);
   if (importance) {
-    const shade = `hsl(25, 90%, ${Math.round(92 - 50 * importance.scaled)}%)`;
+    const shade = importanceShade(importance);
     cell.style.borderColor = shade;
     label.style.background = shade;
     title += ` (importance ${importance.value.toPrecision(4)})`;
@@ -269,7 +326,10 @@ function drawHeadView() {
 function showImportance(table, source) {
   state.importance = table;
   $("importance-status").textContent = table ? `head colours: importance from ${source}` : "";
-  if (state.payload) drawModelView();
+  if (state.payload) {
+    drawOverview();
+    drawModelView();
+  }
 }
 
 async function loadImportanceFile(file) {
