@@ -1,5 +1,6 @@
-"""``attnlab import bert | gguf``: a BERT-family checkpoint (Hugging Face layout) or a Llama-family
-GGUF file as an attnlab run.
+"""``attnlab import hf | bert | gguf``: a Hugging Face checkpoint of any family attnlab opens, a
+BERT-family checkpoint, or a Llama-family GGUF file, written as an attnlab run (every command also
+opens the first and the last directly; a run is for fine-tuning, or to keep beside its analyses).
 
 (The module is not called ``import``: that is a Python keyword.)
 """
@@ -11,11 +12,46 @@ from pathlib import Path
 import typer
 
 from attnlab.cli.app import app
-from attnlab.cli.options import json_option, print_json
+from attnlab.cli.options import dtype_option, json_option, print_json, revision_option
 from attnlab.errors import UsageError
 
 import_app = typer.Typer(help="Import pretrained checkpoints as attnlab runs.", no_args_is_help=True)
 app.add_typer(import_app, name="import")
+
+
+@import_app.command("hf")
+def hf_command(
+    source: str = typer.Argument(..., help="A Hugging Face model folder, or NAME / ORG/NAME in the local cache."),
+    out: Path = typer.Option(..., "--out", help="The run directory to write."),
+    revision: str | None = revision_option(),
+    dtype: str | None = dtype_option(),
+    force: bool = typer.Option(False, "--force", help="Write into --out even if it is not empty."),
+    as_json: bool = json_option(),
+) -> None:
+    """Write a Hugging Face checkpoint (any family attnlab opens) as a run directory."""
+    from attnlab.pretrained.sources import import_checkpoint
+    from attnlab.run.output_paths import check_output_path
+
+    check_output_path(out, kind="run", flag="--out", overwrite=force)
+    loaded = import_checkpoint(source, out, revision=revision, dtype=dtype, overwrite=force)
+    config = loaded.model.config
+    summary = {
+        "source": source,
+        "run": str(out),
+        "kind": loaded.experiment.model_kind,
+        "layers": config.layers,
+        "heads": config.heads,
+        "d_model": config.d_model,
+        "parameters": loaded.model.num_parameters(),
+    }
+    if as_json:
+        print_json(summary)
+        return
+    typer.echo(
+        f"{loaded.experiment.model_kind.replace('_', ' ')}: {config.layers} layers x {config.heads} heads, "
+        f"d_model {config.d_model}, {summary['parameters']:,} parameters"
+    )
+    typer.echo(f"run: {out}")
 
 
 @import_app.command("bert")

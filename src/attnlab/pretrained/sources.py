@@ -30,10 +30,11 @@ from attnlab.pretrained.bert import find_source, read_bert
 from attnlab.pretrained.checkpoint import find_checkpoint, is_checkpoint_folder, storage_dtype
 from attnlab.pretrained.gguf import read_gguf
 from attnlab.pretrained.hf_model import open_checkpoint
+from attnlab.run.directory import RunDir
 from attnlab.run.loaded import LoadedRun, open_run
 from attnlab.tasks.codec import TextCodec
 
-__all__ = ["open_model"]
+__all__ = ["open_model", "import_checkpoint"]
 
 
 def open_model(
@@ -126,3 +127,26 @@ def _only_for_runs(checkpoint: str | None, revision: str | None, *, what: str) -
         raise UsageError(f"--checkpoint: {what}; only a run has checkpoints")
     if revision is not None:
         raise UsageError(f"--revision: {what}, not a model in the Hugging Face cache")
+
+
+def import_checkpoint(
+    source: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    revision: str | None = None,
+    dtype: str | None = None,
+    overwrite: bool = False,
+) -> LoadedRun:
+    """Write the Hugging Face checkpoint ``source`` (a folder or a cached name) as the attnlab run
+    ``out`` (config.json, tokenizer.json, model.safetensors in ``dtype``, default the stored one),
+    to fine-tune it or keep it beside its analyses. Everything is read and checked before ``out``
+    is touched; the run opens as any other (:func:`attnlab.run.loaded.open_run`)."""
+    loaded = open_model(source, dtype=dtype, revision=revision)
+    if loaded.run is not None or Path(source).suffix == ".gguf":
+        raise UsageError(f"{source}: not a Hugging Face checkpoint (use attnlab import gguf for a GGUF file)")
+    run = RunDir.create(out, overwrite=overwrite)
+    with run.lock():  # one writer at a time (attnlab.run.lock)
+        run.write_config(loaded.experiment.to_dict())
+        run.write_tokenizer(loaded.tokenizer.to_json())
+        run.save_weights(loaded.model)
+    return open_run(run.path)

@@ -235,3 +235,17 @@ def test_the_cli_gives_one_error_line_and_its_exit_code(
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], err
     assert not out.exists()  # nothing half-written
+
+
+def test_import_hf_writes_a_run_that_computes_the_checkpoint(llama, tmp_path, capsys) -> None:  # noqa: ANN001
+    from attnlab.cli import main
+    from attnlab.run.verification import verify_run
+
+    folder, _ = llama
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["import", "hf", str(folder), "--out", str(out), "--json"])
+    assert exit_info.value.code == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out)["kind"] == "decoder_only"
+    assert not verify_run(out).problems
+    torch.testing.assert_close(_logits(out), _logits(folder))
