@@ -206,33 +206,76 @@ def read_json(path: Path) -> dict[str, Any]:
     return data
 
 
+MAPPED_BYTES = 256 << 20
+"""How much of a shard is read through one mapping before it is closed and the file mapped again:
+the pages of a memory-mapped file count in the process's resident memory until it is unmapped, so
+reading a whole single-file checkpoint through one mapping would hold the weights twice (the file's
+pages and the model's tensors)."""
+
+
 def read_tensors(checkpoint: Checkpoint) -> Iterator[tuple[str, Tensor]]:
     """Every tensor of the checkpoint as (name, tensor), one at a time, in its stored dtype.
 
-    Each shard is opened memory-mapped and its header checked before any tensor is read (every
-    tensor within the file); a name in two shards, or an index listing a tensor its shard lacks,
-    is a CheckpointError.
+    Each shard is opened memory-mapped with ``safetensors`` and its header checked before any
+    tensor is read (every tensor within the file); its tensors are then read in groups of about
+    :data:`MAPPED_BYTES`, each through a mapping closed after it, so at most that much of the file
+    is resident beside the tensors already read. A name in two shards, or an index listing a
+    tensor its shard lacks, is a CheckpointError.
     """
     seen: dict[str, Path] = {}
     listed = _index_names(checkpoint)
     for shard in checkpoint.shards:
         with _open_shard(shard) as handle:
-            for name in handle.keys():
-                if name in seen:
-                    raise CheckpointError(f"{shard}: tensor {name!r} is also in {seen[name].name}")
-                if listed is not None and listed.get(name) != shard.name:
-                    raise CheckpointError(f"{shard}: tensor {name!r} is not where {INDEX_FILE} puts it")
-                seen[name] = shard
-                try:
-                    yield name, handle.get_tensor(name)
-                except (SafetensorError, RuntimeError, ValueError) as error:
-                    raise CheckpointError(f"{shard}: tensor {name!r} cannot be read ({error})") from None
+            names = list(handle.keys())
+            sizes = {name: _bytes_of(handle, name, shard) for name in names}
+        for name in names:
+            if name in seen:
+                raise CheckpointError(f"{shard}: tensor {name!r} is also in {seen[name].name}")
+            if listed is not None and listed.get(name) != shard.name:
+                raise CheckpointError(f"{shard}: tensor {name!r} is not where {INDEX_FILE} puts it")
+            seen[name] = shard
+        for group in _groups(names, sizes):
+            with _open_shard(shard) as handle:
+                for name in group:
+                    try:
+                        tensor = handle.get_tensor(name)
+                    except (SafetensorError, RuntimeError, ValueError) as error:
+                        raise CheckpointError(f"{shard}: tensor {name!r} cannot be read ({error})") from None
+                    yield name, tensor
     if listed is not None:
         missing = sorted(set(listed) - set(seen))
         if missing:
             raise CheckpointError(
                 f"{checkpoint.folder / listed[missing[0]]}: tensor {missing[0]!r} listed in the index is missing"
             )
+
+
+def _bytes_of(handle: Any, name: str, shard: Path) -> int:
+    try:
+        view = handle.get_slice(name)
+        count = 1
+        for size in view.get_shape():
+            count *= size
+        return count * _ITEM_BYTES.get(view.get_dtype(), 4)
+    except (SafetensorError, RuntimeError, ValueError) as error:
+        raise CheckpointError(f"{shard}: tensor {name!r} cannot be read ({error})") from None
+
+
+_ITEM_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2}
+
+
+def _groups(names: list[str], sizes: dict[str, int]) -> Iterator[list[str]]:
+    """``names`` in order, cut into runs of about :data:`MAPPED_BYTES` (a larger tensor alone)."""
+    group: list[str] = []
+    total = 0
+    for name in names:
+        if group and total + sizes[name] > MAPPED_BYTES:
+            yield group
+            group, total = [], 0
+        group.append(name)
+        total += sizes[name]
+    if group:
+        yield group
 
 
 def _index_names(checkpoint: Checkpoint) -> dict[str, str] | None:

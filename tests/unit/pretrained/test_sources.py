@@ -249,3 +249,18 @@ def test_import_hf_writes_a_run_that_computes_the_checkpoint(llama, tmp_path, ca
     assert json.loads(capsys.readouterr().out)["kind"] == "decoder_only"
     assert not verify_run(out).problems
     torch.testing.assert_close(_logits(out), _logits(folder))
+
+
+def test_tensors_read_through_many_short_mappings_are_the_same(llama, monkeypatch) -> None:  # noqa: ANN001
+    """A shard read in groups of a few kilobytes (each through a mapping closed after it, so the
+    file's pages never all stay resident) gives the same model."""
+    from attnlab.pretrained import checkpoint
+
+    folder, _ = llama
+    whole = _logits(folder)
+    monkeypatch.setattr(checkpoint, "MAPPED_BYTES", 4096)
+    opened = []
+    real = checkpoint._open_shard
+    monkeypatch.setattr(checkpoint, "_open_shard", lambda shard: opened.append(shard) or real(shard))
+    torch.testing.assert_close(_logits(folder), whole)
+    assert len(opened) > 10
