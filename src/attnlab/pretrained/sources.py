@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -65,16 +66,7 @@ def open_model(
     path = Path(source).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         _only_for_runs(checkpoint, revision, what=f"{path} is a GGUF file")
-        opened = read_gguf(path)
-        loaded = LoadedRun(
-            None,
-            opened.experiment,
-            opened.task,
-            opened.tokenizer,
-            TextCodec(opened.task, opened.tokenizer),
-            opened.model,
-            source=path.stem,
-        )
+        loaded = _in_memory(read_gguf(path), path.stem)
     elif (path.is_dir() and not is_checkpoint_folder(path)) or (path.exists() and not path.is_dir()):
         if revision is not None:
             raise UsageError(f"--revision: {path} is an attnlab run, not a model in the Hugging Face cache")
@@ -83,24 +75,21 @@ def open_model(
         _only_for_runs(checkpoint, None, what=f"{source} is no attnlab run")
         found = find_checkpoint(source, revision=revision)
         if found.model_type in ENCODERS:  # BERT and RoBERTa: attnlab's sentence encoder
-            opened = read_bert(find_source(found.folder))
+            loaded = _in_memory(read_bert(find_source(found.folder)), found.name)
         else:
-            opened = open_checkpoint(found, dtype=wanted)
-        loaded = LoadedRun(
-            None,
-            opened.experiment,
-            opened.task,
-            opened.tokenizer,
-            TextCodec(opened.task, opened.tokenizer),
-            opened.model,
-            source=found.name,
-        )
+            loaded = _in_memory(open_checkpoint(found, dtype=wanted), found.name)
     model = loaded.model
     if wanted is not None:
         cast_parameters(model, wanted)
     model.to(device).eval()
     native.prepare(device)  # a first use's kernel build now, before a command's progress bar
     return loaded
+
+
+def _in_memory(opened: Any, name: str) -> LoadedRun:
+    """A model read into memory (a checkpoint, a GGUF file) as a LoadedRun with no run directory."""
+    codec = TextCodec(opened.task, opened.tokenizer)
+    return LoadedRun(None, opened.experiment, opened.task, opened.tokenizer, codec, opened.model, source=name)
 
 
 def _device(device: str | torch.device | None) -> torch.device:
