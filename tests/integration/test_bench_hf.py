@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ from attnlab.bench.hf import MODELS, open_rss
 
 pytest.importorskip("transformers", reason="transformers (the [dev] extra) is needed")
 
-OPENED = {"open_vs_hf", "open_rss_vs_weights", "first_logits_rss_vs_weights"}
+OPENED = {"open_vs_hf", "fresh_process_open_vs_hf", "open_rss_vs_weights", "first_logits_rss_vs_weights"}
 PER_DTYPE = {"prefill_vs_hf_batch2", "decode_vs_hf_batch2"}
 
 
@@ -25,6 +26,9 @@ def test_quick_reports_every_figure_of_every_family():
         capture_output=True,
         text=True,
         timeout=600,
+        # The kernels' fixed preferences, not a calibration in each process: the figures are not
+        # asserted, and a fresh process's first calls would time every GEMM class (seconds each).
+        env={**os.environ, "ATTNLAB_CALIBRATE": "0"},
     )
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout)
@@ -42,7 +46,7 @@ def test_quick_reports_every_figure_of_every_family():
             assert any(note.startswith(f"{family}: skipped, attnlab does not open it yet") for note in notes)
             continue
         label = f"{family}-tiny"
-        expected = {f"{label}.{name}" for name in OPENED} | {f"{label}.hf_{name}" for name in OPENED - {"open_vs_hf"}}
+        expected = {f"{label}.{name}" for name in OPENED} | {f"{label}.hf_{name}" for name in OPENED if "rss" in name}
         for dtype in ("float32", "bfloat16"):
             expected |= {f"{label}.{dtype}.{name}" for name in PER_DTYPE}
             if tl_installed:
@@ -55,5 +59,5 @@ def test_quick_reports_every_figure_of_every_family():
 
 def test_open_rss_counts_from_after_the_imports():
     rss = open_rss("torch", Path("unused"))
-    assert set(rss) == {"before", "peak"}
+    assert set(rss) == {"before", "peak"}  # nothing opened: no "opened" peak, no "seconds"
     assert rss["peak"] >= rss["before"] > 50e6  # an interpreter with torch imported holds tens of MB

@@ -14,6 +14,9 @@ folder, every pair below is timed in interleaved rounds (:func:`interleaved_medi
    as multiples of the weights' bytes in the file: up to the open model, and up to the first
    logits (the target's: weights read lazily from a memory map are resident only once used). The
    RSS after the imports, and that of an interpreter that has only imported torch, are reported;
+   so is the time from opening to the first logits in that fresh process (one run each: what a
+   user's first command waits for, the per-process work of the first calls included, which the
+   warmed-up medians of 1. leave out);
 3. prefill (one forward over batches of 1 and 8 prompts of 128 tokens) and greedy decoding
    (32 new tokens from 16-token prompts, batches 1 and 8: :func:`generate_continuations`
    against ``generate(do_sample=False)``), in float32 and bfloat16 on the CPU. End-of-sequence is
@@ -199,7 +202,7 @@ def _open_time(result: BenchResult, label: str, folder: Path, repeats: int) -> N
 # ---- 2. peak RSS while opening ------------------------------------------------------------------------------
 
 _RSS_SCRIPT = """\
-import json, sys
+import json, sys, time
 import torch
 system, folder = sys.argv[1], sys.argv[2]
 if system == "attnlab":
@@ -213,10 +216,12 @@ with open("/proc/self/clear_refs", "w") as clear:
     clear.write("5")  # the high-water mark restarts from the RSS now: the imports' peak is not counted
 report = {"before": status()["VmRSS"]}
 if system != "torch":
+    start = time.perf_counter()
     model = open_model(folder).model if system == "attnlab" else AutoModelForCausalLM.from_pretrained(folder)
     report["opened"] = status()["VmHWM"]
     with torch.inference_mode():
         model(torch.full((1, 8), 3))
+    report["seconds"] = time.perf_counter() - start
 report["peak"] = status()["VmHWM"]
 print(json.dumps(report))
 """
@@ -226,7 +231,7 @@ def open_rss(system: str, folder: Path) -> dict[str, int]:
     """Resident set sizes in bytes of a fresh process that opens ``folder`` with ``system``
     (``attnlab``, ``hf``; ``torch``: imports torch only) and computes the logits of 8 tokens:
     ``before`` (after the imports), ``opened`` (the peak up to the open model) and ``peak`` (up to
-    the first logits)."""
+    the first logits); and ``seconds`` from the call that opens to the first logits."""
     out = subprocess.run(
         [sys.executable, "-c", _RSS_SCRIPT, system, str(folder)], capture_output=True, text=True, check=False
     )
@@ -236,14 +241,18 @@ def open_rss(system: str, folder: Path) -> dict[str, int]:
 
 
 def _open_rss(result: BenchResult, label: str, folder: Path, weights: int) -> None:
+    seconds = {}
     for system in ("attnlab", "hf"):
         rss = open_rss(system, folder)
+        seconds[system] = rss["seconds"]
+        result.add(f"{system} {label}", "fresh_process_open_first_logits_s", rss["seconds"], "s")
         result.add(f"{system} {label}", "peak_rss_to_first_logits", rss["peak"] / 1e6, "MB")
         result.add(f"{system} {label}", "rss_after_imports", rss["before"] / 1e6, "MB")
         prefix = f"{label}." if system == "attnlab" else f"{label}.hf_"
         result.ratios[f"{prefix}open_rss_vs_weights"] = (rss["opened"] - rss["before"]) / weights
         result.ratios[f"{prefix}first_logits_rss_vs_weights"] = (rss["peak"] - rss["before"]) / weights
     result.targets[f"{label}.first_logits_rss_vs_weights"] = ("<=", 1.3)
+    result.ratios[f"{label}.fresh_process_open_vs_hf"] = seconds["attnlab"] / seconds["hf"]
 
 
 # ---- 3. prefill and decoding; 4. every site cached ----------------------------------------------------------
