@@ -3,10 +3,12 @@
 Each model is built locally with random weights by transformers' own config class and written with
 ``save_pretrained`` in bf16 into a temporary folder (nothing is downloaded): a tiny model of each
 family, and, without ``--quick``, a model of each family at a real size (:data:`MODELS`). On each
-folder, every pair below is timed in interleaved rounds (:func:`interleaved_median_times`):
+folder, attnlab is measured against its reference (the pairs of 1, 3 and 4 timed in interleaved
+rounds, :func:`interleaved_median_times`):
 
 1. opening and the first logits: :func:`attnlab.pretrained.sources.open_model` and one forward,
-   against ``AutoModelForCausalLM.from_pretrained`` and one forward (both keep the stored bf16);
+   against ``AutoModelForCausalLM.from_pretrained`` and one forward (both keep the stored bf16;
+   Hugging Face's attention is its default, PyTorch's SDPA);
 2. peak RSS while opening, each system in a fresh process: the child imports torch and the
    system's own modules, resets its high-water mark (``5`` into ``/proc/self/clear_refs``), reads
    its RSS, opens the folder, reads ``VmHWM``, computes the logits of 8 tokens and reads ``VmHWM``
