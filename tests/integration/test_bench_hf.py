@@ -43,7 +43,7 @@ def test_quick_reports_every_figure_of_every_family():
     assert {"gpt2", "llama"} <= set(opened)  # the families attnlab opens today
     for family in MODELS:  # every family is measured, or skipped with the reason
         if family not in opened:
-            assert any(note.startswith(f"{family}: skipped, attnlab does not open it yet") for note in notes)
+            assert any(note.startswith(f"{family}-tiny: skipped, attnlab does not open it yet") for note in notes)
             continue
         label = f"{family}-tiny"
         expected = {f"{label}.{name}" for name in OPENED} | {f"{label}.hf_{name}" for name in OPENED if "rss" in name}

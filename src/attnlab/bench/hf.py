@@ -16,9 +16,10 @@ rounds, :func:`interleaved_median_times`):
    as multiples of the weights' bytes in the file: up to the open model, and up to the first
    logits (the target's: weights read lazily from a memory map are resident only once used). The
    RSS after the imports, and that of an interpreter that has only imported torch, are reported;
-   so is the time from opening to the first logits in that fresh process (one run each: what a
-   user's first command waits for, the per-process work of the first calls included, which the
-   warmed-up medians of 1. leave out);
+   so is the time from importing the system's modules (torch already imported) to the first
+   logits in that fresh process (one run each: what a user's first command waits for, the
+   imports and the per-process work of the first calls included, which the warmed-up medians of
+   1. leave out);
 3. prefill (one forward over batches of 1 and 8 prompts of 128 tokens) and greedy decoding
    (32 new tokens from 16-token prompts, batches 1 and 8: :func:`generate_continuations`
    against ``generate(do_sample=False)``), in float32 and bfloat16 on the CPU. End-of-sequence is
@@ -28,8 +29,9 @@ rounds, :func:`interleaved_median_times`):
    (TransformerLens 4 replaced ``HookedTransformer`` by the bridge, which hooks the Hugging Face
    modules themselves). TransformerLens is the ``bench-tl`` extra; without it this pair is skipped.
 
-A family whose tiny model attnlab cannot open yet is skipped with a note (its larger model is then
-not built). ``--quick`` builds the tiny models only, with short prompts: a smoke test of every path.
+A model attnlab cannot open yet is skipped with a note naming the reason (after a tiny one, its
+family's larger model is then not built). ``--quick`` builds the tiny models only, with short
+prompts: a smoke test of every path.
 Ratios are named ``MODEL.what`` (``MODEL.DTYPE.what`` for the speeds); greater is better for the
 speed ratios (Hugging Face's time over attnlab's), smaller for the open time and the RSS.
 """
@@ -71,9 +73,10 @@ MODELS: dict[str, dict[str, dict[str, Any]]] = {
             "num_key_value_heads": 2,
             "max_position_embeddings": 256,
             "vocab_size": TOKENIZER_VOCAB,
-        },  # fmt: skip
+        },
         # Llama 3.2 1B: 16 layers, d 2048, 32 heads (8 for keys and values), d_ff 8192, vocabulary
-        # 128256, tied embeddings, llama3 rope scaling.
+        # 128256, tied embeddings, rope base 500000. Without its llama3 rope scaling, which attnlab
+        # does not open yet: the scaling changes the rotary frequencies only, not the work.
         "1B": {
             "num_hidden_layers": 16,
             "hidden_size": 2048,
@@ -83,13 +86,6 @@ MODELS: dict[str, dict[str, dict[str, Any]]] = {
             "vocab_size": 128256,
             "max_position_embeddings": 131072,
             "rope_theta": 500000.0,
-            "rope_scaling": {
-                "rope_type": "llama3",
-                "factor": 32.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 8192,
-            },
             "tie_word_embeddings": True,
         },
     },
@@ -101,7 +97,7 @@ MODELS: dict[str, dict[str, dict[str, Any]]] = {
             "max_position_embeddings": 256,
             "sliding_window": 16,
             "vocab_size": TOKENIZER_VOCAB,
-        },  # fmt: skip
+        },
         # Gemma 2 2B's layers (d 2304, 8 heads of 256, 4 for keys and values, d_ff 9216, window
         # 4096, soft-capping) with 13 of its 26 layers and a 32768-token vocabulary instead of
         # 256000: about 1.1B parameters, the Llama's size, so that both fit beside Hugging Face's copy.
@@ -207,6 +203,7 @@ _RSS_SCRIPT = """\
 import json, sys, time
 import torch
 system, folder = sys.argv[1], sys.argv[2]
+start = time.perf_counter()  # the system's own imports are part of a first command's wait
 if system == "attnlab":
     from attnlab.pretrained.sources import open_model
 elif system == "hf":
@@ -218,7 +215,6 @@ with open("/proc/self/clear_refs", "w") as clear:
     clear.write("5")  # the high-water mark restarts from the RSS now: the imports' peak is not counted
 report = {"before": status()["VmRSS"]}
 if system != "torch":
-    start = time.perf_counter()
     model = open_model(folder).model if system == "attnlab" else AutoModelForCausalLM.from_pretrained(folder)
     report["opened"] = status()["VmHWM"]
     with torch.inference_mode():
@@ -233,7 +229,7 @@ def open_rss(system: str, folder: Path) -> dict[str, int]:
     """Resident set sizes in bytes of a fresh process that opens ``folder`` with ``system``
     (``attnlab``, ``hf``; ``torch``: imports torch only) and computes the logits of 8 tokens:
     ``before`` (after the imports), ``opened`` (the peak up to the open model) and ``peak`` (up to
-    the first logits); and ``seconds`` from the call that opens to the first logits."""
+    the first logits); and ``seconds`` from the system's imports (torch imported) to the first logits."""
     out = subprocess.run(
         [sys.executable, "-c", _RSS_SCRIPT, system, str(folder)], capture_output=True, text=True, check=False
     )
@@ -422,7 +418,7 @@ def run_hf(quick: bool = False, repeats: int = 5, families: tuple[str, ...] | No
                 weights = build_checkpoint(family, size, folder)
                 reason = _opens(folder)
                 if reason is not None:
-                    result.notes.append(f"{family}: skipped, attnlab does not open it yet ({reason})")
+                    result.notes.append(f"{label}: skipped, attnlab does not open it yet ({reason})")
                     break
                 _open_time(result, label, folder, repeats)
                 _open_rss(result, label, folder, weights)
