@@ -8,15 +8,14 @@ import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from attnlab.bench.hf import MODELS, open_rss
+from attnlab.bench.hf import MODELS
 
 pytest.importorskip("transformers", reason="transformers (the [dev] extra) is needed")
 
-OPENED = {"open_vs_hf", "fresh_process_open_vs_hf", "open_rss_vs_weights", "first_logits_rss_vs_weights"}
+FRESH_PROCESS = {"fresh_process_open_vs_hf", "open_rss_vs_weights", "first_logits_rss_vs_weights"}
 PER_DTYPE = {"prefill_vs_hf_batch2", "decode_vs_hf_batch2"}
 
 
@@ -46,18 +45,22 @@ def test_quick_reports_every_figure_of_every_family():
             assert any(note.startswith(f"{family}-tiny: skipped, attnlab does not open it yet") for note in notes)
             continue
         label = f"{family}-tiny"
-        expected = {f"{label}.{name}" for name in OPENED} | {f"{label}.hf_{name}" for name in OPENED if "rss" in name}
+        expected = {f"{label}.open_vs_hf"}
         for dtype in ("float32", "bfloat16"):
             expected |= {f"{label}.{dtype}.{name}" for name in PER_DTYPE}
             if tl_installed:
                 expected.add(f"{label}.{dtype}.cached_forward_vs_transformer_lens")
         assert expected <= set(ratios), expected - set(ratios)
-        # The peak up to the first logits includes the peak up to the open model.
-        for prefix in (f"{label}.", f"{label}.hf_"):
-            assert ratios[f"{prefix}first_logits_rss_vs_weights"] >= ratios[f"{prefix}open_rss_vs_weights"]
-
-
-def test_open_rss_counts_from_after_the_imports():
-    rss = open_rss("torch", Path("unused"))
-    assert set(rss) == {"before", "peak"}  # nothing opened: no "opened" peak, no "seconds"
-    assert rss["peak"] >= rss["before"] > 50e6  # an interpreter with torch imported holds tens of MB
+    # --quick measures each system in a fresh process once, on the first model opened.
+    label = f"{opened[0]}-tiny"
+    fresh = {f"{label}.{name}" for name in FRESH_PROCESS} | {
+        f"{label}.hf_{name}" for name in FRESH_PROCESS if "rss" in name
+    }
+    assert {name for name in ratios if "rss" in name or "fresh_process" in name} == fresh
+    # The peak up to the first logits includes the peak up to the open model; the RSS grows from
+    # torch's import to the system's.
+    for prefix in (f"{label}.", f"{label}.hf_"):
+        assert ratios[f"{prefix}first_logits_rss_vs_weights"] >= ratios[f"{prefix}open_rss_vs_weights"]
+    mb = {(r["system"], r["metric"]): r["value"] for r in report["results"]}
+    for system in ("attnlab", "hf"):
+        assert mb[f"{system} {label}", "rss_after_imports"] >= mb[f"python {label}", "rss_with_torch_imported"] > 50

@@ -15,7 +15,7 @@ rounds, :func:`interleaved_median_times`):
    again. The figures are the peaks above the RSS after the imports (what opening itself costs),
    as multiples of the weights' bytes in the file: up to the open model, and up to the first
    logits (the target's: weights read lazily from a memory map are resident only once used). The
-   RSS after the imports, and that of an interpreter that has only imported torch, are reported;
+   RSS after the imports, and before them with torch imported, are reported;
    so is the time from importing the system's modules (torch already imported) to the first
    logits in that fresh process (one run each: what a user's first command waits for, the
    imports and the per-process work of the first calls included, which the warmed-up medians of
@@ -31,7 +31,7 @@ rounds, :func:`interleaved_median_times`):
 
 A model attnlab cannot open yet is skipped with a note naming the reason (after a tiny one, its
 family's larger model is then not built). ``--quick`` builds the tiny models only, with short
-prompts: a smoke test of every path.
+prompts, and measures 2. on the first of them only: a smoke test of every path.
 Ratios are named ``MODEL.what`` (``MODEL.DTYPE.what`` for the speeds); greater is better for the
 speed ratios (Hugging Face's time over attnlab's), smaller for the open time and the RSS.
 """
@@ -203,23 +203,23 @@ _RSS_SCRIPT = """\
 import json, sys, time
 import torch
 system, folder = sys.argv[1], sys.argv[2]
-start = time.perf_counter()  # the system's own imports are part of a first command's wait
-if system == "attnlab":
-    from attnlab.pretrained.sources import open_model
-elif system == "hf":
-    from transformers import AutoModelForCausalLM
 def status():
     fields = dict(line.split(":", 1) for line in open("/proc/self/status"))
     return {key: int(fields[key].split()[0]) * 1024 for key in ("VmRSS", "VmHWM")}
+report = {"torch": status()["VmRSS"]}
+start = time.perf_counter()  # the system's own imports are part of a first command's wait
+if system == "attnlab":
+    from attnlab.pretrained.sources import open_model
+else:
+    from transformers import AutoModelForCausalLM
 with open("/proc/self/clear_refs", "w") as clear:
     clear.write("5")  # the high-water mark restarts from the RSS now: the imports' peak is not counted
-report = {"before": status()["VmRSS"]}
-if system != "torch":
-    model = open_model(folder).model if system == "attnlab" else AutoModelForCausalLM.from_pretrained(folder)
-    report["opened"] = status()["VmHWM"]
-    with torch.inference_mode():
-        model(torch.full((1, 8), 3))
-    report["seconds"] = time.perf_counter() - start
+report["before"] = status()["VmRSS"]
+model = open_model(folder).model if system == "attnlab" else AutoModelForCausalLM.from_pretrained(folder)
+report["opened"] = status()["VmHWM"]
+with torch.inference_mode():
+    model(torch.full((1, 8), 3))
+report["seconds"] = time.perf_counter() - start
 report["peak"] = status()["VmHWM"]
 print(json.dumps(report))
 """
@@ -227,9 +227,9 @@ print(json.dumps(report))
 
 def open_rss(system: str, folder: Path) -> dict[str, int]:
     """Resident set sizes in bytes of a fresh process that opens ``folder`` with ``system``
-    (``attnlab``, ``hf``; ``torch``: imports torch only) and computes the logits of 8 tokens:
-    ``before`` (after the imports), ``opened`` (the peak up to the open model) and ``peak`` (up to
-    the first logits); and ``seconds`` from the system's imports (torch imported) to the first logits."""
+    (``attnlab`` or ``hf``) and computes the logits of 8 tokens: ``torch`` (with torch imported),
+    ``before`` (after the system's imports too), ``opened`` (the peak up to the open model) and
+    ``peak`` (up to the first logits); and ``seconds`` from the system's imports to the first logits."""
     out = subprocess.run(
         [sys.executable, "-c", _RSS_SCRIPT, system, str(folder)], capture_output=True, text=True, check=False
     )
@@ -239,10 +239,11 @@ def open_rss(system: str, folder: Path) -> dict[str, int]:
 
 
 def _open_rss(result: BenchResult, label: str, folder: Path, weights: int) -> None:
-    seconds = {}
+    seconds, torch_only = {}, []
     for system in ("attnlab", "hf"):
         rss = open_rss(system, folder)
         seconds[system] = rss["seconds"]
+        torch_only.append(rss["torch"])
         result.add(f"{system} {label}", "fresh_process_open_first_logits_s", rss["seconds"], "s")
         result.add(f"{system} {label}", "peak_rss_to_first_logits", rss["peak"] / 1e6, "MB")
         result.add(f"{system} {label}", "rss_after_imports", rss["before"] / 1e6, "MB")
@@ -251,6 +252,7 @@ def _open_rss(result: BenchResult, label: str, folder: Path, weights: int) -> No
         result.ratios[f"{prefix}first_logits_rss_vs_weights"] = (rss["peak"] - rss["before"]) / weights
     result.targets[f"{label}.first_logits_rss_vs_weights"] = ("<=", 1.3)
     result.ratios[f"{label}.fresh_process_open_vs_hf"] = seconds["attnlab"] / seconds["hf"]
+    result.add(f"python {label}", "rss_with_torch_imported", min(torch_only) / 1e6, "MB")
 
 
 # ---- 3. prefill and decoding; 4. every site cached ----------------------------------------------------------
@@ -421,7 +423,8 @@ def run_hf(quick: bool = False, repeats: int = 5, families: tuple[str, ...] | No
                     result.notes.append(f"{label}: skipped, attnlab does not open it yet ({reason})")
                     break
                 _open_time(result, label, folder, repeats)
-                _open_rss(result, label, folder, weights)
+                if not quick or not any(m.metric == "peak_rss_to_first_logits" for m in result.results):
+                    _open_rss(result, label, folder, weights)  # --quick: once, as every family's path is one
                 _speeds(result, label, folder, sizes, repeats)
                 result.notes.append(f"{label}: {weights / 1e6:.1f} MB of bf16 weights")
     result.notes.append(
@@ -432,5 +435,4 @@ def run_hf(quick: bool = False, repeats: int = 5, families: tuple[str, ...] | No
         "RSS: a fresh process's peak above its RSS after importing torch and the system's modules "
         "(VmHWM reset by /proc/self/clear_refs), over the weights' bytes; up to the open model and to the first logits"
     )
-    result.add("python, torch imported", "rss", open_rss("torch", Path("."))["before"] / 1e6, "MB")
     return result
