@@ -75,8 +75,7 @@ MODELS: dict[str, dict[str, dict[str, Any]]] = {
             "vocab_size": TOKENIZER_VOCAB,
         },
         # Llama 3.2 1B: 16 layers, d 2048, 32 heads (8 for keys and values), d_ff 8192, vocabulary
-        # 128256, tied embeddings, rope base 500000. Without its llama3 rope scaling, which attnlab
-        # does not open yet: the scaling changes the rotary frequencies only, not the work.
+        # 128256, tied embeddings, rope base 500000 with llama3 scaling.
         "1B": {
             "num_hidden_layers": 16,
             "hidden_size": 2048,
@@ -86,6 +85,13 @@ MODELS: dict[str, dict[str, dict[str, Any]]] = {
             "vocab_size": 128256,
             "max_position_embeddings": 131072,
             "rope_theta": 500000.0,
+            "rope_scaling": {
+                "rope_type": "llama3",
+                "factor": 32.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192,
+            },
             "tie_word_embeddings": True,
         },
     },
