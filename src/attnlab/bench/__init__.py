@@ -56,6 +56,12 @@ def _lm(quick: bool, plots: Path | None) -> BenchResult:
     return run_lm(quick)
 
 
+def _hf(quick: bool, plots: Path | None) -> BenchResult:
+    from attnlab.bench.hf import run_hf
+
+    return run_hf(quick)
+
+
 def _sweep(quick: bool, plots: Path | None) -> BenchResult:
     from attnlab.bench.sweep import run_sweep_bench
 
@@ -70,14 +76,16 @@ BENCHMARKS: dict[str, Callable[[bool, Path | None], BenchResult]] = {
     "heads": _heads,
     "mfu": _mfu,
     "lm": _lm,
+    "hf": _hf,
     "sweep": _sweep,
 }
 """Registry: benchmark name -> run(quick, plots folder)."""
 
-NOT_IN_ALL = ("lm", "sweep")
+NOT_IN_ALL = ("lm", "hf", "sweep")
 """Benchmarks ``attnlab bench all`` leaves out: ``lm`` imports a real 135M-parameter model (the
-``pretrained`` extra) and takes minutes even with ``--quick``; ``sweep`` starts 40 training
-processes (minutes); run them by name."""
+``pretrained`` extra) and takes minutes even with ``--quick``; ``hf`` builds Hugging Face
+checkpoints of up to 1B parameters (tens of minutes; ``--quick`` builds tiny ones); ``sweep``
+starts 40 training processes (minutes); run them by name."""
 
 
 def run_benchmark(name: str, *, quick: bool = False, plots: Path | None = None) -> BenchResult:

@@ -14,7 +14,9 @@ from attnlab.cli.options import progress_option
 
 @app.command()
 def bench(
-    name: Benchmark = typer.Argument(..., help="The benchmark to run, or all of them (but lm, run by name)."),
+    name: Benchmark = typer.Argument(
+        ..., help="The benchmark to run, or all of them (but lm, hf and sweep, run by name)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (a list of them for `all`)."),
     quick: bool = typer.Option(False, "--quick", help="Small sizes: a smoke test of every code path."),
     save: Path = typer.Option(None, "--save", help="Write <name>.json (and plots) into this folder."),

@@ -50,6 +50,7 @@ class Benchmark(str, Enum):
     heads = "heads"
     mfu = "mfu"
     lm = "lm"
+    hf = "hf"
     sweep = "sweep"
     all = "all"
 
