@@ -19,7 +19,7 @@ predicate takes that call, and remembered:
   unreadable or corrupt file is ignored (the classes are measured again and the file rewritten).
 
 The timing (:func:`measure`) runs each candidate once to warm it, then in interleaved rounds,
-at most :data:`ROUNDS` or until :data:`BUDGET_S` has passed, and keeps each one's fastest time; the
+at most :data:`ROUNDS` or until :data:`BUDGET_S` has passed, and compares their median times; the
 fastest candidate wins, unless an earlier listed one is within :data:`TIE` of it (callers list
 their fixed preference first, so noise does not flip a choice between equals). Callers time
 the call's own inputs, detached (forward only under ``no_grad``, or forward and backward on fresh
@@ -38,6 +38,7 @@ import hashlib
 import json
 import os
 import platform
+import statistics
 import time
 from collections.abc import Callable
 from functools import cache
@@ -57,6 +58,7 @@ __all__ = [
     "bucket",
     "chosen",
     "choose",
+    "recall",
     "measure",
     "can_measure",
     "cache_path",
@@ -67,7 +69,7 @@ CHOICES: dict[tuple, str] = {}
 """Shape class -> the name of the implementation measured fastest for it (this process's answers,
 and those read from the disk cache)."""
 
-ROUNDS = 5
+ROUNDS = 25
 """Timed rounds per candidate (after one warm-up call each), fewer where :data:`BUDGET_S` runs out."""
 BUDGET_S = 0.05
 """Seconds after which no further round starts: a class is measured in microseconds to milliseconds,
@@ -93,6 +95,20 @@ def chosen(key: tuple) -> str | None:
     return CHOICES.get(key)
 
 
+def recall(key: tuple, names: list[str]) -> str | None:
+    """The answer for the class ``key`` remembered in memory or in the disk cache, if it is one
+    of ``names`` (the candidates that apply now); None where it must be measured. Callers whose
+    timed candidates cost something to prepare ask this first."""
+    known = CHOICES.get(key)
+    if known in names:
+        return known
+    stored = _read().get(_entry(key)) if can_measure() else None
+    if stored in names:
+        CHOICES[key] = stored
+        return stored
+    return None
+
+
 def choose(key: tuple, candidates: dict[str, Callable[[], object]]) -> str:
     """The fastest of ``candidates`` (name -> a call to time) for the class ``key``: remembered,
     read from the disk cache, or measured now (and remembered on both). With one candidate, or
@@ -116,9 +132,11 @@ def choose(key: tuple, candidates: dict[str, Callable[[], object]]) -> str:
 
 def measure(candidates: dict[str, Callable[[], object]]) -> str:
     """The name of the fastest call in ``candidates``: one warm-up call each, then interleaved
-    rounds (at most :data:`ROUNDS`, none started after :data:`BUDGET_S`), each one's best time
-    compared; the earliest listed within :data:`TIE` of the best wins."""
-    best = dict.fromkeys(candidates, float("inf"))
+    rounds (at most :data:`ROUNDS`, none started after :data:`BUDGET_S`), each one's median time
+    compared (not its best: a kernel that is fast only when nothing ran on the other threads just
+    before was picked by its best time and lost in the model); the earliest listed within
+    :data:`TIE` of the fastest wins."""
+    times: dict[str, list[float]] = {name: [] for name in candidates}
     for run in candidates.values():
         run()
     start = time.perf_counter()
@@ -126,9 +144,10 @@ def measure(candidates: dict[str, Callable[[], object]]) -> str:
         for name, run in candidates.items():
             begun = time.perf_counter()
             run()
-            best[name] = min(best[name], time.perf_counter() - begun)
+            times[name].append(time.perf_counter() - begun)
         if time.perf_counter() - start > BUDGET_S:
             break
+    best = {name: statistics.median(seconds) for name, seconds in times.items()}
     fastest = min(best.values())
     return next(name for name, seconds in best.items() if seconds <= fastest * (1.0 + TIE))
 

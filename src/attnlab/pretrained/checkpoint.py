@@ -206,7 +206,7 @@ def read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-MAPPED_BYTES = 256 << 20
+MAPPED_BYTES = 64 << 20
 """How much of a shard is read through one mapping before it is closed and the file mapped again:
 the pages of a memory-mapped file count in the process's resident memory until it is unmapped, so
 reading a whole single-file checkpoint through one mapping would hold the weights twice (the file's

@@ -403,3 +403,22 @@ def test_a_timed_map_cycles_through_copies_of_a_small_weight(monkeypatch, d_out,
     assert len({w.data_ptr() for w in seen}) == copies
     assert all(torch.equal(w, weight) for w in seen)
     assert (weight.data_ptr() in {w.data_ptr() for w in seen}) and not any(w.requires_grad for w in seen)
+
+
+def test_a_class_on_disk_is_not_prepared_for_timing_again(monkeypatch, tmp_path) -> None:
+    """A fresh process finds the class's kernel in the disk cache before it copies and packs W to
+    time the candidates (that preparation cost about a second per shape)."""
+    monkeypatch.setenv("ATTNLAB_CALIBRATE", "1")
+    monkeypatch.setenv("ATTNLAB_CALIBRATION_DIR", str(tmp_path))
+    calibration.forget()
+    x, weight = torch.randn(8, 16), torch.randn(24, 16)
+    with torch.no_grad():
+        MeasuredLinear()(x, weight, None)  # measured and written to disk
+    calibration.forget()  # a new process: nothing in memory
+    prepared = []
+    real = linear_module._timed_linear
+    monkeypatch.setattr(linear_module, "_timed_linear", lambda *a: prepared.append(a[0]) or real(*a))
+    with torch.no_grad():
+        torch.testing.assert_close(MeasuredLinear()(x, weight, None), F.linear(x, weight, None))
+    assert prepared == []
+    calibration.forget()
