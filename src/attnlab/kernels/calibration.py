@@ -109,7 +109,7 @@ def recall(key: tuple, names: list[str]) -> str | None:
     return None
 
 
-def choose(key: tuple, candidates: dict[str, Callable[[], object]]) -> str:
+def choose(key: tuple, candidates: dict[str, Callable[[], object]], *, tie: float | None = None) -> str:
     """The fastest of ``candidates`` (name -> a call to time) for the class ``key``: remembered,
     read from the disk cache, or measured now (and remembered on both). With one candidate, or
     where nothing may be measured (:func:`can_measure`), the first one, not remembered."""
@@ -124,18 +124,18 @@ def choose(key: tuple, candidates: dict[str, Callable[[], object]]) -> str:
     if stored in candidates:
         CHOICES[key] = stored
         return stored
-    winner = measure(candidates)
+    winner = measure(candidates, tie=tie)
     CHOICES[key] = winner
     _write(entry, winner)
     return winner
 
 
-def measure(candidates: dict[str, Callable[[], object]]) -> str:
+def measure(candidates: dict[str, Callable[[], object]], *, tie: float | None = None) -> str:
     """The name of the fastest call in ``candidates``: one warm-up call each, then interleaved
     rounds (at most :data:`ROUNDS`, none started after :data:`BUDGET_S`), each one's median time
     compared (not its best: a kernel that is fast only when nothing ran on the other threads just
     before was picked by its best time and lost in the model); the earliest listed within
-    :data:`TIE` of the fastest wins."""
+    ``tie`` (default :data:`TIE`) of the fastest wins."""
     times: dict[str, list[float]] = {name: [] for name in candidates}
     for run in candidates.values():
         run()
@@ -149,7 +149,8 @@ def measure(candidates: dict[str, Callable[[], object]]) -> str:
             break
     best = {name: statistics.median(seconds) for name, seconds in times.items()}
     fastest = min(best.values())
-    return next(name for name, seconds in best.items() if seconds <= fastest * (1.0 + TIE))
+    margin = TIE if tie is None else tie
+    return next(name for name, seconds in best.items() if seconds <= fastest * (1.0 + margin))
 
 
 def can_measure() -> bool:

@@ -333,7 +333,9 @@ class MeasuredLinear:
                 name = names[0]  # the first in the order above
             else:  # the disk cache first: preparing the timed candidates copies and packs W
                 name = calibration.recall(key, names) or calibration.choose(
-                    key, {each: _timed_linear(each, x, weight, bias, grad) for each in names}
+                    key,
+                    {each: _timed_linear(each, x, weight, bias, grad) for each in names},
+                    tie=SWITCH_MARGIN if names[0] == "few_rows" else None,
                 )
         return _few_rows_unchecked if name == "few_rows" else self._kernels[name]
 
@@ -361,6 +363,12 @@ def _linear_applies(name: str, rows: int, weight: Tensor, bias: Tensor | None, g
         )
     return True
 
+
+SWITCH_MARGIN = 0.25
+"""A decoding step's map (a few rows, no gradient) leaves the few-rows kernel, which its neighbours
+run on, only for a kernel timed more than this much faster: a step whose 256 x 256 maps went to
+MKL's product, timed about as fast alone, ran 15-30% slower on the Zen 4 than one on the few-rows
+kernel throughout (benchmarks/README.md), a cost of switching that a timing of one map misses."""
 
 MAX_TIMED_COPIES = 16
 """At most this many copies of a weight are timed: a weight so small that more would be needed
