@@ -22,7 +22,7 @@ def timings(monkeypatch, tmp_path):
     calibration.forget()
     calls = []
     monkeypatch.setattr(
-        calibration, "measure", lambda candidates: calls.append(list(candidates)) or list(candidates)[-1]
+        calibration, "measure", lambda candidates, tie=None: calls.append(list(candidates)) or list(candidates)[-1]
     )
     yield calls
     calibration.forget()

@@ -334,7 +334,7 @@ def test_the_measured_kernel_takes_only_kernels_that_apply_and_remembers(monkeyp
     x, weight, bias = torch.randn(rows, 16, generator=g), torch.randn(24, 16, generator=g), torch.randn(24, generator=g)
     offered, winner = [], [0]
 
-    def pick(candidates):  # noqa: ANN001, ANN202
+    def pick(candidates, tie=None):  # noqa: ANN001, ANN202
         offered.append(list(candidates))
         return list(candidates)[min(winner[0], len(candidates) - 1)]
 
@@ -421,4 +421,24 @@ def test_a_class_on_disk_is_not_prepared_for_timing_again(monkeypatch, tmp_path)
     with torch.no_grad():
         torch.testing.assert_close(MeasuredLinear()(x, weight, None), F.linear(x, weight, None))
     assert prepared == []
+    calibration.forget()
+
+
+@pytest.mark.skipif(not calibration.native.available(), reason="attnlab's kernels are not built")
+def test_a_decoding_steps_map_keeps_the_few_rows_kernel_unless_another_is_far_faster(monkeypatch, tmp_path) -> None:
+    """A one-row map without gradient is timed with the few-rows kernel first and the switching
+    margin; a many-row map with the default margin."""
+    monkeypatch.setenv("ATTNLAB_CALIBRATE", "1")
+    monkeypatch.setenv("ATTNLAB_CALIBRATION_DIR", str(tmp_path))
+    calibration.forget()
+    asked = []
+    monkeypatch.setattr(
+        calibration, "measure", lambda candidates, tie=None: asked.append((list(candidates), tie)) or "aten"
+    )
+    weight = torch.randn(24, 16)
+    with torch.no_grad():
+        for rows in (1, 40):
+            MeasuredLinear()(torch.randn(rows, 16), weight, None)
+    assert asked[0] == (["few_rows", "aten"], linear_module.SWITCH_MARGIN)
+    assert asked[1][1] is None and "few_rows" not in asked[1][0]
     calibration.forget()

@@ -154,7 +154,9 @@ def test_a_measured_class_is_remembered_and_looked_up(measured, monkeypatch):
     attention(q, q, q)
     assert len(calibration.CHOICES) == 1
     timings = []
-    monkeypatch.setattr(calibration, "measure", lambda candidates: timings.append(1) or next(iter(candidates)))
+    monkeypatch.setattr(
+        calibration, "measure", lambda candidates, tie=None: timings.append(1) or next(iter(candidates))
+    )
     attention(torch.randn(2, 3, 5, 8), torch.randn(2, 3, 5, 8), torch.randn(2, 3, 5, 8))  # 5 rounds up to 8, as 6
     assert not timings and len(calibration.CHOICES) == 1
     attention(torch.randn(2, 3, 9, 8), torch.randn(2, 3, 9, 8), torch.randn(2, 3, 9, 8))  # another class
