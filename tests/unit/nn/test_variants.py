@@ -39,6 +39,11 @@ HF_COMMON = {
     "tie_word_embeddings": False,
 }
 
+SLOW_WHOLE_MODEL = pytest.mark.slow
+"""The whole transformers models of each family, weights copied in: the same functions are compared
+in `make test` through the checkpoint files (tests/unit/pretrained/test_hf_families.py), so these
+run with `make test-all`."""
+
 
 def _perturbed(model: torch.nn.Module, seed: int) -> torch.nn.Module:
     """Every parameter drawn at random (norm gains and biases away from 1 and 0)."""
@@ -124,6 +129,7 @@ def _ours(**options):
 LLAMA_NORMS = {"input_layernorm": "attn_norm.norm", "post_attention_layernorm": "ffn_norm.norm"}
 
 
+@SLOW_WHOLE_MODEL
 def test_qwen2_biases_on_q_k_v_only():
     hf = _hf(transformers.Qwen2Config, transformers.Qwen2ForCausalLM, **HF_COMMON, rope_theta=1000.0)
     ours = _ours(**LLAMA_LIKE, qkv_bias=True, rope_base=1000.0, layer_norm_eps=1e-6)
@@ -156,6 +162,7 @@ def test_llama_with_scaled_rotary_frequencies(scaling):
     _compare(hf, ours)
 
 
+@SLOW_WHOLE_MODEL
 def test_gpt_neox_partial_rotary_and_parallel_residuals():
     hf = _hf(
         transformers.GPTNeoXConfig,
@@ -207,6 +214,7 @@ def test_gpt_neox_partial_rotary_and_parallel_residuals():
     _compare(hf, ours)
 
 
+@SLOW_WHOLE_MODEL
 def test_qwen3_norms_on_each_query_and_key_head():
     hf = _hf(transformers.Qwen3Config, transformers.Qwen3ForCausalLM, **HF_COMMON, head_dim=D // HEADS)
     ours = _ours(**LLAMA_LIKE, qk_norm="head", layer_norm_eps=1e-6)
@@ -219,6 +227,7 @@ def test_qwen3_norms_on_each_query_and_key_head():
 OLMO2_NORMS = {"post_attention_layernorm": "attn_norm.norm", "post_feedforward_layernorm": "ffn_norm.norm"}
 
 
+@SLOW_WHOLE_MODEL
 def test_olmo2_norms_on_whole_projections_and_after_the_sublayers():
     hf = _hf(transformers.Olmo2Config, transformers.Olmo2ForCausalLM, **HF_COMMON)
     ours = _ours(**LLAMA_LIKE, qk_norm="full", norm_placement="output", layer_norm_eps=1e-6)
@@ -228,6 +237,7 @@ def test_olmo2_norms_on_whole_projections_and_after_the_sublayers():
     _compare(hf, ours)
 
 
+@SLOW_WHOLE_MODEL
 def test_mistral_sliding_window_attention():
     hf = _hf(transformers.MistralConfig, transformers.MistralForCausalLM, **HF_COMMON, sliding_window=4)
     ours = _ours(**LLAMA_LIKE, sliding_window=4, layer_norm_eps=1e-6)
@@ -295,6 +305,7 @@ HF_GEMMA = {
 }
 
 
+@SLOW_WHOLE_MODEL
 def test_gemma2_sandwich_norms_soft_caps_geglu_query_scale_scaled_embeddings_and_local_layers():
     hf = _hf(
         transformers.Gemma2Config,
@@ -312,6 +323,7 @@ def test_gemma2_sandwich_norms_soft_caps_geglu_query_scale_scaled_embeddings_and
     assert logits.abs().max() < 3.0 and logits.abs().max() > 2.0  # the cap is what bounds them
 
 
+@SLOW_WHOLE_MODEL
 def test_gemma3_local_rotary_base_scaled_global_layers_and_per_head_q_k_norms():
     scaling = {"rope_type": "linear", "factor": 4.0}
     hf = _hf(
