@@ -587,5 +587,7 @@ def _assembled(
         raise CheckpointError(f"{where}: {names} do not fit {ours} of shape {shape} from config.json")
     out_dtype = dtype or pieces[0].dtype
     if len(pieces) == 1:
-        return pieces[0].to(out_dtype).contiguous()
+        # A copy, not a view of the file's mapping: a view would keep the whole mapping (and every
+        # page read through it, the stacked Q, K, V included) resident for the model's life.
+        return pieces[0].to(out_dtype, copy=True, memory_format=torch.contiguous_format)
     return torch.cat([p.to(out_dtype) for p in pieces], dim=0)

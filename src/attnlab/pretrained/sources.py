@@ -33,6 +33,7 @@ from attnlab.pretrained.gguf import read_gguf
 from attnlab.pretrained.hf_model import open_checkpoint
 from attnlab.run.directory import RunDir
 from attnlab.run.loaded import LoadedRun, open_run
+from attnlab.runtime import release_freed_memory
 from attnlab.tasks.codec import TextCodec
 
 __all__ = ["open_model", "import_checkpoint"]
@@ -82,6 +83,7 @@ def open_model(
     if wanted is not None:
         cast_parameters(model, wanted)
     model.to(device).eval()
+    release_freed_memory()  # the tensors read and assembled along the way leave freed blocks between live ones
     native.prepare(device)  # a first use's kernel build now, before a command's progress bar
     return loaded
 
