@@ -116,17 +116,12 @@ def choose(key: tuple, candidates: dict[str, Callable[[], object]], *, tie: floa
     names = list(candidates)
     if len(names) == 1 or not can_measure():
         return names[0]
-    known = CHOICES.get(key)
-    if known in candidates:
+    known = recall(key, names)
+    if known is not None:
         return known
-    entry = _entry(key)
-    stored = _read().get(entry)
-    if stored in candidates:
-        CHOICES[key] = stored
-        return stored
     winner = measure(candidates, tie=tie)
     CHOICES[key] = winner
-    _write(entry, winner)
+    _write(_entry(key), winner)
     return winner
 
 

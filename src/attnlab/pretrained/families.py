@@ -378,9 +378,12 @@ def _stack(ours: str, *pieces: Piece) -> Layout:
     return {ours: pieces}
 
 
-def _llama_like(hf: Mapping[str, Any], tied: bool, *, norms: Mapping[str, str], fused: bool = False) -> Layout:
+def _llama_like(
+    hf: Mapping[str, Any], tied: bool, *, norms: Mapping[str, str], fused: bool = False, qkv_bias: bool = False
+) -> Layout:
     """Llama's names (``model.layers.N.self_attn.q_proj``, ...); ``norms``: attnlab norm -> HF norm
-    of each layer; ``fused``: Phi-3's ``qkv_proj`` and ``gate_up_proj``."""
+    of each layer; ``fused``: Phi-3's ``qkv_proj`` and ``gate_up_proj``; ``qkv_bias``: Qwen2's biases
+    on q, k and v alone (``attention_bias`` puts them on every map)."""
     layout: Layout = {
         f"{STACK}.embedding.token.weight": (Piece("model.embed_tokens.weight"),),
         f"{STACK}.final_norm.weight": (Piece("model.norm.weight"),),
@@ -388,7 +391,7 @@ def _llama_like(hf: Mapping[str, Any], tied: bool, *, norms: Mapping[str, str], 
     if not tied:
         layout["lm_head.weight"] = (Piece("lm_head.weight"),)
     bias = bool(hf.get("attention_bias", False))
-    qkv_bias = bias or hf.get("model_type") == "qwen2"
+    qkv_bias = qkv_bias or bias
     for n in range(int(hf["num_hidden_layers"])):
         ours, theirs = f"{STACK}.layers.{n}.", f"model.layers.{n}."
         attn, mlp = theirs + "self_attn.", theirs + "mlp."
@@ -493,7 +496,7 @@ FAMILIES: dict[str, Family] = {
             (".rotary_emb.inv_freq",),
         ),
         Family("mistral", _mistral_section, lambda hf, tied: _llama_like(hf, tied, norms=_LLAMA_NORMS)),
-        Family("qwen2", _qwen2_section, lambda hf, tied: _llama_like(hf, tied, norms=_LLAMA_NORMS)),
+        Family("qwen2", _qwen2_section, lambda hf, tied: _llama_like(hf, tied, norms=_LLAMA_NORMS, qkv_bias=True)),
         Family("qwen3", _qwen3_section, lambda hf, tied: _llama_like(hf, tied, norms={**_LLAMA_NORMS, **_QK_NORMS})),
         Family("olmo2", _olmo2_section, lambda hf, tied: _llama_like(hf, tied, norms=_OLMO2_NORMS)),
         Family("phi3", _phi3_section, lambda hf, tied: _llama_like(hf, tied, norms=_LLAMA_NORMS, fused=True)),
