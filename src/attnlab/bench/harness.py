@@ -35,6 +35,7 @@ __all__ = [
     "interleaved_median_times",
     "machine_info",
     "format_table",
+    "hf_greedy_generate",
 ]
 
 MIN_REPEATS = 5
@@ -166,3 +167,20 @@ def format_table(result: BenchResult) -> str:
         lines.append(f"  ratio {name:<30} {ratio:8.3f}{verdict}")
     lines += [f"  note: {note}" for note in result.notes]
     return "\n".join(lines)
+
+
+@torch.inference_mode()
+def hf_greedy_generate(model: Any, tokens: Any, new_tokens: int, **token_ids: int) -> None:
+    """Hugging Face's ``generate`` as the benchmarks time it: greedy, with its KV cache, every row
+    making exactly ``new_tokens`` steps (min = max), no padding; ``token_ids``: its
+    ``eos_token_id`` / ``pad_token_id``."""
+    model.generate(
+        input_ids=tokens,
+        attention_mask=torch.ones_like(tokens),
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
+        num_beams=1,
+        use_cache=True,
+        **token_ids,
+    )

@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from attnlab.bench.harness import BenchResult, interleaved_median_times
+from attnlab.bench.harness import BenchResult, hf_greedy_generate, interleaved_median_times
 from attnlab.errors import AttnlabError
 from attnlab.generate.search import DecodeOptions, generate_continuations
 from attnlab.nn import trace
@@ -315,19 +315,8 @@ def _decode(result: BenchResult, name: str, model, hf, sizes: HfSizes, repeats: 
         def attnlab_decode(prompts: list[list[int]] = prompts) -> None:
             generate_continuations(model, prompts, eos_id=EOS, banned=(EOS,), options=options)
 
-        @torch.inference_mode()
         def hf_decode(tokens: torch.Tensor = tokens) -> None:
-            hf.generate(
-                input_ids=tokens,
-                attention_mask=torch.ones_like(tokens),
-                max_new_tokens=sizes.new_tokens,
-                min_new_tokens=sizes.new_tokens,
-                do_sample=False,
-                num_beams=1,
-                use_cache=True,
-                eos_token_id=EOS,
-                pad_token_id=PAD,
-            )
+            hf_greedy_generate(hf, tokens, sizes.new_tokens, eos_token_id=EOS, pad_token_id=PAD)
 
         times = interleaved_median_times({"attnlab": attnlab_decode, "hf generate": hf_decode}, repeats=repeats)
         metric = f"{name}.decode_tokens_per_s_batch{batch}"

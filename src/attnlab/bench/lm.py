@@ -31,7 +31,7 @@ import torch
 
 from attnlab.analysis.heads import importance
 from attnlab.analysis.lm_probe import NextTokenProbe
-from attnlab.bench.harness import BenchResult, interleaved_median_times
+from attnlab.bench.harness import BenchResult, hf_greedy_generate, interleaved_median_times
 from attnlab.generate.search import DecodeOptions, generate_continuations
 from attnlab.pretrained.gguf import package_gguf
 from attnlab.run.loaded import open_run
@@ -167,18 +167,8 @@ def _decode(result: BenchResult, model, hf, rows, sizes: LmSizes, repeats: int) 
         def attnlab_decode(prompts=prompts) -> None:  # noqa: ANN001
             generate_continuations(model, prompts, eos_id=eos, banned=(eos,), options=options)
 
-        @torch.inference_mode()
         def hf_decode(tokens=tokens) -> None:  # noqa: ANN001
-            hf.generate(
-                input_ids=tokens,
-                attention_mask=torch.ones_like(tokens),
-                max_new_tokens=sizes.new_tokens,
-                min_new_tokens=sizes.new_tokens,
-                do_sample=False,
-                num_beams=1,
-                use_cache=True,
-                pad_token_id=eos,
-            )
+            hf_greedy_generate(hf, tokens, sizes.new_tokens, pad_token_id=eos)
 
         times = interleaved_median_times({"attnlab": attnlab_decode, "hf generate": hf_decode}, repeats=repeats)
         metric = f"decode_tokens_per_s_batch{batch_size}"
