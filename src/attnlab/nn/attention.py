@@ -11,7 +11,8 @@ where ``a`` is applied row-wise (Li's slides, "Attention in Transformers"):
 
 A boolean mask (True = may attend, :mod:`attnlab.nn.masks`) blocks pairs by setting their score to
 -inf (Li's slides, "Masked attention"). A query row with no allowed key yields a zero output and
-zero gradients, never NaN.
+zero gradients, never NaN; so does attention over no keys at all (T_k = 0), for every normalizer:
+the output is zeros (..., T_q, d_v), the weights an empty (..., T_q, 0), an empty weighted sum.
 
 The file reads top-down: :func:`attention`, then the two normalizers of :data:`NORMALIZERS`, each
 the formula first, then how it is run:
@@ -100,7 +101,9 @@ def attention(
         returns output (..., T_q, d_v), and with ``return_weights`` also weights (..., T_q, T_k).
 
     Returns:
-        The output, or ``(output, weights)`` when ``return_weights`` is True.
+        The output, or ``(output, weights)`` when ``return_weights`` is True. With no keys
+        (T_k = 0) the output is zeros and the weights are empty, for every normalizer and backend:
+        the empty sum over keys, as for a query row whose keys are all masked.
     """
     _check_qkv(q, k, v)
     check_mask(mask, q.shape[-2], k.shape[-2])
@@ -520,6 +523,9 @@ def _hardmax_attention(
     del dropout_p  # dropping a one-hot weight would just zero the output row
     t_q, t_k = q.shape[-2], k.shape[-2]
     lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    if t_k == 0:  # no key to pick: the empty sum, zeros (see attention), gradients flowing as zeros
+        weights = v.new_zeros(*lead, t_q, 0)  # (..., T_q, 0)
+        return torch.matmul(weights, v.expand(*lead, 0, v.shape[-1])), weights if need_weights else None
     key_block = max(1, min(t_k, _HARD_KEY_BLOCK))
     chunk = max(1, _HARD_CHUNK_ELEMENTS // max(1, math.prod(lead) * key_block))
     scores_of = _hard_scores(

@@ -339,3 +339,32 @@ def test_batch_dims_of_q_k_v_that_do_not_broadcast_are_rejected():
 def test_default_scale_is_inverse_sqrt_dk():
     q, k, v = _qkv(d=16)
     torch.testing.assert_close(attention(q, k, v), attention(q, k, v, scale=1 / math.sqrt(16)))
+
+
+@pytest.mark.parametrize("normalizer", sorted(attention_module.NORMALIZERS))
+@pytest.mark.parametrize("backend", [None, *attention_module.BACKENDS])
+@pytest.mark.parametrize("case", ["plain", "mask", "bias", "weights", "straight_through", "float16", "no_queries"])
+def test_no_keys_gives_zeros_for_every_normalizer_and_backend(monkeypatch, normalizer, backend, case):
+    """T_k = 0: the empty sum, zeros (..., T_q, d_v), weights (..., T_q, 0), zero gradients, never an
+    error or NaN, whichever normalizer, and whichever backend (ATTNLAB_BACKEND) where it applies."""
+    if backend is not None:
+        monkeypatch.setenv("ATTNLAB_BACKEND", backend)
+    dtype = torch.float16 if case == "float16" else torch.float32
+    q, k, v = _qkv(t_q=0 if case == "no_queries" else 4, t_k=0, dtype=dtype)
+    q.requires_grad_()
+    v.requires_grad_()
+    kwargs = {
+        "mask": torch.ones(4, 0, dtype=torch.bool) if case == "mask" else None,
+        "bias": torch.zeros(4, 0, dtype=dtype) if case == "bias" else None,
+        "return_weights": case == "weights",
+        "straight_through": case == "straight_through" and normalizer == "hardmax",
+    }
+    result = attention(q, k, v, normalizer=normalizer, **kwargs)
+    output = result[0] if case == "weights" else result
+    assert output.shape == (*q.shape[:-1], v.shape[-1]) and output.dtype == dtype
+    assert torch.equal(output, torch.zeros_like(output))
+    if case == "weights":
+        assert result[1].shape == (*q.shape[:-1], 0)
+    output.float().sum().backward()
+    assert q.grad is None or torch.equal(q.grad, torch.zeros_like(q))
+    assert v.grad is None or v.grad.shape == v.shape
