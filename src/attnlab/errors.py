@@ -10,10 +10,13 @@ Exit codes (the README and ``attnlab --help`` list them):
 * 0: success;
 * 1: an internal error (a bug in attnlab: the CLI prints its type and message on one line;
   ``ATTNLAB_TRACEBACK=1`` shows the traceback);
-* 2: bad usage or input (a key, value, flag, path or text that cannot be used as given; also
-  click's usage errors, a file the system refuses to open or create, and memory that runs out);
+* 2: bad usage or input (a key, value, flag, path or text that cannot be used as given, a number
+  outside its field's documented range or cap (:mod:`attnlab.resources`); also click's usage
+  errors and a file the system refuses to open or create);
 * 3: corrupt or unreadable data (a run directory, checkpoint or file that fails verification);
-* 4: a diverged run (the loss became NaN or Inf).
+* 4: not enough resources (:class:`ResourceError`): a valid request that this machine cannot hold,
+  refused before work by a resource estimate (memory), or memory that ran out during the work;
+* 5: a diverged run (the loss became NaN or Inf).
 
 Beside them, :func:`check_value_types`: the one type check of configuration values (the model
 configs, the task options, ``[train]``), whose failure is the commonest ``ConfigError``. It lives
@@ -33,7 +36,8 @@ from typing import Any
 EXIT_INTERNAL = 1
 EXIT_USAGE = 2
 EXIT_CORRUPT = 3
-EXIT_DIVERGED = 4
+EXIT_RESOURCES = 4
+EXIT_DIVERGED = 5
 
 
 class AttnlabError(Exception):
@@ -58,6 +62,13 @@ class CheckpointError(AttnlabError):
 
 class UsageError(AttnlabError):
     """A request that cannot be carried out as asked (bad head index, bad percentage, ...)."""
+
+
+class ResourceError(AttnlabError):
+    """A request that is valid but needs more than this machine has (a memory estimate above the
+    memory available, or an allocation that failed): reduce the size named in the message."""
+
+    exit_code = EXIT_RESOURCES
 
 
 class AttnlabWarning(UserWarning):

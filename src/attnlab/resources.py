@@ -17,7 +17,9 @@ The documented caps:
 * ``train.batch_size``: at most the number of training examples.
 
 Sizes of models are not capped by a number but by a memory estimate (:func:`training_memory`,
-:func:`word2vec_memory`) compared with the memory the machine has free (:func:`available_memory`).
+:func:`word2vec_memory`) compared with the memory the machine has free (:func:`available_memory`);
+an estimate above it is a :class:`~attnlab.errors.ResourceError` (exit code 4: the request is valid,
+this machine cannot hold it), where a value over a cap is a usage error (exit code 2).
 The estimate is deliberately simple and on the high side for short sequences; it exists to turn
 "allocator error after 47 s" or "swapping for an hour" into an immediate, explained refusal, not to
 predict the peak to the megabyte.
@@ -29,7 +31,7 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from attnlab.errors import ConfigError, UsageError
+from attnlab.errors import ConfigError, ResourceError, UsageError
 
 __all__ = [
     "MAX_TEXT_CHARS",
@@ -424,7 +426,7 @@ def check_memory(
     what: str,
     reduce: Sequence[str] | Iterable[str],
     available: int | None = None,
-    error: type[Exception] = ConfigError,
+    error: type[Exception] = ResourceError,
 ) -> None:
     """Refuse work whose estimated peak memory exceeds the memory available.
 
@@ -433,7 +435,8 @@ def check_memory(
         what: the work, for the message (``"training this model"``).
         reduce: the keys or flags that lower the estimate, named in the message.
         available: bytes free; default :func:`available_memory`.
-        error: the class to raise (ConfigError for config keys, UsageError for flags).
+        error: the class to raise (default :class:`~attnlab.errors.ResourceError`, exit code 4: the
+            request is valid, this machine cannot hold it).
     """
     free = available_memory() if available is None else available
     if estimate.total_bytes > free:

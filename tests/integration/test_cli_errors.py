@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from attnlab.cli import last_resort, main
-from attnlab.errors import EXIT_CORRUPT, EXIT_INTERNAL, EXIT_USAGE
+from attnlab.errors import EXIT_CORRUPT, EXIT_INTERNAL, EXIT_RESOURCES, EXIT_USAGE
 from attnlab.experiment import ExperimentConfig
 from attnlab.training.trainer import train
 
@@ -293,6 +293,20 @@ def test_eval_truncate_cuts_long_inputs_and_says_how_many(paths, capsys):
     )
 
 
+def test_each_kind_of_failure_has_its_own_exit_code(capsys):
+    """usage 2, damaged data 3, resources 4, a diverged run 5: distinct, and listed under --help."""
+    from attnlab.errors import CheckpointError, ConfigError, ResourceError, UsageError
+    from attnlab.training.trainer import TrainingDiverged
+
+    codes = [error.exit_code for error in (UsageError, ConfigError, CheckpointError, ResourceError, TrainingDiverged)]
+    assert codes == [2, 2, 3, 4, 5]
+    code, out, _ = _call(capsys, ["--help"])
+    listing = " ".join(out.split())
+    assert code == 0
+    for words in ("2 bad usage", "3 corrupt", "4 not enough memory", "5 a diverged run"):
+        assert words in listing, listing
+
+
 def test_help_and_version_exit_0(capsys):
     code, out, err = _call(capsys, ["--help"])
     assert code == 0 and "Exit codes: 0 success; 1 internal error" in " ".join(out.split()) and err == ""
@@ -317,10 +331,10 @@ def test_no_arguments_show_the_help(capsys):
         ),
         (PermissionError(13, "Permission denied", "a", None, "b"), EXIT_USAGE, "a -> b: Permission denied"),
         (OSError(36, "File name too long", "x" * 300), EXIT_USAGE, "x" * 300 + ": File name too long"),
-        (MemoryError(), EXIT_USAGE, "out of memory; use a smaller model, batch, input or --dim"),
+        (MemoryError(), EXIT_RESOURCES, "out of memory; use a smaller model, batch, input or --dim"),
         (
             MemoryError("Unable to allocate 7.45 GiB for an array with shape (1000000000, 2)"),
-            EXIT_USAGE,
+            EXIT_RESOURCES,
             "out of memory (asked for 7.45 GiB); use",
         ),
         (
@@ -328,12 +342,12 @@ def test_no_arguments_show_the_help(capsys):
                 "[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
                 "you tried to allocate 4000000000000 bytes."
             ),
-            EXIT_USAGE,
+            EXIT_RESOURCES,
             "out of memory (asked for 4000000000000 bytes); use a smaller model",
         ),
         (
             RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has"),
-            EXIT_USAGE,
+            EXIT_RESOURCES,
             "out of memory (asked for 2.00 GiB); use",
         ),
         (RecursionError("maximum recursion depth exceeded"), EXIT_USAGE, "nested too deeply"),

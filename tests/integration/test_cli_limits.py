@@ -89,10 +89,6 @@ CASES = [
     # (argv, words the error line must hold)
     (["train", "c.toml", "--out", "new", "--set", "model.layers=10000"], ["model.layers", "10,000"]),
     (
-        ["train", "c.toml", "--out", "new", "--set", "model.d_model=1000000000"],
-        ["needs about", "GiB", "available", "model.d_model"],
-    ),
-    (
         ["train", "c.toml", "--out", "new", "--set", "train.batch_size=1000000000"],
         ["train.batch_size", "training split (40 examples)"],
     ),
@@ -160,9 +156,22 @@ def test_a_model_too_large_for_this_machine_names_the_estimate_and_the_memory(pl
             ]
         )
     error = capsys.readouterr().err.strip()
-    assert exited.value.code == 2
+    assert exited.value.code == 4  # resources: a valid request this machine cannot hold
     assert error.startswith("error: training this model") and "needs about" in error
     assert "1.0 GiB this machine has available" in error and "reduce model.layers, model.d_model" in error
+    assert _listing(place) == before
+
+
+def test_a_model_no_machine_holds_is_a_resource_error_exit_4(place, capsys):
+    """A valid request over the memory estimate is exit code 4 (resources), not a usage mistake."""
+    before = _listing(place)
+    with pytest.raises(SystemExit) as exited:
+        main(["train", "c.toml", "--out", "new", "--set", "model.d_model=1000000000"])
+    error = capsys.readouterr().err.strip()
+    assert exited.value.code == 4, error
+    assert error.startswith("error: ") and "\n" not in error
+    for word in ("needs about", "GiB", "available", "model.d_model"):
+        assert word in error, error
     assert _listing(place) == before
 
 

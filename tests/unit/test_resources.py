@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from attnlab import resources
-from attnlab.errors import ConfigError, UsageError
+from attnlab.errors import ConfigError, ResourceError, UsageError
 from attnlab.nn import build_model
 from attnlab.nn.config import (
     DecoderOnlyConfig,
@@ -118,7 +118,7 @@ def test_word2vec_memory():
 
 def test_check_memory_refuses_with_the_estimate_the_memory_and_the_keys():
     estimate = MemoryEstimate(1000, 3 * GiB, GiB)
-    with pytest.raises(ConfigError) as caught:
+    with pytest.raises(ResourceError) as caught:
         check_memory(
             estimate, what="training this model", reduce=("model.layers", "train.batch_size"), available=2 * GiB
         )
@@ -130,7 +130,7 @@ def test_check_memory_refuses_with_the_estimate_the_memory_and_the_keys():
 
 def test_check_memory_reads_the_machine_by_default(monkeypatch):
     monkeypatch.setattr(resources, "available_memory", lambda: GiB)
-    with pytest.raises(ConfigError, match="1.0 GiB this machine"):
+    with pytest.raises(ResourceError, match="1.0 GiB this machine"):
         check_memory(MemoryEstimate(1, 2 * GiB, 0), what="x", reduce=("k",))
 
 
@@ -174,13 +174,13 @@ def test_too_many_layers_are_refused(change, key):
 def test_a_model_too_large_for_memory_is_refused():
     huge = SMALL.replace(d_model=1_000_000_000)
     with pytest.raises(
-        ConfigError, match="needs about .* GiB of memory .* more than the 1.0 GiB .* reduce model.layers"
+        ResourceError, match="needs about .* GiB of memory .* more than the 1.0 GiB .* reduce model.layers"
     ):
         check_training_resources(huge, batch_size=16, examples=_examples(100, 6), max_length=512, available=GiB)
 
 
 def test_a_large_batch_of_long_sequences_is_refused_by_its_activations():
-    with pytest.raises(ConfigError, match="batches of 100 x 512 tokens"):
+    with pytest.raises(ResourceError, match="batches of 100 x 512 tokens"):
         check_training_resources(
             SMALL, batch_size=100, examples=_examples(100, 2000), max_length=512, available=100 * 2**20
         )
@@ -234,7 +234,7 @@ def test_word2vec_is_refused_before_gensim_allocates(monkeypatch):
     monkeypatch.setattr(resources, "available_memory", lambda: 2**20)  # 1 MiB free
     sentences = [["the", "cat", "sat"], ["the", "dog"]]
     # 4 words x 60,000 dims x 4 bytes x 3 copies = 2.9 MB > 1 MiB
-    with pytest.raises(ConfigError, match="word2vec with 4 words x 60,000 dims needs about .* reduce dim \\(--dim\\)"):
+    with pytest.raises(ResourceError, match="word2vec with 4 words x 60,000 dims needs about .* reduce dim \\(--dim\\)"):
         train_word2vec(sentences, 60_000)
     with pytest.raises(ConfigError, match="dim: must lie in"):
         train_word2vec(sentences, 10**9)

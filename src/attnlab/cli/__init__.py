@@ -3,10 +3,10 @@
 Every error reaches the terminal as one ``error: ...`` line on stderr, never a traceback:
 
 * library errors (:class:`attnlab.errors.AttnlabError`) with the error's exit code (2 bad usage or
-  input, 3 corrupt or unreadable data, 4 a diverged run);
+  input, 3 corrupt or unreadable data, 4 not enough resources, 5 a diverged run);
 * click's usage errors (unknown option or command, missing argument, bad value) with exit code 2;
-* anything else through :func:`last_resort`: a file the system refused (``OSError``), memory, too
-  deep nesting (exit 2), text that is not UTF-8 (exit 3), or an internal error (exit 1) naming the
+* anything else through :func:`last_resort`: a file the system refused (``OSError``) or too deep
+  nesting (exit 2), memory that ran out (exit 4), text that is not UTF-8 (exit 3), or an internal error (exit 1) naming the
   exception's type. ``ATTNLAB_TRACEBACK=1`` in the environment re-raises instead, with the traceback.
 
 Each command group lives in its own module and registers itself on :data:`attnlab.cli.app.app`
@@ -51,7 +51,7 @@ from attnlab.cli import verify as _verify  # noqa: F401,E402
 from attnlab.cli import view as _view  # noqa: F401,E402
 from attnlab.cli import word2vec as _word2vec  # noqa: F401,E402
 from attnlab.cli.app import app
-from attnlab.errors import EXIT_CORRUPT, EXIT_INTERNAL, EXIT_USAGE, AttnlabError, AttnlabWarning
+from attnlab.errors import EXIT_CORRUPT, EXIT_INTERNAL, EXIT_RESOURCES, EXIT_USAGE, AttnlabError, AttnlabWarning
 
 EXIT_INTERRUPTED = 130
 """The shell's code for a process stopped by Ctrl-C (128 + SIGINT)."""
@@ -114,8 +114,8 @@ def last_resort(error: BaseException) -> tuple[str, int]:
         error: the exception that reached :func:`main`.
 
     Returns:
-        ``(message, exit code)``: a file the system refused (``OSError``: the file and the reason),
-        memory that ran out, or nesting too deep for Python give exit code 2; bytes that are not
+        ``(message, exit code)``: a file the system refused (``OSError``: the file and the reason)
+        or nesting too deep for Python give exit code 2; memory that ran out exit code 4; bytes that are not
         UTF-8 give exit code 3 (damaged data); anything else is an internal error (exit code 1)
         that names the exception's type and how to see the traceback.
     """
@@ -126,7 +126,7 @@ def last_resort(error: BaseException) -> tuple[str, int]:
     ):
         asked = re.search(r"(?:tried|unable) to allocate (\d+(?:\.\d+)? ?\w+)", str(error), re.IGNORECASE)
         detail = f" (asked for {asked.group(1)})" if asked else ""
-        return f"out of memory{detail}; use a smaller model, batch, input or --dim", EXIT_USAGE
+        return f"out of memory{detail}; use a smaller model, batch, input or --dim", EXIT_RESOURCES
     if isinstance(error, RecursionError):
         return "input nested too deeply to read (beyond Python's recursion limit)", EXIT_USAGE
     if isinstance(error, UnicodeDecodeError):

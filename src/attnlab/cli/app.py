@@ -15,7 +15,8 @@ from attnlab import __version__
 
 EXIT_CODES = (
     "Exit codes: 0 success; 1 internal error (set ATTNLAB_TRACEBACK=1 to see the traceback); "
-    "2 bad usage or input; 3 corrupt or unreadable data; 4 a diverged run (NaN or Inf loss). "
+    "2 bad usage or input (a number outside its documented cap included); 3 corrupt or unreadable data; "
+    "4 not enough memory for the request (estimated before the work, or run out); 5 a diverged run (NaN or Inf loss). "
     "Every error is one 'error: ...' line on stderr."
 )
 """The exit codes of every command (:mod:`attnlab.errors`), shown under ``attnlab --help``."""
