@@ -234,7 +234,8 @@ def test_word2vec_is_refused_before_gensim_allocates(monkeypatch):
     monkeypatch.setattr(resources, "available_memory", lambda: 2**20)  # 1 MiB free
     sentences = [["the", "cat", "sat"], ["the", "dog"]]
     # 4 words x 60,000 dims x 4 bytes x 3 copies = 2.9 MB > 1 MiB
-    with pytest.raises(ResourceError, match="word2vec with 4 words x 60,000 dims needs about .* reduce dim \\(--dim\\)"):
+    needs = "word2vec with 4 words x 60,000 dims needs about .* reduce dim \\(--dim\\)"
+    with pytest.raises(ResourceError, match=needs):
         train_word2vec(sentences, 60_000)
     with pytest.raises(ConfigError, match="dim: must lie in"):
         train_word2vec(sentences, 10**9)
