@@ -7,7 +7,8 @@ Every error reaches the terminal as one ``error: ...`` line on stderr, never a t
 * click's usage errors (unknown option or command, missing argument, bad value) with exit code 2;
 * anything else through :func:`last_resort`: a file the system refused (``OSError``) or too deep
   nesting (exit 2), memory that ran out (exit 4), text that is not UTF-8 (exit 3), or an internal
-  error (exit 1) naming the exception's type. ``ATTNLAB_TRACEBACK=1`` in the environment re-raises instead, with the traceback.
+  error (exit 1) naming the exception's type. ``ATTNLAB_TRACEBACK=1`` in the environment re-raises
+  instead, with the traceback.
 
 Each command group lives in its own module and registers itself on :data:`attnlab.cli.app.app`
 when imported below. A command module imports at its top only what needs no torch (typer,
