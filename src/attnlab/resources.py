@@ -1,20 +1,10 @@
-"""Bounded resources: caps on inputs and settings, and memory estimates checked before any work.
+"""Bounded resources: settings checked against the caps, and memory estimates, before any work.
 
-An input or setting whose cost grows without bound (a 100,000-character text, a beam of a million,
-ten thousand layers, a batch of a billion) is refused here, before a model is built or a run
-directory is created, with one :class:`~attnlab.errors.UsageError` or
-:class:`~attnlab.errors.ConfigError` (exit code 2) that names the flag or key and says what to do.
-
-The documented caps:
-
-* :data:`MAX_TEXT_CHARS`: characters of one input text (``generate``, ``attention``, ``encode``,
-  the viewer); after tokenization a text must also fit the model's context, ``model.max_len``.
-* :data:`MAX_BEAM`: ``generate --beam``.
-* :data:`MAX_NEW_TOKENS`: ``generate --max-new-tokens`` (``--max-length``) / ``attention --max-length``.
-* :data:`MAX_SPLIT_EXAMPLES`: ``task.train_size`` and the other split sizes of a synthetic task.
-* :data:`MAX_VECTOR_DIM`: ``word2vec --dim``.
-* :data:`MAX_LAYERS`: ``model.layers`` and ``model.decoder_layers``.
-* ``train.batch_size``: at most the number of training examples.
+An input or setting whose cost grows without bound (a 100,000-character text, ten thousand layers,
+a batch of a billion) is refused here, before a model is built or a run directory is created, with
+one :class:`~attnlab.errors.UsageError` or :class:`~attnlab.errors.ConfigError` (exit code 2) that
+names the flag or key and says what to do. The caps themselves, each with its reason, are in
+:mod:`attnlab.limits`; ``train.batch_size`` is capped by the number of training examples.
 
 Sizes of models are not capped by a number but by a memory estimate (:func:`training_memory`,
 :func:`word2vec_memory`) compared with the memory the machine has free (:func:`available_memory`);
@@ -32,20 +22,18 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from attnlab.errors import ConfigError, ResourceError, UsageError
+from attnlab.limits import (
+    MAX_LAYERS,
+    MAX_SPLIT_EXAMPLES,
+    MAX_TEXT_CHARS,
+    MAX_VECTOR_DIM,
+)
 
 __all__ = [
-    "MAX_TEXT_CHARS",
-    "MAX_BEAM",
-    "MAX_NEW_TOKENS",
-    "MAX_SPLIT_EXAMPLES",
-    "MAX_VECTOR_DIM",
-    "MAX_LAYERS",
     "SPLIT_SIZE_KEYS",
     "MemoryEstimate",
     "check_input_text",
     "check_input_tokens",
-    "check_beam",
-    "check_new_tokens",
     "check_decode_length",
     "FIXED_POSITIONS",
     "check_split_sizes",
@@ -62,27 +50,6 @@ __all__ = [
     "check_memory",
     "gib",
 ]
-
-MAX_TEXT_CHARS = 20_000
-"""Most characters in one input text. Far above any model context here (``max_len`` defaults to
-512 tokens); it stops a pasted book before it is tokenized."""
-
-MAX_BEAM = 256
-"""Largest beam: each beam row holds its own KV cache, so memory grows linearly with the beam."""
-
-MAX_NEW_TOKENS = 4096
-"""Most tokens one decoding may produce (``--max-new-tokens``, ``--max-length``)."""
-
-MAX_SPLIT_EXAMPLES = 1_000_000
-"""Most examples in one split of a synthetic task (``task.train_size`` etc.): they are generated and
-held in memory before training starts (a few hundred bytes each)."""
-
-MAX_VECTOR_DIM = 65_536
-"""Widest word2vec vectors (``word2vec --dim``); model widths here are 16 to 1024."""
-
-MAX_LAYERS = 1024
-"""Most layers (``model.layers``, ``model.decoder_layers``); the deepest published Transformers
-have about a hundred. Deeper models that would still fit in memory are refused here too."""
 
 SPLIT_SIZE_KEYS = ("train_size", "valid_size", "test_size", "length_generalisation_size")
 """The [task] keys that set how many examples a split generates."""
@@ -113,7 +80,7 @@ def check_input_text(text: str, *, what: str = "TEXT", cap: int = MAX_TEXT_CHARS
         raise UsageError(f"{what}: empty input; give some text (e.g. symbols of the task such as abcd)")
     if len(text) > cap:
         raise UsageError(
-            f"{what}: {len(text):,} characters, more than the cap of {cap:,} (attnlab.resources.MAX_TEXT_CHARS); "
+            f"{what}: {len(text):,} characters, more than the cap of {cap:,} (attnlab.limits.MAX_TEXT_CHARS); "
             "shorten the input or split it into several texts"
         )
 
@@ -134,18 +101,6 @@ def check_input_tokens(count: int, *, context: int, what: str = "TEXT") -> None:
 
 
 # ---- decoding -----------------------------------------------------------------------------------
-
-
-def check_beam(beam: int, *, flag: str = "--beam") -> None:
-    """Refuse a beam larger than :data:`MAX_BEAM` (or below 1)."""
-    if not 1 <= beam <= MAX_BEAM:
-        raise UsageError(f"{flag}: must lie in [1, {MAX_BEAM}] (attnlab.resources.MAX_BEAM), got {beam:,}")
-
-
-def check_new_tokens(count: int, *, flag: str = "--max-length") -> None:
-    """Refuse more than :data:`MAX_NEW_TOKENS` tokens to decode (or fewer than 1)."""
-    if not 1 <= count <= MAX_NEW_TOKENS:
-        raise UsageError(f"{flag}: must lie in [1, {MAX_NEW_TOKENS}] (attnlab.resources.MAX_NEW_TOKENS), got {count:,}")
 
 
 FIXED_POSITIONS = ("learned", "gehring_joint", "gehring_sum")
@@ -196,7 +151,7 @@ def check_split_sizes(task: dict, *, section: str = "task") -> None:
         if isinstance(value, int) and not isinstance(value, bool) and value > MAX_SPLIT_EXAMPLES:
             raise ConfigError(
                 f"{section}.{key}: {value:,} examples, more than the cap of {MAX_SPLIT_EXAMPLES:,} "
-                "(attnlab.resources.MAX_SPLIT_EXAMPLES); lower it"
+                "(attnlab.limits.MAX_SPLIT_EXAMPLES); lower it"
             )
 
 
@@ -213,9 +168,7 @@ def check_batch_size(batch_size: int, examples: int, *, key: str = "train.batch_
 def check_vector_dim(dim: int, *, flag: str = "--dim") -> None:
     """Refuse word vectors wider than :data:`MAX_VECTOR_DIM` (or narrower than 1)."""
     if not 1 <= dim <= MAX_VECTOR_DIM:
-        raise ConfigError(
-            f"{flag}: must lie in [1, {MAX_VECTOR_DIM:,}] (attnlab.resources.MAX_VECTOR_DIM), got {dim:,}"
-        )
+        raise ConfigError(f"{flag}: must lie in [1, {MAX_VECTOR_DIM:,}] (attnlab.limits.MAX_VECTOR_DIM), got {dim:,}")
 
 
 def check_layers(config) -> None:  # noqa: ANN001
@@ -225,7 +178,7 @@ def check_layers(config) -> None:  # noqa: ANN001
         if value is not None and value > MAX_LAYERS:
             raise ConfigError(
                 f"model.{name}: {value:,} layers, more than the cap of {MAX_LAYERS:,} "
-                "(attnlab.resources.MAX_LAYERS); lower it"
+                "(attnlab.limits.MAX_LAYERS); lower it"
             )
 
 

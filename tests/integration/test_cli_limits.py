@@ -109,7 +109,7 @@ CASES = [
     (["attention", "{run}", "abc", "--out", "existing.csv"], ["--out", "existing.csv is a file"]),
     (["encode", "{run}", ""], ["TEXT", "empty"]),
     (["encode", "{run}", "fine", LONG_TEXT], ["TEXT 2", "100,000 characters"]),
-    (["word2vec", "corpus.txt", "--dim", "1000000000", "--out", "v.txt"], ["--dim", "65,536"]),
+    (["word2vec", "corpus.txt", "--dim", "1000000000", "--out", "v.txt"], ["--dim", "65536"]),
     (["word2vec", "corpus.txt", "--dim", "8", "--out", "full"], ["--out full", "is a folder"]),
     (["word2vec", "corpus.txt", "--dim", "8", "--out", LONG_NAME], ["--out", "300 bytes long"]),
     (["heads", "ablate", "{run}", "--out", "existing.csv"], ["--out", "existing.csv is a file"]),

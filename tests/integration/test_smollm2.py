@@ -213,9 +213,10 @@ def test_generate_streams_the_chat_reply_and_json_gives_the_same(run: Path, load
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--top-p", "2"], "error: --top-p: must lie in (0, 1], got 2"),
-        (["--temperature", "-1"], "error: --temperature: must be >= 0 (0 = greedy), got -1"),
-        (["--top-k", "0", "--temperature", "1"], "error: --top-k: must be >= 1, got 0"),
+        (["--top-p", "2"], "error: attnlab generate: Invalid value for '--top-p': '2': Input should be less than"),
+        (["--top-p", "0", "--temperature", "1"], "error: --top-p: must lie in (0, 1], got 0"),
+        (["--temperature", "-1"], "error: attnlab generate: Invalid value for '--temperature': '-1': Input should"),
+        (["--top-k", "0", "--temperature", "1"], "error: attnlab generate: Invalid value for '--top-k': '0'"),
         (["--top-p", "0.9"], "error: --top-p: only when sampling; add --temperature T"),
     ],
 )

@@ -120,7 +120,7 @@ def test_help_pages_read_as_click_writes_them(capsys, argv, usage):
 def test_help_pages_name_types_and_choices(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")  # one row per option: choices unbroken
     _, out, _ = _run(capsys, "eval", "--help")
-    assert "run PATH" in out and "INTEGER RANGE [x>=1]" in out
+    assert "run PATH" in out and "INTEGER RANGE [1<=x<=65536]" in out
     # eval's splits include the run's length bins (length_LOW_HIGH), so --split is free text
     assert "--split SPLIT" in out and "length_generalisation, or a length bin" in out
     _, out, _ = _run(capsys, "train", "--help")

@@ -6,6 +6,7 @@ import pytest
 
 from attnlab import resources
 from attnlab.errors import ConfigError, ResourceError, UsageError
+from attnlab.limits import MAX_LAYERS, MAX_SPLIT_EXAMPLES, MAX_TEXT_CHARS, MAX_VECTOR_DIM
 from attnlab.nn import build_model
 from attnlab.nn.config import (
     DecoderOnlyConfig,
@@ -14,20 +15,12 @@ from attnlab.nn.config import (
     EncoderOnlyConfig,
 )
 from attnlab.resources import (
-    MAX_BEAM,
-    MAX_LAYERS,
-    MAX_NEW_TOKENS,
-    MAX_SPLIT_EXAMPLES,
-    MAX_TEXT_CHARS,
-    MAX_VECTOR_DIM,
     MemoryEstimate,
     check_batch_size,
-    check_beam,
     check_decode_length,
     check_input_text,
     check_input_tokens,
     check_memory,
-    check_new_tokens,
     check_split_sizes,
     check_training_resources,
     check_vector_dim,
@@ -208,15 +201,6 @@ def test_texts():
     check_input_tokens(512, context=512)
     with pytest.raises(UsageError, match="513 tokens, longer than the model's context of 512 \\(model.max_len\\)"):
         check_input_tokens(513, context=512)
-
-
-def test_decoding_caps():
-    check_beam(MAX_BEAM)
-    check_new_tokens(MAX_NEW_TOKENS)
-    with pytest.raises(UsageError, match="--beam: must lie in \\[1, 256\\]"):
-        check_beam(1_000_000)
-    with pytest.raises(UsageError, match="--max-length: must lie in"):
-        check_new_tokens(MAX_NEW_TOKENS + 1)
 
 
 def test_split_sizes_and_vector_width():

@@ -77,7 +77,7 @@ def attention_view(
 
     The run's held heads (``train.mask_heads``) are off; ``head_mask`` switches more heads off
     (``loaded.held_mask(base=head_mask)``). An empty text, one longer than
-    :data:`attnlab.resources.MAX_TEXT_CHARS` or one whose tokens exceed the context
+    :data:`attnlab.limits.MAX_TEXT_CHARS` or one whose tokens exceed the context
     (``model.max_len``; a pretrained LM's ``task.max_tokens`` too) is a
     :class:`~attnlab.errors.UsageError`, raised before the model runs.
     """

@@ -60,6 +60,9 @@ EXIT_INTERRUPTED = 130
 TRACEBACK_ENV = "ATTNLAB_TRACEBACK"
 """Set to 1 to let an unexpected exception raise with its traceback instead of one line."""
 
+LONGEST_QUOTED = 60
+"""Characters of a command-line value a usage error quotes in full; longer ones are shortened."""
+
 _ALLOCATOR_MESSAGES = ("can't allocate memory", "defaultcpuallocator", "out of memory")
 """Parts of the RuntimeError text torch's allocators raise when memory runs out."""
 
@@ -91,6 +94,9 @@ def usage_message(error: ClickException, argv: Sequence[str] = ()) -> str:
     value = _given_value(argv, getattr(getattr(error, "param", None), "opts", None) or ())
     if value is not None and not isinstance(error, MissingParameter):
         message = message.replace(": ", f": {value!r}: ", 1) if ": " in message else f"{message} ({value!r})"
+    for arg in argv:  # a 5,000-digit value is quoted by its start and length, not in full
+        if len(arg) > LONGEST_QUOTED:
+            message = message.replace(arg, f"{arg[:20]}... ({len(arg):,} characters)")
     context = getattr(error, "ctx", None)
     return f"{context.command_path}: {message}" if context is not None else message
 

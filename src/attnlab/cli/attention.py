@@ -14,7 +14,7 @@ import typer
 
 from attnlab.cli.app import app
 from attnlab.cli.options import SOURCE_HELP, device_option, dtype_option, json_option, print_json, revision_option
-from attnlab.resources import MAX_NEW_TOKENS
+from attnlab.limits import MAX_NEW_TOKENS
 
 
 @app.command()
@@ -26,7 +26,7 @@ def attention(
         None, "--argmax/--no-argmax", help="Draw the argmax pattern (default: only for hard attention)."
     ),
     max_length: int = typer.Option(
-        64, "--max-length", min=1, help=f"Most output tokens to decode (at most {MAX_NEW_TOKENS})."
+        64, "--max-length", min=1, max=MAX_NEW_TOKENS, help=f"Most output tokens to decode (at most {MAX_NEW_TOKENS})."
     ),
     continuation: bool = typer.Option(
         False,
@@ -50,11 +50,10 @@ def attention(
     from attnlab.analysis.maps import attention_view
     from attnlab.analysis.plots import save_attention_pictures, select_layers
     from attnlab.pretrained.sources import open_model
-    from attnlab.resources import check_input_text, check_new_tokens
+    from attnlab.resources import check_input_text
     from attnlab.run.output_paths import check_output_path
 
     check_input_text(text, what="TEXT")
-    check_new_tokens(max_length, flag="--max-length")
     check_output_path(out, kind="folder", flag="--out")
     loaded = open_model(run, device=device, dtype=dtype, revision=revision)
     chosen = None if layers is None else select_layers(layers, _deepest(loaded.model.config), flag="--layers")

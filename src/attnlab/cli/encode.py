@@ -9,6 +9,7 @@ import typer
 
 from attnlab.cli.app import app
 from attnlab.cli.options import SOURCE_HELP, device_option, dtype_option, revision_option
+from attnlab.limits import MAX_BATCH_SIZE
 
 SHOWN = 6
 """Values per vector in the human-readable output (``--json`` has them all)."""
@@ -19,7 +20,7 @@ def encode(
     run: Path = typer.Argument(..., help=SOURCE_HELP),
     texts: list[str] = typer.Argument(..., help="One or more texts."),
     as_json: bool = typer.Option(False, "--json", help="Print every value as JSON."),
-    batch_size: int = typer.Option(32, "--batch-size", min=1),
+    batch_size: int = typer.Option(32, "--batch-size", min=1, max=MAX_BATCH_SIZE, help="Texts per batch."),
     device: str = device_option(),
     dtype: str | None = dtype_option(),
     revision: str | None = revision_option(),

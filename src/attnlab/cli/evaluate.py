@@ -11,6 +11,7 @@ from attnlab.cli.app import app
 from attnlab.cli.choices import Split
 from attnlab.cli.options import SOURCE_HELP, device_option, dtype_option, progress_option, revision_option
 from attnlab.errors import UsageError
+from attnlab.limits import MAX_BATCH_SIZE
 
 
 @app.command("eval")
@@ -25,7 +26,7 @@ def evaluate_run(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object of metrics."),
     batch_size: int = typer.Option(
-        None, "--batch-size", min=1, help="Examples per batch; default 128 (16 texts with --texts)."
+        None, "--batch-size", min=1, max=MAX_BATCH_SIZE, help="Examples per batch; default 128 (16 texts with --texts)."
     ),
     texts: Path = typer.Option(
         None,

@@ -10,38 +10,46 @@ import typer
 from attnlab.cli.app import app
 from attnlab.cli.options import SOURCE_HELP, device_option, dtype_option, revision_option
 from attnlab.errors import UsageError
-from attnlab.resources import (
-    MAX_BEAM,
-    MAX_NEW_TOKENS,
-    check_beam,
-    check_decode_length,
-    check_input_text,
-    check_input_tokens,
-    check_new_tokens,
-)
+from attnlab.limits import MAX_BEAM, MAX_LENGTH_PENALTY, MAX_NEW_TOKENS, MAX_SEED, MAX_TEMPERATURE, MAX_VOCAB_SIZE
+from attnlab.resources import check_decode_length, check_input_text, check_input_tokens
 
 
 @app.command()
 def generate(
     run: Path = typer.Argument(..., help=SOURCE_HELP),
     texts: list[str] = typer.Argument(..., help="Inputs: symbols of the task (e.g. abcd) or text."),
-    beam: int = typer.Option(1, "--beam", min=1, help=f"Beam size (1 = greedy; at most {MAX_BEAM})."),
+    beam: int = typer.Option(1, "--beam", min=1, max=MAX_BEAM, help=f"Beam size (1 = greedy; at most {MAX_BEAM})."),
     max_new_tokens: int = typer.Option(
         64,
         "--max-new-tokens",
         "--max-length",
         min=1,
+        max=MAX_NEW_TOKENS,
         help=f"Most new tokens, EOS included (at most {MAX_NEW_TOKENS}); --max-length is the older name.",
     ),
-    length_penalty: float = typer.Option(1.0, "--length-penalty", min=0.0),
+    length_penalty: float = typer.Option(
+        1.0, "--length-penalty", min=0.0, max=MAX_LENGTH_PENALTY, help="Beam search: divide scores by length**P."
+    ),
     temperature: float = typer.Option(
-        0.0, "--temperature", help="Sample at this temperature (> 0); 0 = greedy (the default)."
+        0.0,
+        "--temperature",
+        min=0.0,
+        max=MAX_TEMPERATURE,
+        help="Sample at this temperature (> 0); 0 means greedy decoding (the default), not a division by zero.",
     ),
-    top_k: int | None = typer.Option(None, "--top-k", help="Sample from the K most probable tokens only (K >= 1)."),
+    top_k: int | None = typer.Option(
+        None, "--top-k", min=1, max=MAX_VOCAB_SIZE, help="Sample from the K most probable tokens only (K >= 1)."
+    ),
     top_p: float | None = typer.Option(
-        None, "--top-p", help="Sample from the smallest set of tokens whose probability reaches P (0 < P <= 1)."
+        None,
+        "--top-p",
+        min=0.0,
+        max=1.0,
+        help="Sample from the smallest set of tokens whose probability reaches P (0 < P <= 1).",
     ),
-    seed: int | None = typer.Option(None, "--seed", help="Seed of the draws: the same seed gives the same text."),
+    seed: int | None = typer.Option(
+        None, "--seed", min=0, max=MAX_SEED, help="Seed of the draws: the same seed gives the same text."
+    ),
     chat: bool = typer.Option(False, "--chat", help="Put each TEXT in the model's chat template (pretrained LMs)."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per input, when it is done."),
     device: str = device_option(),
@@ -60,8 +68,6 @@ def generate(
     from attnlab.generate.search import DecodeOptions
     from attnlab.pretrained.sources import open_model
 
-    check_beam(beam, flag="--beam")
-    check_new_tokens(max_new_tokens, flag="--max-new-tokens (--max-length)")
     sampling = _sampling(temperature, top_k, top_p, seed, beam=beam)
     for number, text in enumerate(texts, start=1):
         check_input_text(text, what=_which(number, len(texts)))
@@ -96,12 +102,9 @@ def _sampling(temperature: float, top_k: int | None, top_p: float | None, seed: 
     """The sampling options the flags ask for (None: greedy or beam search), or one UsageError."""
     from attnlab.generate.sampling import SamplingOptions
 
-    if not 0 <= temperature < float("inf"):
-        raise UsageError(f"--temperature: must be >= 0 (0 = greedy), got {temperature:g}")
-    if top_k is not None and top_k < 1:
-        raise UsageError(f"--top-k: must be >= 1, got {top_k:,}")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise UsageError(f"--top-p: must lie in (0, 1], got {top_p:g}")
+    # The options' ranges are checked when the command line is parsed; P = 0 would keep no token.
+    if top_p == 0:
+        raise UsageError("--top-p: must lie in (0, 1], got 0")
     if temperature == 0:
         if top_k is not None or top_p is not None:
             flag = "--top-k" if top_k is not None else "--top-p"

@@ -19,6 +19,7 @@ from attnlab.cli.options import (
     revision_option,
 )
 from attnlab.errors import UsageError
+from attnlab.limits import MAX_BATCH_SIZE, MAX_STEPS
 from attnlab.run.output_paths import check_output_path
 
 heads_app = typer.Typer(help="Head analysis: ablation, importance and pruning (Michel et al.).", no_args_is_help=True)
@@ -158,7 +159,7 @@ def ablate_command(
     split: Split = typer.Option(Split.valid, "--split", help=SPLIT_HELP),
     out: Path = typer.Option(None, "--out", help="Folder for the CSVs and heatmaps (default RUN/analysis)."),
     kinds: list[HeadKind] = typer.Option(None, "--kind", help=KIND_HELP),
-    batch_size: int = typer.Option(None, "--batch-size", min=1, help=BATCH_HELP),
+    batch_size: int = typer.Option(None, "--batch-size", min=1, max=MAX_BATCH_SIZE, help=BATCH_HELP),
     texts: Path = typer.Option(None, "--texts", help=TEXTS_HELP),
     pairs: Path = typer.Option(None, "--pairs", help=PAIRS_HELP),
     mean_over: Path = typer.Option(
@@ -242,7 +243,7 @@ def importance_command(
     ),
     out: Path = typer.Option(None, "--out", help="The CSV to write (default RUN/analysis/importance.csv)."),
     kinds: list[HeadKind] = typer.Option(None, "--kind", help=KIND_HELP),
-    batch_size: int = typer.Option(None, "--batch-size", min=1, help=BATCH_HELP),
+    batch_size: int = typer.Option(None, "--batch-size", min=1, max=MAX_BATCH_SIZE, help=BATCH_HELP),
     texts: Path = typer.Option(None, "--texts", help=TEXTS_HELP),
     pairs: Path = typer.Option(None, "--pairs", help=PAIRS_HELP),
     progress: bool = progress_option(),
@@ -286,7 +287,11 @@ def importance_command(
 def prune_command(
     run: Path = typer.Argument(..., help=SOURCE_HELP),
     percent: list[float] = typer.Option(
-        ..., "--percent", help="Percentages of heads to prune: --percent 10 20 30 (or --percent 10 --percent 20)."
+        ...,
+        "--percent",
+        min=0.0,
+        max=100.0,
+        help="Percentages of heads to prune: --percent 10 20 30 (or --percent 10 --percent 20).",
     ),
     recompute: bool = typer.Option(False, "--recompute", help="Recompute importances after each step."),
     keep_one_per_layer: bool = typer.Option(False, "--keep-one-per-layer", help="Never prune a layer's last head."),
@@ -299,6 +304,7 @@ def prune_command(
         0,
         "--retrain-steps",
         min=0,
+        max=MAX_STEPS,
         help="After pruning at each percentage, fine-tune this many steps on the train split with the pruned "
         "heads held off, then measure (each percentage starts from the run's weights).",
     ),
@@ -311,7 +317,7 @@ def prune_command(
     ),
     split: Split = typer.Option(None, "--split", help="The split the pruning curve is measured on; default test."),
     kinds: list[HeadKind] = typer.Option(None, "--kind", help=KIND_HELP),
-    batch_size: int = typer.Option(None, "--batch-size", min=1, help=BATCH_HELP),
+    batch_size: int = typer.Option(None, "--batch-size", min=1, max=MAX_BATCH_SIZE, help=BATCH_HELP),
     texts: Path = typer.Option(None, "--texts", help=TEXTS_HELP),
     pairs: Path = typer.Option(None, "--pairs", help=PAIRS_HELP),
     progress: bool = progress_option(),

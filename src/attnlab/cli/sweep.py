@@ -9,6 +9,7 @@ import typer
 from attnlab.cli.app import app
 from attnlab.cli.options import json_option, print_json, progress_option
 from attnlab.errors import UsageError
+from attnlab.limits import MAX_PROCESSES
 
 
 @app.command()
@@ -28,7 +29,11 @@ def sweep(
     out: Path = typer.Option(None, "--out", help="The sweep folder (run the same command again to resume it)."),
     overrides: list[str] = typer.Option([], "--set", help="Fix a key for every run: section.key=value (repeatable)."),
     jobs: int = typer.Option(
-        1, "--jobs", min=1, help="Trainings at once: 1 in this process, N > 1 in N worker processes; one thread each."
+        1,
+        "--jobs",
+        min=1,
+        max=MAX_PROCESSES,
+        help="Trainings at once: 1 in this process, N > 1 in N worker processes; one thread each.",
     ),
     report: Path = typer.Option(
         None,

@@ -12,6 +12,7 @@ from attnlab.cli.app import app
 from attnlab.cli.choices import TokenizerKind, value_of
 from attnlab.cli.options import json_option, print_json
 from attnlab.errors import UsageError
+from attnlab.limits import MAX_VOCAB_SIZE
 
 if TYPE_CHECKING:  # the tokenizers import at run time, inside the command
     from attnlab.tokenizers import Tokenizer
@@ -71,7 +72,9 @@ def tokenize(
         "vocabulary's casing. Default: follow the vocabulary (see above).",
     ),
     train: Path = typer.Option(None, "--train", help="Train the tokenizer on this UTF-8 corpus, one text per line."),
-    vocab_size: int = typer.Option(8000, "--vocab-size", min=7, help="Vocabulary size when training."),
+    vocab_size: int = typer.Option(
+        8000, "--vocab-size", min=7, max=MAX_VOCAB_SIZE, help="Vocabulary size when training."
+    ),
     skip_bad_lines: bool = typer.Option(False, "--skip-bad-lines", help="Skip bad corpus lines (counted)."),
     ids: bool = typer.Option(False, "--ids", help="Print token ids instead of tokens."),
     as_json: bool = json_option("Print one JSON object: the text, the tokenizer's kind and size, tokens and ids."),

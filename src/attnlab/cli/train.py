@@ -14,6 +14,7 @@ from attnlab.cli.app import app
 from attnlab.cli.choices import Precision, value_of
 from attnlab.cli.options import device_option, json_option, print_json, progress_option
 from attnlab.errors import UsageError
+from attnlab.limits import MAX_PROCESSES
 from attnlab.run.output_paths import check_output_path
 
 
@@ -24,7 +25,7 @@ def train(
     out: Path = typer.Option(None, "--out", help="The run directory to create (default runs/<task>-<time>)."),
     resume: Path = typer.Option(None, "--resume", help="Continue the run in this directory from its last checkpoint."),
     nproc: int = typer.Option(
-        1, "--nproc", min=1, help="Train on N processes with DistributedDataParallel (torchrun)."
+        1, "--nproc", min=1, max=MAX_PROCESSES, help="Train on N processes with DistributedDataParallel (torchrun)."
     ),
     device: str = device_option(
         None, "auto (the GPU when there is one), cpu, cuda or cuda:N; same as --set train.device=... (auto resolved)."

@@ -8,7 +8,7 @@ import typer
 
 from attnlab.cli.app import app
 from attnlab.cli.options import json_option, print_json, progress_option
-from attnlab.resources import MAX_VECTOR_DIM, check_vector_dim
+from attnlab.limits import MAX_EPOCHS, MAX_MIN_COUNT, MAX_SEED, MAX_VECTOR_DIM, MAX_WINDOW
 from attnlab.run.output_paths import check_output_path
 
 
@@ -16,16 +16,20 @@ from attnlab.run.output_paths import check_output_path
 def word2vec(
     corpus: Path = typer.Argument(..., help="UTF-8 text, one sentence per line."),
     dim: int = typer.Option(
-        ..., "--dim", min=1, help=f"Vector width (use the model's d_model; at most {MAX_VECTOR_DIM:,})."
+        ...,
+        "--dim",
+        min=1,
+        max=MAX_VECTOR_DIM,
+        help=f"Vector width (use the model's d_model; at most {MAX_VECTOR_DIM:,}).",
     ),
     out: Path = typer.Option(..., "--out", help="Where to write the vectors (word2vec text format)."),
     tokenizer: Path = typer.Option(
         None, "--tokenizer", help="Split lines with this tokenizer.json; default: whitespace."
     ),
-    window: int = typer.Option(5, "--window", min=1, help="Context words on each side."),
-    epochs: int = typer.Option(5, "--epochs", min=1, help="Passes over the corpus."),
-    min_count: int = typer.Option(1, "--min-count", min=1, help="Ignore rarer words."),
-    seed: int = typer.Option(0, "--seed", help="Random seed."),
+    window: int = typer.Option(5, "--window", min=1, max=MAX_WINDOW, help="Context words on each side."),
+    epochs: int = typer.Option(5, "--epochs", min=1, max=MAX_EPOCHS, help="Passes over the corpus."),
+    min_count: int = typer.Option(1, "--min-count", min=1, max=MAX_MIN_COUNT, help="Ignore rarer words."),
+    seed: int = typer.Option(0, "--seed", min=0, max=MAX_SEED, help="Random seed."),
     skip_bad_lines: bool = typer.Option(False, "--skip-bad-lines", help="Skip bad lines (counted)."),
     progress: bool = progress_option(
         "Show a progress bar while tokenizing a corpus of 10,000 lines or more (on stderr)."
@@ -40,7 +44,6 @@ def word2vec(
     from attnlab.tasks.text import read_lines
     from attnlab.tokenizers import Tokenizer
 
-    check_vector_dim(dim, flag="--dim")
     check_output_path(out, kind="file", flag="--out")
     lines = read_lines(corpus, skip_bad_lines=skip_bad_lines)
     if lines.skipped:
