@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from attnlab.errors import ConfigError, DataError
+from attnlab.limits import read_capped
 from attnlab.resources import check_memory, check_vector_dim, word2vec_memory
 from attnlab.run.storage import atomic_write
 
@@ -182,7 +183,7 @@ def load_vectors(path: str | os.PathLike[str]) -> WordVectors:
     """
     path = Path(path)
     try:
-        raw = path.read_bytes()
+        raw = read_capped(path)
     except OSError as error:
         raise DataError(f"{path}: cannot read: {error.strerror}") from None
     try:

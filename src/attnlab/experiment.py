@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.errors import ConfigError, check_field_types, check_value_types
+from attnlab.limits import read_capped
 from attnlab.nn import MODELS, TransformerConfig, TransformerModel, build_model, build_model_to_load
 from attnlab.nn.config import RETIRED_KEYS
 from attnlab.resources import check_split_sizes
@@ -412,7 +413,7 @@ def load_experiment(path: str | Path, overrides: Sequence[str] = (), *, flag: st
     """
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(read_capped(path).decode("utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
     except OSError as error:  # a folder, no permission

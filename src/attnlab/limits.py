@@ -136,41 +136,35 @@ file is read through :func:`read_capped`, which stops at the cap: ``/dev/zero`` 
 once instead of filling the memory."""
 
 
-def read_capped(path: str | os.PathLike[str], *, cap: int = MAX_INPUT_BYTES, what: str = "") -> bytes:
+def read_capped(path: str | os.PathLike[str], *, cap: int = MAX_INPUT_BYTES) -> bytes:
     """The bytes of the file ``path``, read up to ``cap`` bytes and refused past it.
 
-    The one reader of text files a person names (corpora, ``--texts``, configs, vectors,
-    tokenizer files). It reads at most ``cap + 1`` bytes whatever the file is, so a device such as
-    ``/dev/zero`` or a FIFO that never ends is refused after one bounded read; a FIFO with no
-    writer does not block the open.
+    The one reader of the text files a person names (corpora, ``--texts``, ``--pairs``, configs,
+    vectors, tokenizer files). It reads at most ``cap + 1`` bytes whatever the file is, so a device
+    such as ``/dev/zero``, or a pipe that never ends, is refused after one bounded read. The open
+    does not wait on a FIFO without a writer.
 
     Args:
         path: the file.
         cap: most bytes accepted (default :data:`MAX_INPUT_BYTES`).
-        what: how the person named it (``--texts``, ``CORPUS``), put before the path in messages.
 
     Returns:
         All the file's bytes.
 
     Raises:
-        DataError: the file cannot be opened or read, is a folder, or holds more than ``cap`` bytes;
-            the message names it.
+        DataError: the file holds more than ``cap`` bytes; the message names it and the cap.
+        OSError: the file cannot be opened or read (missing, a folder, no permission): each caller
+            words that in its own terms.
     """
-    name = f"{what} {path}" if what else str(path)
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-        with os.fdopen(fd, "rb") as handle:
-            if stat.S_ISDIR(os.fstat(fd).st_mode):
-                raise DataError(f"{name}: is a folder, not a file")
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                os.set_blocking(fd, True)  # a FIFO or device: read it as a stream, within the cap
-            data = handle.read(cap + 1)
-    except OSError as error:
-        raise DataError(f"{name}: cannot read: {error.strerror or error}") from None
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.set_blocking(fd, True)  # a pipe or a device: read as a stream, within the cap
+        data = handle.read(cap + 1)
     if len(data) > cap:
         raise DataError(
-            f"{name}: more than {cap:,} bytes, the cap on a text input (attnlab.limits.MAX_INPUT_BYTES); "
-            "give a smaller file"
+            f"{os.fspath(path)}: more than {cap:,} bytes, the cap on one text input "
+            "(attnlab.limits.MAX_INPUT_BYTES); give a smaller file"
         )
     return data
 

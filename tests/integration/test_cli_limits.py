@@ -118,6 +118,10 @@ CASES = [
     (["heads", "prune", "{run}", "--percent", "50", "--physical", "--out", "full"], ["--out full", "not empty"]),
     (["import", "bert", "nowhere", "--out", "full"], ["--out full", "not empty"]),
     (["bench", "attention", "--save", "existing.csv"], ["--save", "existing.csv is a file"]),
+    # text inputs are read through one capped reader: an endless file is refused after one bounded read
+    (["tokenize", "--kind", "bpe", "--train", "/dev/zero", "x"], ["/dev/zero", "bytes", "MAX_INPUT_BYTES"]),
+    (["word2vec", "/dev/zero", "--dim", "8", "--out", "v.txt"], ["/dev/zero", "bytes", "MAX_INPUT_BYTES"]),
+    (["train", "/dev/zero", "--out", "new"], ["/dev/zero", "bytes", "MAX_INPUT_BYTES"]),
 ]
 
 
@@ -173,6 +177,20 @@ def test_a_model_no_machine_holds_is_a_resource_error_exit_4(place, capsys):
     for word in ("needs about", "GiB", "available", "model.d_model"):
         assert word in error, error
     assert _listing(place) == before
+
+
+def test_eval_texts_from_an_endless_file_is_one_error_line(tmp_path, capsys, monkeypatch):
+    """``eval RUN --texts /dev/zero`` once read 7.9 GB; now one bounded read and one error line."""
+    from tests.unit.analysis.tiny_runs import tiny_run
+
+    monkeypatch.setattr(runtime, "keep_freed_memory", lambda: True)
+    run = tiny_run(tmp_path / "lm", "decoder_only")
+    for argv in (["eval", str(run), "--texts", "/dev/zero"], ["heads", "ablate", str(run), "--texts", "/dev/zero"]):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        err = capsys.readouterr().err
+        assert exited.value.code == 2 and err.count("\n") == 1, err
+        assert err.startswith("error: /dev/zero: more than 67,108,864 bytes") and "MAX_INPUT_BYTES" in err
 
 
 def test_normal_inputs_still_work(place, trained, capsys):

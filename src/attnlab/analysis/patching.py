@@ -106,11 +106,16 @@ class Runner:
             logits, the sentence embedding, the class logits.
         measure: (loaded, clean output, corrupt output, metric, answer, wrong) -> the metric and
             what it is, for people.
+        what: the model kind, for messages.
+        reads_answer: whether ``measure`` reads ``answer`` and ``wrong`` (a language model's next
+            tokens); for the other kinds giving them is an error, not silently ignored.
     """
 
     ids: Callable[[LoadedRun, str], list[int]]
     output: Callable[[LoadedRun, Tensor], Tensor]
     measure: Callable[..., tuple[Measure, str]]
+    what: str
+    reads_answer: bool = False
 
 
 def _lm_ids(loaded: LoadedRun, text: str) -> list[int]:
@@ -186,9 +191,9 @@ def _classifier_measure(loaded: LoadedRun, clean: Tensor, corrupt: Tensor, *_: o
 
 
 RUNNERS: dict[str, Runner] = {
-    "decoder_only": Runner(_lm_ids, _lm_output, _lm_measure),
-    "encoder": Runner(_encoder_ids, _encoder_output, _encoder_measure),
-    "encoder_classifier": Runner(_classifier_ids, _classifier_output, _classifier_measure),
+    "decoder_only": Runner(_lm_ids, _lm_output, _lm_measure, "language model", reads_answer=True),
+    "encoder": Runner(_encoder_ids, _encoder_output, _encoder_measure, "sentence encoder"),
+    "encoder_classifier": Runner(_classifier_ids, _classifier_output, _classifier_measure, "classifier"),
 }
 """Registry: model kind -> :class:`Runner`. An encoder-decoder is not here: its output is a decoded
 sequence, whose length the patch itself can change."""
@@ -228,11 +233,18 @@ def patch(
     Raises:
         UsageError: an encoder-decoder run, inputs of different token counts (both tokenizations
             shown), an unknown metric, an answer that is not one token, the same answer and wrong
-            token, or inputs the model measures alike (nothing to restore).
+            token, an answer or wrong token for a model that is not a language model (it measures
+            no next token), or inputs the model measures alike (nothing to restore).
     """
     if metric not in METRICS:
         raise UsageError(f"--metric: unknown {metric!r}; allowed: {', '.join(METRICS)}")
     runner = runner_of(loaded)
+    given = [flag for flag, value in (("--answer", answer), ("--wrong", wrong)) if value is not None]
+    if given and not runner.reads_answer:
+        raise UsageError(
+            f"{given[0]}: only for a language model (the next token it measures); this run is a {runner.what}, "
+            "which patching measures without one; leave it out"
+        )
     check_input_text(clean_text, what="--clean")
     check_input_text(corrupt_text, what="--corrupt")
     clean_ids, corrupt_ids = runner.ids(loaded, clean_text), runner.ids(loaded, corrupt_text)

@@ -13,6 +13,7 @@ from typing import Any
 
 from attnlab.errors import AttnlabError, ConfigError, DataError, UsageError
 from attnlab.experiment import ExperimentConfig, apply_overrides, load_experiment, parse_overrides
+from attnlab.limits import read_capped
 from attnlab.tasks.registry import TASKS, build_task, task_options
 from attnlab.training.trainer import check_log_targets, check_resources, check_splits
 
@@ -357,7 +358,7 @@ def plan_sweep(
 
 def _read_tables(path: Path) -> dict[str, Any]:
     """The TOML file's tables (already read once by ``load_experiment``, which named any problem)."""
-    return tomllib.loads(path.read_text(encoding="utf-8"))
+    return tomllib.loads(read_capped(path).decode("utf-8"))
 
 
 def _assign(base: Mapping[str, Any], values: Mapping[str, Any], seed: int | None) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnlab.errors import ConfigError, DataError, UsageError
+from attnlab.limits import read_capped
 from attnlab.tasks.base import Example, SplitAccessors, check_split_name, split_of
 from attnlab.tokenizers import Tokenizer
 
@@ -53,7 +54,7 @@ class Lines:
 
 def _raw_lines(path: Path) -> list[bytes]:
     try:
-        data = path.read_bytes()
+        data = read_capped(path)
     except OSError as error:
         raise DataError(f"{path}: cannot read: {error.strerror}") from None
     if not data.strip():

@@ -36,6 +36,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers
 
 from attnlab.errors import DataError
+from attnlab.limits import read_capped
 from attnlab.tokenizers.kinds import EXTERNAL_KIND, KINDS, SPECIAL_TOKENS, build, infer_kind
 
 __all__ = ["Tokenizer", "train_tokenizer", "check_text", "is_uncased", "SPECIAL_ALIASES"]
@@ -353,7 +354,7 @@ def train_tokenizer(kind: str, corpus: Iterable[str], vocab_size: int = 8000) ->
 
 def _read_text(path: Path) -> str:
     try:
-        data = path.read_bytes()
+        data = read_capped(path)
     except OSError as error:
         raise DataError(f"{path}: cannot read: {error.strerror}") from None
     try:

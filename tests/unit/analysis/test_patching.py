@@ -99,6 +99,10 @@ def test_patching_errors_are_clear(lm, bert, tmp_path):
         patch(lm, CLEAN, CORRUPT, answer="a", wrong="a")
     with pytest.raises(UsageError, match=r"measures both alike"):
         patch(bert, "the cat sat.", "the cat sat.")
+    for given in ({"answer": "cat"}, {"wrong": "mat"}):  # a sentence encoder measures no next token
+        flag = "--" + next(iter(given))
+        with pytest.raises(UsageError, match=f"{flag}: only for a language model.*this run is a sentence encoder"):
+            patch(bert, "the cat sat.", "the mat sat.", **given)
     with pytest.raises(UsageError, match=r"--metric: unknown 'kl'"):
         patch(lm, CLEAN, CORRUPT, metric="kl")
     seq2seq = open_run(tiny_run(tmp_path / "s2s", "encoder_decoder"))
