@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from attnlab.errors import ConfigError, DataError
-from attnlab.limits import read_capped
+from attnlab.reading import read_capped
 from attnlab.resources import check_memory, check_vector_dim, word2vec_memory
 from attnlab.run.storage import atomic_write
 

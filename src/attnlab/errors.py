@@ -19,7 +19,8 @@ Exit codes (the README and ``attnlab --help`` list them):
 * 5: a diverged run (the loss became NaN or Inf).
 
 Beside them, :func:`check_value_types`: the one type check of configuration values (the model
-configs, the task options, ``[train]``), whose failure is the commonest ``ConfigError``. It lives
+configs, the task options, ``[train]``), whose failure is the commonest ``ConfigError``; it also
+holds every integer within the range a config may give (:mod:`attnlab.limits`), seeds in theirs. It lives
 here, at the bottom of the imports, so that the model (:mod:`attnlab.nn`) and the tasks
 (:mod:`attnlab.tasks`) share it without importing each other.
 """
@@ -32,6 +33,8 @@ import types
 import typing
 from collections.abc import Mapping
 from typing import Any
+
+from attnlab.limits import MAX_CONFIG_INT, MAX_SEED, describe_int
 
 EXIT_INTERNAL = 1
 EXIT_USAGE = 2
@@ -94,6 +97,20 @@ def check_value_types(cls: type, values: Mapping[str, Any]) -> None:
             raise ValueError(f"{name}: expected {names}, got {value!r}")
         if isinstance(value, float) and not math.isfinite(value):  # TOML has nan and inf literals
             raise ValueError(f"{name}: must be a finite number, got {value!r}")
+        if isinstance(value, int) and not isinstance(value, bool):
+            _check_int_range(name, value)
+
+
+def _check_int_range(name: str, value: int) -> None:
+    """A seed lies in [0, :data:`~attnlab.limits.MAX_SEED`]; any other integer within
+    +-:data:`~attnlab.limits.MAX_CONFIG_INT` (it becomes a tensor size or a 64-bit integer)."""
+    if name == "seed" and not 0 <= value <= MAX_SEED:
+        raise ValueError(f"seed: must lie in [0, {MAX_SEED:,}] (attnlab.limits.MAX_SEED), got {describe_int(value)}")
+    if abs(value) > MAX_CONFIG_INT:
+        raise ValueError(
+            f"{name}: {describe_int(value)} is too large for this key "
+            f"(integers lie within +-{MAX_CONFIG_INT:,}, attnlab.limits.MAX_CONFIG_INT)"
+        )
 
 
 def _runtime_types(hint: Any) -> tuple[type, ...]:

@@ -23,16 +23,18 @@ A config file has three tables::
 from __future__ import annotations
 
 import dataclasses
+import sys
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attnlab.errors import ConfigError, check_field_types, check_value_types
-from attnlab.limits import read_capped
+from attnlab.errors import ConfigError, DataError, check_field_types, check_value_types
+from attnlab.limits import MAX_CONFIG_INT, MAX_STEPS
 from attnlab.nn import MODELS, TransformerConfig, TransformerModel, build_model, build_model_to_load
 from attnlab.nn.config import RETIRED_KEYS
+from attnlab.reading import read_capped
 from attnlab.resources import check_split_sizes
 from attnlab.tasks.base import Task
 from attnlab.tasks.registry import (
@@ -157,6 +159,10 @@ class TrainConfig:
         for name in ("warmup", "log_every", "eval_every", "checkpoint_every", "max_length", "threads"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"train.{name}: must be >= 0, got {getattr(self, name)}")
+        if self.steps > MAX_STEPS:
+            raise ConfigError(
+                f"train.steps: {self.steps:,} steps, more than the cap of {MAX_STEPS:,} (attnlab.limits.MAX_STEPS)"
+            )
         if self.threads > MAX_THREADS:
             raise ConfigError(f"train.threads: must be <= {MAX_THREADS} (0 = this machine's count), got {self.threads}")
         if self.lr <= 0:
@@ -383,7 +389,7 @@ def parse_overrides(overrides: Sequence[str], *, flag: str = "override") -> list
         section, dot, key = path.strip().partition(".")
         if not sep or not dot or not key:
             raise ConfigError(f"{flag} {item!r}: expected section.key=value, e.g. train.steps=100")
-        parsed.append((section, key, _toml_value(raw.strip())))
+        parsed.append((section, key, _toml_value(raw.strip(), where=f"{flag} {path.strip()}")))
     return parsed
 
 
@@ -398,11 +404,20 @@ def apply_overrides(data: Mapping[str, Any], overrides: Sequence[tuple[str, str,
     return merged
 
 
-def _toml_value(raw: str) -> Any:
+def _toml_value(raw: str, *, where: str) -> Any:
     try:
         return tomllib.loads(f"value = {raw}")["value"]
     except tomllib.TOMLDecodeError:
         return raw
+    except ValueError:  # Python's limit on the digits of an int ("Exceeds the limit (4300 digits)")
+        raise ConfigError(f"{where}: {_TOO_LONG}") from None
+
+
+_TOO_LONG = (
+    f"a number of more than {sys.get_int_max_str_digits():,} digits, too large for any key "
+    f"(integers lie within +-{MAX_CONFIG_INT:,}, attnlab.limits.MAX_CONFIG_INT)"
+)
+"""What a config or ``--set`` value too long for Python to read as an int is told."""
 
 
 def load_experiment(path: str | Path, overrides: Sequence[str] = (), *, flag: str = "override") -> ExperimentConfig:
@@ -422,6 +437,10 @@ def load_experiment(path: str | Path, overrides: Sequence[str] = (), *, flag: st
         raise ConfigError(f"{path}: not UTF-8 text") from None
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: invalid TOML: {error}") from None
+    except DataError:  # past the size cap of a text input: already names the file
+        raise
+    except ValueError:  # Python's limit on the digits of an int
+        raise ConfigError(f"{path}: {_TOO_LONG}") from None
     data.pop("sweep", None)
     return ExperimentConfig.from_dict(apply_overrides(data, parse_overrides(overrides, flag=flag)))
 

@@ -6,7 +6,8 @@ One place for every limit, each with the reason for its value. Below everything 
 estimates, which bound the sizes that have no fixed cap (``model.d_model``, ``model.d_ff``, ...).
 
 A value over a cap is bad input (exit code 2), refused before any work; a valid request that the
-machine cannot hold is a :class:`~attnlab.errors.ResourceError` (exit code 4).
+machine cannot hold is a :class:`~attnlab.errors.ResourceError` (exit code 4). This module imports
+nothing, so that every layer, :mod:`attnlab.errors` included, reads the same numbers.
 
 The caps:
 
@@ -26,7 +27,7 @@ The caps:
 * :data:`MAX_PROCESSES`: ``train --nproc`` and ``sweep --jobs``.
 * :data:`MAX_TEMPERATURE`, :data:`MAX_LENGTH_PENALTY`: ``generate --temperature`` and ``--length-penalty``.
 * :data:`MAX_CONFIG_INT`: any integer of a config (a size becomes a tensor dimension, an int64).
-* :data:`MAX_INPUT_BYTES`: bytes of one text file a command reads (:func:`read_capped`).
+* :data:`MAX_INPUT_BYTES`: bytes of one text file a command reads (:func:`attnlab.reading.read_capped`).
 
 Every integer or float option of the command line carries its range (typer's ``min``/``max``) at
 parse time, so a value outside it (huge, negative, 5,000 digits) is click's one-line usage error
@@ -35,11 +36,6 @@ walks every command so that no option escapes.
 """
 
 from __future__ import annotations
-
-import os
-import stat
-
-from attnlab.errors import DataError
 
 __all__ = [
     "MAX_TEXT_CHARS",
@@ -60,7 +56,6 @@ __all__ = [
     "MAX_LENGTH_PENALTY",
     "MAX_CONFIG_INT",
     "MAX_INPUT_BYTES",
-    "read_capped",
     "describe_int",
 ]
 
@@ -132,41 +127,8 @@ PyTorch (keys with their own cap, such as :data:`MAX_LAYERS`, are checked agains
 MAX_INPUT_BYTES = 64 * 2**20
 """Most bytes of one text input read from a file or stdin (``eval --texts``, ``tokenize --train``,
 ``word2vec`` corpora, ``--pairs``, ...): 64 MiB of text, far more than any task corpus here. The
-file is read through :func:`read_capped`, which stops at the cap: ``/dev/zero`` is refused at
+file is read through :func:`attnlab.reading.read_capped`, which stops at the cap: ``/dev/zero`` is refused at
 once instead of filling the memory."""
-
-
-def read_capped(path: str | os.PathLike[str], *, cap: int = MAX_INPUT_BYTES) -> bytes:
-    """The bytes of the file ``path``, read up to ``cap`` bytes and refused past it.
-
-    The one reader of the text files a person names (corpora, ``--texts``, ``--pairs``, configs,
-    vectors, tokenizer files). It reads at most ``cap + 1`` bytes whatever the file is, so a device
-    such as ``/dev/zero``, or a pipe that never ends, is refused after one bounded read. The open
-    does not wait on a FIFO without a writer.
-
-    Args:
-        path: the file.
-        cap: most bytes accepted (default :data:`MAX_INPUT_BYTES`).
-
-    Returns:
-        All the file's bytes.
-
-    Raises:
-        DataError: the file holds more than ``cap`` bytes; the message names it and the cap.
-        OSError: the file cannot be opened or read (missing, a folder, no permission): each caller
-            words that in its own terms.
-    """
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.set_blocking(fd, True)  # a pipe or a device: read as a stream, within the cap
-        data = handle.read(cap + 1)
-    if len(data) > cap:
-        raise DataError(
-            f"{os.fspath(path)}: more than {cap:,} bytes, the cap on one text input "
-            "(attnlab.limits.MAX_INPUT_BYTES); give a smaller file"
-        )
-    return data
 
 
 def describe_int(value: int) -> str:

@@ -86,6 +86,39 @@ def test_nan_and_inf_options_are_named(tmp_path, override, message):
         config.model_config(vocab_size=10, pad_id=0)
 
 
+DIGITS = "9" * 5_000
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        (f"model.d_model={DIGITS}", "--set model.d_model: a number of more than 4,300 digits, too large for any key"),
+        (f"model.d_model={2**70}", "model.d_model: 1,180,591,620,717,411,303,424 is too large for this key"),
+        ("train.seed=99999999999999999999999", "train.seed: must lie in [0, 9,223,372,036,854,775,807]"),
+        ("train.seed=-1", "train.seed: must lie in [0, 9,223,372,036,854,775,807] (attnlab.limits.MAX_SEED), got -1"),
+        ("task.seed=99999999999999999999999", "task.seed: must lie in [0, 9,223,372,036,854,775,807]"),
+        ("train.steps=1000000000", "train.steps: 1,000,000,000 steps, more than the cap of 10,000,000"),
+        ("task.valid_size=0", "task.valid_size: must be >= 1 (the validation split scores training), got 0"),
+    ],
+)
+def test_integers_out_of_their_range_are_one_config_error_naming_the_key(tmp_path, override, message):
+    """Too large for the field, a seed outside [0, 2**63 - 1], more steps than the cap, an empty
+    validation split: a ConfigError naming the key, never an overflow inside PyTorch."""
+    path = tmp_path / "c.toml"
+    path.write_text('[task]\nname = "copy"\n[model]\nkind = "encoder_decoder"\n')
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        config = load_experiment(path, [override], flag="--set")
+        config.model_config(vocab_size=10, pad_id=0)
+        build_task(config.task)
+
+
+def test_a_config_file_with_a_5000_digit_number_is_named(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text(f'[task]\nname = "copy"\n[train]\nsteps = {DIGITS}\n')
+    with pytest.raises(ConfigError, match=re.escape(f"{path}: a number of more than 4,300 digits")):
+        load_experiment(path)
+
+
 def test_get_task_checks_option_types_before_the_task_compares_them():
     with pytest.raises(ConfigError, match="task.train_size: expected int, got '8'"):
         get_task("copy", train_size="8")

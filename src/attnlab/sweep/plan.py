@@ -13,7 +13,8 @@ from typing import Any
 
 from attnlab.errors import AttnlabError, ConfigError, DataError, UsageError
 from attnlab.experiment import ExperimentConfig, apply_overrides, load_experiment, parse_overrides
-from attnlab.limits import read_capped
+from attnlab.limits import MAX_SEED
+from attnlab.reading import read_capped
 from attnlab.tasks.registry import TASKS, build_task, task_options
 from attnlab.training.trainer import check_log_targets, check_resources, check_splits
 
@@ -126,14 +127,18 @@ def parse_seeds(text: str) -> tuple[int, ...]:
     """``"0-4"``, ``"0,2,7"`` or ``"0-2,10"`` -> the seeds, in order, without repeats.
 
     Raises:
-        UsageError: naming ``--seeds``: not integers, a descending range, a repeat, or too many.
+        UsageError: naming ``--seeds``: not integers, a seed past :data:`~attnlab.limits.MAX_SEED`, a
+            descending range, a repeat, or too many.
     """
     seeds: list[int] = []
     for part in str(text).split(","):
         match = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
         if not match:
             raise UsageError(f"--seeds {text!r}: expected seeds such as 0-4 or 0,2,7 (non-negative integers)")
-        first, last = int(match[1]), int(match[2] if match[2] is not None else match[1])
+        bounds = [match[1], match[2] if match[2] is not None else match[1]]
+        if any(len(digits) > len(str(MAX_SEED)) or int(digits) > MAX_SEED for digits in bounds):
+            raise UsageError(f"--seeds: a seed lies in [0, {MAX_SEED:,}] (attnlab.limits.MAX_SEED)")
+        first, last = int(bounds[0]), int(bounds[1])
         if last < first:
             raise UsageError(f"--seeds {text!r}: the range {part.strip()} goes down; write it as {last}-{first}")
         if last - first >= MAX_RUNS:

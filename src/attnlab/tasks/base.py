@@ -268,9 +268,14 @@ def split_statistics(examples: Sequence[Example]) -> dict[str, int]:
 
 
 def check_sizes(**sizes: int) -> None:
+    """Refuse a negative split size, and an empty validation split: every evaluation during
+    training and the choice of the best checkpoint score it, so ``valid_size = 0`` would train
+    blind while reporting success."""
     for name, value in sizes.items():
         if value < 0:
             raise ConfigError(f"{name}: must be >= 0, got {value}")
+    if sizes.get("valid_size") == 0:
+        raise ConfigError("valid_size: must be >= 1 (the validation split scores training), got 0")
 
 
 def length_bin_name(low: int, high: int) -> str:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnlab.errors import ConfigError, DataError, UsageError
-from attnlab.limits import read_capped
+from attnlab.reading import read_capped
 from attnlab.tasks.base import Example, SplitAccessors, check_split_name, split_of
 from attnlab.tokenizers import Tokenizer
 

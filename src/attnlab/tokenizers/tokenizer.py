@@ -36,7 +36,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers
 
 from attnlab.errors import DataError
-from attnlab.limits import read_capped
+from attnlab.reading import read_capped
 from attnlab.tokenizers.kinds import EXTERNAL_KIND, KINDS, SPECIAL_TOKENS, build, infer_kind
 
 __all__ = ["Tokenizer", "train_tokenizer", "check_text", "is_uncased", "SPECIAL_ALIASES"]

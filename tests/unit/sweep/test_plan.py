@@ -50,7 +50,7 @@ def test_a_combination_refused_only_together_names_the_run(config):
 def test_seeds_and_grid_values_parse():
     assert parse_seeds("0-4") == (0, 1, 2, 3, 4)
     assert parse_seeds("3,0-1, 7") == (3, 0, 1, 7)
-    for bad in ("", "a", "4-2", "1,1", "-1"):
+    for bad in ("", "a", "4-2", "1,1", "-1", str(2**63), "9" * 5_000, f"0-{2**63}"):
         with pytest.raises(UsageError, match="--seeds"):
             parse_seeds(bad)
     (axis,) = parse_grid(['task.eval_lengths=[[5, 8], [9, 12]],[[5, 6]],"a,b",1e-3,true'])
