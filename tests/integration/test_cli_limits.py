@@ -118,6 +118,9 @@ CASES = [
     (["heads", "prune", "{run}", "--percent", "50", "--physical", "--out", "full"], ["--out full", "not empty"]),
     (["import", "bert", "nowhere", "--out", "full"], ["--out full", "not empty"]),
     (["bench", "attention", "--save", "existing.csv"], ["--save", "existing.csv is a file"]),
+    (["tokenize", "--kind", "char", LONG_TEXT], ["TEXT", "100,000 characters", "20,000"]),
+    (["tokenize", "--kind", "bpe", "x"], ["--kind bpe", "--train CORPUS or --tokenizer FILE"]),
+    (["tokenize", "--kind", "wordpiece", "x"], ["--kind wordpiece", "--train CORPUS or --tokenizer FILE"]),
     # text inputs are read through one capped reader: an endless file is refused after one bounded read
     (["tokenize", "--kind", "bpe", "--train", "/dev/zero", "x"], ["/dev/zero", "bytes", "MAX_INPUT_BYTES"]),
     (["word2vec", "/dev/zero", "--dim", "8", "--out", "v.txt"], ["/dev/zero", "bytes", "MAX_INPUT_BYTES"]),

@@ -84,7 +84,7 @@ def test_every_help_page_loads_no_torch():
 
 def test_tokenize_loads_no_torch():
     assert (
-        _loaded_after([["tokenize", "--kind", "char", "hello"], ["tokenize", "--kind", "bpe", "--ids", "ab ab"]]) == []
+        _loaded_after([["tokenize", "--kind", "char", "hello"], ["tokenize", "--kind", "word", "--ids", "ab ab"]]) == []
     )
 
 

@@ -48,6 +48,13 @@ def _pick_tokenizer(
         return Tokenizer.from_vocab_txt(vocab, lowercase=lowercase)
     if kind is None:
         raise UsageError("--kind: required unless --tokenizer or --vocab is given")
+    from attnlab.tokenizers.kinds import LEARNED_KINDS
+
+    if corpus is None and kind in LEARNED_KINDS:
+        raise UsageError(
+            f"--kind {kind}: its pieces are learned from a corpus; give --train CORPUS or --tokenizer FILE "
+            "(learned from TEXT alone, every word would be one token)"
+        )
     if corpus is not None:
         from attnlab.tasks.text import read_lines
 
@@ -81,7 +88,9 @@ def tokenize(
 ) -> None:
     """Print the tokens of TEXT as a JSON list.
 
-    Without --tokenizer, --vocab or --train, the vocabulary is learned from TEXT itself.
+    Without --tokenizer, --vocab or --train, the char, word and rule kinds learn their vocabulary
+    from TEXT itself; bpe and wordpiece, whose pieces are learned from a corpus, need --train or
+    --tokenizer. TEXT holds at most 20,000 characters (attnlab.limits.MAX_TEXT_CHARS).
 
     Casing with --vocab, as Hugging Face's BERT does: an uncased vocab.txt (lowercasing changes none
     of its pieces, [CLS]-style specials aside) lowercases TEXT and strips its accents ("Café" ->
@@ -90,6 +99,9 @@ def tokenize(
     A tokenizer.json keeps its own normalizer, but any padding or truncation it configures is
     ignored: the output is TEXT's tokens only.
     """
+    from attnlab.resources import check_input_text
+
+    check_input_text(text, what="TEXT")
     tok = _pick_tokenizer(text, value_of(kind), tokenizer, vocab, train, vocab_size, skip_bad_lines, lowercase)
     if as_json:
         print_json(

@@ -27,7 +27,18 @@ from collections.abc import Callable, Iterable
 from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
-__all__ = ["SPECIAL_TOKENS", "KINDS", "EXTERNAL_KIND", "BYTE_TOKENS", "build", "check_build_options", "infer_kind"]
+from attnlab.limits import MAX_VOCAB_SIZE
+
+__all__ = [
+    "SPECIAL_TOKENS",
+    "KINDS",
+    "LEARNED_KINDS",
+    "EXTERNAL_KIND",
+    "BYTE_TOKENS",
+    "build",
+    "check_build_options",
+    "infer_kind",
+]
 
 SPECIAL_TOKENS: dict[str, str] = {
     "pad": "[PAD]",
@@ -139,6 +150,10 @@ KINDS: dict[str, Builder] = {
 }
 """Registry: kind name -> builder(corpus lines, vocab_size) -> HF tokenizer."""
 
+LEARNED_KINDS = frozenset({"wordpiece", "bpe"})
+"""The kinds whose pieces are learned from a corpus (merges, subwords): trained on one short text
+they make each of its words one token, which shows nothing of how the kind splits."""
+
 
 def build(kind: str, corpus: Iterable[str], vocab_size: int) -> HFTokenizer:
     """Train a tokenizer of ``kind`` on ``corpus`` (an iterable of lines)."""
@@ -152,6 +167,10 @@ def check_build_options(kind: str, vocab_size: int) -> None:
         raise ValueError(f"kind: unknown tokenizer kind {kind!r}; choose one of {', '.join(KINDS)}")
     if vocab_size < len(SPECIALS) + 1:
         raise ValueError(f"vocab_size: must be at least {len(SPECIALS) + 1}, got {vocab_size}")
+    if vocab_size > MAX_VOCAB_SIZE:  # the trainers allocate per id: 10**12 aborted the process
+        raise ValueError(
+            f"vocab_size: {vocab_size:,} is more than the cap of {MAX_VOCAB_SIZE:,} (attnlab.limits.MAX_VOCAB_SIZE)"
+        )
 
 
 def infer_kind(tokenizer: HFTokenizer) -> str:

@@ -237,3 +237,12 @@ def test_fuzz_no_crash_but_the_documented_value_error(trained, kind, text):
 def test_fuzz_decode_inverts_encode(trained, kind, text):
     tok = trained[kind]
     assert tok.decode(tok.encode(text)) == text
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_a_vocabulary_past_the_cap_is_refused_before_training(kind):
+    """10**12 once aborted the process inside the tokenizers library's allocator."""
+    from attnlab.limits import MAX_VOCAB_SIZE
+
+    with pytest.raises(ValueError, match=f"vocab_size: 1,000,000,000,000 is more than the cap of {MAX_VOCAB_SIZE:,}"):
+        train_tokenizer(kind, CORPUS, 10**12)
