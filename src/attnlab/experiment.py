@@ -283,6 +283,17 @@ class ExperimentConfig:
         """This config with ``section.key=value`` overrides applied (``flag`` names them in errors)."""
         return ExperimentConfig.from_dict(apply_overrides(self.to_dict(), parse_overrides(overrides, flag=flag)))
 
+    def changed_keys(self, other: ExperimentConfig, sections: Sequence[str] = ("task", "model")) -> list[str]:
+        """The keys of ``sections`` whose values differ in ``other``, as ``section.key`` (sorted): what a
+        resume may not change, since the saved weights and data were made with this config."""
+        mine, theirs = self.to_dict(), other.to_dict()
+        return [
+            f"{section}.{key}"
+            for section in sections
+            for key in sorted(set(mine[section]) | set(theirs[section]))
+            if mine[section].get(key) != theirs[section].get(key)
+        ]
+
 
 def _check_task_section(task: Mapping[str, Any]) -> None:
     name = task.get("name")

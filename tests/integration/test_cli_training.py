@@ -89,6 +89,21 @@ def test_generate_decodes(trained):
     assert all(set(line["output"]) <= alphabet and line["log_prob"] <= 0 for line in lines)
 
 
+def test_a_refused_resume_leaves_the_run_as_it_was(trained, tmp_path):
+    """CONFIG with --resume, or a --set of a model key, is a usage error (exit 2) before any weight
+    is read or any metric appended; the same value as the run's is no change and is accepted."""
+    config = tmp_path / "c.toml"
+    config.write_text(TINY.format(task="reverse", kind="encoder_decoder"))
+    before = {p: p.read_bytes() for p in sorted(trained.rglob("*")) if p.is_file()}
+    for args in (
+        ("train", str(config), "--resume", str(trained)),
+        ("train", "--resume", str(trained), "--set", "model.layers=3"),
+    ):
+        result = attnlab(*args, "--no-progress")
+        assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert {p: p.read_bytes() for p in sorted(trained.rglob("*")) if p.is_file()} == before
+
+
 def test_resume_continues_to_more_steps(trained, tmp_path):
     copy = tmp_path / "run"
     subprocess.run(["cp", "-r", str(trained), str(copy)], check=True)
@@ -137,6 +152,11 @@ def test_resume_continues_to_more_steps(trained, tmp_path):
         (("train", "{config}", "--set", "task.train_size=many"), "task.train_size: expected int, got 'many'"),
         (("train", "{config}", "--out", "{run}"), "already exists and is not empty"),
         (("train", "--resume", "{empty}"), "is not a run directory: it has no config.json"),
+        (("train", "{config}", "--resume", "{run}"), "not with --resume, which continues"),
+        (
+            ("train", "--resume", "{run}", "--set", "model.layers=3", "--set", "task.max_train_length=5"),
+            "--set task.max_train_length, model.layers: a resume cannot change [model] or [task] keys",
+        ),
         (("eval", "no/such/run"), "run not found: no/such/run"),
         (
             ("eval", "{run}", "--split", "dev"),

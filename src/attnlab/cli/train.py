@@ -23,7 +23,12 @@ def train(
     config: Path = typer.Argument(None, help="The experiment's TOML file (see configs/)."),
     overrides: list[str] = typer.Option([], "--set", help="Override a key: section.key=value (repeatable)."),
     out: Path = typer.Option(None, "--out", help="The run directory to create (default runs/<task>-<time>)."),
-    resume: Path = typer.Option(None, "--resume", help="Continue the run in this directory from its last checkpoint."),
+    resume: Path = typer.Option(
+        None,
+        "--resume",
+        help="Continue the run in this directory from its last checkpoint, with the config it was trained with "
+        "(no CONFIG); --set may change [train] keys (e.g. train.steps), not [model] or [task] ones.",
+    ),
     nproc: int = typer.Option(
         1, "--nproc", min=1, max=MAX_PROCESSES, help="Train on N processes with DistributedDataParallel (torchrun)."
     ),
@@ -48,7 +53,19 @@ def train(
     if precision:
         overrides.append(f'train.precision="{value_of(precision)}"')
     if resume is not None:
-        experiment = run_experiment(RunDir.open(resume)).with_overrides(overrides, flag="--set")
+        if config is not None:
+            raise UsageError(
+                f"CONFIG {config}: not with --resume, which continues {resume} with the config it was trained "
+                "with; give one or the other (--set changes [train] keys of a resume)"
+            )
+        saved = run_experiment(RunDir.open(resume))
+        experiment = saved.with_overrides(overrides, flag="--set")
+        changed = saved.changed_keys(experiment)
+        if changed:  # before any weight is read: the saved weights and data were made with the old values
+            raise UsageError(
+                f"--set {', '.join(changed)}: a resume cannot change [model] or [task] keys (the run's weights and "
+                "data were made with them); train a new run with --out instead"
+            )
         run_path = resume
     elif config is None:
         raise UsageError("give a CONFIG.toml to train, or --resume RUN to continue a run")
