@@ -87,11 +87,18 @@ def head_site(model: TransformerModel, head: HeadId) -> Site:
     raise UsageError(f"head {head}: this model has no {head.kind} attention in layer {head.layer}")
 
 
+_MOST_DIGITS = 19
+"""Digits of the largest layer or head index read (2**63 - 1): a longer number names no head and is
+refused before Python converts it (past 4,300 digits it would raise)."""
+
+
 def parse_head_name(spec: str) -> HeadId:
     """``kind:layer:head`` -> :class:`HeadId`, the syntax only (UsageError otherwise)."""
     parts = spec.split(":")
     if len(parts) != 3 or not parts[1].lstrip("-").isdigit() or not parts[2].lstrip("-").isdigit():
         raise UsageError(f"head {spec!r}: expected kind:layer:head, e.g. cross:0:1")
+    if max(len(parts[1]), len(parts[2])) > _MOST_DIGITS:  # no model has such a layer or head
+        raise UsageError(f"head {spec!r}: a layer or head number of more than {_MOST_DIGITS} digits")
     return HeadId(parts[0], int(parts[1]), int(parts[2]))
 
 

@@ -196,6 +196,33 @@ def test_eval_texts_from_an_endless_file_is_one_error_line(tmp_path, capsys, mon
         assert err.startswith("error: /dev/zero: more than 67,108,864 bytes") and "MAX_INPUT_BYTES" in err
 
 
+DIGITS = "9" * 5_000
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["eval", "{run}", "--checkpoint", f"step-{DIGITS}"],
+        ["eval", "{run}", "--mask-head", f"self:{DIGITS}:0"],
+        ["attention", "{run}", "abc", "--out", "pictures", "--layers", f"1-{DIGITS}"],
+        ["train", "c.toml", "--out", "new", "--set", f"model.d_model={DIGITS}"],
+        ["train", "c.toml", "--out", "new", "--set", "train.seed=99999999999999999999999"],
+        ["generate", "{run}", "--seed", str(10**30), "abc"],
+    ],
+    ids=["checkpoint", "mask-head", "layers", "set-digits", "set-seed", "generate-seed"],
+)
+def test_numbers_too_large_for_their_field_are_one_short_error_line(place, trained, capsys, argv):
+    """Never Python's "Exceeds the limit (4300 digits)" or an int64 overflow as an internal error,
+    and never the 5,000 digits echoed back."""
+    before = _listing(place, trained)
+    with pytest.raises(SystemExit) as exited:
+        main([arg.replace("{run}", str(trained)) for arg in argv])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and err.count("\n") == 1 and err.startswith("error: "), err
+    assert "internal error" not in err and len(err) < 400, err
+    assert _listing(place, trained) == before
+
+
 def test_normal_inputs_still_work(place, trained, capsys):
     with pytest.raises(SystemExit) as exited:
         main(["generate", str(trained), "--beam", "2", "abc"])

@@ -94,11 +94,20 @@ def usage_message(error: ClickException, argv: Sequence[str] = ()) -> str:
     value = _given_value(argv, getattr(getattr(error, "param", None), "opts", None) or ())
     if value is not None and not isinstance(error, MissingParameter):
         message = message.replace(": ", f": {value!r}: ", 1) if ": " in message else f"{message} ({value!r})"
-    for arg in argv:  # a 5,000-digit value is quoted by its start and length, not in full
-        if len(arg) > LONGEST_QUOTED:
-            message = message.replace(arg, f"{arg[:20]}... ({len(arg):,} characters)")
+    message = shorten_values(message, argv)
     context = getattr(error, "ctx", None)
     return f"{context.command_path}: {message}" if context is not None else message
+
+
+def shorten_values(message: str, argv: Sequence[str]) -> str:
+    """``message`` with each command-line value longer than :data:`LONGEST_QUOTED` characters
+    quoted by its start and length: a 5,000-digit number or a pasted book is not echoed in full."""
+    for arg in sorted(argv, key=len, reverse=True):
+        if len(arg) > LONGEST_QUOTED:
+            for part in {arg, arg.partition("=")[2], arg.partition(":")[2], arg.partition("-")[2]}:
+                if len(part) > LONGEST_QUOTED:
+                    message = message.replace(part, f"{part[:20]}... ({len(part):,} characters)")
+    return message
 
 
 def _given_value(argv: Sequence[str], options: Sequence[str]) -> str | None:
@@ -180,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     except ClickException as error:
         _fail(usage_message(error, sys.argv[1:] if argv is None else argv), error.exit_code)
     except AttnlabError as error:
-        _fail(str(error), error.exit_code)
+        _fail(shorten_values(str(error), sys.argv[1:] if argv is None else argv), error.exit_code)
     except (KeyboardInterrupt, Abort):
         typer.echo("interrupted", err=True)
         sys.exit(EXIT_INTERRUPTED)
