@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from attnlab.errors import ConfigError, DataError
+from attnlab.limits import MAX_EPOCHS, MAX_MIN_COUNT, MAX_WINDOW
 from attnlab.reading import read_capped
 from attnlab.resources import check_memory, check_vector_dim, word2vec_memory
 from attnlab.run.storage import atomic_write
@@ -109,6 +110,13 @@ def train_word2vec(
     if dim < 1:
         raise ConfigError(f"dim: must be >= 1, got {dim}")
     check_vector_dim(dim, flag="dim")
+    for name, value, cap, cap_name in (
+        ("window", window, MAX_WINDOW, "MAX_WINDOW"),
+        ("min_count", min_count, MAX_MIN_COUNT, "MAX_MIN_COUNT"),
+        ("epochs", epochs, MAX_EPOCHS, "MAX_EPOCHS"),
+    ):
+        if not 1 <= value <= cap:
+            raise ConfigError(f"{name}: must lie in [1, {cap:,}] (attnlab.limits.{cap_name}), got {value:,}")
     corpus = [list(sentence) for sentence in sentences if len(sentence) > 0]
     if not corpus:
         raise DataError("word2vec: the corpus has no tokens")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -87,3 +89,17 @@ def test_bad_vector_files(tmp_path, content, message):
     (tmp_path / "v.txt").write_bytes(content)
     with pytest.raises(DataError, match=message):
         load_vectors(tmp_path / "v.txt")
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("epochs", 10**9, "epochs: must lie in [1, 10,000] (attnlab.limits.MAX_EPOCHS), got 1,000,000,000"),
+        ("window", 10**9, "window: must lie in [1, 1,000] (attnlab.limits.MAX_WINDOW)"),
+        ("min_count", 0, "min_count: must lie in [1, 1,000,000,000] (attnlab.limits.MAX_MIN_COUNT), got 0"),
+    ],
+)
+def test_word2vec_counts_past_their_caps_are_refused_before_gensim_runs(option, value, message):
+    """``epochs = 10**9`` once ran for ever."""
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        train_word2vec([["the", "cat"]], 8, **{option: value})

@@ -24,6 +24,7 @@ import torch
 from attnlab.devices import model_device
 from attnlab.errors import UsageError
 from attnlab.evaluation.objectives import OBJECTIVES
+from attnlab.limits import MAX_STEPS
 from attnlab.nn import HeadMask
 from attnlab.run.loaded import LoadedRun
 from attnlab.training.data import BatchStream
@@ -45,12 +46,13 @@ def fine_tune(loaded: LoadedRun, head_mask: HeadMask | None, steps: int) -> list
         The loss of each step (the batch's mean over its predictions).
 
     Raises:
-        UsageError: a negative ``steps``, or a task with no training examples.
+        UsageError: ``steps`` negative or past :data:`~attnlab.limits.MAX_STEPS`, or a task with no
+            training examples.
         TrainingDiverged: a step's loss or gradient is not finite (the model keeps the weights of
             the step before).
     """
-    if steps < 0:
-        raise UsageError(f"--retrain-steps: must be >= 0, got {steps}")
+    if not 0 <= steps <= MAX_STEPS:
+        raise UsageError(f"--retrain-steps: must lie in [0, {MAX_STEPS:,}] (attnlab.limits.MAX_STEPS), got {steps:,}")
     if steps == 0:
         return []
     cfg = loaded.experiment.train

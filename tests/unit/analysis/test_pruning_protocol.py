@@ -12,6 +12,7 @@ import torch
 from attnlab.analysis.heads import TaskProbe, heads_to_remove, importance, pruning_curve
 from attnlab.analysis.retrain import fine_tune
 from attnlab.cli import main
+from attnlab.errors import UsageError
 from attnlab.experiment import ExperimentConfig
 from attnlab.head_ids import HeadId, mask_without
 from attnlab.run.loaded import open_run
@@ -126,6 +127,13 @@ def test_retraining_changes_the_weights_and_keeps_the_pruned_heads_off(run):
         not torch.equal(before_t, _head_weights(model, kept)[n])
         for n, before_t in _head_weights_of(before, loaded, kept).items()
     )
+
+
+def test_retraining_steps_past_the_cap_are_refused_before_any_step(run):
+    """``--retrain-steps 1000000000`` once ran for ever; the library refuses it as the CLI does."""
+    loaded = open_run(run)
+    with pytest.raises(UsageError, match=r"--retrain-steps: must lie in \[0, 10,000,000\].*got 1,000,000,000"):
+        fine_tune(loaded, None, 10**9)
 
 
 def test_retraining_refuses_a_non_finite_loss_before_updating(run):
