@@ -230,6 +230,21 @@ def test_normal_inputs_still_work(place, trained, capsys):
     assert capsys.readouterr().out.startswith("abc\t")
 
 
+def test_temperature_zero_is_greedy_decoding_as_the_help_says(place, trained, capsys, monkeypatch):
+    """``--temperature 0`` is not a division by zero nor an error: it is greedy decoding, the default."""
+    outputs = []
+    for extra in ([], ["--temperature", "0"], ["--temperature", "0", "--seed", "5"]):
+        with pytest.raises(SystemExit) as exited:
+            main(["generate", str(trained), "abc", "abca", *extra])
+        assert exited.value.code == 0
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1] == outputs[2] and outputs[0].startswith("abc\t")
+    monkeypatch.setenv("COLUMNS", "300")  # one row per option: its help unbroken
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    assert "0 means greedy decoding" in " ".join(capsys.readouterr().out.split())
+
+
 def test_decoding_stops_at_the_last_learned_position(tmp_path, capsys, monkeypatch):
     """A model with learned positions has none past model.max_len: decoding stops there, no crash."""
     monkeypatch.setattr(runtime, "keep_freed_memory", lambda: True)
