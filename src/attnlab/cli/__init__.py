@@ -60,8 +60,9 @@ EXIT_INTERRUPTED = 130
 TRACEBACK_ENV = "ATTNLAB_TRACEBACK"
 """Set to 1 to let an unexpected exception raise with its traceback instead of one line."""
 
-LONGEST_QUOTED = 60
-"""Characters of a command-line value a usage error quotes in full; longer ones are shortened."""
+LONGEST_QUOTED = 1000
+"""Characters of a command-line value an error line quotes in full (a long path included); longer ones,
+such as a 5,000-digit number, are quoted by their start and length."""
 
 _ALLOCATOR_MESSAGES = ("can't allocate memory", "defaultcpuallocator", "out of memory")
 """Parts of the RuntimeError text torch's allocators raise when memory runs out."""
