@@ -16,6 +16,7 @@ The caps:
 * :data:`MAX_BEAM`: ``generate --beam``.
 * :data:`MAX_NEW_TOKENS`: ``generate --max-new-tokens`` (``--max-length``) / ``attention --max-length``.
 * :data:`MAX_SPLIT_EXAMPLES`: ``task.train_size`` and the other split sizes of a synthetic task.
+* :data:`MAX_TASK_LENGTH`: ``task.max_train_length``.
 * :data:`MAX_VECTOR_DIM`: ``word2vec --dim``.
 * :data:`MAX_LAYERS`: ``model.layers`` and ``model.decoder_layers``.
 * :data:`MAX_STEPS`: ``train.steps`` and ``heads prune --retrain-steps``.
@@ -44,6 +45,7 @@ __all__ = [
     "MAX_SPLIT_EXAMPLES",
     "MAX_VECTOR_DIM",
     "MAX_LAYERS",
+    "MAX_TASK_LENGTH",
     "MAX_STEPS",
     "MAX_EPOCHS",
     "MAX_WINDOW",
@@ -79,6 +81,11 @@ MAX_VECTOR_DIM = 65_536
 MAX_LAYERS = 1024
 """Most layers (``model.layers``, ``model.decoder_layers``); the deepest published Transformers
 have about a hundred. Deeper models that would still fit in memory are refused here too."""
+
+MAX_TASK_LENGTH = 65_536
+"""Longest ``task.max_train_length`` (symbols or tokens): a synthetic task generates strings up to
+twice it (its length-generalisation split) and holds them in memory; no model here reads more than
+a few thousand positions. 10**12 once hung while generating the first split."""
 
 MAX_STEPS = 10_000_000
 """Most optimizer steps (``train.steps``, ``heads prune --retrain-steps``): 30 times the longest

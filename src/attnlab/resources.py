@@ -25,6 +25,7 @@ from attnlab.errors import ConfigError, ResourceError, UsageError
 from attnlab.limits import (
     MAX_LAYERS,
     MAX_SPLIT_EXAMPLES,
+    MAX_TASK_LENGTH,
     MAX_TEXT_CHARS,
     MAX_VECTOR_DIM,
 )
@@ -145,7 +146,14 @@ def check_decode_length(prompt: int, new: int, *, config, context: int | None = 
 
 
 def check_split_sizes(task: dict, *, section: str = "task") -> None:
-    """Refuse a split size above :data:`MAX_SPLIT_EXAMPLES` in a [task] section."""
+    """Refuse a split size above :data:`~attnlab.limits.MAX_SPLIT_EXAMPLES`, or a
+    ``max_train_length`` above :data:`~attnlab.limits.MAX_TASK_LENGTH`, in a [task] section."""
+    length = task.get("max_train_length")
+    if isinstance(length, int) and not isinstance(length, bool) and length > MAX_TASK_LENGTH:
+        raise ConfigError(
+            f"{section}.max_train_length: {length:,}, more than the cap of {MAX_TASK_LENGTH:,} "
+            "(attnlab.limits.MAX_TASK_LENGTH); lower it"
+        )
     for key in SPLIT_SIZE_KEYS:
         value = task.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > MAX_SPLIT_EXAMPLES:

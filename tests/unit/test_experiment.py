@@ -99,6 +99,10 @@ DIGITS = "9" * 5_000
         ("task.seed=99999999999999999999999", "task.seed: must lie in [0, 9,223,372,036,854,775,807]"),
         ("train.steps=1000000000", "train.steps: 1,000,000,000 steps, more than the cap of 10,000,000"),
         ("task.valid_size=0", "task.valid_size: must be >= 1 (the validation split scores training), got 0"),
+        (
+            "task.max_train_length=1000000000000",
+            "task.max_train_length: 1,000,000,000,000, more than the cap of 65,536",
+        ),
     ],
 )
 def test_integers_out_of_their_range_are_one_config_error_naming_the_key(tmp_path, override, message):
