@@ -82,10 +82,12 @@ MAX_LAYERS = 1024
 """Most layers (``model.layers``, ``model.decoder_layers``); the deepest published Transformers
 have about a hundred. Deeper models that would still fit in memory are refused here too."""
 
-MAX_TASK_LENGTH = 65_536
+MAX_TASK_LENGTH = 4096
 """Longest ``task.max_train_length`` (symbols or tokens): a synthetic task generates strings up to
-twice it (its length-generalisation split) and holds them in memory; no model here reads more than
-a few thousand positions. 10**12 once hung while generating the first split."""
+twice it (its length-generalisation split), weighs lengths by their number of distinct strings
+(numbers of thousands of digits at this length) and holds every string in memory; the models here
+read at most a few thousand positions (:data:`MAX_NEW_TOKENS`). 10**12 once hung while generating
+the first split, and 65,536 took minutes."""
 
 MAX_STEPS = 10_000_000
 """Most optimizer steps (``train.steps``, ``heads prune --retrain-steps``): 30 times the longest

@@ -101,7 +101,7 @@ DIGITS = "9" * 5_000
         ("task.valid_size=0", "task.valid_size: must be >= 1 (the validation split scores training), got 0"),
         (
             "task.max_train_length=1000000000000",
-            "task.max_train_length: 1,000,000,000,000, more than the cap of 65,536",
+            "task.max_train_length: 1,000,000,000,000, more than the cap of 4,096",
         ),
     ],
 )
