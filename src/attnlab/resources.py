@@ -59,6 +59,10 @@ BYTES_PER_FLOAT = 4
 TRAINING_BYTES_PER_PARAMETER = 16
 """fp32 weight, its gradient and Adam's two moments: 4 x 4 bytes."""
 
+BUFFER_BUILD_FACTOR = 4
+"""Bytes a buffer takes while it is built, per byte kept: a sinusoidal table is computed in float64
+(its angles, the zeroed table, sin and cos) before it is rounded to float32."""
+
 WORD2VEC_COPIES = 3
 """gensim's input vectors and negative-sampling output vectors, plus attnlab's float32 copy."""
 
@@ -234,7 +238,7 @@ def check_training_resources(
     check_memory(
         estimate,
         what=f"training this model (batches of {batch_size} x {seq_len} tokens)",
-        reduce=("model.layers", "model.d_model", "model.d_ff", "train.batch_size"),
+        reduce=("model.layers", "model.d_model", "model.d_ff", "train.batch_size", "model.max_len"),
         available=available,
     )
     return estimate
@@ -291,16 +295,26 @@ def parameter_count(config) -> int:  # noqa: ANN001  (a TransformerConfig; torch
         describe (a size past 2**63 bytes) gets a lower bound, its attention maps alone, which
         the memory check refuses anyway.
     """
-    # Imported here: the CLI reads this module's limits for its help pages, which load no torch.
+    return _meta_sizes(config)[0]
+
+
+def _meta_sizes(config) -> tuple[int, int]:  # noqa: ANN001
+    """``(parameters, buffer bytes)`` of the model ``config`` describes, built on the ``meta``
+    device (see :func:`parameter_count`). Buffers are the tables a model computes rather than
+    learns (sinusoidal positions of ``model.max_len`` rows, rotary caches): 10**8 positions once
+    passed the estimate and then exhausted the memory."""
+    # Imported here: the CLI imports this module for its checks, and its help pages load no torch.
     import torch
 
     from attnlab.nn import build_model
 
     try:
         with torch.device("meta"):
-            return build_model(config).num_parameters()
+            model = build_model(config)
     except RuntimeError:  # "Storage size calculation overflowed"
-        return 4 * config.layers * config.d_model**2
+        return 4 * config.layers * config.d_model**2, 0
+    buffers = sum(buffer.numel() * buffer.element_size() for buffer in model.buffers())
+    return model.num_parameters(), BUFFER_BUILD_FACTOR * buffers
 
 
 def _activation_floats_per_token(config, seq_len: int) -> int:  # noqa: ANN001
@@ -344,9 +358,9 @@ def training_memory(config, *, batch_size: int, seq_len: int) -> MemoryEstimate:
     Returns:
         The estimate; compare it with :func:`available_memory` through :func:`check_memory`.
     """
-    parameters = parameter_count(config)
+    parameters, buffer_bytes = _meta_sizes(config)
     activations = BYTES_PER_FLOAT * batch_size * seq_len * _activation_floats_per_token(config, seq_len)
-    return MemoryEstimate(parameters, TRAINING_BYTES_PER_PARAMETER * parameters, activations)
+    return MemoryEstimate(parameters, TRAINING_BYTES_PER_PARAMETER * parameters + buffer_bytes, activations)
 
 
 def word2vec_memory(vocab_size: int, dim: int) -> MemoryEstimate:

@@ -91,8 +91,18 @@ def test_training_memory_by_hand():
     assert parameter_count(config) == parameters
     estimate = training_memory(config, batch_size=3, seq_len=5)
     # 4 bytes * B * T * L * (12 d + 2 d_ff + 3 H T) = 4 * 3 * 5 * 2 * (96 + 32 + 30)
-    assert estimate == MemoryEstimate(parameters, 16 * parameters, 4 * 3 * 5 * 2 * 158)
-    assert estimate.total_bytes == 16 * parameters + 18_960
+    # the sinusoidal position table, a buffer of max_len x d_model floats, 4 times at its peak (float64)
+    table = resources.BUFFER_BUILD_FACTOR * config.max_len * 8 * 4
+    assert estimate == MemoryEstimate(parameters, 16 * parameters + table, 4 * 3 * 5 * 2 * 158)
+    assert estimate.total_bytes == 16 * parameters + table + 18_960
+
+
+def test_a_position_table_too_large_for_memory_is_refused_before_it_is_built():
+    """``model.max_len = 10**8`` has few parameters but a 6.4 GB sinusoidal table: it once passed
+    the estimate and exhausted the memory."""
+    long = SMALL.replace(max_len=10**8)
+    with pytest.raises(ResourceError, match="needs about"):
+        check_training_resources(long, batch_size=16, examples=_examples(100, 6), max_length=512, available=GiB)
 
 
 def test_training_memory_of_an_encoder_decoder_counts_cross_attention_and_the_output_layer():
