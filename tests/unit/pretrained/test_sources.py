@@ -251,16 +251,35 @@ def test_import_hf_writes_a_run_that_computes_the_checkpoint(llama, tmp_path, ca
     torch.testing.assert_close(_logits(out), _logits(folder))
 
 
-def test_tensors_read_through_many_short_mappings_are_the_same(llama, monkeypatch) -> None:  # noqa: ANN001
-    """A shard read in groups of a few kilobytes (each through a mapping closed after it, so the
-    file's pages never all stay resident) gives the same model."""
-    from attnlab.pretrained import checkpoint
+def test_tensors_used_as_stored_are_views_of_the_file_and_writes_stay_private(llama, tmp_path) -> None:  # noqa: ANN001
+    """Opening copies nothing it need not: the embedding and the gate and up projections (adjacent
+    in the file, stacked as one tensor) are views of the shard's one mapping; Q, K and V (apart in
+    the file) are read into their rows. A write to a weight changes neither the file nor a model
+    opened after it."""
+    import hashlib
 
-    folder, _ = llama
-    whole = _logits(folder)
-    monkeypatch.setattr(checkpoint, "MAPPED_BYTES", 4096)
-    opened = []
-    real = checkpoint._open_shard
-    monkeypatch.setattr(checkpoint, "_open_shard", lambda shard: opened.append(shard) or real(shard))
-    torch.testing.assert_close(_logits(folder), whole)
-    assert len(opened) > 10
+    folder = _copy(llama[0], tmp_path / "llama")
+    weights = folder / "model.safetensors"
+    digest = hashlib.sha256(weights.read_bytes()).hexdigest()
+    loaded = open_model(folder)
+    layer = loaded.model.decoder.layers[0]
+    mapping = loaded.model.decoder.embedding.token.weight.untyped_storage().data_ptr()
+    assert layer.feed_forward.linear1.weight.untyped_storage().data_ptr() == mapping
+    assert layer.self_attn.in_proj_weight.untyped_storage().data_ptr() != mapping
+    before = _logits(folder)
+    with torch.no_grad():
+        layer.feed_forward.linear1.weight.add_(1.0)
+    assert hashlib.sha256(weights.read_bytes()).hexdigest() == digest
+    torch.testing.assert_close(_logits(folder), before)
+
+
+def test_a_tensor_not_aligned_for_its_dtype_is_read_not_viewed(llama) -> None:  # noqa: ANN001
+    from dataclasses import replace
+
+    from attnlab.pretrained.checkpoint import read_tensors
+
+    name, stored = next(iter(read_tensors(find_checkpoint(llama[0]))))
+    assert stored.view() is not None
+    shifted = replace(stored, begin=stored.begin + 1, end=stored.end + 1)
+    assert shifted.view() is None
+    torch.testing.assert_close(stored.read(), stored.view())
