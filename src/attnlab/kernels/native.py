@@ -669,7 +669,8 @@ def short_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: flo
 def few_rows_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """y = x W^T + b with W's rows split over all cores, for inputs of a few rows (``native_linear.cpp``).
 
-    Each output is summed in float32 in an order that depends on d_in alone. No gradient: callers
+    Each output is summed in float32 in an order that depends on d_in alone; bfloat16 inputs are
+    widened exactly as they are read and the output rounded to bfloat16 once. No gradient: callers
     take ``F.linear`` where one is needed.
 
     Args:
@@ -678,7 +679,8 @@ def few_rows_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         bias: b, contiguous, or None.
 
     Shape:
-        x: (..., d_in) float32 on the CPU, few rows (the kernel reads W once per 4 rows of x);
+        x: (..., d_in) float32 or bfloat16 on the CPU, of W's dtype, few rows (the kernel reads W
+        once per 4 rows of x);
         weight: (d_out, d_in); bias: (d_out,); returns (..., d_out).
     """
     _loaded()
