@@ -39,6 +39,7 @@ from attnlab.nn import build_model_to_load
 from attnlab.pretrained.integrity import check_gguf_layout, check_gguf_metadata, check_weights
 from attnlab.pretrained.llama import fill_llama_state, llama_model_section
 from attnlab.pretrained.packages import installed_distribution
+from attnlab.pretrained.provenance import check_sources
 from attnlab.run.directory import RunDir
 from attnlab.tasks.registry import build_task
 from attnlab.tokenizers import Tokenizer
@@ -533,16 +534,22 @@ class ReadGGUF:
     source: Path
 
 
-def read_gguf(path: str | Path, *, progress: Any = None) -> ReadGGUF:
+def read_gguf(path: str | Path, *, progress: Any = None, verify: bool = True) -> ReadGGUF:
     """The Llama GGUF file ``path`` as an attnlab model in memory: a ``pretrained_lm`` task and a
     ``decoder_only`` model with rotary positions, grouped-query attention, RMSNorm and SwiGLU,
     its weights dequantized to float32 once.
 
+    Args:
+        verify: check a file with a known SHA-256 (a package's: :mod:`attnlab.pretrained.provenance`).
+
     Raises:
         ConfigError, DataError: a file attnlab cannot read (named).
+        CheckpointError: a damaged file (:mod:`attnlab.pretrained.integrity`), or one whose SHA-256
+            differs from its known one.
     """
     say = progress or (lambda _message: None)
     say(f"reading {path}")
+    check_sources([Path(path)], verify=verify)
     gguf = open_gguf(path)
     hp = llama_hyperparameters(gguf)
     tokenizer = Tokenizer(gguf_tokenizer(gguf))
@@ -581,18 +588,22 @@ def read_gguf(path: str | Path, *, progress: Any = None) -> ReadGGUF:
     return ReadGGUF(experiment, task, tokenizer, model.eval(), state, hp, gguf.path)
 
 
-def import_gguf(path: str | Path, out: str | Path, *, overwrite: bool = False, progress: Any = None) -> ImportedGGUF:
+def import_gguf(
+    path: str | Path, out: str | Path, *, overwrite: bool = False, progress: Any = None, verify: bool = True
+) -> ImportedGGUF:
     """Convert the Llama GGUF file ``path`` into the run directory ``out``: config.json (task
-    ``pretrained_lm``, the model of :func:`read_gguf`), tokenizer.json, and model.safetensors in
-    float32, dequantized once here.
+    ``pretrained_lm``, the model of :func:`read_gguf`), tokenizer.json, model.safetensors in
+    float32, dequantized once here, and provenance.json (the file's SHA-256).
 
     Everything is read and checked before ``out`` is touched, so a file attnlab cannot import
     leaves nothing behind.
     """
     say = progress or (lambda _message: None)
-    read = read_gguf(path, progress=say)
+    read = read_gguf(path, progress=say, verify=verify)
+    sources = check_sources([Path(path)], verify=verify, record=True)
     run = RunDir.create(out, overwrite=overwrite)
     with run.lock():  # one writer at a time (attnlab.run.lock)
+        run.write_provenance([record.to_dict() for record in sources])
         run.write_config(read.experiment.to_dict())
         run.write_tokenizer(read.tokenizer.to_json())
         run.save_state_dict(read.state)

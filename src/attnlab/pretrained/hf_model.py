@@ -25,6 +25,8 @@ from attnlab.experiment import ExperimentConfig, model_for_task
 from attnlab.nn import TransformerModel
 from attnlab.pretrained.checkpoint import Checkpoint, read_tensors
 from attnlab.pretrained.families import family_of, fill_state
+from attnlab.pretrained.integrity import check_chat_template
+from attnlab.pretrained.provenance import check_sources
 from attnlab.tasks.base import Task
 from attnlab.tasks.registry import build_task
 from attnlab.tokenizers import Tokenizer
@@ -43,13 +45,20 @@ class OpenedCheckpoint:
     model: TransformerModel
 
 
-def open_checkpoint(checkpoint: Checkpoint, *, dtype: torch.dtype | None = None) -> OpenedCheckpoint:
+def open_checkpoint(
+    checkpoint: Checkpoint, *, dtype: torch.dtype | None = None, verify: bool = True
+) -> OpenedCheckpoint:
     """The model of ``checkpoint`` with its weights, in ``dtype`` (default: as stored), on the CPU, in eval mode.
+
+    Args:
+        verify: check the files of a Hugging Face cache snapshot against their blobs' SHA-256
+            (:func:`attnlab.pretrained.provenance.check_sources`; hashes are cached).
 
     Raises:
         ConfigError: a ``model_type``, rope scaling or config key attnlab does not implement (named).
         CheckpointError: a tensor missing, unexpected or misshapen, or a damaged file (named).
     """
+    check_sources(checkpoint.files(), verify=verify)
     where = checkpoint.folder / "config.json"
     family = family_of(checkpoint.config, where)
     try:
@@ -153,7 +162,10 @@ def _chat_template(checkpoint: Checkpoint, settings: dict[str, Any]) -> str:
     if isinstance(template, list):  # several named templates: the default one
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
         template = named.get("default")
-    if isinstance(template, str):
-        return template
     path = checkpoint.file("chat_template.jinja")
-    return path.read_text(encoding="utf-8") if path is not None else ""
+    if not isinstance(template, str):
+        template = path.read_text(encoding="utf-8") if path is not None else ""
+    where = checkpoint.folder / "tokenizer_config.json" if isinstance(settings.get("chat_template"), str) else path
+    if template:
+        check_chat_template(template, path=where or checkpoint.folder, field="chat_template")
+    return template

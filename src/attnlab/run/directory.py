@@ -130,6 +130,7 @@ class RunDir:
     MODEL = "model.safetensors"
     POINTER = "checkpoint.json"
     METRICS = "metrics.jsonl"
+    PROVENANCE = "provenance.json"
     MANIFEST = manifests.NAME
     LOCK = LOCK_NAME  # the writer's lock (attnlab.run.lock); its presence alone means nothing
 
@@ -307,6 +308,29 @@ class RunDir:
 
     def write_tokenizer(self, text: str) -> None:
         self._write_file(self.TOKENIZER, text.encode("utf-8"))
+
+    def write_provenance(self, sources: list[Mapping[str, Any]]) -> None:
+        """provenance.json: the files an imported model was read from, each ``{"path", "size",
+        "sha256", "checked"}`` (:mod:`attnlab.pretrained.provenance`), recorded in the manifest."""
+        text = json.dumps({"sources": [dict(source) for source in sources]}, indent=2, sort_keys=True) + "\n"
+        self._write_file(self.PROVENANCE, text.encode("utf-8"))
+
+    def read_provenance(self) -> list[dict[str, Any]] | None:
+        """The sources provenance.json records (verified); None for a run that has none (trained here).
+
+        Raises:
+            CheckpointError: the file differs from its manifest record or is malformed; names it.
+        """
+        path = self.path / self.PROVENANCE
+        if not os.path.lexists(path):
+            return None
+        record = parse_json(self.read_verified(self.PROVENANCE, what="provenance"), path=path, what="provenance")
+        sources = record.get("sources") if isinstance(record, dict) else None
+        if not isinstance(sources, list) or not all(
+            isinstance(s, dict) and isinstance(s.get("path"), str) and isinstance(s.get("sha256"), str) for s in sources
+        ):
+            raise CheckpointError(f"provenance {path} is corrupted: expected sources with a path and a sha256")
+        return sources
 
     @property
     def tokenizer_path(self) -> Path:

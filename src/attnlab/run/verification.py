@@ -126,6 +126,7 @@ def _verify_top_level(run: RunDir, report: VerifyReport) -> None:
         RunDir.MODEL: lambda: parse_tensors(
             run.read_verified(RunDir.MODEL, what="weights"), path=run.path / RunDir.MODEL, what="weights"
         ),
+        RunDir.PROVENANCE: run.read_provenance,
     }
     present = {name for name in readers if os.path.lexists(run.path / name)}
     listed = {name for name in listed if not name.startswith("checkpoints/")}  # checked with their checkpoint
@@ -134,7 +135,11 @@ def _verify_top_level(run: RunDir, report: VerifyReport) -> None:
         if not manifest_ok:
             report.files.append(FileCheck(name, UNVERIFIED, f"{RunDir.MANIFEST} is damaged"))
             continue
-        _check(report, name, readers.get(name, lambda name=name: run.read_verified(name)))
+        if (
+            _check(report, name, readers.get(name, lambda name=name: run.read_verified(name)))
+            and name == RunDir.PROVENANCE
+        ):
+            report.files[-1] = FileCheck(name, OK, _describe_sources(run.read_provenance() or []))
     pointer_ok = True
     if manifest_ok and (os.path.lexists(run.path / RunDir.POINTER) or run.committed_checkpoints()):
         pointer_ok = _check(report, RunDir.POINTER, run.latest_checkpoint)
@@ -168,6 +173,14 @@ def _check_metrics(run: RunDir, report: VerifyReport) -> None:
         return
     if os.path.lexists(run.path / RunDir.METRICS):
         report.files.append(FileCheck(RunDir.METRICS, OK, check.describe()))
+
+
+def _describe_sources(sources: list[dict[str, Any]]) -> str:
+    """``imported from PATH (sha256 9f86d0..., checked against package X 1.0)``, each source."""
+    return "imported from " + "; ".join(
+        f"{s['path']} (sha256 {s['sha256']}" + (f", checked against {s['checked']})" if s.get("checked") else ")")
+        for s in sources
+    )
 
 
 def _read_tokenizer(run: RunDir) -> object:
