@@ -214,7 +214,7 @@ def _check_tiling(path: Path, tensors: list[_TensorInfo], *, start: int, size: i
     (up to the alignment padding)."""
     from gguf.constants import GGMLQuantizationType
 
-    expected, where = 0, ""
+    expected, where, before = 0, "", "the start of the data"
     for tensor in sorted(tensors, key=lambda t: t.offset):
         kind = GGMLQuantizationType(tensor.kind).name
         where = (
@@ -227,14 +227,18 @@ def _check_tiling(path: Path, tensors: list[_TensorInfo], *, start: int, size: i
             raise CheckpointError(f"{path} is damaged: {where} runs past the end of the file ({size} bytes)")
         if tensor.offset < expected:
             raise CheckpointError(
-                f"{path} is damaged: {where} overlaps the tensor before it (which ends at {expected})"
+                f"{path} is damaged: the tensors do not tile the data: {where} overlaps {before}, which ends at "
+                f"data offset {expected} (a tensor's type, shape or offset is wrong)"
             )
-        if tensor.offset - expected >= alignment:
+        gap = tensor.offset - expected
+        if gap >= alignment:
+            fits = [t.name for t in tensors if -(-t.size // alignment) * alignment == gap]
+            hint = f"; {fits[0]!r} has that size: its offset may have moved" if fits else ""
             raise CheckpointError(
-                f"{path} is damaged: {where} starts {tensor.offset - expected} bytes after the tensor before it ends: "
-                f"a tensor's type, shape or offset is wrong"
+                f"{path} is damaged: the tensors do not tile the data: {where} starts {gap} bytes after {before} "
+                f"ends (a tensor's type, shape or offset is wrong{hint})"
             )
-        expected = tensor.offset + tensor.size
+        expected, before = tensor.offset + tensor.size, where
     if size - (start + expected) >= alignment and tensors:
         raise CheckpointError(
             f"{path} is damaged: the last {where} ends {size - start - expected} bytes before the end of the "
