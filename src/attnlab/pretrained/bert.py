@@ -37,6 +37,7 @@ from torch import Tensor
 from attnlab.errors import CheckpointError, ConfigError, UsageError
 from attnlab.experiment import ExperimentConfig, model_for_task
 from attnlab.nn import EncoderOnlyConfig, TransformerModel
+from attnlab.pretrained.integrity import check_weights
 from attnlab.pretrained.packages import installed_distribution
 from attnlab.pretrained.provenance import check_sources
 from attnlab.run.directory import RunDir
@@ -497,6 +498,8 @@ def read_bert(source: BertSource, *, progress: Callable[[str], None] | None = No
     config: EncoderOnlyConfig = network.config  # type: ignore[assignment]
     say(f"reading {source.weights}")
     tensors, _ = load_tensors(source.weights, what="weights")
+    for name, tensor in tensors.items():
+        check_weights(name, tensor, path=source.weights)  # finite, within range (attnlab.pretrained.integrity)
     state, skipped = convert_state_dict(
         tensors,
         network.state_dict(),

@@ -30,7 +30,6 @@ from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
 from attnlab.errors import CheckpointError, ConfigError, UsageError
-from attnlab.pretrained.integrity import check_weights
 
 __all__ = [
     "Checkpoint",
@@ -259,7 +258,6 @@ def read_tensors(checkpoint: Checkpoint) -> Iterator[tuple[str, Tensor]]:
                         tensor = handle.get_tensor(name)
                     except (SafetensorError, RuntimeError, ValueError) as error:
                         raise CheckpointError(f"{shard}: tensor {name!r} cannot be read ({error})") from None
-                    check_weights(name, tensor, path=shard)  # finite, within range (attnlab.pretrained.integrity)
                     yield name, tensor
     if listed is not None:
         missing = sorted(set(listed) - set(seen))

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from attnlab.errors import CheckpointError, ConfigError
 from attnlab.nn.rotary import ROPE_SCALINGS
+from attnlab.pretrained.integrity import check_weights
 
 __all__ = ["Family", "FAMILIES", "Piece", "family_of", "fill_state", "STACK"]
 
@@ -549,8 +550,9 @@ def fill_state(
     held besides the result), in ``dtype`` (default: the stored one).
 
     Raises:
-        CheckpointError: a tensor missing, not part of the family's layout, repeated, or of a
-            shape that does not fit config.json, named as the checkpoint names it.
+        CheckpointError: a tensor missing, not part of the family's layout, repeated, of a shape
+            that does not fit config.json, or with values no model has
+            (:func:`attnlab.pretrained.integrity.check_weights`), named as the checkpoint names it.
     """
     owner = {piece.name: (ours, index) for ours, pieces in layout.items() for index, piece in enumerate(pieces)}
     pending: dict[str, dict[int, Tensor]] = {}
@@ -566,6 +568,7 @@ def fill_state(
             raise CheckpointError(
                 f"{where}: tensor {name!r} is not part of a {hf.get('model_type')} model as attnlab maps it"
             )
+        check_weights(name, tensor, path=where)  # finite, within range (attnlab.pretrained.integrity)
         ours, index = owner[name]
         pieces = pending.setdefault(ours, {})
         pieces[index] = layout[ours][index].transform(tensor, hf)
