@@ -3,15 +3,18 @@
 Layout::
 
     RUN/
-      manifest.json               size and SHA-256 of config.json, tokenizer.json, model.safetensors
+      manifest.json               size and SHA-256 of config.json, tokenizer.json, model.safetensors,
+                                  provenance.json and each committed checkpoint's manifest.json
       config.json                 the fully resolved experiment config
       tokenizer.json              the tokenizer or task vocabulary, when there is one
       model.safetensors           the latest weights (what `eval`, `generate`, `heads`, `view` load)
       checkpoint.json             {"latest": "step-00000100", "step": 100}: the commit record
       checkpoints/step-XXXXXXXX/  model.safetensors, trainer_state.safetensors, trainer_state.json
-                                  (with "validation" when the run was evaluated at that step),
+                                  (with "validation" when the run was evaluated at that step, and
+                                  "metrics": the lines, size and SHA-256 metrics.jsonl had then),
                                   manifest.json (their sizes and SHA-256)
       metrics.jsonl               one JSON object per logged step or evaluation
+      provenance.json             for an imported model: its source files' paths, sizes, SHA-256
       plots/  analysis/
       tensorboard/                TensorBoard event files, with train.log_to = ["jsonl", "tensorboard"]
       .lock                       the writer's lock (attnlab.run.lock): one writer at a time
@@ -35,6 +38,13 @@ checkpoint's manifest is written in its staging folder, so it is complete before
 when it matches the record of the checkpoint the pointer names: a kill -9 at any instant leaves a
 run that verifies. A run written before manifests existed opens with one :class:`AttnlabWarning`;
 its next checkpoint gives it a manifest (recording its config and tokenizer as they are then).
+
+What a run must hold once it has it: when a checkpoint is committed (the pointer moved to it), the
+run's manifest records that checkpoint's manifest.json; from then on ``checkpoint.json`` and that
+manifest are required (:meth:`RunDir.committed_checkpoints`), so deleting either is damage, not an
+old run. A checkpoint's record leaves the run's manifest before the checkpoint is pruned or written
+again, so a kill at any instant still leaves a run that verifies. metrics.jsonl is checked against
+the record the latest checkpoint keeps of it (:mod:`attnlab.run.metrics_log`).
 """
 
 from __future__ import annotations
