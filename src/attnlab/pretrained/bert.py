@@ -37,7 +37,7 @@ from torch import Tensor
 from attnlab.errors import CheckpointError, ConfigError, UsageError
 from attnlab.experiment import ExperimentConfig, model_for_task
 from attnlab.nn import EncoderOnlyConfig, TransformerModel
-from attnlab.pretrained.integrity import check_weights
+from attnlab.pretrained.integrity import check_model_section, check_weights
 from attnlab.pretrained.packages import installed_distribution
 from attnlab.pretrained.provenance import check_sources
 from attnlab.run.directory import RunDir
@@ -479,6 +479,7 @@ def read_bert(source: BertSource, *, progress: Callable[[str], None] | None = No
     check_sources(source.files(), verify=verify)
     hf_config = _read_json(source.config)
     model = model_section(hf_config, source.config)
+    check_model_section(model, path=source.config)
     tokenizer = load_bert_tokenizer(source)
     pad = hf_config.get("pad_token_id", tokenizer.pad_id)
     if pad != tokenizer.pad_id:

@@ -25,7 +25,7 @@ from attnlab.experiment import ExperimentConfig, model_for_task
 from attnlab.nn import TransformerModel
 from attnlab.pretrained.checkpoint import Checkpoint, read_tensors
 from attnlab.pretrained.families import family_of, fill_state
-from attnlab.pretrained.integrity import check_chat_template
+from attnlab.pretrained.integrity import check_chat_template, check_model_section
 from attnlab.pretrained.provenance import check_sources
 from attnlab.tasks.base import Task
 from attnlab.tasks.registry import build_task
@@ -65,6 +65,7 @@ def open_checkpoint(
         model_section = family.model_section(checkpoint.config, where)
     except (KeyError, TypeError, ValueError) as error:
         raise ConfigError(f"{where}: {error}") from None
+    check_model_section(model_section, path=where)
     tokenizer = checkpoint_tokenizer(checkpoint)
     experiment = ExperimentConfig(task=task_section(checkpoint, tokenizer), model=model_section)
     task, _ = build_task(experiment.task, saved_tokenizer=tokenizer)

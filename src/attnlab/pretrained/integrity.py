@@ -58,6 +58,7 @@ __all__ = [
     "check_gguf_layout",
     "check_gguf_metadata",
     "check_chat_template",
+    "check_model_section",
     "check_weights",
 ]
 
@@ -332,6 +333,28 @@ def check_chat_template(template: str, *, path: Path, field: str) -> None:
 
 def _warn(path: Path, message: str) -> None:
     warnings.warn(f"{path}: {message}", AttnlabWarning, stacklevel=3)
+
+
+# ---- Hugging Face config.json ------------------------------------------------------------------------
+
+_SECTION_RANGES = {"rope_base": ROPE_BASE_RANGE, "local_rope_base": ROPE_BASE_RANGE, "layer_norm_eps": RMS_EPS_RANGE}
+
+
+def check_model_section(section: dict[str, Any], *, path: Path) -> None:
+    """The values of a model read from config.json ``path`` (attnlab's ``[model]`` section) within
+    what a model can have: rope bases, the norm epsilon and the context length (as for GGUF).
+
+    Raises:
+        CheckpointError: a value no model has; names the file and the field.
+    """
+    for key, bounds in _SECTION_RANGES.items():
+        if key in section:
+            _check_real(path, f"model.{key}", section[key], bounds)
+    context = section.get("max_len")
+    if isinstance(context, int) and not 1 <= context <= CONTEXT_LENGTH_MAX:
+        raise CheckpointError(
+            f"{path} is damaged: its context length (model.max_len) {context} is not in [1, {CONTEXT_LENGTH_MAX}]"
+        )
 
 
 # ---- weights ---------------------------------------------------------------------------------------

@@ -300,6 +300,14 @@ def _damage_folder(source: Path, damage: str) -> None:
         index.write_text(json.dumps({"weight_map": {"model.embed_tokens.weight": "../model.safetensors"}}))
     elif damage == "index_incomplete":
         index.write_text(json.dumps({"weight_map": {"model.embed_tokens.weight": "model.safetensors"}}))
+    elif damage in ("rope_theta", "rms_norm_eps", "max_position_embeddings"):
+        config = json.loads((source / "config.json").read_text())
+        value = {"rope_theta": 1e30, "rms_norm_eps": 3e33, "max_position_embeddings": 1 << 40}[damage]
+        if damage == "rope_theta":
+            config["rope_parameters"] = {**config.get("rope_parameters", {}), "rope_theta": value}
+        (source / "config.json").write_text(
+            json.dumps({**config, **({} if damage == "rope_theta" else {damage: value})})
+        )
     elif damage == "chat_template_broken":
         settings = json.loads((source / "tokenizer_config.json").read_text())
         (source / "tokenizer_config.json").write_text(json.dumps({**settings, "chat_template": "{% if x %}"}))
@@ -322,6 +330,9 @@ def _damage_folder(source: Path, damage: str) -> None:
         ("index_outside", 3, "shard '../model.safetensors' is not a file name"),
         ("index_incomplete", 3, "is not where model.safetensors.index.json puts it"),
         ("chat_template_broken", 3, "chat_template is not a valid Jinja template"),
+        ("rope_theta", 3, "config.json is damaged: model.rope_base 1e+30 is not in [1, 1e+09]"),
+        ("rms_norm_eps", 3, "config.json is damaged: model.layer_norm_eps 3e+33 is not in [1e-12, 0.01]"),
+        ("max_position_embeddings", 3, "its context length (model.max_len) 1099511627776 is not in"),
     ],
 )
 def test_every_fault_of_a_folder_is_one_error_line_and_nothing_written(
