@@ -235,3 +235,17 @@ def test_atomic_write_leaves_old_file_on_failure(tmp_path):
         storage.atomic_write(path, failing_write)
     assert path.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["f.txt"]  # no temporary left behind
+
+
+def test_the_run_manifest_lists_exactly_the_committed_checkpoints(run):
+    """Each checkpoint is required from its commit on and forgotten before it is pruned."""
+    model = DecoderOnly(CFG)
+    for step in (10, 20, 30):
+        run.write_checkpoint(step, model, {"t": torch.tensor([step])}, {"note": "x"}, keep=2)
+    assert run.committed_checkpoints() == ["step-00000020", "step-00000030"]
+    (run.path / "checkpoints" / "step-00000020" / "manifest.json").unlink()
+    with pytest.raises(CheckpointError, match="manifest not found: .*step-00000020/manifest.json .*committed"):
+        run.read_trainer_state(run.checkpoints()[0])
+    (run.path / "checkpoint.json").unlink()
+    with pytest.raises(CheckpointError, match="checkpoint pointer not found"):
+        run.latest_checkpoint()
