@@ -292,8 +292,7 @@ def _check_real(path: Path, key: str, value: Any, bounds: tuple[float, float]) -
 def _is_round(value: float) -> bool:
     """Whether ``value`` is k x 10^e with k of at most :data:`_ROUND_DIGITS` digits, as stored in
     float32 or float64 (1e-5 is stored as 9.99999974738e-06)."""
-    exponent = math.floor(math.log10(value)) - _ROUND_DIGITS + 1
-    rounded = round(value / 10.0**exponent) * 10.0**exponent
+    rounded = float(f"{value:.{_ROUND_DIGITS}g}")  # the double nearest the decimal k x 10^e
     return rounded == value or float(np.float32(rounded)) == value
 
 
