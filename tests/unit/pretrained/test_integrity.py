@@ -160,3 +160,12 @@ def test_a_chat_template_with_loop_controls_parses():
     check_chat_template(
         "{% for m in messages %}{% if loop.first %}{% break %}{% endif %}{% endfor %}", path=Path("x"), field="f"
     )
+
+
+def test_the_families_round_values_are_round_and_one_flipped_low_bit_is_not():
+    from attnlab.pretrained.integrity import _is_round
+
+    for value in (1e-5, 1e-6, 1e-12, float(np.float32(1e-5)), 1e4, 75000.0, 5e5, 1e6, 5e7, 1.5e-6):
+        assert _is_round(value), value
+    for value in (float(np.float32(100000.0078)), float(np.float32(1.0000001e-5)), 10001.0):
+        assert not _is_round(value), value
