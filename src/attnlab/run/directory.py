@@ -462,9 +462,8 @@ class RunDir:
         for name, data in contents.items():
             atomic_write_bytes(staging / name, data)
         manifests.write_manifest(staging, manifests.build_manifest(contents))  # before the rename: complete
-        self._forget_checkpoints(
-            [files.directory]
-        )  # one written again (a step after a fallback) is not required meanwhile
+        # a checkpoint written again (a step reached again after a fallback) is not required meanwhile
+        self._forget_checkpoints([files.directory])
         shutil.rmtree(files.directory, ignore_errors=True)
         os.replace(staging, files.directory)
         fsync_directory(files.directory.parent)
@@ -768,8 +767,8 @@ class RunDir:
                 step = entry.get("step", 0)
                 if isinstance(step, bool) or not isinstance(step, (int, float)):
                     raise CheckpointError(f"{path}: a record has step {step!r}, not a number")
-            kept = "".join(json.dumps(r, sort_keys=True) + "\n" for r in check.records if r.get("step", 0) <= last_step)
-            kept = kept.encode("utf-8")
+            lines = [json.dumps(r, sort_keys=True) + "\n" for r in check.records if r.get("step", 0) <= last_step]
+            kept = "".join(lines).encode("utf-8")
         if kept != data or not os.path.lexists(path):
             atomic_write_bytes(path, kept)
         self._metrics_tally = MetricsTally(kept)  # the bytes just checked (or written) by this process
