@@ -17,8 +17,8 @@ GGUF (:func:`check_gguf_layout`, before the ``gguf`` reader maps anything, then
   byte flipped (Q4_1 read as Q4_0: weights off by 1.58) or an offset moved (a norm weight read
   from the middle of another tensor: 3.05e37) breaks the tiling and is named;
 * metadata: rope base, RMS epsilon and context length within the ranges below; special token ids
-  within the vocabulary and, where the file types its tokens, naming control tokens (a warning);
-  the chat template parses as Jinja.
+  within the vocabulary and, where the file types its tokens, naming control tokens (a warning),
+  the end-of-text token one the chat template writes (a warning); the chat template parses as Jinja.
 
 Weights (:func:`check_weights`, for each tensor read from a GGUF or safetensors file): finite, and
 no larger than :data:`WEIGHT_MAX` (:data:`NORM_WEIGHT_MAX` for a norm's weight). safetensors itself
@@ -273,10 +273,10 @@ def check_gguf_metadata(path: Path, metadata: dict[str, Any]) -> None:
             )
         if context % 2:
             _warn(path, f"{arch}.context_length {context} is odd (every family's is even)")
-    _check_special_ids(path, metadata)
     template = metadata.get("tokenizer.chat_template")
     if template:
         check_chat_template(str(template), path=path, field="tokenizer.chat_template")
+    _check_special_ids(path, metadata)  # after the template, which they are compared with
 
 
 def _check_real(path: Path, key: str, value: Any, bounds: tuple[float, float]) -> None:
@@ -310,6 +310,9 @@ def _check_special_ids(path: Path, metadata: dict[str, Any]) -> None:
             raise CheckpointError(f"{path} is damaged: {key} {value!r} is not a token id below {len(tokens)}")
         if isinstance(types, list | tuple) and len(types) == len(tokens) and types[value] not in (2, 3):
             _warn(path, f"{key} {value} names {tokens[value]!r}, not a control token (moved?)")
+        template = str(metadata.get("tokenizer.chat_template") or "")
+        if role == "eos" and template and tokens[value] not in template and "eos_token" not in template:
+            _warn(path, f"{key} {value} names {tokens[value]!r}, which the chat template never writes (moved?)")
 
 
 def check_chat_template(template: str, *, path: Path, field: str) -> None:

@@ -129,8 +129,9 @@ def test_a_damaged_gguf_is_one_error_naming_the_file_and_field(clean, tmp_path, 
         ),
         ({"context": 8193}, "llama.context_length 8193 is odd"),
         ({"eos": 258}, "tokenizer.ggml.eos_token_id 258 names 'Ġt', not a control token"),
+        ({"eos": 256}, "tokenizer.ggml.eos_token_id 256 names '<|im_start|>', which the chat template never writes"),
     ],
-    ids=["rope-low-bit", "eps-low-bit", "context-odd", "eos-moved"],
+    ids=["rope-low-bit", "eps-low-bit", "context-odd", "eos-moved", "eos-moved-to-control"],
 )
 def test_possible_but_unusual_values_are_a_warning(tmp_path, changes, says):
     path = write_tiny_gguf(tmp_path / "x.gguf", **changes)

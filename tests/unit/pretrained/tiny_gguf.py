@@ -11,7 +11,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter, quants
 
 D_MODEL, HEADS, KV_HEADS, D_FF = 32, 4, 2, 64
-TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
+TEMPLATE = "{% for m in messages %}{{ m['content'] }}<|im_end|>{% endfor %}"
 
 
 def _byte_tokens() -> list[str]:
