@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from attnlab.cli.app import app
-from attnlab.cli.options import SOURCE_HELP, device_option, dtype_option, revision_option
+from attnlab.cli.options import SOURCE_HELP, device_option, dtype_option, revision_option, verify_option
 
 
 @app.command()
@@ -36,6 +36,7 @@ def view(
     device: str = device_option(),
     dtype: str | None = dtype_option(),
     revision: str | None = revision_option(),
+    verify: bool = verify_option(),
 ) -> None:
     """Start the attention viewer: type an input, see every head's attention, switch heads off live."""
     # Imported when the command runs: the help pages load no torch (see attnlab.cli).
@@ -46,7 +47,7 @@ def view(
     from attnlab.viewer.server import create_app
 
     names = allowed_hosts(host, allow_host or [], host_flag="--host", names_flag="--allow-host")
-    loaded = open_model(run, device=device, dtype=dtype, revision=revision)
+    loaded = open_model(run, device=device, dtype=dtype, revision=revision, verify=verify)
     scores = None if importance is None else read_importance(importance, frozenset(head_ids(loaded.model)))
     app_ = create_app(loaded, importance=scores, allowed_hosts=names)
     sock = listen(host, port, host_flag="--host")

@@ -44,6 +44,14 @@ __all__ = [
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
+"""The files of a model folder beside its config and weights that attnlab reads."""
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 """A model name as the Hub spells it: ``NAME`` or ``ORG/NAME``."""
 
@@ -80,16 +88,25 @@ class Checkpoint:
     def model_type(self) -> str:
         return str(self.config.get("model_type", ""))
 
+    def files(self) -> list[Path]:
+        """Every file of the folder attnlab reads: config.json, the weights (and their index), the
+        tokenizer's files (for their SHA-256: :mod:`attnlab.pretrained.provenance`)."""
+        index = self.file(INDEX_FILE)
+        tokenizer = [path for name in TOKENIZER_FILES if (path := self.file(name)) is not None]
+        return [self.folder / "config.json", *([index] if index else []), *self.shards, *tokenizer]
+
 
 def is_checkpoint_folder(path: Path) -> bool:
-    """Whether ``path`` is a Hugging Face model folder (config.json with a ``model_type``), not an attnlab run."""
+    """Whether ``path`` is a Hugging Face model folder (config.json with a ``model_type``), not an
+    attnlab run. A config.json that does not parse belongs to a model folder when files only such
+    a folder has stand beside it (its damage is then named as a model folder's)."""
     config = path / "config.json"
     if not config.is_file() or (path / "manifest.json").exists():
         return False
     try:
         return "model_type" in read_json(config)
     except CheckpointError:
-        return False
+        return any((path / name).is_file() for name in (INDEX_FILE, *TOKENIZER_FILES[1:]))
 
 
 def find_checkpoint(source: str | os.PathLike[str], *, revision: str | None = None) -> Checkpoint:

@@ -30,6 +30,7 @@ from torch import Tensor
 from attnlab.errors import CheckpointError, ConfigError
 from attnlab.nn.rotary import ROPE_SCALINGS
 from attnlab.pretrained.checkpoint import StoredTensor
+from attnlab.pretrained.integrity import check_weights
 
 __all__ = ["Family", "FAMILIES", "Piece", "family_of", "fill_state", "STACK"]
 
@@ -544,6 +545,7 @@ def fill_state(
     dtype: torch.dtype | None,
     ignored: tuple[str, ...],
     where: Path,
+    check_values: bool = True,
 ) -> dict[str, Tensor]:
     """attnlab's tensors from the checkpoint's, arriving one at a time.
 
@@ -551,16 +553,19 @@ def fill_state(
     Where it needs no change (its pieces used as stored, in the stored dtype, and stacked pieces
     adjacent in the file, as Hugging Face writes a gate projection and its up projection), it is
     a view of the file's mapping, as ``from_pretrained`` keeps its tensors: opening costs no copy.
-    Otherwise its pieces are read, transformed and stacked (one copy).
+    Otherwise its pieces are read, transformed and stacked (one copy). With ``check_values``, every
+    weight's values are checked first (one pass over them; callers skip it for files checked
+    before, :func:`attnlab.pretrained.provenance.values_checked`).
 
     Raises:
-        CheckpointError: a tensor missing, not part of the family's layout, repeated, or of a
-            shape that does not fit config.json, named as the checkpoint names it.
+        CheckpointError: a tensor missing, not part of the family's layout, repeated, of a shape
+            that does not fit config.json, or with values no model has
+            (:func:`attnlab.pretrained.integrity.check_weights`), named as the checkpoint names it.
     """
     # The reads that copy run on the intra-op threads' cores: a fresh buffer's page faults, not the
     # disk cache's bandwidth, bound one reader (GPT-2's transposed maps: 0.09 s alone on a Zen 4).
     with ThreadPoolExecutor(max_workers=max(1, torch.get_num_threads())) as readers:
-        futures = _fill(sources, expected, layout, hf, dtype, ignored, where, readers)
+        futures = _fill(sources, expected, layout, hf, dtype, ignored, where, readers, check_values)
         return {ours: future.result() for ours, future in futures.items()}
 
 
@@ -573,6 +578,7 @@ def _fill(
     ignored: tuple[str, ...],
     where: Path,
     readers: ThreadPoolExecutor,
+    check_values: bool,
 ) -> dict[str, Future[Tensor]]:
     inference = torch.is_inference_mode_enabled()  # thread-local: the readers take the caller's
     owner = {piece.name: (ours, index) for ours, pieces in layout.items() for index, piece in enumerate(pieces)}
@@ -589,6 +595,9 @@ def _fill(
             raise CheckpointError(
                 f"{where}: tensor {name!r} is not part of a {hf.get('model_type')} model as attnlab maps it"
             )
+        if check_values:  # finite, within range (attnlab.pretrained.integrity)
+            values = stored.view()
+            check_weights(name, stored.read() if values is None else values, path=where)
         ours, index = owner[name]
         pieces = pending.setdefault(ours, {})
         pieces[index] = stored
