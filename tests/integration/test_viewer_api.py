@@ -14,6 +14,7 @@ import torch
 from starlette.testclient import TestClient
 
 from attnlab.analysis.maps import attention_view, kind_maps
+from attnlab.cli import view as view_command
 from attnlab.errors import UsageError
 from attnlab.generate.search import DecodeOptions, decode
 from attnlab.head_ids import HeadId, mask_without, parse_head_name
@@ -543,3 +544,27 @@ def test_allowed_hosts_need_names_for_a_non_loopback_address_and_check_them():
     for name in ("*", "box.lan:8765", "http://box.lan", "", "box lan", "*.lan", "box..lan", "-box"):
         with pytest.raises(UsageError, match="not a host name or IP address"):
             allowed_hosts("0.0.0.0", [name])
+
+
+def test_an_unexpected_exception_is_a_500_with_one_line_not_a_traceback(runs, monkeypatch, capsys):
+    """A bug (here: the model run raising) is answered 500 with a JSON error and one ``error:`` line
+    on stderr, with the internal_error ``attnlab view`` gives (the CLI's last resort); with
+    ATTNLAB_TRACEBACK=1, or without internal_error, the exception reaches the server."""
+
+    def broken(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise RuntimeError("a bug\nin two lines")
+
+    monkeypatch.setattr("attnlab.viewer.server.run_payload", broken)
+    monkeypatch.delenv("ATTNLAB_TRACEBACK", raising=False)
+    app = create_app(runs["encoder_decoder"], internal_error=view_command._internal_error)
+    answer = TestClient(app).post("/api/run", json={"text": "ab"})
+    message = "internal error: RuntimeError: a bug in two lines (set ATTNLAB_TRACEBACK=1 to see the traceback)"
+    assert (answer.status_code, answer.json()) == (500, {"error": message})
+    assert answer.headers["x-frame-options"] == "DENY"
+    assert capsys.readouterr().err == f"error: POST /api/run: {message}\n"
+    assert TestClient(app).get("/api/model").status_code == 200  # and it goes on serving
+    with pytest.raises(RuntimeError, match="a bug"):
+        TestClient(create_app(runs["encoder_decoder"])).post("/api/run", json={"text": "ab"})
+    monkeypatch.setenv("ATTNLAB_TRACEBACK", "1")
+    with pytest.raises(RuntimeError, match="a bug"):
+        TestClient(app).post("/api/run", json={"text": "ab"})

@@ -10,7 +10,9 @@ route's cap, then checked as UTF-8, for its nesting depth and as JSON before it 
 413. A body refused before it is read is first read and thrown away (up to
 :data:`MAX_DRAIN_BYTES`), so that a client that sends its whole body before it reads the answer
 (``Connection: close``, as Python's urllib sends) gets the answer, not a connection reset. A
-client that disconnects before its body is whole gets no answer and leaves no traceback.
+client that disconnects before its body is whole gets no answer and leaves no traceback. Any other
+exception (a bug) is answered 500 with ``{"error": message}`` and reported in one line on stderr,
+where the caller gives ``internal_error`` (``attnlab view`` does); else it reaches the server.
 Every response forbids framing and inline scripts (a Content-Security-Policy), as defence in
 depth: the page itself only ever puts token text into text nodes.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -78,13 +81,22 @@ SECURITY_HEADERS = {
 
 
 def create_app(
-    loaded: LoadedRun, *, importance: Importance | None = None, allowed_hosts: Sequence[str] | None = None
+    loaded: LoadedRun,
+    *,
+    importance: Importance | None = None,
+    allowed_hosts: Sequence[str] | None = None,
+    internal_error: Callable[[Exception], str | None] | None = None,
 ) -> Starlette:
     """The viewer app for ``loaded``; ``importance`` colours heads from the start.
 
     ``allowed_hosts`` limits the Host header (against DNS rebinding): names without a port, IPv6
     addresses without brackets, compared case-insensitively; any other Host header gets status
     400. None accepts any host (``attnlab view`` always passes a list).
+
+    ``internal_error`` gives the one-line message of an exception no handler takes (a bug): the
+    request is answered 500 with ``{"error": message}`` and the message is printed on stderr,
+    instead of the server's traceback. Where it returns None, or is None, the exception reaches
+    the server (Starlette answers 500, the server prints the traceback).
     """
     heads = frozenset(head_ids(loaded.model))
     limits = run_limits(loaded)
@@ -122,7 +134,8 @@ def create_app(
         Route("/api/importance", load_importance, methods=["POST"]),
         Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
     ]
-    middleware = [Middleware(_SecurityHeaders)]
+    middleware = [] if internal_error is None else [Middleware(_InternalErrors, describe=internal_error)]
+    middleware.append(Middleware(_SecurityHeaders))
     if allowed_hosts is not None:
         middleware.append(Middleware(_HostCheck, allowed=frozenset(name.lower() for name in allowed_hosts)))
     handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
@@ -199,6 +212,36 @@ async def _client_gone(_: Request, error: Exception) -> Response:
 async def _http_error(_: Request, error: Exception) -> Response:
     assert isinstance(error, HTTPException)
     return _error_json(str(error.detail), error.status_code, headers=error.headers)
+
+
+class _InternalErrors:
+    """Answers an exception that no handler took with status 500 and ``{"error": describe(error)}``,
+    and prints ``error: METHOD PATH: message`` on stderr, once the response has not started
+    (otherwise the line alone); ``describe`` returning None lets the exception through."""
+
+    def __init__(self, app: ASGIApp, describe: Callable[[Exception], str | None]) -> None:
+        self.app, self.describe = app, describe
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as error:  # noqa: BLE001 - the last resort: one line, never a traceback
+            message = self.describe(error)
+            if message is None:
+                raise
+            print(f"error: {scope['method']} {scope['path']}: {message}", file=sys.stderr, flush=True)
+            if not started:
+                await _SecurityHeaders(_error_json(message, 500))(scope, receive, send)
 
 
 class _SecurityHeaders:
