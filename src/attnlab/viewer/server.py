@@ -215,9 +215,9 @@ async def _http_error(_: Request, error: Exception) -> Response:
 
 
 class _InternalErrors:
-    """Answers an exception that no handler took with status 500 and ``{"error": describe(error)}``,
-    and prints ``error: METHOD PATH: message`` on stderr, once the response has not started
-    (otherwise the line alone); ``describe`` returning None lets the exception through."""
+    """Prints ``error: METHOD PATH: message`` on stderr for an exception that no handler took, with
+    ``message = describe(error)``, and answers it with status 500 and ``{"error": message}`` where
+    the response has not started; ``describe`` returning None lets the exception through."""
 
     def __init__(self, app: ASGIApp, describe: Callable[[Exception], str | None]) -> None:
         self.app, self.describe = app, describe
@@ -239,7 +239,8 @@ class _InternalErrors:
             message = self.describe(error)
             if message is None:
                 raise
-            print(f"error: {scope['method']} {scope['path']}: {message}", file=sys.stderr, flush=True)
+            path = cut(" ".join(scope["path"].split()), 200)  # one line, whatever the path holds
+            print(f"error: {scope['method']} {path}: {message}", file=sys.stderr, flush=True)
             if not started:
                 await _SecurityHeaders(_error_json(message, 500))(scope, receive, send)
 
