@@ -147,9 +147,12 @@ class Probe:
         """A tiny sentence encoder run, imported from a random BERT written by transformers."""
         try:
             sys.path.insert(0, str(REPO))
+            from transformers.utils import logging as transformers_logging
+
             from tests.unit.pretrained.tiny_bert import write_tiny_bert
         except Exception:  # noqa: BLE001 - transformers missing (pytest.importorskip raises its own type)
             return None
+        transformers_logging.disable_progress_bar()  # keep the probe's own lines apart
         folder = write_tiny_bert(self.folder / "tiny-bert")
         run = self.folder / "bert-run"
         code, _, err, _ = self.attnlab("import", "bert", folder, "--out", run, timeout=300)
@@ -185,7 +188,7 @@ def classify(
     if code == 0:
         if expect == "error":
             return Outcome("silent-success", 0, seconds, (out.strip().splitlines() or [""])[-1][:300])
-        return Outcome("ok", 0, seconds, "")
+        return Outcome("ok", 0, seconds, "accepted (exit 0): allowed for this case" if expect == "either" else "")
     if len(errors) != 1:
         return Outcome("fail", code, seconds, f"{len(errors)} error: lines: {last}")
     if expect == "success":
@@ -299,7 +302,7 @@ def _tensor(reader, predicate: Callable) -> object:  # noqa: ANN001
 
 
 def _damage_gguf(path: Path, how: str) -> None:
-    from gguf import GGUFReader, GGUFValueType  # noqa: F401 - the probe's only use of gguf
+    from gguf import GGUFReader  # here: only the GGUF cases need the gguf package
 
     if how == "truncated":
         with path.open("r+b") as file:
