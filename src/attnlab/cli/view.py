@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import typer
@@ -49,7 +50,7 @@ def view(
     names = allowed_hosts(host, allow_host or [], host_flag="--host", names_flag="--allow-host")
     loaded = open_model(run, device=device, dtype=dtype, revision=revision, verify=verify)
     scores = None if importance is None else read_importance(importance, frozenset(head_ids(loaded.model)))
-    app_ = create_app(loaded, importance=scores, allowed_hosts=names)
+    app_ = create_app(loaded, importance=scores, allowed_hosts=names, internal_error=_internal_error)
     sock = listen(host, port, host_flag="--host")
     if not is_loopback(host):
         typer.echo(
@@ -59,3 +60,13 @@ def view(
         )
     typer.echo(f"attention viewer for {run}: {url_of(sock)}  (Ctrl-C to stop)")
     make_server(app_).run(sockets=[sock])
+
+
+def _internal_error(error: Exception) -> str | None:
+    """The CLI's one line for an exception the viewer did not expect (a bug), or None to let it
+    raise with its traceback (``ATTNLAB_TRACEBACK=1``)."""
+    from attnlab.cli import TRACEBACK_ENV, last_resort  # lazy: attnlab.cli imports this module as it loads
+
+    if os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
+        return None
+    return last_resort(error)[0]

@@ -91,6 +91,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from attnlab.errors import AttnlabWarning
+
 try:
     import fcntl
 except ImportError:  # Windows: PyTorch's own lock file (FileBaton) alone keeps builds apart
@@ -245,7 +247,12 @@ def _say(line: str) -> None:
 
 
 def _wait_limit() -> float:
-    """``ATTNLAB_BUILD_WAIT_S`` (seconds, >= 0), or :data:`BUILD_WAIT_S` where it is not set."""
+    """``ATTNLAB_BUILD_WAIT_S`` (seconds, >= 0), or :data:`BUILD_WAIT_S` where it is not set.
+
+    Raises:
+        BuildError: the variable is set to something else (then the kernels are not built, and
+            :func:`kernels` warns with this message).
+    """
     text = os.environ.get("ATTNLAB_BUILD_WAIT_S", "").strip()
     if not text:
         return BUILD_WAIT_S
@@ -254,7 +261,7 @@ def _wait_limit() -> float:
     except ValueError:
         seconds = -1.0
     if not seconds >= 0:  # also NaN
-        raise ValueError(f"ATTNLAB_BUILD_WAIT_S={text!r} is not a number of seconds >= 0")
+        raise BuildError(f"ATTNLAB_BUILD_WAIT_S={text!r} is not a number of seconds >= 0")
     return seconds
 
 
@@ -434,7 +441,8 @@ except Exception as error:  # one line: the compiler's or shell's complaint wher
 
 
 class BuildError(RuntimeError):
-    """The kernels' build failed; the message is the build process's reason, one line."""
+    """The kernels cannot be built: the build failed (the message is the build process's reason,
+    one line), or ``ATTNLAB_BUILD_WAIT_S`` is not a number of seconds."""
 
 
 def _build_in_child(spec: BuildSpec, sources: list[str]) -> None:
@@ -502,11 +510,12 @@ def _build() -> tuple[ModuleType | None, str | None]:
     except Exception as error:  # a missing compiler or ninja surfaces as several exception types
         text = str(error).strip()
         first = text.splitlines()[0] if text else ""
-        reason = text if isinstance(error, BuildError) else f"{type(error).__name__}: {first}"
+        ours = isinstance(error, (BuildError, TimeoutError))  # in our words: the build's reason, the wait given up
+        reason = text if ours else f"{type(error).__name__}: {first}"
         warnings.warn(
-            f"attnlab's CPU kernels are not available ({reason}); training uses PyTorch's serial "
+            f"attnlab's CPU kernels are not available ({reason}); attnlab uses PyTorch's serial "
             "transposes, NumPy's dropout words and PyTorch's fused attention instead (slower, same results)",
-            RuntimeWarning,
+            AttnlabWarning,
             stacklevel=3,
         )
         return None, reason
