@@ -24,6 +24,13 @@ def _calibration_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     os.environ["ATTNLAB_CALIBRATION_DIR"] = str(tmp_path_factory.mktemp("calibration"))
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _hash_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The SHA-256 and checked-values cache (attnlab.pretrained.provenance) of this session, never
+    the user's; the CLI's subprocesses inherit it."""
+    os.environ["ATTNLAB_HASH_CACHE"] = str(tmp_path_factory.mktemp("hashes") / "sha256.json")
+
+
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)

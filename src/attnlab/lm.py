@@ -53,6 +53,7 @@ def load(
     dtype: str | torch.dtype | None = None,
     device: str | torch.device | None = None,
     revision: str | None = None,
+    verify: bool = True,
 ) -> LanguageModel:
     """Open ``source`` (a run directory, a Hugging Face model folder, ``ORG/NAME`` in the local
     Hugging Face cache, or a GGUF file) as a :class:`LanguageModel`.
@@ -62,8 +63,11 @@ def load(
         dtype: ``float32``, ``bfloat16`` or ``float16`` (default: as stored).
         device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (default: the CPU).
         revision: a snapshot of a cached model (a commit or a ref).
+        verify: check the files of a named package or of the Hugging Face cache against their
+            known SHA-256 (:mod:`attnlab.pretrained.provenance`; hashes are cached under
+            ~/.cache/attnlab, so a second open does not hash again). False opens them unchecked.
     """
-    return LanguageModel(open_model(source, device=device or "cpu", dtype=dtype, revision=revision))
+    return LanguageModel(open_model(source, device=device or "cpu", dtype=dtype, revision=revision, verify=verify))
 
 
 class LanguageModel:

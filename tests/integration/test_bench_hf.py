@@ -50,6 +50,7 @@ def test_quick_reports_every_figure_of_every_family():
             expected |= {f"{label}.{dtype}.{name}" for name in PER_DTYPE}
             if tl_installed:
                 expected.add(f"{label}.{dtype}.cached_forward_vs_transformer_lens")
+                expected.add(f"{label}.{dtype}.cached_forward_vs_transformer_lens_without_result")
         assert expected <= set(ratios), expected - set(ratios)
     # --quick measures each system in a fresh process once, on the first model opened.
     label = f"{opened[0]}-tiny"

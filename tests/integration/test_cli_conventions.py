@@ -9,6 +9,9 @@ In process (``attnlab.cli.main``) on one tiny word-level language model, trained
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,7 @@ import torch
 
 from attnlab.cli import demo as demo_command
 from attnlab.cli import main
+from attnlab.kernels import native
 from tests.tiny_run import build_tiny_run
 
 NO_GPU = not torch.cuda.is_available()
@@ -232,3 +236,47 @@ def test_tokenize_json_has_tokens_and_ids_of_one_tokenizer(capsys):
     assert len(result["ids"]) == 4 and result["ids"][0] == result["ids"][2] != result["ids"][1]
     code, out, _ = attnlab(capsys, "tokenize", "--kind", "word", "the cat the dog")
     assert code == 0 and json.loads(out) == result["tokens"]
+
+
+_HOLD_THE_BUILD_LOCK = """
+import sys, time
+from attnlab.kernels import native
+spec = native.build_spec()
+spec.directory.mkdir(parents=True, exist_ok=True)
+with native._exclusive(spec.directory / native._LOCK_NAME):
+    print(spec.directory / native._LOCK_NAME, flush=True)
+    time.sleep(120)
+"""
+
+
+@pytest.mark.skipif(native.fcntl is None, reason="no fcntl on this platform")
+def test_a_command_waiting_for_another_process_kernel_build_says_so_and_gives_up_after_the_limit(run, tmp_path):
+    """Another process holds the kernels' build lock (a build in progress): a command that needs the
+    kernels says in one line whose build it waits for and for how long, and past
+    ATTNLAB_BUILD_WAIT_S goes on with PyTorch's paths after one ``warning:`` line."""
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions"), "ATTNLAB_BUILD_WAIT_S": "0.5"}
+    env.pop("ATTNLAB_NATIVE", None)
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_THE_BUILD_LOCK], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        lock = holder.stdout.readline().strip()
+        assert lock.endswith(native._LOCK_NAME)
+        done = subprocess.run(
+            [sys.executable, "-m", "attnlab", "eval", str(run), "--no-progress", "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+    assert done.returncode == 0, done.stderr
+    assert "loss" in json.loads(done.stdout)
+    assert done.stderr.splitlines() == [
+        f"attnlab: waiting for another process's build of the C++ CPU kernels (pid {holder.pid}, lock {lock}); "
+        "giving up after 0.5 s (ATTNLAB_BUILD_WAIT_S)",
+        f"warning: attnlab's CPU kernels are not available (another process's build (pid {holder.pid}) still held "
+        f"{lock} after 0.5 s (ATTNLAB_BUILD_WAIT_S)); attnlab uses PyTorch's serial transposes, NumPy's dropout "
+        "words and PyTorch's fused attention instead (slower, same results)",
+    ]

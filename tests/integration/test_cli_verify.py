@@ -78,3 +78,65 @@ def test_an_old_run_without_manifests_is_a_warning(copy, capsys, monkeypatch):
 def test_a_folder_that_is_not_a_run_is_a_usage_error(tmp_path, capsys, monkeypatch):
     code, _, err = _attnlab(capsys, monkeypatch, str(tmp_path))
     assert code == 2 and err.startswith("error: ") and "not a run directory" in err
+
+
+def _flip_a_digit(path: Path) -> None:
+    text = path.read_text()
+    at = max(i for i, c in enumerate(text) if c.isdigit() and c != "9")  # in the last record
+    path.write_text(text[:at] + str(int(text[at]) + 1) + text[at + 1 :])
+
+
+@pytest.mark.parametrize(
+    ("damage", "named", "says"),
+    [
+        (lambda run: (run / "checkpoint.json").unlink(), "checkpoint.json", "checkpoint pointer not found"),
+        (
+            lambda run: (run / "checkpoints/step-00000004/manifest.json").unlink(),
+            "checkpoints/step-00000004/manifest.json",
+            "manifest not found",
+        ),
+        (
+            lambda run: (run / "checkpoints/step-00000002/manifest.json").unlink(),
+            "checkpoints/step-00000002/manifest.json",
+            "manifest not found",
+        ),
+        (
+            lambda run: _flip_a_digit(run / "metrics.jsonl"),
+            "metrics.jsonl",
+            "differ from what checkpoint step-00000004",
+        ),
+        (
+            lambda run: (run / "metrics.jsonl").write_bytes((run / "metrics.jsonl").read_bytes()[:-30]),
+            "metrics.jsonl",
+            "cut to",
+        ),
+        (lambda run: (run / "metrics.jsonl").write_bytes(b""), "metrics.jsonl", "cut to 0 bytes"),
+        (lambda run: (run / "metrics.jsonl").unlink(), "metrics.jsonl", "metrics not found"),
+    ],
+    ids=[
+        "no-pointer",
+        "no-latest-manifest",
+        "no-older-manifest",
+        "metrics-digit",
+        "metrics-cut",
+        "metrics-empty",
+        "no-metrics",
+    ],
+)
+def test_a_deleted_index_manifest_or_damaged_metrics_exits_3(copy, capsys, monkeypatch, damage, named, says):
+    damage(copy)
+    code, out, err = _attnlab(capsys, monkeypatch, str(copy))
+    assert code == 3, out
+    assert err.count("\n") == 1 and err.startswith("error: ") and str(copy / named) in err and says in err
+    assert f"damaged    {named}" in out
+
+
+def test_metrics_written_after_the_last_checkpoint_verify_and_are_counted(copy, capsys, monkeypatch):
+    """What a run still training, or killed before its next checkpoint, leaves: lines no record
+    covers yet, the last one torn mid-append."""
+    with open(copy / "metrics.jsonl", "ab") as handle:
+        handle.write(b'{"loss": 2.5, "step": 5}\n{"loss": 2.4, "st')
+    code, out, err = _attnlab(capsys, monkeypatch, str(copy))
+    assert code == 0, err
+    line = next(line for line in out.splitlines() if "metrics.jsonl" in line)
+    assert "as checkpoint step-00000004 recorded them; 1 later lines" in line and "a torn last line ignored" in line

@@ -13,7 +13,7 @@ import torch
 
 from attnlab.analysis.pruning import prune_model, write_pruned_run
 from attnlab.cli import main
-from attnlab.errors import AttnlabWarning, CheckpointError
+from attnlab.errors import AttnlabWarning, CheckpointError, UsageError
 from attnlab.evaluation.evaluate import evaluate
 from attnlab.head_ids import head_ids
 from attnlab.run.directory import RunDir
@@ -25,6 +25,7 @@ from attnlab.training.trainer import TrainingDiverged, train
 from tests.tiny_run import build_tiny_run, tiny_experiment
 
 CHECKPOINT = "checkpoints/step-00000004"
+NEWLINE = b"\n"
 RUN_FILES = ["config.json", "tokenizer.json", "model.safetensors", "manifest.json", "checkpoint.json"]
 CHECKPOINT_FILES = [
     f"{CHECKPOINT}/{name}"
@@ -286,7 +287,9 @@ def _with_the_names_before_the_decoder_rename(run: Path) -> None:
         data = tensors_to_bytes({old(name): tensor for name, tensor in tensors.items()}, metadata)
         atomic_write_bytes(files.model, data)
         manifest = read_manifest(files.directory)
-        write_manifest(files.directory, manifest.with_records({files.model.name: record_of(data)}))
+        written = write_manifest(files.directory, manifest.with_records({files.model.name: record_of(data)}))
+        listing = {f"checkpoints/{files.directory.name}/manifest.json": record_of(written.read_bytes())}
+        write_manifest(run, read_manifest(run).with_records(listing))  # as point_to recorded it then
     opened.point_to(opened.latest_checkpoint())
 
 
@@ -312,3 +315,83 @@ def test_a_run_written_before_the_decoder_rename_opens_verifies_and_resumes(tiny
     assert resumed.keys() == expected.keys()
     for name, tensor in expected.items():
         assert torch.equal(resumed[name], tensor), name
+
+
+def _rewrite_trainer_state(run: Path, change) -> None:
+    """Rewrite each checkpoint's trainer_state.json with ``change(state)``, and the records of it
+    (its checkpoint's manifest, that manifest's record in the run's), as attnlab wrote them then."""
+    for folder in sorted((run / "checkpoints").glob("step-*")):
+        path = folder / "trainer_state.json"
+        data = (json.dumps(change(json.loads(path.read_text())), indent=2, sort_keys=True) + "\n").encode()
+        path.write_bytes(data)
+        written = write_manifest(folder, read_manifest(folder).with_records({path.name: record_of(data)}))
+        listing = {f"checkpoints/{folder.name}/manifest.json": record_of(written.read_bytes())}
+        write_manifest(run, read_manifest(run).with_records(listing))
+
+
+def test_checkpoints_written_before_metrics_were_recorded_warn_once_and_resume(tiny, copy):
+    _rewrite_trainer_state(copy, lambda state: {k: v for k, v in state.items() if k != "metrics"})
+    with open(copy / "metrics.jsonl", "a") as handle:
+        handle.write('{"loss": 9.0, "step": 5}\n')  # after the checkpoint: dropped on resume, as before
+    report = verify_run(copy)
+    assert report.ok and len(report.warnings) == 1 and "records no metrics.jsonl" in report.warnings[0]
+    assert "no checkpoint records this file yet" in next(c.detail for c in report.files if c.path == "metrics.jsonl")
+    with pytest.warns(AttnlabWarning, match="records no metrics.jsonl"):
+        train(tiny_experiment(tiny["folder"], steps=6), copy, resume=True, progress=False)
+    steps = [r["step"] for r in RunDir.open(copy).read_metrics()]
+    assert steps == sorted(steps) and steps.count(5) == 1 and steps[-1] == 6
+    report = verify_run(copy)
+    assert report.ok and not report.warnings
+
+
+def test_resume_keeps_exactly_the_recorded_metrics_and_refuses_changed_ones(tiny, copy):
+    metrics = copy / "metrics.jsonl"
+    original = metrics.read_bytes()
+    metrics.write_bytes(original.replace(b'"step": 3', b'"step": 8', 1))  # a changed digit: still JSON
+    with pytest.raises(CheckpointError, match=f"metrics {metrics} is damaged: its first {len(original)} bytes differ"):
+        train(tiny_experiment(tiny["folder"], steps=6), copy, resume=True, progress=False)
+    metrics.write_bytes(original + b'{"loss": 1.0, "step": 5}\n{"loss": 1.0, "step": 6}\n')  # a killed run's
+    train(tiny_experiment(tiny["folder"], steps=6), copy, resume=True, progress=False)
+    resumed = metrics.read_bytes()
+    assert resumed.startswith(original) and b'"loss": 1.0' not in resumed
+    report = verify_run(copy)
+    detail = next(check.detail for check in report.files if check.path == "metrics.jsonl")
+    assert report.ok and detail == f"{resumed.count(NEWLINE)} lines as checkpoint step-00000006 recorded them"
+
+
+@pytest.mark.parametrize("stop_in", ["point_to", "_record"])
+def test_a_kill_while_a_checkpoint_is_committed_leaves_a_run_that_verifies(tiny, copy, monkeypatch, stop_in):
+    """Killed after the checkpoint folder is renamed into place (before the pointer moves), or
+    after the pointer moved (before the run's manifest records it): the run verifies and resumes."""
+    original = getattr(RunDir, stop_in)
+
+    def killed(self, *args, **kwargs):
+        if stop_in == "point_to" or "model.safetensors" in args[0]:
+            raise KeyboardInterrupt  # stands for kill -9: nothing after this point runs
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(RunDir, stop_in, killed)
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny_experiment(tiny["folder"], steps=6), copy, resume=True, progress=False)
+    monkeypatch.undo()
+    assert (copy / "checkpoints/step-00000006/manifest.json").exists()
+    pointed = json.loads((copy / "checkpoint.json").read_text())["step"]
+    assert pointed == (4 if stop_in == "point_to" else 6)
+    report = verify_run(copy)
+    assert report.ok, report.problems
+    train(tiny_experiment(tiny["folder"], steps=6), copy, resume=True, progress=False)
+    assert verify_run(copy).ok
+
+
+def test_checkpoint_last_without_the_pointer_says_what_is_available(copy):
+    (copy / "checkpoint.json").unlink()
+    with pytest.raises(CheckpointError, match="checkpoint pointer not found: .*lists step-00000002, step-00000004"):
+        RunDir.open(copy).choose_checkpoint("last")
+    for manifest in copy.rglob("manifest.json"):  # a run written before manifests: the pointer is not required
+        manifest.unlink()
+    with pytest.raises(UsageError) as caught:
+        RunDir.open(copy).choose_checkpoint("last")
+    assert str(caught.value) == (
+        f"--checkpoint last: {copy} has no checkpoint.json (which names the last checkpoint); "
+        "available: best, step-2, step-4"
+    )

@@ -14,6 +14,7 @@ import torch
 from starlette.testclient import TestClient
 
 from attnlab.analysis.maps import attention_view, kind_maps
+from attnlab.cli import view as view_command
 from attnlab.errors import UsageError
 from attnlab.generate.search import DecodeOptions, decode
 from attnlab.head_ids import HeadId, mask_without, parse_head_name
@@ -23,7 +24,7 @@ from attnlab.viewer import create_app
 from attnlab.viewer.overview import pool_map
 from attnlab.viewer.requests import MAX_INPUT_CHARS, MAX_INPUT_TOKENS, MAX_JSON_DEPTH, MAX_OUTPUT_TOKENS
 from attnlab.viewer.serve import LOOPBACK_HOSTS, allowed_hosts
-from attnlab.viewer.server import MAX_BODY_BYTES, MAX_RUN_BODY_BYTES, STATIC_DIR, host_name
+from attnlab.viewer.server import MAX_BODY_BYTES, MAX_DRAIN_BYTES, MAX_RUN_BODY_BYTES, STATIC_DIR, host_name
 from tests.unit.analysis.tiny_runs import HELD, XSS, tiny_run
 
 KINDS = ("encoder_decoder", "encoder_classifier", "decoder_only")
@@ -247,14 +248,27 @@ def test_a_body_that_is_not_json_or_not_sent_as_json_gets_400(clients):
     assert client.get("/api/run").status_code == 405
 
 
-def asgi_post(app, path: str, headers: dict[str, str], body: bytes) -> tuple[int, dict, int]:  # noqa: ANN001
-    """POST straight through ASGI (headers exactly as given, no client adding any); returns the
-    status, the JSON answer and how many times the app asked for the body."""
+def asgi_post(  # noqa: ANN001
+    app, path: str, headers: dict[str, str], body: bytes | list[bytes], *, disconnect: bool = False
+) -> tuple[int | None, dict | None, int]:
+    """POST straight through ASGI (headers exactly as given, no client adding any); ``body`` as one
+    message or a list of messages, then the client's disconnect where ``disconnect``. Returns the
+    status and the JSON answer (None where nothing was sent) and how many times the app asked for
+    the body."""
+    chunks = [body] if isinstance(body, bytes) else list(body)
     messages, asked = [], []
 
     async def receive() -> dict:
         asked.append(1)
-        return {"type": "http.request", "body": body, "more_body": False}
+        if len(asked) <= len(chunks):
+            return {
+                "type": "http.request",
+                "body": chunks[len(asked) - 1],
+                "more_body": len(asked) < len(chunks) or disconnect,
+            }
+        if disconnect:
+            return {"type": "http.disconnect"}
+        raise AssertionError("the app asked for more body after the last message")
 
     async def send(message: dict) -> None:
         messages.append(message)
@@ -277,28 +291,37 @@ def asgi_post(app, path: str, headers: dict[str, str], body: bytes) -> tuple[int
     # in this worker's main thread, where asyncio.run refuses to start another.
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         pool.submit(asyncio.run, app(scope, receive, send)).result()
-    status = next(m["status"] for m in messages if m["type"] == "http.response.start")
+    status = next((m["status"] for m in messages if m["type"] == "http.response.start"), None)
     answer = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.response.body")
-    return status, json.loads(answer), len(asked)
+    return status, json.loads(answer) if answer else None, len(asked)
 
 
 JSON = {"content-type": "application/json"}
+OVER = str(MAX_RUN_BODY_BYTES + 1)
+THREE_CHUNKS = [b'{"text": ', b'"ab"', b"}"]
 
 
 @pytest.mark.parametrize(
-    ("headers", "field", "message"),
+    ("headers", "status", "field", "message", "asked"),
     [
-        ({**JSON, "content-length": str(MAX_RUN_BODY_BYTES + 1)}, "body", f"takes at most {MAX_RUN_BODY_BYTES}"),
-        ({**JSON, "content-length": "99999999999999999999"}, "body", f"takes at most {MAX_RUN_BODY_BYTES}"),
-        ({**JSON, "content-length": "12abc"}, "Content-Length", "is not a number of bytes"),
-        ({**JSON, "content-length": "-1"}, "Content-Length", "is not a number of bytes"),
-        ({**JSON, "content-length": "9" * 100}, "Content-Length", "is not a number of bytes"),
-        ({**JSON, "transfer-encoding": "chunked"}, "Content-Length", "with a Content-Length header"),
+        # over the cap: read to the end and thrown away, then 413 (a client still sending reads it)
+        ({**JSON, "content-length": OVER}, 413, "body", f"takes at most {MAX_RUN_BODY_BYTES}", 3),
+        # over the cap, but the client waits for 100 Continue: answered unread
+        ({**JSON, "content-length": OVER, "expect": "100-continue"}, 413, "body", "takes at most", 0),
+        # announced larger than the viewer ever reads: answered unread
+        ({**JSON, "content-length": str(MAX_DRAIN_BYTES + 1)}, 413, "body", "takes at most", 0),
+        ({**JSON, "content-length": "99999999999999999999"}, 413, "body", f"takes at most {MAX_RUN_BODY_BYTES}", 0),
+        ({**JSON, "content-length": "12abc"}, 400, "Content-Length", "is not a number of bytes", 0),
+        ({**JSON, "content-length": "-1"}, 400, "Content-Length", "is not a number of bytes", 0),
+        ({**JSON, "content-length": "9" * 100}, 400, "Content-Length", "is not a number of bytes", 0),
+        ({**JSON, "transfer-encoding": "chunked"}, 400, "Content-Length", "with a Content-Length header", 3),
     ],
 )
-def test_a_body_without_an_acceptable_content_length_is_refused_unread(runs, headers, field, message):
-    status, answer, asked = asgi_post(create_app(runs["encoder_decoder"]), "/api/run", headers, b'{"text": "ab"}')
-    assert (status, answer["field"], asked) == (400, field, 0)
+def test_a_body_without_an_acceptable_content_length_is_refused_and_thrown_away(
+    runs, headers, status, field, message, asked
+):
+    answered, answer, reads = asgi_post(create_app(runs["encoder_decoder"]), "/api/run", headers, THREE_CHUNKS)
+    assert (answered, answer["field"], reads) == (status, field, asked)
     assert message in answer["error"]
 
 
@@ -309,15 +332,33 @@ def test_a_body_longer_than_its_content_length_says_is_refused_at_the_cap(runs):
         {**JSON, "content-length": "10"},
         b"[" * (MAX_RUN_BODY_BYTES + 1),
     )
-    assert status == 400 and answer["field"] == "body" and f"larger than {MAX_RUN_BODY_BYTES}" in answer["error"]
+    assert status == 413 and answer["field"] == "body" and f"larger than {MAX_RUN_BODY_BYTES}" in answer["error"]
 
 
-def test_huge_bodies_get_400_on_both_routes(clients):
+def test_a_ten_megabyte_body_gets_413_and_a_json_error_on_both_routes(clients):
     client = clients["encoder_decoder"]
-    run = client.post("/api/run", content=b"x" * (MAX_RUN_BODY_BYTES + 1), headers=JSON)
-    csv = client.post("/api/importance", content=b"x" * (MAX_BODY_BYTES + 1))
-    assert [run.status_code, csv.status_code] == [400, 400]
-    assert run.json()["field"] == csv.json()["field"] == "body"
+    body = b"x" * 10_000_000
+    run = client.post("/api/run", content=body, headers=JSON)
+    csv = client.post("/api/importance", content=body)
+    assert [run.status_code, csv.status_code] == [413, 413]
+    assert run.json() == {
+        "error": f"the request body is 10000000 bytes; the viewer takes at most {MAX_RUN_BODY_BYTES}",
+        "field": "body",
+    }
+    assert csv.json() == {
+        "error": f"the request body is 10000000 bytes; the viewer takes at most {MAX_BODY_BYTES}",
+        "field": "body",
+    }
+
+
+@pytest.mark.parametrize(("path", "length"), [("/api/run", "100"), ("/api/importance", "100"), ("/api/run", OVER)])
+def test_a_client_that_disconnects_mid_body_gets_no_answer_and_raises_nothing(runs, path, length):
+    """A POST announcing more bytes than it sends before it disconnects: the app returns normally
+    (an exception would reach the server, which prints its traceback); what it sends is dropped."""
+    status, _, asked = asgi_post(
+        create_app(runs["encoder_decoder"]), path, {**JSON, "content-length": length}, [b"{}"], disconnect=True
+    )
+    assert asked == 2 and status in (None, 400)
 
 
 def _deep(depth: int) -> bytes:
@@ -370,9 +411,10 @@ MALFORMED = [  # (body, field, part of the message)
 
 @pytest.mark.parametrize(("body", "field", "message"), MALFORMED, ids=[f"malformed-{i}" for i in range(len(MALFORMED))])
 def test_every_malformed_run_body_gets_400_naming_the_field_and_the_viewer_goes_on(clients, body, field, message):
+    """400, or 413 for the body over the cap."""
     client = clients["encoder_decoder"]
     response = client.post("/api/run", content=body, headers=JSON)
-    assert response.status_code == 400, response.text
+    assert response.status_code == (413 if len(body) > MAX_RUN_BODY_BYTES else 400), response.text
     assert response.headers["content-type"] == "application/json"
     assert response.json()["field"] == field
     assert message in response.json()["error"] and len(response.json()["error"]) < 400
@@ -502,3 +544,27 @@ def test_allowed_hosts_need_names_for_a_non_loopback_address_and_check_them():
     for name in ("*", "box.lan:8765", "http://box.lan", "", "box lan", "*.lan", "box..lan", "-box"):
         with pytest.raises(UsageError, match="not a host name or IP address"):
             allowed_hosts("0.0.0.0", [name])
+
+
+def test_an_unexpected_exception_is_a_500_with_one_line_not_a_traceback(runs, monkeypatch, capsys):
+    """A bug (here: the model run raising) is answered 500 with a JSON error and one ``error:`` line
+    on stderr, with the internal_error ``attnlab view`` gives (the CLI's last resort); with
+    ATTNLAB_TRACEBACK=1, or without internal_error, the exception reaches the server."""
+
+    def broken(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise RuntimeError("a bug\nin two lines")
+
+    monkeypatch.setattr("attnlab.viewer.server.run_payload", broken)
+    monkeypatch.delenv("ATTNLAB_TRACEBACK", raising=False)
+    app = create_app(runs["encoder_decoder"], internal_error=view_command._internal_error)
+    answer = TestClient(app).post("/api/run", json={"text": "ab"})
+    message = "internal error: RuntimeError: a bug in two lines (set ATTNLAB_TRACEBACK=1 to see the traceback)"
+    assert (answer.status_code, answer.json()) == (500, {"error": message})
+    assert answer.headers["x-frame-options"] == "DENY"
+    assert capsys.readouterr().err == f"error: POST /api/run: {message}\n"
+    assert TestClient(app).get("/api/model").status_code == 200  # and it goes on serving
+    with pytest.raises(RuntimeError, match="a bug"):
+        TestClient(create_app(runs["encoder_decoder"])).post("/api/run", json={"text": "ab"})
+    monkeypatch.setenv("ATTNLAB_TRACEBACK", "1")
+    with pytest.raises(RuntimeError, match="a bug"):
+        TestClient(app).post("/api/run", json={"text": "ab"})

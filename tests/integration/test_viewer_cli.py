@@ -10,12 +10,14 @@ import signal
 import socket
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 
 import pytest
 
 from attnlab.cli import main
 from attnlab.viewer.importance import MAX_IMPORTANCE_BYTES
+from attnlab.viewer.server import MAX_RUN_BODY_BYTES
 from tests.unit.analysis.tiny_runs import tiny_run
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -153,8 +155,32 @@ def _raw(port: int, request: bytes) -> bytes:
         return sock.recv(65536)
 
 
-def test_a_served_viewer_answers_400_to_bad_bodies_and_hosts_keeps_serving_and_prints_no_traceback(runs):
-    """The real server (uvicorn) on all interfaces with one allowed name: issue 23's probes."""
+def _disconnect_mid_body(port: int) -> None:
+    """A POST that announces 100 bytes, sends 2 and disconnects (it printed a ClientDisconnect traceback)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        sock.sendall(
+            b"POST /api/run HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100\r\n\r\n{}"
+        )
+
+
+def _post_closing(port: int, body: bytes) -> tuple[int, dict]:
+    """POST with urllib, which sends ``Connection: close`` and its whole body before it reads the
+    answer (a body refused unread reached it as a connection reset)."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/api/run", data=body, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=600) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_a_served_viewer_answers_bad_bodies_hosts_and_disconnects_keeps_serving_and_prints_no_traceback(runs):
+    """The real server (uvicorn) on all interfaces with one allowed name: issue 23's and issue 37's
+    probes (400s, a 10 MB body's 413 read by a client that sends it whole first, a client gone
+    mid-body)."""
     # PyTorch's attention, not attnlab's C++ kernels: this test is about HTTP, and a fresh process
     # must not wait for a kernel build that another checkout of attnlab may have replaced
     env = {**os.environ, "ATTNLAB_NATIVE": "0"}
@@ -213,6 +239,15 @@ def test_a_served_viewer_answers_400_to_bad_bodies_and_hosts_keeps_serving_and_p
             b"Content-Length: abc\r\nConnection: close\r\n\r\n{}"
         )
         assert _raw(port, bad_length).startswith(b"HTTP/1.1 400 ")
+        _disconnect_mid_body(port)
+        assert _post_closing(port, b"x" * 10_000_000) == (
+            413,
+            {
+                "error": f"the request body is 10000000 bytes; the viewer takes at most {MAX_RUN_BODY_BYTES}",
+                "field": "body",
+            },
+        )
+        _disconnect_mid_body(port)
         for host in (f"viewer.example:{port}", f"localhost:{port}", f"127.0.0.1:{port}"):
             status, answer = _ask(port, "POST", "/api/run", b'{"text": "abcd"}', {**named, "Host": host})
             assert status == 200 and answer["tokens"] == ["a", "b", "c", "d"]

@@ -13,7 +13,15 @@ from pathlib import Path
 import typer
 
 from attnlab.cli.app import app
-from attnlab.cli.options import SOURCE_HELP, device_option, dtype_option, json_option, print_json, revision_option
+from attnlab.cli.options import (
+    SOURCE_HELP,
+    device_option,
+    dtype_option,
+    json_option,
+    print_json,
+    revision_option,
+    verify_option,
+)
 from attnlab.limits import MAX_NEW_TOKENS
 
 
@@ -39,6 +47,7 @@ def attention(
     device: str = device_option(),
     dtype: str | None = dtype_option(),
     revision: str | None = revision_option(),
+    verify: bool = verify_option(),
     as_json: bool = json_option("Print one JSON object: input, output, held heads and the pictures written."),
 ) -> None:
     """Draw every attention map of RUN on TEXT: per head, per layer (grid), and the argmax pattern.
@@ -55,7 +64,7 @@ def attention(
 
     check_input_text(text, what="TEXT")
     check_output_path(out, kind="folder", flag="--out")
-    loaded = open_model(run, device=device, dtype=dtype, revision=revision)
+    loaded = open_model(run, device=device, dtype=dtype, revision=revision, verify=verify)
     chosen = None if layers is None else select_layers(layers, _deepest(loaded.model.config), flag="--layers")
     view = attention_view(loaded, text, max_length=max_length, continuation=continuation)
     hard = loaded.experiment.model.get("attention") == "hard"

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from attnlab.cli.app import app
-from attnlab.cli.options import SOURCE_HELP, device_option, dtype_option, revision_option
+from attnlab.cli.options import SOURCE_HELP, device_option, dtype_option, revision_option, verify_option
 from attnlab.limits import MAX_BATCH_SIZE
 
 SHOWN = 6
@@ -24,6 +24,7 @@ def encode(
     device: str = device_option(),
     dtype: str | None = dtype_option(),
     revision: str | None = revision_option(),
+    verify: bool = verify_option(),
 ) -> None:
     """For each text: its WordPiece tokens, the last hidden states (T x d) and the sentence embedding."""
     # Imported when the command runs: the help pages load no torch (see attnlab.cli).
@@ -33,7 +34,7 @@ def encode(
 
     for number, text in enumerate(texts, start=1):
         check_input_text(text, what="TEXT" if len(texts) == 1 else f"TEXT {number}")
-    loaded = open_model(run, device=device, dtype=dtype, revision=revision)
+    loaded = open_model(run, device=device, dtype=dtype, revision=revision, verify=verify)
     results = encode_texts(loaded, texts, batch_size=batch_size)
     pooling = loaded.experiment.task.get("pooling", "mean")
     if as_json:

@@ -9,7 +9,14 @@ import typer
 
 from attnlab.cli.app import app
 from attnlab.cli.choices import Split
-from attnlab.cli.options import SOURCE_HELP, device_option, dtype_option, progress_option, revision_option
+from attnlab.cli.options import (
+    SOURCE_HELP,
+    device_option,
+    dtype_option,
+    progress_option,
+    revision_option,
+    verify_option,
+)
 from attnlab.errors import UsageError
 from attnlab.limits import MAX_BATCH_SIZE
 
@@ -39,6 +46,7 @@ def evaluate_run(
     device: str = device_option(),
     dtype: str | None = dtype_option(),
     revision: str | None = revision_option(),
+    verify: bool = verify_option(),
     checkpoint: str = typer.Option(
         None,
         "--checkpoint",
@@ -74,7 +82,7 @@ def evaluate_run(
     from attnlab.tasks.base import SPLITS
     from attnlab.tasks.batching import count_too_long
 
-    loaded = open_model(run, device=device, dtype=dtype, revision=revision, checkpoint=checkpoint)
+    loaded = open_model(run, device=device, dtype=dtype, revision=revision, verify=verify, checkpoint=checkpoint)
     names = loaded.task.split_names() if hasattr(loaded.task, "split_names") else SPLITS
     if split not in names:
         raise UsageError(f"--split: unknown split {split!r}; this run's task has {', '.join(names)}")

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from attnlab.cli.app import app
-from attnlab.cli.options import SOURCE_HELP, device_option, dtype_option, revision_option
+from attnlab.cli.options import SOURCE_HELP, device_option, dtype_option, revision_option, verify_option
 from attnlab.errors import UsageError
 from attnlab.limits import MAX_BEAM, MAX_LENGTH_PENALTY, MAX_NEW_TOKENS, MAX_SEED, MAX_TEMPERATURE, MAX_VOCAB_SIZE
 from attnlab.resources import check_decode_length, check_input_text, check_input_tokens
@@ -55,6 +55,7 @@ def generate(
     device: str = device_option(),
     dtype: str | None = dtype_option(),
     revision: str | None = revision_option(),
+    verify: bool = verify_option(),
 ) -> None:
     """Run a model on each TEXT: the output sequence, the class with its probability, or a continuation.
 
@@ -71,7 +72,7 @@ def generate(
     sampling = _sampling(temperature, top_k, top_p, seed, beam=beam)
     for number, text in enumerate(texts, start=1):
         check_input_text(text, what=_which(number, len(texts)))
-    loaded = open_model(run, device=device, dtype=dtype, revision=revision)
+    loaded = open_model(run, device=device, dtype=dtype, revision=revision, verify=verify)
     kind = loaded.experiment.model_kind
     if kind == "encoder":
         raise UsageError(f"{run} is a sentence encoder: it generates nothing; use `attnlab encode RUN TEXT...`")

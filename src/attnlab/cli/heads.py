@@ -17,6 +17,7 @@ from attnlab.cli.options import (
     print_json,
     progress_option,
     revision_option,
+    verify_option,
 )
 from attnlab.errors import UsageError
 from attnlab.limits import MAX_BATCH_SIZE, MAX_STEPS
@@ -93,6 +94,7 @@ def _probe(  # noqa: ANN202
     device: str = "cpu",
     dtype: str | None = None,
     revision: str | None = None,
+    verify: bool = True,
 ):
     """The objective: the run's task split; for a language model --texts (next-token loss); for a
     sentence encoder --texts (fidelity) / --pairs.
@@ -108,7 +110,7 @@ def _probe(  # noqa: ANN202
     if texts is not None and pairs is not None:
         raise UsageError("give --texts or --pairs, not both")
     split = Split(split).value
-    loaded = open_model(run, device=device, dtype=dtype, revision=revision)
+    loaded = open_model(run, device=device, dtype=dtype, revision=revision, verify=verify)
     if texts is not None and loaded.experiment.model_kind == "decoder_only":
         return loaded, NextTokenProbe(
             loaded,
@@ -172,6 +174,7 @@ def ablate_command(
     device: str = device_option(),
     dtype: str | None = dtype_option(),
     revision: str | None = revision_option(),
+    verify: bool = verify_option(),
     as_json: bool = json_option(),
 ) -> None:
     """The metric and loss with each head masked alone, and with all heads of a layer but one.
@@ -187,7 +190,7 @@ def ablate_command(
     if out is not None:
         check_output_path(out, kind="folder", flag="--out")
     kinds = [value_of(kind) for kind in kinds or ()]
-    loaded, probe = _probe(run, split, batch_size, texts, pairs, device, dtype, revision)
+    loaded, probe = _probe(run, split, batch_size, texts, pairs, device, dtype, revision, verify)
     folder = out or loaded.analysis
     means = None
     if mean_over is not None:
@@ -250,6 +253,7 @@ def importance_command(
     device: str = device_option(),
     dtype: str | None = dtype_option(),
     revision: str | None = revision_option(),
+    verify: bool = verify_option(),
     as_json: bool = json_option(),
 ) -> None:
     """I_h = E_x |dL/dxi_h| for every head, from one forward and backward pass per batch."""
@@ -262,7 +266,7 @@ def importance_command(
         check_output_path(out, kind="file", flag="--out")
         check_output_path(out.with_suffix(".png"), kind="file", flag="--out (its heatmap)")
     kinds = [value_of(kind) for kind in kinds or ()]
-    loaded, probe = _probe(run, split, batch_size, texts, pairs, device, dtype, revision)
+    loaded, probe = _probe(run, split, batch_size, texts, pairs, device, dtype, revision, verify)
     path = out or loaded.analysis / "importance.csv"
     with tqdm(desc="importance", unit="batch", disable=not progress) as bar:
         rows = importance(
@@ -324,6 +328,7 @@ def prune_command(
     device: str = device_option(),
     dtype: str | None = dtype_option(),
     revision: str | None = revision_option(),
+    verify: bool = verify_option(),
     as_json: bool = json_option(),
 ) -> None:
     """Mask the least important heads (ranked globally) and evaluate; or remove them for good.
@@ -349,7 +354,7 @@ def prune_command(
     kinds = [value_of(kind) for kind in kinds or ()]
     ranking_split = Split(importance_split or Split.valid).value
     curve_split = Split(split or Split.test).value
-    loaded, probe = _probe(run, curve_split, batch_size, texts, pairs, device, dtype, revision)
+    loaded, probe = _probe(run, curve_split, batch_size, texts, pairs, device, dtype, revision, verify)
     ranker = _ranking_probe(loaded, probe, ranking_split)
     if physical:
         _prune_physically(

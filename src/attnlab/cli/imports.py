@@ -12,7 +12,7 @@ from pathlib import Path
 import typer
 
 from attnlab.cli.app import app
-from attnlab.cli.options import dtype_option, json_option, print_json, revision_option
+from attnlab.cli.options import dtype_option, json_option, print_json, revision_option, verify_option
 from attnlab.errors import UsageError
 
 import_app = typer.Typer(help="Import pretrained checkpoints as attnlab runs.", no_args_is_help=True)
@@ -24,6 +24,7 @@ def hf_command(
     source: str = typer.Argument(..., help="A Hugging Face model folder, or NAME / ORG/NAME in the local cache."),
     out: Path = typer.Option(..., "--out", help="The run directory to write."),
     revision: str | None = revision_option(),
+    verify: bool = verify_option(),
     dtype: str | None = dtype_option(),
     force: bool = typer.Option(False, "--force", help="Write into --out even if it is not empty."),
     as_json: bool = json_option(),
@@ -33,7 +34,7 @@ def hf_command(
     from attnlab.run.output_paths import check_output_path
 
     check_output_path(out, kind="run", flag="--out", overwrite=force)
-    loaded = import_checkpoint(source, out, revision=revision, dtype=dtype, overwrite=force)
+    loaded = import_checkpoint(source, out, revision=revision, dtype=dtype, overwrite=force, verify=verify)
     config = loaded.model.config
     summary = {
         "source": source,
@@ -64,6 +65,7 @@ def bert_command(
     ),
     out: Path = typer.Option(..., "--out", help="The run directory to write."),
     force: bool = typer.Option(False, "--force", help="Write into --out even if it is not empty."),
+    verify: bool = verify_option(),
     as_json: bool = json_option(),
 ) -> None:
     """Convert a BERT checkpoint into a run directory that every attnlab command can open."""
@@ -75,7 +77,7 @@ def bert_command(
         raise UsageError("give either SOURCE (a folder) or --package NAME, not both and not neither")
     check_output_path(out, kind="run", flag="--out", overwrite=force)
     found = package_source(package) if package is not None else find_source(source)
-    imported = import_bert(found, out, overwrite=force)
+    imported = import_bert(found, out, overwrite=force, verify=verify)
     config = imported.model.config
     if as_json:
         print_json(
@@ -116,6 +118,7 @@ def gguf_command(
     ),
     out: Path = typer.Option(..., "--out", help="The run directory to write."),
     force: bool = typer.Option(False, "--force", help="Write into --out even if it is not empty."),
+    verify: bool = verify_option(),
     as_json: bool = json_option(),
 ) -> None:
     """Convert a Llama-family GGUF file into a run directory (weights dequantized to float32 once)."""
@@ -126,7 +129,7 @@ def gguf_command(
         raise UsageError("give either SOURCE (a .gguf file) or --package NAME, not both and not neither")
     check_output_path(out, kind="run", flag="--out", overwrite=force)
     path = package_gguf(package) if package is not None else source
-    imported = import_gguf(path, out, overwrite=force)
+    imported = import_gguf(path, out, overwrite=force, verify=verify)
     hp, task = imported.hyperparameters, imported.experiment.task
     summary = {
         "source": str(imported.source),

@@ -1,5 +1,5 @@
 """Options that many commands share, defined once: ``--device``, ``--dtype``, ``--revision``,
-``--json`` and ``--progress``.
+``--verify``, ``--json`` and ``--progress``.
 
 * ``--device auto|cpu|cuda|cuda:N`` on every command that runs a model; click checks the name and
   resolves it (:func:`attnlab.devices.resolve_device`) before the command starts, so a bad name or a
@@ -74,6 +74,16 @@ def revision_option() -> Any:
     """The ``--revision`` option: a snapshot of a model in the Hugging Face cache."""
     return typer.Option(
         None, "--revision", help="For a model in the Hugging Face cache: the snapshot (a commit or a ref such as main)."
+    )
+
+
+def verify_option() -> Any:
+    """The ``--verify/--no-verify`` option: check source files that have a known SHA-256 (a named
+    package's, a Hugging Face cache blob's: :mod:`attnlab.pretrained.provenance`) when they are opened."""
+    return typer.Option(
+        True,
+        "--verify/--no-verify",
+        help="Check files of named packages and Hugging Face cache blobs against their SHA-256 (hashes are cached).",
     )
 
 

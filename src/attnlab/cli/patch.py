@@ -16,6 +16,7 @@ from attnlab.cli.options import (
     print_json,
     progress_option,
     revision_option,
+    verify_option,
 )
 from attnlab.errors import UsageError
 from attnlab.run.output_paths import check_output_path
@@ -50,6 +51,7 @@ def patch_command(
     device: str = device_option(),
     dtype: str | None = dtype_option(),
     revision: str | None = revision_option(),
+    verify: bool = verify_option(),
     as_json: bool = json_option(),
 ) -> None:
     """How much of the clean-vs-corrupt difference patching each site restores.
@@ -72,7 +74,7 @@ def patch_command(
         raise UsageError(f"--site: unknown {unknown[0]!r}; allowed: {', '.join(SITES)}")
     if out is not None:
         check_output_path(out, kind="folder", flag="--out")
-    loaded = open_model(run, device=device, dtype=dtype, revision=revision)
+    loaded = open_model(run, device=device, dtype=dtype, revision=revision, verify=verify)
     heads, residual = "heads" in chosen, "residual" in chosen
     bars: list[tqdm] = []  # opened at the first patch, after every input check has passed
 

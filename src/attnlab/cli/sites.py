@@ -7,7 +7,15 @@ from pathlib import Path
 import typer
 
 from attnlab.cli.app import app
-from attnlab.cli.options import SOURCE_HELP, device_option, dtype_option, json_option, print_json, revision_option
+from attnlab.cli.options import (
+    SOURCE_HELP,
+    device_option,
+    dtype_option,
+    json_option,
+    print_json,
+    revision_option,
+    verify_option,
+)
 
 
 @app.command()
@@ -17,6 +25,7 @@ def sites(
     device: str = device_option(),
     dtype: str | None = dtype_option(),
     revision: str | None = revision_option(),
+    verify: bool = verify_option(),
     as_json: bool = json_option("Print one JSON object: the sites with their shapes."),
 ) -> None:
     """List every named site of a run's model (what attnlab.trace caches and edits), with its shape.
@@ -29,7 +38,7 @@ def sites(
     from attnlab.nn.hooks import resolve_sites, site_shapes
     from attnlab.pretrained.sources import open_model
 
-    loaded = open_model(run, device=device, dtype=dtype, revision=revision)
+    loaded = open_model(run, device=device, dtype=dtype, revision=revision, verify=verify)
     shapes = site_shapes(loaded.model)
     named = {name: site for name, (site, _) in shapes.items()}
     try:

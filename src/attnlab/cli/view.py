@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import typer
 
 from attnlab.cli.app import app
-from attnlab.cli.options import SOURCE_HELP, device_option, dtype_option, revision_option
+from attnlab.cli.options import SOURCE_HELP, device_option, dtype_option, revision_option, verify_option
 
 
 @app.command()
@@ -36,6 +37,7 @@ def view(
     device: str = device_option(),
     dtype: str | None = dtype_option(),
     revision: str | None = revision_option(),
+    verify: bool = verify_option(),
 ) -> None:
     """Start the attention viewer: type an input, see every head's attention, switch heads off live."""
     # Imported when the command runs: the help pages load no torch (see attnlab.cli).
@@ -46,9 +48,9 @@ def view(
     from attnlab.viewer.server import create_app
 
     names = allowed_hosts(host, allow_host or [], host_flag="--host", names_flag="--allow-host")
-    loaded = open_model(run, device=device, dtype=dtype, revision=revision)
+    loaded = open_model(run, device=device, dtype=dtype, revision=revision, verify=verify)
     scores = None if importance is None else read_importance(importance, frozenset(head_ids(loaded.model)))
-    app_ = create_app(loaded, importance=scores, allowed_hosts=names)
+    app_ = create_app(loaded, importance=scores, allowed_hosts=names, internal_error=_internal_error)
     sock = listen(host, port, host_flag="--host")
     if not is_loopback(host):
         typer.echo(
@@ -58,3 +60,13 @@ def view(
         )
     typer.echo(f"attention viewer for {run}: {url_of(sock)}  (Ctrl-C to stop)")
     make_server(app_).run(sockets=[sock])
+
+
+def _internal_error(error: Exception) -> str | None:
+    """The CLI's one line for an exception the viewer did not expect (a bug), or None to let it
+    raise with its traceback (``ATTNLAB_TRACEBACK=1``)."""
+    from attnlab.cli import TRACEBACK_ENV, last_resort  # lazy: attnlab.cli imports this module as it loads
+
+    if os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
+        return None
+    return last_resort(error)[0]

@@ -17,8 +17,9 @@ Kernels, in the registry :data:`LINEAR_KERNELS` (name -> a factory; each module 
   batch 1) takes attnlab's native matrix-vector kernel, which reads W on all cores
   (:func:`attnlab.kernels.native.few_rows_linear`; ``F.linear`` where a gradient is needed or the
   kernel is not built): there oneDNN's fixed cost per call is larger than MKL's, and both read W on
-  one core. Every tensor that is not a float32 CPU tensor takes ``F.linear`` (oneDNN has no
-  float64 kernel).
+  one core. A bfloat16 map of a few rows takes the same kernel where it is faster than PyTorch's
+  bfloat16 product, which streams W at a fraction of the memory's rate (``auto`` measures); every
+  other tensor that is not a float32 CPU tensor takes ``F.linear`` (oneDNN has no float64 kernel).
 
 Which kernel runs is a runtime setting, not part of a model's architecture: ``ATTNLAB_LINEAR`` in
 the environment (:func:`linear_setting`), read when a module is built: ``aten``, ``onednn``, or
@@ -241,7 +242,7 @@ def _few_rows(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     share the read of W (:func:`attnlab.kernels.native.few_rows_linear`), where no gradient is
     needed and it is built; ``F.linear`` otherwise."""
     if (
-        _onednn_runs(x, weight)
+        _few_rows_runs(x, weight)
         and weight.is_contiguous()
         and (bias is None or bias.is_contiguous())
         and not native.gradient_wanted(x, weight, bias)
@@ -254,7 +255,7 @@ def _few_rows(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 
 def _few_rows_unchecked(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """:func:`attnlab.kernels.native.few_rows_linear` for a call whose class :func:`_linear_applies`
-    already took (float32 CPU, no gradient, W and b contiguous, the kernels built)."""
+    already took (float32 or bfloat16 CPU, no gradient, W and b contiguous, the kernels built)."""
     return torch.ops.attnlab.few_rows_linear(native._rows(x), weight, bias).view(*x.shape[:-1], weight.shape[0])
 
 
@@ -269,6 +270,16 @@ def _key(owner: Tensor, weight: Tensor) -> tuple[int, int, tuple[int, ...]]:
 
 def _onednn_runs(x: Tensor, weight: Tensor) -> bool:
     return x.dtype == torch.float32 and weight.dtype == torch.float32 and x.device.type == "cpu" and weight.numel() > 0
+
+
+def _few_rows_runs(x: Tensor, weight: Tensor) -> bool:
+    """A CPU map in float32 or bfloat16 (x of W's dtype): the few-rows kernel's, and the measured choice's."""
+    return (
+        x.dtype == weight.dtype
+        and weight.dtype in (torch.float32, torch.bfloat16)
+        and x.device.type == "cpu"
+        and weight.numel() > 0
+    )
 
 
 LINEAR_KERNELS: dict[str, Callable[[], LinearKernel]] = {
@@ -305,13 +316,14 @@ class MeasuredLinear:
         self._calls: dict[tuple, LinearKernel] = {}
 
     def __call__(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-        if not _onednn_runs(x, weight) or torch.is_autocast_enabled("cpu"):
+        if not _few_rows_runs(x, weight) or torch.is_autocast_enabled("cpu"):
             return F.linear(x, weight, bias)
         rows = x.numel() // x.shape[-1]
         grad = native.gradient_wanted(x, weight, bias)
         seen = (
             rows if rows < MIN_ONEDNN_ROWS else calibration.bucket(rows),
             grad,
+            weight.dtype,
             *weight.shape,
             weight.is_contiguous(),
             None if bias is None else bias.is_contiguous(),
@@ -326,6 +338,8 @@ class MeasuredLinear:
     def _kernel_for(self, x: Tensor, weight: Tensor, bias: Tensor | None, rows: int, grad: bool) -> LinearKernel:
         """The kernel measured (now, or earlier in this process or on this machine) for this call's class."""
         key = ("linear", calibration.bucket(rows), weight.shape, bias is None, grad)
+        if weight.dtype != torch.float32:
+            key = (*key, str(weight.dtype).removeprefix("torch."))
         name = calibration.chosen(key)
         if name is None or not _linear_applies(name, rows, weight, bias, grad):
             names = [each for each in self._kernels if _linear_applies(each, rows, weight, bias, grad)]
@@ -350,9 +364,10 @@ class MeasuredLinear:
 
 
 def _linear_applies(name: str, rows: int, weight: Tensor, bias: Tensor | None, grad: bool) -> bool:
-    """Whether kernel ``name`` of :class:`MeasuredLinear` takes a float32 CPU map of ``rows`` rows."""
+    """Whether kernel ``name`` of :class:`MeasuredLinear` takes a CPU map of ``rows`` rows (float32,
+    or bfloat16 where oneDNN's fp32 kernel is no candidate)."""
     if name == "onednn":
-        return rows >= MIN_ONEDNN_ROWS and onednn_available()
+        return rows >= MIN_ONEDNN_ROWS and weight.dtype == torch.float32 and onednn_available()
     if name == "few_rows":
         return (
             0 < rows < MIN_ONEDNN_ROWS

@@ -91,6 +91,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from attnlab.errors import AttnlabWarning
+
 try:
     import fcntl
 except ImportError:  # Windows: PyTorch's own lock file (FileBaton) alone keeps builds apart
@@ -245,7 +247,12 @@ def _say(line: str) -> None:
 
 
 def _wait_limit() -> float:
-    """``ATTNLAB_BUILD_WAIT_S`` (seconds, >= 0), or :data:`BUILD_WAIT_S` where it is not set."""
+    """``ATTNLAB_BUILD_WAIT_S`` (seconds, >= 0), or :data:`BUILD_WAIT_S` where it is not set.
+
+    Raises:
+        BuildError: the variable is set to something else (then the kernels are not built, and
+            :func:`kernels` warns with this message).
+    """
     text = os.environ.get("ATTNLAB_BUILD_WAIT_S", "").strip()
     if not text:
         return BUILD_WAIT_S
@@ -254,7 +261,7 @@ def _wait_limit() -> float:
     except ValueError:
         seconds = -1.0
     if not seconds >= 0:  # also NaN
-        raise ValueError(f"ATTNLAB_BUILD_WAIT_S={text!r} is not a number of seconds >= 0")
+        raise BuildError(f"ATTNLAB_BUILD_WAIT_S={text!r} is not a number of seconds >= 0")
     return seconds
 
 
@@ -434,7 +441,8 @@ except Exception as error:  # one line: the compiler's or shell's complaint wher
 
 
 class BuildError(RuntimeError):
-    """The kernels' build failed; the message is the build process's reason, one line."""
+    """The kernels cannot be built: the build failed (the message is the build process's reason,
+    one line), or ``ATTNLAB_BUILD_WAIT_S`` is not a number of seconds."""
 
 
 def _build_in_child(spec: BuildSpec, sources: list[str]) -> None:
@@ -502,11 +510,12 @@ def _build() -> tuple[ModuleType | None, str | None]:
     except Exception as error:  # a missing compiler or ninja surfaces as several exception types
         text = str(error).strip()
         first = text.splitlines()[0] if text else ""
-        reason = text if isinstance(error, BuildError) else f"{type(error).__name__}: {first}"
+        ours = isinstance(error, (BuildError, TimeoutError))  # in our words: the build's reason, the wait given up
+        reason = text if ours else f"{type(error).__name__}: {first}"
         warnings.warn(
-            f"attnlab's CPU kernels are not available ({reason}); training uses PyTorch's serial "
+            f"attnlab's CPU kernels are not available ({reason}); attnlab uses PyTorch's serial "
             "transposes, NumPy's dropout words and PyTorch's fused attention instead (slower, same results)",
-            RuntimeWarning,
+            AttnlabWarning,
             stacklevel=3,
         )
         return None, reason
@@ -669,7 +678,8 @@ def short_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: flo
 def few_rows_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """y = x W^T + b with W's rows split over all cores, for inputs of a few rows (``native_linear.cpp``).
 
-    Each output is summed in float32 in an order that depends on d_in alone. No gradient: callers
+    Each output is summed in float32 in an order that depends on d_in alone; bfloat16 inputs are
+    widened exactly as they are read and the output rounded to bfloat16 once. No gradient: callers
     take ``F.linear`` where one is needed.
 
     Args:
@@ -678,7 +688,8 @@ def few_rows_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         bias: b, contiguous, or None.
 
     Shape:
-        x: (..., d_in) float32 on the CPU, few rows (the kernel reads W once per 4 rows of x);
+        x: (..., d_in) float32 or bfloat16 on the CPU, of W's dtype, few rows (the kernel reads W
+        once per 4 rows of x);
         weight: (d_out, d_in); bias: (d_out,); returns (..., d_out).
     """
     _loaded()

@@ -37,7 +37,9 @@ from torch import Tensor
 from attnlab.errors import CheckpointError, ConfigError, UsageError
 from attnlab.experiment import ExperimentConfig, model_for_task
 from attnlab.nn import EncoderOnlyConfig, TransformerModel
+from attnlab.pretrained.integrity import check_model_section, check_weights
 from attnlab.pretrained.packages import installed_distribution
+from attnlab.pretrained.provenance import check_sources
 from attnlab.run.directory import RunDir
 from attnlab.run.storage import load_tensors
 from attnlab.tasks.sentences import SentencesTask
@@ -69,6 +71,20 @@ SUPPORTED_MODEL_TYPES = ("bert", "roberta")
 _SKIPPED_PREFIXES = ("pooler.", "cls.")
 _SKIPPED_NAMES = ("embeddings.position_ids",)
 
+_SOURCE_FILES = (
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "vocab.txt",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "modules.json",
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
+    "1_Pooling/config.json",
+)
+"""The files of a BERT or sentence-transformer folder that attnlab reads or that describe it."""
+
 _POOLING_MODES = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "first"}
 """sentence-transformers' pooling switches that attnlab has a readout for (``mean_pool``, [CLS])."""
 
@@ -97,6 +113,10 @@ class BertSource:
     @property
     def config(self) -> Path:
         return self.folder / "config.json"
+
+    def files(self) -> list[Path]:
+        """Every file of the checkpoint attnlab may read (for their SHA-256: :mod:`attnlab.pretrained.provenance`)."""
+        return [path for name in _SOURCE_FILES if (path := self.folder / name).is_file()]
 
     @property
     def weights(self) -> Path:
@@ -445,15 +465,21 @@ class ReadBert:
     skipped: tuple[str, ...]
 
 
-def read_bert(source: BertSource, *, progress: Callable[[str], None] | None = None) -> ReadBert:
+def read_bert(source: BertSource, *, progress: Callable[[str], None] | None = None, verify: bool = True) -> ReadBert:
     """The encoder of ``source`` in memory (float32, eval mode), with its ``sentences`` task.
 
+    Args:
+        verify: check files with a known SHA-256 (:func:`attnlab.pretrained.provenance.check_sources`).
+
     Raises:
-        ConfigError, CheckpointError: a config or tensor attnlab cannot take (named).
+        ConfigError, CheckpointError: a config or tensor attnlab cannot take, or a file whose
+            SHA-256 differs from its known one (named).
     """
     say = progress or (lambda _message: None)
+    check_sources(source.files(), verify=verify)
     hf_config = _read_json(source.config)
     model = model_section(hf_config, source.config)
+    check_model_section(model, path=source.config)
     tokenizer = load_bert_tokenizer(source)
     pad = hf_config.get("pad_token_id", tokenizer.pad_id)
     if pad != tokenizer.pad_id:
@@ -473,6 +499,8 @@ def read_bert(source: BertSource, *, progress: Callable[[str], None] | None = No
     config: EncoderOnlyConfig = network.config  # type: ignore[assignment]
     say(f"reading {source.weights}")
     tensors, _ = load_tensors(source.weights, what="weights")
+    for name, tensor in tensors.items():
+        check_weights(name, tensor, path=source.weights)  # finite, within range (attnlab.pretrained.integrity)
     state, skipped = convert_state_dict(
         tensors,
         network.state_dict(),
@@ -485,17 +513,25 @@ def read_bert(source: BertSource, *, progress: Callable[[str], None] | None = No
 
 
 def import_bert(
-    source: BertSource, out: str | Path, *, overwrite: bool = False, progress: Callable[[str], None] | None = None
+    source: BertSource,
+    out: str | Path,
+    *,
+    overwrite: bool = False,
+    progress: Callable[[str], None] | None = None,
+    verify: bool = True,
 ) -> ImportedBert:
-    """Convert ``source`` into the run directory ``out``: config.json, tokenizer.json, model.safetensors.
+    """Convert ``source`` into the run directory ``out``: config.json, tokenizer.json, model.safetensors,
+    and provenance.json (the SHA-256 of every source file).
 
     The run's task is ``sentences`` (task kind ``embedding``), so :func:`attnlab.run.loaded.open_run`
     loads it like any other run.
     """
     say = progress or (lambda _message: None)
-    read = read_bert(source, progress=say)
+    read = read_bert(source, progress=say, verify=verify)
+    sources = check_sources(source.files(), verify=verify, record=True)
     run = RunDir.create(out, overwrite=overwrite)
     with run.lock():  # one writer at a time (attnlab.run.lock)
+        run.write_provenance([record.to_dict() for record in sources])
         run.write_config(read.experiment.to_dict())
         run.write_tokenizer(read.tokenizer.to_json())
         run.save_weights(read.model)

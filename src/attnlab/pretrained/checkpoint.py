@@ -36,6 +36,7 @@ __all__ = [
     "find_checkpoint",
     "hub_cache",
     "read_tensors",
+    "StoredTensor",
     "read_json",
     "is_checkpoint_folder",
     "storage_dtype",
@@ -43,6 +44,14 @@ __all__ = [
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
+"""The files of a model folder beside its config and weights that attnlab reads."""
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 """A model name as the Hub spells it: ``NAME`` or ``ORG/NAME``."""
 
@@ -79,16 +88,25 @@ class Checkpoint:
     def model_type(self) -> str:
         return str(self.config.get("model_type", ""))
 
+    def files(self) -> list[Path]:
+        """Every file of the folder attnlab reads: config.json, the weights (and their index), the
+        tokenizer's files (for their SHA-256: :mod:`attnlab.pretrained.provenance`)."""
+        index = self.file(INDEX_FILE)
+        tokenizer = [path for name in TOKENIZER_FILES if (path := self.file(name)) is not None]
+        return [self.folder / "config.json", *([index] if index else []), *self.shards, *tokenizer]
+
 
 def is_checkpoint_folder(path: Path) -> bool:
-    """Whether ``path`` is a Hugging Face model folder (config.json with a ``model_type``), not an attnlab run."""
+    """Whether ``path`` is a Hugging Face model folder (config.json with a ``model_type``), not an
+    attnlab run. A config.json that does not parse belongs to a model folder when files only such
+    a folder has stand beside it (its damage is then named as a model folder's)."""
     config = path / "config.json"
     if not config.is_file() or (path / "manifest.json").exists():
         return False
     try:
         return "model_type" in read_json(config)
     except CheckpointError:
-        return False
+        return any((path / name).is_file() for name in (INDEX_FILE, *TOKENIZER_FILES[1:]))
 
 
 def find_checkpoint(source: str | os.PathLike[str], *, revision: str | None = None) -> Checkpoint:
@@ -206,42 +224,87 @@ def read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-MAPPED_BYTES = 64 << 20
-"""How much of a shard is read through one mapping before it is closed and the file mapped again:
-the pages of a memory-mapped file count in the process's resident memory until it is unmapped, so
-reading a whole single-file checkpoint through one mapping would hold the weights twice (the file's
-pages and the model's tensors)."""
+@dataclass(frozen=True)
+class StoredTensor:
+    """One tensor of a shard, not yet read: where its bytes lie and how to get them.
+
+    :meth:`view` is the tensor itself, a view of the shard's private memory map (no copy: pages are
+    read from the disk cache when first used, and a write stays in this process); :meth:`read`
+    copies it out of the file with ordinary reads (no page of the mapping becomes resident), for
+    tensors that must be changed (transposed, reordered, cast, stacked) anyway.
+    """
+
+    name: str
+    shard: Path
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    begin: int
+    """Offset of the first byte in the file."""
+    end: int
+    mapping: torch.UntypedStorage
+    """The whole shard, memory-mapped with ``MAP_PRIVATE``."""
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+    def follows(self, other: StoredTensor) -> bool:
+        """Whether this tensor's bytes start where ``other``'s end, in the same file and dtype."""
+        return self.shard == other.shard and self.dtype == other.dtype and self.begin == other.end
+
+    def view(self, shape: tuple[int, ...] | None = None, *, through: StoredTensor | None = None) -> Tensor | None:
+        """The tensor as a view of the mapping, or None where its offset is not aligned for its
+        dtype (files of early writers). With ``through``, the bytes of this tensor up to the end of
+        ``through`` (tensors that each :meth:`follows` the one before), as one tensor of ``shape``:
+        tensors stacked along dim 0 without a copy."""
+        item = torch.empty((), dtype=self.dtype).element_size()
+        if self.begin % item:
+            return None
+        end = (through or self).end
+        flat = torch.empty(0, dtype=self.dtype).set_(self.mapping, self.begin // item, ((end - self.begin) // item,))
+        return flat.view(self.shape if shape is None else shape)
+
+    def read(self, out: Tensor | None = None) -> Tensor:
+        """This tensor's bytes read from the file into ``out`` (contiguous, of its dtype and number
+        of elements; default: a fresh tensor of its shape)."""
+        out = torch.empty(self.shape, dtype=self.dtype) if out is None else out
+        buffer = memoryview(out.view(-1).view(torch.uint8).numpy()) if out.numel() else memoryview(b"")
+        with open(self.shard, "rb", buffering=0) as file:
+            file.seek(self.begin)
+            done = 0
+            while done < self.nbytes:
+                count = file.readinto(buffer[done:])
+                if not count:
+                    raise CheckpointError(f"{self.shard}: tensor {self.name!r} is cut short (file truncated)")
+                done += count
+        return out
 
 
-def read_tensors(checkpoint: Checkpoint) -> Iterator[tuple[str, Tensor]]:
-    """Every tensor of the checkpoint as (name, tensor), one at a time, in its stored dtype.
+def read_tensors(checkpoint: Checkpoint) -> Iterator[tuple[str, StoredTensor]]:
+    """Every tensor of the checkpoint as (name, :class:`StoredTensor`), in file order, in its stored dtype.
 
-    Each shard is opened memory-mapped with ``safetensors`` and its header checked before any
-    tensor is read (every tensor within the file); its tensors are then read in groups of about
-    :data:`MAPPED_BYTES`, each through a mapping closed after it, so at most that much of the file
-    is resident beside the tensors already read. A name in two shards, or an index listing a
-    tensor its shard lacks, is a CheckpointError.
+    Each shard is opened with ``safetensors`` first, which checks its header and that every
+    tensor's bytes lie within the file, then mapped once (``MAP_PRIVATE``, nothing read until
+    used). Tensors used as stored stay views of that mapping, as ``from_pretrained`` keeps them
+    (the pages are the disk cache's, counted in the RSS once touched); tensors that must be
+    changed are read with ordinary reads, so their mapped pages never become resident. A name in
+    two shards, or an index listing a tensor its shard lacks, is a CheckpointError.
     """
     seen: dict[str, Path] = {}
     listed = _index_names(checkpoint)
     for shard in checkpoint.shards:
         with _open_shard(shard) as handle:
-            names = list(handle.keys())
-            sizes = {name: _bytes_of(handle, name, shard) for name in names}
+            names = list(handle.offset_keys())
+        spans = _header_spans(shard)
+        mapping = torch.UntypedStorage.from_file(str(shard), shared=False, nbytes=shard.stat().st_size)
         for name in names:
             if name in seen:
                 raise CheckpointError(f"{shard}: tensor {name!r} is also in {seen[name].name}")
             if listed is not None and listed.get(name) != shard.name:
                 raise CheckpointError(f"{shard}: tensor {name!r} is not where {INDEX_FILE} puts it")
             seen[name] = shard
-        for group in _groups(names, sizes):
-            with _open_shard(shard) as handle:
-                for name in group:
-                    try:
-                        tensor = handle.get_tensor(name)
-                    except (SafetensorError, RuntimeError, ValueError) as error:
-                        raise CheckpointError(f"{shard}: tensor {name!r} cannot be read ({error})") from None
-                    yield name, tensor
+            dtype, shape, begin, end = spans[name]
+            yield name, StoredTensor(name, shard, dtype, shape, begin, end, mapping)
     if listed is not None:
         missing = sorted(set(listed) - set(seen))
         if missing:
@@ -250,32 +313,37 @@ def read_tensors(checkpoint: Checkpoint) -> Iterator[tuple[str, Tensor]]:
             )
 
 
-def _bytes_of(handle: Any, name: str, shard: Path) -> int:
-    try:
-        view = handle.get_slice(name)
-        count = 1
-        for size in view.get_shape():
-            count *= size
-        return count * _ITEM_BYTES.get(view.get_dtype(), 4)
-    except (SafetensorError, RuntimeError, ValueError) as error:
-        raise CheckpointError(f"{shard}: tensor {name!r} cannot be read ({error})") from None
+_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
 
 
-_ITEM_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2}
-
-
-def _groups(names: list[str], sizes: dict[str, int]) -> Iterator[list[str]]:
-    """``names`` in order, cut into runs of about :data:`MAPPED_BYTES` (a larger tensor alone)."""
-    group: list[str] = []
-    total = 0
-    for name in names:
-        if group and total + sizes[name] > MAPPED_BYTES:
-            yield group
-            group, total = [], 0
-        group.append(name)
-        total += sizes[name]
-    if group:
-        yield group
+def _header_spans(shard: Path) -> dict[str, tuple[torch.dtype, tuple[int, ...], int, int]]:
+    """name -> (dtype, shape, first byte, end byte) in the file, from the safetensors header (an
+    8-byte little-endian length, then JSON with each tensor's ``data_offsets`` counted from the
+    header's end). ``safe_open`` has already checked the header against the file."""
+    with open(shard, "rb") as file:
+        length = int.from_bytes(file.read(8), "little")
+        header = json.loads(file.read(length))
+    base = 8 + length
+    spans = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        if entry["dtype"] not in _DTYPES:
+            raise CheckpointError(f"{shard}: tensor {name!r} has dtype {entry['dtype']}, which attnlab does not read")
+        begin, end = entry["data_offsets"]
+        spans[name] = (_DTYPES[entry["dtype"]], tuple(entry["shape"]), base + begin, base + end)
+    return spans
 
 
 def _index_names(checkpoint: Checkpoint) -> dict[str, str] | None:

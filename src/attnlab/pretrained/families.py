@@ -19,6 +19,7 @@ dtype, checked for shape, with every tensor of the checkpoint used exactly once 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,8 @@ from torch import Tensor
 
 from attnlab.errors import CheckpointError, ConfigError
 from attnlab.nn.rotary import ROPE_SCALINGS
+from attnlab.pretrained.checkpoint import StoredTensor
+from attnlab.pretrained.integrity import check_weights
 
 __all__ = ["Family", "FAMILIES", "Piece", "family_of", "fill_state", "STACK"]
 
@@ -534,7 +537,7 @@ def family_of(hf: Mapping[str, Any], where: Path) -> Family:
 
 
 def fill_state(
-    sources: Iterable[tuple[str, Tensor]],
+    sources: Iterable[tuple[str, StoredTensor]],
     expected: Mapping[str, Tensor],
     layout: Layout,
     hf: Mapping[str, Any],
@@ -542,21 +545,47 @@ def fill_state(
     dtype: torch.dtype | None,
     ignored: tuple[str, ...],
     where: Path,
+    check_values: bool = True,
 ) -> dict[str, Tensor]:
     """attnlab's tensors from the checkpoint's, arriving one at a time.
 
-    A target is assembled once all its pieces have arrived (so at most one layer's Q, K and V are
-    held besides the result), in ``dtype`` (default: the stored one).
+    A target is assembled once all its pieces have arrived, in ``dtype`` (default: the stored one).
+    Where it needs no change (its pieces used as stored, in the stored dtype, and stacked pieces
+    adjacent in the file, as Hugging Face writes a gate projection and its up projection), it is
+    a view of the file's mapping, as ``from_pretrained`` keeps its tensors: opening costs no copy.
+    Otherwise its pieces are read, transformed and stacked (one copy). With ``check_values``, every
+    weight's values are checked first (one pass over them; callers skip it for files checked
+    before, :func:`attnlab.pretrained.provenance.values_checked`).
 
     Raises:
-        CheckpointError: a tensor missing, not part of the family's layout, repeated, or of a
-            shape that does not fit config.json, named as the checkpoint names it.
+        CheckpointError: a tensor missing, not part of the family's layout, repeated, of a shape
+            that does not fit config.json, or with values no model has
+            (:func:`attnlab.pretrained.integrity.check_weights`), named as the checkpoint names it.
     """
+    # The reads that copy run on the intra-op threads' cores: a fresh buffer's page faults, not the
+    # disk cache's bandwidth, bound one reader (GPT-2's transposed maps: 0.09 s alone on a Zen 4).
+    with ThreadPoolExecutor(max_workers=max(1, torch.get_num_threads())) as readers:
+        futures = _fill(sources, expected, layout, hf, dtype, ignored, where, readers, check_values)
+        return {ours: future.result() for ours, future in futures.items()}
+
+
+def _fill(
+    sources: Iterable[tuple[str, StoredTensor]],
+    expected: Mapping[str, Tensor],
+    layout: Layout,
+    hf: Mapping[str, Any],
+    dtype: torch.dtype | None,
+    ignored: tuple[str, ...],
+    where: Path,
+    readers: ThreadPoolExecutor,
+    check_values: bool,
+) -> dict[str, Future[Tensor]]:
+    inference = torch.is_inference_mode_enabled()  # thread-local: the readers take the caller's
     owner = {piece.name: (ours, index) for ours, pieces in layout.items() for index, piece in enumerate(pieces)}
-    pending: dict[str, dict[int, Tensor]] = {}
-    state: dict[str, Tensor] = {}
+    pending: dict[str, dict[int, StoredTensor]] = {}
+    state: dict[str, Future[Tensor]] = {}
     seen: set[str] = set()
-    for name, tensor in sources:
+    for name, stored in sources:
         if name in seen:
             raise CheckpointError(f"{where}: tensor {name!r} appears twice")
         seen.add(name)
@@ -566,13 +595,21 @@ def fill_state(
             raise CheckpointError(
                 f"{where}: tensor {name!r} is not part of a {hf.get('model_type')} model as attnlab maps it"
             )
+        if check_values:  # finite, within range (attnlab.pretrained.integrity)
+            values = stored.view()
+            check_weights(name, stored.read() if values is None else values, path=where)
         ours, index = owner[name]
         pieces = pending.setdefault(ours, {})
-        pieces[index] = layout[ours][index].transform(tensor, hf)
+        pieces[index] = stored
         if len(pieces) == len(layout[ours]):
-            state[ours] = _assembled(
-                ours, [pieces[i] for i in range(len(pieces))], expected[ours], layout[ours], dtype, where
-            )
+            stored_pieces = [pieces[i] for i in range(len(pieces))]
+            view = _as_view(ours, stored_pieces, expected[ours], layout[ours], dtype, where)
+            if view is not None:
+                state[ours] = _done(view)
+            else:
+                state[ours] = readers.submit(
+                    _read_in_mode, inference, ours, stored_pieces, expected[ours], layout[ours], hf, dtype, where
+                )
             del pending[ours]
     missing = [piece.name for ours, pieces in layout.items() for piece in pieces if piece.name not in seen]
     if missing:
@@ -580,17 +617,72 @@ def fill_state(
     return state
 
 
-def _assembled(
-    ours: str, pieces: list[Tensor], expected: Tensor, layout: tuple[Piece, ...], dtype: torch.dtype | None, where: Path
+def _as_view(
+    ours: str,
+    stored: list[StoredTensor],
+    expected: Tensor,
+    layout: tuple[Piece, ...],
+    dtype: torch.dtype | None,
+    where: Path,
+) -> Tensor | None:
+    """The target as a view of the file's mapping where it needs no change, else None."""
+    if any(piece.transform is not _same for piece in layout) or any(t.dtype != (dtype or t.dtype) for t in stored):
+        return None
+    _check_fits(ours, [t.shape for t in stored], expected, layout, where)
+    if not all(later.follows(earlier) for earlier, later in zip(stored, stored[1:], strict=False)):
+        return None
+    return stored[0].view(tuple(expected.shape), through=stored[-1])
+
+
+def _done(tensor: Tensor) -> Future[Tensor]:
+    future: Future[Tensor] = Future()
+    future.set_result(tensor)
+    return future
+
+
+def _read_in_mode(inference: bool, *args: Any) -> Tensor:
+    with torch.inference_mode(inference):
+        return _read(*args)
+
+
+def _read(
+    ours: str,
+    stored: list[StoredTensor],
+    expected: Tensor,
+    layout: tuple[Piece, ...],
+    hf: Mapping[str, Any],
+    dtype: torch.dtype | None,
+    where: Path,
 ) -> Tensor:
-    shape = tuple(expected.shape)
-    rows = sum(piece.shape[0] if piece.dim() else 1 for piece in pieces)
-    if any(tuple(p.shape[1:]) != shape[1:] for p in pieces) or rows != (shape[0] if shape else 1):
-        names = ", ".join(f"{piece.name} {tuple(p.shape)}" for piece, p in zip(layout, pieces, strict=True))
-        raise CheckpointError(f"{where}: {names} do not fit {ours} of shape {shape} from config.json")
-    out_dtype = dtype or pieces[0].dtype
+    """The target read from the file (one copy): pieces used as stored go straight into their
+    rows; others are read, transformed, cast and stacked."""
+    out_dtype = dtype or stored[0].dtype
+    if all(piece.transform is _same for piece in layout) and all(t.dtype == out_dtype for t in stored):
+        _check_fits(ours, [t.shape for t in stored], expected, layout, where)
+        return _read_stacked(stored, expected)
+    pieces = [piece.transform(t.read(), hf) for piece, t in zip(layout, stored, strict=True)]
+    _check_fits(ours, [tuple(p.shape) for p in pieces], expected, layout, where)
     if len(pieces) == 1:
-        # A copy, not a view of the file's mapping: a view would keep the whole mapping (and every
-        # page read through it, the stacked Q, K, V included) resident for the model's life.
-        return pieces[0].to(out_dtype, copy=True, memory_format=torch.contiguous_format)
+        return pieces[0].to(out_dtype, memory_format=torch.contiguous_format)
     return torch.cat([p.to(out_dtype) for p in pieces], dim=0)
+
+
+def _check_fits(
+    ours: str, shapes: list[tuple[int, ...]], expected: Tensor, layout: tuple[Piece, ...], where: Path
+) -> None:
+    shape = tuple(expected.shape)
+    rows = sum(piece[0] if piece else 1 for piece in shapes)
+    if any(tuple(p[1:]) != shape[1:] for p in shapes) or rows != (shape[0] if shape else 1):
+        names = ", ".join(f"{piece.name} {tuple(p)}" for piece, p in zip(layout, shapes, strict=True))
+        raise CheckpointError(f"{where}: {names} do not fit {ours} of shape {shape} from config.json")
+
+
+def _read_stacked(stored: list[StoredTensor], expected: Tensor) -> Tensor:
+    """Pieces used as stored but apart in the file (Q, K and V), read straight into their rows."""
+    out = torch.empty(expected.shape, dtype=stored[0].dtype)
+    row = 0
+    for t in stored:
+        rows = t.shape[0] if t.shape else 1
+        t.read(out[row : row + rows] if out.dim() else out)
+        row += rows
+    return out

@@ -33,11 +33,13 @@ from gguf import GGUFReader, quants
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from attnlab.errors import ConfigError, DataError, UsageError
+from attnlab.errors import CheckpointError, ConfigError, DataError, UsageError
 from attnlab.experiment import ExperimentConfig, model_config_for_task
 from attnlab.nn import build_model_to_load
+from attnlab.pretrained.integrity import check_gguf_layout, check_gguf_metadata, check_weights
 from attnlab.pretrained.llama import fill_llama_state, llama_model_section
 from attnlab.pretrained.packages import installed_distribution
+from attnlab.pretrained.provenance import check_sources
 from attnlab.run.directory import RunDir
 from attnlab.tasks.registry import build_task
 from attnlab.tokenizers import Tokenizer
@@ -116,21 +118,25 @@ class GGUFFile:
 
 
 def open_gguf(path: str | Path) -> GGUFFile:
-    """Open ``path`` with ``gguf.GGUFReader`` and read its metadata.
+    """Open ``path`` with ``gguf.GGUFReader`` and read its metadata, both checked first
+    (:mod:`attnlab.pretrained.integrity`: the header and tensor table, then the metadata's values).
 
     Raises:
         UsageError: the file does not exist.
-        DataError: it is not a readable GGUF file (truncated, another format, damaged header).
+        CheckpointError: a damaged file (a header, tensor table or value no model has), named.
+        DataError: it is not a readable GGUF file (what the checks let through and ``gguf`` refuses).
     """
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"{path}: no such GGUF file")
+    check_gguf_layout(path)
     try:
         reader = GGUFReader(str(path))
         metadata = {name: field.contents() for name, field in reader.fields.items()}
     except (ValueError, IndexError, KeyError, OSError, UnicodeDecodeError, TypeError) as error:
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise DataError(f"{path}: not a readable GGUF file ({reason})") from None
+    check_gguf_metadata(path, metadata)
     return GGUFFile(path, metadata, reader)
 
 
@@ -354,8 +360,7 @@ def _dequantized(tensor: Any, where: Path) -> np.ndarray:
     except (ValueError, NotImplementedError) as error:
         raise DataError(f"{where}: tensor {tensor.name!r} ({kind}) cannot be dequantized: {error}") from None
     values = out.reshape(shape)
-    if not np.isfinite(values).all():
-        raise DataError(f"{where}: tensor {tensor.name!r} holds NaN or infinite values")
+    check_weights(tensor.name, values, path=where)
     return values
 
 
@@ -463,7 +468,13 @@ def gguf_tokenizer(gguf: GGUFFile) -> Any:
         if len(pieces) != 2:
             raise DataError(f"{where}: tokenizer.ggml.merges entry {rank} {merge!r} is not two pieces")
         merges.append((pieces[0], pieces[1]))
-    tokenizer = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    try:
+        tokenizer = HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    except Exception as error:  # noqa: BLE001 - tokenizers raises a bare Exception for a merge of unknown pieces
+        reason = str(error).removeprefix("Error while initializing BPE: ")
+        raise CheckpointError(
+            f"{where} is damaged: tokenizer.ggml.merges do not fit tokenizer.ggml.tokens ({reason})"
+        ) from None
     tokenizer.pre_tokenizer = _pre_tokenizer(str(metadata.get("tokenizer.ggml.pre", "default")), where)
     tokenizer.decoder = decoders.ByteLevel()
     types = list(metadata.get("tokenizer.ggml.token_type", ()))
@@ -523,16 +534,22 @@ class ReadGGUF:
     source: Path
 
 
-def read_gguf(path: str | Path, *, progress: Any = None) -> ReadGGUF:
+def read_gguf(path: str | Path, *, progress: Any = None, verify: bool = True) -> ReadGGUF:
     """The Llama GGUF file ``path`` as an attnlab model in memory: a ``pretrained_lm`` task and a
     ``decoder_only`` model with rotary positions, grouped-query attention, RMSNorm and SwiGLU,
     its weights dequantized to float32 once.
 
+    Args:
+        verify: check a file with a known SHA-256 (a package's: :mod:`attnlab.pretrained.provenance`).
+
     Raises:
         ConfigError, DataError: a file attnlab cannot read (named).
+        CheckpointError: a damaged file (:mod:`attnlab.pretrained.integrity`), or one whose SHA-256
+            differs from its known one.
     """
     say = progress or (lambda _message: None)
     say(f"reading {path}")
+    check_sources([Path(path)], verify=verify)
     gguf = open_gguf(path)
     hp = llama_hyperparameters(gguf)
     tokenizer = Tokenizer(gguf_tokenizer(gguf))
@@ -571,18 +588,22 @@ def read_gguf(path: str | Path, *, progress: Any = None) -> ReadGGUF:
     return ReadGGUF(experiment, task, tokenizer, model.eval(), state, hp, gguf.path)
 
 
-def import_gguf(path: str | Path, out: str | Path, *, overwrite: bool = False, progress: Any = None) -> ImportedGGUF:
+def import_gguf(
+    path: str | Path, out: str | Path, *, overwrite: bool = False, progress: Any = None, verify: bool = True
+) -> ImportedGGUF:
     """Convert the Llama GGUF file ``path`` into the run directory ``out``: config.json (task
-    ``pretrained_lm``, the model of :func:`read_gguf`), tokenizer.json, and model.safetensors in
-    float32, dequantized once here.
+    ``pretrained_lm``, the model of :func:`read_gguf`), tokenizer.json, model.safetensors in
+    float32, dequantized once here, and provenance.json (the file's SHA-256).
 
     Everything is read and checked before ``out`` is touched, so a file attnlab cannot import
     leaves nothing behind.
     """
     say = progress or (lambda _message: None)
-    read = read_gguf(path, progress=say)
+    read = read_gguf(path, progress=say, verify=verify)
+    sources = check_sources([Path(path)], verify=verify, record=True)
     run = RunDir.create(out, overwrite=overwrite)
     with run.lock():  # one writer at a time (attnlab.run.lock)
+        run.write_provenance([record.to_dict() for record in sources])
         run.write_config(read.experiment.to_dict())
         run.write_tokenizer(read.tokenizer.to_json())
         run.save_state_dict(read.state)

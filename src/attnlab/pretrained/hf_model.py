@@ -25,6 +25,8 @@ from attnlab.experiment import ExperimentConfig, model_for_task
 from attnlab.nn import TransformerModel
 from attnlab.pretrained.checkpoint import Checkpoint, read_tensors
 from attnlab.pretrained.families import family_of, fill_state
+from attnlab.pretrained.integrity import check_chat_template, check_model_section
+from attnlab.pretrained.provenance import check_sources, remember_values_checked, values_checked
 from attnlab.tasks.base import Task
 from attnlab.tasks.registry import build_task
 from attnlab.tokenizers import Tokenizer
@@ -43,19 +45,27 @@ class OpenedCheckpoint:
     model: TransformerModel
 
 
-def open_checkpoint(checkpoint: Checkpoint, *, dtype: torch.dtype | None = None) -> OpenedCheckpoint:
+def open_checkpoint(
+    checkpoint: Checkpoint, *, dtype: torch.dtype | None = None, verify: bool = True
+) -> OpenedCheckpoint:
     """The model of ``checkpoint`` with its weights, in ``dtype`` (default: as stored), on the CPU, in eval mode.
+
+    Args:
+        verify: check the files of a Hugging Face cache snapshot against their blobs' SHA-256
+            (:func:`attnlab.pretrained.provenance.check_sources`; hashes are cached).
 
     Raises:
         ConfigError: a ``model_type``, rope scaling or config key attnlab does not implement (named).
         CheckpointError: a tensor missing, unexpected or misshapen, or a damaged file (named).
     """
+    check_sources(checkpoint.files(), verify=verify)
     where = checkpoint.folder / "config.json"
     family = family_of(checkpoint.config, where)
     try:
         model_section = family.model_section(checkpoint.config, where)
     except (KeyError, TypeError, ValueError) as error:
         raise ConfigError(f"{where}: {error}") from None
+    check_model_section(model_section, path=where)
     tokenizer = checkpoint_tokenizer(checkpoint)
     experiment = ExperimentConfig(task=task_section(checkpoint, tokenizer), model=model_section)
     task, _ = build_task(experiment.task, saved_tokenizer=tokenizer)
@@ -65,6 +75,7 @@ def open_checkpoint(checkpoint: Checkpoint, *, dtype: torch.dtype | None = None)
         raise ConfigError(f"{where}: {error}") from None
     layout = family.layout(checkpoint.config, model_section["tie_embeddings"])
     expected = model.state_dict()
+    check_values = not all(values_checked(shard) for shard in checkpoint.shards)
     state = fill_state(
         read_tensors(checkpoint),
         expected,
@@ -73,7 +84,11 @@ def open_checkpoint(checkpoint: Checkpoint, *, dtype: torch.dtype | None = None)
         dtype=dtype,
         ignored=family.ignored,
         where=checkpoint.folder,
+        check_values=check_values,
     )
+    if check_values:
+        for shard in checkpoint.shards:
+            remember_values_checked(shard)
     for name in family.zeros:
         state[name] = torch.zeros(expected[name].shape, dtype=dtype or next(iter(state.values())).dtype)
     _take_weights(model, state)
@@ -153,7 +168,10 @@ def _chat_template(checkpoint: Checkpoint, settings: dict[str, Any]) -> str:
     if isinstance(template, list):  # several named templates: the default one
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
         template = named.get("default")
-    if isinstance(template, str):
-        return template
     path = checkpoint.file("chat_template.jinja")
-    return path.read_text(encoding="utf-8") if path is not None else ""
+    if not isinstance(template, str):
+        template = path.read_text(encoding="utf-8") if path is not None else ""
+    where = checkpoint.folder / "tokenizer_config.json" if isinstance(settings.get("chat_template"), str) else path
+    if template:
+        check_chat_template(template, path=where or checkpoint.folder, field="chat_template")
+    return template

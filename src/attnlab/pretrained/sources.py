@@ -31,6 +31,7 @@ from attnlab.pretrained.bert import find_source, read_bert
 from attnlab.pretrained.checkpoint import find_checkpoint, is_checkpoint_folder, storage_dtype
 from attnlab.pretrained.gguf import read_gguf
 from attnlab.pretrained.hf_model import open_checkpoint
+from attnlab.pretrained.provenance import check_sources
 from attnlab.run.directory import RunDir
 from attnlab.run.loaded import LoadedRun, open_run
 from attnlab.runtime import release_freed_memory
@@ -46,6 +47,7 @@ def open_model(
     dtype: str | torch.dtype | None = None,
     revision: str | None = None,
     checkpoint: str | None = None,
+    verify: bool = True,
 ) -> LoadedRun:
     """The model ``source`` names (see the module docstring), in eval mode on ``device``.
 
@@ -56,6 +58,9 @@ def open_model(
             (a run's float32, a checkpoint's own dtype, float32 for GGUF).
         revision: a snapshot of a model in the Hugging Face cache (a commit or a ref).
         checkpoint: a run's checkpoint (``last``, ``best``, ``step-N``) instead of its final weights.
+        verify: check the source files that have a known SHA-256 (a package's, a Hugging Face
+            cache blob's: :mod:`attnlab.pretrained.provenance`); False is ``--no-verify``. A run's
+            files are always checked against its manifest.
 
     Raises:
         UsageError: nothing at ``source``, an option that does not apply to it, a bad device or dtype.
@@ -67,7 +72,7 @@ def open_model(
     path = Path(source).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         _only_for_runs(checkpoint, revision, what=f"{path} is a GGUF file")
-        loaded = _in_memory(read_gguf(path), path.stem)
+        loaded = _in_memory(read_gguf(path, verify=verify), path.stem)
     elif (path.is_dir() and not is_checkpoint_folder(path)) or (path.exists() and not path.is_dir()):
         if revision is not None:
             raise UsageError(f"--revision: {path} is an attnlab run, not a model in the Hugging Face cache")
@@ -76,9 +81,9 @@ def open_model(
         _only_for_runs(checkpoint, None, what=f"{source} is no attnlab run")
         found = find_checkpoint(source, revision=revision)
         if found.model_type in ENCODERS:  # BERT and RoBERTa: attnlab's sentence encoder
-            loaded = _in_memory(read_bert(find_source(found.folder)), found.name)
+            loaded = _in_memory(read_bert(find_source(found.folder), verify=verify), found.name)
         else:
-            loaded = _in_memory(open_checkpoint(found, dtype=wanted), found.name)
+            loaded = _in_memory(open_checkpoint(found, dtype=wanted, verify=verify), found.name)
     model = loaded.model
     if wanted is not None:
         cast_parameters(model, wanted)
@@ -127,16 +132,22 @@ def import_checkpoint(
     revision: str | None = None,
     dtype: str | None = None,
     overwrite: bool = False,
+    verify: bool = True,
 ) -> LoadedRun:
     """Write the Hugging Face checkpoint ``source`` (a folder or a cached name) as the attnlab run
-    ``out`` (config.json, tokenizer.json, model.safetensors in ``dtype``, default the stored one),
-    to fine-tune it or keep it beside its analyses. Everything is read and checked before ``out``
-    is touched; the run opens as any other (:func:`attnlab.run.loaded.open_run`)."""
-    loaded = open_model(source, dtype=dtype, revision=revision)
+    ``out`` (config.json, tokenizer.json, model.safetensors in ``dtype``, default the stored one;
+    provenance.json, the SHA-256 of every source file), to fine-tune it or keep it beside its
+    analyses. Everything is read and checked before ``out`` is touched; the run opens as any other
+    (:func:`attnlab.run.loaded.open_run`)."""
+    loaded = open_model(source, dtype=dtype, revision=revision, verify=verify)
     if loaded.run is not None or Path(source).suffix == ".gguf":
         raise UsageError(f"{source}: not a Hugging Face checkpoint (use attnlab import gguf for a GGUF file)")
+    found = find_checkpoint(source, revision=revision)
+    files = find_source(found.folder).files() if found.model_type in ENCODERS else found.files()
+    sources = check_sources(files, verify=verify, record=True)  # hashed when opened, or cached
     run = RunDir.create(out, overwrite=overwrite)
     with run.lock():  # one writer at a time (attnlab.run.lock)
+        run.write_provenance([record.to_dict() for record in sources])
         run.write_config(loaded.experiment.to_dict())
         run.write_tokenizer(loaded.tokenizer.to_json())
         run.save_weights(loaded.model)

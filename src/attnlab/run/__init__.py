@@ -3,6 +3,7 @@
 * :mod:`.storage`: atomic writes (temporary file, fsync, rename) and safetensors I/O whose errors
   name the file.
 * :mod:`.manifest`: the size and SHA-256 of every file a command reads.
+* :mod:`.metrics_log`: metrics.jsonl and the record each checkpoint keeps of it.
 * :mod:`.lock`: one writer per run directory (an OS file lock on ``RUN/.lock``).
 * :mod:`.directory`: :class:`~attnlab.run.directory.RunDir`, the one place that reads and writes
   a run's files (config, tokenizer, weights, checkpoints, metrics).

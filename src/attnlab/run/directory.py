@@ -3,15 +3,18 @@
 Layout::
 
     RUN/
-      manifest.json               size and SHA-256 of config.json, tokenizer.json, model.safetensors
+      manifest.json               size and SHA-256 of config.json, tokenizer.json, model.safetensors,
+                                  provenance.json and each committed checkpoint's manifest.json
       config.json                 the fully resolved experiment config
       tokenizer.json              the tokenizer or task vocabulary, when there is one
       model.safetensors           the latest weights (what `eval`, `generate`, `heads`, `view` load)
       checkpoint.json             {"latest": "step-00000100", "step": 100}: the commit record
       checkpoints/step-XXXXXXXX/  model.safetensors, trainer_state.safetensors, trainer_state.json
-                                  (with "validation" when the run was evaluated at that step),
+                                  (with "validation" when the run was evaluated at that step, and
+                                  "metrics": the lines, size and SHA-256 metrics.jsonl had then),
                                   manifest.json (their sizes and SHA-256)
       metrics.jsonl               one JSON object per logged step or evaluation
+      provenance.json             for an imported model: its source files' paths, sizes, SHA-256
       plots/  analysis/
       tensorboard/                TensorBoard event files, with train.log_to = ["jsonl", "tensorboard"]
       .lock                       the writer's lock (attnlab.run.lock): one writer at a time
@@ -35,6 +38,13 @@ checkpoint's manifest is written in its staging folder, so it is complete before
 when it matches the record of the checkpoint the pointer names: a kill -9 at any instant leaves a
 run that verifies. A run written before manifests existed opens with one :class:`AttnlabWarning`;
 its next checkpoint gives it a manifest (recording its config and tokenizer as they are then).
+
+What a run must hold once it has it: when a checkpoint is committed (the pointer moved to it), the
+run's manifest records that checkpoint's manifest.json; from then on ``checkpoint.json`` and that
+manifest are required (:meth:`RunDir.committed_checkpoints`), so deleting either is damage, not an
+old run. A checkpoint's record leaves the run's manifest before the checkpoint is pruned or written
+again, so a kill at any instant still leaves a run that verifies. metrics.jsonl is checked against
+the record the latest checkpoint keeps of it (:mod:`attnlab.run.metrics_log`).
 """
 
 from __future__ import annotations
@@ -60,14 +70,17 @@ from attnlab.run.manifest import (
     FileRecord,
     Manifest,
     check_record,
+    describe_difference,
+    parse_manifest,
     read_manifest,
     record_of,
     record_of_file,
 )
+from attnlab.run.metrics_log import KEY as METRICS_KEY
+from attnlab.run.metrics_log import MetricsCheck, MetricsRecord, MetricsTally, check_metrics_bytes
 from attnlab.run.storage import (
     atomic_write_bytes,
     atomic_write_json,
-    atomic_write_text,
     ensure_folder,
     file_identity,
     fsync_directory,
@@ -127,12 +140,14 @@ class RunDir:
     MODEL = "model.safetensors"
     POINTER = "checkpoint.json"
     METRICS = "metrics.jsonl"
+    PROVENANCE = "provenance.json"
     MANIFEST = manifests.NAME
     LOCK = LOCK_NAME  # the writer's lock (attnlab.run.lock); its presence alone means nothing
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self._warned: set[Path] = set()
+        self._metrics_tally: MetricsTally | None = None  # what this process appended (append_metrics)
 
     # ---- opening ------------------------------------------------------------------------------
 
@@ -196,7 +211,7 @@ class RunDir:
         """The checks of :meth:`read_verified` on the file's record (``record()``: computed only
         when its folder has a manifest)."""
         folder, name = self._manifest_place(relative)
-        manifest = read_manifest(folder)
+        manifest = read_manifest(folder) if folder == self.path else self.checkpoint_manifest(folder)
         if manifest is None:
             self._warn_unverified(folder)
             return
@@ -238,9 +253,44 @@ class RunDir:
         parts = PurePosixPath(relative).parts
         if len(parts) == 1:
             return self.path, parts[0]
+        if len(parts) == 3 and parts[0] == "checkpoints" and parts[2] == self.MANIFEST:
+            return self.path, relative  # a checkpoint's manifest: recorded in the run's
         if len(parts) == 3 and parts[0] == "checkpoints":
             return self.path / parts[0] / parts[1], parts[2]
         raise ValueError(f"{relative}: no manifest covers this path")
+
+    def checkpoint_manifest(self, folder: Path) -> Manifest | None:
+        """The manifest of the checkpoint ``folder``, checked against its record in the run's
+        manifest (written when the checkpoint was committed: :meth:`point_to`); None for a
+        checkpoint written before manifests, which the run's manifest does not list.
+
+        Raises:
+            CheckpointError: the run's manifest lists it and it is missing or differs, or it is
+                malformed; the message names it.
+        """
+        relative = self._relative(folder / self.MANIFEST)
+        run_manifest = read_manifest(self.path)
+        listed = run_manifest.files.get(relative) if run_manifest is not None else None
+        path = folder / self.MANIFEST
+        if not os.path.lexists(path):
+            if listed is not None:
+                raise CheckpointError(
+                    f"manifest not found: {path} (the checkpoint was committed: {self.path / self.MANIFEST} lists it)"
+                )
+            return None
+        data = read_bytes(path, what="manifest")
+        difference = describe_difference(listed, data) if listed is not None else None
+        if difference:
+            raise CheckpointError(f"manifest {path} is damaged: {difference} ({self.path / self.MANIFEST})")
+        return parse_manifest(data, path=path)
+
+    def committed_checkpoints(self) -> list[str]:
+        """The checkpoints (``step-N``) the run's manifest records as committed, oldest first: once
+        there is one, ``checkpoint.json`` and each listed checkpoint's manifest must be there."""
+        manifest = read_manifest(self.path)
+        names = manifest.files if manifest is not None else {}
+        pattern = re.compile(rf"checkpoints/(step-\d{{8}})/{re.escape(self.MANIFEST)}")
+        return sorted(match.group(1) for name in names if (match := pattern.fullmatch(name)))
 
     def _warn_unverified(self, folder: Path) -> None:
         if folder != self.path and not self._has_manifest():
@@ -268,6 +318,29 @@ class RunDir:
 
     def write_tokenizer(self, text: str) -> None:
         self._write_file(self.TOKENIZER, text.encode("utf-8"))
+
+    def write_provenance(self, sources: list[Mapping[str, Any]]) -> None:
+        """provenance.json: the files an imported model was read from, each ``{"path", "size",
+        "sha256", "checked"}`` (:mod:`attnlab.pretrained.provenance`), recorded in the manifest."""
+        text = json.dumps({"sources": [dict(source) for source in sources]}, indent=2, sort_keys=True) + "\n"
+        self._write_file(self.PROVENANCE, text.encode("utf-8"))
+
+    def read_provenance(self) -> list[dict[str, Any]] | None:
+        """The sources provenance.json records (verified); None for a run that has none (trained here).
+
+        Raises:
+            CheckpointError: the file differs from its manifest record or is malformed; names it.
+        """
+        path = self.path / self.PROVENANCE
+        if not os.path.lexists(path):
+            return None
+        record = parse_json(self.read_verified(self.PROVENANCE, what="provenance"), path=path, what="provenance")
+        sources = record.get("sources") if isinstance(record, dict) else None
+        if not isinstance(sources, list) or not all(
+            isinstance(s, dict) and isinstance(s.get("path"), str) and isinstance(s.get("sha256"), str) for s in sources
+        ):
+            raise CheckpointError(f"provenance {path} is corrupted: expected sources with a path and a sha256")
+        return sources
 
     @property
     def tokenizer_path(self) -> Path:
@@ -350,7 +423,7 @@ class RunDir:
         the run's manifest records it."""
         try:
             files = self.latest_checkpoint()
-            manifest = read_manifest(files.directory) if files is not None else None
+            manifest = self.checkpoint_manifest(files.directory) if files is not None else None
         except CheckpointError:  # a damaged pointer or manifest there: the mismatch found first is named
             return None
         return manifest.files.get(self.MODEL) if manifest is not None else None
@@ -379,7 +452,8 @@ class RunDir:
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         weights, metadata = weights_to_tensors(model)
-        state_text = json.dumps({**trainer_state, "step": step}, indent=2, sort_keys=True) + "\n"
+        metrics = self._tally().record().to_dict()  # metrics.jsonl as it is now (:mod:`attnlab.run.metrics_log`)
+        state_text = json.dumps({**trainer_state, "step": step, METRICS_KEY: metrics}, indent=2, sort_keys=True) + "\n"
         contents = {
             files.model.name: tensors_to_bytes(weights, metadata),
             files.trainer_tensors.name: tensors_to_bytes(trainer_tensors),
@@ -388,6 +462,8 @@ class RunDir:
         for name, data in contents.items():
             atomic_write_bytes(staging / name, data)
         manifests.write_manifest(staging, manifests.build_manifest(contents))  # before the rename: complete
+        # a checkpoint written again (a step reached again after a fallback) is not required meanwhile
+        self._forget_checkpoints([files.directory])
         shutil.rmtree(files.directory, ignore_errors=True)
         os.replace(staging, files.directory)
         fsync_directory(files.directory.parent)
@@ -400,15 +476,23 @@ class RunDir:
 
         Order: the pointer, then model.safetensors (a link to the checkpoint's weights), then its
         record in manifest.json, copied from the checkpoint's manifest (so never from bytes read
-        back). Until that record is written the published weights match the pointed checkpoint's.
+        back), with the record of the checkpoint's manifest: from then on the run requires the
+        pointer and that manifest (:meth:`committed_checkpoints`). Until those records are written
+        the published weights match the pointed checkpoint's and the checkpoint is not required.
         """
         atomic_write_json(self.path / self.POINTER, {"latest": files.directory.name, "step": files.step})
         self._publish_weights(files.model)
-        manifest = read_manifest(files.directory)
+        manifest_path = files.directory / self.MANIFEST
+        records: dict[str, FileRecord] = {}
+        manifest = None
+        if os.path.lexists(manifest_path):
+            data = read_bytes(manifest_path, what="manifest")
+            manifest = parse_manifest(data, path=manifest_path)
+            records[self._relative(manifest_path)] = record_of(data)
         record = manifest.files.get(files.model.name) if manifest is not None else None
         if record is None:  # a checkpoint written before manifests
             record = record_of(read_bytes(self.path / self.MODEL, what="weights"))
-        self._record({self.MODEL: record})
+        self._record({self.MODEL: record, **records})
 
     def checkpoints(self) -> list[CheckpointFiles]:
         """Every complete checkpoint, oldest first."""
@@ -431,6 +515,12 @@ class RunDir:
         """
         pointer = self.path / self.POINTER
         if not os.path.lexists(pointer):
+            committed = self.committed_checkpoints()
+            if committed:
+                raise CheckpointError(
+                    f"checkpoint pointer not found: {pointer} (the run has committed checkpoints: "
+                    f"{self.path / self.MANIFEST} lists {', '.join(committed)})"
+                )
             return None
         record = read_json(pointer, what="checkpoint pointer")
         name = record.get("latest") if isinstance(record, dict) else None
@@ -490,9 +580,20 @@ class RunDir:
             for p in (self.path / "checkpoints").iterdir()
             if p.name.startswith("step-") and p.name.endswith(".partial")
         ]  # left by a crash mid-write
-        for old in complete[: max(0, len(complete) - keep)] + stale:
-            if old.name not in spared:
-                _remove_folder(old)
+        doomed = [old for old in complete[: max(0, len(complete) - keep)] + stale if old.name not in spared]
+        self._forget_checkpoints(doomed)
+        for old in doomed:
+            _remove_folder(old)
+
+    def _forget_checkpoints(self, folders: list[Path]) -> None:
+        """Drop the records of the checkpoints ``folders`` from the run's manifest before they are
+        removed or rewritten: a kill in between leaves a run that verifies."""
+        manifest = read_manifest(self.path)
+        if manifest is None:
+            return
+        names = {self._relative(f.with_name(f.name.removesuffix(".partial")) / self.MANIFEST) for f in folders}
+        if names & set(manifest.files):
+            manifests.write_manifest(self.path, manifest.without(names))
 
     # ---- choosing a checkpoint ----------------------------------------------------------------
 
@@ -549,11 +650,18 @@ class RunDir:
             UsageError: no such checkpoint; the message names ``flag`` and the available ones.
         """
         found = self.checkpoints()
-        available = ", ".join(["last", "best", *(f"step-{files.step}" for files in found)]) if found else "none"
+        has_pointer = os.path.lexists(self.path / self.POINTER)
+        names = (["last"] if has_pointer else []) + ["best", *(f"step-{files.step}" for files in found)]
+        available = ", ".join(names) if found else "none"
         match = re.fullmatch(r"step-(\d{1,12})", name)
         chosen: CheckpointFiles | None = None
         if name == "last":
-            chosen = self.latest_checkpoint()
+            chosen = self.latest_checkpoint()  # raises when the pointer of a run that has one is gone
+            if chosen is None and found:
+                raise UsageError(
+                    f"{flag} last: {self.path} has no {self.POINTER} (which names the last checkpoint); "
+                    f"available: {available}"
+                )
         elif name == "best":
             chosen = self.best_checkpoint()
             if chosen is None and found:
@@ -572,48 +680,98 @@ class RunDir:
     # ---- metrics ------------------------------------------------------------------------------
 
     def append_metrics(self, record: Mapping[str, Any]) -> None:
-        """Append one JSON line with a single write, flushed to disk."""
-        line = json.dumps(dict(record), sort_keys=True) + "\n"
-        with open(self.path / self.METRICS, "a", encoding="utf-8") as handle:
+        """Append one JSON line with a single write, flushed to disk, and count it in the record the
+        next checkpoint keeps of metrics.jsonl (:mod:`attnlab.run.metrics_log`)."""
+        line = (json.dumps(dict(record), sort_keys=True) + "\n").encode("utf-8")
+        tally = self._tally()
+        with open(self.path / self.METRICS, "ab") as handle:
             handle.write(line)
             handle.flush()
             os.fsync(handle.fileno())
+        tally.add(line)
+
+    def _tally(self) -> MetricsTally:
+        """The running record of metrics.jsonl. A file this process did not start or truncate
+        (:meth:`truncate_metrics` sets the tally on resume) is counted as it is on disk."""
+        if self._metrics_tally is None:
+            path = self.path / self.METRICS
+            self._metrics_tally = MetricsTally(read_bytes(path, what="metrics") if os.path.lexists(path) else b"")
+        return self._metrics_tally
 
     def read_metrics(self) -> list[dict[str, Any]]:
-        """All complete metric records; a torn last line (a crash mid-write) is ignored.
+        """All complete metric records, checked against the record of the checkpoint ``checkpoint.json``
+        names; a torn last line (a crash mid-write) is ignored (:meth:`check_metrics`)."""
+        return self.check_metrics().records
 
-        A torn line is what :meth:`append_metrics` leaves when killed mid-write: a last line without
-        its newline that starts like a record (ASCII, ``{``). Anything else malformed is an error.
+    def check_metrics(self) -> MetricsCheck:
+        """metrics.jsonl checked: its first lines exactly as the latest checkpoint recorded them
+        (:mod:`attnlab.run.metrics_log`), every line a JSON object (a torn last line allowed).
+        A checkpoint written before metrics were recorded leaves the file only parsed, with one
+        :class:`AttnlabWarning`.
 
         Raises:
-            CheckpointError: a line that is not UTF-8, not JSON or not an object; names file:line.
+            CheckpointError: the file is missing, cut or differs from the record, or a line is not
+                UTF-8, JSON or an object; names the file (and the line).
         """
+        return self._checked_metrics()[0]
+
+    def _checked_metrics(self) -> tuple[MetricsCheck, bytes, MetricsRecord | None]:
         path = self.path / self.METRICS
+        files = self.latest_checkpoint()
+        record = self._metrics_record(files) if files is not None else None
+        name = files.directory.name if files is not None and record is not None else None
         if not os.path.lexists(path):
-            return []
-        lines = read_bytes(path, what="metrics").split(b"\n")
-        last = lines.pop()  # b"" when the file ends with a newline
-        records = [_metric_record(line, path, number) for number, line in enumerate(lines, start=1)]
-        if last:
-            number = len(lines) + 1
-            try:
-                records.append(_metric_record(last, path, number))
-            except CheckpointError:
-                if not (last.isascii() and last.startswith(b"{")):
-                    raise
-        return records
+            if record is not None and record.size > 0:
+                raise CheckpointError(
+                    f"metrics not found: {path} (checkpoint {name} recorded {record.lines} lines, {record.size} bytes)"
+                )
+            return MetricsCheck([], 0, 0, name), b"", record
+        data = read_bytes(path, what="metrics")
+        return check_metrics_bytes(data, record, path=path, checkpoint=name), data, record
+
+    def _metrics_record(self, files: CheckpointFiles) -> MetricsRecord | None:
+        """The record checkpoint ``files`` keeps of metrics.jsonl (its trainer_state.json, verified);
+        None, with one warning, for a checkpoint written before it kept one."""
+        path = files.trainer_json
+        state = parse_json(
+            self.read_verified(self._relative(path), what="trainer state"), path=path, what="trainer state"
+        )
+        value = state.get(METRICS_KEY) if isinstance(state, dict) else None
+        if value is None:
+            if path not in self._warned and self._has_manifest():  # else the run's one warning says it all
+                self._warned.add(path)
+                warnings.warn(
+                    f"checkpoint {files.directory} records no {self.METRICS} (written before attnlab recorded "
+                    f"metrics): its lines are only parsed",
+                    AttnlabWarning,
+                    stacklevel=2,
+                )
+            return None
+        return MetricsRecord.from_dict(value, path=path)
 
     def truncate_metrics(self, last_step: int) -> None:
-        """Drop records after ``last_step`` (on resume, so no step is logged twice), and a torn last line."""
+        """On resume from the latest checkpoint (of step ``last_step``): keep exactly the lines it
+        recorded (checked), dropping the ones written after it, so no step is logged twice. A
+        checkpoint written before metrics were recorded keeps the records up to ``last_step``.
+
+        Raises:
+            CheckpointError: metrics.jsonl differs from the checkpoint's record, or has a line that
+                is not a JSON object (a torn last line is dropped).
+        """
         path = self.path / self.METRICS
-        kept = []
-        for record in self.read_metrics():
-            step = record.get("step", 0)
-            if isinstance(step, bool) or not isinstance(step, (int, float)):
-                raise CheckpointError(f"{path}: a record has step {step!r}, not a number")
-            if step <= last_step:
-                kept.append(record)
-        atomic_write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
+        check, data, record = self._checked_metrics()
+        if record is not None:
+            kept = data[: record.size]
+        else:
+            for entry in check.records:
+                step = entry.get("step", 0)
+                if isinstance(step, bool) or not isinstance(step, (int, float)):
+                    raise CheckpointError(f"{path}: a record has step {step!r}, not a number")
+            lines = [json.dumps(r, sort_keys=True) + "\n" for r in check.records if r.get("step", 0) <= last_step]
+            kept = "".join(lines).encode("utf-8")
+        if kept != data or not os.path.lexists(path):
+            atomic_write_bytes(path, kept)
+        self._metrics_tally = MetricsTally(kept)  # the bytes just checked (or written) by this process
 
     def __iter__(self) -> Iterator[Path]:
         return iter(sorted(self.path.iterdir()))
@@ -627,18 +785,6 @@ def validation_record(step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _metric_record(line: bytes, path: Path, number: int) -> dict[str, Any]:
-    try:
-        record = json.loads(line.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise CheckpointError(f"{path}:{number}: bytes that are not UTF-8") from None
-    except (json.JSONDecodeError, RecursionError):
-        raise CheckpointError(f"{path}:{number}: not valid JSON") from None
-    if not isinstance(record, dict):
-        raise CheckpointError(f"{path}:{number}: not a JSON object")
-    return record
 
 
 def _remove_folder(folder: Path) -> None:

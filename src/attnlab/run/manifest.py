@@ -80,6 +80,10 @@ class Manifest:
         """A manifest with ``records`` added or replacing the ones of the same paths."""
         return Manifest({**self.files, **records})
 
+    def without(self, names: set[str] | frozenset[str]) -> Manifest:
+        """A manifest without the records of ``names``."""
+        return Manifest({name: record for name, record in self.files.items() if name not in names})
+
     def to_dict(self) -> dict[str, Any]:
         files = {name: self.files[name].to_dict() for name in sorted(self.files)}
         return {"format": FORMAT, "files": files, "checksum": _checksum(files)}

@@ -3,9 +3,12 @@
 It reads each file the way the commands do (:meth:`attnlab.run.directory.RunDir.read_verified`: the bytes
 once, checked against the manifest of their folder, then parsed), so a run that verifies clean is
 one every command can open. Checked: ``manifest.json`` itself, ``config.json``, ``tokenizer.json``,
-``model.safetensors``, ``checkpoint.json`` (well formed, naming a checkpoint that exists),
-``metrics.jsonl`` (every line a JSON object; a torn last line is allowed) and every checkpoint
-(its ``manifest.json`` and the files it lists). Skipped: ``.lock`` and other hidden files (the run
+``model.safetensors``, ``checkpoint.json`` (well formed, naming a checkpoint that exists; required
+once the run's manifest records a committed checkpoint), ``metrics.jsonl`` (its lines exactly as the
+latest checkpoint recorded them, :mod:`attnlab.run.metrics_log`; every line a JSON object, a torn
+last line allowed; the lines written after the last checkpoint are only parsed, and the verdict says
+how many) and every checkpoint (its ``manifest.json``, required and checked against the run's
+manifest once committed, and the files it lists). Skipped: ``.lock`` and other hidden files (the run
 lock, temporary files of an interrupted write), ``plots/``, ``analysis/``, ``tensorboard/`` (event
 files for TensorBoard, which no command reads) and
 ``checkpoints/step-N.partial/`` (a checkpoint an interrupted write left, never read, removed by the
@@ -123,22 +126,61 @@ def _verify_top_level(run: RunDir, report: VerifyReport) -> None:
         RunDir.MODEL: lambda: parse_tensors(
             run.read_verified(RunDir.MODEL, what="weights"), path=run.path / RunDir.MODEL, what="weights"
         ),
+        RunDir.PROVENANCE: run.read_provenance,
     }
     present = {name for name in readers if os.path.lexists(run.path / name)}
+    listed = {name for name in listed if not name.startswith("checkpoints/")}  # checked with their checkpoint
     names = listed | present
     for name in [n for n in readers if n in names] + sorted(names - set(readers)):
         if not manifest_ok:
             report.files.append(FileCheck(name, UNVERIFIED, f"{RunDir.MANIFEST} is damaged"))
             continue
-        _check(report, name, readers.get(name, lambda name=name: run.read_verified(name)))
-    if os.path.lexists(run.path / RunDir.POINTER):
-        _check(report, RunDir.POINTER, run.latest_checkpoint)
-    if os.path.lexists(run.path / RunDir.METRICS):
-        _check(report, RunDir.METRICS, run.read_metrics)
+        if (
+            _check(report, name, readers.get(name, lambda name=name: run.read_verified(name)))
+            and name == RunDir.PROVENANCE
+        ):
+            report.files[-1] = FileCheck(name, OK, _describe_sources(run.read_provenance() or []))
+    pointer_ok = True
+    if manifest_ok and (os.path.lexists(run.path / RunDir.POINTER) or run.committed_checkpoints()):
+        pointer_ok = _check(report, RunDir.POINTER, run.latest_checkpoint)
+    if not (manifest_ok and pointer_ok):
+        if os.path.lexists(run.path / RunDir.METRICS):
+            damaged = RunDir.MANIFEST if not manifest_ok else RunDir.POINTER
+            report.files.append(FileCheck(RunDir.METRICS, UNVERIFIED, f"{damaged} is damaged"))
+    else:
+        _check_metrics(run, report)
     known = set(readers) | listed | {RunDir.MANIFEST, RunDir.POINTER, RunDir.METRICS, "checkpoints", *SKIPPED_FOLDERS}
     for entry in sorted(run.path.iterdir()):
         if entry.name not in known and not entry.name.startswith("."):
             report.files.append(FileCheck(entry.name, UNVERIFIED, "not covered by a manifest; no command reads it"))
+
+
+def _check_metrics(run: RunDir, report: VerifyReport) -> None:
+    """metrics.jsonl against the record of the latest checkpoint; the verdict says how far it covers."""
+    files = run.latest_checkpoint()
+    if files is not None:
+        holder = files.trainer_json.relative_to(run.path).as_posix()
+        try:
+            run.read_verified(holder, what="trainer state")
+        except CheckpointError:  # the record is unreadable: that file is named, not this one
+            if os.path.lexists(run.path / RunDir.METRICS):
+                report.files.append(FileCheck(RunDir.METRICS, UNVERIFIED, f"{holder}, which records it, is damaged"))
+            return
+    try:
+        check = run.check_metrics()
+    except CheckpointError as error:
+        report.files.append(FileCheck(RunDir.METRICS, DAMAGED, str(error)))
+        return
+    if os.path.lexists(run.path / RunDir.METRICS):
+        report.files.append(FileCheck(RunDir.METRICS, OK, check.describe()))
+
+
+def _describe_sources(sources: list[dict[str, Any]]) -> str:
+    """``imported from PATH (sha256 9f86d0..., checked against package X 1.0)``, each source."""
+    return "imported from " + "; ".join(
+        f"{s['path']} (sha256 {s['sha256']}" + (f", checked against {s['checked']})" if s.get("checked") else ")")
+        for s in sources
+    )
 
 
 def _read_tokenizer(run: RunDir) -> object:
@@ -149,6 +191,14 @@ def _read_tokenizer(run: RunDir) -> object:
 
 def _verify_checkpoints(run: RunDir, report: VerifyReport) -> None:
     folder = run.path / "checkpoints"
+    try:
+        committed = run.committed_checkpoints()
+    except CheckpointError:  # a damaged run manifest: reported already
+        committed = []
+    for name in committed:
+        if not (folder / name).is_dir():
+            message = f"checkpoint not found: {folder / name} (listed in {RunDir.MANIFEST})"
+            report.files.append(FileCheck(f"checkpoints/{name}", DAMAGED, message))
     if not os.path.lexists(folder):
         return
     if not folder.is_dir():
@@ -166,11 +216,11 @@ def _verify_checkpoints(run: RunDir, report: VerifyReport) -> None:
 
 def _verify_checkpoint(run: RunDir, directory: Path, report: VerifyReport) -> None:
     prefix = f"checkpoints/{directory.name}"
-    if not _check(report, f"{prefix}/{RunDir.MANIFEST}", lambda: manifests.read_manifest(directory)):
+    if not _check(report, f"{prefix}/{RunDir.MANIFEST}", lambda: run.checkpoint_manifest(directory)):
         for name in _CHECKPOINT_FILES:
             report.files.append(FileCheck(f"{prefix}/{name}", UNVERIFIED, f"{prefix}/{RunDir.MANIFEST} is damaged"))
         return
-    manifest = manifests.read_manifest(directory)
+    manifest = run.checkpoint_manifest(directory)
     if manifest is None:
         report.files.pop()
     names = set(_CHECKPOINT_FILES) | (set(manifest.files) if manifest is not None else set())

@@ -1,7 +1,8 @@
 """What the page may ask for, checked: the request body, the input text and the heads switched off.
 
 Every problem is a :class:`RequestError` (a :class:`~attnlab.errors.UsageError`) whose message and
-``field`` name the part at fault; the server answers it with status 400. The caps keep one request
+``field`` name the part at fault; the server answers it with its :attr:`~RequestError.status`: 400,
+or 413 for a body over its route's cap (:class:`BodyTooLarge`). The caps keep one request
 small enough that the page never freezes: longer inputs get a message instead of a run. Bodies are
 checked before they are parsed: UTF-8 text, at most :data:`MAX_JSON_DEPTH` levels of nesting (so a
 body of 100,000 ``[`` never reaches the recursive JSON parser), then JSON.
@@ -30,6 +31,7 @@ __all__ = [
     "Limits",
     "viewer_limits",
     "RequestError",
+    "BodyTooLarge",
     "RunRequest",
     "decode_json_body",
     "parse_run_request",
@@ -66,11 +68,23 @@ _JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[\]{}]')
 
 class RequestError(UsageError):
     """A request the viewer cannot carry out; ``field`` names the part at fault (``"body"``,
-    ``"text"``, ``"off[0].layer"``, a header such as ``"Content-Length"``)."""
+    ``"text"``, ``"off[0].layer"``, a header such as ``"Content-Length"``), :attr:`status` is the
+    HTTP status it is answered with."""
+
+    status: int = 400
 
     def __init__(self, message: str, field: str) -> None:
         super().__init__(message)
         self.field = field
+
+
+class BodyTooLarge(RequestError):
+    """A request body over its route's cap (field ``"body"``): status 413, Content Too Large."""
+
+    status = 413
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "body")
 
 
 def decode_json_body(body: bytes) -> Any:

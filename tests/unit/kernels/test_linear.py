@@ -356,6 +356,36 @@ def test_the_measured_kernel_takes_only_kernels_that_apply_and_remembers(monkeyp
         assert offered == expected  # one timing per class (grad, no grad), only of kernels that apply
 
 
+def test_a_bfloat16_map_of_few_rows_is_measured_between_the_few_rows_kernel_and_aten(monkeypatch, tmp_path):
+    """bfloat16 decoding steps: the few-rows kernel against PyTorch's bf16 product, remembered under
+    a key of its own (not the float32 class of the same shape); many rows: aten alone."""
+    monkeypatch.setenv("ATTNLAB_CALIBRATE", "1")
+    monkeypatch.setenv("ATTNLAB_CALIBRATION_DIR", str(tmp_path))
+    calibration.forget()
+    offered = []
+
+    def pick(candidates, tie=None):  # noqa: ANN001, ANN202
+        offered.append(list(candidates))
+        return list(candidates)[0]
+
+    monkeypatch.setattr(calibration, "measure", pick)
+    g = torch.Generator().manual_seed(9)
+    weight, bias = torch.randn(24, 16, generator=g).bfloat16(), torch.randn(24, generator=g).bfloat16()
+    kernel = MeasuredLinear()
+    with torch.no_grad():
+        for rows in (1, 40):
+            x = torch.randn(rows, 16, generator=g).bfloat16()
+            out = kernel(x, weight, bias)
+            assert out.dtype == torch.bfloat16
+            expected = F.linear(x.double(), weight.double(), bias.double())
+            torch.testing.assert_close(out.double(), expected, rtol=2**-7, atol=1e-3)
+        kernel(torch.randn(1, 16, generator=g), weight.float(), bias.float())
+    few = ["few_rows"] if calibration.native.available() else []
+    assert offered == ([[*few, "aten"]] if few else []) + ([[*few, "aten"]] if few else [])
+    bf16_keys = [key for key in calibration.CHOICES if key[-1] == "bfloat16"]
+    assert len(bf16_keys) == (1 if few else 0)
+
+
 @needs_onednn
 def test_models_with_either_kernel_agree_and_share_state_dict_keys(monkeypatch):
     """The kernel is how the maps are computed, not what they are: one state dict loads into

@@ -385,6 +385,28 @@ def test_few_rows_linear_matches_float64(rows, d_in, d_out, with_bias):
     torch.testing.assert_close(out.double(), expected, rtol=0, atol=1e-5 * d_in**0.5)
 
 
+@pytest.mark.parametrize("rows", [1, 2, 4, 5])
+@pytest.mark.parametrize("d_in,d_out", [(576, 1536), (70, 33), (15, 300)])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_few_rows_linear_in_bfloat16_is_the_float32_sum_rounded_once(rows, d_in, d_out, with_bias):
+    """bfloat16 weights and inputs are widened exactly; the float32 sum is rounded to bfloat16 at
+    the end: within one bfloat16 rounding of the float64 product of the same bf16 values, and
+    the same bits at one and two threads."""
+    g = torch.Generator().manual_seed(rows * 100 + d_in)
+    x, weight = torch.randn(rows, d_in, generator=g).bfloat16(), torch.randn(d_out, d_in, generator=g).bfloat16()
+    bias = torch.randn(d_out, generator=g).bfloat16() if with_bias else None
+    out = native.few_rows_linear(x, weight, bias)
+    expected = F.linear(x.double(), weight.double(), None if bias is None else bias.double())
+    assert out.shape == (rows, d_out) and out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.double(), expected, rtol=2**-8, atol=1e-5 * d_in**0.5)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(native.few_rows_linear(x, weight, bias), out)
+    finally:
+        torch.set_num_threads(before)
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     rows=st.integers(1, 6),
@@ -416,8 +438,10 @@ def test_few_rows_linear_reads_strided_rows_and_rejects_what_it_cannot_run():
     x = torch.randn(2, 64, 3, generator=g).transpose(1, 2)[:, :1]  # (2, 1, 64), not unit stride in d_in
     weight = torch.randn(40, 64, generator=g)
     torch.testing.assert_close(native.few_rows_linear(x, weight, None), F.linear(x, weight), rtol=1e-5, atol=1e-5)
-    with pytest.raises(RuntimeError, match="float32 CPU"):
+    with pytest.raises(RuntimeError, match="float32 or bfloat16 CPU"):
         native.few_rows_linear(x.double(), weight.double(), None)
+    with pytest.raises(RuntimeError, match="x of W's dtype"):
+        native.few_rows_linear(x, weight.bfloat16(), None)
     with pytest.raises(RuntimeError, match="contiguous weight"):
         native.few_rows_linear(x, torch.randn(64, 40).T, None)
     with pytest.raises(RuntimeError, match="x \\(M, K\\) and weight \\(N, K\\)"):

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from attnlab.errors import AttnlabWarning
 from attnlab.kernels import native
 
 FLAGS = ("-O3", "-mavx2")
@@ -249,10 +250,10 @@ def test_a_wait_given_up_falls_back_to_pytorch_with_one_warning(tmp_path, monkey
     thread.start()
     try:
         assert held.wait(30)
-        expected = "CPU kernels are not available \\(TimeoutError: another process"
-        with pytest.warns(RuntimeWarning, match=expected) as seen:
+        expected = "CPU kernels are not available \\(another process's build \\(pid"
+        with pytest.warns(AttnlabWarning, match=expected) as seen:
             module, reason = native._build.__wrapped__()
-        assert module is None and reason.startswith("TimeoutError") and len(seen) == 1
+        assert module is None and reason.startswith("another process's build") and len(seen) == 1
     finally:
         release.set()
         thread.join(30)
@@ -261,7 +262,7 @@ def test_a_wait_given_up_falls_back_to_pytorch_with_one_warning(tmp_path, monkey
 @pytest.mark.parametrize("value", ["soon", "-1", "nan"])
 def test_a_wait_limit_that_is_not_seconds_is_named(monkeypatch, value):
     monkeypatch.setenv("ATTNLAB_BUILD_WAIT_S", value)
-    with pytest.raises(ValueError, match=f"ATTNLAB_BUILD_WAIT_S='{value}' is not a number of seconds"):
+    with pytest.raises(native.BuildError, match=f"ATTNLAB_BUILD_WAIT_S='{value}' is not a number of seconds"):
         native._wait_limit()
 
 
@@ -435,3 +436,77 @@ def test_an_environment_reached_through_a_symlink_loads_the_existing_build(tmp_p
     assert "building" not in done.stderr
     after = library.stat()
     assert (after.st_ino, after.st_mtime_ns, after.st_size) == (before.st_ino, before.st_mtime_ns, before.st_size)
+
+
+# A compiler that never finishes: ``-c`` (a compile) starts a child that sleeps (as g++ starts
+# cc1plus) and waits for it, recording both pids; anything else (PyTorch's version checks) runs
+# the real compiler.
+_SLOW_COMPILER = """#!/bin/sh
+case " $* " in
+  *" -c "*) echo $$ >> {log}; sleep 300 & echo $! >> {log}; wait; exit 1 ;;
+esac
+exec {real} "$@"
+"""
+
+_FIRST_USE_OF_THE_KERNELS = "from attnlab.kernels import native; native.kernels()"
+
+
+def _marked_processes(marker: str) -> list[int]:
+    """Live processes (zombies aside) whose environment holds ``marker``: a process started with it
+    and every descendant (the build process, ninja, the compilers) inherit it."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            environment = (entry / "environ").read_bytes()
+        except OSError:  # gone, or not ours
+            continue
+        if state != "Z" and marker.encode() in environment.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or shutil.which("c++") is None, reason="Linux /proc and a C++ compiler"
+)
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=lambda s: s.name)
+def test_killing_attnlab_during_a_build_stops_the_build_and_its_compilers(tmp_path, how):
+    """A first use of the kernels builds them with a compiler that never finishes; killing that
+    process (SIGTERM as ``timeout`` sends it, Ctrl-C's SIGINT, SIGKILL) leaves no process of the
+    build running: not the build process, not ninja, not the compiler nor its child."""
+    log = tmp_path / "compiles.log"
+    compiler = tmp_path / "bin" / "g++"  # a name PyTorch's compiler check accepts
+    compiler.parent.mkdir()
+    compiler.write_text(_SLOW_COMPILER.format(log=log, real=os.path.realpath(shutil.which("c++"))))
+    compiler.chmod(0o755)
+    marker = f"ATTNLAB_TEST_BUILD={tmp_path.name}-{how.name}"
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions"), "CXX": str(compiler)}
+    env["ATTNLAB_TEST_BUILD"] = marker.split("=", 1)[1]
+    env.pop("ATTNLAB_NATIVE", None)
+    process = subprocess.Popen(
+        [sys.executable, "-c", _FIRST_USE_OF_THE_KERNELS], env=env, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 120  # a guard against a hang, not a timing check
+        while not (log.exists() and len(log.read_text().split()) >= 2):
+            assert process.poll() is None, process.stderr.read()
+            assert time.monotonic() < deadline, "the compiler never started"
+            time.sleep(0.1)
+        assert len(_marked_processes(marker)) >= 4  # attnlab, the build process, ninja, a compiler and its child
+        process.send_signal(how)
+        process.wait(timeout=60)
+        deadline = time.monotonic() + 30
+        while _marked_processes(marker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _marked_processes(marker) == []
+        assert "Traceback" not in process.stderr.read() or how == signal.SIGINT  # Python's own on Ctrl-C
+    finally:
+        for pid in [process.pid, *_marked_processes(marker)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        process.wait()
+        process.stderr.close()

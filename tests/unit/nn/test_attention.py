@@ -113,7 +113,9 @@ def test_single_query_equals_sdpa_and_float64_reference(batch, mask_kind, causal
 @pytest.mark.parametrize("batch", SINGLE_QUERY_BATCHES)
 def test_single_query_keeps_gradients(batch):
     q, k, v = (t.requires_grad_() for t in _qkv(b=batch, t_q=1, dtype=torch.float64))
-    assert torch.autograd.gradcheck(lambda q, k, v: attention(q, k, v), (q, k, v))
+    # fast_mode: the Jacobian checked along random directions (every entry of it at 48 x 3 rows
+    # took ~15,000 forward passes).
+    assert torch.autograd.gradcheck(lambda q, k, v: attention(q, k, v), (q, k, v), fast_mode=batch > 2)
 
 
 @pytest.mark.parametrize("normalizer", ["softmax", "hardmax"])

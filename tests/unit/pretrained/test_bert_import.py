@@ -83,7 +83,8 @@ def test_run_config_is_a_post_ln_gelu_encoder_with_the_checkpoint_eps(tmp_path):
     assert model["layer_norm_eps"] == 1e-7
     report = verify_run(tmp_path / "run")  # the import wrote the run's manifest with its files
     assert report.ok and not report.warnings
-    assert [c.path for c in report.files] == ["manifest.json", "config.json", "tokenizer.json", "model.safetensors"]
+    listed = ["manifest.json", "config.json", "tokenizer.json", "model.safetensors", "provenance.json"]
+    assert [c.path for c in report.files] == listed
 
 
 @pytest.mark.parametrize(

@@ -251,16 +251,144 @@ def test_import_hf_writes_a_run_that_computes_the_checkpoint(llama, tmp_path, ca
     torch.testing.assert_close(_logits(out), _logits(folder))
 
 
-def test_tensors_read_through_many_short_mappings_are_the_same(llama, monkeypatch) -> None:  # noqa: ANN001
-    """A shard read in groups of a few kilobytes (each through a mapping closed after it, so the
-    file's pages never all stay resident) gives the same model."""
-    from attnlab.pretrained import checkpoint
+def test_tensors_used_as_stored_are_views_of_the_file_and_writes_stay_private(llama, tmp_path) -> None:  # noqa: ANN001
+    """Opening copies nothing it need not: the embedding and the gate and up projections (adjacent
+    in the file, stacked as one tensor) are views of the shard's one mapping; Q, K and V (apart in
+    the file) are read into their rows. A write to a weight changes neither the file nor a model
+    opened after it."""
+    import hashlib
+
+    folder = _copy(llama[0], tmp_path / "llama")
+    weights = folder / "model.safetensors"
+    digest = hashlib.sha256(weights.read_bytes()).hexdigest()
+    loaded = open_model(folder)
+    layer = loaded.model.decoder.layers[0]
+    mapping = loaded.model.decoder.embedding.token.weight.untyped_storage().data_ptr()
+    assert layer.feed_forward.linear1.weight.untyped_storage().data_ptr() == mapping
+    assert layer.self_attn.in_proj_weight.untyped_storage().data_ptr() != mapping
+    before = _logits(folder)
+    with torch.no_grad():
+        layer.feed_forward.linear1.weight.add_(1.0)
+    assert hashlib.sha256(weights.read_bytes()).hexdigest() == digest
+    torch.testing.assert_close(_logits(folder), before)
+
+
+def test_a_tensor_not_aligned_for_its_dtype_is_read_not_viewed(llama) -> None:  # noqa: ANN001
+    from dataclasses import replace
+
+    from attnlab.pretrained.checkpoint import read_tensors
+
+    name, stored = next(iter(read_tensors(find_checkpoint(llama[0]))))
+    assert stored.view() is not None
+    shifted = replace(stored, begin=stored.begin + 1, end=stored.end + 1)
+    assert shifted.view() is None
+    torch.testing.assert_close(stored.read(), stored.view())
+
+
+def _damage_folder(source: Path, damage: str) -> None:
+    """One fault a user's folder can have (see the test below)."""
+    weights = source / "model.safetensors"
+    index = source / "model.safetensors.index.json"
+    if damage == "tokenizer_not_json":
+        (source / "tokenizer.json").write_text('{"version": "1.0", "model": ')
+    elif damage == "tokenizer_missing":
+        (source / "tokenizer.json").unlink()
+    elif damage == "tokenizer_config_not_json":
+        (source / "tokenizer_config.json").write_text("{chat_template")
+    elif damage == "config_not_json":
+        (source / "config.json").write_bytes(b"\xff\xfe not json")
+    elif damage == "config_shapes":
+        config = json.loads((source / "config.json").read_text())
+        (source / "config.json").write_text(json.dumps({**config, "hidden_size": config["hidden_size"] * 2}))
+    elif damage == "config_vocab":
+        config = json.loads((source / "config.json").read_text())
+        (source / "config.json").write_text(json.dumps({**config, "vocab_size": config["vocab_size"] + 3}))
+    elif damage == "weights_empty":
+        weights.write_bytes(b"")
+    elif damage == "weights_header_garbage":
+        weights.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00" + b"{not json at all" + weights.read_bytes()[24:])
+    elif damage == "weights_nan":
+        data = bytearray(weights.read_bytes())
+        data[-4:] = b"\x00\x00\xc0\x7f"  # float32 NaN in the last tensor
+        weights.write_bytes(bytes(data))
+    elif damage == "index_not_json":
+        index.write_text("[")
+    elif damage == "index_names_missing_shard":
+        index.write_text(json.dumps({"weight_map": {"model.embed_tokens.weight": "model-00002-of-00002.safetensors"}}))
+    elif damage == "index_outside":
+        index.write_text(json.dumps({"weight_map": {"model.embed_tokens.weight": "../model.safetensors"}}))
+    elif damage == "index_incomplete":
+        index.write_text(json.dumps({"weight_map": {"model.embed_tokens.weight": "model.safetensors"}}))
+    elif damage in ("rope_theta", "rms_norm_eps", "max_position_embeddings"):
+        config = json.loads((source / "config.json").read_text())
+        value = {"rope_theta": 1e30, "rms_norm_eps": 3e33, "max_position_embeddings": 1 << 40}[damage]
+        if damage == "rope_theta":
+            config["rope_parameters"] = {**config.get("rope_parameters", {}), "rope_theta": value}
+        (source / "config.json").write_text(
+            json.dumps({**config, **({} if damage == "rope_theta" else {damage: value})})
+        )
+    elif damage == "chat_template_broken":
+        settings = json.loads((source / "tokenizer_config.json").read_text())
+        (source / "tokenizer_config.json").write_text(json.dumps({**settings, "chat_template": "{% if x %}"}))
+
+
+@pytest.mark.parametrize(
+    ("damage", "code", "words"),
+    [
+        ("tokenizer_not_json", 2, "tokenizer.json:1: not valid JSON"),
+        ("tokenizer_missing", 3, "no tokenizer.json"),
+        ("tokenizer_config_not_json", 3, "tokenizer_config.json: not readable JSON"),
+        ("config_not_json", 3, "config.json: not readable JSON"),
+        ("config_shapes", 3, "do not fit"),
+        ("config_vocab", 3, "lm_head.weight (320, 32) do not fit lm_head.weight of shape (323, 32) from config.json"),
+        ("weights_empty", 3, "model.safetensors: not a complete safetensors file"),
+        ("weights_header_garbage", 3, "model.safetensors: not a complete safetensors file"),
+        ("weights_nan", 3, "holds NaN or infinite values"),
+        ("index_not_json", 3, "model.safetensors.index.json: not readable JSON"),
+        ("index_names_missing_shard", 3, "shard model-00002-of-00002.safetensors is missing"),
+        ("index_outside", 3, "shard '../model.safetensors' is not a file name"),
+        ("index_incomplete", 3, "is not where model.safetensors.index.json puts it"),
+        ("chat_template_broken", 3, "chat_template is not a valid Jinja template"),
+        ("rope_theta", 3, "config.json is damaged: model.rope_base 1e+30 is not in [1, 1e+09]"),
+        ("rms_norm_eps", 3, "config.json is damaged: model.layer_norm_eps 3e+33 is not in [1e-12, 0.01]"),
+        ("max_position_embeddings", 3, "its context length (model.max_len) 1099511627776 is not in"),
+    ],
+)
+def test_every_fault_of_a_folder_is_one_error_line_and_nothing_written(
+    llama, tmp_path, capsys, damage, code, words
+) -> None:  # noqa: ANN001, PLR0913
+    """The probe of issue 37 on Hugging Face folders, through ``attnlab import hf`` (which writes)."""
+    from attnlab.cli import main
 
     folder, _ = llama
-    whole = _logits(folder)
-    monkeypatch.setattr(checkpoint, "MAPPED_BYTES", 4096)
-    opened = []
-    real = checkpoint._open_shard
-    monkeypatch.setattr(checkpoint, "_open_shard", lambda shard: opened.append(shard) or real(shard))
-    torch.testing.assert_close(_logits(folder), whole)
-    assert len(opened) > 10
+    source = _copy(folder, tmp_path / "model")
+    if not (source / "tokenizer_config.json").exists():
+        (source / "tokenizer_config.json").write_text("{}")
+    _damage_folder(source, damage)
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["import", "hf", str(source), "--out", str(out)])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert exit_info.value.code == code, err
+    assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], err
+    assert not out.exists()  # nothing half-written
+
+
+def test_weights_values_are_checked_once_per_version_of_the_file(llama, tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """The pass over every weight runs at the first open of a file and again only once it changes."""
+    import os
+
+    from attnlab.pretrained import families
+
+    folder = _copy(llama[0], tmp_path / "llama")
+    checked = []
+    real = families.check_weights
+    monkeypatch.setattr(families, "check_weights", lambda *a, **k: checked.append(a[0]) or real(*a, **k))
+    open_model(folder)
+    first = len(checked)
+    open_model(folder)
+    assert first > 0 and len(checked) == first
+    os.utime(folder / "model.safetensors", ns=(1, 1))  # another version of the file, as far as anyone can tell
+    open_model(folder)
+    assert len(checked) == 2 * first

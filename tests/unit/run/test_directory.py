@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
 import random
@@ -16,6 +17,7 @@ from attnlab.run.manifest import read_manifest, record_of
 from attnlab.run.storage import atomic_write_text, load_tensors, save_tensors
 
 CFG = DecoderOnlyConfig(vocab_size=7, layers=1, d_model=8, heads=2, d_ff=8, tie_embeddings=True)
+EMPTY_METRICS = {"lines": 0, "size": 0, "sha256": hashlib.sha256(b"").hexdigest()}  # no metrics.jsonl yet
 
 
 @pytest.fixture
@@ -78,7 +80,7 @@ def test_checkpoint_pointer_and_pruning(run):
     assert run.latest_checkpoint().step == 30 == files.step
     assert sorted(p.name for p in (run.path / "checkpoints").iterdir()) == ["step-00000020", "step-00000030"]
     tensors, state = run.read_trainer_state(files)
-    assert tensors["t"].item() == 30 and state == {"note": "x", "step": 30}
+    assert tensors["t"].item() == 30 and state == {"note": "x", "step": 30, "metrics": EMPTY_METRICS}
     assert (run.path / "model.safetensors").samefile(files.model)  # published as a hard link
 
 
@@ -89,7 +91,10 @@ def test_checkpoint_and_run_manifests_record_the_bytes_written(run):
     for name, record in checkpoint.files.items():
         assert record == record_of((files.directory / name).read_bytes())
     top = read_manifest(run.path)
-    assert set(top.files) == {"config.json", "model.safetensors"}
+    assert set(top.files) == {"config.json", "model.safetensors", "checkpoints/step-00000010/manifest.json"}
+    assert top.files["checkpoints/step-00000010/manifest.json"] == record_of(
+        (files.directory / "manifest.json").read_bytes()
+    )
     assert top.files["model.safetensors"] == checkpoint.files["model.safetensors"]
     assert top.files["config.json"] == record_of((run.path / "config.json").read_bytes())
     assert run.read_verified("checkpoints/step-00000010/trainer_state.json") == files.trainer_json.read_bytes()
@@ -230,3 +235,17 @@ def test_atomic_write_leaves_old_file_on_failure(tmp_path):
         storage.atomic_write(path, failing_write)
     assert path.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["f.txt"]  # no temporary left behind
+
+
+def test_the_run_manifest_lists_exactly_the_committed_checkpoints(run):
+    """Each checkpoint is required from its commit on and forgotten before it is pruned."""
+    model = DecoderOnly(CFG)
+    for step in (10, 20, 30):
+        run.write_checkpoint(step, model, {"t": torch.tensor([step])}, {"note": "x"}, keep=2)
+    assert run.committed_checkpoints() == ["step-00000020", "step-00000030"]
+    (run.path / "checkpoints" / "step-00000020" / "manifest.json").unlink()
+    with pytest.raises(CheckpointError, match="manifest not found: .*step-00000020/manifest.json .*committed"):
+        run.read_trainer_state(run.checkpoints()[0])
+    (run.path / "checkpoint.json").unlink()
+    with pytest.raises(CheckpointError, match="checkpoint pointer not found"):
+        run.latest_checkpoint()
