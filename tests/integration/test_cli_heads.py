@@ -276,8 +276,14 @@ def test_generate_decodes_with_the_held_heads_off(held_run):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (("heads", "prune", "{run}", "--percent", "150"), "--percent: 150 is outside [0, 100]"),
-        (("heads", "prune", "{run}", "--percent", "-5"), "--percent: -5 is outside [0, 100]"),
+        (
+            ("heads", "prune", "{run}", "--percent", "150"),
+            "'150': Input should be less than or equal to 100",
+        ),
+        (
+            ("heads", "prune", "{run}", "--percent", "-5"),
+            "'-5': Input should be greater than or equal to 0",
+        ),
         (
             ("heads", "prune", "{run}", "--percent", "10", "20", "--physical", "--out", "{tmp}/x"),
             "--physical: give exactly one --percent",
