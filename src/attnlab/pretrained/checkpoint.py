@@ -257,7 +257,7 @@ class StoredTensor:
         dtype (files of early writers). With ``through``, the bytes of this tensor up to the end of
         ``through`` (tensors that each :meth:`follows` the one before), as one tensor of ``shape``:
         tensors stacked along dim 0 without a copy."""
-        item = torch.empty((), dtype=self.dtype).element_size()
+        item = self.dtype.itemsize
         if self.begin % item:
             return None
         end = (through or self).end

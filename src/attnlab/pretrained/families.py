@@ -562,73 +562,58 @@ def fill_state(
             that does not fit config.json, or with values no model has
             (:func:`attnlab.pretrained.integrity.check_weights`), named as the checkpoint names it.
     """
-    # The reads that copy run on the intra-op threads' cores: a fresh buffer's page faults, not the
-    # disk cache's bandwidth, bound one reader (GPT-2's transposed maps: 0.09 s alone on a Zen 4).
-    with ThreadPoolExecutor(max_workers=max(1, torch.get_num_threads())) as readers:
-        futures = _fill(sources, expected, layout, hf, dtype, ignored, where, readers, check_values)
-        return {ours: future.result() for ours, future in futures.items()}
-
-
-def _fill(
-    sources: Iterable[tuple[str, StoredTensor]],
-    expected: Mapping[str, Tensor],
-    layout: Layout,
-    hf: Mapping[str, Any],
-    dtype: torch.dtype | None,
-    ignored: tuple[str, ...],
-    where: Path,
-    readers: ThreadPoolExecutor,
-    check_values: bool,
-) -> dict[str, Future[Tensor]]:
     inference = torch.is_inference_mode_enabled()  # thread-local: the readers take the caller's
     owner = {piece.name: (ours, index) for ours, pieces in layout.items() for index, piece in enumerate(pieces)}
     pending: dict[str, dict[int, StoredTensor]] = {}
     state: dict[str, Future[Tensor]] = {}
     seen: set[str] = set()
-    for name, stored in sources:
-        if name in seen:
-            raise CheckpointError(f"{where}: tensor {name!r} appears twice")
-        seen.add(name)
-        if name not in owner:
-            if name.endswith(ignored):
-                continue
-            raise CheckpointError(
-                f"{where}: tensor {name!r} is not part of a {hf.get('model_type')} model as attnlab maps it"
-            )
-        if check_values:  # finite, within range (attnlab.pretrained.integrity)
-            values = stored.view()
-            check_weights(name, stored.read() if values is None else values, path=where)
-        ours, index = owner[name]
-        pieces = pending.setdefault(ours, {})
-        pieces[index] = stored
-        if len(pieces) == len(layout[ours]):
-            stored_pieces = [pieces[i] for i in range(len(pieces))]
-            view = _as_view(ours, stored_pieces, expected[ours], layout[ours], dtype, where)
-            if view is not None:
-                state[ours] = _done(view)
-            else:
-                state[ours] = readers.submit(
-                    _read_in_mode, inference, ours, stored_pieces, expected[ours], layout[ours], hf, dtype, where
+    # The reads that copy run on the intra-op threads' cores: a fresh buffer's page faults, not the
+    # disk cache's bandwidth, bound one reader (GPT-2's transposed maps: 0.09 s alone on a Zen 4).
+    with ThreadPoolExecutor(max_workers=max(1, torch.get_num_threads())) as readers:
+        for name, stored in sources:
+            if name in seen:
+                raise CheckpointError(f"{where}: tensor {name!r} appears twice")
+            seen.add(name)
+            if name not in owner:
+                if name.endswith(ignored):
+                    continue
+                raise CheckpointError(
+                    f"{where}: tensor {name!r} is not part of a {hf.get('model_type')} model as attnlab maps it"
                 )
-            del pending[ours]
-    missing = [piece.name for ours, pieces in layout.items() for piece in pieces if piece.name not in seen]
-    if missing:
-        raise CheckpointError(f"{where}: tensor {missing[0]!r} is missing")
-    return state
+            if check_values:  # finite, within range (attnlab.pretrained.integrity)
+                values = stored.view()
+                check_weights(name, stored.read() if values is None else values, path=where)
+            ours, index = owner[name]
+            pieces = pending.setdefault(ours, {})
+            pieces[index] = stored
+            if len(pieces) == len(layout[ours]):
+                parts = [pieces[i] for i in range(len(pieces))]
+                as_stored = _used_as_stored(parts, layout[ours], dtype)
+                if as_stored:
+                    _check_fits(ours, [t.shape for t in parts], expected[ours], layout[ours], where)
+                view = _stacked_view(parts, expected[ours]) if as_stored else None
+                state[ours] = (
+                    _done(view)
+                    if view is not None
+                    else readers.submit(
+                        _read_in_mode, inference, as_stored, ours, parts, expected[ours], layout[ours], hf, dtype, where
+                    )
+                )
+                del pending[ours]
+        missing = [piece.name for ours, pieces in layout.items() for piece in pieces if piece.name not in seen]
+        if missing:
+            raise CheckpointError(f"{where}: tensor {missing[0]!r} is missing")
+        return {ours: future.result() for ours, future in state.items()}
 
 
-def _as_view(
-    ours: str,
-    stored: list[StoredTensor],
-    expected: Tensor,
-    layout: tuple[Piece, ...],
-    dtype: torch.dtype | None,
-    where: Path,
-) -> Tensor | None:
-    """The target as a view of the file's mapping where it needs no change, else None."""
-    if any(piece.transform is not _same for piece in layout) or any(t.dtype != (dtype or t.dtype) for t in stored):
-        return None
-    _check_fits(ours, [t.shape for t in stored], expected, layout, where)
+def _used_as_stored(stored: list[StoredTensor], layout: tuple[Piece, ...], dtype: torch.dtype | None) -> bool:
+    """Whether a target's pieces go in untransformed and in their stored dtype."""
+    return all(piece.transform is _same for piece in layout) and all(t.dtype == (dtype or t.dtype) for t in stored)
+
+
+def _stacked_view(stored: list[StoredTensor], expected: Tensor) -> Tensor | None:
+    """Pieces used as stored, as one view of the file's mapping where each follows the one before
+    in the file (and is aligned for its dtype), else None."""
     if not all(later.follows(earlier) for earlier, later in zip(stored, stored[1:], strict=False)):
         return None
     return stored[0].view(tuple(expected.shape), through=stored[-1])
@@ -646,6 +631,7 @@ def _read_in_mode(inference: bool, *args: Any) -> Tensor:
 
 
 def _read(
+    as_stored: bool,
     ours: str,
     stored: list[StoredTensor],
     expected: Tensor,
@@ -654,12 +640,11 @@ def _read(
     dtype: torch.dtype | None,
     where: Path,
 ) -> Tensor:
-    """The target read from the file (one copy): pieces used as stored go straight into their
-    rows; others are read, transformed, cast and stacked."""
-    out_dtype = dtype or stored[0].dtype
-    if all(piece.transform is _same for piece in layout) and all(t.dtype == out_dtype for t in stored):
-        _check_fits(ours, [t.shape for t in stored], expected, layout, where)
+    """The target read from the file (one copy): pieces used as stored (already checked against
+    ``expected``) go straight into their rows; others are read, transformed, cast and stacked."""
+    if as_stored:
         return _read_stacked(stored, expected)
+    out_dtype = dtype or stored[0].dtype
     pieces = [piece.transform(t.read(), hf) for piece, t in zip(layout, stored, strict=True)]
     _check_fits(ours, [tuple(p.shape) for p in pieces], expected, layout, where)
     if len(pieces) == 1:
