@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from attnlab.bench.harness import BenchResult, interleaved_median_times
+from attnlab.bench.harness import BenchResult, hf_greedy_generate, interleaved_median_times
 from attnlab.bench.models import FULL, QUICK, attnlab_model, hf_available, hf_bart, random_batch
 from attnlab.generate.search import EncoderDecoderStepper, greedy_search
 
@@ -42,20 +42,8 @@ def run_decode(quick: bool = False, repeats: int = 5) -> BenchResult:
         systems = {"attnlab cached": attnlab_decode(True), "attnlab uncached": attnlab_decode(False)}
         if bart is not None:
 
-            @torch.no_grad()
             def hf_generate() -> None:
-                bart.generate(
-                    input_ids=src,
-                    attention_mask=torch.ones_like(src),
-                    max_new_tokens=new_tokens,
-                    min_new_tokens=new_tokens,
-                    do_sample=False,
-                    num_beams=1,
-                    use_cache=True,
-                    decoder_start_token_id=BOS,
-                    eos_token_id=EOS,
-                    pad_token_id=0,
-                )
+                hf_greedy_generate(bart, src, new_tokens, decoder_start_token_id=BOS, eos_token_id=EOS, pad_token_id=0)
 
             systems["hf generate"] = hf_generate
         metric = f"tokens_per_s_batch{batch_size}"
