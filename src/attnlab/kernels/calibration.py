@@ -15,7 +15,8 @@ predicate takes that call, and remembered:
   machine's answers differ from another's: the kernels' build (:func:`attnlab.kernels.native.build_spec`,
   whose name carries the CPU capability and a key over the sources, flags, compiler, torch and
   Python), torch's version, the CPU capability and model, and the thread count. A machine measures
-  each class once; the file is written through a temporary file and ``os.replace``, and an
+  each class once (a class timed while other work competes for the cores is timed again by the next
+  process: :func:`machine_busy`); the file is written through a temporary file and ``os.replace``, and an
   unreadable or corrupt file is ignored (the classes are measured again and the file rewritten).
 
 The timing (:func:`measure`) runs each candidate once to warm it, then in interleaved rounds,
@@ -58,6 +59,7 @@ __all__ = [
     "bucket",
     "chosen",
     "choose",
+    "machine_busy",
     "recall",
     "measure",
     "can_measure",
@@ -119,10 +121,27 @@ def choose(key: tuple, candidates: dict[str, Callable[[], object]], *, tie: floa
     known = recall(key, names)
     if known is not None:
         return known
+    busy = machine_busy()  # before timing: the candidates' own threads count in the load after
     winner = measure(candidates, tie=tie)
     CHOICES[key] = winner
-    _write(_entry(key), winner)
+    if not busy:
+        _write(_entry(key), winner)
     return winner
+
+
+def machine_busy() -> bool:
+    """Whether other work competes for this process's cores: the 1-minute load average above the
+    cores this process may run on. A choice timed then is used by this process but not written to
+    the disk cache: contention ranks kernels that run on all cores (the few-rows kernel) far below
+    single-threaded ones (MKL's matrix-vector product), and the disk would keep that rank for
+    every later process on a quiet machine (a Zen 4 under a test suite's load timed a bf16 map on
+    two threads at 10x its quiet time)."""
+    try:
+        load = os.getloadavg()[0]
+        cores = len(os.sched_getaffinity(0))
+    except (OSError, AttributeError):  # platforms without them: trust the timing
+        return False
+    return load > cores
 
 
 def measure(candidates: dict[str, Callable[[], object]], *, tie: float | None = None) -> str:

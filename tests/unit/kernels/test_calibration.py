@@ -20,6 +20,7 @@ def timings(monkeypatch, tmp_path):
     monkeypatch.setenv("ATTNLAB_CALIBRATE", "1")
     monkeypatch.setenv("ATTNLAB_CALIBRATION_DIR", str(tmp_path))
     calibration.forget()
+    monkeypatch.setattr(calibration, "machine_busy", lambda: False)  # a quiet machine, whatever runs beside the tests
     calls = []
     monkeypatch.setattr(
         calibration, "measure", lambda candidates, tie=None: calls.append(list(candidates)) or list(candidates)[-1]
@@ -71,6 +72,23 @@ def test_a_stored_name_that_is_no_candidate_now_is_measured_again(timings):
     calibration.choose(KEY, {"a": lambda: None, "gone": lambda: None})
     calibration.forget()
     assert calibration.choose(KEY, CANDIDATES) == "b" and len(timings) == 2
+
+
+def test_a_class_timed_on_a_busy_machine_is_used_but_not_written_to_disk(timings, monkeypatch):
+    monkeypatch.setattr(calibration, "machine_busy", lambda: True)
+    assert calibration.choose(KEY, CANDIDATES) == "b" and calibration.chosen(KEY) == "b"
+    assert not calibration.cache_path().exists()
+    calibration.forget()
+    monkeypatch.setattr(calibration, "machine_busy", lambda: False)
+    assert calibration.choose(KEY, CANDIDATES) == "b" and len(timings) == 2  # timed again, now remembered
+    assert calibration.cache_path().exists()
+
+
+@pytest.mark.parametrize("load,busy", [(0.5, False), (2.0, False), (2.5, True)])
+def test_the_machine_is_busy_when_the_load_exceeds_its_cores(monkeypatch, load, busy):
+    monkeypatch.setattr(calibration.os, "getloadavg", lambda: (load, 0.0, 0.0))
+    monkeypatch.setattr(calibration.os, "sched_getaffinity", lambda pid: {0, 1})
+    assert calibration.machine_busy() is busy
 
 
 def test_an_unwritable_cache_keeps_the_answer_in_memory(timings, monkeypatch, tmp_path):
