@@ -65,6 +65,10 @@ from attnlab.tasks.text import read_lines
 
 __all__ = ["Pattern", "PATTERNS", "HeadPatterns", "Detection", "detect_heads", "pattern_targets"]
 
+LENGTH = 50
+"""The default n of the random sequences r_1 .. r_n r_1 .. r_n (fewer where the context or the
+vocabulary holds fewer)."""
+
 Candidates = list[tuple[int | None, Tensor]]
 """A pattern's target sets: (label, mask (B, T, T) bool, True at [b, i, j] where j is in P(i))."""
 
@@ -244,7 +248,7 @@ def detect_heads(
     source: Any,
     *,
     texts: str | Path | None = None,
-    length: int = 50,
+    length: int | None = None,
     batch: int = 8,
     window: int = 4,
     seed: int = 0,
@@ -257,7 +261,8 @@ def detect_heads(
         texts: a text file (one text per line, each read alone) for the patterns that need no
             recurring tokens; None: the random sequences for every pattern.
         length: n, the random tokens of each sequence before it repeats (2n tokens in all,
-            with the model's framing).
+            with the model's framing); None: :data:`LENGTH`, or fewer where the context or the
+            vocabulary is smaller.
         batch: random sequences.
         window: w, the largest relative offset of ``positional``.
         seed: of the random tokens.
@@ -274,18 +279,20 @@ def detect_heads(
     kind = loaded.experiment.model_kind
     reader = READERS[kind]
     model = loaded.model.eval()
-    if length < 2 or batch < 1 or window < 0:
+    if (length is not None and length < 2) or batch < 1 or window < 0:
         raise UsageError("--length must be at least 2, --batch-size at least 1, --window at least 0")
     sites = [site for site in model_sites(model).values() if site.point == "pattern" and site.kind != "cross"]
     tally = _Tally(sites, model, window)
     device = model_device(model)
+    text_ids = [] if texts is None else _text_ids(loaded, reader, texts)  # every input checked before a pass
     random = _repeated_random(loaded, reader, length, batch, seed).to(device)
+    length = (random.shape[1] - len(reader.frame(loaded, []))) // 2
     on_texts = [name for name, pattern in PATTERNS.items() if texts is not None and not pattern.recurring]
     tick = progress or (lambda: None)
     with torch.no_grad(), masking_heads(model, loaded.held_mask()):
         tally.measure(reader, model, random, [name for name in PATTERNS if name not in on_texts])
         tick()
-        for ids in _text_ids(loaded, reader, texts) if on_texts else []:
+        for ids in text_ids:
             tally.measure(reader, model, torch.tensor([ids], device=device), on_texts)
             tick()
     described = f"{batch} sequences of {length} random tokens repeated twice"
@@ -300,13 +307,16 @@ def detect_heads(
     return Detection(tally.rows(), measured_on, notes)
 
 
-def _repeated_random(loaded: LoadedRun, reader: Reader, length: int, batch: int, seed: int) -> Tensor:
-    """(batch, T): each row the framing of r_1 .. r_n r_1 .. r_n, n = ``length`` distinct random tokens."""
+def _repeated_random(loaded: LoadedRun, reader: Reader, length: int | None, batch: int, seed: int) -> Tensor:
+    """(batch, T): each row the framing of r_1 .. r_n r_1 .. r_n, n = ``length`` distinct random tokens
+    (None: :data:`LENGTH`, or as many as the model's context holds)."""
     config = loaded.model.config
     limit = min(config.vocab_size, getattr(config, "target_vocab_size", config.vocab_size))
     task = loaded.task
     special = {task.bos_id, task.eos_id, task.pad_id}
     pool = torch.tensor(sorted(i for i in loaded.codec.vocabulary().values() if i < limit and i not in special))
+    if length is None:
+        length = max(2, min(LENGTH, len(pool), (config.max_len - len(reader.frame(loaded, []))) // 2))
     if len(pool) < length:
         raise UsageError(f"--length: {length} random tokens, but the vocabulary has {len(pool)} ordinary tokens")
     generator = torch.Generator().manual_seed(seed)
