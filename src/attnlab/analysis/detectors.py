@@ -353,7 +353,7 @@ class _Tally:
         self.causal = {site.name: getattr(stacks[site.stack][0], "causal", True) for site in sites}
         self.mass: dict[str, dict[str, Tensor]] = {site.name: {} for site in sites}  # pattern -> (C, H)
         self.count: dict[str, dict[str, Tensor]] = {site.name: {} for site in sites}  # pattern -> (C,)
-        self.labels: dict[str, list[int | None]] = {}
+        self.labels: dict[tuple[str, bool], list[int | None]] = {}  # (pattern, causal) -> candidates' labels
 
     def measure(self, reader: Reader, model: Any, ids: Tensor, names: list[str]) -> None:
         """One forward pass on ``ids``, adding the patterns ``names`` of every module."""
@@ -372,7 +372,7 @@ class _Tally:
             if PATTERNS[name].causal_only and not causal:
                 continue
             candidates = pattern_targets(name, ids, causal=causal, window=self.window)
-            self.labels[name] = [label for label, _ in candidates]
+            self.labels[name, causal] = [label for label, _ in candidates]
             chosen[name] = torch.stack([mask for _, mask in candidates])
         return chosen
 
@@ -401,7 +401,8 @@ class _Tally:
                     continue
                 per = (self.mass[site.name][name] / self.count[site.name][name].clamp_min(1)[:, None]).cpu()  # (C, H)
                 best = per.argmax(0)
-                scores[name] = [(float(per[best[h], h]), self.labels[name][int(best[h])]) for h in range(heads)]
+                labels = self.labels[name, self.causal[site.name]]
+                scores[name] = [(float(per[best[h], h]), labels[int(best[h])]) for h in range(heads)]
             for head in range(heads):
                 values = {name: scores[name][head][0] for name in PATTERNS}
                 offset = scores["positional"][head][1]

@@ -41,7 +41,6 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.analysis.maps import language_model_prompt
-from attnlab.analysis.patching import _one_token
 from attnlab.devices import model_device
 from attnlab.errors import UsageError
 from attnlab.nn import masking_heads
@@ -58,6 +57,7 @@ __all__ = [
     "HeadContribution",
     "LayerContribution",
     "Attribution",
+    "answer_token",
     "direct_logit_attribution",
     "LensRow",
     "LogitLens",
@@ -247,6 +247,19 @@ def _run(loaded: LoadedRun, text: str, sites: dict[str, bool]) -> tuple[list[int
     return ids, seen, logits
 
 
+def answer_token(loaded: LoadedRun, text: str, flag: str) -> int:
+    """The id of ``text`` where it is one token, read without the model's framing (no BOS).
+
+    Raises:
+        UsageError: naming ``flag``, the text and its tokens, where it is not one token.
+    """
+    ids = loaded.tokenizer.encode(text) if loaded.tokenizer is not None else loaded.codec.encode(text)
+    if len(ids) != 1:
+        shown = " ".join(repr(t) for t in loaded.codec.tokens(ids))
+        raise UsageError(f"{flag}: {text!r} is {len(ids)} tokens ({shown}); give text that is one token")
+    return ids[0]
+
+
 def _stack(loaded: LoadedRun) -> tuple[str, nn.Module]:
     stack, (module, _) = next(iter(loaded.model.site_stacks().items()))
     return stack, module
@@ -276,8 +289,8 @@ def direct_logit_attribution(source: Any, text: str, answer: str, wrong: str | N
             is not one token (naming ``--answer`` / ``--wrong``), the same answer and wrong token.
     """
     loaded = _language_model(source)
-    good = _one_token(loaded, answer, "--answer")
-    bad = None if wrong is None else _one_token(loaded, wrong, "--wrong")
+    good = answer_token(loaded, answer, "--answer")
+    bad = None if wrong is None else answer_token(loaded, wrong, "--wrong")
     if bad == good:
         raise UsageError(f"--wrong: {wrong!r} is the answer's token; give another token")
     model, config = loaded.model, loaded.model.config
@@ -349,7 +362,7 @@ def logit_lens(source: Any, text: str, *, answer: str | None = None, top_k: int 
         UsageError: a model that is not a pre-norm language model, an answer that is not one token.
     """
     loaded = _language_model(source)
-    good = None if answer is None else _one_token(loaded, answer, "--answer")
+    good = None if answer is None else answer_token(loaded, answer, "--answer")
     model, config = loaded.model, loaded.model.config
     stack, stack_module = _stack(loaded)
     layers = len(stack_module.layers)
