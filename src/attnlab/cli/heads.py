@@ -554,8 +554,8 @@ def detect_command(
     Olsson et al.'s: on random tokens repeated twice, attention from the second half to the token
     after the first occurrence. Positional: the best fixed relative offset other than -1.
     """
-    import dataclasses
     import math
+    from dataclasses import asdict
 
     from tqdm import tqdm
 
@@ -588,7 +588,10 @@ def detect_command(
                 "run": loaded.source,
                 "measured_on": detection.measured_on,
                 "notes": detection.notes,
-                "heads": [dataclasses.asdict(row) for row in detection.rows],
+                "heads": [  # a score not measured (NaN in the CSV) is null
+                    {key: None if isinstance(v, float) and math.isnan(v) else v for key, v in asdict(row).items()}
+                    for row in detection.rows
+                ],
                 "top": {name: [str(HeadId(r.kind, r.layer, r.head)) for r in rows] for name, rows in top_heads.items()},
                 "files": {"csv": str(table), "heatmaps": {name: str(path) for name, path in heatmaps.items()}},
             }
