@@ -380,9 +380,11 @@ class _Tally:
         mass, count = self.mass[site.name], self.count[site.name]
 
         def reduce(weights: Tensor) -> Tensor:  # (B, H, T_q, T_k), this layer's only
-            wide = weights.detach().double()
-            for name, masks in targets.items():
-                added = torch.einsum("bhij,cbij->ch", wide, masks.to(wide.dtype))  # (C, H)
+            kept = weights.detach()
+            for name, masks in targets.items():  # one candidate at a time: no more than one layer's size
+                added = torch.stack(
+                    [kept.masked_fill(~mask[:, None], 0.0).sum((0, 2, 3), dtype=torch.float64) for mask in masks]
+                )  # (C, H)
                 queries = masks.any(-1).sum((1, 2)).double()  # (C,)
                 mass[name] = mass[name] + added if name in mass else added
                 count[name] = count[name] + queries if name in count else queries
