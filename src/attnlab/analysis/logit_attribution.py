@@ -372,12 +372,13 @@ def logit_lens(source: Any, text: str, *, answer: str | None = None, top_k: int 
     logits = model.lm_head(stack_module.final_norm(residuals))  # as DecoderOnly reads its last layer
     if config.final_softcap is not None:
         logits = soft_cap(logits, config.final_softcap)
-    probabilities = torch.softmax(logits.float(), -1)  # (layers + 1, T, V)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # half precision read in float32
+    probabilities = torch.softmax(logits, -1)  # (layers + 1, T, V)
     top_probabilities, top_ids = probabilities.max(-1)  # (layers + 1, T)
     labels = loaded.codec.tokens
     rows = []
     for row, name in enumerate(names):
-        last = logits[row, -1].float()
+        last = logits[row, -1]
         values, indices = probabilities[row, -1].topk(min(top_k, last.numel()))
         listed = " | ".join(f"{label!r} {float(p):.3f}" for label, p in zip(labels(indices.tolist()), values))
         rank = None if good is None else int((last > last[good]).sum()) + 1
