@@ -309,7 +309,7 @@ def detect_heads(
 
 def _repeated_random(loaded: LoadedRun, reader: Reader, length: int | None, batch: int, seed: int) -> Tensor:
     """(batch, T): each row the framing of r_1 .. r_n r_1 .. r_n, n = ``length`` distinct random tokens
-    (None: :data:`LENGTH`, or as many as the model's context holds)."""
+    (None: :data:`LENGTH`, or as many as the context and the vocabulary hold)."""
     config = loaded.model.config
     limit = min(config.vocab_size, getattr(config, "target_vocab_size", config.vocab_size))
     task = loaded.task
