@@ -1,4 +1,5 @@
-"""CSV files and pictures of head analysis: per-head heatmaps (layers x heads) and pruning curves."""
+"""CSV files and pictures of head analysis: per-head heatmaps (layers x heads), per-layer bars, token
+grids (the logit lens) and pruning curves."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import numpy as np
 from attnlab.figures import plt, save_figure
 from attnlab.run.storage import atomic_write_text
 
-__all__ = ["write_rows", "head_matrix_plot", "curve_plot"]
+__all__ = ["write_rows", "head_matrix_plot", "layer_bars_plot", "token_grid_plot", "curve_plot"]
 
 
 def write_rows(rows: Sequence[Any], path: Path, columns: Sequence[str]) -> Path:
@@ -45,7 +46,12 @@ def read_importance_csv(path: Path) -> list[dict[str, Any]]:
 def head_matrix_plot(rows: Sequence[Any], value: str, path: Path, *, title: str, diverging: bool = False) -> Path:
     """One panel per attention kind: layers down, heads across, coloured by ``value``."""
     kinds = list(dict.fromkeys(r.kind for r in rows))
-    fig, axes = plt.subplots(1, len(kinds), figsize=(3.2 * len(kinds) + 0.8, 2.8), squeeze=False)
+    most_layers = max((r.layer for r in rows), default=0) + 1
+    most_heads = max((r.head for r in rows), default=0) + 1
+    panel = max(3.2, 0.5 * most_heads)  # a cell wide and tall enough for its value (SmolLM2: 30 x 9)
+    fig, axes = plt.subplots(
+        1, len(kinds), figsize=(panel * len(kinds) + 0.8, max(2.8, 1.2 + 0.25 * most_layers)), squeeze=False
+    )
     values = np.array([getattr(r, value) for r in rows], dtype=float)
     limit = float(np.nanmax(np.abs(values))) if len(values) else 1.0
     limit = limit or 1.0
@@ -90,6 +96,55 @@ def position_matrix_plot(rows: Sequence[Any], value: str, path: Path, *, tokens:
     ax.set_yticklabels([f"{layer} {site}" for layer, site in sites], fontsize=7)
     ax.set_xlabel("position (token of the corrupt input)")
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def layer_bars_plot(rows: Sequence[Any], values: Sequence[str], path: Path, *, title: str, ylabel: str) -> Path:
+    """Grouped bars: one group per row's ``layer``, one bar per name in ``values`` (e.g. a layer's
+    attention and FFN contributions), with a line at zero."""
+    layers = [r.layer for r in rows]
+    width = 0.8 / max(1, len(values))
+    fig, ax = plt.subplots(figsize=(min(16.0, 2.5 + 0.12 * len(rows) * len(values)), 3.5))
+    for index, value in enumerate(values):
+        offsets = np.array(layers, dtype=float) + (index - (len(values) - 1) / 2) * width
+        ax.bar(offsets, [getattr(r, value) for r in rows], width=width, label=value)
+    ax.axhline(0.0, color="black", linewidth=0.6)
+    ax.set_xticks(layers)
+    ax.set_xlabel("layer")
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def token_grid_plot(
+    labels: Sequence[Sequence[str]],
+    values: np.ndarray,
+    path: Path,
+    *,
+    rows: Sequence[str],
+    columns: Sequence[str],
+    title: str,
+    colorbar: str,
+) -> Path:
+    """A grid coloured by ``values`` (rows x columns, in [0, 1]) with a token written in each cell
+    (e.g. the logit lens: residual streams down, positions across, the most likely next token)."""
+    height, width = values.shape
+    fig, ax = plt.subplots(figsize=(min(28.0, 2.0 + 0.9 * width), min(28.0, 1.2 + 0.3 * height)))
+    image = ax.imshow(values, cmap="Blues", vmin=0.0, vmax=1.0, aspect="auto")
+    for (i, j), value in np.ndenumerate(values):
+        text = labels[i][j]
+        shown = text if len(text) <= 8 else text[:7] + "…"
+        color = "white" if value > 0.6 else "black"
+        ax.text(j, i, shown, ha="center", va="center", fontsize=6, color=color, parse_math=False)
+    ax.set_xticks(range(width))
+    ax.set_xticklabels(columns, rotation=90, fontsize=7, parse_math=False)  # a token may hold "$"
+    ax.set_yticks(range(height))
+    ax.set_yticklabels(rows, fontsize=7)
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label=colorbar)
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
     return save_figure(fig, path)

@@ -35,6 +35,7 @@ except ImportError:  # pragma: no cover - depends on the installed typer
 
 # Command modules register themselves on `app` when imported.
 from attnlab.cli import attention as _attention  # noqa: F401,E402
+from attnlab.cli import attribute as _attribute  # noqa: F401,E402
 from attnlab.cli import bench as _bench  # noqa: F401,E402
 from attnlab.cli import demo as _demo  # noqa: F401,E402
 from attnlab.cli import encode as _encode  # noqa: F401,E402

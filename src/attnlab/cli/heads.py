@@ -1,4 +1,5 @@
-"""``attnlab heads ablate | importance | prune``: which heads matter, and how many can go (Michel et al.)."""
+"""``attnlab heads ablate | importance | prune | detect``: which heads matter, how many can go
+(Michel et al.), and what each head does."""
 
 from __future__ import annotations
 
@@ -23,7 +24,10 @@ from attnlab.errors import UsageError
 from attnlab.limits import MAX_BATCH_SIZE, MAX_STEPS
 from attnlab.run.output_paths import check_output_path
 
-heads_app = typer.Typer(help="Head analysis: ablation, importance and pruning (Michel et al.).", no_args_is_help=True)
+heads_app = typer.Typer(
+    help="Head analysis: ablation, importance and pruning (Michel et al.); what each head does (detect).",
+    no_args_is_help=True,
+)
 app.add_typer(heads_app, name="heads")
 
 SPLIT_HELP = "The split to measure on."
@@ -511,3 +515,99 @@ def _prune_physically(  # noqa: PLR0913
         f"({masked_time / pruned_time:.2f}x)"
     )
     typer.echo(f"pruned run: {new_run.path}")
+
+
+@heads_app.command("detect")
+def detect_command(
+    run: Path = typer.Argument(..., help=SOURCE_HELP),
+    texts: Path = typer.Option(
+        None,
+        "--texts",
+        help="A text file, one text per line (each read alone): previous-token, BOS and positional scores are "
+        "measured on it; duplicate-token and induction always on repeated random tokens.",
+    ),
+    out: Path = typer.Option(
+        None, "--out", help="Folder for detect.csv and the heatmaps (default RUN/analysis/detect)."
+    ),
+    length: int = typer.Option(
+        None,
+        "--length",
+        min=2,
+        max=4096,
+        help="Random tokens per sequence, before it repeats; default 50 (fewer where the context is shorter).",
+    ),
+    batch_size: int = typer.Option(8, "--batch-size", min=1, max=MAX_BATCH_SIZE, help="Random sequences."),
+    window: int = typer.Option(4, "--window", min=0, max=64, help="Largest relative offset of a positional head."),
+    seed: int = typer.Option(0, "--seed", min=0, max=2**31 - 1, help="Seed of the random tokens."),
+    top: int = typer.Option(3, "--top", min=1, max=100, help="Heads named per pattern."),
+    progress: bool = progress_option(),
+    device: str = device_option(),
+    dtype: str | None = dtype_option(),
+    revision: str | None = revision_option(),
+    verify: bool = verify_option(),
+    as_json: bool = json_option(),
+) -> None:
+    """Score every head for the patterns papers name: previous-token, duplicate-token, induction,
+    BOS (attention sink) and positional.
+
+    A score is the head's mean attention on the pattern's targets (1: all of it). Induction is
+    Olsson et al.'s: on random tokens repeated twice, attention from the second half to the token
+    after the first occurrence. Positional: the best fixed relative offset other than -1.
+    """
+    import math
+    from dataclasses import asdict
+
+    from tqdm import tqdm
+
+    from attnlab.analysis.detectors import PATTERNS, detect_heads
+    from attnlab.analysis.reports import head_matrix_plot, write_rows
+    from attnlab.head_ids import HeadId
+    from attnlab.pretrained.sources import open_model
+
+    if out is not None:
+        check_output_path(out, kind="folder", flag="--out")
+    loaded = open_model(run, device=device, dtype=dtype, revision=revision, verify=verify)
+    with tqdm(desc="detect", unit="pass", disable=not progress) as bar:
+        detection = detect_heads(
+            loaded, texts=texts, length=length, batch=batch_size, window=window, seed=seed, progress=bar.update
+        )
+    folder = out or loaded.analysis / "detect"
+    columns = ("kind", "layer", "head", *PATTERNS, "positional_offset")
+    table = write_rows(detection.rows, folder / "detect.csv", columns)
+    heatmaps = {}
+    for name, pattern in PATTERNS.items():
+        scored = [row for row in detection.rows if not math.isnan(getattr(row, name))]
+        if scored:
+            heatmaps[name] = head_matrix_plot(
+                scored, name, folder / f"detect_{name}.png", title=f"{name}: {pattern.what}"
+            )
+    top_heads = {name: detection.top(name, top) for name in PATTERNS}
+    if as_json:
+        print_json(
+            {
+                "run": loaded.source,
+                "measured_on": detection.measured_on,
+                "notes": detection.notes,
+                "heads": [  # a score not measured (NaN in the CSV) is null
+                    {key: None if isinstance(v, float) and math.isnan(v) else v for key, v in asdict(row).items()}
+                    for row in detection.rows
+                ],
+                "top": {name: [str(HeadId(r.kind, r.layer, r.head)) for r in rows] for name, rows in top_heads.items()},
+                "files": {"csv": str(table), "heatmaps": {name: str(path) for name, path in heatmaps.items()}},
+            }
+        )
+        return
+    for name, rows in top_heads.items():
+        if not rows:
+            continue
+        named = ", ".join(
+            f"{HeadId(r.kind, r.layer, r.head)} {getattr(r, name):.2f}"
+            + (f" (offset {r.positional_offset:+d})" if name == "positional" else "")
+            for r in rows
+        )
+        typer.echo(f"{name} ({detection.measured_on[name]}): {named}")
+    for note in detection.notes:
+        typer.echo(f"note: {note}")
+    typer.echo(f"scores: {table}")
+    for path in heatmaps.values():
+        typer.echo(f"heatmap: {path}")

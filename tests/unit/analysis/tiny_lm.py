@@ -6,6 +6,7 @@ SmolLM2's is, so that padding recognised by its id would show."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -53,10 +54,16 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 
 def tiny_lm_run(
-    folder: Path, *, seed: int = 0, texts: list[str] | None = None, layers: int = 2, context: int = 64
+    folder: Path,
+    *,
+    seed: int = 0,
+    texts: list[str] | None = None,
+    layers: int = 2,
+    context: int = 64,
+    model: dict[str, Any] | None = None,
 ) -> tuple[Path, Path]:
-    """Write the run (``layers`` layers, a context of ``context`` tokens) and a texts file into
-    ``folder``; returns (run, texts file)."""
+    """Write the run (``layers`` layers, a context of ``context`` tokens; ``model`` replaces keys of
+    its model section) and a texts file into ``folder``; returns (run, texts file)."""
     folder.mkdir(parents=True, exist_ok=True)
     texts_file = folder / "texts.txt"
     texts_file.write_text("\n".join(TEXTS if texts is None else texts) + "\n", encoding="utf-8")
@@ -77,14 +84,15 @@ def tiny_lm_run(
         "scale_embeddings": False,
         "max_len": context,
         "tie_embeddings": True,
+        **(model or {}),
     }
     task_section = {"name": "pretrained_lm", "max_tokens": context, "eos": PAD, "pad": PAD}
     experiment = ExperimentConfig(task=task_section, model=model_section)
     task, _ = build_task(experiment.task, saved_tokenizer=tokenizer)
     torch.manual_seed(seed)
-    model = build_model(model_config_for_task(experiment, task))
+    built = build_model(model_config_for_task(experiment, task))
     with torch.no_grad():  # larger random weights than the initialisation, so every head matters
-        for name, parameter in model.named_parameters():
+        for name, parameter in built.named_parameters():
             if "norm" in name:
                 parameter.uniform_(0.5, 1.5)
             else:
@@ -93,5 +101,5 @@ def tiny_lm_run(
     with run.lock():
         run.write_config(experiment.to_dict())
         run.write_tokenizer(tokenizer.to_json())
-        run.save_weights(model)
+        run.save_weights(built)
     return run.path, texts_file

@@ -1,0 +1,396 @@
+"""Direct logit attribution and the logit lens: what each part of a language model writes towards
+its next token.
+
+**Direct logit attribution** (Elhage et al. 2021, "A mathematical framework for transformer
+circuits"; TransformerLens' ``decompose_resid`` / ``logit_attrs``). In a model whose layers add
+their branches to a residual stream, the residual at the last position is a sum,
+
+    r = e + p + sum_L ( sum_h result_{L,h} + b^O_L  +  f_L )
+
+of the token embedding e (with the token types, where there are), the added position p, each
+head's output through W^O (the ``result`` site), each attention's output bias and each FFN's
+output f_L. The answer's logit is logit_a = N(r) . W_U[a] + b_U[a], N the final norm. With N's
+scale frozen at the clean run, as is standard (its 1/sigma read from this input's r), N is affine:
+N(t) = g * C(t) / sigma + beta, C the centring of LayerNorm (t - mean(t); RMSNorm only scales), so
+
+    logit_a = sum_terms t . u  +  beta . W_U[a]  +  b_U[a],      u = C(g * W_U[a] / sigma)
+
+exactly: each head's direct contribution is result_{L,h} . u. Where a layer normalises a branch
+before adding it (Gemma 2's sandwich norms, OLMo 2's norms on the output; :data:`BRANCH_NORMS`),
+that norm is frozen the same way, at its own clean input, and its bias joins the layer's bias
+term. With ``wrong`` the direction is W_U[a] - W_U[w]: the logit difference is decomposed. A soft cap
+on the logits (Gemma 2) comes after: the terms sum to the logit before the cap (both are reported).
+Only the direct path is measured: what a head writes that later layers read and transform is theirs.
+
+**Logit lens** (nostalgebraist 2020): the next-token distribution read from the residual stream
+entering every layer, and leaving the last, through the final norm (not frozen: each residual's
+own scale) and the unembedding, as if the model ended there. The last row is the model's output.
+
+Both read a decoder-only language model whose layers add to a residual stream (a norm placement
+other than ``post``), at the last position of its prompt (the task's framing, as ``attnlab
+generate`` reads it), with the run's held heads (``train.mask_heads``) off.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.analysis.maps import language_model_prompt
+from attnlab.devices import model_device
+from attnlab.errors import UsageError
+from attnlab.nn import masking_heads
+from attnlab.nn.hooks import Site, add_hook, model_sites
+from attnlab.nn.scores import soft_cap
+from attnlab.resources import check_input_text
+from attnlab.run.loaded import LoadedRun
+
+__all__ = [
+    "FrozenNorm",
+    "FROZEN_NORMS",
+    "BRANCH_NORMS",
+    "Term",
+    "HeadContribution",
+    "LayerContribution",
+    "Attribution",
+    "answer_token",
+    "direct_logit_attribution",
+    "LensRow",
+    "LogitLens",
+    "logit_lens",
+]
+
+
+# ---- norms with their scale frozen -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FrozenNorm:
+    """A norm N(t) = g * C(t) / sigma + beta with sigma read from one input x: affine in t.
+
+    Attributes:
+        gain: the module -> g (Gemma's RMSNorm: 1 + w).
+        centres: C(t) = t - mean(t) (LayerNorm); otherwise C(t) = t.
+    """
+
+    gain: Callable[[nn.Module], Tensor]
+    centres: bool
+
+    def direction(self, norm: nn.Module, x: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
+        """(v, c) with N(t) . u = t . v + c for every t, N frozen at ``x``.
+
+        Shape:
+            x, u: (d,) float64;  returns v (d,) and c ().
+        """
+        centred = x - x.mean() if self.centres else x
+        sigma = torch.sqrt(centred.pow(2).mean() + norm.eps)
+        v = self.gain(norm).double() * u / sigma
+        v = v - v.mean() if self.centres else v  # C(t) . v = t . (v - mean(v))
+        bias = getattr(norm, "bias", None)
+        return v, (bias.double() @ u if bias is not None else u.new_zeros(()))
+
+
+FROZEN_NORMS: dict[str, FrozenNorm] = {
+    "layer": FrozenNorm(lambda norm: norm.weight, centres=True),
+    "rms": FrozenNorm(lambda norm: norm.weight, centres=False),
+    "rms_one_plus": FrozenNorm(lambda norm: 1.0 + norm.weight, centres=False),
+}
+"""Registry: ``model.norm`` (:data:`attnlab.nn.normalization.NORMS`) -> its frozen form."""
+
+BRANCH_NORMS: dict[str, Callable[[nn.Module], nn.Module | None]] = {
+    "pre": lambda add_norm: None,
+    "sandwich": lambda add_norm: add_norm.post_norm,
+    "output": lambda add_norm: add_norm.norm,
+}
+"""Registry: norm placement -> (the layer's AddNorm -> the norm its sublayer's output goes through
+before it is added to the residual, or None). ``post`` is not here: a post-norm stack normalises
+the sum, and its residual is no sum of the parts."""
+
+
+# ---- results -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Term:
+    """One term of the decomposition: ``embed``, ``pos_embed``, ``L.attn.head.H``, ``L.attn.bias``,
+    ``L.ffn``, ``final_norm.bias``, ``unembed.bias``."""
+
+    term: str
+    contribution: float
+
+
+@dataclass(frozen=True)
+class HeadContribution:
+    kind: str
+    layer: int
+    head: int
+    contribution: float
+
+
+@dataclass(frozen=True)
+class LayerContribution:
+    """A layer's attention (its heads and its bias term) and FFN contributions."""
+
+    layer: int
+    attention: float
+    ffn: float
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """The direct contributions to the answer's logit (or logit difference) at the last position.
+
+    Attributes:
+        measure: what is decomposed, for people (``logit[' Paris']``, or a difference).
+        tokens: the prompt's token labels.
+        value: the model's value of the measure (after any soft cap).
+        total: the sum of every term: the measure before the soft cap (``value`` without one).
+        terms: every term, in the order of the model; heads, layers: the same, by head and by layer.
+    """
+
+    measure: str
+    tokens: list[str]
+    value: float
+    total: float
+    terms: list[Term]
+    heads: list[HeadContribution]
+    layers: list[LayerContribution]
+
+
+@dataclass(frozen=True)
+class LensRow:
+    """The next-token distribution read from one residual stream at the last position.
+
+    Attributes:
+        layer: the layer the residual enters (the last layer's output: the number of layers).
+        site: ``resid_pre`` or ``resid_post``.
+        answer_rank: 1 for the most likely token; None without an answer.
+        top: the most likely tokens with their probabilities, ``' Paris' 0.412 | ...``.
+    """
+
+    layer: int
+    site: str
+    answer_rank: int | None
+    answer_probability: float | None
+    answer_logit: float | None
+    top: str
+
+
+@dataclass(frozen=True)
+class LogitLens:
+    """The logit lens at every layer.
+
+    Attributes:
+        rows: one per residual stream, layer 0 first, at the last position.
+        tokens: the prompt's token labels.
+        answer: the answer's label, or None.
+        top_tokens: per residual stream and position, the most likely next token's label.
+        top_probabilities: (layers + 1, T) their probabilities.
+        answer_probabilities: (layers + 1, T) the answer's, or None.
+    """
+
+    rows: list[LensRow]
+    tokens: list[str]
+    answer: str | None
+    top_tokens: list[list[str]]
+    top_probabilities: Tensor
+    answer_probabilities: Tensor | None
+
+
+# ---- reading the model ------------------------------------------------------------------------------
+
+
+def _language_model(source: Any) -> LoadedRun:
+    loaded: LoadedRun = getattr(source, "loaded", source)
+    kind = loaded.experiment.model_kind
+    if kind != "decoder_only":
+        raise UsageError(f"RUN: the logits read here are a language model's next tokens; this run's model is {kind!r}")
+    placement = loaded.model.config.placement
+    if placement not in BRANCH_NORMS:
+        raise UsageError(
+            f"RUN: its layers normalise the residual stream after each sum (norm placement {placement!r}), so the "
+            "stream is no sum of the layers' outputs; direct attribution and the logit lens need a pre-norm model"
+        )
+    return loaded
+
+
+def _run(loaded: LoadedRun, text: str, sites: dict[str, bool]) -> tuple[list[int], dict[str, Tensor], Tensor]:
+    """Run the prompt of ``text``; (its ids, site -> value, the logits at the last position (V,)).
+
+    ``sites``: name -> keep every position (else the last one only, taken inside the hook).
+    """
+    check_input_text(text)
+    ids = language_model_prompt(loaded, text)
+    model = loaded.model.eval()
+    named = model_sites(model)
+    seen: dict[str, Tensor] = {}
+
+    def keep(site: Site, every: bool) -> Callable[[Tensor], Tensor]:
+        def hook(x: Tensor) -> Tensor:
+            seen[site.name] = (x if every else x.select(site.position_axis, -1))[0].detach()  # type: ignore[arg-type]
+            return x
+
+        return hook
+
+    tokens = torch.tensor([ids], device=model_device(model))
+    removers = [add_hook(named[name], keep(named[name], every)) for name, every in sites.items()]
+    try:
+        with masking_heads(model, loaded.held_mask()):
+            logits = model(tokens, is_token=torch.ones_like(tokens, dtype=torch.bool))[0, -1]
+    finally:
+        for remove in removers:
+            remove()
+    return ids, seen, logits
+
+
+def answer_token(loaded: LoadedRun, text: str, flag: str) -> int:
+    """The id of ``text`` where it is one token, read without the model's framing (no BOS).
+
+    Raises:
+        UsageError: naming ``flag``, the text and its tokens, where it is not one token.
+    """
+    ids = loaded.tokenizer.encode(text) if loaded.tokenizer is not None else loaded.codec.encode(text)
+    if len(ids) != 1:
+        shown = " ".join(repr(t) for t in loaded.codec.tokens(ids))
+        raise UsageError(f"{flag}: {text!r} is {len(ids)} tokens ({shown}); give text that is one token")
+    return ids[0]
+
+
+def _stack(loaded: LoadedRun) -> tuple[str, nn.Module]:
+    stack, (module, _) = next(iter(loaded.model.site_stacks().items()))
+    return stack, module
+
+
+def _label(loaded: LoadedRun, index: int) -> str:
+    return repr(loaded.codec.tokens([index])[0])
+
+
+# ---- direct logit attribution -------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def direct_logit_attribution(source: Any, text: str, answer: str, wrong: str | None = None) -> Attribution:
+    """Decompose the answer's logit (minus the wrong token's) at the last position of ``text``'s
+    prompt into the direct contributions of the embeddings, every head, every attention bias and
+    FFN, and the final norm's and unembedding's biases (see the module docstring).
+
+    Args:
+        source: a :class:`~attnlab.run.loaded.LoadedRun`, or what ``attnlab.load`` returns.
+        text: the prompt.
+        answer: the next token (text that is one token).
+        wrong: another token: decompose logit[answer] - logit[wrong].
+
+    Raises:
+        UsageError: a model that is not a pre-norm language model, an answer or wrong token that
+            is not one token (naming ``--answer`` / ``--wrong``), the same answer and wrong token.
+    """
+    loaded = _language_model(source)
+    good = answer_token(loaded, answer, "--answer")
+    bad = None if wrong is None else answer_token(loaded, wrong, "--wrong")
+    if bad == good:
+        raise UsageError(f"--wrong: {wrong!r} is the answer's token; give another token")
+    model, config = loaded.model, loaded.model.config
+    stack, stack_module = _stack(loaded)
+    layers = len(stack_module.layers)
+    sites = {f"{stack}.0.resid_pre": False, f"{stack}.{layers - 1}.resid_post": False}
+    if f"{stack}.pos_embed" in model_sites(model):
+        sites[f"{stack}.pos_embed"] = False
+    for layer in range(layers):
+        sites |= {f"{stack}.{layer}.attn.result": False, f"{stack}.{layer}.attn.out": False}
+        sites[f"{stack}.{layer}.ffn.out"] = False
+    ids, seen, logits = _run(loaded, text, sites)
+    wide = {name: value.double() for name, value in seen.items()}
+    unembedding = model.lm_head.weight.double()
+    u = unembedding[good] - (unembedding[bad] if bad is not None else 0.0)
+    head_bias = model.lm_head.bias
+    unembed_bias = 0.0 if head_bias is None else float(head_bias[good] - (head_bias[bad] if bad is not None else 0.0))
+    frozen = FROZEN_NORMS[config.norm]
+    u_res, final_bias = frozen.direction(stack_module.final_norm, wide[f"{stack}.{layers - 1}.resid_post"], u)
+
+    terms: list[Term] = []
+    position = wide.get(f"{stack}.pos_embed")
+    embedded = wide[f"{stack}.0.resid_pre"]
+    terms.append(Term("embed", float((embedded - (0.0 if position is None else position)) @ u_res)))
+    if position is not None:
+        terms.append(Term("pos_embed", float(position @ u_res)))
+    branch_norm = BRANCH_NORMS[config.placement]
+    heads: list[HeadContribution] = []
+    per_layer: list[LayerContribution] = []
+    for index, layer in enumerate(stack_module.layers):
+        result, out = wide[f"{stack}.{index}.attn.result"], wide[f"{stack}.{index}.attn.out"]  # (H, d), (d,)
+        u_attn, attn_constant = _through(branch_norm(layer.attn_norm), frozen, out, u_res)
+        contributions = (result @ u_attn).tolist()  # (H,)
+        bias = float((out - result.sum(0)) @ u_attn + attn_constant)
+        ffn_out = wide[f"{stack}.{index}.ffn.out"]
+        u_ffn, ffn_constant = _through(branch_norm(layer.ffn_norm), frozen, ffn_out, u_res)
+        ffn = float(ffn_out @ u_ffn + ffn_constant)
+        terms += [Term(f"{index}.attn.head.{h}", c) for h, c in enumerate(contributions)]
+        terms += [Term(f"{index}.attn.bias", bias), Term(f"{index}.ffn", ffn)]
+        heads += [HeadContribution("self", index, h, c) for h, c in enumerate(contributions)]
+        per_layer.append(LayerContribution(index, sum(contributions) + bias, ffn))
+    terms += [Term("final_norm.bias", float(final_bias)), Term("unembed.bias", unembed_bias)]
+
+    measure = f"logit[{_label(loaded, good)}]" + ("" if bad is None else f" - logit[{_label(loaded, bad)}]")
+    value = float(logits[good] - (logits[bad] if bad is not None else 0.0))
+    total = sum(term.contribution for term in terms)
+    return Attribution(measure, loaded.codec.tokens(ids), value, total, terms, heads, per_layer)
+
+
+def _through(norm: nn.Module | None, frozen: FrozenNorm, x: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
+    """(v, c): a branch's direction and constant through its own norm (frozen at x), or u itself."""
+    return (u, u.new_zeros(())) if norm is None else frozen.direction(norm, x, u)
+
+
+# ---- the logit lens -----------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def logit_lens(source: Any, text: str, *, answer: str | None = None, top_k: int = 5) -> LogitLens:
+    """The next-token distribution read from every layer's residual stream (see the module docstring).
+
+    Args:
+        source: a :class:`~attnlab.run.loaded.LoadedRun`, or what ``attnlab.load`` returns.
+        text: the prompt.
+        answer: a token (text that is one token) whose rank and probability each row reports.
+        top_k: tokens listed per row.
+
+    Raises:
+        UsageError: a model that is not a pre-norm language model, an answer that is not one token.
+    """
+    loaded = _language_model(source)
+    good = None if answer is None else answer_token(loaded, answer, "--answer")
+    model, config = loaded.model, loaded.model.config
+    stack, stack_module = _stack(loaded)
+    layers = len(stack_module.layers)
+    names = [f"{stack}.{layer}.resid_pre" for layer in range(layers)] + [f"{stack}.{layers - 1}.resid_post"]
+    ids, seen, _ = _run(loaded, text, dict.fromkeys(names, True))
+    residuals = torch.stack([seen[name] for name in names])  # (layers + 1, T, d)
+    logits = model.lm_head(stack_module.final_norm(residuals))  # as DecoderOnly reads its last layer
+    if config.final_softcap is not None:
+        logits = soft_cap(logits, config.final_softcap)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # half precision read in float32
+    probabilities = torch.softmax(logits, -1)  # (layers + 1, T, V)
+    top_probabilities, top_ids = probabilities.max(-1)  # (layers + 1, T)
+    labels = loaded.codec.tokens
+    rows = []
+    for row, name in enumerate(names):
+        last = logits[row, -1]
+        values, indices = probabilities[row, -1].topk(min(top_k, last.numel()))
+        listed = " | ".join(f"{label!r} {float(p):.3f}" for label, p in zip(labels(indices.tolist()), values))
+        rank = None if good is None else int((last > last[good]).sum()) + 1
+        probability = None if good is None else float(probabilities[row, -1, good])
+        logit = None if good is None else float(last[good])
+        layer = row if row < layers else layers
+        rows.append(LensRow(layer, name.rsplit(".", 1)[1], rank, probability, logit, listed))
+    return LogitLens(
+        rows,
+        labels(ids),
+        None if good is None else labels([good])[0],
+        [labels(row) for row in top_ids.tolist()],
+        top_probabilities.cpu(),
+        None if good is None else probabilities[:, :, good].cpu(),
+    )
