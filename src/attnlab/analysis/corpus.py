@@ -237,7 +237,8 @@ def _bar(path: str | os.PathLike[str], offset: int, desc: str, enabled: bool) ->
     from tqdm import tqdm  # only the first process draws
 
     size = os.stat(path).st_size
-    return tqdm(total=size, initial=offset, desc=desc, unit="B", unit_scale=True, unit_divisor=1024)
+    # Shown after a second: a short run, or a bad line found at once, draws no bar.
+    return tqdm(total=size, initial=offset, desc=desc, unit="B", unit_scale=True, unit_divisor=1024, delay=1.0)
 
 
 def _save_state(state: Path, identity: Mapping[str, Any], offset: int, number: int, totals: dict[str, Tensor]) -> None:
