@@ -58,6 +58,7 @@ __all__ = [
     "corpus_identity",
     "check_corpus",
     "run_corpus",
+    "finish",
 ]
 
 WINDOW_BATCHES = 8
