@@ -90,9 +90,10 @@ def stream_lines(
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO must not block the open
     except OSError as error:
         raise DataError(f"{os.fspath(path)}: cannot read: {error.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise DataError(f"{os.fspath(path)}: not a regular file (a corpus is read by byte offsets)")
     with os.fdopen(fd, "rb", buffering=READ_BUFFER) as handle:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise DataError(f"{os.fspath(path)}: not a regular file (a corpus is read by byte offsets)")
         handle.seek(start)
         offset = start
         while raw := handle.readline(limit):

@@ -151,31 +151,28 @@ def _is_corpus(probe) -> bool:  # noqa: ANN001
     return type(probe) is NextTokenLoss
 
 
-def _corpus_sums(  # noqa: PLR0913
-    loaded,
-    objective,
+def _corpus_sums(
+    loaded,  # noqa: ANN001
+    objective,  # noqa: ANN001
     texts: Path,
     command: str,
-    batch_size,
+    *,
+    batch_size: int | None,
     state: Path,
     resume: bool,
-    info,
-    progress: bool,  # noqa: ANN001
-    dtype: str | None,
-    revision: str | None,
+    info,  # noqa: ANN001
+    progress: bool,
     **settings: Any,
 ):  # noqa: ANN202
     """The float64 sums of a corpus run over ``texts`` (attnlab.analysis.corpus.run_corpus); its
     identity, what a resumed state must match: the command, the run, its held heads and the
-    ``settings`` that change the sums."""
+    ``settings`` that change the sums (dtype, revision, ...)."""
     from attnlab.analysis.corpus import corpus_identity, run_corpus
 
     identity = corpus_identity(
         texts,
         command=f"heads {command}",
         run=str(loaded.source),
-        dtype=dtype,
-        revision=revision,
         held=[str(head) for head in loaded.held_heads],
         truncate=objective.loss.truncate,
         **settings,
@@ -284,13 +281,13 @@ def ablate_command(
                 objective,
                 texts,
                 "ablate",
-                batch_size,
-                state,
-                resume,
-                info,
-                progress,
-                dtype,
-                revision,
+                batch_size=batch_size,
+                state=state,
+                resume=resume,
+                info=info,
+                progress=progress,
+                dtype=dtype,
+                revision=revision,
                 kinds=kinds,
                 mean_over=mean_file,
             )
@@ -398,7 +395,17 @@ def importance_command(
             objective = ImportanceSums(probe)
             state = path.with_suffix(".resume.json")
             sums = _corpus_sums(
-                loaded, objective, texts, "importance", batch_size, state, resume, info, progress, dtype, revision
+                loaded,
+                objective,
+                texts,
+                "importance",
+                batch_size=batch_size,
+                state=state,
+                resume=resume,
+                info=info,
+                progress=progress,
+                dtype=dtype,
+                revision=revision,
             )
             rows = objective.rows(sums, normalize_per_layer=normalize_per_layer, kinds=kinds or None)
             if not info.is_main:
