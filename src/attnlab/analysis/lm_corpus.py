@@ -19,6 +19,7 @@ to float noise: only the batches differ.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -37,6 +38,7 @@ from attnlab.analysis.heads import (
     removal,
 )
 from attnlab.analysis.lm_probe import NextTokenLoss, ScoredText, predicted_tokens
+from attnlab.errors import DataError
 from attnlab.nn import HeadMask
 
 __all__ = ["PerplexitySums", "ImportanceSums", "AblationSums", "text_counts"]
@@ -54,9 +56,17 @@ def _counts(texts: Sequence[ScoredText], tokens: int) -> dict[str, Tensor]:
     }
 
 
-def text_counts(sums: Mapping[str, Tensor]) -> dict[str, int]:
-    """The counts of a run's sums, as integers: texts, tokens, skipped and truncated texts."""
-    return {name: int(sums[name]) for name in ("texts", "tokens", "skipped", "truncated")}
+def text_counts(sums: Mapping[str, Tensor], path: str | os.PathLike[str]) -> dict[str, int]:
+    """The counts of a run's sums over the file ``path``, as integers: texts, tokens, skipped and
+    truncated texts.
+
+    Raises:
+        DataError: no text of the file had two tokens or more (nothing was predicted).
+    """
+    counts = {name: int(sums[name]) for name in ("texts", "tokens", "skipped", "truncated")}
+    if counts["texts"] == 0:
+        raise DataError(f"{os.fspath(path)}: no text of two tokens or more, so no next token to predict")
+    return counts
 
 
 class _TextSums:

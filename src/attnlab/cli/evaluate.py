@@ -18,7 +18,7 @@ from attnlab.cli.options import (
     verify_option,
 )
 from attnlab.cli.processes import corpus_processes, nproc_option, process_group, resume_option
-from attnlab.errors import DataError, UsageError
+from attnlab.errors import UsageError
 from attnlab.limits import MAX_BATCH_SIZE
 
 
@@ -174,9 +174,7 @@ def _text_metrics(  # noqa: PLR0913
         progress=progress,
         desc="eval",
     )
-    counts = text_counts(sums)
-    if counts["texts"] == 0:
-        raise DataError(f"{texts}: no text of two tokens or more, so no next token to predict")
+    counts = text_counts(sums, texts)
     score = loss.score(float(sums["nll"]), float(sums["tokens"]))
     if counts["truncated"] and info.is_main:
         typer.echo(

@@ -168,6 +168,7 @@ def _corpus_sums(
     identity, what a resumed state must match: the command, the run, its held heads and the
     ``settings`` that change the sums (dtype, revision, ...)."""
     from attnlab.analysis.corpus import corpus_identity, run_corpus
+    from attnlab.analysis.lm_corpus import text_counts
 
     identity = corpus_identity(
         texts,
@@ -177,7 +178,7 @@ def _corpus_sums(
         truncate=objective.loss.truncate,
         **settings,
     )
-    return run_corpus(
+    sums = run_corpus(
         texts,
         objective,
         batch_size=batch_size or 16,
@@ -188,6 +189,8 @@ def _corpus_sums(
         progress=progress,
         desc=command,
     )
+    text_counts(sums, texts)  # refuses a file without a text to score
+    return sums
 
 
 def _held_note(loaded) -> str | None:  # noqa: ANN001

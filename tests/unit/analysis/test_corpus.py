@@ -42,7 +42,7 @@ def test_a_streamed_corpus_gives_the_in_memory_perplexity_importance_and_ablatio
     probe = NextTokenProbe(loaded, texts, batch_size=4)
     loss = NextTokenLoss(loaded)
     sums = run_corpus(texts, PerplexitySums(loss), batch_size=3, identity=_identity(texts))
-    assert text_counts(sums) == {"texts": probe.texts, "tokens": probe.tokens, "skipped": 1, "truncated": 0}
+    assert text_counts(sums, texts) == {"texts": probe.texts, "tokens": probe.tokens, "skipped": 1, "truncated": 0}
     assert int(sums["lines"]) == 45
     score = loss.score(float(sums["nll"]), float(sums["tokens"]))
     assert score.loss == pytest.approx(probe.evaluate(probe.base_mask).loss, rel=1e-6)
@@ -147,4 +147,8 @@ def test_a_text_longer_than_the_context_names_its_line(corpus, tmp_path) -> None
     with pytest.raises(DataError, match=r"long\.txt:3: the text has 100 tokens"):
         run_corpus(path, PerplexitySums(NextTokenLoss(loaded)), batch_size=2, identity={})
     sums = run_corpus(path, PerplexitySums(NextTokenLoss(loaded, truncate=True)), batch_size=2, identity={})
-    assert text_counts(sums)["truncated"] == 1
+    assert text_counts(sums, path)["truncated"] == 1
+    path.write_text("x\n\ny\n", encoding="utf-8")  # one token each: nothing to predict
+    sums = run_corpus(path, PerplexitySums(NextTokenLoss(loaded)), batch_size=2, identity={})
+    with pytest.raises(DataError, match=r"long\.txt: no text of two tokens or more"):
+        text_counts(sums, path)
