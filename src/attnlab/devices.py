@@ -8,6 +8,7 @@ that runs a model resolves its ``--device`` through :func:`resolve_device`, and 
 
 from __future__ import annotations
 
+import os
 import re
 from itertools import chain
 
@@ -18,7 +19,8 @@ __all__ = [
     "DEVICE_NAMES",
     "cast_parameters",
     "check_device_name",
-    "check_gpus_for_processes",
+    "cpu_cores",
+    "check_processes",
     "model_device",
     "resolve_device",
 ]
@@ -62,16 +64,30 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def check_gpus_for_processes(device: str, processes: int) -> None:
-    """Check that ``processes`` training processes (``attnlab train --nproc``) fit ``device``.
+def cpu_cores() -> int:
+    """The CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def check_processes(device: str, processes: int) -> None:
+    """Check that ``processes`` processes of one command (``--nproc``) fit ``device``.
 
     Under torchrun each process on a GPU takes its own, ``cuda:LOCAL_RANK``: N processes need N
-    visible GPUs, and ``cuda:N`` (one GPU for all) cannot be honoured. The CPU takes any number.
+    visible GPUs, and ``cuda:N`` (one GPU for all) cannot be honoured. On the CPU each process
+    needs a core of its own: more processes than cores only share them, and run slower.
 
     Raises:
-        ValueError: fewer GPUs than processes, or ``cuda:N`` with more than one process.
+        ValueError: more processes than cores (CPU) or GPUs, or ``cuda:N`` with more than one process.
     """
-    if processes <= 1 or not device.startswith("cuda"):
+    if processes <= 1:
+        return
+    if not device.startswith("cuda"):
+        cores = cpu_cores()
+        if processes > cores:
+            raise ValueError(
+                f"{processes} processes on the cpu, but this process may use {cores} cores; "
+                f"use --nproc {cores} or fewer"
+            )
         return
     if ":" in device:
         raise ValueError(

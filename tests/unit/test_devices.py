@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from attnlab.devices import check_device_name, check_gpus_for_processes, model_device, resolve_device
+from attnlab.devices import check_device_name, check_processes, model_device, resolve_device
 from attnlab.errors import ConfigError
 from attnlab.training.trainer import resolve_device as resolve_train_device
 
@@ -55,6 +55,7 @@ def test_train_device_errors_name_the_config_key(monkeypatch):
     ("gpus", "device", "processes", "error"),
     [
         (0, "cpu", 4, None),
+        (0, "cpu", 5, r"5 processes on the cpu, but this process may use 4 cores; use --nproc 4 or fewer"),
         (2, "cuda", 2, None),
         (2, "cuda", 1, None),
         (0, "cuda", 1, None),  # one process: resolve_device's own check applies
@@ -63,13 +64,14 @@ def test_train_device_errors_name_the_config_key(monkeypatch):
         (4, "cuda:1", 2, r"'cuda:1' names one GPU, but each of the 2 processes takes its own \(cuda:0 to cuda:1\)"),
     ],
 )
-def test_processes_on_gpus_need_one_gpu_each(monkeypatch, gpus, device, processes, error):
+def test_processes_need_one_core_or_gpu_each(monkeypatch, gpus, device, processes, error):
     _gpus(monkeypatch, gpus)
+    monkeypatch.setattr("attnlab.devices.cpu_cores", lambda: 4)
     if error is None:
-        check_gpus_for_processes(device, processes)
+        check_processes(device, processes)
     else:
         with pytest.raises(ValueError, match=error):
-            check_gpus_for_processes(device, processes)
+            check_processes(device, processes)
 
 
 def test_model_device_is_the_first_parameters_and_cpu_without_any():

@@ -1,4 +1,5 @@
-"""attnlab.reading: the one reader of text inputs reads within its cap, whatever the file is."""
+"""attnlab.reading: read_capped reads within its cap whatever the file is; stream_lines reads a corpus
+line by line from a byte offset."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 
 from attnlab.errors import DataError
 from attnlab.limits import MAX_INPUT_BYTES
-from attnlab.reading import read_capped
+from attnlab.reading import read_capped, stream_lines
 
 
 def test_a_file_within_the_cap_is_read_whole(tmp_path):
@@ -60,3 +61,20 @@ def test_an_endless_pipe_is_refused_and_an_idle_one_is_empty(tmp_path):
 def test_a_missing_file_is_left_to_the_caller_as_an_os_error(tmp_path):
     with pytest.raises(FileNotFoundError):
         read_capped(tmp_path / "missing.txt")
+
+
+def test_stream_lines_numbers_lines_past_blank_ones_and_resumes_at_an_offset(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_bytes("one\r\n\n  \ntwo é\nthree".encode())
+    lines = list(stream_lines(path, max_line_chars=100))
+    assert [(line.number, line.text) for line in lines] == [(1, "one"), (4, "two é"), (5, "three")]
+    assert lines[-1].end == path.stat().st_size
+    again = list(stream_lines(path, max_line_chars=100, start=lines[0].end, number=lines[0].number + 1))
+    assert again == lines[1:]
+
+
+def test_stream_lines_refuses_what_is_not_a_regular_file(tmp_path):
+    with pytest.raises(DataError, match="not a regular file"):
+        list(stream_lines(tmp_path, max_line_chars=100))
+    with pytest.raises(DataError, match="cannot read"):
+        list(stream_lines(tmp_path / "missing.txt", max_line_chars=100))

@@ -26,6 +26,7 @@ passes head masks in and reads results out; it never changes a layer.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -50,8 +51,15 @@ __all__ = [
     "AblationRow",
     "Ablation",
     "ablate",
+    "ablation_plan",
+    "removal",
+    "ablation_of",
     "ImportanceRow",
     "importance",
+    "importance_point",
+    "importance_zeros",
+    "importance_sums",
+    "importance_rows",
     "CurveRow",
     "pruning_order",
     "heads_to_prune",
@@ -207,47 +215,70 @@ def ablate(
     head is mean-ablated instead: its output is replaced by its mean over a dataset rather than
     multiplied by xi_h = 0 (zero ablation).
     """
-    heads = head_ids(probe.model, kinds)
     tick = progress or (lambda: None)
     base = held_mask_of(probe)
-    held = set(held_heads_of(probe))
+    plan = ablation_plan(probe, kinds)
     baseline = probe.evaluate(base)
-    remove = _zero_ablation(probe, base) if means is None else _mean_ablation(probe, base, means)
-
-    def row(head: HeadId, off: Iterable[HeadId]) -> AblationRow:
-        off = [h for h in off if h not in held]
-        score = remove(off) if off else baseline
+    scores = []
+    for _, off in plan:
+        if off:
+            mask, edit = removal(probe, off, means)
+            with edit:
+                scores.append(probe.evaluate(mask))
+        else:
+            scores.append(baseline)
         tick()
-        return AblationRow(head.kind, head.layer, head.head, score.metric, score.loss, score.metric - baseline.metric)
+    return ablation_of(plan, baseline, scores)
 
-    single = [row(head, [head]) for head in heads]
+
+def ablation_plan(probe: HeadProbe, kinds: Sequence[str] | None = None) -> list[tuple[HeadId, list[HeadId]]]:
+    """What :func:`ablate` measures, in order: (head, the heads switched off) for each head alone,
+    then for all heads of each head's layer but that one. Held heads are left out of the lists
+    (they are off already): an empty list is the baseline."""
+    heads = head_ids(probe.model, kinds)
+    held = set(held_heads_of(probe))
+    single = [(head, [head]) for head in heads]
     keep_one = [
-        row(head, [other for other in heads if (other.kind, other.layer) == (head.kind, head.layer) and other != head])
+        (head, [other for other in heads if (other.kind, other.layer) == (head.kind, head.layer) and other != head])
         for head in heads
     ]
-    return Ablation(baseline, single, keep_one)
+    return [(head, [h for h in off if h not in held]) for head, off in single + keep_one]
 
 
-def _zero_ablation(probe: HeadProbe, base: HeadMask | None) -> Callable[[list[HeadId]], Score]:
-    """The probe's score with ``off`` masked (xi_h = 0) on top of ``base``."""
-    return lambda off: probe.evaluate(mask_without(probe.model, off, base=base))
+def removal(
+    probe: HeadProbe, off: Sequence[HeadId], means: Mapping[str, Tensor] | None = None
+) -> tuple[HeadMask | None, AbstractContextManager[Any]]:
+    """The mask and the edit that remove the heads ``off`` on top of the probe's base mask: zero
+    ablation (xi_h = 0 in the mask, no edit) or, with ``means``, mean ablation (the base mask, and
+    a trace that gives each head of ``off`` its mean output at its ``z`` site)."""
+    base = held_mask_of(probe)
+    if means is None:
+        return mask_without(probe.model, off, base=base), nullcontext()
+    for head in off:
+        site = head_site(probe.model, head).name
+        if site not in means:
+            raise UsageError(f"--mean-over: no mean output for {site} (head {head})")
+    return base, _mean_outputs(probe.model, off, means)
 
 
-def _mean_ablation(
-    probe: HeadProbe, base: HeadMask | None, means: Mapping[str, Tensor]
-) -> Callable[[list[HeadId]], Score]:
-    """The probe's score with each head of ``off`` given its mean output (its ``z`` site)."""
+@contextmanager
+def _mean_outputs(model: TransformerModel, off: Sequence[HeadId], means: Mapping[str, Tensor]) -> Iterator[None]:
+    with trace(model) as t:
+        for head in off:
+            t.replace(
+                head_site(model, head).name, means[head_site(model, head).name][head.head][None, :], heads=[head.head]
+            )
+        yield
 
-    def evaluate(off: list[HeadId]) -> Score:
-        with trace(probe.model) as t:
-            for head in off:
-                site = head_site(probe.model, head).name
-                if site not in means:
-                    raise UsageError(f"--mean-over: no mean output for {site} (head {head})")
-                t.replace(site, means[site][head.head][None, :], heads=[head.head])  # over every position
-            return probe.evaluate(base)
 
-    return evaluate
+def ablation_of(plan: Sequence[tuple[HeadId, list[HeadId]]], baseline: Score, scores: Sequence[Score]) -> Ablation:
+    """The :class:`Ablation` of the scores measured for ``plan`` (:func:`ablation_plan`)."""
+    rows = [
+        AblationRow(head.kind, head.layer, head.head, score.metric, score.loss, score.metric - baseline.metric)
+        for (head, _), score in zip(plan, scores, strict=True)
+    ]
+    half = len(rows) // 2
+    return Ablation(baseline, rows[:half], rows[half:])
 
 
 # ---- importance ----------------------------------------------------------------------------------
@@ -277,24 +308,54 @@ def importance(
     (Michel et al.). ``progress``, if given, is called once per batch.
     """
     tick = progress or (lambda: None)
-    model = probe.model
-    shapes = model.head_mask_shapes()
-    point = mask_without(model, (), base=held_mask_of(probe) if base_mask is None else base_mask)
-    totals = {kind: torch.zeros(shape, dtype=torch.float64) for kind, shape in shapes.items()}
+    point = importance_point(probe, base_mask)
+    totals = importance_zeros(probe.model)
     examples = 0
     for batch in probe.batches():
-        rows = _batch_rows(batch)
-        xi = {
-            kind: torch.ones(rows, *shape, device=point[kind].device, requires_grad=True)
-            for kind, shape in shapes.items()
-        }
-        losses = probe.example_losses(batch, {kind: xi[kind] * point[kind] for kind in shapes})
-        grads = torch.autograd.grad(losses.sum(), list(xi.values()))
-        for kind, grad in zip(xi, grads):
-            totals[kind] += grad.detach().abs().double().sum(0).cpu()
-        examples += rows
+        for kind, total in importance_sums(probe, batch, point).items():
+            totals[kind] += total
+        examples += _batch_rows(batch)
         tick()
-    scores = {kind: total / max(1, examples) for kind, total in totals.items()}
+    return importance_rows(probe.model, totals, examples, normalize_per_layer=normalize_per_layer, kinds=kinds)
+
+
+def importance_point(probe: HeadProbe, base_mask: HeadMask | None = None) -> HeadMask:
+    """The mask b importance is taken at: ``base_mask``, by default the probe's, every kind filled in."""
+    return mask_without(probe.model, (), base=held_mask_of(probe) if base_mask is None else base_mask)
+
+
+def importance_zeros(model: TransformerModel) -> dict[str, Tensor]:
+    """Zero float64 sums of |dL/dxi|, one (layers, heads) tensor per attention kind."""
+    return {kind: torch.zeros(shape, dtype=torch.float64) for kind, shape in model.head_mask_shapes().items()}
+
+
+def importance_sums(probe: HeadProbe, batch: Any, point: HeadMask) -> dict[str, Tensor]:
+    """sum_x |dL(x)/dxi_h| over the batch's examples x at the mask ``point``, per attention kind:
+    float64 (layers, heads) tensors on the CPU, from one forward and one backward pass.
+
+    xi has one row per example, (B, layers, heads), so one backward pass gives every example's
+    gradient for every head.
+    """
+    rows = _batch_rows(batch)
+    shapes = probe.model.head_mask_shapes()
+    xi = {
+        kind: torch.ones(rows, *shape, device=point[kind].device, requires_grad=True) for kind, shape in shapes.items()
+    }
+    losses = probe.example_losses(batch, {kind: xi[kind] * point[kind] for kind in shapes})
+    grads = torch.autograd.grad(losses.sum(), list(xi.values()))
+    return {kind: grad.detach().abs().double().sum(0).cpu() for kind, grad in zip(xi, grads)}
+
+
+def importance_rows(
+    model: TransformerModel,
+    sums: Mapping[str, Tensor],
+    examples: float,
+    *,
+    normalize_per_layer: bool = False,
+    kinds: Sequence[str] | None = None,
+) -> list[ImportanceRow]:
+    """The rows of :func:`importance` from the sums of |dL/dxi| over ``examples`` examples."""
+    scores = {kind: sums[kind] / max(1, examples) for kind in model.head_mask_shapes()}
     if normalize_per_layer:
         scores = {kind: s / s.norm(dim=-1, keepdim=True).clamp_min(1e-20) for kind, s in scores.items()}
     return [

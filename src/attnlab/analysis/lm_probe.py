@@ -46,7 +46,15 @@ from attnlab.run.loaded import LoadedRun
 from attnlab.tasks.pretrained_lm import PretrainedLMTask
 from attnlab.tasks.text import MAX_LINE_CHARS, LMTask, read_lines
 
-__all__ = ["TextBatch", "NextTokenProbe", "check_language_model_run", "pad_right"]
+__all__ = [
+    "TextBatch",
+    "ScoredText",
+    "NextTokenLoss",
+    "NextTokenProbe",
+    "check_language_model_run",
+    "pad_right",
+    "predicted_tokens",
+]
 
 
 @dataclass(frozen=True)
@@ -96,8 +104,101 @@ def _next_token_nll(logits: Tensor, batch: TextBatch) -> tuple[Tensor, Tensor]:
     return nll.masked_fill(~real, 0.0), real
 
 
-class NextTokenProbe:
-    """Next-token loss of a language model over the texts of a file (see the module docstring).
+@dataclass(frozen=True)
+class ScoredText:
+    """One text as the model reads it: its ids, and whether they were cut to the context."""
+
+    ids: list[int]
+    truncated: bool = False
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+class NextTokenLoss:
+    """The next-token loss of a language model, text by text and batch by batch (see the module
+    docstring); it holds no texts. :class:`NextTokenProbe` adds a file's texts, read into memory;
+    :mod:`attnlab.analysis.corpus` streams a file of any size through the same methods.
+
+    Args:
+        loaded: a language model run of text (task ``lm`` or ``pretrained_lm``).
+        truncate: cut a text longer than the context instead of refusing it.
+        base_mask: the mask every analysis starts from; default the run's held heads.
+
+    Raises:
+        UsageError: the run is not a language model's.
+    """
+
+    metric_name = "perplexity (lower is better)"
+
+    def __init__(self, loaded: LoadedRun, *, truncate: bool = False, base_mask: HeadMask | None = None) -> None:
+        check_language_model_run(loaded, "--texts (next-token loss)")
+        self.loaded, self.truncate = loaded, truncate
+        self.model: nn.Module = loaded.model.eval()
+        self.base_mask: HeadMask | None = loaded.held_mask() if base_mask is None else base_mask
+        task_context = loaded.task.scored_context
+        self.context = (
+            loaded.model.config.max_len if task_context is None else min(task_context, loaded.model.config.max_len)
+        )
+
+    def encode(self, text: str, *, where: str) -> ScoredText | None:
+        """``text`` as ids (cut to the context with ``truncate``); None for a text of one token,
+        which predicts nothing. ``where`` (``FILE:LINE``) names the text in an error.
+
+        Raises:
+            DataError: the text is longer than the context and ``truncate`` is off.
+        """
+        ids = self.loaded.task.scored_ids(text)
+        truncated = len(ids) > self.context
+        if truncated:
+            if not self.truncate:
+                raise DataError(
+                    f"{where}: the text has {len(ids)} tokens, more than the model's context "
+                    f"of {self.context}; shorten it, or opt in to truncation (attnlab eval --truncate)"
+                )
+            ids = ids[: self.context]
+        return ScoredText(ids, truncated) if len(ids) >= 2 else None
+
+    def batch(self, texts: Sequence[ScoredText]) -> TextBatch:
+        """``texts`` padded on the right, on the model's device."""
+        return _to(pad_right([text.ids for text in texts], self.loaded.task.pad_id), model_device(self.model))
+
+    def example_losses(self, batch: TextBatch, head_mask: HeadMask | None) -> Tensor:
+        """(B,) mean next-token NLL of each text, differentiable in the head mask."""
+        nll, real = _next_token_nll(self.outputs_all(self.model, batch, head_mask), batch)
+        return nll.sum(1) / real.sum(1)
+
+    @torch.no_grad()
+    def loss_sum(self, batch: TextBatch, head_mask: HeadMask | None) -> Tensor:
+        """sum_x sum_t -log p(x_t | x_{<t}) over the batch under ``head_mask``: a float64 scalar
+        on the CPU (divide by the predicted tokens for the mean, :meth:`score`)."""
+        nll, _ = _next_token_nll(self.outputs_all(self.model, batch, head_mask), batch)
+        return nll.double().sum().cpu()
+
+    @staticmethod
+    def score(loss_sum: float, tokens: float) -> Score:
+        """Corpus perplexity exp(loss_sum / tokens) and the mean NLL per predicted token."""
+        loss = loss_sum / tokens
+        return Score(math.exp(min(loss, 700.0)), loss)
+
+    def outputs_all(self, model: nn.Module, batch: TextBatch, head_mask: HeadMask | None) -> Tensor:
+        """(B, T, V) logits of ``model`` on ``batch``, padding included."""
+        with masking_heads(model, head_mask):
+            return model(batch.tokens, is_token=batch.is_token)
+
+    def outputs(self, model: nn.Module, batch: TextBatch, head_mask: HeadMask | None) -> Tensor:
+        """(N, V) logits of ``model`` at the batch's N real tokens (e.g. a physically pruned model's)."""
+        return self.outputs_all(model, batch, head_mask)[batch.is_token]
+
+
+def predicted_tokens(batch: TextBatch) -> int:
+    """The tokens the batch predicts: each text's length - 1."""
+    return int(batch.is_token.sum()) - len(batch)
+
+
+class NextTokenProbe(NextTokenLoss):
+    """Next-token loss of a language model over the texts of a file, held in memory (see the
+    module docstring); a head probe (:class:`attnlab.analysis.heads.HeadProbe`).
 
     Args:
         loaded: a language model run of text (task ``lm`` or ``pretrained_lm``).
@@ -116,8 +217,6 @@ class NextTokenProbe:
         text of two tokens or more.
     """
 
-    metric_name = "perplexity (lower is better)"
-
     def __init__(
         self,
         loaded: LoadedRun,
@@ -127,72 +226,26 @@ class NextTokenProbe:
         truncate: bool = False,
         base_mask: HeadMask | None = None,
     ) -> None:
-        check_language_model_run(loaded, "--texts (next-token loss)")
+        super().__init__(loaded, truncate=truncate, base_mask=base_mask)
         if batch_size < 1:
             raise DataError(f"batch_size: must be >= 1, got {batch_size}")
-        self.loaded, self.batch_size = loaded, batch_size
-        self.model: nn.Module = loaded.model.eval()
-        self.base_mask: HeadMask | None = loaded.held_mask() if base_mask is None else base_mask
-        task_context = loaded.task.scored_context
-        self.context = (
-            loaded.model.config.max_len if task_context is None else min(task_context, loaded.model.config.max_len)
-        )
-        rows = self._encode(texts_file, truncate)
-        self.texts, self.tokens = len(rows), sum(len(row) - 1 for row in rows)
-        device = model_device(self.model)
-        order = sorted(range(len(rows)), key=lambda i: (len(rows[i]), i))  # little padding, a fixed order
-        self._batches = [
-            _to(pad_right([rows[i] for i in order[start : start + batch_size]], loaded.task.pad_id), device)
-            for start in range(0, len(order), batch_size)
-        ]
-
-    def _encode(self, texts_file: str | os.PathLike[str], truncate: bool) -> list[list[int]]:
+        self.batch_size = batch_size
         lines = read_lines(texts_file, max_line_chars=MAX_LINE_CHARS)
-        rows: list[list[int]] = []
-        self.skipped = self.truncated = 0
-        for number, text in zip(lines.numbers, lines.items, strict=True):
-            ids = self.loaded.task.scored_ids(text)
-            if len(ids) > self.context:
-                if not truncate:
-                    raise DataError(
-                        f"{texts_file}:{number}: the text has {len(ids)} tokens, more than the model's context "
-                        f"of {self.context}; shorten it, or opt in to truncation (attnlab eval --truncate)"
-                    )
-                ids, self.truncated = ids[: self.context], self.truncated + 1
-            if len(ids) < 2:
-                self.skipped += 1
-                continue
-            rows.append(ids)
+        encoded = [self.encode(text, where=f"{texts_file}:{n}") for n, text in zip(lines.numbers, lines.items)]
+        rows = [text for text in encoded if text is not None]
         if not rows:
             raise DataError(f"{texts_file}: no text of two tokens or more, so no next token to predict")
-        return rows
+        self.skipped, self.truncated = len(encoded) - len(rows), sum(text.truncated for text in rows)
+        self.texts, self.tokens = len(rows), sum(len(text) - 1 for text in rows)
+        rows.sort(key=len)  # little padding, a fixed order (the sort is stable)
+        self._batches = [self.batch(rows[start : start + batch_size]) for start in range(0, len(rows), batch_size)]
 
     def batches(self) -> Iterator[TextBatch]:
         return iter(self._batches)
 
-    def example_losses(self, batch: TextBatch, head_mask: HeadMask | None) -> Tensor:
-        """(B,) mean next-token NLL of each text, differentiable in the head mask."""
-        nll, real = _next_token_nll(self.outputs_all(self.model, batch, head_mask), batch)
-        return nll.sum(1) / real.sum(1)
-
-    @torch.no_grad()
     def evaluate(self, head_mask: HeadMask | None) -> Score:
         """Corpus perplexity and mean NLL per predicted token under ``head_mask``."""
-        total = 0.0
-        for batch in self._batches:
-            nll, _ = _next_token_nll(self.outputs_all(self.model, batch, head_mask), batch)
-            total += float(nll.double().sum())
-        loss = total / self.tokens
-        return Score(math.exp(min(loss, 700.0)), loss)
-
-    def outputs_all(self, model: nn.Module, batch: TextBatch, head_mask: HeadMask | None) -> Tensor:
-        """(B, T, V) logits of ``model`` on ``batch``, padding included."""
-        with masking_heads(model, head_mask):
-            return model(batch.tokens, is_token=batch.is_token)
-
-    def outputs(self, model: nn.Module, batch: TextBatch, head_mask: HeadMask | None) -> Tensor:
-        """(N, V) logits of ``model`` at the batch's N real tokens (e.g. a physically pruned model's)."""
-        return self.outputs_all(model, batch, head_mask)[batch.is_token]
+        return self.score(float(sum(self.loss_sum(batch, head_mask) for batch in self._batches)), self.tokens)
 
 
 def _to(batch: TextBatch, device: torch.device) -> TextBatch:

@@ -52,7 +52,8 @@ from attnlab.cli import train as _train  # noqa: F401,E402
 from attnlab.cli import verify as _verify  # noqa: F401,E402
 from attnlab.cli import view as _view  # noqa: F401,E402
 from attnlab.cli import word2vec as _word2vec  # noqa: F401,E402
-from attnlab.cli.app import app
+from attnlab.cli.app import CommandLine, app
+from attnlab.cli.processes import quiet_error
 from attnlab.errors import EXIT_CORRUPT, EXIT_INTERNAL, EXIT_RESOURCES, EXIT_USAGE, AttnlabError, AttnlabWarning
 
 EXIT_INTERRUPTED = 130
@@ -182,16 +183,19 @@ def main(argv: list[str] | None = None) -> None:
     0 on success, or the code of the error it printed as one ``error: ...`` line.
     """
     warnings.showwarning = _show_warning
-    try:
-        code = app(args=argv, prog_name="attnlab", standalone_mode=False)
+    args = sys.argv[1:] if argv is None else list(argv)
+    try:  # the command line travels to the commands that run it again on N processes (--nproc)
+        code = app(args=args, prog_name="attnlab", standalone_mode=False, obj=CommandLine(tuple(args)))
     except NoArgsIsHelpError as error:  # `attnlab` or `attnlab heads` alone: the help (rich printed it already)
         if error.format_message().strip():
             typer.echo(error.format_message(), err=True)
         sys.exit(error.exit_code)
     except ClickException as error:
-        _fail(usage_message(error, sys.argv[1:] if argv is None else argv), error.exit_code)
+        _fail(usage_message(error, args), error.exit_code)
     except AttnlabError as error:
-        _fail(shorten_values(str(error), sys.argv[1:] if argv is None else argv), error.exit_code)
+        if quiet_error(error):  # one of N processes: the first reports what all of them met
+            sys.exit(error.exit_code)
+        _fail(shorten_values(str(error), args), error.exit_code)
     except (KeyboardInterrupt, Abort):
         typer.echo("interrupted", err=True)
         sys.exit(EXIT_INTERRUPTED)

@@ -5,6 +5,8 @@ Kept apart from ``cli/__init__.py`` so that command modules can import ``app`` w
 
 from __future__ import annotations
 
+import sys
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any, get_args, get_origin
 
@@ -104,6 +106,21 @@ def _classic_commands(group: TyperGroup) -> None:
         elif type(command) is TyperGroup:
             command.__class__ = ClassicGroup
             _classic_commands(command)
+
+
+@dataclass(frozen=True)
+class CommandLine:
+    """The arguments ``attnlab`` was run with (the context's ``obj``): what a command spread over
+    N processes runs again in each (:mod:`attnlab.cli.processes`)."""
+
+    args: tuple[str, ...]
+
+
+def command_line(ctx: typer.Context) -> list[str]:
+    """The arguments of this run of ``attnlab`` (``sys.argv[1:]`` when :func:`attnlab.cli.main`
+    was not the entry point)."""
+    obj = ctx.find_object(CommandLine)
+    return list(obj.args) if obj is not None else sys.argv[1:]
 
 
 app = typer.Typer(

@@ -17,12 +17,14 @@ from attnlab.cli.options import (
     revision_option,
     verify_option,
 )
+from attnlab.cli.processes import corpus_processes, nproc_option, process_group, resume_option
 from attnlab.errors import UsageError
 from attnlab.limits import MAX_BATCH_SIZE
 
 
 @app.command("eval")
 def evaluate_run(
+    ctx: typer.Context,
     run: Path = typer.Argument(..., help=SOURCE_HELP),
     split: str = typer.Option(
         Split.test.value,
@@ -42,6 +44,8 @@ def evaluate_run(
         "instead of a split.",
     ),
     mask_heads: list[str] = typer.Option(None, "--mask-head", help="Mask a head, kind:layer:head (repeatable)."),
+    nproc: int = nproc_option(),
+    resume: bool = resume_option(),
     progress: bool = progress_option(),
     device: str = device_option(),
     dtype: str | None = dtype_option(),
@@ -73,6 +77,8 @@ def evaluate_run(
     A pretrained LM reads each line as it is (its first token is context only
     unless the model adds a BOS; no EOS); an lm run trained here reads
     BOS line EOS, as it was trained, so a file scores as a split of its lines.
+    The file is streamed (any size); --nproc spreads it over processes and
+    --resume continues an interrupted run (state: RUN/analysis/eval-FILE.resume.json).
     """
     # Imported when the command runs: the help pages load no torch (see attnlab.cli).
     from attnlab.evaluation.evaluate import evaluate
@@ -82,6 +88,22 @@ def evaluate_run(
     from attnlab.tasks.base import SPLITS
     from attnlab.tasks.batching import count_too_long
 
+    where = corpus_processes(ctx, nproc, resume, texts, device)
+    if where is None:  # the processes launched from here did the work
+        return
+    info, device = where
+    if texts is not None:
+        with process_group(info):
+            loaded = open_model(
+                run, device=device, dtype=dtype, revision=revision, verify=verify, checkpoint=checkpoint
+            )
+            extra = [parse_head(spec, loaded.model) for spec in mask_heads or []]
+            truncate = loaded.experiment.train.truncate if truncate is None else truncate
+            identity = dict(run=str(loaded.source), dtype=dtype, revision=revision, checkpoint=checkpoint)
+            metrics = _text_metrics(loaded, texts, batch_size or 16, truncate, extra, resume, info, progress, identity)
+            if info.is_main:
+                _echo_metrics(metrics, as_json)
+        return
     loaded = open_model(run, device=device, dtype=dtype, revision=revision, verify=verify, checkpoint=checkpoint)
     names = loaded.task.split_names() if hasattr(loaded.task, "split_names") else SPLITS
     if split not in names:
@@ -89,9 +111,6 @@ def evaluate_run(
     train = loaded.experiment.train
     extra = [parse_head(spec, loaded.model) for spec in mask_heads or []]
     truncate = train.truncate if truncate is None else truncate
-    if texts is not None:
-        _echo_metrics(_text_metrics(loaded, texts, batch_size or 16, truncate, extra), as_json)
-        return
     batch_size = batch_size or 128
     max_length = train.max_length or loaded.model.config.max_len
     options = dict(
@@ -124,25 +143,53 @@ def evaluate_run(
     _echo_metrics(metrics, as_json)
 
 
-def _text_metrics(loaded, texts: Path, batch_size: int, truncate: bool, extra) -> dict[str, object]:  # noqa: ANN001
-    """Perplexity, mean NLL and counts of a language model over a text file (attnlab.analysis.lm_probe)."""
-    from attnlab.analysis.lm_probe import NextTokenProbe
+def _text_metrics(  # noqa: PLR0913
+    loaded,
+    texts: Path,
+    batch_size: int,
+    truncate: bool,
+    extra,
+    resume: bool,
+    info,
+    progress: bool,
+    identity,  # noqa: ANN001
+) -> dict[str, object]:
+    """Perplexity, mean NLL and counts of a language model over a text file, a corpus run
+    (attnlab.analysis.corpus, attnlab.analysis.lm_corpus); its state RUN/analysis/eval-FILE.resume.json."""
+    from attnlab.analysis.corpus import corpus_identity, finish, run_corpus
+    from attnlab.analysis.lm_corpus import PerplexitySums, text_counts
+    from attnlab.analysis.lm_probe import NextTokenLoss
 
-    probe = NextTokenProbe(loaded, texts, batch_size=batch_size, truncate=truncate, base_mask=loaded.held_mask(extra))
-    score = probe.evaluate(probe.base_mask)
-    if probe.truncated:
+    loss = NextTokenLoss(loaded, truncate=truncate, base_mask=loaded.held_mask(extra))
+    state = loaded.analysis / f"eval-{texts.name}.resume.json"
+    held = [str(head) for head in loaded.held_heads] + [str(head) for head in extra]
+    sums = run_corpus(
+        texts,
+        PerplexitySums(loss),
+        batch_size=batch_size,
+        identity=corpus_identity(texts, command="eval", truncate=truncate, held=held, **identity),
+        state=state,
+        resume=resume,
+        info=info,
+        progress=progress,
+        desc="eval",
+    )
+    counts = text_counts(sums, texts)
+    score = loss.score(float(sums["nll"]), float(sums["tokens"]))
+    if counts["truncated"] and info.is_main:
         typer.echo(
-            f"note: --truncate cut {probe.truncated} of {probe.texts + probe.skipped} texts to the model's "
-            f"context of {probe.context} tokens",
+            f"note: --truncate cut {counts['truncated']} of {counts['texts'] + counts['skipped']} texts to the "
+            f"model's context of {loss.context} tokens",
             err=True,
         )
+    finish(state, info)
     return {
-        "texts": probe.texts,
-        "tokens": probe.tokens,
+        "texts": counts["texts"],
+        "tokens": counts["tokens"],
         "perplexity": score.metric,
         "loss": score.loss,
-        "skipped": probe.skipped,
-        "truncated": probe.truncated,
+        "skipped": counts["skipped"],
+        "truncated": counts["truncated"],
     }
 
 

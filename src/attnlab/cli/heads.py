@@ -20,6 +20,7 @@ from attnlab.cli.options import (
     revision_option,
     verify_option,
 )
+from attnlab.cli.processes import corpus_processes, nproc_option, process_group, resume_option
 from attnlab.errors import UsageError
 from attnlab.limits import MAX_BATCH_SIZE, MAX_STEPS
 from attnlab.run.output_paths import check_output_path
@@ -99,16 +100,21 @@ def _probe(  # noqa: ANN202
     dtype: str | None = None,
     revision: str | None = None,
     verify: bool = True,
+    corpus: bool = False,
+    spread: bool = False,
 ):
     """The objective: the run's task split; for a language model --texts (next-token loss); for a
     sentence encoder --texts (fidelity) / --pairs.
 
     Every probe starts from the run's held heads (train.mask_heads) switched off, as `attnlab eval` does.
+    With ``corpus`` a language model's --texts is a corpus run (attnlab.analysis.corpus: streamed,
+    on several processes, resumable), whose objective is a NextTokenLoss without texts of its own;
+    ``spread`` (--nproc or --resume given) refuses every other objective.
     """
     # Imported when the command runs: the help pages load no torch (see attnlab.cli).
     from attnlab.analysis.fidelity import FidelityProbe, PairProbe
     from attnlab.analysis.heads import TaskProbe
-    from attnlab.analysis.lm_probe import NextTokenProbe
+    from attnlab.analysis.lm_probe import NextTokenLoss, NextTokenProbe
     from attnlab.pretrained.sources import open_model
 
     if texts is not None and pairs is not None:
@@ -116,6 +122,10 @@ def _probe(  # noqa: ANN202
     split = Split(split).value
     loaded = open_model(run, device=device, dtype=dtype, revision=revision, verify=verify)
     if texts is not None and loaded.experiment.model_kind == "decoder_only":
+        if corpus:
+            return loaded, NextTokenLoss(
+                loaded, truncate=loaded.experiment.train.truncate, base_mask=loaded.held_mask()
+            )
         return loaded, NextTokenProbe(
             loaded,
             texts,
@@ -123,6 +133,8 @@ def _probe(  # noqa: ANN202
             truncate=loaded.experiment.train.truncate,
             base_mask=loaded.held_mask(),
         )
+    if spread:
+        raise UsageError("--nproc and --resume: only for a language model's --texts (a corpus run)")
     batch_size = batch_size or 128
     if texts is not None:
         return loaded, FidelityProbe(loaded, texts, batch_size=batch_size, base_mask=loaded.held_mask())
@@ -134,6 +146,55 @@ def _probe(  # noqa: ANN202
             "no labels needed) or --pairs FILE (sentence1<TAB>sentence2<TAB>score)"
         )
     return loaded, TaskProbe(loaded, split, batch_size=batch_size, base_mask=loaded.held_mask())
+
+
+def _is_corpus(probe) -> bool:  # noqa: ANN001
+    """Whether ``probe`` is a corpus run's objective (a language model's --texts, streamed)."""
+    from attnlab.analysis.lm_probe import NextTokenLoss
+
+    return type(probe) is NextTokenLoss
+
+
+def _corpus_sums(
+    loaded,  # noqa: ANN001
+    objective,  # noqa: ANN001
+    texts: Path,
+    command: str,
+    *,
+    batch_size: int | None,
+    state: Path,
+    resume: bool,
+    info,  # noqa: ANN001
+    progress: bool,
+    **settings: Any,
+):  # noqa: ANN202
+    """The float64 sums of a corpus run over ``texts`` (attnlab.analysis.corpus.run_corpus); its
+    identity, what a resumed state must match: the command, the run, its held heads and the
+    ``settings`` that change the sums (dtype, revision, ...)."""
+    from attnlab.analysis.corpus import corpus_identity, run_corpus
+    from attnlab.analysis.lm_corpus import text_counts
+
+    identity = corpus_identity(
+        texts,
+        command=f"heads {command}",
+        run=str(loaded.source),
+        held=[str(head) for head in loaded.held_heads],
+        truncate=objective.loss.truncate,
+        **settings,
+    )
+    sums = run_corpus(
+        texts,
+        objective,
+        batch_size=batch_size or 16,
+        identity=identity,
+        state=state,
+        resume=resume,
+        info=info,
+        progress=progress,
+        desc=command,
+    )
+    text_counts(sums, texts)  # refuses a file without a text to score
+    return sums
 
 
 def _held_note(loaded) -> str | None:  # noqa: ANN001
@@ -161,6 +222,7 @@ def _rows(rows: list[Any]) -> list[dict[str, Any]]:
 
 @heads_app.command("ablate")
 def ablate_command(
+    ctx: typer.Context,
     run: Path = typer.Argument(..., help=SOURCE_HELP),
     split: Split = typer.Option(Split.valid, "--split", help=SPLIT_HELP),
     out: Path = typer.Option(None, "--out", help="Folder for the CSVs and heatmaps (default RUN/analysis)."),
@@ -174,6 +236,8 @@ def ablate_command(
         help="Mean ablation: replace a head's output by its mean over this text file (one text per line) "
         "instead of zeroing it (xi_h = 0).",
     ),
+    nproc: int = nproc_option(),
+    resume: bool = resume_option(),
     progress: bool = progress_option(),
     device: str = device_option(),
     dtype: str | None = dtype_option(),
@@ -184,26 +248,72 @@ def ablate_command(
     """The metric and loss with each head masked alone, and with all heads of a layer but one.
 
     With --mean-over FILE a head is mean-ablated: its output is its mean over FILE's texts.
+
+    A language model's --texts is a corpus run: the file is streamed (any size), every mask is
+    measured on each batch, --nproc spreads it over processes and --resume continues it
+    (state: FOLDER/ablation.resume.json).
     """
     from tqdm import tqdm
 
+    from attnlab.analysis.corpus import finish
     from attnlab.analysis.heads import ablate
-    from attnlab.analysis.reports import head_matrix_plot, write_rows
     from attnlab.head_ids import head_ids
 
     if out is not None:
         check_output_path(out, kind="folder", flag="--out")
     kinds = [value_of(kind) for kind in kinds or ()]
-    loaded, probe = _probe(run, split, batch_size, texts, pairs, device, dtype, revision, verify)
-    folder = out or loaded.analysis
-    means = None
-    if mean_over is not None:
-        from attnlab.analysis.patching import head_means
+    where = corpus_processes(ctx, nproc, resume, texts, device)
+    if where is None:  # the processes launched from here did the work
+        return
+    info, device = where
+    with process_group(info):
+        loaded, probe = _probe(
+            run, split, batch_size, texts, pairs, device, dtype, revision, verify, True, nproc > 1 or resume
+        )
+        folder = out or loaded.analysis
+        means = None
+        if mean_over is not None:
+            from attnlab.analysis.patching import head_means
 
-        means = head_means(loaded, mean_over)
-    total = 2 * len(head_ids(loaded.model, kinds or None))
-    with tqdm(total=total, desc="ablate", disable=not progress) as bar:
-        result = ablate(probe, kinds or None, progress=lambda: bar.update(1), means=means)
+            means = head_means(loaded, mean_over)
+        if _is_corpus(probe):
+            from attnlab.analysis.corpus import corpus_identity
+            from attnlab.analysis.lm_corpus import AblationSums
+
+            objective = AblationSums(probe, kinds or None, means)
+            state = folder / "ablation.resume.json"
+            mean_file = corpus_identity(mean_over) if mean_over is not None else None
+            sums = _corpus_sums(
+                loaded,
+                objective,
+                texts,
+                "ablate",
+                batch_size=batch_size,
+                state=state,
+                resume=resume,
+                info=info,
+                progress=progress,
+                dtype=dtype,
+                revision=revision,
+                kinds=kinds,
+                mean_over=mean_file,
+            )
+            result = objective.ablation(sums)
+            if not info.is_main:
+                return
+        else:
+            state = None
+            total = 2 * len(head_ids(loaded.model, kinds or None))
+            with tqdm(total=total, desc="ablate", disable=not progress) as bar:
+                result = ablate(probe, kinds or None, progress=lambda: bar.update(1), means=means)
+        _report_ablation(loaded, probe, result, folder, means, as_json)
+        finish(state)  # the results are written: the state of a corpus run goes
+
+
+def _report_ablation(loaded, probe, result, folder: Path, means, as_json: bool) -> None:  # noqa: ANN001
+    """Write the ablation's CSVs and heatmaps and print where they are."""
+    from attnlab.analysis.reports import head_matrix_plot, write_rows
+
     columns = ("kind", "layer", "head", "metric", "loss", "delta")
     single = write_rows(result.single, folder / "ablation.csv", columns)
     keep_one = write_rows(result.keep_one, folder / "keep_one.csv", columns)
@@ -243,6 +353,7 @@ def ablate_command(
 
 @heads_app.command("importance")
 def importance_command(
+    ctx: typer.Context,
     run: Path = typer.Argument(..., help=SOURCE_HELP),
     split: Split = typer.Option(Split.valid, "--split", help=SPLIT_HELP),
     normalize_per_layer: bool = typer.Option(
@@ -253,6 +364,8 @@ def importance_command(
     batch_size: int = typer.Option(None, "--batch-size", min=1, max=MAX_BATCH_SIZE, help=BATCH_HELP),
     texts: Path = typer.Option(None, "--texts", help=TEXTS_HELP),
     pairs: Path = typer.Option(None, "--pairs", help=PAIRS_HELP),
+    nproc: int = nproc_option(),
+    resume: bool = resume_option(),
     progress: bool = progress_option(),
     device: str = device_option(),
     dtype: str | None = dtype_option(),
@@ -260,22 +373,64 @@ def importance_command(
     verify: bool = verify_option(),
     as_json: bool = json_option(),
 ) -> None:
-    """I_h = E_x |dL/dxi_h| for every head, from one forward and backward pass per batch."""
+    """I_h = E_x |dL/dxi_h| for every head, from one forward and backward pass per batch.
+
+    A language model's --texts is a corpus run: the file is streamed (any size), --nproc spreads
+    it over processes and --resume continues it (state: OUT with the suffix .resume.json).
+    """
     from tqdm import tqdm
 
+    from attnlab.analysis.corpus import finish
     from attnlab.analysis.heads import importance
-    from attnlab.analysis.reports import head_matrix_plot, write_rows
 
     if out is not None:
         check_output_path(out, kind="file", flag="--out")
         check_output_path(out.with_suffix(".png"), kind="file", flag="--out (its heatmap)")
     kinds = [value_of(kind) for kind in kinds or ()]
-    loaded, probe = _probe(run, split, batch_size, texts, pairs, device, dtype, revision, verify)
-    path = out or loaded.analysis / "importance.csv"
-    with tqdm(desc="importance", unit="batch", disable=not progress) as bar:
-        rows = importance(
-            probe, normalize_per_layer=normalize_per_layer, kinds=kinds or None, progress=lambda: bar.update(1)
+    where = corpus_processes(ctx, nproc, resume, texts, device)
+    if where is None:  # the processes launched from here did the work
+        return
+    info, device = where
+    with process_group(info):
+        loaded, probe = _probe(
+            run, split, batch_size, texts, pairs, device, dtype, revision, verify, True, nproc > 1 or resume
         )
+        path = out or loaded.analysis / "importance.csv"
+        if _is_corpus(probe):
+            from attnlab.analysis.lm_corpus import ImportanceSums
+
+            objective = ImportanceSums(probe)
+            state = path.with_suffix(".resume.json")
+            sums = _corpus_sums(
+                loaded,
+                objective,
+                texts,
+                "importance",
+                batch_size=batch_size,
+                state=state,
+                resume=resume,
+                info=info,
+                progress=progress,
+                dtype=dtype,
+                revision=revision,
+            )
+            rows = objective.rows(sums, normalize_per_layer=normalize_per_layer, kinds=kinds or None)
+            if not info.is_main:
+                return
+        else:
+            state = None
+            with tqdm(desc="importance", unit="batch", disable=not progress) as bar:
+                rows = importance(
+                    probe, normalize_per_layer=normalize_per_layer, kinds=kinds or None, progress=lambda: bar.update(1)
+                )
+        _report_importance(loaded, probe, rows, path, as_json)
+        finish(state)  # the results are written: the state of a corpus run goes
+
+
+def _report_importance(loaded, probe, rows, path: Path, as_json: bool) -> None:  # noqa: ANN001
+    """Write the importances' CSV and heatmap and print where they are and the top heads."""
+    from attnlab.analysis.reports import head_matrix_plot, write_rows
+
     write_rows(rows, path, ("kind", "layer", "head", "importance"))
     picture = head_matrix_plot(
         rows, "importance", path.with_suffix(".png"), title=f"head importance ({probe.metric_name})"

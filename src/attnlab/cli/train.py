@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -74,10 +72,10 @@ def train(
         run_path = out or Path("runs") / f"{experiment.task_name}-{time.strftime('%Y%m%d-%H%M%S')}"
         check_output_path(run_path, kind="run", flag="--out")
     if nproc > 1:
-        from attnlab.devices import check_gpus_for_processes
+        from attnlab.devices import check_processes
 
         try:
-            check_gpus_for_processes(experiment.train.device, nproc)
+            check_processes(experiment.train.device, nproc)
         except ValueError as exc:
             raise UsageError(f"--nproc {nproc}: {exc}") from None
         _spawn(nproc, config, overrides, run_path, resume is not None, progress, as_json)
@@ -115,17 +113,10 @@ def train(
 def _spawn(  # noqa: PLR0913 - the command line to pass on
     nproc: int, config: Path | None, overrides: list[str], run_path: Path, resume: bool, progress: bool, as_json: bool
 ) -> None:
-    """Re-run this command under torchrun with N processes (a fixed --out so all ranks agree)."""
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
-        "-m",
-        "attnlab",
-        "train",
-    ]
+    """Re-run this command on N processes (attnlab.cli.processes), with a fixed --out so all ranks agree."""
+    from attnlab.cli.processes import launch
+
+    command = ["train"]
     command += ["--resume", str(run_path)] if resume else [str(config), "--out", str(run_path)]
     for item in overrides:
         command += ["--set", item]
@@ -133,10 +124,7 @@ def _spawn(  # noqa: PLR0913 - the command line to pass on
         command.append("--no-progress")
     if as_json:
         command.append("--json")
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    completed = subprocess.run(command, env=env, check=False)
-    if completed.returncode != 0:
-        raise typer.Exit(completed.returncode)
+    launch(nproc, command)
 
 
 def _report(run: Path, metrics: dict | None) -> None:
