@@ -459,7 +459,9 @@ def test_few_rows_linear_reads_strided_rows_and_rejects_what_it_cannot_run():
     with pytest.raises(RuntimeError, match="x of W's dtype"):
         native.few_rows_linear(x, weight.bfloat16(), None)
     transposed = torch.randn(64, 40, generator=g).T  # W^T stored: read in place
-    torch.testing.assert_close(native.few_rows_linear(x, transposed, None), F.linear(x, transposed), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        native.few_rows_linear(x, transposed, None), F.linear(x, transposed), rtol=1e-5, atol=1e-5
+    )
     with pytest.raises(RuntimeError, match="weight contiguous or a transposed contiguous one"):
         native.few_rows_linear(x, torch.randn(40, 128)[:, ::2], None)
     with pytest.raises(RuntimeError, match="x \\(M, K\\) and weight \\(N, K\\)"):
