@@ -415,6 +415,7 @@ class DetectSums:
         self.loaded: LoadedRun = getattr(source, "loaded", source)
         self.reader = READERS[self.loaded.experiment.model_kind]
         self.model = self.loaded.model.eval()
+        self.held = self.loaded.held_mask()
         self.names = list(PATTERNS if names is None else names)
         self.window = window
         self.sites = [s for s in model_sites(self.model).values() if s.point == "pattern" and s.kind != "cross"]
@@ -447,9 +448,13 @@ class DetectSums:
         """The ids the model reads for ``text``; None for a single token (no query to score).
 
         Raises:
-            DataError: the text is longer than the model's context (``where`` names it).
+            DataError: a text the model cannot read (a symbol outside a task's alphabet), or longer
+                than its context; ``where`` (``FILE:LINE``) names it.
         """
-        ids = self.reader.text(self.loaded, text)
+        try:
+            ids = self.reader.text(self.loaded, text)
+        except UsageError as error:
+            raise DataError(f"{where}: {error}") from None
         context = self.model.config.max_len
         if len(ids) > context:
             raise DataError(f"{where}: the text has {len(ids)} tokens, more than the model's context of {context}")
@@ -482,7 +487,7 @@ class DetectSums:
         }
         removers = [add_hook(site, self._reducer(site, targets[self.causal[site.name]], sums)) for site in self.sites]
         try:
-            with torch.no_grad(), masking_heads(self.model, self.loaded.held_mask()):
+            with torch.no_grad(), masking_heads(self.model, self.held):
                 self.reader.run(self.model, ids)
         finally:
             for remove in removers:
