@@ -25,7 +25,8 @@ The caps:
 * :data:`MAX_VOCAB_SIZE`: ``tokenize --vocab-size`` (and ``generate --top-k``).
 * :data:`MAX_SEED`: every seed (``train.seed``, ``task.seed``, ``--seed``, ``sweep --seeds``): 0 to 2**63 - 1.
 * :data:`MAX_BATCH_SIZE`: ``--batch-size`` of ``eval``, ``encode`` and ``heads``.
-* :data:`MAX_PROCESSES`: ``--nproc`` (``train``, ``eval --texts``, ``heads importance | ablate``) and ``sweep --jobs``.
+* :data:`MAX_PROCESSES`: ``--nproc`` (``train``, ``eval --texts``, ``heads importance | ablate |
+  detect``) and ``sweep --jobs``.
 * :data:`MAX_TEMPERATURE`, :data:`MAX_LENGTH_PENALTY`: ``generate --temperature`` and ``--length-penalty``.
 * :data:`MAX_CONFIG_INT`: any integer of a config (a size becomes a tensor dimension, an int64).
 * :data:`MAX_INPUT_BYTES`: bytes of one text file a command reads (:func:`attnlab.reading.read_capped`).

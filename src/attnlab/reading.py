@@ -3,7 +3,7 @@
 Configs, ``--pairs``, word vectors, tokenizer files and the corpora a task holds in memory go
 through :func:`read_capped`, so no input is read without a bound
 (:data:`attnlab.limits.MAX_INPUT_BYTES`). A corpus streamed by a corpus run (``eval --texts``,
-``heads importance | ablate --texts``, :mod:`attnlab.analysis.corpus`) is read by
+``heads importance | ablate | detect --texts``, :mod:`attnlab.analysis.corpus`) is read by
 :func:`stream_lines` instead: line by line from a byte offset, so its size is unbounded and the
 memory is bounded by the longest line allowed.
 """

@@ -1,4 +1,4 @@
-"""Corpus runs through the CLI (`attnlab eval --texts`, `attnlab heads importance | ablate --texts`):
+"""Corpus runs through the CLI (`attnlab eval --texts`, `attnlab heads importance | ablate | detect --texts`):
 two processes give the one-process result, an interrupted run resumes to the uninterrupted one
 (on one process or two), and bad corpora and options get one `error:` line."""
 
@@ -60,6 +60,23 @@ def test_two_processes_give_the_one_process_perplexity(lm) -> None:
     a, b = json.loads(one.stdout), json.loads(two.stdout)
     assert {k: a[k] for k in ("texts", "tokens", "skipped")} == {k: b[k] for k in ("texts", "tokens", "skipped")}
     assert b["loss"] == pytest.approx(a["loss"], rel=1e-6, abs=1e-9)
+
+
+def test_two_processes_detect_the_one_process_scores(lm, tmp_path) -> None:
+    run, texts = lm
+    common = ("heads", "detect", str(run), "--texts", str(texts), "--batch-size", "2", "--length", "8", "--json")
+    one = attnlab(*common, "--out", str(tmp_path / "one"), one_thread=True)
+    two = attnlab(*common, "--out", str(tmp_path / "two"), "--nproc", "2")
+    assert one.returncode == 0, one.stderr
+    assert two.returncode == 0, two.stderr
+    assert two.stdout.count("\n") == 1  # one result, from the first process
+    a, b = json.loads(one.stdout)["heads"], json.loads(two.stdout)["heads"]
+    assert [(h["layer"], h["head"], h["positional_offset"]) for h in a] == [
+        (h["layer"], h["head"], h["positional_offset"]) for h in b
+    ]
+    for name in ("previous_token", "duplicate_token", "induction", "bos", "positional"):
+        assert [h[name] for h in b] == pytest.approx([h[name] for h in a], rel=0, abs=1e-6), name
+    assert not (tmp_path / "two" / "detect.resume.json").exists()
 
 
 def test_an_interrupted_importance_run_resumes_on_one_process_or_two(lm, capsys, monkeypatch, tmp_path) -> None:
@@ -133,4 +150,8 @@ def test_nproc_and_resume_need_a_corpus(lm, capsys) -> None:
     code, _, err = _main(capsys, "heads", "importance", str(run), "--nproc", "2")
     assert code == 2 and err.strip() == "error: --nproc: only for a corpus run; give --texts FILE"
     code, _, err = _main(capsys, "eval", str(run), "--resume")
+    assert code == 2 and err.strip() == "error: --resume: only for a corpus run; give --texts FILE"
+    code, _, err = _main(capsys, "heads", "detect", str(run), "--nproc", "2")
+    assert code == 2 and err.strip() == "error: --nproc: only for a corpus run; give --texts FILE"
+    code, _, err = _main(capsys, "heads", "detect", str(run), "--resume")
     assert code == 2 and err.strip() == "error: --resume: only for a corpus run; give --texts FILE"

@@ -6,9 +6,12 @@ A corpus run computes quantities that are sums over the texts of a file,
 
 in float64: a language model's summed next-token loss and its token count (``eval --texts``),
 each head's summed |dL(x)/dxi_h| (``heads importance --texts``, Michel et al. 2019), the summed
-loss under each ablation mask (``heads ablate --texts``). Whatever is reported is a function of
-the sums (a perplexity exp(S_nll / S_tokens), a mean S / S_texts), so N processes that each sum
-a shard and add their sums give the one-process result (to float noise: the batches differ).
+loss under each ablation mask (``heads ablate --texts``), each head's attention mass on each
+pattern's targets and the queries that have targets (``heads detect --texts``,
+:class:`attnlab.analysis.detectors.DetectSums`). Whatever is reported is a function of the sums
+(a perplexity exp(S_nll / S_tokens), a mean S / S_texts, a score S_mass / S_queries), so N
+processes that each sum a shard and add their sums give the one-process result (to float noise:
+the batches differ).
 
 The file is read as a stream (:func:`attnlab.reading.stream_lines`) in *windows* of
 ``batch_size * WINDOW_BATCHES * N`` non-blank lines: memory holds one window, whatever the file's

@@ -37,6 +37,14 @@ twice, in the model's framing (its BOS where it puts one). The others are measur
 of a file when one is given, else on the same random sequences. Cross-attention (an
 encoder-decoder's) is not scored: its queries and keys are different sequences.
 
+A score is a ratio of two sums over the sequences (:class:`DetectSums`): each candidate's
+attention mass summed over sequences and queries, per head, and the queries with targets. So a
+texts file is a corpus run (:mod:`attnlab.analysis.corpus`): streamed in windows with bounded
+memory, summed in float64 on N processes that each read a shard (``attnlab heads detect --texts
+FILE --nproc N``, giving the one-process scores), resumable (``--resume``). Each text is read alone,
+as the model reads one text (texts of one length share a forward pass; nothing is padded). The
+random sequences are few: the first process measures them alone.
+
 Patterns are read layer by layer inside the forward pass: a hook on each attention module's
 ``pattern`` site reduces the (B, H, T, T) weights to the heads' scores at once, so no more than one
 layer's weights exist at a time, and only the attention weights are computed outside the fused
@@ -46,7 +54,7 @@ kernel. The model runs as the run defines it (its held heads, ``train.mask_heads
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,16 +62,26 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnlab.analysis.maps import language_model_prompt
+from attnlab.analysis.corpus import run_corpus
 from attnlab.devices import model_device
-from attnlab.errors import UsageError
+from attnlab.errors import DataError, UsageError
 from attnlab.nn import masking_heads
 from attnlab.nn.hooks import Site, add_hook, model_sites
 from attnlab.resources import check_input_tokens
 from attnlab.run.loaded import LoadedRun
-from attnlab.tasks.text import read_lines
 
-__all__ = ["Pattern", "PATTERNS", "HeadPatterns", "Detection", "detect_heads", "pattern_targets"]
+__all__ = [
+    "Pattern",
+    "PATTERNS",
+    "ON_TEXTS",
+    "HeadPatterns",
+    "Detection",
+    "DetectSums",
+    "detect_heads",
+    "score_heads",
+    "repeated_random",
+    "pattern_targets",
+]
 
 LENGTH = 50
 """The default n of the random sequences r_1 .. r_n r_1 .. r_n (fewer where the context or the
@@ -223,7 +241,7 @@ def _with_eos(loaded: LoadedRun, ids: list[int]) -> list[int]:
 READERS: dict[str, Reader] = {
     "decoder_only": Reader(
         lambda loaded, ids: [*loaded.task.generation_prompt(""), *ids],
-        language_model_prompt,
+        lambda loaded, text: loaded.task.generation_prompt(text),
         lambda model, ids: model(ids, is_token=torch.ones_like(ids, dtype=torch.bool)),
     ),
     "encoder": Reader(
@@ -243,6 +261,9 @@ READERS: dict[str, Reader] = {
 
 # ---- detection -------------------------------------------------------------------------------------
 
+ON_TEXTS = [name for name, pattern in PATTERNS.items() if not pattern.recurring]
+"""The patterns measured on a texts file when one is given (those that need no recurring tokens)."""
+
 
 def detect_heads(
     source: Any,
@@ -252,64 +273,99 @@ def detect_heads(
     batch: int = 8,
     window: int = 4,
     seed: int = 0,
-    progress: Callable[[], None] | None = None,
+    progress: bool = False,
 ) -> Detection:
     """Score every head for every pattern of :data:`PATTERNS` (see the module docstring).
 
+    The texts are a corpus run (:func:`attnlab.analysis.corpus.run_corpus` with
+    :class:`DetectSums`: the file is streamed, any size) on this process; ``attnlab heads detect
+    --nproc N --resume`` runs the same pieces on N processes, resumable.
+
     Args:
         source: a :class:`~attnlab.run.loaded.LoadedRun`, or what ``attnlab.load`` returns.
-        texts: a text file (one text per line, each read alone) for the patterns that need no
-            recurring tokens; None: the random sequences for every pattern.
+        texts: a text file (one text per line, each read alone) for the patterns of
+            :data:`ON_TEXTS`; None: the random sequences for every pattern.
         length: n, the random tokens of each sequence before it repeats (2n tokens in all,
             with the model's framing); None: :data:`LENGTH`, or fewer where the context or the
             vocabulary is smaller.
-        batch: random sequences.
+        batch: random sequences (one forward pass), and texts per batch.
         window: w, the largest relative offset of ``positional``.
         seed: of the random tokens.
-        progress: called after every forward pass.
+        progress: a bar of the bytes of ``texts`` read.
 
     Returns:
         A :class:`Detection`.
 
     Raises:
-        UsageError: a sequence longer than the model's context, a vocabulary too small for
-            random tokens, a text file without text.
+        UsageError: a random sequence longer than the model's context, a vocabulary too small
+            for random tokens.
+        DataError: a text file that is empty, not UTF-8, with a text longer than the context, or
+            whose texts are all single tokens.
+    """
+    random = repeated_random(source, length=length, batch=batch, seed=seed)  # checked before any pass
+    sums = None
+    if texts is not None:
+        objective = DetectSums(source, ON_TEXTS, window=window)
+        sums = run_corpus(texts, objective, batch_size=batch, identity={}, progress=progress, desc="detect")
+    return score_heads(source, random, sums, window=window, texts=texts)
+
+
+def score_heads(
+    source: Any,
+    random: Tensor,
+    text_sums: Mapping[str, Tensor] | None = None,
+    *,
+    window: int = 4,
+    texts: str | Path | None = None,
+) -> Detection:
+    """Every head's scores: the patterns of ``text_sums`` from them, the others measured here on
+    ``random``.
+
+    Args:
+        source: a :class:`~attnlab.run.loaded.LoadedRun`, or what ``attnlab.load`` returns.
+        random: (B, T) repeated random sequences (:func:`repeated_random`).
+        text_sums: the sums of :class:`DetectSums` over ``texts`` for the patterns of
+            :data:`ON_TEXTS` (a corpus run's totals); None: every pattern on ``random``.
+        window: w, the largest relative offset of ``positional``.
+        texts: the file ``text_sums`` were summed over, for people.
+
+    Raises:
+        DataError: ``text_sums`` scored no text (each was a single token).
     """
     loaded: LoadedRun = getattr(source, "loaded", source)
-    kind = loaded.experiment.model_kind
-    reader = READERS[kind]
-    model = loaded.model.eval()
-    if (length is not None and length < 2) or batch < 1 or window < 0:
-        raise UsageError("--length must be at least 2, --batch-size at least 1, --window at least 0")
-    sites = [site for site in model_sites(model).values() if site.point == "pattern" and site.kind != "cross"]
-    tally = _Tally(sites, model, window)
-    device = model_device(model)
-    text_ids = [] if texts is None else _text_ids(loaded, reader, texts)  # every input checked before a pass
-    random = _repeated_random(loaded, reader, length, batch, seed).to(device)
+    if text_sums is not None and float(text_sums["texts"]) == 0:
+        raise DataError(f"--texts: every text of {texts} is a single token; nothing to score")
+    on_texts = ON_TEXTS if text_sums is not None else []
+    objective = DetectSums(loaded, [name for name in PATTERNS if name not in on_texts], window=window)
+    sums = objective.measure_ids(random.to(model_device(objective.model)))
+    rows = objective.rows({**sums, **(text_sums or {})})
+    reader = READERS[loaded.experiment.model_kind]
     length = (random.shape[1] - len(reader.frame(loaded, []))) // 2
-    on_texts = [name for name, pattern in PATTERNS.items() if texts is not None and not pattern.recurring]
-    tick = progress or (lambda: None)
-    with torch.no_grad(), masking_heads(model, loaded.held_mask()):
-        tally.measure(reader, model, random, [name for name in PATTERNS if name not in on_texts])
-        tick()
-        for ids in text_ids:
-            tally.measure(reader, model, torch.tensor([ids], device=device), on_texts)
-            tick()
-    described = f"{batch} sequences of {length} random tokens repeated twice"
+    described = f"{random.shape[0]} sequences of {length} random tokens repeated twice"
     measured_on = {name: (f"the texts of {texts}" if name in on_texts else described) for name in PATTERNS}
     notes = []
-    if any(site.kind == "cross" for site in model_sites(model).values()):
+    if any(site.kind == "cross" for site in model_sites(objective.model).values()):
         notes.append("cross-attention heads are not scored (their queries and keys are different sequences)")
-    bidirectional = sorted({site.kind for site in sites if not tally.causal[site.name]})
+    bidirectional = sorted({site.kind for site in objective.sites if not objective.causal[site.name]})
     for name, pattern in PATTERNS.items():
         if pattern.causal_only and bidirectional:
             notes.append(f"{name}: not scored for bidirectional attention ({', '.join(bidirectional)} heads)")
-    return Detection(tally.rows(), measured_on, notes)
+    return Detection(rows, measured_on, notes)
 
 
-def _repeated_random(loaded: LoadedRun, reader: Reader, length: int | None, batch: int, seed: int) -> Tensor:
-    """(batch, T): each row the framing of r_1 .. r_n r_1 .. r_n, n = ``length`` distinct random tokens
-    (None: :data:`LENGTH`, or as many as the context and the vocabulary hold)."""
+def repeated_random(source: Any, *, length: int | None = None, batch: int = 8, seed: int = 0) -> Tensor:
+    """(batch, T) on the CPU: each row the framing of r_1 .. r_n r_1 .. r_n, n = ``length`` distinct
+    random tokens (None: :data:`LENGTH`, or as many as the context and the vocabulary hold), drawn
+    from the ordinary tokens (the task's BOS, EOS and padding left out).
+
+    Raises:
+        UsageError: ``length`` < 2 or ``batch`` < 1, a sequence longer than the context, a
+            vocabulary with fewer than ``length`` ordinary tokens.
+    """
+    loaded: LoadedRun = getattr(source, "loaded", source)
+    if (length is not None and length < 2) or batch < 1:
+        raise UsageError("--length must be at least 2, --batch-size at least 1")
+    reader = READERS[loaded.experiment.model_kind]
     config = loaded.model.config
     limit = min(config.vocab_size, getattr(config, "target_vocab_size", config.vocab_size))
     task = loaded.task
@@ -328,80 +384,151 @@ def _repeated_random(loaded: LoadedRun, reader: Reader, length: int | None, batc
     return torch.tensor(rows)
 
 
-def _text_ids(loaded: LoadedRun, reader: Reader, texts: str | Path | None) -> list[list[int]]:
-    lines = [line for line in read_lines(Path(texts)).items if line.strip()]  # type: ignore[arg-type]
-    if not lines:
-        raise UsageError(f"--texts: {texts} holds no text")
-    chosen = []
-    for number, line in enumerate(lines, start=1):
-        ids = reader.text(loaded, line)
-        check_input_tokens(len(ids), context=loaded.model.config.max_len, what=f"--texts: text {number} of {texts}")
-        if len(ids) > 1:  # a lone token has no query to score
-            chosen.append(ids)
-    if not chosen:
-        raise UsageError(f"--texts: every text of {texts} is a single token; nothing to score")
-    return chosen
+class DetectSums:
+    """The float64 sums the scores of the patterns ``names`` are made of, over sequences of tokens;
+    a :class:`~attnlab.analysis.corpus.CorpusObjective` over the texts of a file.
 
+    For every scored attention module s (self-attention; cross-attention is left out), every
+    pattern p of ``names`` scored for it (``causal_only`` ones for causal modules alone) and every
+    candidate c of p (one but for ``positional``):
 
-class _Tally:
-    """Per attention module: sum over queries of each candidate's attention mass, and the queries."""
+    * ``"s:p"`` (C, H): sum over sequences and queries i of sum_{j in P_c(i)} A_h[i, j];
+    * ``"s:p:queries"`` (C,): the queries i whose P_c(i) is not empty;
 
-    def __init__(self, sites: list[Site], model: Any, window: int) -> None:
-        self.sites, self.window = sites, window
-        stacks = model.site_stacks()
+    and ``"texts"``, the sequences measured. The score is the first over the second, maximised over
+    the candidates (:meth:`rows`): sums over texts add, so N processes that each sum a shard give
+    the one-process scores, and a texts file may be read in windows (:func:`run_corpus`).
+
+    Each sequence is read alone, as the model reads one text: a batch runs one forward pass per
+    length among its sequences (no padding, so no model kind needs to be told which positions are
+    real), the corpus runner giving batches of similar lengths.
+
+    Args:
+        source: a :class:`~attnlab.run.loaded.LoadedRun`, or what ``attnlab.load`` returns.
+        names: the patterns summed (default every pattern of :data:`PATTERNS`).
+        window: w, the largest relative offset of ``positional``.
+    """
+
+    def __init__(self, source: Any, names: Sequence[str] | None = None, *, window: int = 4) -> None:
+        if window < 0:
+            raise UsageError("--window must be at least 0")
+        self.loaded: LoadedRun = getattr(source, "loaded", source)
+        self.reader = READERS[self.loaded.experiment.model_kind]
+        self.model = self.loaded.model.eval()
+        self.held = self.loaded.held_mask()
+        self.names = list(PATTERNS if names is None else names)
+        self.window = window
+        self.sites = [s for s in model_sites(self.model).values() if s.point == "pattern" and s.kind != "cross"]
+        stacks = self.model.site_stacks()
         # An Encoder stack says whether it is causal; an encoder-decoder's Decoder always is.
-        self.causal = {site.name: getattr(stacks[site.stack][0], "causal", True) for site in sites}
-        self.mass: dict[str, dict[str, Tensor]] = {site.name: {} for site in sites}  # pattern -> (C, H)
-        self.count: dict[str, dict[str, Tensor]] = {site.name: {} for site in sites}  # pattern -> (C,)
-        self.labels: dict[tuple[str, bool], list[int | None]] = {}  # (pattern, causal) -> candidates' labels
+        self.causal = {site.name: getattr(stacks[site.stack][0], "causal", True) for site in self.sites}
+        probe = torch.zeros(1, 2, dtype=torch.long)  # a candidate's label does not depend on the tokens
+        self.labels = {  # (pattern, causal) -> the labels of its candidates
+            (name, causal): [label for label, _ in pattern_targets(name, probe, causal=causal, window=window)]
+            for name in PATTERNS
+            for causal in (False, True)
+        }
 
-    def measure(self, reader: Reader, model: Any, ids: Tensor, names: list[str]) -> None:
-        """One forward pass on ``ids``, adding the patterns ``names`` of every module."""
-        targets = {causal: self._targets(ids, names, causal) for causal in set(self.causal.values())}
-        removers = [add_hook(site, self._reducer(site, targets[self.causal[site.name]])) for site in self.sites]
+    def scored(self, site: Site) -> list[str]:
+        """The patterns of ``names`` scored for the module of ``site``."""
+        causal = self.causal[site.name]
+        return [name for name in self.names if causal or not PATTERNS[name].causal_only]
+
+    def zeros(self) -> dict[str, Tensor]:
+        sums = {"texts": torch.zeros((), dtype=torch.float64)}
+        for site in self.sites:
+            heads = site.module.heads
+            for name in self.scored(site):
+                candidates = len(self.labels[name, self.causal[site.name]])
+                sums[f"{site.name}:{name}"] = torch.zeros(candidates, heads, dtype=torch.float64)
+                sums[f"{site.name}:{name}:queries"] = torch.zeros(candidates, dtype=torch.float64)
+        return sums
+
+    def encode(self, text: str, *, where: str) -> list[int] | None:
+        """The ids the model reads for ``text``; None for a single token (no query to score).
+
+        Raises:
+            DataError: a text the model cannot read (a symbol outside a task's alphabet), or longer
+                than its context; ``where`` (``FILE:LINE``) names it.
+        """
         try:
-            reader.run(model, ids)
+            ids = self.reader.text(self.loaded, text)
+        except UsageError as error:
+            raise DataError(f"{where}: {error}") from None
+        context = self.model.config.max_len
+        if len(ids) > context:
+            raise DataError(f"{where}: the text has {len(ids)} tokens, more than the model's context of {context}")
+        return ids if len(ids) > 1 else None
+
+    def measure(self, items: Sequence[list[int]]) -> dict[str, Tensor]:
+        """The sums over ``items`` (ids of any lengths), one forward pass per length."""
+        lengths: dict[int, list[list[int]]] = {}
+        for ids in items:
+            lengths.setdefault(len(ids), []).append(ids)
+        sums = self.zeros()
+        device = model_device(self.model)
+        for rows in lengths.values():
+            for key, value in self.measure_ids(torch.tensor(rows, device=device)).items():
+                sums[key] += value
+        return sums
+
+    def measure_ids(self, ids: Tensor) -> dict[str, Tensor]:
+        """The sums over the sequences ``ids`` (B, T), from one forward pass, the model as the run
+        defines it (its held heads off). Each module's (B, H, T, T) weights are reduced in a hook on
+        its ``pattern`` site, so no more than one layer's exist at a time."""
+        sums = self.zeros()
+        targets = {
+            causal: {
+                name: self._targets(ids, name, causal)
+                for name in self.names
+                if causal or not PATTERNS[name].causal_only
+            }
+            for causal in set(self.causal.values())
+        }
+        removers = [add_hook(site, self._reducer(site, targets[self.causal[site.name]], sums)) for site in self.sites]
+        try:
+            with torch.no_grad(), masking_heads(self.model, self.held):
+                self.reader.run(self.model, ids)
         finally:
             for remove in removers:
                 remove()
+        sums["texts"] += ids.shape[0]
+        return sums
 
-    def _targets(self, ids: Tensor, names: list[str], causal: bool) -> dict[str, Tensor]:
-        """pattern -> (C, B, T, T) masks, for the patterns scored with this causality."""
-        chosen = {}
-        for name in names:
-            if PATTERNS[name].causal_only and not causal:
-                continue
-            candidates = pattern_targets(name, ids, causal=causal, window=self.window)
-            self.labels[name, causal] = [label for label, _ in candidates]
-            chosen[name] = torch.stack([mask for _, mask in candidates])
-        return chosen
+    def _targets(self, ids: Tensor, name: str, causal: bool) -> Tensor:
+        """(C, B, T, T): the masks of the candidates of pattern ``name``."""
+        return torch.stack([mask for _, mask in pattern_targets(name, ids, causal=causal, window=self.window)])
 
-    def _reducer(self, site: Site, targets: dict[str, Tensor]) -> Callable[[Tensor], Tensor]:
-        mass, count = self.mass[site.name], self.count[site.name]
+    def _reducer(self, site: Site, targets: dict[str, Tensor], sums: dict[str, Tensor]) -> Callable[[Tensor], Tensor]:
+        names = self.scored(site)
 
         def reduce(weights: Tensor) -> Tensor:  # (B, H, T_q, T_k), this layer's only
             kept = weights.detach()
-            for name, masks in targets.items():  # one candidate at a time: no more than one layer's size
+            for name in names:
+                masks = targets[name]  # one candidate at a time: no more than one layer's size
                 added = torch.stack(
                     [kept.masked_fill(~mask[:, None], 0.0).sum((0, 2, 3), dtype=torch.float64) for mask in masks]
                 )  # (C, H)
-                queries = masks.any(-1).sum((1, 2)).double()  # (C,)
-                mass[name] = mass[name] + added if name in mass else added
-                count[name] = count[name] + queries if name in count else queries
+                sums[f"{site.name}:{name}"] += added.cpu()
+                sums[f"{site.name}:{name}:queries"] += masks.any(-1).sum((1, 2)).double().cpu()
             return weights
 
         return reduce
 
-    def rows(self) -> list[HeadPatterns]:
+    def rows(self, sums: Mapping[str, Tensor]) -> list[HeadPatterns]:
+        """Every head's scores from ``sums`` (of this or another :class:`DetectSums` of the same
+        model and window, merged): per pattern, the best candidate's sum / queries; NaN where
+        ``sums`` hold no pattern for the module."""
         rows = []
         for site in self.sites:
             heads = site.module.heads
             scores: dict[str, list[tuple[float, int | None]]] = {}
             for name in PATTERNS:
-                if name not in self.mass[site.name]:
+                key = f"{site.name}:{name}"
+                if key not in sums:
                     scores[name] = [(math.nan, None)] * heads
                     continue
-                per = (self.mass[site.name][name] / self.count[site.name][name].clamp_min(1)[:, None]).cpu()  # (C, H)
+                per = sums[key] / sums[f"{key}:queries"].clamp_min(1)[:, None]  # (C, H)
                 best = per.argmax(0)
                 labels = self.labels[name, self.causal[site.name]]
                 scores[name] = [(float(per[best[h], h]), labels[int(best[h])]) for h in range(heads)]

@@ -674,12 +674,13 @@ def _prune_physically(  # noqa: PLR0913
 
 @heads_app.command("detect")
 def detect_command(
+    ctx: typer.Context,
     run: Path = typer.Argument(..., help=SOURCE_HELP),
     texts: Path = typer.Option(
         None,
         "--texts",
         help="A text file, one text per line (each read alone): previous-token, BOS and positional scores are "
-        "measured on it; duplicate-token and induction always on repeated random tokens.",
+        "measured on it (streamed, any size); duplicate-token and induction always on repeated random tokens.",
     ),
     out: Path = typer.Option(
         None, "--out", help="Folder for detect.csv and the heatmaps (default RUN/analysis/detect)."
@@ -691,10 +692,14 @@ def detect_command(
         max=4096,
         help="Random tokens per sequence, before it repeats; default 50 (fewer where the context is shorter).",
     ),
-    batch_size: int = typer.Option(8, "--batch-size", min=1, max=MAX_BATCH_SIZE, help="Random sequences."),
+    batch_size: int = typer.Option(
+        8, "--batch-size", min=1, max=MAX_BATCH_SIZE, help="Random sequences, and --texts texts per batch."
+    ),
     window: int = typer.Option(4, "--window", min=0, max=64, help="Largest relative offset of a positional head."),
     seed: int = typer.Option(0, "--seed", min=0, max=2**31 - 1, help="Seed of the random tokens."),
     top: int = typer.Option(3, "--top", min=1, max=100, help="Heads named per pattern."),
+    nproc: int = nproc_option(),
+    resume: bool = resume_option(),
     progress: bool = progress_option(),
     device: str = device_option(),
     dtype: str | None = dtype_option(),
@@ -708,25 +713,64 @@ def detect_command(
     A score is the head's mean attention on the pattern's targets (1: all of it). Induction is
     Olsson et al.'s: on random tokens repeated twice, attention from the second half to the token
     after the first occurrence. Positional: the best fixed relative offset other than -1.
+
+    --texts is a corpus run: the file is streamed (any size), --nproc spreads it over processes
+    and --resume continues it (state: FOLDER/detect.resume.json); the random sequences are
+    measured on the first process.
     """
-    import math
-    from dataclasses import asdict
-
-    from tqdm import tqdm
-
-    from attnlab.analysis.detectors import PATTERNS, detect_heads
-    from attnlab.analysis.reports import head_matrix_plot, write_rows
-    from attnlab.head_ids import HeadId
+    from attnlab.analysis.corpus import corpus_identity, finish, run_corpus
+    from attnlab.analysis.detectors import ON_TEXTS, DetectSums, repeated_random, score_heads
     from attnlab.pretrained.sources import open_model
 
     if out is not None:
         check_output_path(out, kind="folder", flag="--out")
-    loaded = open_model(run, device=device, dtype=dtype, revision=revision, verify=verify)
-    with tqdm(desc="detect", unit="pass", disable=not progress) as bar:
-        detection = detect_heads(
-            loaded, texts=texts, length=length, batch=batch_size, window=window, seed=seed, progress=bar.update
-        )
-    folder = out or loaded.analysis / "detect"
+    where = corpus_processes(ctx, nproc, resume, texts, device)
+    if where is None:  # the processes launched from here did the work
+        return
+    info, device = where
+    with process_group(info):
+        loaded = open_model(run, device=device, dtype=dtype, revision=revision, verify=verify)
+        folder = out or loaded.analysis / "detect"
+        random = repeated_random(loaded, length=length, batch=batch_size, seed=seed)  # checked before any pass
+        sums, state = None, None
+        if texts is not None:
+            state = folder / "detect.resume.json"
+            identity = corpus_identity(
+                texts,
+                command="heads detect",
+                run=str(loaded.source),
+                held=[str(head) for head in loaded.held_heads],
+                window=window,
+                dtype=dtype,
+                revision=revision,
+            )
+            sums = run_corpus(
+                texts,
+                DetectSums(loaded, ON_TEXTS, window=window),
+                batch_size=batch_size,
+                identity=identity,
+                state=state,
+                resume=resume,
+                info=info,
+                progress=progress,
+                desc="detect",
+            )
+            if not info.is_main:
+                return
+        detection = score_heads(loaded, random, sums, window=window, texts=texts)
+        _report_detection(loaded, detection, folder, top, as_json)
+        finish(state)  # the results are written: the state of a corpus run goes
+
+
+def _report_detection(loaded, detection, folder: Path, top: int, as_json: bool) -> None:  # noqa: ANN001
+    """Write the scores' CSV and a heatmap per pattern, and name the top heads."""
+    import math
+    from dataclasses import asdict
+
+    from attnlab.analysis.detectors import PATTERNS
+    from attnlab.analysis.reports import head_matrix_plot, write_rows
+    from attnlab.head_ids import HeadId
+
     columns = ("kind", "layer", "head", *PATTERNS, "positional_offset")
     table = write_rows(detection.rows, folder / "detect.csv", columns)
     heatmaps = {}

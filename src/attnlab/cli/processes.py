@@ -1,8 +1,8 @@
 """Running a command on N processes: PyTorch's elastic launcher (torchrun), started from the command.
 
 ``attnlab train --nproc N`` and the corpus runs (``attnlab eval --texts``, ``attnlab heads
-importance | ablate --texts``) run their own command line again on N local processes with the
-launcher ``torchrun --standalone --nproc_per_node=N`` runs (:func:`launch`). Each process gets
+importance | ablate | detect --texts``) run their own command line again on N local processes with
+the launcher ``torchrun --standalone --nproc_per_node=N`` runs (:func:`launch`). Each process gets
 RANK, WORLD_SIZE, LOCAL_RANK and MASTER_ADDR/PORT, and joins the process group with
 :func:`attnlab.training.distributed.from_environment`: gloo on the CPU, NCCL on GPUs (one each).
 

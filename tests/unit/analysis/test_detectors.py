@@ -14,7 +14,9 @@ import math
 import pytest
 import torch
 
-from attnlab.analysis.detectors import PATTERNS, HeadPatterns, detect_heads, pattern_targets
+from attnlab.analysis.corpus import WINDOW_BATCHES, corpus_identity, run_corpus
+from attnlab.analysis.detectors import ON_TEXTS, PATTERNS, DetectSums, HeadPatterns, detect_heads, pattern_targets
+from attnlab.errors import DataError
 from attnlab.experiment import ExperimentConfig, model_config_for_task
 from attnlab.nn import build_model, trace
 from attnlab.pretrained.bert import find_source, import_bert
@@ -175,6 +177,55 @@ def test_patterns_left_out_of_texts_are_measured_on_random_repeats(loaded, tmp_p
     assert "random" in detection.measured_on["induction"] and "random" in detection.measured_on["duplicate_token"]
     assert str(texts) in detection.measured_on["previous_token"]
     assert max(detection.rows, key=lambda row: row.induction).head == 1
+
+
+class Stop(Exception):
+    """Stands for an interruption after some windows."""
+
+
+def _stop_after_first_window(done: int) -> None:
+    if done == 1:
+        raise Stop
+
+
+def test_an_interrupted_text_run_resumes_to_the_uninterrupted_sums(loaded, tmp_path) -> None:  # noqa: ANN001
+    """Three windows of texts of several lengths (batches of 2): stopped after the first window
+    and resumed, the sums equal the uninterrupted run's, and so do the scores."""
+    words = "the cat sat on a mat abc xyz".split()
+    lines = [" ".join(words[(i + k) % len(words)] for k in range(1 + i % 4)) for i in range(2 * WINDOW_BATCHES * 2 + 5)]
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    objective = DetectSums(loaded, ON_TEXTS)
+    identity = corpus_identity(texts, command="test")
+    whole = run_corpus(texts, objective, batch_size=2, identity=identity)
+    assert int(whole["texts"]) == len(lines)
+    state = tmp_path / "state.json"
+    with pytest.raises(Stop):
+        run_corpus(
+            texts, objective, batch_size=2, identity=identity, state=state, after_window=_stop_after_first_window
+        )
+    resumed = run_corpus(texts, objective, batch_size=2, identity=identity, state=state, resume=True)
+    assert resumed.keys() == whole.keys()
+    for name in whole:
+        torch.testing.assert_close(resumed[name], whole[name], rtol=0, atol=1e-9, msg=name)
+    assert objective.rows(resumed) == objective.rows(whole)
+
+
+def test_texts_of_one_length_in_one_pass_score_as_each_alone(loaded) -> None:  # noqa: ANN001
+    objective = DetectSums(loaded, ON_TEXTS)
+    items = [objective.encode(text, where="t") for text in ("abcd", "the cat", "wxyz")]
+    together = objective.measure(items)
+    alone = [objective.measure([ids]) for ids in items]
+    assert int(together["texts"]) == 3
+    for name, value in together.items():
+        torch.testing.assert_close(value, sum(sums[name] for sums in alone), rtol=1e-6, atol=1e-9, msg=name)
+
+
+def test_a_text_longer_than_the_context_names_its_line(loaded) -> None:  # noqa: ANN001
+    with pytest.raises(
+        DataError, match=r"^texts\.txt:3: the text has 101 tokens, more than the model's context of 64$"
+    ):
+        DetectSums(loaded, ON_TEXTS).encode("q" * 100, where="texts.txt:3")  # BOS + 100
 
 
 def test_targets_of_a_repeated_sequence() -> None:
