@@ -669,7 +669,7 @@ class _Trainer:
             return
         self.run.append_metrics(record)
         self.sink.write(record)
-        if "split" in record:
+        if record.get("split") == "valid":  # the curves follow valid (the final checkpoint plots them too)
             plot_curves(self.run.read_metrics(), self.run.plots)
 
     def _checkpoint(self) -> None:
