@@ -640,13 +640,22 @@ class RecognitionTask(VocabIds):
         ``classify``: half positive; for the Dyck languages at least :data:`BALANCED_SHARE` of the
         negatives have balanced bracket counts (:meth:`_balanced_sampler`). ``next_char``: positive
         strings only, as Bhattamishra et al. train and test. With ``distinct``, no string twice.
+        A split is drawn once per task object (the same seed gives the same examples anyway):
+        every evaluation of a run scores the one it drew first.
         """
         self.check_split(name)
-        size = self.split_size(name)
-        if self.distinct:
-            self._check_distinct(name, size)
-        rng = random.Random(f"{self.seed}:{self.language}:{name}")
-        return self._examples(name, size, rng, seen=set() if self.distinct else None)
+        if name not in self._drawn:
+            size = self.split_size(name)
+            if self.distinct:
+                self._check_distinct(name, size)
+            rng = random.Random(f"{self.seed}:{self.language}:{name}")
+            self._drawn[name] = self._examples(name, size, rng, seen=set() if self.distinct else None)
+        return list(self._drawn[name])
+
+    @cached_property
+    def _drawn(self) -> dict[str, list[Example]]:
+        """Split name -> its examples, once drawn (:meth:`split`)."""
+        return {}
 
     def fresh_train(self, rng: random.Random, size: int) -> list[Example]:
         """``size`` training examples drawn from ``rng`` as the train split draws its own (same
