@@ -277,7 +277,9 @@ def test_given_values_are_kept_and_a_changed_kind_is_still_checked():
 )
 def test_the_protocol_options_of_train_are_checked_naming_the_key(change, message):
     with pytest.raises(ConfigError, match=message):
-        ExperimentConfig.from_dict({"task": {"name": "dyck1"}, "model": {"kind": "encoder_classifier"}, "train": change})
+        ExperimentConfig.from_dict(
+            {"task": {"name": "dyck1"}, "model": {"kind": "encoder_classifier"}, "train": change}
+        )
 
 
 def test_the_bhattamishra_config_loads_with_the_papers_protocol_for_every_grid_language():
@@ -289,5 +291,9 @@ def test_the_bhattamishra_config_loads_with_the_papers_protocol_for_every_grid_l
         task = build_task(experiment.task)[0]
         assert (task.sampler, task.p, task.q, task.distinct) == ("pcfg", 0.5, 0.25, True)
         assert task.lengths("train") == range(1, 51) and list(task.length_bins) == ["length_51_100", "length_101_150"]
-        assert (experiment.train.loss, experiment.train.stop_at_accuracy, experiment.train.oracle) == ("mse", 0.999, True)
+        assert (experiment.train.loss, experiment.train.stop_at_accuracy, experiment.train.oracle) == (
+            "mse",
+            0.999,
+            True,
+        )
         assert experiment.train.select == "last"
