@@ -295,11 +295,7 @@ class _Trainer:
         self.max_length = cfg.max_length or self.model.config.max_len
         self.optimizer = self._optimizer()
         self.scheduler = make_scheduler(self.optimizer, cfg.schedule, warmup=cfg.warmup, total=cfg.steps)
-        # task.fresh_examples: a new batch from the task at every step, else epochs of the train split
-        fresh = getattr(self.task, "fresh_examples", False)
-        self.stream: BatchStream | FreshStream = (FreshStream if fresh else BatchStream)(
-            self.task if fresh else train_examples,  # type: ignore[arg-type]
-            cfg.batch_size,
+        stream_options = dict(
             pad_id=self.task.pad_id,
             bos_id=self.task.bos_id,
             eos_id=self.task.eos_id,
@@ -307,6 +303,12 @@ class _Trainer:
             max_length=self.max_length,
             truncate=cfg.truncate,
             dist=dist,
+        )
+        # task.fresh_examples: a new batch from the task at every step; else epochs of the train split
+        self.stream: BatchStream | FreshStream = (
+            FreshStream(self.task, cfg.batch_size, **stream_options)
+            if getattr(self.task, "fresh_examples", False)
+            else BatchStream(train_examples, cfg.batch_size, **stream_options)
         )
         self.step = 0
         self.validation: dict[str, Any] | None = None  # the latest validation of this session
