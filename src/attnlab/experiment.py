@@ -73,6 +73,12 @@ TASK_DECIDES = ("vocab_size", "tgt_vocab_size", "num_classes", "pad_id")
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 
+LOSSES = ("bce", "mse")
+"""``train.loss``: the keys of :data:`attnlab.evaluation.objectives.SYMBOL_LOSSES`."""
+
+SELECT_MODES = ("last", "best_valid")
+"""``train.select``: the weights the final evaluation scores (:mod:`attnlab.training.selection`)."""
+
 MAX_THREADS = 1024
 """The most ``train.threads`` may ask for: more than the machine has is allowed (to repeat a run
 made on a bigger machine bit for bit), unbounded is not."""
@@ -117,6 +123,24 @@ class TrainConfig:
             record, which every command reads), plus ``"tensorboard"`` for TensorBoard event files
             in RUN/tensorboard/ (scalars and attention heatmaps; needs ``pip install
             'attnlab[tensorboard]'``).
+        loss: the training loss of the per-symbol sigmoids of ``next_char`` recognition: ``bce``
+            (binary cross-entropy) or ``mse`` (squared error, Bhattamishra et al. 2020); see
+            :data:`attnlab.evaluation.objectives.SYMBOL_LOSSES`. Evaluations report the
+            cross-entropy either way. Other tasks train with their softmax cross-entropy: ``mse``
+            is refused there.
+        stop_at_accuracy: stop once the mean accuracy over ``valid`` and the length bins of
+            ``task.eval_lengths``, scored every ``eval_every`` steps, reaches this (Bhattamishra
+            et al. stop at 0.999); 0 = train all ``steps``. The run records the step it stopped at.
+            The mean includes the test bins, as the paper's does.
+        select: which weights the end-of-training evaluation scores: ``last`` (the last step's) or
+            ``best_valid`` (those of the evaluation, every ``eval_every`` steps, with the best
+            ``valid`` accuracy, ties to the lower ``valid`` loss: the validation split holds
+            training lengths, never a test bin); the run records the step selected and why
+            (:mod:`attnlab.training.selection`). The last checkpoint keeps the last weights.
+        oracle: also score every length bin at each evaluation and write, per bin, the best
+            accuracy over the evaluated steps (what Bhattamishra et al. report) to RUN/oracle.json
+            and as ``oracle_accuracy`` beside each bin's final result, marked as selected on the
+            test bins: optimistic, never the headline figure.
     """
 
     steps: int = 1000
@@ -145,6 +169,10 @@ class TrainConfig:
     threads: int = 0
     final_splits: list[str] = field(default_factory=list)
     log_to: list[str] = field(default_factory=lambda: ["jsonl"])
+    loss: str = "bce"
+    stop_at_accuracy: float = 0.0
+    select: str = "last"
+    oracle: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.log_to, list):  # --set train.log_to=tensorboard: say what a list looks like
@@ -180,6 +208,19 @@ class TrainConfig:
         if not (self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")):
             raise ConfigError(f"train.device: unknown {self.device!r}; allowed: cpu, cuda, cuda:N")
         _check_log_to(self.log_to)
+        if self.loss not in LOSSES:
+            raise ConfigError(f"train.loss: unknown {self.loss!r}; allowed: {', '.join(LOSSES)}")
+        if self.select not in SELECT_MODES:
+            raise ConfigError(f"train.select: unknown {self.select!r}; allowed: {', '.join(SELECT_MODES)}")
+        if not 0.0 <= self.stop_at_accuracy <= 1.0:
+            raise ConfigError(f"train.stop_at_accuracy: must lie in [0, 1] (0 = off), got {self.stop_at_accuracy}")
+        for name, wanted in (
+            ("stop_at_accuracy", self.stop_at_accuracy > 0),
+            ("select", self.select != "last"),
+            ("oracle", self.oracle),
+        ):
+            if wanted and self.eval_every == 0:
+                raise ConfigError(f"train.{name}: needs evaluations during training; set train.eval_every > 0")
 
 
 def _check_once(key: str, values: list[Any]) -> None:

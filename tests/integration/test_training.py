@@ -100,9 +100,9 @@ def _poison_loss(monkeypatch, call: int, value: float):  # noqa: ANN001, ANN202
     real = trainer_module.OBJECTIVES["encoder_classifier"]
     seen = {"n": 0}
 
-    def poisoned(model, batch, head_mask, pad_id, smoothing):
+    def poisoned(model, batch, head_mask, pad_id, smoothing, **options):
         seen["n"] += 1
-        parts = real(model, batch, head_mask, pad_id, smoothing)
+        parts = real(model, batch, head_mask, pad_id, smoothing, **options)
         return parts._replace(total=parts.total * value) if seen["n"] == call else parts
 
     monkeypatch.setitem(trainer_module.OBJECTIVES, "encoder_classifier", poisoned)

@@ -262,3 +262,38 @@ def test_given_values_are_kept_and_a_changed_kind_is_still_checked():
     assert config.model["max_len"] == 64 and config.task["train_size"] == 8
     with pytest.raises(ConfigError, match="model.decoder_layers: unknown key for kind 'decoder_only'"):
         config.with_overrides(['model.kind="decoder_only"'])
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"loss": "l2"}, r"^train\.loss: unknown 'l2'; allowed: bce, mse$"),
+        ({"select": "best_test"}, r"^train\.select: unknown 'best_test'; allowed: last, best_valid$"),
+        ({"stop_at_accuracy": 1.5, "eval_every": 10}, r"^train\.stop_at_accuracy: must lie in \[0, 1\]"),
+        ({"stop_at_accuracy": 0.999}, r"^train\.stop_at_accuracy: needs evaluations during training"),
+        ({"select": "best_valid"}, r"^train\.select: needs evaluations during training"),
+        ({"oracle": True}, r"^train\.oracle: needs evaluations during training; set train\.eval_every > 0$"),
+    ],
+)
+def test_the_protocol_options_of_train_are_checked_naming_the_key(change, message):
+    with pytest.raises(ConfigError, match=message):
+        ExperimentConfig.from_dict(
+            {"task": {"name": "dyck1"}, "model": {"kind": "encoder_classifier"}, "train": change}
+        )
+
+
+def test_the_bhattamishra_config_loads_with_the_papers_protocol_for_every_grid_language():
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "configs" / "papers" / "bhattamishra2020.toml"
+    for language in ("dyck1", "parity"):
+        experiment = load_experiment(path, [f"task.name={language}"])
+        task = build_task(experiment.task)[0]
+        assert (task.sampler, task.p, task.q, task.distinct) == ("pcfg", 0.5, 0.25, True)
+        assert task.lengths("train") == range(1, 51) and list(task.length_bins) == ["length_51_100", "length_101_150"]
+        assert (experiment.train.loss, experiment.train.stop_at_accuracy, experiment.train.oracle) == (
+            "mse",
+            0.999,
+            True,
+        )
+        assert experiment.train.select == "last"

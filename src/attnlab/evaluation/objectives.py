@@ -9,7 +9,9 @@
   task symbols (ids >= :data:`FIRST_PREDICTED_ID`) are read as independent sigmoid logits z_{t,c},
   with the binary cross-entropy -[y log s(z) + (1 - y) log(1 - s(z))] against y_{t,c} = 1 iff symbol
   c may follow the prefix read at t (:func:`next_symbol_targets`), summed over the symbols: one
-  prediction, and one loss, per position.
+  prediction, and one loss, per position. With ``loss="mse"`` (``train.loss``), the squared error
+  (s(z) - y)² of each sigmoid instead, summed over the symbols: Bhattamishra et al.'s objective
+  (their code means it over the symbols, a constant factor apart).
 
 Two reductions of the same cross-entropy (with optional label smoothing, Vaswani §5.4):
 
@@ -38,6 +40,7 @@ __all__ = [
     "Predictions",
     "PREDICTIONS",
     "OBJECTIVES",
+    "SYMBOL_LOSSES",
     "example_losses",
     "next_symbol_targets",
 ]
@@ -109,16 +112,29 @@ def next_symbol_targets(next_symbols: Tensor, vocab_size: int) -> Tensor:
     return ((next_symbols.unsqueeze(-1) >> ids) & 1).bool()
 
 
+def _squared_error(scores: Tensor, targets: Tensor, reduction: str) -> Tensor:
+    """(sigmoid(z) - y)², elementwise (``reduction`` must be ``none``)."""
+    return (torch.sigmoid(scores) - targets) ** 2
+
+
+SYMBOL_LOSSES: dict[str, Callable[..., Tensor]] = {
+    "bce": F.binary_cross_entropy_with_logits,
+    "mse": _squared_error,
+}
+"""Registry: ``train.loss`` -> the loss of one sigmoid logit z against its 0/1 target y, elementwise:
+``bce`` -[y log s(z) + (1 - y) log(1 - s(z))], ``mse`` (s(z) - y)² (Bhattamishra et al. 2020)."""
+
+
 def _next_symbol_losses(
-    model: nn.Module, batch: Batch, head_mask: Mapping[str, Tensor] | None
+    model: nn.Module, batch: Batch, head_mask: Mapping[str, Tensor] | None, loss: str = "bce"
 ) -> tuple[Tensor, Tensor]:
-    """Binary cross-entropy per (position, symbol), (B, T, K), zero at padding, and the (B, T) mask
-    of real positions."""
+    """The ``loss`` (:data:`SYMBOL_LOSSES`) per (position, symbol), (B, T, K), zero at padding, and
+    the (B, T) mask of real positions."""
     with masking_heads(model, head_mask):
         logits = model(batch.tgt_in)
     targets = next_symbol_targets(batch.next_symbols, logits.shape[-1])
     scores = logits[..., FIRST_PREDICTED_ID:].to(torch.promote_types(logits.dtype, torch.float32))
-    losses = F.binary_cross_entropy_with_logits(scores, targets.to(scores.dtype), reduction="none")
+    losses = SYMBOL_LOSSES[loss](scores, targets.to(scores.dtype), reduction="none")
     return losses * batch.tgt_is_token.unsqueeze(-1), batch.tgt_is_token
 
 
@@ -129,16 +145,18 @@ def _summed(
     head_mask: Mapping[str, Tensor] | None,
     pad_id: int,
     label_smoothing: float,
+    loss: str = "bce",
 ) -> LossParts:
     if batch.next_symbols is not None:  # label smoothing applies to the softmax objectives only
-        losses, real = _next_symbol_losses(model, batch, head_mask)
+        losses, real = _next_symbol_losses(model, batch, head_mask, loss)
         return LossParts(losses.sum(), real.sum())
     losses, real = _token_losses(PREDICTIONS[kind](model, batch, head_mask, pad_id), label_smoothing)
     return LossParts(losses.sum(), real.sum())
 
 
 OBJECTIVES: dict[str, Callable[..., LossParts]] = {kind: partial(_summed, kind) for kind in PREDICTIONS}
-"""Registry: model kind -> objective(model, batch, head_mask, pad_id, label_smoothing) -> LossParts."""
+"""Registry: model kind -> objective(model, batch, head_mask, pad_id, label_smoothing, loss="bce") ->
+LossParts; ``loss`` (:data:`SYMBOL_LOSSES`) applies to the per-symbol sigmoids of ``next_char``."""
 
 
 def example_losses(

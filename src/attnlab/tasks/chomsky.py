@@ -60,7 +60,9 @@ laptop's two cores, the length-generalisation split covers L+1..2L (41..80), rep
 (``accuracy_by_length``). Splits are fixed sets: train/valid/test share lengths 1..L and are
 disjoint by a seeded hash of the input (:func:`attnlab.tasks.base.split_of`); lengths are drawn
 uniformly, the shortest in proportion to how many distinct inputs a split holds
-(:func:`attnlab.tasks.base.weigh_lengths`).
+(:func:`attnlab.tasks.base.weigh_lengths`). With ``task.fresh_examples = true`` training draws a new
+batch at every step, as the paper does (from the train split's share of the inputs, so valid and
+test stay unseen); the fixed train split then serves only the checks and the training-fit report.
 """
 
 from __future__ import annotations
@@ -108,6 +110,8 @@ class ChomskyTask(_SplitConfig):
             length-generalisation split L+1..2L (the paper: 41..500).
         train_size, valid_size, test_size, length_generalisation_size: examples per split.
         seed: the seed of every draw and of the split assignment.
+        fresh_examples: train on a batch drawn afresh at every step, as the paper does, rather
+            than on the fixed ``train_size`` examples (:meth:`fresh_train`).
     """
 
     max_train_length: int = PAPER_MAX_TRAIN_LENGTH

@@ -50,6 +50,13 @@ Two formulations (``task.formulation``):
 Length bins (``task.eval_lengths = [[13, 24], [25, 48]]``): each bin is a split of its own,
 ``length_13_24``, drawn like ``length_generalisation`` (which stays (L, 2L]).
 
+The paper's protocol (Bhattamishra, Ahuja & Goyal 2020, from its authors' code,
+Transformer-Formal-Languages): ``task.sampler = "pcfg"`` draws positives with the paper's
+generator (for Dyck the grammar S -> (S) | SS | ε with ``task.p``, ``task.q``, see
+:func:`dyck_derivation` for its closed forms; the counter languages a block count uniform over
+the split's), and ``task.distinct = true`` keeps every split free of repeats. ``task.fresh_examples``
+trains on a new batch from the training split's distribution at every step (Delétang et al. 2023).
+
 Membership is decided by checkers written independently of the generators (counting and
 rewriting rather than construction), so tests can hold one against the other.
 """
@@ -74,6 +81,7 @@ from attnlab.tasks.base import (
     check_sizes,
     length_bin_name,
     split_of,
+    split_share,
     split_statistics,
     weigh_lengths,
 )
@@ -84,7 +92,13 @@ __all__ = [
     "LANGUAGES",
     "Language",
     "RecognitionTask",
+    "SAMPLERS",
     "baseline_accuracy",
+    "check_grammar",
+    "dyck_derivation",
+    "pcfg_depth_cdf",
+    "pcfg_expected_length",
+    "pcfg_length_variance",
     "check_length_bins",
     "length_bin_name",
     "near_misses",
@@ -241,13 +255,124 @@ def _blocks_positive(letters: str) -> Callable[[random.Random, int], str | None]
     return sample
 
 
+# ---- the paper's generators (``task.sampler = "pcfg"``, Bhattamishra et al. 2020) ----------------
+
+
+def dyck_derivation(kinds: str) -> Callable[[random.Random, float, float, float], str]:
+    """A Dyck word drawn from the probabilistic grammar of Bhattamishra, Ahuja & Goyal (2020, §4):
+
+        S -> (_i S )_i  with probability p (the kind i uniform),
+        S -> S S        with probability q,
+        S -> ε          with probability r = 1 - p - q.
+
+    ``derive(rng, p, q, budget)``: as the authors' generator (Transformer-Formal-Languages,
+    ``DyckLanguage.generate``) caps it, a node nested in d pairs counts 2d symbols against the
+    budget: at 2d >= budget it derives ε without a draw, and a derivation longer than the budget
+    becomes ε. ``budget = math.inf`` is the grammar itself.
+
+    Closed forms of the grammar (no budget), with r = 1 - p - q and p + 2q < 1 (the branching
+    process is subcritical: each S has on average p + 2q children S):
+
+    * length L: L = 2 + L' with p, L' + L'' with q, 0 with r, the L's independent copies; so
+      m = E[L] = p (2 + m) + 2 q m, i.e. **E[L] = 2p / (1 - p - 2q)**, and E[L²] = p (4 + 4m + E[L²])
+      + q (2 E[L²] + 2 m²), i.e. E[L²] = (4p (1 + m) + 2q m²) / (1 - p - 2q).
+    * depth D (the most pairs open at once): F_d = P(D <= d) solves F_d = r + p F_{d-1} + q F_d²
+      (F_{-1} = 0), the least root F_d = (1 - sqrt(1 - 4q (r + p F_{d-1}))) / (2q) (F_d = r + p
+      F_{d-1} when q = 0); E[D] = sum_{d >= 0} (1 - F_d) (:func:`pcfg_depth_cdf`).
+
+    The paper's p = 1/2, q = 1/4 is the critical case p + 2q = 1: E[L] is infinite, so the budget
+    (the longest length of the split) is what keeps strings finite there.
+    """
+    closer = dict(zip("([", ")]"))
+
+    def derive(rng: random.Random, p: float, q: float, budget: float, opened: int = 0) -> str:
+        if opened >= budget:
+            return ""
+        u = rng.random()
+        if u < p:
+            kind = rng.choice(kinds)
+            word = kind + derive(rng, p, q, budget, opened + 2) + closer[kind]
+        elif u < p + q:
+            word = derive(rng, p, q, budget, opened) + derive(rng, p, q, budget, opened)
+        else:
+            return ""
+        return word if len(word) <= budget else ""
+
+    return derive
+
+
+def pcfg_expected_length(p: float, q: float) -> float:
+    """E[L] = 2p / (1 - p - 2q) of :func:`dyck_derivation`'s grammar (infinite when p + 2q >= 1)."""
+    return 2 * p / (1 - p - 2 * q) if p + 2 * q < 1 else math.inf
+
+
+def pcfg_length_variance(p: float, q: float) -> float:
+    """Var L = E[L²] - E[L]² of the grammar (see :func:`dyck_derivation`), for p + 2q < 1."""
+    m = pcfg_expected_length(p, q)
+    second = (4 * p * (1 + m) + 2 * q * m * m) / (1 - p - 2 * q)
+    return second - m * m
+
+
+def pcfg_depth_cdf(p: float, q: float, depths: int) -> list[float]:
+    """F_0 .. F_{depths-1}, F_d = P(depth <= d) of the grammar (see :func:`dyck_derivation`)."""
+    r, cdf, previous = 1 - p - q, [], 0.0
+    for _ in range(depths):
+        c = r + p * previous
+        previous = c if q == 0 else (1 - math.sqrt(1 - 4 * q * c)) / (2 * q)
+        cdf.append(previous)
+    return cdf
+
+
+def _dyck_grammar(kinds: str) -> Callable[[random.Random, float, float, int, int], str | None]:
+    """The paper's draw of a Dyck split with lengths in [low, high]: a derivation under the
+    budget ``high``, rejected (None) when shorter than ``low``, as its ``generate_list`` does."""
+    derive = dyck_derivation(kinds)
+
+    def draw(rng: random.Random, p: float, q: float, low: int, high: int) -> str | None:
+        word = derive(rng, p, q, high)
+        return word if len(word) >= low else None
+
+    return draw
+
+
+def _blocks_grammar(letters: str) -> Callable[[random.Random, float, float, int, int], str | None]:
+    """The paper's counter languages (``CounterLanguage.generate_sample``): the block count k is
+    uniform over the k whose length k * |letters| lies in [low, high]; p and q play no part."""
+
+    def draw(rng: random.Random, p: float, q: float, low: int, high: int) -> str | None:
+        counts = range(-(-max(low, 1) // len(letters)), high // len(letters) + 1)
+        if not counts:
+            return None
+        k = rng.choice(counts)
+        return "".join(letter * k for letter in letters)
+
+    return draw
+
+
+def _parity_grammar(rng: random.Random, p: float, q: float, low: int, high: int) -> str | None:
+    """The paper's parity (``ParityLanguage``): symbols 0 and 1 each with probability
+    s = M / (2 (1 + M)), M = (low + high) // 2, until a stop (1 - 2s) or ``high`` symbols, so the
+    length is geometric with mean about M; a string with an odd number of 1s gets a 1 appended
+    (dropped when that makes it too long). Rejected (None) outside [low, high]; p and q play no part."""
+    middle = (low + high) // 2
+    keep = middle / (1 + middle)  # 2s: the chance of one more symbol
+    bits = []
+    while len(bits) < high and rng.random() < keep:
+        bits.append(rng.choice("01"))
+    word = "".join(bits)
+    if word.count("1") % 2:
+        word += "1"
+    return word if low <= len(word) <= high else None
+
+
 def _catalan(k: int) -> int:
     return math.comb(2 * k, k) // (k + 1)
 
 
 @dataclass(frozen=True)
 class Language:
-    """A formal language: its alphabet, membership checker, sampler and positive count."""
+    """A formal language: its alphabet, membership checker, samplers (uniform over shapes, and the
+    paper's generator) and positive count."""
 
     name: str
     alphabet: str
@@ -255,6 +380,9 @@ class Language:
     sample_positive: Callable[[random.Random, int], str | None]
     count_positive: Callable[[int], int]
     next_symbols: Callable[[str], frozenset[str]]
+    grammar: Callable[[random.Random, float, float, int, int], str | None]
+    """The paper's generator (``task.sampler = "pcfg"``): ``grammar(rng, p, q, low, high)`` draws a
+    member with a length in [low, high], or None (rejected; the caller draws again)."""
     count_balanced: Callable[[int], int] | None = None
 
     def positives(self, n: int) -> Iterator[str]:
@@ -313,7 +441,13 @@ def _balanced_dyck2(n: int) -> int:
 
 LANGUAGES: dict[str, Language] = {
     "parity": Language(
-        "parity", "01", is_parity, _parity_positive, lambda n: 2 ** (n - 1) if n > 0 else 0, _parity_next
+        "parity",
+        "01",
+        is_parity,
+        _parity_positive,
+        lambda n: 2 ** (n - 1) if n > 0 else 0,
+        _parity_next,
+        _parity_grammar,
     ),
     "dyck1": Language(
         "dyck1",
@@ -322,6 +456,7 @@ LANGUAGES: dict[str, Language] = {
         _dyck_positive("("),
         lambda n: _catalan(n // 2) if n > 0 and n % 2 == 0 else 0,
         _dyck_next({"(": ")"}),
+        _dyck_grammar("("),
         _balanced_dyck1,
     ),
     "dyck2": Language(
@@ -331,13 +466,26 @@ LANGUAGES: dict[str, Language] = {
         _dyck_positive("(["),
         lambda n: _catalan(n // 2) * 2 ** (n // 2) if n > 0 and n % 2 == 0 else 0,
         _dyck_next({"(": ")", "[": "]"}),
+        _dyck_grammar("(["),
         _balanced_dyck2,
     ),
     "anbn": Language(
-        "anbn", "ab", is_anbn, _blocks_positive("ab"), lambda n: int(n > 0 and n % 2 == 0), _blocks_next("ab")
+        "anbn",
+        "ab",
+        is_anbn,
+        _blocks_positive("ab"),
+        lambda n: int(n > 0 and n % 2 == 0),
+        _blocks_next("ab"),
+        _blocks_grammar("ab"),
     ),
     "anbncn": Language(
-        "anbncn", "abc", is_anbncn, _blocks_positive("abc"), lambda n: int(n > 0 and n % 3 == 0), _blocks_next("abc")
+        "anbncn",
+        "abc",
+        is_anbncn,
+        _blocks_positive("abc"),
+        lambda n: int(n > 0 and n % 3 == 0),
+        _blocks_next("abc"),
+        _blocks_grammar("abc"),
     ),
 }
 """Registry: language name -> :class:`Language`."""
@@ -397,6 +545,19 @@ class RecognitionTask(VocabIds):
         eval_lengths: extra held-out splits by length, ``[[low, high], ...]``, inclusive, ordered,
             disjoint, every low above L; bin [low, high] is the split ``length_<low>_<high>``.
             The (L, 2L] ``length_generalisation`` split stays, and may overlap a bin.
+        sampler: how positives are drawn: ``uniform`` (a length uniform as above, then a shape
+            uniform among that length's members) or ``pcfg`` (the generator of Bhattamishra et
+            al. 2020, :attr:`Language.grammar`: for Dyck the grammar of :func:`dyck_derivation`
+            with ``p`` and ``q``, capped at the split's longest length and rejected below its
+            shortest; for anbn, anbncn a block count uniform over the split's; for parity a
+            geometric length). Negatives (``classify``) are near-misses of uniform positives either way.
+        p, q: the Dyck grammar's S -> (S) and S -> SS probabilities (the paper: 0.5, 0.25); 0 < p,
+            0 <= q, p + q < 1. Used by ``sampler = "pcfg"`` for dyck1 and dyck2 only.
+        distinct: no split holds a string twice (the paper's sets; train, valid and test never
+            share one either way). A split the language cannot fill with distinct strings is an error.
+        fresh_examples: train on examples drawn afresh for every batch (Delétang et al. 2023),
+            from the training split's distribution (:meth:`fresh_train`), rather than on the fixed
+            ``train_size`` examples; those still serve the checks and the training-fit report.
     """
 
     language: str = "parity"
@@ -408,6 +569,11 @@ class RecognitionTask(VocabIds):
     seed: int = 0
     formulation: str = "classify"
     eval_lengths: list[list[int]] = field(default_factory=list)
+    sampler: str = "uniform"
+    p: float = 0.5
+    q: float = 0.25
+    distinct: bool = False
+    fresh_examples: bool = False
 
     kind = "recognition"
     """``recognition`` (the class's, and ``classify``'s) or ``next_char``: what the model outputs."""
@@ -426,6 +592,7 @@ class RecognitionTask(VocabIds):
             length_generalisation_size=self.length_generalisation_size,
         )
         check_length_bins(self.eval_lengths, self.max_train_length)
+        check_grammar(self.sampler, self.p, self.q)
         if self.formulation == "next_char":
             object.__setattr__(self, "kind", "next_char")
 
@@ -472,31 +639,85 @@ class RecognitionTask(VocabIds):
 
         ``classify``: half positive; for the Dyck languages at least :data:`BALANCED_SHARE` of the
         negatives have balanced bracket counts (:meth:`_balanced_sampler`). ``next_char``: positive
-        strings only, as Bhattamishra et al. train and test.
+        strings only, as Bhattamishra et al. train and test. With ``distinct``, no string twice.
+        A split is drawn once per task object (the same seed gives the same examples anyway):
+        every evaluation of a run scores the one it drew first.
         """
         self.check_split(name)
-        size = self.split_size(name)
-        rng = random.Random(f"{self.seed}:{self.language}:{name}")
+        if name not in self._drawn:
+            size = self.split_size(name)
+            if self.distinct:
+                self._check_distinct(name, size)
+            rng = random.Random(f"{self.seed}:{self.language}:{name}")
+            self._drawn[name] = self._examples(name, size, rng, seen=set() if self.distinct else None)
+        return list(self._drawn[name])
+
+    @cached_property
+    def _drawn(self) -> dict[str, list[Example]]:
+        """Split name -> its examples, once drawn (:meth:`split`)."""
+        return {}
+
+    def fresh_train(self, rng: random.Random, size: int) -> list[Example]:
+        """``size`` training examples drawn from ``rng`` as the train split draws its own (same
+        lengths, same shares, only strings the train split owns): one batch of ``fresh_examples``."""
+        return self._examples("train", size, rng, seen=None)
+
+    def _examples(self, name: str, size: int, rng: random.Random, seen: set[str] | None) -> list[Example]:
+        """``size`` examples of split ``name`` from ``rng``; with ``seen``, none whose string is in it
+        (each drawn string is added)."""
         if self.formulation == "next_char":
-            positives = self._positive_sampler(name, draws=size)
+            positives = _once(self._positive_sampler(name, draws=size), seen, self._too_few(name, size))
             return [self.encode_next_char(positives(rng)) for _ in range(size)]
         negatives_wanted = size - size // 2
         balanced = math.ceil(BALANCED_SHARE * negatives_wanted) if self.lang.has_balanced_negatives else 0
-        positives = self._positive_sampler(name, draws=size // 2)
+        too_few = self._too_few(name, size)
+        positives = _once(self._positive_sampler(name, draws=size // 2), seen, too_few)
         examples = [self.encode(positives(rng), 1) for _ in range(size // 2)]
         if negatives_wanted - balanced:
-            negatives = self._negative_sampler(name, draws=negatives_wanted - balanced)
+            negatives = _once(self._negative_sampler(name, draws=negatives_wanted - balanced), seen, too_few)
             examples += [self.encode(negatives(rng), 0) for _ in range(negatives_wanted - balanced)]
         if balanced:
-            swapped = self._balanced_sampler(name, draws=balanced)
+            swapped = _once(self._balanced_sampler(name, draws=balanced), seen, too_few)
             examples += [self.encode(swapped(rng), 0) for _ in range(balanced)]
         rng.shuffle(examples)
         return examples
 
+    def _size_key(self, name: str) -> str:
+        return "length_generalisation_size" if name in self.length_bins else f"{name}_size"
+
+    def _too_few(self, name: str, size: int) -> str:
+        lengths = self.lengths(name)
+        return (
+            f"task.{self._size_key(name)}: {self.language} has too few distinct strings of lengths "
+            f"{lengths.start}..{lengths.stop - 1} for {size} {name} examples without repeats (task.distinct = true); "
+            f"lower {self._size_key(name)}, widen the lengths, or set distinct = false"
+        )
+
+    def _check_distinct(self, name: str, size: int) -> None:
+        """Refuse at once a split that needs more distinct members than the language has at its
+        lengths (its share of them, for train, valid and test); :func:`_once` catches the rest."""
+        wanted = size if self.formulation == "next_char" else size // 2
+        share = split_share(self.share_name(name))
+        members = sum(self.lang.count_positive(n) for n in self.lengths(name))
+        if wanted > members * share:
+            raise ConfigError(
+                f"{self._too_few(name, size)} ({members} members, about {int(members * share)} of them in {name})"
+            )
+
     def _owns(self, name: str, string: str) -> bool:
         if self.held_out_by_length(name):
             return True
-        return self._dealt_balanced.get(string, split_of(self.seed, string)) == name
+        dealt = self._dealt_balanced.get(string) or self._dealt_members.get(string)
+        return (dealt or split_of(self.seed, string)) == name
+
+    @cached_property
+    def _dealt_members(self) -> dict[str, str]:
+        """Positives -> the split dealt each one, when the language has few of length <= L
+        (:meth:`_dealt_positives`); empty otherwise."""
+        lengths = [n for n in self.lengths("train") if self.lang.count_positive(n) > 0]
+        if sum(self.lang.count_positive(n) for n in lengths) > SMALL_LANGUAGE:
+            return {}
+        return {string: name for name, strings in self._dealt_positives(lengths).items() for string in strings}
 
     @cached_property
     def _dealt_balanced(self) -> dict[str, str]:
@@ -523,6 +744,9 @@ class RecognitionTask(VocabIds):
                 f"string with a length in [{self.lengths(name).start}, {self.lengths(name).stop - 1}]"
                 + ("" if name in self.length_bins else "; raise max_train_length")
             )
+        if self.sampler == "pcfg":
+            low, high = self.lengths(name).start, self.lengths(name).stop - 1
+            return lambda rng: self._draw(rng, lambda r: self.lang.grammar(r, self.p, self.q, low, high), name)
         if not self.held_out_by_length(name) and sum(counts.values()) <= SMALL_LANGUAGE:
             pool = self._dealt_positives(lengths)[name]
             return lambda rng: rng.choice(pool)
@@ -634,6 +858,50 @@ class RecognitionTask(VocabIds):
             train_labels = [1] * (self.train_size // 2) + [0] * (self.train_size - self.train_size // 2)
             report.update(baseline_accuracy(self.language, strings, labels, majority_label(train_labels)))
         return report
+
+
+SAMPLERS = ("uniform", "pcfg")
+"""``task.sampler``: ``uniform`` (a length, then a shape uniform among its members) or ``pcfg``
+(the generator of Bhattamishra et al. 2020, :attr:`Language.grammar`)."""
+
+
+def check_grammar(sampler: str, p: float, q: float) -> None:
+    """Refuse an unknown ``sampler``, and grammar probabilities outside 0 < p, 0 <= q, p + q < 1.
+
+    Raises:
+        ConfigError: one line naming ``sampler``, ``p`` or ``q``.
+    """
+    if sampler not in SAMPLERS:
+        raise ConfigError(f"sampler: unknown {sampler!r}; choose one of {', '.join(SAMPLERS)}")
+    if not p > 0:
+        raise ConfigError(f"p: the probability of S -> (S) must be > 0, got {p}")
+    if not q >= 0:
+        raise ConfigError(f"q: the probability of S -> SS must be >= 0, got {q}")
+    if not p + q < 1:
+        raise ConfigError(f"q: p + q must be < 1 (S -> ε takes the rest), got p + q = {p + q}")
+
+
+MAX_REPEATS = 1000
+"""With ``distinct``, a split gives up after this many draws in a row that it already holds."""
+
+
+def _once(
+    sampler: Callable[[random.Random], str], seen: set[str] | None, too_few: str
+) -> Callable[[random.Random], str]:
+    """``sampler``, drawing again while it gives a string of ``seen`` (then adding it); without
+    ``seen``, ``sampler`` itself. :data:`MAX_REPEATS` repeats in a row: ConfigError ``too_few``."""
+    if seen is None:
+        return sampler
+
+    def draw(rng: random.Random) -> str:
+        for _ in range(MAX_REPEATS):
+            string = sampler(rng)
+            if string not in seen:
+                seen.add(string)
+                return string
+        raise ConfigError(too_few)
+
+    return draw
 
 
 def _small_split_rule(name: str, report: dict[str, Any], classify: bool) -> str | None:

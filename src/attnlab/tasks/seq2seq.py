@@ -53,6 +53,8 @@ class _SplitConfig(VocabIds):
     length_generalisation_size: int = 200
     seed: int = 0
     eval_lengths: list[list[int]] = field(default_factory=list)
+    fresh_examples: bool = False
+    """Train on examples drawn afresh for every batch (Delétang et al. 2023; :meth:`fresh_train`)."""
 
     kind = "seq2seq"
 
@@ -74,8 +76,14 @@ class _SplitConfig(VocabIds):
     def split(self, name: str) -> list[Example]:
         """``{name}_size`` examples; lengths weighted by :func:`~attnlab.tasks.base.weigh_lengths`."""
         self.check_split(name)
-        rng = random.Random(f"{self.seed}:{self.name}:{name}")
-        size = self.split_size(name)
+        return self._examples(name, self.split_size(name), random.Random(f"{self.seed}:{self.name}:{name}"))
+
+    def fresh_train(self, rng: random.Random, size: int) -> list[Example]:
+        """``size`` training examples drawn from ``rng`` as the train split draws its own (same
+        lengths and weights, only inputs the train split owns): one batch of ``fresh_examples``."""
+        return self._examples("train", size, rng)
+
+    def _examples(self, name: str, size: int, rng: random.Random) -> list[Example]:
         lengths, weights = weigh_lengths(
             self.share_name(name), {n: self.num_distinct(n) for n in self.lengths(name)}, size
         )

@@ -1,18 +1,22 @@
-"""An endless, resumable stream of training batches, dealt out over processes."""
+"""Endless, resumable streams of training batches, dealt out over processes: epochs of a fixed
+training split (:class:`BatchStream`), or a batch drawn afresh from the task at every step
+(:class:`FreshStream`, ``task.fresh_examples``)."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
+from typing import Any, Protocol
 
 import torch
 
 from attnlab.errors import ConfigError
 from attnlab.tasks.base import Example
-from attnlab.tasks.batching import Batch, make_batches
+from attnlab.tasks.batching import Batch, collate, fit_length, make_batches
 from attnlab.training.distributed import DistInfo
 
-__all__ = ["BatchStream", "rows_of"]
+__all__ = ["BatchStream", "FreshStream", "rows_of"]
 
 
 def rows_of(batch: Batch, index: torch.Tensor | slice) -> Batch:
@@ -73,6 +77,60 @@ class BatchStream:
             self.position = StreamPosition(self.position.epoch + 1, 0)
         batch = self._batches(self.position.epoch)[self.position.index]
         self.position = StreamPosition(self.position.epoch, self.position.index + 1)
+        if not self.dist.enabled:
+            return batch
+        return rows_of(batch, slice(self.dist.rank, None, self.dist.world_size))
+
+    def state(self) -> dict[str, int]:
+        return {"epoch": self.position.epoch, "index": self.position.index}
+
+    def restore(self, state: Mapping[str, int]) -> None:
+        self.position = StreamPosition(int(state["epoch"]), int(state["index"]))
+
+
+class FreshTask(Protocol):
+    """A task that can draw training examples afresh (``task.fresh_examples``)."""
+
+    def fresh_train(self, rng: random.Random, size: int) -> list[Example]: ...
+
+
+class FreshStream:
+    """Endless training batches, each drawn afresh from the task (Delétang et al. 2023: no fixed
+    training set): batch i is ``task.fresh_train(Random(f"{seed}:fresh:{i}"), batch_size)``.
+
+    A batch depends on (seed, i) alone, so ``position`` (epoch 0, batch index) is all a resume
+    needs, and the batches after it are those of an uninterrupted run. With several processes,
+    every process draws the same global batch and keeps its own rows, as :class:`BatchStream`.
+    """
+
+    def __init__(
+        self,
+        task: FreshTask,
+        batch_size: int,
+        *,
+        pad_id: int,
+        bos_id: int,
+        eos_id: int,
+        seed: int,
+        max_length: int | None,
+        truncate: bool,
+        dist: DistInfo,
+    ) -> None:
+        if batch_size < dist.world_size:
+            raise ConfigError(f"train.batch_size={batch_size} is smaller than the {dist.world_size} processes")
+        self.task, self.batch_size, self.dist, self.seed = task, batch_size, dist, seed
+        self._ids = dict(pad_id=pad_id, bos_id=bos_id, eos_id=eos_id)
+        self._fit: dict[str, Any] = dict(max_length=max_length, truncate=truncate, eos_id=eos_id)
+        self.position = StreamPosition()
+
+    def next(self) -> Batch:
+        """This process's rows of the next global batch."""
+        rng = random.Random(f"{self.seed}:fresh:{self.position.index}")
+        examples = self.task.fresh_train(rng, self.batch_size)
+        if self._fit["max_length"] is not None:
+            examples = fit_length(examples, **self._fit)
+        batch = collate(examples, **self._ids)
+        self.position = StreamPosition(0, self.position.index + 1)
         if not self.dist.enabled:
             return batch
         return rows_of(batch, slice(self.dist.rank, None, self.dist.world_size))

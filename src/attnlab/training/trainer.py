@@ -13,7 +13,13 @@ One call, :func:`train`, does a whole run:
    RUN/tensorboard/, with attention heatmaps at each validation (:mod:`attnlab.training.tensorboard_log`);
 4. a NaN or Inf loss stops the run with the step named; the last good checkpoint stays;
 5. ``resume=True`` restores weights, optimizer, schedule, RNG and data position, so the losses
-   after the resume equal those of an uninterrupted run (bit for bit on the CPU).
+   after the resume equal those of an uninterrupted run (bit for bit on the CPU);
+6. with ``train.stop_at_accuracy`` the run stops at the evaluation whose mean accuracy reaches it;
+   with ``train.select = "best_valid"`` the final evaluation scores the weights of the best
+   validation; with ``train.oracle`` each evaluation also scores the length bins, and the best per
+   bin goes to RUN/oracle.json, marked as selected on the test bins (:mod:`attnlab.training.selection`).
+   The last checkpoint always holds the last step's weights;
+7. with ``task.fresh_examples`` each batch is drawn afresh (:class:`attnlab.training.data.FreshStream`).
 
 With several processes (torchrun) the model is wrapped in DistributedDataParallel and only rank 0
 writes anything.
@@ -28,12 +34,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import random
 import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -61,11 +69,12 @@ from attnlab.tasks.codec import TextCodec
 from attnlab.tasks.registry import build_task
 from attnlab.tokenizers import Tokenizer
 from attnlab.training.checkpoint import optimizer_from_tensors, optimizer_to_tensors, restore_rng, rng_to_tensors
-from attnlab.training.data import BatchStream
+from attnlab.training.data import BatchStream, FreshStream
 from attnlab.training.distributed import DistInfo, all_reduce_sum, broadcast_from_main, from_environment, shutdown
 from attnlab.training.plots import plot_accuracy_by_length, plot_curves
 from attnlab.training.reproducibility import applied_threads, platform_record, warn_if_platform_differs
 from attnlab.training.schedule import make_scheduler
+from attnlab.training.selection import ORACLE_LABEL, Evaluation, Selection, oracle_report, select, stop_reached
 from attnlab.training.tensorboard_log import MetricSink, attention_sample, open_sink, require_tensorboard
 
 __all__ = [
@@ -75,6 +84,7 @@ __all__ = [
     "check_log_targets",
     "check_resources",
     "check_splits",
+    "check_loss",
     "resolve_device",
     "make_optimizer",
 ]
@@ -222,6 +232,19 @@ def check_splits(task: Task, final_splits: Sequence[str]) -> None:
         task.split(name)
 
 
+def check_loss(loss: str, task: Task) -> None:
+    """Refuse ``train.loss = "mse"`` for a task without per-symbol sigmoids (all but ``next_char``)."""
+    if loss != "bce" and getattr(task, "kind", None) != "next_char":
+        raise ConfigError(
+            f"train.loss: {loss!r} applies to the per-symbol sigmoids of next_char recognition "
+            f'(task.formulation = "next_char"); this task trains with cross-entropy, use "bce"'
+        )
+
+
+ORACLE_FILE = "oracle.json"
+"""The oracle report of ``train.oracle`` in the run folder (:func:`attnlab.training.selection.oracle_report`)."""
+
+
 def _run_directory(path: Path, *, resume: bool, dist: DistInfo) -> RunDir:
     """The run to resume, or a new one (made by rank 0 only)."""
     if resume:
@@ -265,15 +288,14 @@ class _Trainer:
         available = torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else None
         check_resources(experiment, self.task, train_examples, available=available)  # before the model exists
         check_splits(self.task, cfg.final_splits)  # ... or a file is written
+        check_loss(cfg.loss, self.task)
         self.log(_describe_split("train", split_statistics(train_examples)))
         self._report_skipped_lines()
         self.model = model_for_task(experiment, self.task).to(self.device)
         self.max_length = cfg.max_length or self.model.config.max_len
         self.optimizer = self._optimizer()
         self.scheduler = make_scheduler(self.optimizer, cfg.schedule, warmup=cfg.warmup, total=cfg.steps)
-        self.stream = BatchStream(
-            train_examples,
-            cfg.batch_size,
+        stream_options = dict(
             pad_id=self.task.pad_id,
             bos_id=self.task.bos_id,
             eos_id=self.task.eos_id,
@@ -282,8 +304,19 @@ class _Trainer:
             truncate=cfg.truncate,
             dist=dist,
         )
+        # task.fresh_examples: a new batch from the task at every step; else epochs of the train split
+        self.stream: BatchStream | FreshStream = (
+            FreshStream(self.task, cfg.batch_size, **stream_options)
+            if getattr(self.task, "fresh_examples", False)
+            else BatchStream(train_examples, cfg.batch_size, **stream_options)
+        )
         self.step = 0
         self.validation: dict[str, Any] | None = None  # the latest validation of this session
+        self.history: list[Evaluation] = []  # the evaluations during training (selection, oracle, stop)
+        self.stopped: dict[str, Any] | None = None  # the stop record once train.stop_at_accuracy is reached
+        self.selected_weights: dict[str, torch.Tensor] | None = None  # best_valid: the best evaluation's
+        self.final: Selection | None = None  # set for the end-of-training evaluation
+        self.oracle: dict[str, Any] = {}  # bin -> its oracle fields, at the end
         if resume:
             self._restore()
         else:
@@ -292,7 +325,7 @@ class _Trainer:
                 self.run.write_config(experiment.to_dict())
                 if self.tokenizer is not None:
                     self.run.write_tokenizer(self.tokenizer.to_json())
-        self.objective = OBJECTIVES[experiment.model_kind]
+        self.objective = partial(OBJECTIVES[experiment.model_kind], loss=cfg.loss)
         self.head_mask = held_mask(self.model, cfg.mask_heads)  # xi_h = 0 for the held heads (Michel §2.3)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "fp16")
         self.trained: nn.Module = self._distributed(self.model)
@@ -391,6 +424,11 @@ class _Trainer:
             self.stream.restore(state["data"])
             restore_rng(tensors, state["rng"])
             self.step = int(state["step"])
+            selection = state.get("selection", {})
+            self.history = [Evaluation.from_json(e) for e in selection.get("history", [])]
+            self.stopped = selection.get("stopped")
+            kept = {k.removeprefix("selected."): v for k, v in tensors.items() if k.startswith("selected.")}
+            self.selected_weights = kept or None
         except (KeyError, TypeError, ValueError) as error:
             raise CheckpointError(f"trainer state in {files.directory} is corrupted: {error}") from None
         if self.dist.is_main:
@@ -423,7 +461,7 @@ class _Trainer:
         bar = tqdm(total=cfg.steps, initial=self.step, desc="train", disable=not (self.progress and self.dist.is_main))
         window = _LogWindow(rate_key=_rate_key(self.experiment.model_kind))
         final_metrics = None
-        while self.step < cfg.steps:
+        while self.step < cfg.steps and self.stopped is None:
             outcome = self._train_step()
             losses.append(outcome.loss)
             window.add(outcome)
@@ -441,17 +479,95 @@ class _Trainer:
                 )
                 window = _LogWindow(rate_key=window.rate_key)
             if self._due(cfg.eval_every) and self.step < cfg.steps:
-                self._evaluate("valid")
-            if self._due(cfg.checkpoint_every) and self.step < cfg.steps:
+                self._evaluate_during_training()
+            if self._due(cfg.checkpoint_every) and self.step < cfg.steps and self.stopped is None:
                 self._checkpoint()
         bar.close()
         if self.dist.is_main:
+            last_weights = self._load_selected()
             final_metrics = self._evaluate("valid", fit=True)  # before the checkpoint, which records it
             for name in cfg.final_splits:
                 self._evaluate(name)
             self._evaluate_length_bins()
+            if last_weights is not None:
+                self.model.load_state_dict(last_weights)  # the checkpoint holds the last step's weights
+            self._write_oracle()
         self._checkpoint()
         return TrainResult(self.run.path, self.step, losses, final_metrics)
+
+    # ---- evaluations during training: selection, stop, oracle (train.select, stop_at_accuracy, oracle)
+
+    def _evaluate_during_training(self) -> None:
+        """Score ``valid``, and every length bin too with ``train.oracle`` or ``train.stop_at_accuracy``;
+        keep the evaluation (and, with ``best_valid``, the weights of the best one); stop once the
+        mean accuracy reaches ``train.stop_at_accuracy``. Rank 0 decides; every rank learns of a stop."""
+        cfg = self.cfg
+        if self.dist.is_main:
+            names = ["valid"]
+            if cfg.oracle or cfg.stop_at_accuracy > 0:
+                names += list(getattr(self.task, "length_bins", {}))
+            results = {name: self._evaluate(name) or {} for name in names}
+            scored = {name: result for name, result in results.items() if result.get("examples")}
+            evaluation = Evaluation(
+                self.step,
+                {name: float(r["accuracy"]) for name, r in scored.items()},
+                {name: float(r["loss"]) for name, r in scored.items()},
+            )
+            self.history.append(evaluation)
+            if cfg.select == "best_valid" and select(cfg.select, self.history, self.step).step == self.step:
+                self.selected_weights = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+            mean = stop_reached(evaluation, cfg.stop_at_accuracy) if cfg.stop_at_accuracy > 0 else None
+            if mean is not None:
+                self.stopped = {
+                    "step": self.step,
+                    "stopped_early": True,
+                    "stop_at_accuracy": cfg.stop_at_accuracy,
+                    "mean_accuracy": mean,
+                    "stop_splits": ", ".join(evaluation.accuracy),
+                }
+                self._write_metrics(self.stopped)
+                self.log(f"stopped at step {self.step}: mean accuracy {mean:.4f} >= {cfg.stop_at_accuracy}")
+        self.stopped = broadcast_from_main(self.stopped, self.dist)
+
+    def _load_selected(self) -> dict[str, torch.Tensor] | None:
+        """Choose the weights the final evaluation scores (``train.select``) and load them; returns
+        the last step's weights to put back afterwards, or None when the last ones were chosen."""
+        history = list(self.history)
+        if self.cfg.select == "best_valid" and (not history or history[-1].step != self.step):
+            result = evaluate(self.model, self.task, "valid", **self._evaluation_options())  # the last weights too
+            history.append(Evaluation(self.step, {"valid": result["accuracy"]}, {"valid": result["loss"]}))
+        self.final = select(self.cfg.select, history, self.step)
+        self.log(f"final evaluation: step {self.final.step}'s weights, {self.final.reason}")
+        if self.final.step == self.step or self.selected_weights is None:
+            return None
+        last = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        self.model.load_state_dict(self.selected_weights)
+        return last
+
+    def _final_fields(self, split: str, result: dict[str, Any]) -> dict[str, Any]:
+        """What an end-of-training record adds: the selection (all of it on ``valid``, the step
+        elsewhere), and on a length bin with ``train.oracle`` the bin's oracle figure, labelled."""
+        assert self.final is not None
+        fields = self.final.record() if split == "valid" else {"selected_step": self.final.step}
+        if self.cfg.oracle and split in getattr(self.task, "length_bins", {}) and result.get("examples"):
+            history = list(self.history)
+            if self.final.step == self.step:  # the last step's weights: one more evaluated step
+                history.append(Evaluation(self.step, {split: float(result["accuracy"])}, {}))
+            best = oracle_report(history, [split])["bins"][split]
+            self.oracle[split] = best
+            fields.update(oracle_accuracy=best["accuracy"], oracle_step=best["step"], oracle_selected_on=ORACLE_LABEL)
+        return fields
+
+    def _write_oracle(self) -> None:
+        """RUN/oracle.json: the oracle figure of every length bin (``train.oracle``)."""
+        if not self.cfg.oracle:
+            return
+        steps = sorted(
+            {e.step for e in self.history} | ({self.step} if self.final and self.final.step == self.step else set())
+        )
+        report = oracle_report([], [])
+        report.update(evaluations=len(steps), steps=steps, bins=self.oracle)
+        (self.run.path / ORACLE_FILE).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
 
     def _due(self, every: int) -> bool:
         return every > 0 and self.step % every == 0
@@ -512,12 +628,8 @@ class _Trainer:
 
     # ---- evaluation, metrics, checkpoints (rank 0 only) ------------------------------------------
 
-    def _evaluate(self, split: str, *, fit: bool = False) -> dict[str, Any] | None:
-        """Evaluate on ``split``, log it, and remember it for the checkpoint of this step; with
-        ``fit``, add whether the model fit its training split (``trained``, :mod:`attnlab.evaluation.fit`)."""
-        if not self.dist.is_main:
-            return None
-        options = dict(
+    def _evaluation_options(self) -> dict[str, Any]:
+        return dict(
             kind=self.experiment.model_kind,
             batch_size=self.cfg.eval_batch_size,
             max_length=self.max_length,
@@ -526,11 +638,21 @@ class _Trainer:
             device=self.device,
             head_mask=self.head_mask,
         )
+
+    def _evaluate(self, split: str, *, fit: bool = False) -> dict[str, Any] | None:
+        """Evaluate on ``split``, log it, and remember it for the checkpoint of this step; with
+        ``fit``, add whether the model fit its training split (``trained``, :mod:`attnlab.evaluation.fit`).
+        At the end of training the record also says which weights were scored (:meth:`_final_fields`)."""
+        if not self.dist.is_main:
+            return None
+        options = self._evaluation_options()
         result = evaluate(self.model, self.task, split, progress=self.progress, **options)
-        if split == "valid" and result.get("examples"):
+        if split == "valid" and result.get("examples") and (self.final is None or self.final.step == self.step):
             self.validation = validation_record(self.step, result)
         if fit:
             result.update(training_fit(self.model, self.task, **options))
+        if self.final is not None:
+            result.update(self._final_fields(split, result))
         self._write_metrics({"step": self.step, **result})
         if split == "valid":
             self.sink.attention(self.step, self.model, self.head_mask)
@@ -549,7 +671,7 @@ class _Trainer:
             return
         self.run.append_metrics(record)
         self.sink.write(record)
-        if "split" in record:
+        if record.get("split") == "valid":  # the curves follow valid (the final checkpoint plots them too)
             plot_curves(self.run.read_metrics(), self.run.plots)
 
     def _checkpoint(self) -> None:
@@ -563,11 +685,17 @@ class _Trainer:
             "data": self.stream.state(),
             "rng": rng_meta,
             "platform": self.platform,
+            "selection": {"history": [e.to_json() for e in self.history], "stopped": self.stopped},
         }
+        selected = {f"selected.{k}": v for k, v in (self.selected_weights or {}).items()}
         if self.validation is not None and self.validation["step"] == self.step:
             state["validation"] = self.validation  # what --checkpoint best ranks by (attnlab.run.directory)
         self.run.write_checkpoint(
-            self.step, self.model, {**optimizer_tensors, **rng_tensors}, state, keep=self.cfg.keep_checkpoints
+            self.step,
+            self.model,
+            {**optimizer_tensors, **rng_tensors, **selected},
+            state,
+            keep=self.cfg.keep_checkpoints,
         )
         plot_curves(self.run.read_metrics(), self.run.plots)
         self.log(f"checkpoint at step {self.step} in {self.run.path}")

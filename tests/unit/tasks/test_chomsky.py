@@ -359,3 +359,19 @@ def test_generate_names_a_class_not_membership(tmp_path, capsys):
         main(["generate", str(tmp_path / "run"), "+-0--"])
     assert ended.value.code == 0
     assert re.fullmatch(r"\+-0--\tclass [0-4] \(p=[01]\.\d{3}\)\n", capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("name", sorted(CHOMSKY_TASKS))
+def test_fresh_training_batches_repeat_with_their_rng_and_hold_only_training_inputs(name):
+    """task.fresh_examples (the paper's training): a batch is a function of its rng alone, with
+    lengths 1..L, and never an input that valid or test owns."""
+    import random
+
+    from attnlab.tasks.base import split_of
+
+    task = get_task(name, max_train_length=12, fresh_examples=True)
+    batch = task.fresh_train(random.Random("0:fresh:3"), 32)
+    assert batch == task.fresh_train(random.Random("0:fresh:3"), 32)
+    assert batch != task.fresh_train(random.Random("0:fresh:4"), 32)
+    assert all(1 <= e.length <= 12 for e in batch)
+    assert all(split_of(task.seed, task.vocab.decode(e.source)) == "train" for e in batch)

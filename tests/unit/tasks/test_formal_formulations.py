@@ -16,8 +16,8 @@ from torch import nn
 
 from attnlab.errors import AttnlabWarning, ConfigError
 from attnlab.evaluation.evaluate import evaluate, next_symbol_hits
-from attnlab.evaluation.objectives import OBJECTIVES, example_losses
-from attnlab.experiment import ExperimentConfig, model_config_for_task
+from attnlab.evaluation.objectives import OBJECTIVES, SYMBOL_LOSSES, example_losses
+from attnlab.experiment import LOSSES, ExperimentConfig, model_config_for_task
 from attnlab.nn import build_model
 from attnlab.tasks import LANGUAGES, RecognitionTask, get_task
 from attnlab.tasks.base import Example, split_statistics
@@ -143,6 +143,18 @@ def test_the_loss_is_the_binary_cross_entropy_of_the_formula_in_float64():
     per_example = example_losses("decoder_only", model, batch, None, 0)
     expected = (bce * real).sum((1, 2)) / batch.tgt_is_token.sum(1)
     assert torch.allclose(per_example, expected, rtol=1e-12)
+
+
+def test_the_mse_loss_is_the_squared_error_of_each_sigmoid_in_float64():
+    """train.loss = "mse" (Bhattamishra et al. 2020): (s(z) - y)^2 per symbol, summed, per position."""
+    _, batch, logits, wanted = _hand_made()
+    z, y = logits[:, :, 2:], wanted[:, :, 2:]
+    squared = (1 / (1 + torch.exp(-z)) - y) ** 2
+    real = batch.tgt_is_token.double().unsqueeze(-1)
+    parts = OBJECTIVES["decoder_only"](_FixedLogits(logits), batch, None, 0, 0.0, loss="mse")
+    assert int(parts.count) == 8
+    assert float(parts.total) == pytest.approx(float((squared * real).sum()), rel=1e-12)
+    assert set(SYMBOL_LOSSES) == set(LOSSES)  # the config's choices are the registry's
 
 
 def test_a_tiny_decoder_learns_dyck1_next_symbols():
