@@ -174,3 +174,36 @@ def test_generate_samples_and_chats_and_eval_scores_a_text_file(family, capsys) 
     evaluated = json.loads(_cli(capsys, "eval", str(folder), "--texts", str(texts), "--json"))
     probe = NextTokenProbe(loaded, texts, batch_size=4)
     assert evaluated["loss"] == pytest.approx(probe.evaluate(None).loss, rel=1e-5)
+
+
+def test_the_sites_before_rotary_positions_inside_norms_and_ffns_recompute_from_the_weights(family) -> None:  # noqa: ANN001
+    _, loaded, _ = family
+    model = loaded.model
+    with torch.no_grad(), trace(model, "*") as traced:
+        model(_tokens(loaded))
+    cache, stack = traced.cache, model.decoder
+    for index, layer in enumerate(stack.layers):
+        attention, prefix = layer.self_attn, f"decoder.{index}"
+        q_pre, k_pre = cache[f"{prefix}.attn.q_pre"], cache[f"{prefix}.attn.k_pre"]
+        q, k = attention.rotary(q_pre, k_pre, torch.arange(q_pre.shape[2])) if attention.rotary else (q_pre, k_pre)
+        torch.testing.assert_close(q, cache[f"{prefix}.attn.q"])
+        torch.testing.assert_close(k, cache[f"{prefix}.attn.k"])
+        norm = layer.attn_norm  # Norm(x) feeds attention (pre-norm, sandwich), or Norm(Attn(x)) (OLMo 2's output)
+        normed = norm.norm_kind.gain(norm.norm, cache[f"{prefix}.attn_norm.normalized"], torch.float64)
+        norm_input = cache[f"{prefix}.resid_pre" if norm.placement != "output" else f"{prefix}.attn.out"]
+        torch.testing.assert_close(normed, norm.norm_kind.apply(norm.norm, norm_input))
+        ffn = layer.feed_forward
+        if "gate" in ffn.site_points:
+            hidden = ffn._gate(cache[f"{prefix}.ffn.gate"]) * cache[f"{prefix}.ffn.up"]
+        else:
+            hidden = ffn.activation(cache[f"{prefix}.ffn.pre"])
+        torch.testing.assert_close(hidden, cache[f"{prefix}.ffn.hidden"])
+    final = stack.final_norm_kind.gain(stack.final_norm, cache["decoder.final_norm.normalized"], torch.float64)
+    torch.testing.assert_close(final, cache["decoder.final_norm"])
+    with torch.no_grad(), trace(model) as edited:  # the final norm's input halved: the output layer reads that
+        edited.scale("decoder.final_norm.normalized", 0.5)
+        halved = model(_tokens(loaded))
+        by_hand = stack.final_norm_kind.gain(
+            stack.final_norm, cache["decoder.final_norm.normalized"] / 2, torch.float64
+        )
+        torch.testing.assert_close(halved, model._cap(model.lm_head(by_hand)))
