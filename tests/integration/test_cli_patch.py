@@ -23,11 +23,12 @@ def test_patch_writes_csvs_heatmaps_and_json(run, tmp_path):
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["measure"] == "logit['a'] - logit['o'] at the last position"
-    assert len(report["heads"]) == 4 and len(report["residual"]) == 3 * len(report["corrupt_tokens"])
+    heads, residual = report["groups"]["heads"], report["groups"]["residual"]
+    assert len(heads) == 4 and len(residual) == 3 * len(report["corrupt_tokens"])
     with open(out / "heads.csv", newline="", encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))
-    assert list(rows[0]) == ["kind", "layer", "head", "restored", "metric"] and len(rows) == 4
-    assert float(rows[3]["restored"]) == pytest.approx(report["heads"][3]["restored"], rel=1e-5)
+    assert list(rows[0]) == ["site", "kind", "layer", "head", "restored", "metric"] and len(rows) == 4
+    assert float(rows[3]["restored"]) == pytest.approx(heads[3]["restored"], rel=1e-5)
     with open(out / "residual.csv", newline="", encoding="utf-8") as handle:
         tokens = [r["token"] for r in csv.DictReader(handle)]
     assert tokens[: len(report["corrupt_tokens"])] == report["corrupt_tokens"]  # a token " " stays a cell
@@ -41,7 +42,12 @@ def test_patch_writes_csvs_heatmaps_and_json(run, tmp_path):
     ("extra", "message"),
     [
         (["--clean", "the cat", "--corrupt", "the cats"], "same number of tokens"),
-        (["--clean", "the cat", "--corrupt", "the mat", "--site", "neurons"], "--site: unknown 'neurons'"),
+        (["--clean", "the cat", "--corrupt", "the mat", "--site", "neurons"], "--site: site 'neurons': no such site"),
+        (["--clean", "the cat", "--corrupt", "the mat", "--site", "*.attn.zz"], "--site: site '*.attn.zz': no such"),
+        (["--clean", "the cat", "--corrupt", "the mat", "--metric", "kl"], "--metric: unknown 'kl'"),
+        (["--clean", "the cat", "--corrupt", "the mat", "--method", "grad"], "--method: unknown 'grad'"),
+        (["--clean", "the cat", "--corrupt", "the mat", "--positions", "some"], "--positions: unknown 'some'"),
+        (["--clean", "the cat", "--corrupt", "the mat", "--metric", "logprob", "--answer", ""], "--answer: '' is no"),
         (["--clean", "the cat", "--corrupt", "the mat", "--answer", "ab"], "--answer: 'ab' is 2 tokens"),
         (["--clean", "", "--corrupt", "the mat"], "--clean: empty input"),
     ],

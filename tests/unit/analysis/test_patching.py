@@ -54,22 +54,24 @@ def test_a_head_patch_equals_a_trace_by_hand(lm):
         with trace(lm.model) as t:
             t.replace("decoder.1.attn.z", seen.cache["decoder.1.attn.z"], heads=[1])
             m_patched = _logit_diff(lm, corrupt, good, bad)
-    (row,) = [r for r in result.heads if (r.layer, r.head) == (1, 1)]
+    heads = result.groups["heads"]
+    (row,) = [r for r in heads if (r.layer, r.head) == (1, 1)]
     assert row.metric == pytest.approx(m_patched, abs=1e-5)
     assert row.restored == pytest.approx((m_patched - m_corrupt) / (m_clean - m_corrupt), abs=1e-4)
-    assert len(result.heads) == 2 * 2 and {r.kind for r in result.heads} == {"self"}
+    assert len(heads) == 2 * 2 and {r.kind for r in heads} == {"self"} and {r.position for r in heads} == {None}
     assert result.measure == "logit['a'] - logit['o'] at the last position"
 
 
 def test_patching_the_whole_residual_or_the_last_position_restores_everything(lm):
-    result = patch(lm, CLEAN, CORRUPT, answer="a", wrong="o", heads=False)
-    positions = len(result.corrupt_tokens)
-    assert len(result.residual) == 3 * positions  # resid_pre of 2 layers and the last resid_post
+    result = patch(lm, CLEAN, CORRUPT, answer="a", wrong="o", sites=["residual"])
+    positions, residual = len(result.corrupt_tokens), result.groups["residual"]
+    assert list(result.groups) == ["residual"]
+    assert len(residual) == 3 * positions  # resid_pre of 2 layers and the last resid_post
     # The last position's logits read only the last position's final residual: patching it is the clean run.
-    last = [r for r in result.residual if r.site == "resid_post" and r.position == positions - 1]
+    last = [r for r in residual if r.point == "resid_post" and r.position == positions - 1]
     assert last[0].restored == pytest.approx(1.0, abs=1e-5)
     # A position whose token is the same in both inputs, before any layer mixed them: nothing to restore.
-    same = [r for r in result.residual if r.layer == 0 and r.site == "resid_pre" and r.token == "t"]
+    same = [r for r in residual if r.layer == 0 and r.point == "resid_pre" and r.token == "t"]
     assert same and all(abs(r.restored) < 1e-6 for r in same)
     with torch.no_grad(), trace(lm.model, cache="decoder.0.resid_pre") as seen:  # all positions at once
         clean = _tokens(lm, CLEAN)
@@ -84,8 +86,8 @@ def test_a_sentence_encoder_measures_the_cosine_to_the_clean_embedding(bert):
     result = patch(bert, "the cat sat on the mat.", "the dog sat on the mat.")
     assert result.metric_clean == pytest.approx(1.0, abs=1e-6) and result.metric_corrupt < 0.9999
     assert result.measure == "cosine to the clean embedding"
-    last_layer = max(r.layer for r in result.residual)
-    outputs = [r for r in result.residual if r.site == "resid_post" and r.layer == last_layer]
+    last_layer = max(r.layer for r in result.groups["residual"])
+    outputs = [r for r in result.groups["residual"] if r.point == "resid_post" and r.layer == last_layer]
     assert len(outputs) == len(result.corrupt_tokens)
     assert sum(r.restored for r in outputs) != pytest.approx(0.0)
 

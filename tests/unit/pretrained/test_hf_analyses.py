@@ -121,8 +121,9 @@ def test_patching_the_last_residual_restores_everything(family) -> None:  # noqa
         if len(loaded.task.encode(t)) == len(loaded.task.encode(clean))
     )
     result = patch(loaded, clean, corrupt, metric="loss")
-    assert len(result.heads) == LAYERS * loaded.model.head_mask_shapes()["self"][1]
-    last = [r for r in result.residual if r.site.endswith("resid_post") and r.position == len(result.clean_tokens) - 1]
+    assert len(result.groups["heads"]) == LAYERS * loaded.model.head_mask_shapes()["self"][1]
+    residual = result.groups["residual"]
+    last = [r for r in residual if r.point == "resid_post" and r.position == len(result.clean_tokens) - 1]
     assert last and last[0].restored == pytest.approx(1.0, abs=1e-9)
 
 
