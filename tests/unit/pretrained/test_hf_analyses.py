@@ -208,3 +208,61 @@ def test_the_sites_before_rotary_positions_inside_norms_and_ffns_recompute_from_
             stack.final_norm, cache["decoder.final_norm.normalized"] / 2, torch.float64
         )
         torch.testing.assert_close(halved, model._cap(model.lm_head(by_hand)))
+
+
+def _two_inputs(loaded) -> tuple[str, str]:  # noqa: ANN001
+    """A clean and a corrupt text of as many tokens."""
+    clean = "the quick fox"
+    corrupt = next(
+        t
+        for t in ("the brown fox", "the quick box", "the quack fox")
+        if len(loaded.task.encode(t)) == len(loaded.task.encode(clean))
+    )
+    return clean, corrupt
+
+
+def test_attribution_estimates_are_the_first_order_term_of_finite_differences(family) -> None:  # noqa: ANN001
+    _, loaded, _ = family
+    model, (clean, corrupt) = loaded.model, _two_inputs(loaded)
+    sites = ["heads", "residual", "*.attn.q_pre", "decoder.1.ffn_norm.scale"]
+    result = patch(loaded, clean, corrupt, metric="loss", sites=sites, method="attribution", verify_top=0)
+    gap = result.metric_clean - result.metric_corrupt
+    ids = [torch.tensor([loaded.task.generation_prompt(t)]) for t in (clean, corrupt)]
+    with torch.no_grad(), trace(model, ["*.attn.z", "*.resid_*", "*.q_pre", "*.scale"]) as seen:
+        model(ids[0])
+    answer = int(model(ids[0])[0, -1].argmax())
+
+    def metric_along(row, eps: float) -> float:  # noqa: ANN001
+        """m with the unit at a_corrupt + eps (a_clean - a_corrupt)."""
+        with torch.no_grad(), trace(model) as t:
+            clean_value = seen.cache[row.site]
+            t.edit(row.site, lambda x: x + eps * (clean_value - x), heads=row.head, positions=row.position)
+            return float(torch.log_softmax(model(ids[1])[0, -1], -1)[answer])
+
+    rows = [group[i] for group in result.groups.values() for i in (0, len(group) // 2, len(group) - 1)]
+    assert {r.point for r in rows} == {"attn.z", "resid_pre", "resid_post", "attn.q_pre", "ffn_norm.scale"}
+    eps = 1e-5
+    for row in rows:
+        slope = (metric_along(row, eps) - metric_along(row, -eps)) / (2 * eps)
+        assert row.restored * gap == pytest.approx(slope, rel=1e-5, abs=1e-9), row
+        assert row.exact is None  # verify_top=0
+
+
+def test_attribution_equals_exact_patching_where_the_metric_is_linear_in_the_site(family) -> None:  # noqa: ANN001
+    _, loaded, _ = family
+    clean, corrupt = _two_inputs(loaded)
+    linear = ["logits"] + (["decoder.final_norm"] if loaded.model.config.final_softcap is None else [])
+    good = int(loaded.model(torch.tensor([loaded.task.generation_prompt(clean)]))[0, -1].argmax())
+
+    def margin(logits: torch.Tensor) -> torch.Tensor:  # linear in the logits, and in the output layer's input
+        return logits[:, -1, good] - logits[:, -1].mean(-1)
+
+    kwargs = {"metric": margin, "sites": linear, "positions": "each"}
+    estimated = patch(loaded, clean, corrupt, method="attribution", verify_top=10**6, **kwargs)
+    exact = patch(loaded, clean, corrupt, **kwargs)
+    for request in linear:
+        for a, e in zip(estimated.groups[request], exact.groups[request], strict=True):
+            assert a.restored == pytest.approx(e.restored, abs=1e-9) and a.exact == pytest.approx(e.restored, abs=1e-12)
+    last = exact.groups["logits"][-1]  # the whole difference is at the last position, in float64 exactly
+    assert last.restored == pytest.approx(1.0, abs=1e-12)
+    assert all(r.restored == 0.0 for r in exact.groups["logits"][:-1])
