@@ -38,6 +38,31 @@ def test_patch_writes_csvs_heatmaps_and_json(run, tmp_path):
     assert text.returncode == 0 and "heads restoring most: self:" in text.stdout and "residual" not in text.stdout
 
 
+def test_attribution_patching_of_site_globs_writes_a_csv_and_heatmap_per_site_with_exact_values(run, tmp_path):
+    out = tmp_path / "attribution"
+    args = ["patch", str(run), "--clean", "the cat", "--corrupt", "the mat", "--metric", "logprob", "--answer", "at"]
+    sites = ["--site", "heads", "--site", "*.ffn.out", "--site", "decoder.1.attn.q_pre", "--positions", "each"]
+    result = attnlab(*args, *sites, "--method", "attribution", "--verify-top", "4", "--out", str(out), "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["method"] == "attribution"
+    assert set(report["groups"]) == {"heads", "*.ffn.out", "decoder.1.attn.q_pre"}  # JSON keys are sorted
+    assert report["measure"].startswith("log p('a' 't') after the prompt")
+    rows = [r for group in report["groups"].values() for r in group]
+    assert sum(r["exact"] is not None for r in rows) == 4
+    positions = len(report["corrupt_tokens"])
+    assert len(report["groups"]["heads"]) == 2 * 2 * positions  # --positions each: every head at every position
+    for stem in ("heads", "all.ffn.out", "decoder.1.attn.q_pre"):
+        assert (out / f"{stem}.png").read_bytes()[:4] == b"\x89PNG"
+        with open(out / f"{stem}.csv", newline="", encoding="utf-8") as handle:
+            table = list(csv.DictReader(handle))
+        assert list(table[0])[-3:] == ["restored", "metric", "exact"] and "position" in table[0]
+    assert sum(r["exact"] != "" for r in table) <= 4
+    text = attnlab(*args, *sites[:2], "--method", "attribution", "--out", str(out))
+    assert text.returncode == 0, text.stderr
+    assert "attribution patching: first-order estimates" in text.stdout and "(exact " in text.stdout
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [

@@ -130,7 +130,7 @@ def patch_command(
     files: dict[str, str] = {}
     for request, rows in result.groups.items():
         stem = _file_stem(request)
-        files[stem] = str(_write_csv(rows, folder / f"{stem}.csv"))
+        files[stem] = str(_write_csv(rows, folder / f"{stem}.csv", result.method))
         files[f"{stem}_heatmap"] = str(_heatmap(rows, folder / f"{stem}.png", request, result))
     if as_json:
         print_json(
@@ -180,11 +180,13 @@ def _label(row: Any) -> str:
     return text + ("" if row.position is None else f" at {row.position} ({row.token!r})")
 
 
-def _write_csv(rows: list[Any], path: Path) -> Path:
-    """The rows with the columns that some row fills (an empty cell where a row has none)."""
+def _write_csv(rows: list[Any], path: Path, method: str) -> Path:
+    """The rows with the columns that some row fills, and ``exact`` for attribution patching (an
+    empty cell where a row has none)."""
     from attnlab.analysis.reports import write_rows  # lazy, as in the command
 
-    columns = [c for c in COLUMNS if any(getattr(r, c) is not None for r in rows)]
+    kept = {"exact"} if method == "attribution" else set()
+    columns = [c for c in COLUMNS if c in kept or any(getattr(r, c) is not None for r in rows)]
     cells = [dataclasses.replace(r, **{c: "" for c in columns if getattr(r, c) is None}) for r in rows]
     return write_rows(cells, path, columns)
 
