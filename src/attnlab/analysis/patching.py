@@ -433,7 +433,7 @@ def _attribution(
     effects = {}
     for name, grad in zip(names, grads, strict=True):  # (a_clean - a_corrupt) * dm/da, per element
         gradient = torch.zeros_like(values[name]) if grad is None else grad
-        effects[name] = ((clean[name].to(values[name].dtype) - values[name]) * gradient).double()[0]
+        effects[name] = ((clean[name].double() - values[name].double()) * gradient.double())[0]  # in float64
     estimates = []
     for unit in units:
         effect = effects[unit.site.name]  # the batch axis gone: axes shift by one
