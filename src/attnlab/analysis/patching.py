@@ -28,8 +28,9 @@ Two methods (``method``):
 
   from two forward passes (the clean one cached; the corrupt one with every site's gradient kept)
   and one backward pass. The gradient of a site is its total derivative: the sites after it respond
-  (a zero probe added at each site, whose gradient is dm/da). ``verify_top`` units with the largest
-  |estimate| are then patched exactly, their restored fraction reported beside the estimate.
+  (a zero probe added at each site, whose gradient is dm/da). The ``verify_top`` units of each
+  request with the largest |estimate| are then patched exactly, their restored fraction reported
+  beside the estimate.
 
 What is measured, by the run's model kind (:data:`RUNNERS`), or any function of the model's output
 (``metric`` a callable: the logits (B, T, V) of a language model, the sentence embedding (B, d) of
@@ -109,7 +110,7 @@ class SitePatch:
             estimate divided by m_clean - m_corrupt.
         metric: m_patched; for attribution patching, m_corrupt + the estimate.
         exact: attribution patching only: the exact restored fraction of the ``verify_top`` units
-            with the largest |estimate|, None for the others (and for exact patching).
+            of each request with the largest |estimate|, None for the others (and for exact patching).
     """
 
     site: str
@@ -266,9 +267,14 @@ def _log_probs(out: Tensor) -> Tensor:
 
 
 def _lm_measure(
-    loaded: LoadedRun, clean: Tensor, corrupt: Tensor, metric: str, answer: str | None, wrong: str | None,
+    loaded: LoadedRun,
+    clean: Tensor,
+    corrupt: Tensor,
+    metric: str,
+    answer: str | None,
+    wrong: str | None,
     answer_ids: list[int],
-) -> tuple[Measure, str]:  # fmt: skip
+) -> tuple[Measure, str]:
     """The answer's logit minus the wrong token's at the last position, or the answer's log-probability.
 
     Shape:
@@ -376,9 +382,13 @@ def _mask(unit_rows: list[tuple[int, Unit]], shape: torch.Size, device: torch.de
 
 def _exact(
     model: torch.nn.Module,
-    run: Callable[[Tensor], Tensor], corrupt: Tensor, clean: dict[str, Tensor], units: list[Unit], batch: int,
+    run: Callable[[Tensor], Tensor],
+    corrupt: Tensor,
+    clean: dict[str, Tensor],
+    units: list[Unit],
+    batch: int,
     tick: Callable[[], None],
-) -> list[float]:  # fmt: skip
+) -> list[float]:
     """m_patched of every unit: the corrupt input repeated, example i with unit i's clean slice, in
     passes of ``batch`` examples."""
     values: list[float] = []
@@ -490,7 +500,8 @@ def patch(
         sites: named requests (:data:`NAMED_SITES`) or site names and globs, each a group of rows.
         positions: ``all`` or ``each`` for every site; None: all for sites with heads, each otherwise.
         method: ``exact`` or ``attribution``.
-        verify_top: attribution: patch exactly the units with the largest |estimate|, this many.
+        verify_top: attribution: patch exactly this many units of each request, those with the
+            largest |estimate|.
         batch_size: examples in one patched forward pass.
         progress: called after each forward pass of patching with the number of passes in all.
 
@@ -552,8 +563,10 @@ def patch(
     def run(tokens: Tensor) -> Tensor:
         return measure(runner.output(loaded, tokens))
 
-    groups = {request: [u for site in chosen for u in _units(site, cache[site.name].shape, positions)]
-              for request, chosen in requests.items()}  # fmt: skip
+    groups = {
+        request: [u for site in chosen for u in _units(site, cache[site.name].shape, positions)]
+        for request, chosen in requests.items()
+    }
     units = list(dict.fromkeys(u for group in groups.values() for u in group))
     gap = m_clean - m_corrupt
     if method == "exact":
@@ -563,12 +576,12 @@ def patch(
             metrics = dict(zip(units, _exact(model, run, corrupt, cache, units, batch_size, tick), strict=True))
         rows = {u: (metrics[u], None) for u in units}
     else:
-        verified = min(verify_top, len(units))
-        passes = 1 + math.ceil(verified / batch_size)
+        passes = 1 + math.ceil(sum(min(verify_top, len(group)) for group in groups.values()) / batch_size)
         tick = (lambda: progress(passes)) if progress else (lambda: None)  # noqa: E731
         estimates = dict(zip(units, _attribution(model, run, corrupt, cache, units), strict=True))
         tick()
-        top = sorted(units, key=lambda u: -abs(estimates[u]))[:verified]
+        ranked = (sorted(group, key=lambda u: -abs(estimates[u]))[:verify_top] for group in groups.values())
+        top = list(dict.fromkeys(u for group in ranked for u in group))  # each request's largest |estimate|
         with torch.no_grad():
             exact = dict(zip(top, _exact(model, run, corrupt, cache, top, batch_size, tick), strict=True))
         rows = {u: (m_corrupt + estimates[u], (exact[u] - m_corrupt) / gap if u in exact else None) for u in units}
@@ -578,9 +591,17 @@ def patch(
         point = site.name if site.layer is None else site.name.split(f".{site.layer}.", 1)[1]
         token = None if unit.position is None else corrupt_tokens[unit.position]
         return SitePatch(
-            site.name, point, site.kind, site.layer, unit.head, unit.position, token, (value - m_corrupt) / gap, value,
+            site.name,
+            point,
+            site.kind,
+            site.layer,
+            unit.head,
+            unit.position,
+            token,
+            (value - m_corrupt) / gap,
+            value,
             rows[unit][1],
-        )  # fmt: skip
+        )
 
     result_groups = {request: [row(u) for u in group] for request, group in groups.items()}
     return PatchResult(measured, method, m_clean, m_corrupt, clean_tokens, corrupt_tokens, result_groups)

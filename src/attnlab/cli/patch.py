@@ -74,8 +74,8 @@ def patch_command(
         "--verify-top",
         min=0,
         max=MAX_VERIFY_TOP,
-        help="With --method attribution: patch exactly this many patches with the largest |estimate| "
-        "(the column exact).",
+        help="With --method attribution: patch exactly this many patches of each --site, those with the "
+        "largest |estimate| (the column exact).",
     ),
     out: Path = typer.Option(None, "--out", help="Folder for the CSVs and heatmaps (default RUN/analysis/patching)."),
     progress: bool = progress_option(),
@@ -150,8 +150,7 @@ def patch_command(
     typer.echo(f"measured: {result.measure}")
     typer.echo(f"clean {result.metric_clean:.4f}, corrupt {result.metric_corrupt:.4f}")
     if result.method == "attribution":
-        verified = sum(r.exact is not None for rows in result.groups.values() for r in rows)
-        typer.echo(f"attribution patching: first-order estimates; exact for the {verified} largest (exact ...)")
+        typer.echo(f"attribution patching: first-order estimates; (exact ...) for the {verify_top} largest of each")
     for request, rows in result.groups.items():
         top = sorted(rows, key=lambda r: -r.restored)[:5]
         typer.echo(
@@ -202,10 +201,14 @@ def _heatmap(rows: list[Any], path: Path, request: str, result: Any) -> Path:
     if rows and all(r.head is not None and r.position is None and r.layer is not None for r in rows):
         several = len({r.point for r in rows}) > 1
         cells = [
-            SimpleNamespace(kind=f"{r.kind or ''} {r.point}" if several else r.kind or r.point, layer=r.layer,
-                            head=r.head, restored=r.restored)
+            SimpleNamespace(
+                kind=f"{r.kind or ''} {r.point}" if several else r.kind or r.point,
+                layer=r.layer,
+                head=r.head,
+                restored=r.restored,
+            )
             for r in rows
-        ]  # fmt: skip
+        ]
         return head_matrix_plot(
             cells, "restored", path, diverging=True, title=f"{how} by patching each head: {request}"
         )

@@ -208,11 +208,14 @@ def test_the_log_probability_of_a_several_token_answer_is_summed_teacher_forced(
 
 def test_attribution_reports_exact_values_for_its_top_units_and_bad_choices_are_clear(lm):
     result = patch(lm, CLEAN, CORRUPT, answer="a", wrong="o", method="attribution", verify_top=3)
-    rows = [r for group in result.groups.values() for r in group]
-    verified = [r for r in rows if r.exact is not None]
-    assert len(verified) == 3 and result.method == "attribution"
-    largest = sorted(rows, key=lambda r: -abs(r.restored))[:3]
-    assert {(r.site, r.head, r.position) for r in verified} == {(r.site, r.head, r.position) for r in largest}
+    verified = []
+    for rows in result.groups.values():  # the 3 largest |estimates| of each request
+        verified += [r for r in rows if r.exact is not None]
+        largest = sorted(rows, key=lambda r: -abs(r.restored))[:3]
+        assert {(r.site, r.head, r.position) for r in rows if r.exact is not None} == {
+            (r.site, r.head, r.position) for r in largest
+        }
+    assert len(verified) == 2 * 3 and result.method == "attribution"
     exact = patch(lm, CLEAN, CORRUPT, answer="a", wrong="o")
     by_unit = {(r.site, r.head, r.position): r.restored for group in exact.groups.values() for r in group}
     for row in verified:
