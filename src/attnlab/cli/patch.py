@@ -197,7 +197,9 @@ def _heatmap(rows: list[Any], path: Path, request: str, result: Any) -> Path:
 
     from attnlab.analysis.reports import head_matrix_plot, position_matrix_plot  # lazy, as in the command
 
-    how = "restored (attribution estimate)" if result.method == "attribution" else "restored"
+    how = "restored (attribution)" if result.method == "attribution" else "restored"
+    named = {"heads": "", "residual": " the residual stream at one position"}  # the titles they always had
+    what = named.get(request, f" {request}")
     if rows and all(r.head is not None and r.position is None and r.layer is not None for r in rows):
         several = len({r.point for r in rows}) > 1
         cells = [
@@ -210,7 +212,11 @@ def _heatmap(rows: list[Any], path: Path, request: str, result: Any) -> Path:
             for r in rows
         ]
         return head_matrix_plot(
-            cells, "restored", path, diverging=True, title=f"{how} by patching each head: {request}"
+            cells,
+            "restored",
+            path,
+            diverging=True,
+            title=f"{how} by patching each head" if request == "heads" else f"{how}: {request}",
         )
     each = any(r.position is not None for r in rows)
     cells = [
@@ -223,4 +229,4 @@ def _heatmap(rows: list[Any], path: Path, request: str, result: Any) -> Path:
         for r in rows
     ]
     tokens = result.corrupt_tokens if each else ["all positions"]
-    return position_matrix_plot(cells, "restored", path, tokens=tokens, title=f"{how} by patching: {request}")
+    return position_matrix_plot(cells, "restored", path, tokens=tokens, title=f"{how} by patching{what}")
