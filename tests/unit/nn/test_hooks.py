@@ -527,3 +527,23 @@ def test_the_classifiers_pooled_input_times_its_weights_is_its_logits():
     assert t.sites["pooled"].position_axis is None and t.cache["pooled"].shape == (3, 16)
     expected = t.cache["pooled"] @ model.classifier.weight.T + model.classifier.bias
     assert torch.allclose(expected, t.cache["logits"], atol=1e-12)
+
+
+def test_the_embeddings_norm_sites_give_the_first_residual():
+    torch.manual_seed(3)
+    config = EncoderOnlyConfig(vocab_size=V, embedding_norm=True, type_vocab_size=2, **SMALL)
+    model, (tokens,) = build_model(config).double().eval(), _inputs("encoder_relative")
+    with torch.no_grad(), trace(model, cache="*") as t:
+        plain = model(tokens)
+    cache, embedding = t.cache, model.encoder.embedding
+    summed = cache["encoder.embed"] + cache["encoder.pos_embed"] + embedding.token_type.weight[0]
+    centred = summed - summed.mean(-1, keepdim=True)
+    assert torch.allclose(cache["encoder.embed_norm.normalized"] * cache["encoder.embed_norm.scale"], centred)
+    gained = cache["encoder.embed_norm.normalized"] * embedding.norm.weight + embedding.norm.bias
+    assert torch.allclose(gained, cache["encoder.0.resid_pre"], atol=1e-12)
+    with torch.no_grad(), trace(model, cache="encoder.0.resid_pre") as edited:  # LayerNorm's output: its bias
+        edited.scale("encoder.embed_norm.normalized", 0.0)
+        assert not torch.allclose(model(tokens), plain)
+    first = edited.cache["encoder.0.resid_pre"]
+    assert torch.equal(first, embedding.norm.bias.expand_as(first))
+    assert "encoder.embed_norm.scale" not in model_sites(_model("encoder_relative"))  # no norm, no site
