@@ -42,6 +42,11 @@ def test_sites_lists_every_site_with_its_shape(run):
     }
     assert by_name["encoder.0.resid_pre"]["shape"] == "(B, T, 16)" and not by_name["encoder.0.resid_pre"]["heads"]
     assert by_name["logits"]["shape"].startswith("(B, T, ")
+    # the points inside norms, before rotary positions and before the FFN's activation
+    assert by_name["encoder.0.attn_norm.scale"]["shape"] == "(B, T, 1)"
+    assert by_name["decoder.1.cross_norm.normalized"]["shape"] == "(B, T, 16)"
+    assert by_name["decoder.0.attn.q_pre"]["shape"] == "(B, 2, T, 8)" and by_name["decoder.0.attn.q_pre"]["heads"]
+    assert by_name["encoder.1.ffn.pre"]["shape"] == "(B, T, 32)"
     text = attnlab("sites", str(run), "--match", "*.cross.z")
     assert text.returncode == 0 and text.stdout.split() == [
         "decoder.0.cross.z", "(B,", "2,", "T,", "8)", "heads", "of", "cross",

@@ -1,9 +1,11 @@
-"""``attnlab patch``: activation patching of every head and the residual stream, clean into corrupt."""
+"""``attnlab patch``: activation patching, exact or by attribution, of any named site, clean into corrupt."""
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -18,10 +20,13 @@ from attnlab.cli.options import (
     revision_option,
     verify_option,
 )
-from attnlab.errors import UsageError
 from attnlab.run.output_paths import check_output_path
 
-SITES = ("heads", "residual")
+MAX_VERIFY_TOP = 1_000_000
+"""The most units --verify-top patches exactly (a cap, as every numeric option has)."""
+
+COLUMNS = ("site", "kind", "layer", "head", "position", "token", "restored", "metric", "exact")
+"""The columns of a group's CSV, those that are empty for every row left out."""
 
 
 @app.command("patch")
@@ -32,11 +37,15 @@ def patch_command(
     metric: str = typer.Option(
         "logit_diff",
         "--metric",
-        help="Language models: logit_diff (logit of --answer minus --wrong at the last position) or loss "
-        "(log-probability of --answer there).",
+        help="Language models: logit_diff (logit of --answer minus --wrong at the last position), loss "
+        "(log-probability of the one-token --answer there) or logprob (the summed log-probability of the "
+        "--answer text's tokens, teacher-forced after the prompt).",
     ),
     answer: str = typer.Option(
-        None, "--answer", help="Language models: the clean input's next token (default: its top token)."
+        None,
+        "--answer",
+        help="Language models: the clean input's next token (default: its top token); for --metric logprob, "
+        "a text of one or more tokens.",
     ),
     wrong: str = typer.Option(
         None, "--wrong", help="Language models: the corrupt input's next token (default: its top token)."
@@ -44,7 +53,29 @@ def patch_command(
     sites: list[str] = typer.Option(
         None,
         "--site",
-        help="heads (each head's output) or residual (each layer and position); repeatable; default both.",
+        help="heads (each head's attn.z), residual (the residual stream entering each layer and leaving the "
+        "last) or any site name or glob of `attnlab sites`, e.g. '*.ffn.out'; repeatable; default heads and "
+        "residual. Each gives a CSV and a heatmap.",
+    ),
+    positions: str = typer.Option(
+        None,
+        "--positions",
+        help="all (each head or site over all positions at once) or each (position by position); default: "
+        "all for sites with heads, each for the others.",
+    ),
+    method: str = typer.Option(
+        "exact",
+        "--method",
+        help="exact (one forward pass per patch, batched) or attribution (every patch estimated at once "
+        "from one backward pass: (clean - corrupt) . d metric / d activation).",
+    ),
+    verify_top: int = typer.Option(
+        10,
+        "--verify-top",
+        min=0,
+        max=MAX_VERIFY_TOP,
+        help="With --method attribution: patch exactly this many patches of each --site, those with the "
+        "largest |estimate| (the column exact).",
     ),
     out: Path = typer.Option(None, "--out", help="Folder for the CSVs and heatmaps (default RUN/analysis/patching)."),
     progress: bool = progress_option(),
@@ -56,33 +87,26 @@ def patch_command(
 ) -> None:
     """How much of the clean-vs-corrupt difference patching each site restores.
 
-    Runs the model on both inputs, then on the corrupt one with one site taken from the clean run:
-    every head's output (all positions) and the residual stream entering every layer (and leaving the
-    last), position by position. restored = (m_patched - m_corrupt) / (m_clean - m_corrupt).
+    Runs the model on both inputs, then on the corrupt one with one site's slice taken from the clean
+    run: by default every head's output (all positions) and the residual stream entering every layer
+    (and leaving the last), position by position. restored = (m_patched - m_corrupt) / (m_clean -
+    m_corrupt); --method attribution estimates it for every patch from one backward pass.
     """
     # Imported when the command runs: the help pages load no torch (see attnlab.cli).
     from tqdm import tqdm
 
-    from attnlab.analysis.patching import patch, patch_steps
-    from attnlab.analysis.reports import head_matrix_plot, position_matrix_plot, write_rows
-    from attnlab.head_ids import HeadId
+    from attnlab.analysis.patching import NAMED_SITES, check_choices, patch
     from attnlab.pretrained.sources import open_model
 
-    chosen = list(dict.fromkeys(sites or SITES))
-    unknown = [s for s in chosen if s not in SITES]
-    if unknown:
-        raise UsageError(f"--site: unknown {unknown[0]!r}; allowed: {', '.join(SITES)}")
+    check_choices(metric, method, positions, verify_top)
     if out is not None:
         check_output_path(out, kind="folder", flag="--out")
     loaded = open_model(run, device=device, dtype=dtype, revision=revision, verify=verify)
-    heads, residual = "heads" in chosen, "residual" in chosen
     bars: list[tqdm] = []  # opened at the first patch, after every input check has passed
 
-    def tick() -> None:
+    def tick(total: int) -> None:
         if not bars:
-            bars.append(
-                tqdm(total=patch_steps(loaded, heads=heads, residual=residual), desc="patch", disable=not progress)
-            )
+            bars.append(tqdm(total=total, desc="patch", disable=not progress))
         bars[0].update(1)
 
     try:
@@ -93,8 +117,10 @@ def patch_command(
             metric=metric,
             answer=answer,
             wrong=wrong,
-            heads=heads,
-            residual=residual,
+            sites=list(dict.fromkeys(sites or NAMED_SITES)),
+            positions=positions,
+            method=method,
+            verify_top=verify_top,
             progress=tick,
         )
     finally:
@@ -102,55 +128,105 @@ def patch_command(
             bar.close()
     folder = out or loaded.analysis / "patching"
     files: dict[str, str] = {}
-    if heads:
-        files["heads"] = str(
-            write_rows(result.heads, folder / "heads.csv", ("kind", "layer", "head", "restored", "metric"))
-        )
-        files["heads_heatmap"] = str(
-            head_matrix_plot(
-                result.heads, "restored", folder / "heads.png", diverging=True, title="restored by patching each head"
-            )
-        )
-    if residual:
-        columns = ("layer", "site", "position", "token", "restored", "metric")
-        files["residual"] = str(write_rows(result.residual, folder / "residual.csv", columns))
-        files["residual_heatmap"] = str(
-            position_matrix_plot(
-                result.residual,
-                "restored",
-                folder / "residual.png",
-                tokens=result.corrupt_tokens,
-                title="restored by patching the residual stream at one position",
-            )
-        )
+    for request, rows in result.groups.items():
+        stem = _file_stem(request)
+        files[stem] = str(_write_csv(rows, folder / f"{stem}.csv", result.method))
+        files[f"{stem}_heatmap"] = str(_heatmap(rows, folder / f"{stem}.png", request, result))
     if as_json:
         print_json(
             {
                 "run": str(run),
                 "measure": result.measure,
+                "method": result.method,
                 "metric_clean": result.metric_clean,
                 "metric_corrupt": result.metric_corrupt,
                 "clean_tokens": result.clean_tokens,
                 "corrupt_tokens": result.corrupt_tokens,
-                "heads": [dataclasses.asdict(r) for r in result.heads],
-                "residual": [dataclasses.asdict(r) for r in result.residual],
+                "groups": {request: [dataclasses.asdict(r) for r in rows] for request, rows in result.groups.items()},
                 "files": files,
             }
         )
         return
     typer.echo(f"measured: {result.measure}")
     typer.echo(f"clean {result.metric_clean:.4f}, corrupt {result.metric_corrupt:.4f}")
-    top_heads = sorted(result.heads, key=lambda r: -r.restored)[:5]
-    if top_heads:
+    if result.method == "attribution":
+        typer.echo(f"attribution patching: first-order estimates; (exact ...) for the {verify_top} largest of each")
+    for request, rows in result.groups.items():
+        top = sorted(rows, key=lambda r: -r.restored)[:5]
         typer.echo(
-            "heads restoring most: "
-            + ", ".join(f"{HeadId(r.kind, r.layer, r.head)} {r.restored:+.3f}" for r in top_heads)
-        )
-    top_positions = sorted(result.residual, key=lambda r: -r.restored)[:5]
-    if top_positions:
-        typer.echo(
-            "residual restoring most: "
-            + ", ".join(f"{r.site} {r.layer} at {r.position} ({r.token!r}) {r.restored:+.3f}" for r in top_positions)
+            f"{request} restoring most: "
+            + ", ".join(
+                f"{_label(r)} {r.restored:+.3f}" + ("" if r.exact is None else f" (exact {r.exact:+.3f})") for r in top
+            )
         )
     for name, path in files.items():
         typer.echo(f"{name}: {path}")
+
+
+def _file_stem(request: str) -> str:
+    """A request as a file name: ``heads``, ``residual``, a glob with ``*`` as ``all`` (``all.ffn.out``)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", request.replace("*", "all")).strip(".") or "sites"
+
+
+def _label(row: Any) -> str:
+    """A row for people: ``self:3:1`` for a head's z, else ``resid_pre 2 at 4 ('key')``."""
+    from attnlab.head_ids import HeadId  # lazy, as in the command: the help pages load no torch
+
+    if row.point.endswith(".z") and row.head is not None and row.position is None:
+        return str(HeadId(row.kind, row.layer, row.head))
+    text = row.point if row.layer is None else f"{row.point} {row.layer}"
+    text += "" if row.head is None else f" head {row.head}"
+    return text + ("" if row.position is None else f" at {row.position} ({row.token!r})")
+
+
+def _write_csv(rows: list[Any], path: Path, method: str) -> Path:
+    """The rows with the columns that some row fills, and ``exact`` for attribution patching (an
+    empty cell where a row has none)."""
+    from attnlab.analysis.reports import write_rows  # lazy, as in the command
+
+    kept = {"exact"} if method == "attribution" else set()
+    columns = [c for c in COLUMNS if c in kept or any(getattr(r, c) is not None for r in rows)]
+    cells = [dataclasses.replace(r, **{c: "" for c in columns if getattr(r, c) is None}) for r in rows]
+    return write_rows(cells, path, columns)
+
+
+def _heatmap(rows: list[Any], path: Path, request: str, result: Any) -> Path:
+    """Layers x heads (a panel per attention kind, and per point when a request has several) for
+    heads over all positions; otherwise sites down, positions across."""
+    from types import SimpleNamespace  # lazy, as the plotting imports below
+
+    from attnlab.analysis.reports import head_matrix_plot, position_matrix_plot  # lazy, as in the command
+
+    how = "restored (attribution)" if result.method == "attribution" else "restored"
+    named = {"heads": "", "residual": " the residual stream at one position"}  # the titles they always had
+    what = named.get(request, f" {request}")
+    if rows and all(r.head is not None and r.position is None and r.layer is not None for r in rows):
+        several = len({r.point for r in rows}) > 1
+        cells = [
+            SimpleNamespace(
+                kind=f"{r.kind or ''} {r.point}" if several else r.kind or r.point,
+                layer=r.layer,
+                head=r.head,
+                restored=r.restored,
+            )
+            for r in rows
+        ]
+        return head_matrix_plot(
+            cells,
+            "restored",
+            path,
+            diverging=True,
+            title=f"{how} by patching each head" if request == "heads" else f"{how}: {request}",
+        )
+    each = any(r.position is not None for r in rows)
+    cells = [
+        SimpleNamespace(
+            layer="" if r.layer is None else r.layer,
+            site=r.point + ("" if r.head is None else f" head {r.head}"),
+            position=r.position or 0,
+            restored=r.restored,
+        )
+        for r in rows
+    ]
+    tokens = result.corrupt_tokens if each else ["all positions"]
+    return position_matrix_plot(cells, "restored", path, tokens=tokens, title=f"{how} by patching{what}")

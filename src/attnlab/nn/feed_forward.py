@@ -15,6 +15,11 @@ gates with GELU instead:
 
 A gated activation takes the two maps' outputs side by side, so its W_1 is [W_gate; W_up]
 (2 d_ff rows) and one GEMM computes both.
+
+Named sites (:mod:`attnlab.nn.hooks`): ``pre`` = x W_1 + b_1 (B, T, d_ff) before the activation,
+or for a gated unit ``gate`` = x W_gate and ``up`` = x W_up (B, T, d_ff) each; ``hidden``, the
+activation's output; ``out``, the FFN's. Hooking ``pre``, ``gate`` or ``up`` applies the activation
+to the hooked parts (act(pre), or act(gate) * up) instead of the fused kernel.
 """
 
 from __future__ import annotations
@@ -74,8 +79,9 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
 }
 """Registry of activations between the two linear maps."""
 
-GATED = frozenset({"swiglu", "geglu"})
-"""Activations that take two d_ff-wide inputs (a gate and a value), so W_1 has 2 d_ff rows."""
+GATED: dict[str, Callable[[Tensor], Tensor]] = {"swiglu": F.silu, "geglu": partial(F.gelu, approximate="tanh")}
+"""Activations that take two d_ff-wide inputs (a gate and a value), so W_1 has 2 d_ff rows: name ->
+the function of the gate (act(gate) * up is the hidden layer)."""
 
 
 class PositionwiseFeedForward(nn.Module):
@@ -111,17 +117,35 @@ class PositionwiseFeedForward(nn.Module):
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias)  # W_2
         self.dropout = Dropout(dropout)
         self._linear = linear_kernel()  # x W^T + b by the runtime setting ATTNLAB_LINEAR
-        self.hooks: dict[str, list[Hook]] = {}  # sites hidden, out (attnlab.nn.hooks)
+        # Chosen once: the sites before the activation, the gate and up parts or the one pre-activation.
+        self._gate = GATED.get(activation)
+        self.site_points = ("gate", "up", "hidden", "out") if self._gate is not None else ("pre", "hidden", "out")
+        self.hooks: dict[str, list[Hook]] = {}  # sites of site_points (attnlab.nn.hooks)
 
     def forward(self, x: Tensor) -> Tensor:
         # The kernel on the sub-modules' parameters: same maps, without three sub-module calls.
         first, second = self.linear1, self.linear2
-        hidden = self.activation(self._linear(x, first.weight, first.bias))  # (B, T, d_ff)
-        if self.hooks:
-            hidden = run_hooks(self.hooks, "hidden", hidden)
+        if not self.hooks:
+            hidden = self.activation(self._linear(x, first.weight, first.bias))  # (B, T, d_ff)
+        else:
+            hidden = run_hooks(self.hooks, "hidden", self._hooked_activation(self._linear(x, first.weight, first.bias)))
         hidden = dropout(hidden, self.dropout.p, self.training)
         output = self._linear(hidden, second.weight, second.bias)
         return output if not self.hooks else run_hooks(self.hooks, "out", output)
+
+    def _hooked_activation(self, pre: Tensor) -> Tensor:
+        """act(pre), or act(gate) * up, through the ``pre`` or ``gate`` and ``up`` sites when hooked.
+
+        Shape:
+            pre: (B, T, d_ff) or (B, T, 2 d_ff) for a gated unit -> (B, T, d_ff).
+        """
+        hooks = self.hooks
+        if self._gate is None:
+            return self.activation(pre if "pre" not in hooks else run_hooks(hooks, "pre", pre))
+        if "gate" not in hooks and "up" not in hooks:
+            return self.activation(pre)
+        gate, up = pre.chunk(2, dim=-1)
+        return self._gate(run_hooks(hooks, "gate", gate)) * run_hooks(hooks, "up", up)
 
     def extra_repr(self) -> str:
         return f"activation={self.activation_name}"

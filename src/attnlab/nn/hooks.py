@@ -18,7 +18,14 @@ classifier's or BERT's ``encoder``)::
     name                      shape                  what it is
     STACK.embed               (B, T, d_tok)          s E[x_i], the scaled token embedding
     STACK.pos_embed           (B, T, d_model)        p_i added to it (added encodings only)
+    STACK.embed_norm.scale    (B, T, 1)              the embedding's norm (BERT): its scale and
+    STACK.embed_norm.normalized (B, T, d_model)      normalised input (see below)
     STACK.L.resid_pre         (B, T, d_model)        the residual stream entering layer L
+    STACK.L.attn_norm.scale   (B, T, 1)              the norm around self-attention: sqrt(mean(c^2)
+                                                     + eps), c = x - mean(x) (LayerNorm) or x (RMSNorm)
+    STACK.L.attn_norm.normalized (B, T, d_model)     c / scale, before the gain g (and bias b)
+    STACK.L.attn.q_pre        (B, H, T_q, d_k)       queries before rotary positions (after q/k norms)
+    STACK.L.attn.k_pre        (B, H_kv, T, d_k)      this call's keys before rotary positions
     STACK.L.attn.q            (B, H, T_q, d_k)       queries (after q/k norms and rotary positions)
     STACK.L.attn.k, .v        (B, H_kv, T_k, d_k|v)  keys, values (a KV cache's included)
     STACK.L.attn.scores       (B, H, T_q, T_k)       scale q.k (soft-capped, + position bias), before
@@ -28,17 +35,34 @@ classifier's or BERT's ``encoder``)::
     STACK.L.attn.result       (B, H, T_q, d_model)   xi_h head_h W_o^h, each head's contribution
                                                      to the residual (Michel §2.2's Att_h terms)
     STACK.L.attn.out          (B, T_q, d_model)      sum_h result_h + b^O, the attention output
+    STACK.L.attn_norm.post_scale, .post_normalized   the sandwich placement's norm of the output
     STACK.L.resid_mid         (B, T, d_model)        after the self-attention's Add & Norm (parallel
                                                      residuals: x + attention branch)
     STACK.L.cross.*           as attn.*              encoder-decoder attention (decoder layers)
+    STACK.L.cross_norm.*      as attn_norm.*         the norm around it
     STACK.L.resid_cross       (B, T, d_model)        after the cross-attention's Add & Norm
+    STACK.L.ffn_norm.*        as attn_norm.*         the norm around the FFN
+    STACK.L.ffn.pre           (B, T, d_ff)           x W_1 + b_1, before the activation (ungated)
+    STACK.L.ffn.gate, .up     (B, T, d_ff)           x W_gate, x W_up of a gated FFN (SwiGLU, GeGLU)
     STACK.L.ffn.hidden        (B, T, d_ff)           act(x W_1 + b_1), the FFN's hidden layer
     STACK.L.ffn.out           (B, T, d_model)        the FFN's output
     STACK.L.resid_post        (B, T, d_model)        after the FFN's Add & Norm: layer L's output
+    STACK.final_norm.scale, .normalized              the final norm's parts (pre-norm stacks)
     STACK.final_norm          (B, T, d_model)        the stack's output (after the final norm of
-                                                     a pre-norm stack)
+                                                     a pre-norm stack): the input of the output
+                                                     layer (the unembedding) of a language model
+                                                     and of an encoder-decoder
+    pooled                    (B, d_model)           the classifier's input (an encoder classifier)
     logits                    (B, T, V) or (B, C)    the model's output, soft-capped where the config
                                                      says (not for encoder-only)
+
+The norm sites are TransformerLens's ``ln.hook_scale`` and ``ln.hook_normalized``: a norm's output
+is gain(normalized) (:class:`attnlab.nn.normalization.Norm`); they sit where the placement puts the
+norm (before its sub-layer for pre-norm and sandwich placements, after it for post-norm and
+``output``; a post-norm layer's ``normalized`` is that of x + Sublayer(x)). The q/k norms inside
+attention have no such sites. ``q_pre`` and ``k_pre`` equal ``q`` and ``k`` in a model without
+rotary positions; an edit of ``k_pre`` reaches what a KV cache keeps (it is before the cache), one
+of ``k`` only this call's keys.
 
 A lone :class:`~attnlab.nn.MultiHeadAttention` has the sites ``attn.POINT``. Heads are axis 1 of
 the head sites. An attention site's *kind* is what a head mask and a head's name
@@ -50,7 +74,8 @@ How a site is computed: every module that owns sites has a ``hooks`` table, poin
 in the order they run; a forward pass runs them on the site's tensor. Empty, the table costs one
 truth test per module call and the fused paths run as without it. Hooking ``scores`` or
 ``pattern`` computes the weights explicitly; ``result`` computes the per-head products with W^O;
-every other site leaves the fused attention path as it is.
+a norm's ``scale`` or ``normalized`` computes that norm in parts; ``pre``, ``gate`` or ``up`` the
+FFN's activation by PyTorch's operations; every other site leaves the fused paths as they are.
 """
 
 from __future__ import annotations
@@ -88,16 +113,15 @@ __all__ = [
 Hook = Callable[[Tensor], Tensor]
 """What a site calls: its tensor in, the tensor the model goes on with out."""
 
-ATTENTION_POINTS = ("q", "k", "v", "scores", "pattern", "z", "result", "out")
+ATTENTION_POINTS = ("q_pre", "k_pre", "q", "k", "v", "scores", "pattern", "z", "result", "out")
 """The points of an attention module, in the order it computes them."""
 
-HEAD_POINTS = frozenset({"q", "k", "v", "scores", "pattern", "z", "result"})
+HEAD_POINTS = frozenset({"q_pre", "k_pre", "q", "k", "v", "scores", "pattern", "z", "result"})
 """Points with a head axis (axis 1). ``k`` and ``v`` have the key/value heads (grouped-query
 attention: fewer than the query heads)."""
 
-LAYER_POINTS = ("resid_pre", "resid_mid", "resid_cross", "resid_post")
-FFN_POINTS = ("hidden", "out")
-EMBEDDING_POINTS = ("embed", "pos_embed")
+NORM_POINTS = ("scale", "normalized")
+"""The points of a norm (before the gain), in the order they are computed."""
 
 
 def run_hooks(hooks: dict[str, list[Hook]], point: str, x: Tensor) -> Tensor:
@@ -161,6 +185,10 @@ def model_sites(model: nn.Module) -> dict[str, Site]:
             head = 1 if point in HEAD_POINTS else None
             add(f"{prefix}.{point}", module, point, stack, layer, kind=kind, head=head, pos=2 if head else 1)
 
+    def add_norm(prefix: str, label: str, norm: nn.Module, stack: str, layer: int, when: int) -> None:
+        for point in norm.site_points[when]:  # an Add & Norm's points before (0) or after (1) its sub-layer
+            add(f"{prefix}.{label}_norm.{point}", norm, point, stack, layer)
+
     if not hasattr(model, "site_stacks"):
         if getattr(model, "site_points", None) != ATTENTION_POINTS:
             raise TypeError(f"{type(model).__name__} has no named sites (site_stacks()); an attnlab model has")
@@ -171,19 +199,30 @@ def model_sites(model: nn.Module) -> dict[str, Site]:
         add(f"{stack}.embed", embedding, "embed", stack, None)
         if embedding.adds_positions:
             add(f"{stack}.pos_embed", embedding, "pos_embed", stack, None)
+        for point in embedding.norm_points:
+            add(f"{stack}.{point}", embedding, point, stack, None)
         for index, layer in enumerate(stack_module.layers):
             prefix = f"{stack}.{index}"
             add(f"{prefix}.resid_pre", layer, "resid_pre", stack, index)
-            attentions = [("attn", layer.self_attn, kinds[0], "resid_mid")]
+
+            attentions = [("attn", layer.self_attn, kinds[0], "resid_mid", layer.site_norms[0])]
             if hasattr(layer, "cross_attn"):
-                attentions.append(("cross", layer.cross_attn, kinds[1], "resid_cross"))
-            for label, module, kind, after in attentions:
+                attentions.append(("cross", layer.cross_attn, kinds[1], "resid_cross", layer.site_norms[1]))
+            for label, module, kind, after, norm in attentions:
+                add_norm(prefix, label, norm, stack, index, 0)
                 add_attention(f"{prefix}.{label}", module, stack, index, kind)
+                add_norm(prefix, label, norm, stack, index, 1)
                 add(f"{prefix}.{after}", layer, after, stack, index)
-            for point in FFN_POINTS:
+            add_norm(prefix, "ffn", layer.ffn_norm, stack, index, 0)
+            for point in layer.feed_forward.site_points:
                 add(f"{prefix}.ffn.{point}", layer.feed_forward, point, stack, index)
+            add_norm(prefix, "ffn", layer.ffn_norm, stack, index, 1)
             add(f"{prefix}.resid_post", layer, "resid_post", stack, index)
+        for point in stack_module.final_norm_points:
+            add(f"{stack}.{point}", stack_module, point, stack, None)
         add(f"{stack}.final_norm", stack_module, "final_norm", stack, None)
+    if model.has_pooled_site:
+        add("pooled", model, "pooled", None, None, pos=None)
     if model.has_logits_site:
         add("logits", model, "logits", None, None, pos=model.logits_position_axis)
     return sites
@@ -395,7 +434,8 @@ def _selector(site: Site, examples: Selection, heads: Selection, positions: Sele
     """axis -> selection, checked against what the site has."""
     if heads is not None and site.head_axis is None:
         raise ValueError(
-            f"site {site.name!r}: heads= needs a site with a head axis (attn.q, .k, .v, .scores, .pattern, .z, .result)"
+            f"site {site.name!r}: heads= needs a site with a head axis (attn.q_pre, .k_pre, .q, .k, .v, .scores, "
+            ".pattern, .z, .result)"
         )
     if positions is not None and site.position_axis is None:
         raise ValueError(f"site {site.name!r}: has no positions axis; positions= does not apply")

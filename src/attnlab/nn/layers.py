@@ -38,25 +38,25 @@ Sublayer = Callable[[Tensor], Tensor]
 
 def _post(add_norm: AddNorm, x: Tensor, sublayer: Sublayer) -> Tensor:
     """Norm(x + Dropout(Sublayer(x))): the paper's post-LN."""
-    return add_norm.normalize(add_norm.norm, x + dropout(sublayer(x), add_norm.dropout.p, add_norm.training))
+    return add_norm.normed(x + dropout(sublayer(x), add_norm.dropout.p, add_norm.training))
 
 
 def _pre(add_norm: AddNorm, x: Tensor, sublayer: Sublayer) -> Tensor:
     """Dropout(Sublayer(Norm(x))), the branch of pre-LN."""
     # Functional, on the sub-module's parameters: a decoding step runs nine Add & Norms in a
     # 3-layer decoder, and on a single row a sub-module call costs more than the kernel.
-    return dropout(sublayer(add_norm.normalize(add_norm.norm, x)), add_norm.dropout.p, add_norm.training)
+    return dropout(sublayer(add_norm.normed(x)), add_norm.dropout.p, add_norm.training)
 
 
 def _sandwich(add_norm: AddNorm, x: Tensor, sublayer: Sublayer) -> Tensor:
     """Dropout(Norm_post(Sublayer(Norm(x)))), Gemma 2's branch."""
-    branch = add_norm.normalize(add_norm.post_norm, sublayer(add_norm.normalize(add_norm.norm, x)))
+    branch = add_norm.post_normed(sublayer(add_norm.normed(x)))
     return dropout(branch, add_norm.dropout.p, add_norm.training)
 
 
 def _output(add_norm: AddNorm, x: Tensor, sublayer: Sublayer) -> Tensor:
     """Dropout(Norm(Sublayer(x))), OLMo 2's branch."""
-    return dropout(add_norm.normalize(add_norm.norm, sublayer(x)), add_norm.dropout.p, add_norm.training)
+    return dropout(add_norm.normed(sublayer(x)), add_norm.dropout.p, add_norm.training)
 
 
 @dataclass(frozen=True)
@@ -68,11 +68,14 @@ class Placement:
             x + b; None where the norm is applied after the sum (``post``), ``combine`` then.
         norms: the number of norms around each sub-layer (``sandwich``: 2).
         combine: ``(add_norm, x, sublayer) -> output`` where there is no branch.
+        norm_first: whether the (first) norm runs before the sub-layer (``pre``, ``sandwich``) or
+            after it (``post``, ``output``): the order of the named sites.
     """
 
     branch: Callable[[AddNorm, Tensor, Sublayer], Tensor] | None
     norms: int = 1
     combine: Callable[[AddNorm, Tensor, Sublayer], Tensor] | None = None
+    norm_first: bool = True
 
     @property
     def final_norm(self) -> bool:
@@ -81,10 +84,10 @@ class Placement:
 
 
 PLACEMENTS: dict[str, Placement] = {
-    "post": Placement(None, combine=_post),
+    "post": Placement(None, combine=_post, norm_first=False),
     "pre": Placement(_pre),
     "sandwich": Placement(_sandwich, norms=2),
-    "output": Placement(_output),
+    "output": Placement(_output, norm_first=False),
 }
 """Registry of norm placements: name -> :class:`Placement` (see the module docstring)."""
 
@@ -106,6 +109,10 @@ class AddNorm(nn.Module):
         norm: the norm (before the sublayer, or after the sum for ``post``, or after the sublayer
             for ``output``).
         post_norm: ``sandwich`` only: the norm of the sublayer's output.
+        hooks: point -> hooks of its named sites ``scale`` and ``normalized`` (the norm's parts,
+            :class:`attnlab.nn.normalization.Norm`), and ``post_scale``, ``post_normalized``
+            (``sandwich``'s post norm).
+        site_points: (the points computed before the sublayer, those after it).
 
     Shape:
         x: (B, T, d_model); ``sublayer`` maps (B, T, d_model) -> (B, T, d_model).
@@ -121,14 +128,28 @@ class AddNorm(nn.Module):
         self.norm = make_norm(norm, d_model, eps)  # gain g = norm.weight (and LayerNorm's bias b)
         if chosen.norms == 2:
             self.post_norm = make_norm(norm, d_model, eps)
-        self.normalize = NORMS[norm].apply
+        self.norm_kind = NORMS[norm]
         self.dropout = Dropout(dropout)
         self.placement = placement
         self._branch = chosen.branch
         self._combine = chosen.combine if chosen.branch is None else _add_branch
+        own, post = ("scale", "normalized"), ("post_scale", "post_normalized")
+        after = post if chosen.norms == 2 else () if chosen.norm_first else own
+        self.site_points = (own if chosen.norm_first else (), after)
+        self.hooks: dict[str, list[Hook]] = {}  # sites scale, normalized, post_scale, post_normalized
 
     def forward(self, x: Tensor, sublayer: Sublayer) -> Tensor:
         return self._combine(self, x, sublayer)
+
+    def normed(self, x: Tensor) -> Tensor:
+        """Norm(x), through the ``scale`` and ``normalized`` sites when they are hooked."""
+        return self.norm_kind.apply(self.norm, x) if not self.hooks else self.norm_kind.run(self.norm, x, self.hooks)
+
+    def post_normed(self, x: Tensor) -> Tensor:
+        """Norm_post(x) (``sandwich``), through the ``post_scale`` and ``post_normalized`` sites."""
+        if not self.hooks:
+            return self.norm_kind.apply(self.post_norm, x)
+        return self.norm_kind.run(self.post_norm, x, self.hooks, ("post_scale", "post_normalized"))
 
     def branch(self, x: Tensor, sublayer: Sublayer) -> Tensor:
         """b in x + b: the sublayer's residual branch (placements other than ``post``)."""
@@ -184,6 +205,7 @@ class EncoderLayer(nn.Module):
             raise ValueError(f"parallel_residual: needs a norm placement with a residual branch, not {placement!r}")
         self.parallel = parallel
         self._sublayers = self._side_by_side if parallel else self._one_after_the_other  # chosen once
+        self.site_norms = (self.attn_norm,)  # the Add & Norm of each attention, for its named sites
         self.hooks: dict[str, list[Hook]] = {}  # sites resid_pre, resid_mid, resid_post (attnlab.nn.hooks)
 
     def forward(
@@ -270,6 +292,7 @@ class DecoderLayer(nn.Module):
         self.self_attn_norm = AddNorm(d_model, placement=placement, eps=eps, dropout=dropout, norm=norm)
         self.cross_attn_norm = AddNorm(d_model, placement=placement, eps=eps, dropout=dropout, norm=norm)
         self.ffn_norm = AddNorm(d_model, placement=placement, eps=eps, dropout=dropout, norm=norm)
+        self.site_norms = (self.self_attn_norm, self.cross_attn_norm)  # of each attention, for its named sites
         self.hooks: dict[str, list[Hook]] = {}  # resid_pre, resid_mid, resid_cross, resid_post (attnlab.nn.hooks)
 
     def forward(

@@ -39,7 +39,7 @@ from attnlab.nn.hooks import Hook, Site, attention_sites, head_mask_shapes, run_
 from attnlab.nn.layers import PLACEMENTS, DecoderLayer, DecoderLayerCache, EncoderLayer
 from attnlab.nn.masks import combine_masks, padding_mask, sliding_window_mask
 from attnlab.nn.multi_head import KVCache, MultiHeadAttention
-from attnlab.nn.normalization import make_norm
+from attnlab.nn.normalization import NORMS, Norm, make_norm
 from attnlab.nn.position_bias import POSITION_BIASES
 from attnlab.nn.positional import AddPositions, make_positional, randomized_positions
 from attnlab.nn.rotary import positions_of_tokens
@@ -75,10 +75,12 @@ class TransformerModel(nn.Module):
     """Whether the model's output is the named site ``logits`` (not for an encoder-only model)."""
     logits_position_axis: int | None = 1
     """The positions' axis of ``logits``; None for one output per sequence (a classifier)."""
+    has_pooled_site: bool = False
+    """Whether the model pools its stack's output into the named site ``pooled`` (a classifier)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.hooks: dict[str, list[Hook]] = {}  # the site logits (attnlab.nn.hooks)
+        self.hooks: dict[str, list[Hook]] = {}  # the sites logits and pooled (attnlab.nn.hooks)
 
     def attention_sites(self) -> list[Site]:
         """The ``z`` site of every attention module (its kind, layer and module), in forward order."""
@@ -173,9 +175,10 @@ class InputEmbedding(nn.Module):
             TokenTypes(config.type_vocab_size, config.d_model) if config.type_vocab_size > 0 else _no_token_types
         )
         self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.embedding_norm else nn.Identity()
+        self.norm_points = EMBED_NORM_POINTS if config.embedding_norm else ()  # its named sites, if any
         self.dropout = Dropout(config.dropout)
         self.adds_positions = isinstance(self.positional, AddPositions)  # has a pos_embed site
-        self.hooks: dict[str, list[Hook]] = {}  # sites embed, pos_embed (attnlab.nn.hooks)
+        self.hooks: dict[str, list[Hook]] = {}  # sites embed, pos_embed, embed_norm.* (attnlab.nn.hooks)
 
     def forward(
         self, tokens: Tensor, offset: int = 0, token_types: Tensor | None = None, positions: Tensor | None = None
@@ -184,8 +187,10 @@ class InputEmbedding(nn.Module):
         _check_ids(tokens, self.token.num_embeddings)
         embedded = self.token(tokens)
         token = embedded * _in_dtype(self.scale, embedded.dtype)  # s E[x_i]
-        x = self.positional(token, offset, positions) if not self.hooks else self._hooked(token, offset, positions)
-        return self.dropout(self.norm(self.token_type(x, token_types)))
+        if not self.hooks:
+            return self.dropout(self.norm(self.token_type(self.positional(token, offset, positions), token_types)))
+        x = self.token_type(self._hooked(token, offset, positions), token_types)
+        return self.dropout(NORMS["layer"].run(self.norm, x, self.hooks, EMBED_NORM_POINTS) if self.norm_points else x)
 
     def _hooked(self, token: Tensor, offset: int, positions: Tensor | None) -> Tensor:
         """f(s E[x_i], p_i) with the ``embed`` and ``pos_embed`` sites (the latter when p_i is added)."""
@@ -194,6 +199,25 @@ class InputEmbedding(nn.Module):
             return self.positional(token, offset, positions)
         added = self.positional.added(token, offset, positions).expand_as(token)  # (B, T, d_model)
         return token + run_hooks(self.hooks, "pos_embed", added)
+
+
+EMBED_NORM_POINTS = ("embed_norm.scale", "embed_norm.normalized")
+"""The named sites of the embedding's LayerNorm (BERT), ``STACK.embed_norm.*``."""
+
+FINAL_NORM_POINTS = ("final_norm.scale", "final_norm.normalized")
+"""The named sites of a stack's final norm, ``STACK.final_norm.*`` (the stack's output is ``STACK.final_norm``)."""
+
+
+def _normed_output(stack: nn.Module, x: Tensor) -> Tensor:
+    """A stack's output: its final norm of ``x`` (through the norm's sites when hooked), then the
+    ``final_norm`` site."""
+    if not stack.hooks:
+        return stack.final_norm(x)
+    if stack.final_norm_points:
+        x = stack.final_norm_kind.run(stack.final_norm, x, stack.hooks, FINAL_NORM_POINTS)
+    else:
+        x = stack.final_norm(x)
+    return run_hooks(stack.hooks, "final_norm", x)
 
 
 @functools.cache
@@ -264,10 +288,12 @@ class OutputLayer(nn.Linear):
         return self._linear(x, self.weight, self.bias)
 
 
-def _final_norm(config: TransformerConfig) -> nn.Module:
-    """Stacks of pre-LN (sandwich, output) layers end with a norm; post-LN ones are already normalised."""
-    final = PLACEMENTS[config.placement].final_norm
-    return make_norm(config.norm, config.d_model, config.layer_norm_eps) if final else nn.Identity()
+def _final_norm(config: TransformerConfig) -> tuple[nn.Module, Norm | None]:
+    """Stacks of pre-LN (sandwich, output) layers end with a norm (the module and its kind); post-LN
+    ones are already normalised (the identity, no kind)."""
+    if not PLACEMENTS[config.placement].final_norm:
+        return nn.Identity(), None
+    return make_norm(config.norm, config.d_model, config.layer_norm_eps), NORMS[config.norm]
 
 
 IN_ATTENTION = ("rope", *POSITION_BIASES)
@@ -366,7 +392,8 @@ class Encoder(nn.Module):
             )
             for index in range(config.layers)
         )
-        self.final_norm = _final_norm(config)
+        self.final_norm, self.final_norm_kind = _final_norm(config)
+        self.final_norm_points = FINAL_NORM_POINTS if self.final_norm_kind is not None else ()  # named sites
         self._place = PositionPlacer(config)
         # Chosen once: sliding-window layers get the window's mask as well, or every layer one mask.
         self.local_layers = [config.is_local_layer(index) for index in range(config.layers)]
@@ -406,8 +433,7 @@ class Encoder(nn.Module):
                 positions=place.queries,
                 key_positions=place.keys,
             )
-        x = self.final_norm(x)
-        return x if not self.hooks else run_hooks(self.hooks, "final_norm", x)
+        return _normed_output(self, x)
 
 
 @dataclass
@@ -476,7 +502,8 @@ class Decoder(nn.Module):
             )
             for index in range(config.decoder_depth)
         )
-        self.final_norm = _final_norm(config)
+        self.final_norm, self.final_norm_kind = _final_norm(config)
+        self.final_norm_points = FINAL_NORM_POINTS if self.final_norm_kind is not None else ()  # named sites
         self._place = PositionPlacer(config)
         self.hooks: dict[str, list[Hook]] = {}  # the site final_norm (attnlab.nn.hooks)
 
@@ -505,8 +532,7 @@ class Decoder(nn.Module):
                 positions=place.queries,
                 key_positions=place.keys,
             )
-        y = self.final_norm(y)
-        return y if not self.hooks else run_hooks(self.hooks, "final_norm", y)
+        return _normed_output(self, y)
 
 
 # ---- the three models ----------------------------------------------------------------------------
@@ -596,6 +622,7 @@ class EncoderClassifier(TransformerModel):
     """
 
     logits_position_axis = None  # one row of class logits per sequence
+    has_pooled_site = True  # the pooled state the classifier reads
 
     def __init__(self, config: EncoderClassifierConfig) -> None:
         super().__init__()
@@ -605,8 +632,8 @@ class EncoderClassifier(TransformerModel):
         self.classifier = OutputLayer(config.d_model, config.num_classes, bias=config.bias)
 
     def forward(self, tokens: Tensor) -> Tensor:
-        hidden = self.encoder(tokens)
-        return self._logits(self.classifier(self.pool(hidden, tokens != self.config.pad_id)))
+        pooled = self.pool(self.encoder(tokens), tokens != self.config.pad_id)  # (B, d_model)
+        return self._logits(self.classifier(pooled if not self.hooks else run_hooks(self.hooks, "pooled", pooled)))
 
     def site_stacks(self) -> dict[str, tuple[nn.Module, tuple[str, ...]]]:
         return {"encoder": (self.encoder, ("self",))}

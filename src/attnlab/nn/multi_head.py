@@ -408,7 +408,7 @@ class MultiHeadAttention(nn.Module):
             else (make_norm(norm, width, norm_eps) for width in widths(heads, self.kv_heads, self.d_k))
         )
         self._norm_fn: NormFn = NORMS[norm].apply
-        self.hooks: dict[str, list[Hook]] = {}  # sites q, k, v, scores, pattern, z, result, out (attnlab.nn.hooks)
+        self.hooks: dict[str, list[Hook]] = {}  # sites of ATTENTION_POINTS (attnlab.nn.hooks)
 
     def forward(
         self,
@@ -679,6 +679,8 @@ class MultiHeadAttention(nn.Module):
             normalize, norm_fn = self.qk_norm.apply, self._norm_fn
             q, k = normalize(norm_fn, self.q_norm, q, self.d_k), normalize(norm_fn, self.k_norm, k, self.d_k)
             q, k, v = self._split_heads(q, self.heads), self._split_heads(k), self._split_heads(v)
+            if self.hooks:  # the sites q_pre, k_pre: before rotary positions (attnlab.nn.hooks)
+                q, k = run_hooks(self.hooks, "q_pre", q), run_hooks(self.hooks, "k_pre", k)
             q, k = self._place(self.rotary, q, k, positions, 0 if cache is None else len(cache))
             if cache is not None:
                 k, v = cache.append(k, v)
@@ -688,6 +690,8 @@ class MultiHeadAttention(nn.Module):
         normalize, norm_fn = self.qk_norm.apply, self._norm_fn
         q = self._linear(query, weight[:qk], None if bias is None else bias[:qk])
         q = self._split_heads(normalize(norm_fn, self.q_norm, q, self.d_k), self.heads)
+        if self.hooks:  # q_pre and k_pre: no rotary positions in attention over another sequence
+            q = run_hooks(self.hooks, "q_pre", q)
 
         def project_memory() -> tuple[Tensor, Tensor]:  # not called again once a cache keeps K, V
             if value is key:  # encoder-decoder attention, K = V = memory: one matmul
@@ -698,7 +702,8 @@ class MultiHeadAttention(nn.Module):
                 _, w_k, w_v = weight.split(self._split, dim=0)
                 b_k, b_v = (None, None) if bias is None else bias.split(self._split)[1:]
                 k_, v_ = self._linear(key, w_k, b_k), self._linear(value, w_v, b_v)
-            return self._split_heads(normalize(norm_fn, self.k_norm, k_, self.d_k)), self._split_heads(v_)
+            k_ = self._split_heads(normalize(norm_fn, self.k_norm, k_, self.d_k))
+            return k_ if not self.hooks else run_hooks(self.hooks, "k_pre", k_), self._split_heads(v_)
 
         k, v = cache.keep(project_memory) if cache is not None else project_memory()
         return q, k, v

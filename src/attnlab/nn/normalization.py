@@ -16,6 +16,15 @@ float64 inputs are computed in their own dtype.
 state-dict keys are those of PyTorch's ``nn.LayerNorm`` / ``nn.RMSNorm``: ``weight``, and
 LayerNorm's ``bias``) and gives the functional form that :class:`attnlab.nn.layers.AddNorm`
 calls on that module's parameters.
+
+Each norm is also written in two parts, for the named sites ``scale`` and ``normalized``
+(:mod:`attnlab.nn.hooks`; TransformerLens's ``ln.hook_scale`` and ``ln.hook_normalized``):
+
+    scale = sqrt(mean(c^2) + eps)   (B, T, 1),     normalized = c / scale,     output = gain(normalized)
+
+with c = a - mu for LayerNorm and c = a for the RMSNorms, computed in at least float32, and gain
+g * n + b, g * n or (1 + w) * n. :meth:`Norm.run` takes that route only when one of the two sites
+is hooked; otherwise it is the one fused call above.
 """
 
 from __future__ import annotations
@@ -27,6 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.nn.hooks import Hook, run_hooks
+
 __all__ = ["Norm", "NORMS", "make_norm", "RMSNorm", "OnePlusRMSNorm"]
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -34,10 +45,41 @@ _HALF = (torch.float16, torch.bfloat16)
 
 @dataclass(frozen=True)
 class Norm:
-    """One normalization: how to build its module and how to apply it to a module's parameters."""
+    """One normalization: how to build its module and how to apply it to a module's parameters.
+
+    Attributes:
+        build: (width, eps) -> the module.
+        apply: (module, x) -> the normalised x, in one fused call.
+        centred: whether it subtracts the mean (LayerNorm) before scaling.
+        gain: (module, normalized, dtype) -> the output in ``dtype``, from the normalised input.
+    """
 
     build: Callable[[int, float], nn.Module]
     apply: Callable[[nn.Module, Tensor], Tensor]
+    centred: bool
+    gain: Callable[[nn.Module, Tensor, torch.dtype], Tensor]
+
+    def run(
+        self,
+        module: nn.Module,
+        x: Tensor,
+        hooks: dict[str, list[Hook]],
+        points: tuple[str, str] = ("scale", "normalized"),
+    ) -> Tensor:
+        """The norm of ``x``, through the hooks of its two sites ``points`` (scale, normalized) when
+        either is hooked, else the fused :attr:`apply`.
+
+        Shape:
+            x: (..., d) -> (..., d);  the scale site (..., 1), the normalized one (..., d).
+        """
+        scale_point, normalized_point = points
+        if scale_point not in hooks and normalized_point not in hooks:
+            return self.apply(module, x)
+        wide = x.to(torch.promote_types(x.dtype, torch.float32))
+        centred = wide - wide.mean(-1, keepdim=True) if self.centred else wide
+        scale = run_hooks(hooks, scale_point, torch.sqrt(centred.pow(2).mean(-1, keepdim=True) + module.eps))
+        normalized = run_hooks(hooks, normalized_point, centred / scale)
+        return self.gain(module, normalized, x.dtype)
 
 
 def _layer_norm(norm: nn.Module, x: Tensor) -> Tensor:
@@ -94,10 +136,24 @@ class OnePlusRMSNorm(nn.Module):
         return f"{self.weight.shape[0]}, eps={self.eps}"
 
 
+def _layer_gain(norm: nn.Module, normalized: Tensor, dtype: torch.dtype) -> Tensor:
+    return (normalized * norm.weight + norm.bias).to(dtype)
+
+
+def _rms_gain(norm: nn.Module, normalized: Tensor, dtype: torch.dtype) -> Tensor:
+    if dtype in _HALF:  # as LlamaRMSNorm: cast back, then the gain
+        return norm.weight * normalized.to(dtype)
+    return (normalized * norm.weight).to(dtype)
+
+
+def _one_plus_gain(norm: nn.Module, normalized: Tensor, dtype: torch.dtype) -> Tensor:
+    return (normalized * (1.0 + norm.weight.to(normalized.dtype))).to(dtype)
+
+
 NORMS: dict[str, Norm] = {
-    "layer": Norm(lambda d, eps: nn.LayerNorm(d, eps=eps), _layer_norm),
-    "rms": Norm(RMSNorm, _rms_norm),
-    "rms_one_plus": Norm(OnePlusRMSNorm, _rms_one_plus),
+    "layer": Norm(lambda d, eps: nn.LayerNorm(d, eps=eps), _layer_norm, True, _layer_gain),
+    "rms": Norm(RMSNorm, _rms_norm, False, _rms_gain),
+    "rms_one_plus": Norm(OnePlusRMSNorm, _rms_one_plus, False, _one_plus_gain),
 }
 """Registry of normalizations: ``model.norm`` -> :class:`Norm`."""
 

@@ -54,22 +54,24 @@ def test_a_head_patch_equals_a_trace_by_hand(lm):
         with trace(lm.model) as t:
             t.replace("decoder.1.attn.z", seen.cache["decoder.1.attn.z"], heads=[1])
             m_patched = _logit_diff(lm, corrupt, good, bad)
-    (row,) = [r for r in result.heads if (r.layer, r.head) == (1, 1)]
+    heads = result.groups["heads"]
+    (row,) = [r for r in heads if (r.layer, r.head) == (1, 1)]
     assert row.metric == pytest.approx(m_patched, abs=1e-5)
     assert row.restored == pytest.approx((m_patched - m_corrupt) / (m_clean - m_corrupt), abs=1e-4)
-    assert len(result.heads) == 2 * 2 and {r.kind for r in result.heads} == {"self"}
+    assert len(heads) == 2 * 2 and {r.kind for r in heads} == {"self"} and {r.position for r in heads} == {None}
     assert result.measure == "logit['a'] - logit['o'] at the last position"
 
 
 def test_patching_the_whole_residual_or_the_last_position_restores_everything(lm):
-    result = patch(lm, CLEAN, CORRUPT, answer="a", wrong="o", heads=False)
-    positions = len(result.corrupt_tokens)
-    assert len(result.residual) == 3 * positions  # resid_pre of 2 layers and the last resid_post
+    result = patch(lm, CLEAN, CORRUPT, answer="a", wrong="o", sites=["residual"])
+    positions, residual = len(result.corrupt_tokens), result.groups["residual"]
+    assert list(result.groups) == ["residual"]
+    assert len(residual) == 3 * positions  # resid_pre of 2 layers and the last resid_post
     # The last position's logits read only the last position's final residual: patching it is the clean run.
-    last = [r for r in result.residual if r.site == "resid_post" and r.position == positions - 1]
+    last = [r for r in residual if r.point == "resid_post" and r.position == positions - 1]
     assert last[0].restored == pytest.approx(1.0, abs=1e-5)
     # A position whose token is the same in both inputs, before any layer mixed them: nothing to restore.
-    same = [r for r in result.residual if r.layer == 0 and r.site == "resid_pre" and r.token == "t"]
+    same = [r for r in residual if r.layer == 0 and r.point == "resid_pre" and r.token == "t"]
     assert same and all(abs(r.restored) < 1e-6 for r in same)
     with torch.no_grad(), trace(lm.model, cache="decoder.0.resid_pre") as seen:  # all positions at once
         clean = _tokens(lm, CLEAN)
@@ -84,8 +86,8 @@ def test_a_sentence_encoder_measures_the_cosine_to_the_clean_embedding(bert):
     result = patch(bert, "the cat sat on the mat.", "the dog sat on the mat.")
     assert result.metric_clean == pytest.approx(1.0, abs=1e-6) and result.metric_corrupt < 0.9999
     assert result.measure == "cosine to the clean embedding"
-    last_layer = max(r.layer for r in result.residual)
-    outputs = [r for r in result.residual if r.site == "resid_post" and r.layer == last_layer]
+    last_layer = max(r.layer for r in result.groups["residual"])
+    outputs = [r for r in result.groups["residual"] if r.point == "resid_post" and r.layer == last_layer]
     assert len(outputs) == len(result.corrupt_tokens)
     assert sum(r.restored for r in outputs) != pytest.approx(0.0)
 
@@ -134,3 +136,98 @@ def test_mean_ablation_with_zero_means_is_zero_ablation_and_the_means_are_the_me
         assert a.metric == pytest.approx(b.metric, abs=1e-6) and a.loss == pytest.approx(b.loss, abs=1e-6)
     mean = ablate(probe, means=means)
     assert any(abs(a.metric - b.metric) > 1e-4 for a, b in zip(zero.single, mean.single, strict=True))
+
+
+def test_every_head_patch_over_all_positions_equals_a_trace_by_hand(lm):
+    result = patch(lm, CLEAN, CORRUPT, metric="logit_diff", answer="a", wrong="o", sites=["heads"])
+    good, bad = lm.codec.encode("a")[0], lm.codec.encode("o")[0]
+    clean, corrupt = _tokens(lm, CLEAN), _tokens(lm, CORRUPT)
+    with torch.no_grad(), trace(lm.model, cache="decoder.*.attn.z") as seen:
+        lm.model(clean, is_token=torch.ones_like(clean, dtype=torch.bool))
+    for row in result.groups["heads"]:
+        with torch.no_grad(), trace(lm.model) as t:
+            t.replace(row.site, seen.cache[row.site], heads=[row.head])
+            assert row.metric == pytest.approx(_logit_diff(lm, corrupt, good, bad), abs=1e-5)
+
+
+def test_patching_a_whole_site_restores_one_and_a_slice_the_inputs_share_restores_zero(lm):
+    # Every site at position 0 (BOS, before the inputs differ, in a causal model): clean = corrupt there.
+    each = patch(lm, CLEAN, CORRUPT, answer="a", wrong="o", sites=["*"], positions="each")
+    rows = each.groups["*"]
+    names = {r.site for r in rows}
+    assert {"decoder.0.attn.q_pre", "decoder.1.attn_norm.scale", "decoder.1.ffn.pre", "logits"} <= names
+    first = [r for r in rows if r.position == 0]
+    assert len(first) > len(names) and all(r.restored == pytest.approx(0.0, abs=1e-5) for r in first)  # float32 batches
+    # A site that carries the whole input to the output, patched at every position, restores 1.
+    whole = ["decoder.*.resid_pre", "decoder.1.resid_post", "decoder.final_norm*", "logits"]
+    result = patch(lm, CLEAN, CORRUPT, answer="a", wrong="o", sites=whole, positions="all")
+    for request in whole:
+        for row in result.groups[request]:
+            assert row.position is None and row.restored == pytest.approx(1.0, abs=1e-6), row
+
+
+def test_a_metric_function_of_the_logits_gives_what_the_named_metric_gives(lm):
+    good, bad = lm.codec.encode("a")[0], lm.codec.encode("o")[0]
+
+    def margin(logits: torch.Tensor) -> torch.Tensor:  # (B, T, V) -> (B,)
+        return logits[:, -1, good] - logits[:, -1, bad]
+
+    named = patch(lm, CLEAN, CORRUPT, answer="a", wrong="o", sites=["heads", "*.ffn.out"])
+    given = patch(lm, CLEAN, CORRUPT, metric=margin, sites=["heads", "*.ffn.out"])
+    assert given.measure == "margin" and given.metric_clean == named.metric_clean
+    for request in ("heads", "*.ffn.out"):
+        assert [r.restored for r in given.groups[request]] == [r.restored for r in named.groups[request]]
+    with pytest.raises(ValueError, match=r"metric: must map the output \(1, \.\.\.\) to \(1,\)"):
+        patch(lm, CLEAN, CORRUPT, metric=lambda logits: logits[:, -1])
+    with pytest.raises(UsageError, match="--answer: only for a language model's named metrics.*a metric function"):
+        patch(lm, CLEAN, CORRUPT, metric=margin, answer="a")
+
+
+def test_the_log_probability_of_a_several_token_answer_is_summed_teacher_forced(lm):
+    answer = "at"  # two characters: two tokens
+    ids = lm.codec.encode(answer)
+    assert len(ids) == 2
+    result = patch(lm, CLEAN, CORRUPT, metric="logprob", answer=answer, sites=["residual"])
+    assert result.clean_tokens[-1] == "a" and len(result.clean_tokens) == len(_tokens(lm, CLEAN)[0]) + 1
+    for text, measured in ((CLEAN, result.metric_clean), (CORRUPT, result.metric_corrupt)):
+        prompt = _tokens(lm, text)[0].tolist()
+        by_hand = 0.0
+        with torch.no_grad():
+            for step, token in enumerate(ids):  # p(a_i | prompt, a_<i), one forward pass each
+                tokens = torch.tensor([prompt + ids[:step]])
+                logits = lm.model(tokens, is_token=torch.ones_like(tokens, dtype=torch.bool))[0, -1]
+                by_hand += float(torch.log_softmax(logits.double(), -1)[token])
+        assert measured == pytest.approx(by_hand, abs=1e-5)
+    assert result.measure == "log p('a' 't') after the prompt, teacher-forced (2 tokens)"
+    one = patch(lm, CLEAN, CORRUPT, metric="logprob", answer="a", sites=["heads"])  # one token: the loss metric
+    loss = patch(lm, CLEAN, CORRUPT, metric="loss", answer="a", sites=["heads"])
+    assert one.metric_clean == pytest.approx(loss.metric_clean, abs=1e-6)
+    with pytest.raises(UsageError, match=r"--answer: '' is no token"):
+        patch(lm, CLEAN, CORRUPT, metric="logprob", answer="")
+
+
+def test_attribution_reports_exact_values_for_its_top_units_and_bad_choices_are_clear(lm):
+    result = patch(lm, CLEAN, CORRUPT, answer="a", wrong="o", method="attribution", verify_top=3)
+    verified = []
+    for rows in result.groups.values():  # the 3 largest |estimates| of each request
+        verified += [r for r in rows if r.exact is not None]
+        largest = sorted(rows, key=lambda r: -abs(r.restored))[:3]
+        assert {(r.site, r.head, r.position) for r in rows if r.exact is not None} == {
+            (r.site, r.head, r.position) for r in largest
+        }
+    assert len(verified) == 2 * 3 and result.method == "attribution"
+    exact = patch(lm, CLEAN, CORRUPT, answer="a", wrong="o")
+    by_unit = {(r.site, r.head, r.position): r.restored for group in exact.groups.values() for r in group}
+    for row in verified:
+        assert row.exact == pytest.approx(by_unit[(row.site, row.head, row.position)], abs=1e-5)
+        assert row.metric == pytest.approx(
+            result.metric_corrupt + row.restored * (result.metric_clean - result.metric_corrupt)
+        )
+    for kwargs, message in (
+        ({"method": "grad"}, "--method: unknown 'grad'"),
+        ({"positions": "some"}, "--positions: unknown 'some'"),
+        ({"sites": ["decoder.0.attn.zz"]}, r"--site: site 'decoder.0.attn.zz': no such site.*did you mean"),
+        ({"verify_top": -1}, "--verify-top: must be 0 or more"),
+    ):
+        with pytest.raises(UsageError, match=message):
+            patch(lm, CLEAN, CORRUPT, answer="a", wrong="o", **kwargs)

@@ -387,3 +387,163 @@ def test_capture_a_single_module_and_keep_graph():
     with pytest.raises(TypeError, match="no named sites"):
         with capture(torch.nn.Linear(2, 2)):
             pass
+
+
+# ---- the sites inside norms, before rotary positions and inside the FFN -------------------------
+
+
+def _norm_output(add_norm, name: str, cache: dict, post: bool = False) -> torch.Tensor:
+    """gain(normalized) of an Add & Norm's (post) norm, from the cached ``normalized`` site."""
+    module, point = (add_norm.post_norm, "post_normalized") if post else (add_norm.norm, "normalized")
+    return add_norm.norm_kind.gain(module, cache[f"{name}.{point}"], torch.float64)
+
+
+def _centred(x: torch.Tensor, layer_norm: bool) -> torch.Tensor:
+    return x - x.mean(-1, keepdim=True) if layer_norm else x
+
+
+@pytest.mark.parametrize("name", ["llama_like", "gemma_like", "encoder_decoder", "olmo_like", "neox_like"])
+def test_norm_sites_are_the_scale_and_the_normalised_input_and_give_the_norms_output(name):
+    model, inputs = _model(name), _inputs(name)
+    with torch.no_grad(), trace(model, cache="*") as t:
+        model(*inputs)
+    cache, stack = t.cache, _stack(model)
+    config = model.config
+    for index, layer in enumerate(model.site_stacks()[stack][0].layers):
+        prefix = f"{stack}.{index}"
+        attn_norm = layer.site_norms[0]
+        layer_norm = attn_norm.norm_kind.centred
+        if config.placement == "post":  # Norm(x + Attn(x)): its input is the sum, its output resid_mid
+            norm_input, norm_output = (
+                cache[f"{prefix}.resid_pre"] + cache[f"{prefix}.attn.out"],
+                cache[f"{prefix}.resid_mid"],
+            )
+        elif config.placement == "output":  # x + Norm(Attn(x))
+            norm_input = cache[f"{prefix}.attn.out"]
+            norm_output = cache[f"{prefix}.resid_mid"] - cache[f"{prefix}.resid_pre"]
+        else:  # Norm(x) then attention
+            norm_input, norm_output = (
+                cache[f"{prefix}.resid_pre"],
+                attn_norm.norm_kind.apply(attn_norm.norm, cache[f"{prefix}.resid_pre"]),
+            )
+        scale, normalized = cache[f"{prefix}.attn_norm.scale"], cache[f"{prefix}.attn_norm.normalized"]
+        centred = _centred(norm_input, layer_norm)
+        assert scale.shape == (*norm_input.shape[:-1], 1)
+        expected_scale = torch.sqrt(centred.pow(2).mean(-1, keepdim=True) + attn_norm.norm.eps)
+        assert torch.allclose(scale, expected_scale, atol=1e-12)
+        assert torch.allclose(normalized * scale, centred, atol=1e-12)
+        assert torch.allclose(_norm_output(attn_norm, f"{prefix}.attn_norm", cache), norm_output, atol=1e-12)
+        if config.placement == "sandwich":  # x + Norm_post(Attn(Norm(x)))
+            post = _norm_output(attn_norm, f"{prefix}.attn_norm", cache, post=True)
+            assert torch.allclose(post, cache[f"{prefix}.resid_mid"] - cache[f"{prefix}.resid_pre"], atol=1e-12)
+    final = model.site_stacks()[stack][0]
+    if final.final_norm_kind is not None:  # the final norm: gain(normalized) is the stack's output
+        out = final.final_norm_kind.gain(final.final_norm, cache[f"{stack}.final_norm.normalized"], torch.float64)
+        assert torch.allclose(out, cache[f"{stack}.final_norm"], atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["llama_like", "gemma_like", "neox_like", "olmo_like", "encoder_decoder"])
+def test_queries_and_keys_before_rotary_positions_rotate_into_q_and_k(name):
+    model, inputs = _model(name), tuple(x[:2] for x in _inputs(name))  # rows without padding
+    with torch.no_grad(), trace(model, cache="*") as t:
+        model(*inputs)
+    stack = _stack(model)
+    attention = model.site_stacks()[stack][0].layers[1].self_attn
+    q_pre, k_pre = t.cache[f"{stack}.1.attn.q_pre"], t.cache[f"{stack}.1.attn.k_pre"]
+    assert q_pre.shape[1] == attention.heads and k_pre.shape[1] == attention.kv_heads
+    if attention.rotary is None:
+        expected = (q_pre, k_pre)
+    else:
+        expected = attention.rotary(q_pre, k_pre, torch.arange(q_pre.shape[2]))
+    assert torch.allclose(expected[0], t.cache[f"{stack}.1.attn.q"], atol=1e-12)
+    assert torch.allclose(expected[1], t.cache[f"{stack}.1.attn.k"], atol=1e-12)
+    if name == "llama_like":  # no q/k norm, no bias: q_pre is the norm's output times W^Q, head by head
+        normed = _norm_output(attention_norm := model.decoder.layers[1].attn_norm, "decoder.1.attn_norm", t.cache)
+        assert attention_norm.placement == "pre"
+        w_q = attention.in_proj_weight[: attention.heads * attention.d_k]
+        by_hand = (normed @ w_q.T).unflatten(-1, (attention.heads, attention.d_k)).transpose(1, 2)
+        assert torch.allclose(by_hand, q_pre, atol=1e-12)
+    with torch.no_grad(), trace(model, cache=f"{stack}.1.attn.pattern") as edited:  # zero queries: even weights
+        edited.scale(f"{stack}.1.attn.q_pre", 0.0)
+        model(*inputs)
+    pattern = edited.cache[f"{stack}.1.attn.pattern"]
+    allowed = (pattern > 0).double()
+    assert torch.allclose(pattern, allowed / allowed.sum(-1, keepdim=True), atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["llama_like", "gemma_like", "encoder_decoder"])
+def test_ffn_sites_before_the_activation_give_the_hidden_layer_and_edits_reach_the_output(name):
+    model, inputs = _model(name), _inputs(name)
+    stack = _stack(model)
+    ffn = model.site_stacks()[stack][0].layers[0].feed_forward
+    prefix = f"{stack}.0.ffn"
+    with torch.no_grad(), trace(model, cache="*") as t:
+        plain = model(*inputs)
+    cache = t.cache
+    if ffn.activation_name in ("swiglu", "geglu"):
+        assert f"{prefix}.pre" not in cache
+        gate_fn = (
+            torch.nn.functional.silu
+            if ffn.activation_name == "swiglu"
+            else (lambda g: torch.nn.functional.gelu(g, approximate="tanh"))
+        )
+        w_gate, w_up = ffn.linear1.weight.chunk(2, dim=0)
+        normed = _norm_output(model.site_stacks()[stack][0].layers[0].ffn_norm, f"{stack}.0.ffn_norm", cache)
+        assert torch.allclose(cache[f"{prefix}.gate"], normed @ w_gate.T, atol=1e-12)
+        assert torch.allclose(cache[f"{prefix}.up"], normed @ w_up.T, atol=1e-12)
+        assert torch.allclose(
+            gate_fn(cache[f"{prefix}.gate"]) * cache[f"{prefix}.up"], cache[f"{prefix}.hidden"], atol=1e-12
+        )
+        zeroed = f"{prefix}.up"  # act(gate) * 0: the FFN adds nothing (no biases)
+    else:
+        assert f"{prefix}.gate" not in cache
+        assert torch.allclose(torch.relu(cache[f"{prefix}.pre"]), cache[f"{prefix}.hidden"], atol=1e-12)
+        zeroed = f"{prefix}.pre"  # relu(0) = 0: the FFN's output is b_2
+    with torch.no_grad(), trace(model, cache=[f"{prefix}.out"]) as edited:
+        edited.scale(zeroed, 0.0)
+        changed = model(*inputs)
+    bias = ffn.linear2.bias if ffn.linear2.bias is not None else torch.zeros((), dtype=torch.float64)
+    assert torch.allclose(edited.cache[f"{prefix}.out"], bias.expand_as(edited.cache[f"{prefix}.out"]), atol=1e-12)
+    assert not torch.allclose(changed, plain, atol=1e-6)
+
+
+def test_doubling_the_final_norms_scale_halves_the_logits_of_an_rms_norm_model_without_biases():
+    model, (tokens,) = _model("llama_like"), _inputs("llama_like")
+    with torch.no_grad():
+        plain = model(tokens)
+        with trace(model) as t:
+            t.scale("decoder.final_norm.scale", 2.0)
+            halved = model(tokens)
+        with trace(model) as t:  # the same through the normalised input
+            t.scale("decoder.final_norm.normalized", 0.5)
+            also = model(tokens)
+    assert torch.allclose(halved, plain / 2, atol=1e-12) and torch.allclose(also, plain / 2, atol=1e-12)
+
+
+def test_the_classifiers_pooled_input_times_its_weights_is_its_logits():
+    model, (tokens,) = _model("classifier_hard"), _inputs("classifier_hard")
+    with torch.no_grad(), trace(model, cache=["pooled", "logits"]) as t:
+        model(tokens)
+    assert t.sites["pooled"].position_axis is None and t.cache["pooled"].shape == (3, 16)
+    expected = t.cache["pooled"] @ model.classifier.weight.T + model.classifier.bias
+    assert torch.allclose(expected, t.cache["logits"], atol=1e-12)
+
+
+def test_the_embeddings_norm_sites_give_the_first_residual():
+    torch.manual_seed(3)
+    config = EncoderOnlyConfig(vocab_size=V, embedding_norm=True, type_vocab_size=2, **SMALL)
+    model, (tokens,) = build_model(config).double().eval(), _inputs("encoder_relative")
+    with torch.no_grad(), trace(model, cache="*") as t:
+        plain = model(tokens)
+    cache, embedding = t.cache, model.encoder.embedding
+    summed = cache["encoder.embed"] + cache["encoder.pos_embed"] + embedding.token_type.weight[0]
+    centred = summed - summed.mean(-1, keepdim=True)
+    assert torch.allclose(cache["encoder.embed_norm.normalized"] * cache["encoder.embed_norm.scale"], centred)
+    gained = cache["encoder.embed_norm.normalized"] * embedding.norm.weight + embedding.norm.bias
+    assert torch.allclose(gained, cache["encoder.0.resid_pre"], atol=1e-12)
+    with torch.no_grad(), trace(model, cache="encoder.0.resid_pre") as edited:  # LayerNorm's output: its bias
+        edited.scale("encoder.embed_norm.normalized", 0.0)
+        assert not torch.allclose(model(tokens), plain)
+    first = edited.cache["encoder.0.resid_pre"]
+    assert torch.equal(first, embedding.norm.bias.expand_as(first))
+    assert "encoder.embed_norm.scale" not in model_sites(_model("encoder_relative"))  # no norm, no site

@@ -121,8 +121,9 @@ def test_patching_the_last_residual_restores_everything(family) -> None:  # noqa
         if len(loaded.task.encode(t)) == len(loaded.task.encode(clean))
     )
     result = patch(loaded, clean, corrupt, metric="loss")
-    assert len(result.heads) == LAYERS * loaded.model.head_mask_shapes()["self"][1]
-    last = [r for r in result.residual if r.site.endswith("resid_post") and r.position == len(result.clean_tokens) - 1]
+    assert len(result.groups["heads"]) == LAYERS * loaded.model.head_mask_shapes()["self"][1]
+    residual = result.groups["residual"]
+    last = [r for r in residual if r.point == "resid_post" and r.position == len(result.clean_tokens) - 1]
     assert last and last[0].restored == pytest.approx(1.0, abs=1e-9)
 
 
@@ -174,3 +175,94 @@ def test_generate_samples_and_chats_and_eval_scores_a_text_file(family, capsys) 
     evaluated = json.loads(_cli(capsys, "eval", str(folder), "--texts", str(texts), "--json"))
     probe = NextTokenProbe(loaded, texts, batch_size=4)
     assert evaluated["loss"] == pytest.approx(probe.evaluate(None).loss, rel=1e-5)
+
+
+def test_the_sites_before_rotary_positions_inside_norms_and_ffns_recompute_from_the_weights(family) -> None:  # noqa: ANN001
+    _, loaded, _ = family
+    model = loaded.model
+    with torch.no_grad(), trace(model, "*") as traced:
+        model(_tokens(loaded))
+    cache, stack = traced.cache, model.decoder
+    for index, layer in enumerate(stack.layers):
+        attention, prefix = layer.self_attn, f"decoder.{index}"
+        q_pre, k_pre = cache[f"{prefix}.attn.q_pre"], cache[f"{prefix}.attn.k_pre"]
+        q, k = attention.rotary(q_pre, k_pre, torch.arange(q_pre.shape[2])) if attention.rotary else (q_pre, k_pre)
+        torch.testing.assert_close(q, cache[f"{prefix}.attn.q"])
+        torch.testing.assert_close(k, cache[f"{prefix}.attn.k"])
+        norm = layer.attn_norm  # Norm(x) feeds attention (pre-norm, sandwich), or Norm(Attn(x)) (OLMo 2's output)
+        normed = norm.norm_kind.gain(norm.norm, cache[f"{prefix}.attn_norm.normalized"], torch.float64)
+        norm_input = cache[f"{prefix}.resid_pre" if norm.placement != "output" else f"{prefix}.attn.out"]
+        torch.testing.assert_close(normed, norm.norm_kind.apply(norm.norm, norm_input))
+        ffn = layer.feed_forward
+        if "gate" in ffn.site_points:
+            hidden = ffn._gate(cache[f"{prefix}.ffn.gate"]) * cache[f"{prefix}.ffn.up"]
+        else:
+            hidden = ffn.activation(cache[f"{prefix}.ffn.pre"])
+        torch.testing.assert_close(hidden, cache[f"{prefix}.ffn.hidden"])
+    final = stack.final_norm_kind.gain(stack.final_norm, cache["decoder.final_norm.normalized"], torch.float64)
+    torch.testing.assert_close(final, cache["decoder.final_norm"])
+    with torch.no_grad(), trace(model) as edited:  # the final norm's input halved: the output layer reads that
+        edited.scale("decoder.final_norm.normalized", 0.5)
+        halved = model(_tokens(loaded))
+        by_hand = stack.final_norm_kind.gain(
+            stack.final_norm, cache["decoder.final_norm.normalized"] / 2, torch.float64
+        )
+        torch.testing.assert_close(halved, model._cap(model.lm_head(by_hand)))
+
+
+def _two_inputs(loaded) -> tuple[str, str]:  # noqa: ANN001
+    """A clean and a corrupt text of as many tokens."""
+    clean = "the quick fox"
+    corrupt = next(
+        t
+        for t in ("the brown fox", "the quick box", "the quack fox")
+        if len(loaded.task.encode(t)) == len(loaded.task.encode(clean))
+    )
+    return clean, corrupt
+
+
+def test_attribution_estimates_are_the_first_order_term_of_finite_differences(family) -> None:  # noqa: ANN001
+    _, loaded, _ = family
+    model, (clean, corrupt) = loaded.model, _two_inputs(loaded)
+    sites = ["heads", "residual", "*.attn.q_pre", "decoder.1.ffn_norm.scale"]
+    result = patch(loaded, clean, corrupt, metric="loss", sites=sites, method="attribution", verify_top=0)
+    gap = result.metric_clean - result.metric_corrupt
+    ids = [torch.tensor([loaded.task.generation_prompt(t)]) for t in (clean, corrupt)]
+    with torch.no_grad(), trace(model, ["*.attn.z", "*.resid_*", "*.q_pre", "*.scale"]) as seen:
+        model(ids[0])
+    answer = int(model(ids[0])[0, -1].argmax())
+
+    def metric_along(row, eps: float) -> float:  # noqa: ANN001
+        """m with the unit at a_corrupt + eps (a_clean - a_corrupt)."""
+        with torch.no_grad(), trace(model) as t:
+            clean_value = seen.cache[row.site]
+            t.edit(row.site, lambda x: x + eps * (clean_value - x), heads=row.head, positions=row.position)
+            return float(torch.log_softmax(model(ids[1])[0, -1], -1)[answer])
+
+    rows = [group[i] for group in result.groups.values() for i in (0, len(group) // 2, len(group) - 1)]
+    assert {r.point for r in rows} == {"attn.z", "resid_pre", "resid_post", "attn.q_pre", "ffn_norm.scale"}
+    eps = 1e-5
+    for row in rows:
+        slope = (metric_along(row, eps) - metric_along(row, -eps)) / (2 * eps)
+        assert row.restored * gap == pytest.approx(slope, rel=1e-5, abs=1e-9), row
+        assert row.exact is None  # verify_top=0
+
+
+def test_attribution_equals_exact_patching_where_the_metric_is_linear_in_the_site(family) -> None:  # noqa: ANN001
+    _, loaded, _ = family
+    clean, corrupt = _two_inputs(loaded)
+    linear = ["logits"] + (["decoder.final_norm"] if loaded.model.config.final_softcap is None else [])
+    good = int(loaded.model(torch.tensor([loaded.task.generation_prompt(clean)]))[0, -1].argmax())
+
+    def margin(logits: torch.Tensor) -> torch.Tensor:  # linear in the logits, and in the output layer's input
+        return logits[:, -1, good] - logits[:, -1].mean(-1)
+
+    kwargs = {"metric": margin, "sites": linear, "positions": "each"}
+    estimated = patch(loaded, clean, corrupt, method="attribution", verify_top=10**6, **kwargs)
+    exact = patch(loaded, clean, corrupt, **kwargs)
+    for request in linear:
+        for a, e in zip(estimated.groups[request], exact.groups[request], strict=True):
+            assert a.restored == pytest.approx(e.restored, abs=1e-9) and a.exact == pytest.approx(e.restored, abs=1e-12)
+    last = exact.groups["logits"][-1]  # the whole difference is at the last position, in float64 exactly
+    assert last.restored == pytest.approx(1.0, abs=1e-12)
+    assert all(r.restored == 0.0 for r in exact.groups["logits"][:-1])
