@@ -77,6 +77,7 @@ def evaluate_run(
     # Imported when the command runs: the help pages load no torch (see attnlab.cli).
     from attnlab.evaluation.evaluate import evaluate
     from attnlab.evaluation.fit import training_fit
+    from attnlab.experiment import positions_seed
     from attnlab.head_ids import parse_head
     from attnlab.pretrained.sources import open_model
     from attnlab.tasks.base import SPLITS
@@ -101,6 +102,7 @@ def evaluate_run(
         truncate=truncate,
         tokenizer=loaded.tokenizer,
         head_mask=loaded.held_mask(extra),
+        positions_seed=positions_seed(train),
     )
     metrics = evaluate(loaded.model, loaded.task, split, progress=progress and not as_json, **options)
     if metrics["examples"] == 0:  # evaluate built the split once and found it empty

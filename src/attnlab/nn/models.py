@@ -14,9 +14,10 @@ that is read or changed: caching, editing, capture and the head mask are all hoo
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple
@@ -62,6 +63,7 @@ __all__ = [
     "MODELS",
     "build_model_to_load",
     "build_model",
+    "drawing_positions",
     "mean_pool",
     "optional_state_keys",
 ]
@@ -293,7 +295,8 @@ class PositionPlacer:
 
     * in training with ``randomized_positions = M`` (no cache): a sorted random subset of [0, M)
       per row (:func:`attnlab.nn.positional.randomized_positions`, Ruoss et al. 2023), for the
-      embedding's table and for attention alike;
+      embedding's table and for attention alike, drawn from torch's global generator; in
+      evaluation too inside :func:`drawing_positions`, drawn from its generator;
     * otherwise, for encodings inside attention: each real token's index among the real tokens
       (:func:`attnlab.nn.rotary.positions_of_tokens`), so left padding does not shift them;
     * otherwise, where some keys are padding (a left-padded batch of prompts), the same indices
@@ -306,10 +309,12 @@ class PositionPlacer:
         self.in_attention = config.positional in IN_ATTENTION
         self.in_embedding = config.positional != "none" and not self.in_attention
         self.limit = config.randomized_positions or 0
+        self.generator: torch.Generator | None = None  # set inside drawing_positions only
 
     def __call__(self, keys_are_tokens: Tensor, new: int, *, training: bool, cached: bool) -> Placement:
-        if self.limit and training and not cached:
-            sampled = randomized_positions(keys_are_tokens, self.limit)  # (B, T)
+        if self.limit and not cached and (training or self.generator is not None):
+            generator = None if training else self.generator
+            sampled = randomized_positions(keys_are_tokens, self.limit, generator=generator)  # (B, T)
             return Placement(sampled, sampled, sampled)
         if self.in_attention:
             keys = positions_of_tokens(keys_are_tokens, keys_are_tokens.shape[1])  # (B, T_k)
@@ -317,6 +322,34 @@ class PositionPlacer:
         if self.in_embedding and not bool(keys_are_tokens[:, 0].all()):  # a row starts with padding
             return Placement(None, None, positions_of_tokens(keys_are_tokens, new))  # (B, T)
         return Placement(None, None, None)
+
+
+@contextlib.contextmanager
+def drawing_positions(model: nn.Module, generator: torch.Generator | None) -> Iterator[None]:
+    """Inside the block, ``model`` in evaluation places its tokens as training does with
+    ``randomized_positions = M`` (a sorted random subset of [0, M) per sequence, Ruoss et al. 2023),
+    drawing from ``generator`` rather than torch's global generator, which stays untouched. A
+    decoder generating with a KV cache keeps 0, 1, ... (its length is unknown when its first
+    position is placed). None changes nothing.
+
+    Raises:
+        ValueError: naming ``randomized_positions`` when no stack of ``model`` draws positions.
+    """
+    if generator is None:
+        yield
+        return
+    placers = [
+        place for module in model.modules() if isinstance(place := getattr(module, "_place", None), PositionPlacer)
+    ]
+    if not any(place.limit for place in placers):
+        raise ValueError("randomized_positions: the model was not built with randomized positions (M = 0)")
+    for place in placers:
+        place.generator = generator
+    try:
+        yield
+    finally:
+        for place in placers:
+            place.generator = None
 
 
 def _key_padding(is_token: Tensor) -> Tensor | None:
