@@ -12,9 +12,10 @@ lengths of a Dyck language read by ``next_char``), and the generalisation horizo
 
 With ``positions_seed`` (``train.eval_positions = "randomized"``), a model trained with randomized
 positions (``model.randomized_positions = M``, Ruoss et al. 2023) is evaluated with positions drawn
-as in training, a sorted random subset of [0, M) per sequence, from a generator of its own seeded
-from ``positions_seed`` and the split's name: the same positions at every evaluation of a split, and
-torch's global generator (the training one) is never drawn from.
+as in training, a sorted random subset of [0, M) per sequence, from a generator of the sequence's
+own seeded from ``positions_seed``, the split's name and the sequence's tokens
+(:func:`attnlab.nn.models.drawing_positions`): the same positions at every evaluation and in any
+batch, and torch's global generator (the training one) is never drawn from.
 
 Recognition in the ``next_char`` formulation (a decoder-only model, batches with ``next_symbols``):
 ``accuracy`` is the share of strings whose every position predicts its next-symbol set exactly
@@ -105,7 +106,7 @@ def evaluate(
     context = _Context(task, head_mask, tokenizer, _decode_limit(examples, text=tokenizer is not None))
     objective = OBJECTIVES[kind]
     total_batches = (len(examples) + batch_size - 1) // batch_size
-    with drawing_positions(model, _positions_generator(positions_seed, split)):
+    with drawing_positions(model, _positions_seed(positions_seed, split)):
         for batch in tqdm(batches, total=total_batches, desc=f"eval {split}", disable=not progress, leave=False):
             batch = batch.to(device)
             parts = objective(model, batch, head_mask, task.pad_id, 0.0)
@@ -137,13 +138,13 @@ def evaluate(
     return result
 
 
-def _positions_generator(seed: int | None, split: str) -> torch.Generator | None:
-    """The generator randomized evaluation positions are drawn from: seeded from ``seed`` and the
-    split's name (SHA-256, the same in every process), so each split gets its own, fixed draws."""
+def _positions_seed(seed: int | None, split: str) -> int | None:
+    """The seed randomized evaluation positions are drawn from: from ``seed`` and the split's name
+    (SHA-256, the same in every process), so each split gets its own, fixed draws."""
     if seed is None:
         return None
     digest = hashlib.sha256(f"{seed}\x00positions\x00{split}".encode()).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "big") >> 1)
+    return int.from_bytes(digest[:8], "big") >> 1
 
 
 def _length_report(task: Any, split: str, by_length: Mapping[str, float]) -> dict[str, Any]:
