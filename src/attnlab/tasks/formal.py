@@ -48,7 +48,17 @@ Two formulations (``task.formulation``):
   after an even number of 1s (the only signal parity gives).
 
 Length bins (``task.eval_lengths = [[13, 24], [25, 48]]``): each bin is a split of its own,
-``length_13_24``, drawn like ``length_generalisation`` (which stays (L, 2L]).
+``length_13_24``, drawn like ``length_generalisation`` (which stays (L, 2L]). A split held out by
+length draws each of its lengths equally often, so that every length the language has is evaluated
+(the evaluation reports the others as absent).
+
+Depth bins (``task.eval_depths = [[1, 9], [10, 20]]``, dyck1 and dyck2): a Dyck word's length and
+nesting depth grow together (the deepest of 2000 training strings of length <= 20 may be 9 while most
+strings of length 81–120 go deeper than 10), so a length bin alone cannot tell which one a model
+fails on. Each depth bin is a split of its own, ``depth_1_9``, of strings whose depth
+(:func:`bracket_depth`) lies in the bin, at the lengths ``task.eval_depth_lengths`` (default: those of
+the length bins); the depth range of every split's members, the training split's included, is in its
+report (``depth_min``, ``depth_max``).
 
 Membership is decided by checkers written independently of the generators (counting and
 rewriting rather than construction), so tests can hold one against the other.
