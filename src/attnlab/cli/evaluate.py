@@ -167,6 +167,8 @@ def _echo_metrics(metrics: dict, as_json: bool) -> None:
             )
         elif key == "accuracy_by_length":
             typer.echo("accuracy by length: " + ", ".join(f"{n}:{a:.3f}" for n, a in value.items()))
+        elif key == "examples_by_length":
+            typer.echo("strings by length: " + ", ".join(f"{n}:{count}" for n, count in value.items()))
         else:
             typer.echo(f"{key}: {value:.4f}" if isinstance(value, float) else f"{key}: {value}")
     if "trained" in metrics:
