@@ -323,9 +323,19 @@ def _plot_per_seed(plan: SweepPlan, reports: Sequence[_RunReport], folder: Path,
     for combination, group in groups.items():
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for report in group:
-            bins = [s for s in _split_order(report.by_length) if _is_length_bin(s)]
-            points = sorted((n, a) for split in bins for n, a in report.by_length[split].items())
-            ax.plot(*zip(*points), "o-", markersize=2, linewidth=1, label=f"seed {report.run.seed}")
+            lengths: list[float] = []
+            accuracies: list[float] = []
+            previous_high = None
+            for split in (s for s in _split_order(report.by_length) if _is_length_bin(s)):
+                low, high = (int(part) for part in split.split("_")[1:])
+                if previous_high is not None and low > previous_high + 1:  # lengths not evaluated
+                    lengths.append(math.nan)
+                    accuracies.append(math.nan)
+                for n, a in sorted(report.by_length[split].items()):
+                    lengths.append(n)
+                    accuracies.append(a)
+                previous_high = high
+            ax.plot(lengths, accuracies, "o-", markersize=2, linewidth=1, label=f"seed {report.run.seed}")
         ax.axhline(threshold, color="grey", linestyle="--", linewidth=1, label=f"threshold {threshold:g}")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("length")
