@@ -782,7 +782,8 @@ class RecognitionTask(VocabIds):
         """Split statistics and the shortcut baseline of split ``name`` (its ``examples``).
 
         Keys: ``distinct_strings``, ``positives``, ``distinct_positives`` (:func:`split_statistics`),
-        and for ``classify`` ``baseline`` (its name), ``baseline_accuracy`` and
+        for the bracket languages ``depth_min`` and ``depth_max`` (the depths of the split's members,
+        :func:`bracket_depth`), and for ``classify`` ``baseline`` (its name), ``baseline_accuracy`` and
         ``majority_accuracy`` (:func:`baseline_accuracy`). A held-out split with fewer than
         :data:`MIN_DISTINCT_STRINGS` distinct strings, or (``classify``) fewer than
         :data:`MIN_DISTINCT_POSITIVES` distinct positives, is warned about (:class:`AttnlabWarning`).
