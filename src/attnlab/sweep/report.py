@@ -138,9 +138,13 @@ def _columns(plan: SweepPlan, rows: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def _split_order(splits: Iterable[str]) -> list[str]:
-    """Splits in reading order: train, valid, test, length_generalisation, then the others by name."""
+    """Splits in reading order: train, valid, test, length_generalisation, then the length bins (and
+    ``length_bins``, the horizon over them), then the others (depth bins) by name."""
     first = ("train", "valid", "test", "length_generalisation")
-    return sorted(set(splits), key=lambda s: (first.index(s) if s in first else len(first), _natural(s)))
+    return sorted(
+        set(splits),
+        key=lambda s: (first.index(s) if s in first else len(first), not s.startswith("length_"), _natural(s)),
+    )
 
 
 def _natural(text: str) -> list[Any]:
