@@ -75,6 +75,7 @@ class _RunReport:
     row: dict[str, Any]
     by_length: dict[str, dict[int, float]]
     counts: dict[str, dict[int, int]]
+    absent: dict[str, list[int]]
 
 
 def _run_report(out: Path, plan: SweepPlan, run: SweepRun) -> _RunReport:
@@ -84,6 +85,7 @@ def _run_report(out: Path, plan: SweepPlan, run: SweepRun) -> _RunReport:
     row["error"] = outcome.get("error") or ""
     by_length: dict[str, dict[int, float]] = {}
     counts: dict[str, dict[int, int]] = {}
+    absent: dict[str, list[int]] = {}
     if status == OK:
         records = RunDir(out / RUNS_FOLDER / run.name).read_metrics()
         steps = outcome.get("steps")
@@ -101,10 +103,13 @@ def _run_report(out: Path, plan: SweepPlan, run: SweepRun) -> _RunReport:
             strings = record.get("examples_by_length")
             if isinstance(strings, Mapping):
                 counts[split] = {int(k): int(v) for k, v in strings.items() if _number(v) and str(k).isdigit()}
+            missing = record.get("absent_lengths")
+            if isinstance(missing, list) and missing:
+                absent[split] = [int(n) for n in missing if _number(n)]
     else:
         row["steps"] = outcome.get("steps")
         row["wall_s"] = outcome.get("wall_s")
-    return _RunReport(run, row, by_length, counts)
+    return _RunReport(run, row, by_length, counts, absent)
 
 
 def collect_rows(out: str | Path) -> tuple[SweepPlan, list[dict[str, Any]]]:
@@ -209,8 +214,11 @@ def _fmt(value: float | None) -> str:
     return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.4f}"
 
 
-def summary_markdown(plan: SweepPlan, rows: Sequence[Mapping[str, Any]]) -> str:
-    """``summary.md``: per combination and split, accuracy mean ± std and min–max over seeds."""
+def summary_markdown(
+    plan: SweepPlan, rows: Sequence[Mapping[str, Any]], absent: Mapping[str, Sequence[int]] | None = None
+) -> str:
+    """``summary.md``: per combination and split, accuracy mean ± std and min–max over seeds, the
+    horizon table, and ``absent``: split -> the lengths of its range without strings (said once)."""
     keys = plan.keys
     by_combination: dict[tuple[str, ...], list[Mapping[str, Any]]] = {}
     for run, row in zip(plan.runs, rows):
@@ -264,6 +272,9 @@ def summary_markdown(plan: SweepPlan, rows: Sequence[Mapping[str, Any]]) -> str:
                 cells.append(f"{sum(flags)}/{len(flags)}" if flags else "–")
             lines.append("| " + " | ".join(cells) + " |")
     lines += _horizon_table(plan, by_combination)
+    if absent:
+        lines += ["", "Lengths without strings (the task has none of these lengths; not evaluated, not failed):", ""]
+        lines += [f"- {split}: {', '.join(map(str, absent[split]))}" for split in _split_order(absent)]
     problems = [r for r in rows if r["status"] in (FAILED, DIVERGED)]
     pending = [r for r in rows if r["status"] == PENDING]
     if problems:
@@ -401,7 +412,8 @@ def write_report(out: str | Path) -> list[Path]:
     rows = [report.row for report in reports]
     atomic_write_text(out / RESULTS_FILE, results_csv(plan, rows))
     atomic_write_text(out / BY_LENGTH_FILE, by_length_csv(plan, reports))
-    atomic_write_text(out / SUMMARY_FILE, summary_markdown(plan, rows))
+    absent = {split: lengths for report in reports for split, lengths in report.absent.items()}
+    atomic_write_text(out / SUMMARY_FILE, summary_markdown(plan, rows, absent))
     folder = ensure_folder(out / PLOTS_FOLDER)
     for old in [*folder.glob("accuracy_by_length-*.png"), *folder.glob("accuracy_by_length_per_seed-*.png")]:
         old.unlink()

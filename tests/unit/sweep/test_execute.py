@@ -286,6 +286,7 @@ def test_horizons_seed_counts_and_standard_errors_are_aggregated_over_seeds(swep
                 "horizon_threshold": 0.95,
                 "accuracy_by_length": {"22": 1.0, "24": accuracy},
                 "examples_by_length": {"22": 200, "24": 200},
+                "absent_lengths": [21, 23],
             },
             {"split": "length_bins", "step": 4, "horizon": reached + index, "horizon_threshold": 0.95},
         ]
@@ -307,6 +308,7 @@ def test_horizons_seed_counts_and_standard_errors_are_aggregated_over_seeds(swep
     assert {(r["length"], r["examples"]) for r in per_length} == {("22", "200"), ("24", "200")}
     odd = next(r for r in per_length if r["length"] == "24" and r["accuracy"] == "0.5")
     assert float(odd["se"]) == pytest.approx((0.25 / 200) ** 0.5)
+    assert "\n- length_21_40: 21, 23\n" in (folder / "summary.md").read_text(encoding="utf-8")
     plots = sorted(p.name for p in (folder / "plots").glob("accuracy_by_length_per_seed-*.png"))
     assert plots == [
         f"accuracy_by_length_per_seed-{a}_{p}.png" for a in ("hard", "soft") for p in ("none", "sinusoidal")
