@@ -24,8 +24,8 @@ RANDOMIZED = {
              "length_generalisation_size": 16},
     "model": {"kind": "encoder_classifier", "layers": 1, "d_model": 16, "heads": 2, "d_ff": 32, "dropout": 0.1,
               "randomized_positions": 32, "max_len": 32},
-    "train": {"steps": 8, "batch_size": 16, "lr": 3e-3, "warmup": 2, "log_every": 1, "eval_every": 2,
-              "checkpoint_every": 4},
+    "train": {"steps": 6, "batch_size": 16, "lr": 3e-3, "warmup": 2, "log_every": 1, "eval_every": 3,
+              "checkpoint_every": 3},
 }  # fmt: skip
 
 
@@ -43,24 +43,24 @@ def _evaluations(run: Path) -> dict[tuple[int, str], dict]:
 
 def test_randomized_evaluation_positions_change_the_evaluations_only_and_resume_stays_bit_equal(tmp_path, monkeypatch):
     """Training draws its randomized positions (and dropout) from torch's global generator; the
-    evaluations every 2 steps draw theirs from their own. So: the same weights with evaluations at
+    evaluations every 3 steps draw theirs from their own. So: the same weights with evaluations at
     0..T-1 or randomized, other evaluation results, and a run interrupted after its checkpoint at
-    step 4 and resumed ends with the weights and evaluations of the uninterrupted one, bit for bit."""
+    step 3 and resumed ends with the weights and evaluations of the uninterrupted one, bit for bit."""
     straight = train(_experiment(RANDOMIZED, eval_positions="randomized"), tmp_path / "straight", progress=False)
     plain = train(_experiment(RANDOMIZED), tmp_path / "plain", progress=False)
     assert straight.losses == plain.losses
     for name, tensor in _weights(tmp_path / "straight").items():
         assert torch.equal(tensor, _weights(tmp_path / "plain")[name]), name
     randomized, consecutive = _evaluations(tmp_path / "straight"), _evaluations(tmp_path / "plain")
-    assert randomized[(2, "valid")]["positions"] == "randomized" and "positions" not in consecutive[(2, "valid")]
-    assert randomized[(2, "valid")]["loss"] != consecutive[(2, "valid")]["loss"]
+    assert randomized[(3, "valid")]["positions"] == "randomized" and "positions" not in consecutive[(3, "valid")]
+    assert randomized[(3, "valid")]["loss"] != consecutive[(3, "valid")]["loss"]
 
     real_step = trainer_module._Trainer._train_step
     calls = {"n": 0}
 
     def interrupted_step(self):  # noqa: ANN001, ANN202
         calls["n"] += 1
-        if calls["n"] == 6:  # after the checkpoint and evaluation at step 4
+        if calls["n"] == 5:  # after the evaluation and checkpoint at step 3
             raise KeyboardInterrupt
         return real_step(self)
 
@@ -70,7 +70,7 @@ def test_randomized_evaluation_positions_change_the_evaluations_only_and_resume_
     monkeypatch.setattr(trainer_module._Trainer, "_train_step", real_step)
     resumed = train(_experiment(RANDOMIZED, eval_positions="randomized"), tmp_path / "resumed", resume=True,
                     progress=False)  # fmt: skip
-    assert resumed.losses == straight.losses[4:]
+    assert resumed.losses == straight.losses[3:]
     for name, tensor in _weights(tmp_path / "straight").items():
         assert torch.equal(tensor, _weights(tmp_path / "resumed")[name]), name
     assert _evaluations(tmp_path / "resumed") == randomized
