@@ -66,6 +66,7 @@ __all__ = [
     "complete_model_section",
     "model_for_task",
     "model_config_for_task",
+    "positions_seed",
 ]
 
 TASK_DECIDES = ("vocab_size", "tgt_vocab_size", "num_classes", "pad_id")
@@ -78,6 +79,10 @@ LOSSES = ("bce", "mse")
 
 SELECT_MODES = ("last", "best_valid")
 """``train.select``: the weights the final evaluation scores (:mod:`attnlab.training.selection`)."""
+EVAL_POSITIONS = ("consecutive", "randomized")
+"""How evaluations place tokens (``train.eval_positions``): ``consecutive`` 0, 1, ..., T - 1, or
+``randomized``, drawn as training draws them with ``model.randomized_positions = M`` (Ruoss et al.
+2023), from a generator of the evaluation's own (:func:`attnlab.evaluation.evaluate`)."""
 
 MAX_THREADS = 1024
 """The most ``train.threads`` may ask for: more than the machine has is allowed (to repeat a run
@@ -141,6 +146,13 @@ class TrainConfig:
             accuracy over the evaluated steps (what Bhattamishra et al. report) to RUN/oracle.json
             and as ``oracle_accuracy`` beside each bin's final result, marked as selected on the
             test bins: optimistic, never the headline figure.
+        eval_positions: ``consecutive`` (0, 1, ..., T - 1, the default) or ``randomized``: every
+            evaluation (during training, at the end, ``attnlab eval``) places each sequence's tokens
+            at a sorted random subset of [0, M) as training does with ``model.randomized_positions
+            = M`` (Ruoss et al. 2023), drawn from a generator seeded from ``seed`` and the split's
+            name, never from the training generator: training, and a resume, are unchanged. Needs
+            ``model.randomized_positions``, and a model that reads each sequence in one pass (not
+            ``encoder_decoder``, which generates with a cache).
     """
 
     steps: int = 1000
@@ -173,6 +185,7 @@ class TrainConfig:
     stop_at_accuracy: float = 0.0
     select: str = "last"
     oracle: bool = False
+    eval_positions: str = "consecutive"
 
     def __post_init__(self) -> None:
         if not isinstance(self.log_to, list):  # --set train.log_to=tensorboard: say what a list looks like
@@ -203,6 +216,10 @@ class TrainConfig:
             raise ConfigError("train.clip_norm and train.weight_decay must be >= 0, train.eps > 0")
         if self.schedule not in SCHEDULE_NAMES:
             raise ConfigError(f"train.schedule: unknown {self.schedule!r}; allowed: {', '.join(SCHEDULE_NAMES)}")
+        if self.eval_positions not in EVAL_POSITIONS:
+            raise ConfigError(
+                f"train.eval_positions: unknown {self.eval_positions!r}; allowed: {', '.join(EVAL_POSITIONS)}"
+            )
         if self.precision not in PRECISIONS:
             raise ConfigError(f"train.precision: unknown {self.precision!r}; allowed: {', '.join(PRECISIONS)}")
         if not (self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")):
@@ -273,6 +290,7 @@ class ExperimentConfig:
         _check_model_section(self.model)
         object.__setattr__(self, "task", complete_task_section(self.task))
         object.__setattr__(self, "model", complete_model_section(self.model))
+        _check_eval_positions(self.train, self.model)
 
     @property
     def task_name(self) -> str:
@@ -334,6 +352,28 @@ class ExperimentConfig:
             for key in sorted(set(mine[section]) | set(theirs[section]))
             if mine[section].get(key) != theirs[section].get(key)
         ]
+
+
+def _check_eval_positions(train: TrainConfig, model: Mapping[str, Any]) -> None:
+    """``train.eval_positions = "randomized"`` draws positions as training does: only for a model
+    trained with randomized positions, read in one pass (a cached decoder keeps 0, 1, ...)."""
+    if train.eval_positions != "randomized":
+        return
+    if not model.get("randomized_positions"):
+        raise ConfigError(
+            'train.eval_positions: "randomized" draws positions as training does with model.randomized_positions '
+            "= M, which this model does not set"
+        )
+    if model["kind"] == "encoder_decoder":
+        raise ConfigError(
+            'train.eval_positions: "randomized" needs a model that reads each sequence in one pass; an '
+            "encoder_decoder generates its output with a cache, whose positions are placed before its length is known"
+        )
+
+
+def positions_seed(train: TrainConfig) -> int | None:
+    """The seed evaluations draw randomized positions from (``train.seed``), or None for 0, 1, ..."""
+    return train.seed if train.eval_positions == "randomized" else None
 
 
 def _check_task_section(task: Mapping[str, Any]) -> None:

@@ -423,12 +423,19 @@ def check_memory(
 
 
 def check_length_bins_fit(task: object, max_length: int) -> None:
-    """Refuse length bins (``task.eval_lengths``) longer than the model reads, before training:
-    a string of n symbols takes n + 1 positions (EOS, or BOS for a decoder)."""
+    """Refuse length bins (``task.eval_lengths``), and the lengths of depth bins (``task.eval_depths``),
+    longer than the model reads, before training: a string of n symbols takes n + 1 positions (EOS,
+    or BOS for a decoder)."""
     bins = getattr(task, "length_bins", {})
     longest = max((high for _, high in bins.values()), default=0) + 1
     if bins and longest > max_length:
         raise ConfigError(
             f"task.eval_lengths: the longest bin needs {longest} positions, more than the model's "
             f"max_length={max_length}; raise model.max_len (or train.max_length) or shorten the bins"
+        )
+    if getattr(task, "depth_bins", {}) and task.depth_bin_lengths().stop > max_length:  # type: ignore[attr-defined]
+        raise ConfigError(
+            f"task.eval_depths: the depth bins' longest strings need {task.depth_bin_lengths().stop} positions, "  # type: ignore[attr-defined]
+            f"more than the model's max_length={max_length}; raise model.max_len (or train.max_length) or set "
+            "task.eval_depth_lengths"
         )

@@ -42,7 +42,9 @@ def test_length_bins_are_scored_at_the_end_and_by_eval(tmp_path, formulation, ki
     assert "train split: 200 examples" in trained.stdout + trained.stderr
     records = RunDir.open(run).read_metrics()
     scored = {r["split"]: r for r in records if r.get("split")}
-    assert set(scored) == {"valid", "length_9_12", "length_13_16"}
+    # the training split's statistics, the bins, and the horizon over the bins together
+    assert set(scored) == {"valid", "train", "length_9_12", "length_13_16", "length_bins"}
+    assert 1 <= scored["train"]["depth_min"] <= scored["train"]["depth_max"] <= 4
     assert all(9 <= int(n) <= 12 for n in scored["length_9_12"]["accuracy_by_length"])
     assert (run / "plots" / "accuracy_by_length.png").exists()
 
@@ -52,6 +54,8 @@ def test_length_bins_are_scored_at_the_end_and_by_eval(tmp_path, formulation, ki
     assert metrics["split"] == "length_13_16" and metrics["examples"] == 30
     assert metrics["positives"] == (30 if formulation == "next_char" else 15)
     assert 0 < metrics["distinct_strings"] <= 30
+    assert metrics["length_range"] == [13, 16] and 12 <= metrics["horizon"] <= 16
+    assert sum(metrics["examples_by_length"].values()) == 30
     if formulation == "classify":
         assert metrics["baseline"] == "balanced_counts" and 0.5 <= metrics["baseline_accuracy"] <= 0.75
         text = attnlab("eval", str(run), "--split", "length_9_13", "--no-progress")

@@ -83,6 +83,7 @@ def evaluate_run(
     # Imported when the command runs: the help pages load no torch (see attnlab.cli).
     from attnlab.evaluation.evaluate import evaluate
     from attnlab.evaluation.fit import training_fit
+    from attnlab.experiment import positions_seed
     from attnlab.head_ids import parse_head
     from attnlab.pretrained.sources import open_model
     from attnlab.tasks.base import SPLITS
@@ -120,6 +121,7 @@ def evaluate_run(
         truncate=truncate,
         tokenizer=loaded.tokenizer,
         head_mask=loaded.held_mask(extra),
+        positions_seed=positions_seed(train),
     )
     metrics = evaluate(loaded.model, loaded.task, split, progress=progress and not as_json, **options)
     if metrics["examples"] == 0:  # evaluate built the split once and found it empty
@@ -212,6 +214,8 @@ def _echo_metrics(metrics: dict, as_json: bool) -> None:
             )
         elif key == "accuracy_by_length":
             typer.echo("accuracy by length: " + ", ".join(f"{n}:{a:.3f}" for n, a in value.items()))
+        elif key == "examples_by_length":
+            typer.echo("strings by length: " + ", ".join(f"{n}:{count}" for n, count in value.items()))
         else:
             typer.echo(f"{key}: {value:.4f}" if isinstance(value, float) else f"{key}: {value}")
     if "trained" in metrics:

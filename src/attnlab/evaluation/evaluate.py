@@ -1,8 +1,21 @@
 """Evaluate a model on a task split: the metrics of each kind of task, and accuracy per length.
 
 Every result has ``accuracy`` (the task's headline metric: exact-match sequence accuracy for
-seq2seq, recognition accuracy, all-tokens-right for language modelling), ``loss`` (teacher-forced
-cross-entropy per prediction) and ``accuracy_by_length``.
+seq2seq, recognition accuracy, all-tokens-right for language modelling), its binomial standard
+error ``accuracy_se`` (sqrt(p (1 - p) / n), :func:`attnlab.evaluation.horizon.binomial_se`), ``loss``
+(teacher-forced cross-entropy per prediction), ``accuracy_by_length`` and ``examples_by_length``
+(strings per length). A split held out by length (length generalisation, a length or depth bin)
+adds ``length_range`` ([low, high]), ``absent_lengths`` (lengths of the range without strings: the
+task draws every length it has, so these are the lengths the language has none of, such as the odd
+lengths of a Dyck language read by ``next_char``), and the generalisation horizon ``horizon`` at
+``horizon_threshold`` (:mod:`attnlab.evaluation.horizon`; the task's ``horizon_threshold``).
+
+With ``positions_seed`` (``train.eval_positions = "randomized"``), a model trained with randomized
+positions (``model.randomized_positions = M``, Ruoss et al. 2023) is evaluated with positions drawn
+as in training, a sorted random subset of [0, M) per sequence, from a generator of the sequence's
+own seeded from ``positions_seed``, the split's name and the sequence's tokens
+(:func:`attnlab.nn.models.drawing_positions`): the same positions at every evaluation and in any
+batch, and torch's global generator (the training one) is never drawn from.
 
 Recognition in the ``next_char`` formulation (a decoder-only model, batches with ``next_symbols``):
 ``accuracy`` is the share of strings whose every position predicts its next-symbol set exactly
@@ -20,6 +33,7 @@ symbol.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,9 +44,11 @@ from tqdm import tqdm
 
 from attnlab.devices import model_device
 from attnlab.evaluation import metrics
+from attnlab.evaluation.horizon import DEFAULT_THRESHOLD, binomial_se, horizon
 from attnlab.evaluation.objectives import FIRST_PREDICTED_ID, OBJECTIVES, next_symbol_targets
 from attnlab.generate.search import DecodeOptions, decode
 from attnlab.nn import masking_heads
+from attnlab.nn.models import drawing_positions
 from attnlab.tasks.base import Example
 from attnlab.tasks.batching import Batch, make_batches
 from attnlab.tokenizers import Tokenizer
@@ -54,6 +70,7 @@ def evaluate(
     head_mask: Mapping[str, Tensor] | None = None,
     device: torch.device | str | None = None,
     progress: bool = False,
+    positions_seed: int | None = None,
 ) -> dict[str, Any]:
     """Metrics of ``model`` on ``task.split(split)``.
 
@@ -62,6 +79,8 @@ def evaluate(
         tokenizer: for text tasks: BLEU is computed on decoded text.
         head_mask: evaluate with these heads masked (Michel §2.3).
         device: where the batches go; default: the model's device.
+        positions_seed: evaluate with randomized positions drawn from a generator seeded from it
+            (see the module docstring); None: positions 0, 1, ...
     """
     device = model_device(model) if device is None else device
     examples = task.split(split)
@@ -87,21 +106,28 @@ def evaluate(
     context = _Context(task, head_mask, tokenizer, _decode_limit(examples, text=tokenizer is not None))
     objective = OBJECTIVES[kind]
     total_batches = (len(examples) + batch_size - 1) // batch_size
-    for batch in tqdm(batches, total=total_batches, desc=f"eval {split}", disable=not progress, leave=False):
-        batch = batch.to(device)
-        parts = objective(model, batch, head_mask, task.pad_id, 0.0)
-        totals["loss"] += float(parts.total)
-        totals["count"] += int(parts.count)
-        correct.extend(_SCORERS[kind](model, batch, context, extra))
-        lengths.extend(batch.split_lengths.tolist())
+    with drawing_positions(model, _positions_seed(positions_seed, split)):
+        for batch in tqdm(batches, total=total_batches, desc=f"eval {split}", disable=not progress, leave=False):
+            batch = batch.to(device)
+            parts = objective(model, batch, head_mask, task.pad_id, 0.0)
+            totals["loss"] += float(parts.total)
+            totals["count"] += int(parts.count)
+            correct.extend(_SCORERS[kind](model, batch, context, extra))
+            lengths.extend(batch.split_lengths.tolist())
     model.train(was_training)
+    accuracy = sum(correct) / len(correct)
     result: dict[str, Any] = {
         "split": split,
         "examples": len(correct),
         "loss": totals["loss"] / max(1, totals["count"]),
-        "accuracy": sum(correct) / len(correct),
+        "accuracy": accuracy,
+        "accuracy_se": binomial_se(accuracy, len(correct)),
         "accuracy_by_length": metrics.accuracy_by_length(correct, lengths),
+        "examples_by_length": metrics.examples_by_length(lengths),
     }
+    if positions_seed is not None:
+        result["positions"] = "randomized"
+    result.update(_length_report(task, split, result["accuracy_by_length"]))
     next_char = getattr(task, "kind", None) == "next_char"
     if kind != "encoder_classifier" and not next_char:  # a binary cross-entropy has no perplexity
         result["perplexity"] = metrics.perplexity(totals["loss"], totals["count"])
@@ -110,6 +136,31 @@ def evaluate(
     if report is not None:
         result.update(report(split, examples))
     return result
+
+
+def _positions_seed(seed: int | None, split: str) -> int | None:
+    """The seed randomized evaluation positions are drawn from: from ``seed`` and the split's name
+    (SHA-256, the same in every process), so each split gets its own, fixed draws."""
+    if seed is None:
+        return None
+    digest = hashlib.sha256(f"{seed}\x00positions\x00{split}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def _length_report(task: Any, split: str, by_length: Mapping[str, float]) -> dict[str, Any]:
+    """For a split held out by length: its range, the lengths without strings, and the horizon."""
+    held_out = getattr(task, "held_out_by_length", None)
+    if held_out is None or not held_out(split):
+        return {}
+    span = task.lengths(split)
+    accuracies = {int(n): a for n, a in by_length.items()}
+    threshold = float(getattr(task, "horizon_threshold", DEFAULT_THRESHOLD))
+    return {
+        "length_range": [span.start, span.stop - 1],
+        "absent_lengths": [n for n in span if n not in accuracies],
+        "horizon": horizon(accuracies, threshold, span.start),
+        "horizon_threshold": threshold,
+    }
 
 
 @dataclass(frozen=True)

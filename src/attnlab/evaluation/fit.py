@@ -72,12 +72,13 @@ def training_fit(
     head_mask: Mapping[str, Tensor] | None = None,
     device: torch.device | str | None = None,
     limit: int = FIT_EXAMPLES,
+    positions_seed: int | None = None,
 ) -> dict[str, Any]:
     """Whether ``model`` fit the training split of ``task`` (see the module docstring).
 
     Args:
-        kind, batch_size, max_length, truncate, tokenizer, head_mask, device: as for
-            :func:`attnlab.evaluation.evaluate`.
+        kind, batch_size, max_length, truncate, tokenizer, head_mask, device, positions_seed: as
+            for :func:`attnlab.evaluation.evaluate`.
         limit: the most training examples to measure on.
 
     Returns:
@@ -105,6 +106,7 @@ def training_fit(
         tokenizer=tokenizer,
         head_mask=head_mask,
         device=device,
+        positions_seed=positions_seed,
     )
     accuracy = float(result["accuracy"])
     report.update(trained=accuracy >= TRAINED_THRESHOLD, train_accuracy=accuracy)

@@ -16,6 +16,7 @@ __all__ = [
     "perplexity",
     "bleu",
     "accuracy_by_length",
+    "examples_by_length",
 ]
 
 
@@ -82,6 +83,14 @@ def accuracy_by_length(correct: Sequence[bool | float], lengths: Sequence[int]) 
     for ok, length in zip(correct, lengths):
         groups.setdefault(int(length), []).append(float(ok))
     return {str(length): _mean(groups[length]) for length in sorted(groups)}
+
+
+def examples_by_length(lengths: Sequence[int]) -> dict[str, int]:
+    """How many examples each length has, keyed as :func:`accuracy_by_length` keys it, sorted."""
+    counts: dict[int, int] = {}
+    for length in lengths:
+        counts[int(length)] = counts.get(int(length), 0) + 1
+    return {str(length): counts[length] for length in sorted(counts)}
 
 
 def _mean(values: Sequence[bool | float]) -> float:

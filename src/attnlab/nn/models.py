@@ -14,9 +14,11 @@ that is read or changed: caching, editing, capture and the head mask are all hoo
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple
@@ -62,6 +64,7 @@ __all__ = [
     "MODELS",
     "build_model_to_load",
     "build_model",
+    "drawing_positions",
     "mean_pool",
     "optional_state_keys",
 ]
@@ -319,7 +322,9 @@ class PositionPlacer:
 
     * in training with ``randomized_positions = M`` (no cache): a sorted random subset of [0, M)
       per row (:func:`attnlab.nn.positional.randomized_positions`, Ruoss et al. 2023), for the
-      embedding's table and for attention alike;
+      embedding's table and for attention alike, drawn from torch's global generator; in
+      evaluation too inside :func:`drawing_positions`, each row from a generator seeded from the
+      block's seed and the row's tokens;
     * otherwise, for encodings inside attention: each real token's index among the real tokens
       (:func:`attnlab.nn.rotary.positions_of_tokens`), so left padding does not shift them;
     * otherwise, where some keys are padding (a left-padded batch of prompts), the same indices
@@ -332,10 +337,16 @@ class PositionPlacer:
         self.in_attention = config.positional in IN_ATTENTION
         self.in_embedding = config.positional != "none" and not self.in_attention
         self.limit = config.randomized_positions or 0
+        self.seed: int | None = None  # set inside drawing_positions only
 
-    def __call__(self, keys_are_tokens: Tensor, new: int, *, training: bool, cached: bool) -> Placement:
-        if self.limit and training and not cached:
+    def __call__(
+        self, keys_are_tokens: Tensor, new: int, *, training: bool, cached: bool, tokens: Tensor | None = None
+    ) -> Placement:
+        if self.limit and not cached and training:
             sampled = randomized_positions(keys_are_tokens, self.limit)  # (B, T)
+            return Placement(sampled, sampled, sampled)
+        if self.limit and not cached and self.seed is not None and tokens is not None:
+            sampled = self._drawn_per_row(keys_are_tokens, tokens, self.seed)  # (B, T)
             return Placement(sampled, sampled, sampled)
         if self.in_attention:
             keys = positions_of_tokens(keys_are_tokens, keys_are_tokens.shape[1])  # (B, T_k)
@@ -343,6 +354,50 @@ class PositionPlacer:
         if self.in_embedding and not bool(keys_are_tokens[:, 0].all()):  # a row starts with padding
             return Placement(None, None, positions_of_tokens(keys_are_tokens, new))  # (B, T)
         return Placement(None, None, None)
+
+    def _drawn_per_row(self, is_token: Tensor, tokens: Tensor, seed: int) -> Tensor:
+        """Randomized positions for each row from a generator of its own, seeded from ``seed`` and the
+        row's real tokens: a row's positions depend on nothing else (not on the batch it is in).
+
+        Shape:
+            is_token, tokens: (B, T);  returns (B, T) int64.
+        """
+        rows = []
+        for row_is_token, row_tokens in zip(is_token, tokens):
+            ids = row_tokens[row_is_token].tolist()
+            digest = hashlib.sha256(f"{seed}:{ids}".encode()).digest()
+            generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "big") >> 1)
+            rows.append(randomized_positions(row_is_token.unsqueeze(0), self.limit, generator=generator))
+        return torch.cat(rows)
+
+
+@contextlib.contextmanager
+def drawing_positions(model: nn.Module, seed: int | None) -> Iterator[None]:
+    """Inside the block, ``model`` in evaluation places its tokens as training does with
+    ``randomized_positions = M``: a sorted random subset of [0, M) per sequence (Ruoss et al. 2023),
+    drawn for each sequence from a generator seeded from ``seed`` and its tokens (the same sequence
+    gets the same positions in any batch), never from torch's global generator, which stays
+    untouched. A decoder generating with a KV cache keeps 0, 1, ... (its length is unknown when its
+    first position is placed). None changes nothing.
+
+    Raises:
+        ValueError: naming ``randomized_positions`` when no stack of ``model`` draws positions.
+    """
+    if seed is None:
+        yield
+        return
+    placers = [
+        place for module in model.modules() if isinstance(place := getattr(module, "_place", None), PositionPlacer)
+    ]
+    if not any(place.limit for place in placers):
+        raise ValueError("randomized_positions: the model was not built with randomized positions (M = 0)")
+    for place in placers:
+        place.seed = seed
+    try:
+        yield
+    finally:
+        for place in placers:
+            place.seed = None
 
 
 def _key_padding(is_token: Tensor) -> Tensor | None:
@@ -422,7 +477,9 @@ class Encoder(nn.Module):
         masks = self._layer_masks(
             _key_padding(keys_are_tokens), tokens.shape[1], keys_are_tokens.shape[1], tokens.device
         )
-        place = self._place(keys_are_tokens, tokens.shape[1], training=self.training, cached=state is not None)
+        place = self._place(
+            keys_are_tokens, tokens.shape[1], training=self.training, cached=state is not None, tokens=tokens
+        )
         x = self.embedding(tokens, offset, token_types, place.embedding)
         for index, layer in enumerate(self.layers):
             x = layer(
@@ -519,7 +576,9 @@ class Decoder(nn.Module):
         is_token = tokens != self.pad_id
         keys_are_tokens = is_token if state is None else state.advance(is_token)  # (B, T_k)
         self_mask = _key_padding(keys_are_tokens)
-        place = self._place(keys_are_tokens, tokens.shape[1], training=self.training, cached=state is not None)
+        place = self._place(
+            keys_are_tokens, tokens.shape[1], training=self.training, cached=state is not None, tokens=tokens
+        )
         memory_mask = _key_padding(memory.is_token)
         y = self.embedding(tokens, offset, None, place.embedding)
         for index, layer in enumerate(self.layers):

@@ -40,9 +40,12 @@ The sweep folder ``DIR`` holds:
   resumes from its last checkpoint through the trainer's resume, or starts over if it has none.
 * ``results.csv`` (one row per run: grid values, seed, status, error, steps, final training loss,
   wall time, and every number the end-of-training evaluation wrote per split: ``valid.accuracy``,
-  ``length_13_24.accuracy``, ...), ``accuracy_by_length.csv`` (run, split, length, accuracy),
+  ``length_13_24.accuracy``, ``length_13_24.horizon``, ``length_bins.horizon``, ...),
+  ``accuracy_by_length.csv`` (run, split, length, accuracy, strings, binomial standard error),
   ``summary.md`` (per combination and split: mean ± sample std, min–max over seeds, runs finished
-  and failed) and ``plots/accuracy_by_length-SPLIT.png``, all rebuilt from the runs by
+  and failed, the binomial standard error of one run's figure, the seeds reaching the threshold;
+  then the generalisation horizon's mean ± std and min–max), ``plots/accuracy_by_length-SPLIT.png``
+  and ``plots/accuracy_by_length_per_seed-COMBINATION.png`` (one line per seed), all rebuilt from the runs by
   :func:`~attnlab.sweep.report.write_report` from what each run's ``metrics.jsonl`` holds, never recomputed.
 
 With ``jobs = 1`` the runs train one after another in this process; with ``jobs = N > 1`` in N

@@ -1,5 +1,14 @@
 """A sweep's report: results.csv, accuracy_by_length.csv, summary.md and plots/, rebuilt from what
-each run's metrics.jsonl holds, never recomputed (see :mod:`attnlab.sweep`)."""
+each run's metrics.jsonl holds, never recomputed (see :mod:`attnlab.sweep`).
+
+Beside each split's accuracy over seeds the summary states the binomial standard error of one run's
+figure, sqrt(p (1 - p) / n) at the seeds' mean p over the split's n strings, and how many seeds reach
+the runs' ``horizon_threshold`` (0.95 unless the task sets another) on it; a second table gives
+the generalisation horizon of every evaluation held out by length (:mod:`attnlab.evaluation.horizon`):
+mean ± std and min–max over seeds, ``length_bins`` being the horizon over the consecutive length bins.
+``plots/accuracy_by_length_per_seed-COMBINATION.png`` draws each combination's accuracy by length over
+its length bins, one line per seed, with the threshold.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +24,7 @@ from typing import Any
 
 from matplotlib.ticker import MaxNLocator
 
+from attnlab.evaluation.horizon import DEFAULT_THRESHOLD, binomial_se
 from attnlab.figures import plt, save_figure
 from attnlab.run.directory import RunDir
 from attnlab.run.storage import atomic_write_text, ensure_folder
@@ -59,11 +69,13 @@ def _final_train_loss(records: Sequence[Mapping[str, Any]]) -> float | None:
 
 @dataclass(frozen=True)
 class _RunReport:
-    """One run as the report sees it: its row of results.csv, and accuracy per length per split."""
+    """One run as the report sees it: its row of results.csv, and accuracy and strings per length per split."""
 
     run: SweepRun
     row: dict[str, Any]
     by_length: dict[str, dict[int, float]]
+    counts: dict[str, dict[int, int]]
+    absent: dict[str, list[int]]
 
 
 def _run_report(out: Path, plan: SweepPlan, run: SweepRun) -> _RunReport:
@@ -72,6 +84,8 @@ def _run_report(out: Path, plan: SweepPlan, run: SweepRun) -> _RunReport:
     row: dict[str, Any] = {"run": run.name, **run.labels, "seed": run.seed, "status": status}
     row["error"] = outcome.get("error") or ""
     by_length: dict[str, dict[int, float]] = {}
+    counts: dict[str, dict[int, int]] = {}
+    absent: dict[str, list[int]] = {}
     if status == OK:
         records = RunDir(out / RUNS_FOLDER / run.name).read_metrics()
         steps = outcome.get("steps")
@@ -86,10 +100,16 @@ def _run_report(out: Path, plan: SweepPlan, run: SweepRun) -> _RunReport:
             lengths = record.get("accuracy_by_length")
             if isinstance(lengths, Mapping):
                 by_length[split] = {int(k): float(v) for k, v in lengths.items() if _number(v) and str(k).isdigit()}
+            strings = record.get("examples_by_length")
+            if isinstance(strings, Mapping):
+                counts[split] = {int(k): int(v) for k, v in strings.items() if _number(v) and str(k).isdigit()}
+            missing = record.get("absent_lengths")
+            if isinstance(missing, list) and missing:
+                absent[split] = [int(n) for n in missing if _number(n)]
     else:
         row["steps"] = outcome.get("steps")
         row["wall_s"] = outcome.get("wall_s")
-    return _RunReport(run, row, by_length)
+    return _RunReport(run, row, by_length, counts, absent)
 
 
 def collect_rows(out: str | Path) -> tuple[SweepPlan, list[dict[str, Any]]]:
@@ -123,9 +143,13 @@ def _columns(plan: SweepPlan, rows: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def _split_order(splits: Iterable[str]) -> list[str]:
-    """Splits in reading order: train, valid, test, length_generalisation, then the others by name."""
+    """Splits in reading order: train, valid, test, length_generalisation, then the length bins (and
+    ``length_bins``, the horizon over them), then the others (depth bins) by name."""
     first = ("train", "valid", "test", "length_generalisation")
-    return sorted(set(splits), key=lambda s: (first.index(s) if s in first else len(first), _natural(s)))
+    return sorted(
+        set(splits),
+        key=lambda s: (first.index(s) if s in first else len(first), not s.startswith("length_"), _natural(s)),
+    )
 
 
 def _natural(text: str) -> list[Any]:
@@ -156,15 +180,20 @@ def results_csv(plan: SweepPlan, rows: Sequence[Mapping[str, Any]]) -> str:
 
 def by_length_csv(plan: SweepPlan, reports: Sequence[_RunReport]) -> str:
     """``accuracy_by_length.csv``: one row per run, split and length (the evaluation's
-    ``accuracy_by_length``), for plots of one's own."""
+    ``accuracy_by_length``), with the strings of that length (``examples``, empty for an evaluation
+    that did not count them) and the accuracy's binomial standard error, for plots of one's own."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["run", *plan.keys, "seed", "split", "length", "accuracy"])
+    writer.writerow(["run", *plan.keys, "seed", "split", "length", "accuracy", "examples", "se"])
     for report in reports:
         for split in _split_order(report.by_length):
             for length, accuracy in sorted(report.by_length[split].items()):
                 labels = [report.run.labels[key] for key in plan.keys]
-                writer.writerow([report.run.name, *labels, report.run.seed, split, length, repr(accuracy)])
+                n = report.counts.get(split, {}).get(length)
+                se = "" if n is None else repr(binomial_se(accuracy, n))
+                writer.writerow(
+                    [report.run.name, *labels, report.run.seed, split, length, repr(accuracy), _cell(n), se]
+                )
     return buffer.getvalue()
 
 
@@ -185,8 +214,11 @@ def _fmt(value: float | None) -> str:
     return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.4f}"
 
 
-def summary_markdown(plan: SweepPlan, rows: Sequence[Mapping[str, Any]]) -> str:
-    """``summary.md``: per combination and split, accuracy mean ± std and min–max over seeds."""
+def summary_markdown(
+    plan: SweepPlan, rows: Sequence[Mapping[str, Any]], absent: Mapping[str, Sequence[int]] | None = None
+) -> str:
+    """``summary.md``: per combination and split, accuracy mean ± std and min–max over seeds, the
+    horizon table, and ``absent``: split -> the lengths of its range without strings (said once)."""
     keys = plan.keys
     by_combination: dict[tuple[str, ...], list[Mapping[str, Any]]] = {}
     for run, row in zip(plan.runs, rows):
@@ -194,8 +226,9 @@ def summary_markdown(plan: SweepPlan, rows: Sequence[Mapping[str, Any]]) -> str:
     splits = _split_order({c.partition(".")[0] for r in rows for c in r if c.endswith(".accuracy")})
     baseline = any(f"{s}.baseline_accuracy" in r for r in rows for s in splits)
     trained = any(isinstance(r.get(f"{s}.trained"), bool) for r in rows for s in splits)
-    header = [*keys, "split", "accuracy (mean ± std)", "min–max", "n", "failed"]
-    header += ["baseline"] * baseline + ["trained"] * trained
+    threshold = _threshold(rows)
+    header = [*keys, "split", "accuracy (mean ± std)", "min–max", "n", "failed", "SE (one run)"]
+    header += [f"seeds ≥ {threshold:g}"] + ["baseline"] * baseline + ["trained"] * trained
     grid = "; ".join(a.key + " = " + ", ".join(a.labels) for a in plan.axes)
     lines = [
         f"# Sweep of {plan.config_file}",
@@ -205,7 +238,8 @@ def summary_markdown(plan: SweepPlan, rows: Sequence[Mapping[str, Any]]) -> str:
         "",
         "Accuracy of the end-of-training evaluation, per combination and split, over the seeds that "
         "finished: mean ± sample standard deviation (n − 1), min–max; n runs finished, failed runs "
-        "(errors below and in results.csv)"
+        "(errors below and in results.csv); SE: the binomial standard error of one run's figure, "
+        "sqrt(p (1 − p) / strings) at the mean p; the seeds whose accuracy reaches the threshold"
         + ("; baseline: the evaluation's baseline accuracy, mean" if baseline else "")
         + ("; trained: runs that fit their training split" if trained else "")
         + ".",
@@ -222,6 +256,10 @@ def summary_markdown(plan: SweepPlan, rows: Sequence[Mapping[str, Any]]) -> str:
             stats = summary_statistics(values)
             cells = [*combination, split, f"{_fmt(stats['mean'])} ± {_fmt(stats['std'])}"]
             cells += [f"{_fmt(stats['min'])}–{_fmt(stats['max'])}", str(stats["n"]), str(failed)]
+            strings = [r[f"{split}.examples"] for r in ok_rows if _number(r.get(f"{split}.examples"))]
+            mean = stats["mean"]
+            se = binomial_se(mean, round(statistics.fmean(strings))) if strings and mean is not None else None
+            cells += [_fmt(se), f"{sum(v >= threshold for v in values)}/{len(values)}"]
             if baseline:
                 base = [
                     float(r[f"{split}.baseline_accuracy"])
@@ -233,6 +271,10 @@ def summary_markdown(plan: SweepPlan, rows: Sequence[Mapping[str, Any]]) -> str:
                 flags = [r[f"{split}.trained"] for r in ok_rows if isinstance(r.get(f"{split}.trained"), bool)]
                 cells.append(f"{sum(flags)}/{len(flags)}" if flags else "–")
             lines.append("| " + " | ".join(cells) + " |")
+    lines += _horizon_table(plan, by_combination)
+    if absent:
+        lines += ["", "Lengths without strings (the task has none of these lengths; not evaluated, not failed):", ""]
+        lines += [f"- {split}: {', '.join(map(str, absent[split]))}" for split in _split_order(absent)]
     problems = [r for r in rows if r["status"] in (FAILED, DIVERGED)]
     pending = [r for r in rows if r["status"] == PENDING]
     if problems:
@@ -241,6 +283,86 @@ def summary_markdown(plan: SweepPlan, rows: Sequence[Mapping[str, Any]]) -> str:
     if pending:
         lines += ["", f"{len(pending)} runs have not finished: {', '.join(r['run'] for r in pending)}."]
     return "\n".join(lines) + "\n"
+
+
+def _threshold(rows: Sequence[Mapping[str, Any]]) -> float:
+    """The accuracy a seed must reach to count: the runs' ``horizon_threshold`` (the first written),
+    else :data:`~attnlab.evaluation.horizon.DEFAULT_THRESHOLD`."""
+    found = (v for r in rows for c, v in r.items() if c.endswith(".horizon_threshold") and _number(v))
+    return float(next(found, DEFAULT_THRESHOLD))
+
+
+def _horizon_table(plan: SweepPlan, by_combination: Mapping[tuple[str, ...], list[Mapping[str, Any]]]) -> list[str]:
+    """The summary's horizon table: per combination and split with a horizon, mean ± std, min–max, n."""
+    rows = [r for group in by_combination.values() for r in group if r["status"] == OK]
+    splits = _split_order({c.partition(".")[0] for r in rows for c in r if c.endswith(".horizon")})
+    if not splits:
+        return []
+    lines = [
+        "",
+        "## Generalisation horizon",
+        "",
+        f"The longest length up to which every evaluated length reaches accuracy {_threshold(rows):g} (a first "
+        "failing length gives the evaluation's lowest length − 1; lengths without strings are skipped), over the "
+        "seeds that finished: mean ± sample std, min–max; length_bins: over the consecutive length bins together.",
+        "",
+        "| " + " | ".join([*plan.keys, "split", "horizon (mean ± std)", "min–max", "n"]) + " |",
+        "|" + "---|" * (len(plan.keys) + 4),
+    ]
+    for combination, group in by_combination.items():
+        for split in splits:
+            values = [
+                float(r[f"{split}.horizon"]) for r in group if r["status"] == OK and _number(r.get(f"{split}.horizon"))
+            ]
+            if not values:
+                continue
+            stats = summary_statistics(values)
+            std = "–" if stats["std"] is None else f"{stats['std']:.1f}"
+            cells = [*combination, split, f"{stats['mean']:.1f} ± {std}", f"{stats['min']:g}–{stats['max']:g}"]
+            lines.append("| " + " | ".join([*cells, str(stats["n"])]) + " |")
+    return lines
+
+
+def _is_length_bin(split: str) -> bool:
+    return re.fullmatch(r"length_\d+_\d+", split) is not None
+
+
+def _plot_per_seed(plan: SweepPlan, reports: Sequence[_RunReport], folder: Path, threshold: float) -> list[Path]:
+    """One PNG per combination: accuracy against length over its length bins, one line per seed
+    (a gap between bins breaks the line), with the threshold as a dashed line."""
+    groups: dict[tuple[str, ...], list[_RunReport]] = {}
+    for report in reports:
+        if any(_is_length_bin(split) for split in report.by_length):
+            groups.setdefault(report.run.combination, []).append(report)
+    written = []
+    for combination, group in groups.items():
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for report in group:
+            lengths: list[float] = []
+            accuracies: list[float] = []
+            previous_high = None
+            for split in (s for s in _split_order(report.by_length) if _is_length_bin(s)):
+                low, high = (int(part) for part in split.split("_")[1:])
+                if previous_high is not None and low > previous_high + 1:  # lengths not evaluated
+                    lengths.append(math.nan)
+                    accuracies.append(math.nan)
+                for n, a in sorted(report.by_length[split].items()):
+                    lengths.append(n)
+                    accuracies.append(a)
+                previous_high = high
+            ax.plot(lengths, accuracies, "o-", markersize=2, linewidth=1, label=f"seed {report.run.seed}")
+        ax.axhline(threshold, color="grey", linestyle="--", linewidth=1, label=f"threshold {threshold:g}")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("length")
+        ax.set_ylabel("accuracy")
+        ax.set_ylim(-0.02, 1.02)
+        label = ", ".join(f"{k.partition('.')[2]}={v}" for k, v in zip(plan.keys, combination)) or "all runs"
+        ax.set_title(f"{label}: length bins, one line per seed")
+        ax.legend(fontsize="small")
+        fig.tight_layout()
+        name = name_part("_".join(combination) or "all")
+        written.append(save_figure(fig, folder / f"accuracy_by_length_per_seed-{name}.png", dpi=100))
+    return written
 
 
 def _plot_by_length(plan: SweepPlan, reports: Sequence[_RunReport], folder: Path) -> list[Path]:
@@ -290,9 +412,11 @@ def write_report(out: str | Path) -> list[Path]:
     rows = [report.row for report in reports]
     atomic_write_text(out / RESULTS_FILE, results_csv(plan, rows))
     atomic_write_text(out / BY_LENGTH_FILE, by_length_csv(plan, reports))
-    atomic_write_text(out / SUMMARY_FILE, summary_markdown(plan, rows))
+    absent = {split: lengths for report in reports for split, lengths in report.absent.items()}
+    atomic_write_text(out / SUMMARY_FILE, summary_markdown(plan, rows, absent))
     folder = ensure_folder(out / PLOTS_FOLDER)
-    for old in folder.glob("accuracy_by_length-*.png"):
+    for old in [*folder.glob("accuracy_by_length-*.png"), *folder.glob("accuracy_by_length_per_seed-*.png")]:
         old.unlink()
     files = [out / RESULTS_FILE, out / BY_LENGTH_FILE, out / SUMMARY_FILE]
-    return [*files, *_plot_by_length(plan, reports, folder)]
+    per_seed = _plot_per_seed(plan, reports, folder, _threshold(rows))
+    return [*files, *_plot_by_length(plan, reports, folder), *per_seed]

@@ -13,6 +13,7 @@ assigned to it. The length-generalisation split is disjoint from the others by l
 from __future__ import annotations
 
 import hashlib
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -32,6 +33,8 @@ __all__ = [
     "split_statistics",
     "weigh_lengths",
     "check_sizes",
+    "check_horizon_threshold",
+    "spread_lengths",
 ]
 
 SPLITS = ("train", "valid", "test", "length_generalisation")
@@ -204,24 +207,36 @@ class VocabIds(SplitAccessors):
     def eos_id(self) -> int:
         return self.vocab.eos_id
 
-    # ---- splits, length bins included ----------------------------------------------------------
+    # ---- splits, length and depth bins included ------------------------------------------------
 
     @property
     def length_bins(self) -> dict[str, tuple[int, int]]:
         """Split name -> (low, high) of every bin of the task's ``eval_lengths``, in order."""
         return {length_bin_name(low, high): (low, high) for low, high in getattr(self, "eval_lengths", ())}
 
+    @property
+    def depth_bins(self) -> dict[str, tuple[int, int]]:
+        """Split name -> (low, high) of every bin of the task's ``eval_depths`` (nesting depths), in order;
+        none for a task without them."""
+        return {depth_bin_name(low, high): (low, high) for low, high in getattr(self, "eval_depths", ())}
+
+    def depth_bin_lengths(self) -> range:
+        """The lengths a depth bin draws from (the task says which; none by default)."""
+        return range(0)
+
     def split_names(self) -> tuple[str, ...]:
-        """Every split this task has: train, valid, test, length_generalisation, then the length bins."""
-        return SPLITS + tuple(self.length_bins)
+        """Every split this task has: train, valid, test, length_generalisation, the length bins,
+        then the depth bins."""
+        return SPLITS + tuple(self.length_bins) + tuple(self.depth_bins)
 
     def check_split(self, name: str) -> None:
         if name not in self.split_names():
             raise ConfigError(f"split: unknown split {name!r}; choose one of {', '.join(self.split_names())}")
 
     def held_out_by_length(self, name: str) -> bool:
-        """Whether split ``name`` is apart from training by its lengths (length_generalisation, a bin)."""
-        return name == "length_generalisation" or name in self.length_bins
+        """Whether split ``name`` is apart from training by its lengths (length_generalisation, a length
+        or depth bin)."""
+        return name == "length_generalisation" or name in self.length_bins or name in self.depth_bins
 
     def share_name(self, name: str) -> str:
         """The split whose share of the strings ``name`` owns (:func:`split_share`): a length bin owns
@@ -229,14 +244,19 @@ class VocabIds(SplitAccessors):
         return "length_generalisation" if self.held_out_by_length(name) else name
 
     def split_size(self, name: str) -> int:
-        """Examples split ``name`` draws: ``{name}_size``; a length bin draws ``length_generalisation_size``."""
-        return getattr(self, "length_generalisation_size" if name in self.length_bins else f"{name}_size")
+        """Examples split ``name`` draws: ``{name}_size``; a length or depth bin draws
+        ``length_generalisation_size``."""
+        binned = name in self.length_bins or name in self.depth_bins
+        return getattr(self, "length_generalisation_size" if binned else f"{name}_size")
 
     def lengths(self, split: str) -> range:
-        """The lengths a split draws from: 1..L, L+1..2L for length generalisation, or a bin's."""
+        """The lengths a split draws from: 1..L, L+1..2L for length generalisation, a length bin's,
+        or for a depth bin :meth:`depth_bin_lengths`."""
         if split in self.length_bins:
             low, high = self.length_bins[split]
             return range(low, high + 1)
+        if split in self.depth_bins:
+            return self.depth_bin_lengths()
         L = self.max_train_length  # type: ignore[attr-defined]
         return range(L + 1, 2 * L + 1) if split == "length_generalisation" else range(1, L + 1)
 
@@ -278,6 +298,38 @@ def check_sizes(**sizes: int) -> None:
         raise ConfigError("valid_size: must be >= 1 (the validation split scores training), got 0")
 
 
+def spread_lengths(lengths: Sequence[int], draws: int, rng: random.Random) -> list[int]:
+    """Each example's length in a split held out by length, so that every length is evaluated.
+
+    The k lengths (those with strings) take ``draws // k`` examples each and ``draws % k`` of them,
+    chosen by ``rng``, one more; the list is in ``rng``'s order. With ``draws < k`` some lengths get
+    none (the evaluation reports them absent).
+    """
+    k = len(lengths)
+    if k == 0:
+        return []
+    extra = set(rng.sample(range(k), draws % k))
+    order = [n for i, n in enumerate(lengths) for _ in range(draws // k + (i in extra))]
+    rng.shuffle(order)
+    return order
+
+
+def check_horizon_threshold(threshold: Any) -> None:
+    """Refuse a ``horizon_threshold`` outside (0, 1] (the accuracy a length must reach to count as
+    generalised, :func:`attnlab.evaluation.horizon.horizon`).
+
+    Raises:
+        ConfigError: names ``horizon_threshold``.
+    """
+    if not 0.0 < threshold <= 1.0:
+        raise ConfigError(f"horizon_threshold: must lie in (0, 1], got {threshold}")
+
+
+def depth_bin_name(low: int, high: int) -> str:
+    """The split name of the depth bin [low, high]: ``depth_10_20``."""
+    return f"depth_{low}_{high}"
+
+
 def length_bin_name(low: int, high: int) -> str:
     """The split name of the length bin [low, high]: ``length_13_24``."""
     return f"length_{low}_{high}"
@@ -289,21 +341,35 @@ def check_length_bins(bins: Any, max_train_length: int) -> None:
     Raises:
         ConfigError: names ``eval_lengths`` and the bin at fault.
     """
+    _check_bins("eval_lengths", bins, max_train_length, f"max_train_length={max_train_length}",
+                "bins are ordered, disjoint and longer than the training strings")  # fmt: skip
+
+
+def check_depth_bins(bins: Any) -> None:
+    """Reject ``eval_depths`` that are not ordered, disjoint ``[low, high]`` bins of depths >= 1.
+
+    Raises:
+        ConfigError: names ``eval_depths`` and the bin at fault.
+    """
+    _check_bins("eval_depths", bins, 0, "depth 1 is the least", "bins are ordered and disjoint")
+
+
+def _check_bins(key: str, bins: Any, floor: int, floor_text: str, rule: str) -> None:
+    """Ordered, disjoint ``[low, high]`` integer pairs, every low above ``floor`` (``key`` names them)."""
     if not isinstance(bins, (list, tuple)):
-        raise ConfigError(f"eval_lengths: expected a list of [low, high] pairs, got {bins!r}")
-    previous_high = max_train_length
+        raise ConfigError(f"{key}: expected a list of [low, high] pairs, got {bins!r}")
+    previous_high = floor
     for index, item in enumerate(bins):
         pair_ok = isinstance(item, (list, tuple)) and len(item) == 2
         if not pair_ok or not all(isinstance(v, int) and not isinstance(v, bool) for v in item):
-            raise ConfigError(f"eval_lengths: bin {index + 1} is {item!r}; expected a pair of integers [low, high]")
+            raise ConfigError(f"{key}: bin {index + 1} is {item!r}; expected a pair of integers [low, high]")
         low, high = item
         if low > high:
-            raise ConfigError(f"eval_lengths: bin {index + 1} [{low}, {high}] is empty; low must be <= high")
+            raise ConfigError(f"{key}: bin {index + 1} [{low}, {high}] is empty; low must be <= high")
         if low <= previous_high:
-            where = f"max_train_length={max_train_length}" if index == 0 else f"the end of bin {index}"
+            where = floor_text if index == 0 else f"the end of bin {index}"
             raise ConfigError(
-                f"eval_lengths: bin {index + 1} [{low}, {high}] must start above {previous_high} ({where}); "
-                "bins are ordered, disjoint and longer than the training strings"
+                f"{key}: bin {index + 1} [{low}, {high}] must start above {previous_high} ({where}); {rule}"
             )
         previous_high = high
 

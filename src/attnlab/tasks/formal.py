@@ -48,7 +48,17 @@ Two formulations (``task.formulation``):
   after an even number of 1s (the only signal parity gives).
 
 Length bins (``task.eval_lengths = [[13, 24], [25, 48]]``): each bin is a split of its own,
-``length_13_24``, drawn like ``length_generalisation`` (which stays (L, 2L]).
+``length_13_24``, drawn like ``length_generalisation`` (which stays (L, 2L]). A split held out by
+length draws each of its lengths equally often, so that every length the language has is evaluated
+(the evaluation reports the others as absent).
+
+Depth bins (``task.eval_depths = [[1, 9], [10, 20]]``, dyck1 and dyck2): a Dyck word's length and
+nesting depth grow together (the deepest of 2000 training strings of length <= 20 may be 9 while most
+strings of length 81–120 go deeper than 10), so a length bin alone cannot tell which one a model
+fails on. Each depth bin is a split of its own, ``depth_1_9``, of strings whose depth
+(:func:`bracket_depth`) lies in the bin, at the lengths ``task.eval_depth_lengths`` (default: those of
+the length bins); the depth range of every split's members, the training split's included, is in its
+report (``depth_min``, ``depth_max``).
 
 The paper's protocol (Bhattamishra, Ahuja & Goyal 2020, from its authors' code,
 Transformer-Formal-Languages): ``task.sampler = "pcfg"`` draws positives with the paper's
@@ -77,12 +87,15 @@ from attnlab.tasks.base import (
     Example,
     Vocab,
     VocabIds,
+    check_depth_bins,
+    check_horizon_threshold,
     check_length_bins,
     check_sizes,
     length_bin_name,
     split_of,
     split_share,
     split_statistics,
+    spread_lengths,
     weigh_lengths,
 )
 
@@ -99,6 +112,7 @@ __all__ = [
     "pcfg_depth_cdf",
     "pcfg_expected_length",
     "pcfg_length_variance",
+    "bracket_depth",
     "check_length_bins",
     "length_bin_name",
     "near_misses",
@@ -236,6 +250,57 @@ def _dyck_positive(kinds: str) -> Callable[[random.Random, int], str | None]:
             # Open with the probability that keeps the shape uniform among all Dyck shapes.
             opens = _dyck_completions(step - 1, len(stack) + 1)
             if rng.random() * _dyck_completions(step, len(stack)) < opens:
+                kind = rng.choice(kinds)
+                stack.append(kind)
+                out.append(kind)
+            else:
+                out.append(")]"["([".index(stack.pop())])
+        return "".join(out)
+
+    return sample
+
+
+def bracket_depth(s: str) -> int:
+    """The nesting depth of a bracket string: the most brackets open at once, max over prefixes of
+    (openers - closers), at least 0. ``(()())`` -> 2, ``[()]()`` -> 2, ``)(`` -> 1. Defined for
+    any bracket string, members or not, so a depth bin can hold negatives too."""
+    depth = deepest = 0
+    for ch in s:
+        depth += 1 if ch in "([" else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+@cache
+def _bounded_completions(steps: int, depth: int, cap: int, need: int) -> int:
+    """Bracket shapes of ``steps`` more symbols that close ``depth`` open brackets, never with more
+    than ``cap`` open, and with ``need`` open at some point (reached already when depth >= need)."""
+    if depth < 0 or depth > cap or depth > steps:
+        return 0
+    need = 0 if depth >= need else need
+    if steps == 0:
+        return int(need == 0)
+    return _bounded_completions(steps - 1, depth + 1, cap, need) + _bounded_completions(steps - 1, depth - 1, cap, need)
+
+
+def _dyck_shapes_at_depth(n: int, low: int, high: int) -> int:
+    """Dyck shapes of n symbols whose depth lies in [low, high]."""
+    return _bounded_completions(n, 0, high, low) if n > 0 and n % 2 == 0 else 0
+
+
+def _dyck_positive_at_depth(kinds: str) -> Callable[[random.Random, int, int, int], str | None]:
+    """Sample uniformly among the Dyck words of n symbols with a depth in [low, high]: the shape
+    step by step, opening with the share of the completions that open (as :func:`_dyck_positive`
+    does, counting only shapes within the depths), each opener's kind uniform."""
+
+    def sample(rng: random.Random, n: int, low: int, high: int) -> str | None:
+        if _dyck_shapes_at_depth(n, low, high) == 0:
+            return None
+        out, stack, need = [], [], low
+        for step in range(n, 0, -1):
+            need = 0 if len(stack) >= need else need
+            opens = _bounded_completions(step - 1, len(stack) + 1, high, need)
+            if rng.random() * _bounded_completions(step, len(stack), high, need) < opens:
                 kind = rng.choice(kinds)
                 stack.append(kind)
                 out.append(kind)
@@ -384,6 +449,10 @@ class Language:
     """The paper's generator (``task.sampler = "pcfg"``): ``grammar(rng, p, q, low, high)`` draws a
     member with a length in [low, high], or None (rejected; the caller draws again)."""
     count_balanced: Callable[[int], int] | None = None
+    count_at_depth: Callable[[int, int, int], int] | None = None
+    """Bracket languages: positives of length n with a depth in [low, high] (:func:`bracket_depth`)."""
+    sample_at_depth: Callable[[random.Random, int, int, int], str | None] | None = None
+    """Bracket languages: a uniform positive of length n with a depth in [low, high], or None."""
 
     def positives(self, n: int) -> Iterator[str]:
         """All positives of length n, by brute force; only for the small counts it is used on."""
@@ -406,20 +475,28 @@ class Language:
         """Whether the language draws balanced-count negatives (the Dyck languages)."""
         return self.count_balanced is not None
 
-    def near_miss_sources(self, n: int) -> dict[int, int]:
-        """Base length -> an upper bound on the near-misses of length ``n`` it yields.
+    @property
+    def has_depth(self) -> bool:
+        """Whether the language's strings have a nesting depth (the bracket languages)."""
+        return self.count_at_depth is not None
+
+    def near_miss_sources(self, n: int, count: Callable[[int], int] | None = None) -> dict[int, int]:
+        """Base length -> an upper bound on the near-misses of length ``n`` it yields, from the
+        positives ``count`` counts (default all of them).
 
         A change or a swap keeps a positive's length; a drop shortens it by one.
         """
+        count = count or self.count_positive
         k, m = len(self.alphabet), n + 1
         return {
-            n: self.count_positive(n) * (n * (k - 1) + (n - 1)),  # changes and swaps
-            m: self.count_positive(m) * m,  # drops
+            n: count(n) * (n * (k - 1) + (n - 1)),  # changes and swaps
+            m: count(m) * m,  # drops
         }
 
-    def count_near_misses(self, n: int) -> int:
-        """An upper bound on the non-members of length ``n`` one edit away from a positive."""
-        return min(sum(self.near_miss_sources(n).values()), len(self.alphabet) ** n - self.count_positive(n))
+    def count_near_misses(self, n: int, count: Callable[[int], int] | None = None) -> int:
+        """An upper bound on the non-members of length ``n`` one edit away from a positive (of those
+        ``count`` counts)."""
+        return min(sum(self.near_miss_sources(n, count).values()), len(self.alphabet) ** n - self.count_positive(n))
 
 
 def _balanced_dyck1(n: int) -> int:
@@ -458,6 +535,8 @@ LANGUAGES: dict[str, Language] = {
         _dyck_next({"(": ")"}),
         _dyck_grammar("("),
         _balanced_dyck1,
+        _dyck_shapes_at_depth,
+        _dyck_positive_at_depth("("),
     ),
     "dyck2": Language(
         "dyck2",
@@ -468,6 +547,8 @@ LANGUAGES: dict[str, Language] = {
         _dyck_next({"(": ")", "[": "]"}),
         _dyck_grammar("(["),
         _balanced_dyck2,
+        lambda n, low, high: _dyck_shapes_at_depth(n, low, high) * 2 ** (n // 2),
+        _dyck_positive_at_depth("(["),
     ),
     "anbn": Language(
         "anbn",
@@ -558,6 +639,18 @@ class RecognitionTask(VocabIds):
         fresh_examples: train on examples drawn afresh for every batch (Delétang et al. 2023),
             from the training split's distribution (:meth:`fresh_train`), rather than on the fixed
             ``train_size`` examples; those still serve the checks and the training-fit report.
+            The (L, 2L] ``length_generalisation`` split stays, and may overlap a bin. Every split held
+            out by length draws each of its lengths equally often (:func:`spread_lengths`), so every
+            length the language has is evaluated.
+        eval_depths: held-out splits by nesting depth (:func:`bracket_depth`), bracket languages
+            only: ``[[low, high], ...]``, inclusive, ordered, disjoint, every low >= 1; bin [low, high]
+            is the split ``depth_<low>_<high>``, of ``length_generalisation_size`` strings whose depth
+            lies in the bin (positives uniform among such words, negatives near-misses of them kept
+            when their depth lies in the bin too), lengths from ``eval_depth_lengths``.
+        eval_depth_lengths: ``[low, high]``, the lengths the depth bins draw from, above L; default
+            from the first ``eval_lengths`` bin's low to the last one's high, or (L, 2L] without them.
+        horizon_threshold: the accuracy a length must reach to count within the generalisation
+            horizon (:func:`attnlab.evaluation.horizon.horizon`), in (0, 1].
     """
 
     language: str = "parity"
@@ -574,6 +667,9 @@ class RecognitionTask(VocabIds):
     q: float = 0.25
     distinct: bool = False
     fresh_examples: bool = False
+    eval_depths: list[list[int]] = field(default_factory=list)
+    eval_depth_lengths: list[int] = field(default_factory=list)
+    horizon_threshold: float = 0.95
 
     kind = "recognition"
     """``recognition`` (the class's, and ``classify``'s) or ``next_char``: what the model outputs."""
@@ -593,8 +689,46 @@ class RecognitionTask(VocabIds):
         )
         check_length_bins(self.eval_lengths, self.max_train_length)
         check_grammar(self.sampler, self.p, self.q)
+        check_horizon_threshold(self.horizon_threshold)
+        self._check_depth_bins()
         if self.formulation == "next_char":
             object.__setattr__(self, "kind", "next_char")
+
+    def _check_depth_bins(self) -> None:
+        """``eval_depths``: bins of a bracket language, each holding strings at its lengths;
+        ``eval_depth_lengths``: a [low, high] pair above L, only with depth bins."""
+        if self.eval_depth_lengths and not self.eval_depths:
+            raise ConfigError("eval_depth_lengths: set without eval_depths; it gives the depth bins' lengths")
+        if not self.eval_depths:
+            return
+        if not self.lang.has_depth:
+            bracket = ", ".join(name for name, lang in LANGUAGES.items() if lang.has_depth)
+            raise ConfigError(f"eval_depths: {self.language} has no nesting depth; only {bracket} take depth bins")
+        check_depth_bins(self.eval_depths)
+        pair = self.eval_depth_lengths
+        if pair:
+            ints = len(pair) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in pair)
+            if not ints or not self.max_train_length < pair[0] <= pair[1]:
+                raise ConfigError(
+                    f"eval_depth_lengths: expected [low, high] with {self.max_train_length} (max_train_length) "
+                    f"< low <= high, got {pair!r}"
+                )
+        lengths = self.depth_bin_lengths()
+        for index, (low, high) in enumerate(self.eval_depths):
+            if not any(self.lang.count_at_depth(n, low, high) for n in lengths):  # type: ignore[misc]
+                raise ConfigError(
+                    f"eval_depths: bin {index + 1} [{low}, {high}]: {self.language} has no string of such depth "
+                    f"with a length in [{lengths.start}, {lengths.stop - 1}] (depth d needs 2d symbols)"
+                )
+
+    def depth_bin_lengths(self) -> range:
+        """The lengths the depth bins draw from: ``eval_depth_lengths``, else the span of ``eval_lengths``,
+        else (L, 2L]."""
+        if self.eval_depth_lengths:
+            return range(self.eval_depth_lengths[0], self.eval_depth_lengths[1] + 1)
+        if self.eval_lengths:
+            return range(self.eval_lengths[0][0], self.eval_lengths[-1][1] + 1)
+        return range(self.max_train_length + 1, 2 * self.max_train_length + 1)
 
     # ---- vocabulary ---------------------------------------------------------------------------
 
@@ -705,6 +839,9 @@ class RecognitionTask(VocabIds):
             )
 
     def _owns(self, name: str, string: str) -> bool:
+        if name in self.depth_bins:
+            low, high = self.depth_bins[name]
+            return low <= bracket_depth(string) <= high
         if self.held_out_by_length(name):
             return True
         dealt = self._dealt_balanced.get(string) or self._dealt_members.get(string)
@@ -735,8 +872,35 @@ class RecognitionTask(VocabIds):
         dealt = self._deal(pool, what="balanced-count negatives", salt="deal-balanced")
         return {string: name for name, strings in dealt.items() for string in strings}
 
+    def _bases(self, name: str) -> tuple[Callable[[int], int], Callable[[random.Random, int], str | None]]:
+        """How many positives of each length split ``name`` builds on, and a sampler of them: every
+        positive, or in a depth bin those whose depth lies in the bin."""
+        if name not in self.depth_bins:
+            return self.lang.count_positive, self.lang.sample_positive
+        low, high = self.depth_bins[name]
+        count, sample = self.lang.count_at_depth, self.lang.sample_at_depth
+        return lambda n: count(n, low, high), lambda rng, n: sample(rng, n, low, high)  # type: ignore[misc]
+
+    def _per_example(
+        self, name: str, lengths: list[int], weights: list[float], draws: int,
+        candidate: Callable[[random.Random, int], str | None],
+    ) -> Callable[[random.Random], str]:  # fmt: skip
+        """A sampler of ``draws`` strings of split ``name`` from ``candidate`` (a string of length n,
+        or None). In training lengths a fresh weighted length per try (a short length may own no
+        string of the split); held out by length, each example's length fixed by :func:`spread_lengths`."""
+        if not self.held_out_by_length(name):
+            return lambda rng: self._draw(rng, lambda r: candidate(r, r.choices(lengths, weights)[0]), name)
+        order = iter(spread_lengths(lengths, draws, random.Random(f"{self.seed}:{self.language}:{name}:lengths")))
+
+        def sample(rng: random.Random) -> str:
+            n = next(order)
+            return self._draw(rng, lambda r: candidate(r, n), name)
+
+        return sample
+
     def _positive_sampler(self, name: str, draws: int) -> Callable[[random.Random], str]:
-        counts = {n: self.lang.count_positive(n) for n in self.lengths(name)}
+        count, sample = self._bases(name)
+        counts = {n: count(n) for n in self.lengths(name)}
         lengths, weights = weigh_lengths(self.share_name(name), counts, draws)
         if not lengths:
             raise ConfigError(
@@ -750,11 +914,7 @@ class RecognitionTask(VocabIds):
         if not self.held_out_by_length(name) and sum(counts.values()) <= SMALL_LANGUAGE:
             pool = self._dealt_positives(lengths)[name]
             return lambda rng: rng.choice(pool)
-
-        def candidate(rng: random.Random) -> str | None:
-            return self.lang.sample_positive(rng, rng.choices(lengths, weights)[0])
-
-        return lambda rng: self._draw(rng, candidate, name)
+        return self._per_example(name, lengths, weights, draws, sample)
 
     def _dealt_positives(self, lengths: list[int]) -> dict[str, list[str]]:
         # Few positives: hashing could leave valid or test without any. Deal them instead.
@@ -773,19 +933,19 @@ class RecognitionTask(VocabIds):
         return {"test": pool[:held], "valid": pool[held : 2 * held], "train": pool[2 * held :]}
 
     def _negative_sampler(self, name: str, draws: int) -> Callable[[random.Random], str]:
-        counts = {n: self.lang.count_near_misses(n) for n in self.lengths(name)}
+        count, sample = self._bases(name)
+        counts = {n: self.lang.count_near_misses(n, count) for n in self.lengths(name)}
         lengths, weights = weigh_lengths(self.share_name(name), counts, draws)
 
-        def candidate(rng: random.Random) -> str | None:
-            n = rng.choices(lengths, weights)[0]
-            sources = {m: bound for m, bound in self.lang.near_miss_sources(n).items() if bound > 0}
-            base = self.lang.sample_positive(rng, rng.choices(list(sources), list(sources.values()))[0])
+        def candidate(rng: random.Random, n: int) -> str | None:
+            sources = {m: bound for m, bound in self.lang.near_miss_sources(n, count).items() if bound > 0}
+            base = sample(rng, rng.choices(list(sources), list(sources.values()))[0])
             if base is None:
                 return None
             misses = [s for s in near_misses(base, self.lang.alphabet) if len(s) == n and not self.lang.contains(s)]
             return rng.choice(misses) if misses else None
 
-        return lambda rng: self._draw(rng, candidate, name)
+        return self._per_example(name, lengths, weights, draws, candidate)
 
     def _balanced_sampler(self, name: str, draws: int) -> Callable[[random.Random], str]:
         """Dyck negatives that no count solves: a positive with two of its symbols exchanged (any
@@ -795,11 +955,15 @@ class RecognitionTask(VocabIds):
         dealt = [string for string, owner in self._dealt_balanced.items() if owner == name]
         if dealt and not self.held_out_by_length(name):
             return lambda rng: rng.choice(dealt)
-        counts = {n: self.lang.count_balanced(n) for n in self.lengths(name)}  # type: ignore[misc]
+        count, sample = self._bases(name)
+        if name in self.depth_bins:  # exchanges of the bin's positives: at most as many as those
+            counts = {n: min(count(n), self.lang.count_balanced(n)) for n in self.lengths(name)}  # type: ignore[misc]
+        else:
+            counts = {n: self.lang.count_balanced(n) for n in self.lengths(name)}  # type: ignore[misc]
         lengths, weights = weigh_lengths(self.share_name(name), counts, draws)
 
-        def candidate(rng: random.Random) -> str | None:
-            base = self.lang.sample_positive(rng, rng.choices(lengths, weights)[0])
+        def candidate(rng: random.Random, n: int) -> str | None:
+            base = sample(rng, n)
             if base is None:
                 return None
             i, j = sorted(rng.sample(range(len(base)), 2))
@@ -808,7 +972,7 @@ class RecognitionTask(VocabIds):
             swapped = base[:i] + base[j] + base[i + 1 : j] + base[i] + base[j + 1 :]
             return None if self.lang.contains(swapped) else swapped
 
-        return lambda rng: self._draw(rng, candidate, name)
+        return self._per_example(name, lengths, weights, draws, candidate)
 
     def _draw(self, rng: random.Random, candidate: Callable[[random.Random], str | None], name: str) -> str:
         for _ in range(MAX_TRIES_PER_EXAMPLE):
@@ -826,6 +990,7 @@ class RecognitionTask(VocabIds):
         reason = _small_split_rule(name, report, classify=self.formulation == "classify")
         if reason is not None:
             hint = "eval_lengths' bins" if self.held_out_by_length(name) else "max_train_length"
+            hint = "eval_depths' bins" if name in self.depth_bins else hint
             warnings.warn(
                 f"the {name} split holds {reason}: its accuracy is a mean over few strings; raise {hint} "
                 "or the split's size",
@@ -842,13 +1007,18 @@ class RecognitionTask(VocabIds):
         """Split statistics and the shortcut baseline of split ``name`` (its ``examples``).
 
         Keys: ``distinct_strings``, ``positives``, ``distinct_positives`` (:func:`split_statistics`),
-        and for ``classify`` ``baseline`` (its name), ``baseline_accuracy`` and
+        for the bracket languages ``depth_min`` and ``depth_max`` (the depths of the split's members,
+        :func:`bracket_depth`), and for ``classify`` ``baseline`` (its name), ``baseline_accuracy`` and
         ``majority_accuracy`` (:func:`baseline_accuracy`). A held-out split with fewer than
         :data:`MIN_DISTINCT_STRINGS` distinct strings, or (``classify``) fewer than
         :data:`MIN_DISTINCT_POSITIVES` distinct positives, is warned about (:class:`AttnlabWarning`).
         """
         report: dict[str, Any] = dict(split_statistics(examples))
         report.pop("examples")
+        if self.lang.has_depth:  # the nesting depths of the split's members
+            depths = [bracket_depth(self.string_of(e)) for e in examples if e.label == 1]
+            if depths:
+                report.update(depth_min=min(depths), depth_max=max(depths))
         if name != "train" and examples:  # training accuracy is not the reported one
             self._warn_if_small(name, report)
         if self.formulation == "classify":

@@ -28,7 +28,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from attnlab.errors import ConfigError
-from attnlab.tasks.base import Example, Vocab, VocabIds, check_length_bins, check_sizes, split_of, weigh_lengths
+from attnlab.tasks.base import (
+    Example,
+    Vocab,
+    VocabIds,
+    check_horizon_threshold,
+    check_length_bins,
+    check_sizes,
+    split_of,
+    spread_lengths,
+    weigh_lengths,
+)
 
 __all__ = ["TRANSFORMS", "Seq2SeqTask", "AdditionTask"]
 
@@ -44,7 +54,9 @@ TRANSFORMS: dict[str, Callable[[tuple[int, ...]], tuple[int, ...]]] = {
 
 @dataclass(frozen=True)
 class _SplitConfig(VocabIds):
-    """Options shared by the synthetic seq2seq tasks (see the module docstring)."""
+    """Options shared by the synthetic seq2seq tasks (see the module docstring); ``horizon_threshold``:
+    the accuracy a length must reach to count within the generalisation horizon, in (0, 1]
+    (:func:`attnlab.evaluation.horizon.horizon`)."""
 
     max_train_length: int = 8
     train_size: int = 2000
@@ -55,6 +67,7 @@ class _SplitConfig(VocabIds):
     eval_lengths: list[list[int]] = field(default_factory=list)
     fresh_examples: bool = False
     """Train on examples drawn afresh for every batch (Delétang et al. 2023; :meth:`fresh_train`)."""
+    horizon_threshold: float = 0.95
 
     kind = "seq2seq"
 
@@ -68,13 +81,15 @@ class _SplitConfig(VocabIds):
             length_generalisation_size=self.length_generalisation_size,
         )
         check_length_bins(self.eval_lengths, self.max_train_length)
+        check_horizon_threshold(self.horizon_threshold)
 
     @property
     def vocab(self) -> Vocab:
         raise NotImplementedError
 
     def split(self, name: str) -> list[Example]:
-        """``{name}_size`` examples; lengths weighted by :func:`~attnlab.tasks.base.weigh_lengths`."""
+        """``{name}_size`` examples; lengths weighted by :func:`~attnlab.tasks.base.weigh_lengths`, or
+        held out by length, each length equally often (:func:`~attnlab.tasks.base.spread_lengths`)."""
         self.check_split(name)
         return self._examples(name, self.split_size(name), random.Random(f"{self.seed}:{self.name}:{name}"))
 
@@ -87,6 +102,9 @@ class _SplitConfig(VocabIds):
         lengths, weights = weigh_lengths(
             self.share_name(name), {n: self.num_distinct(n) for n in self.lengths(name)}, size
         )
+        if self.held_out_by_length(name):
+            order = spread_lengths(lengths, size, random.Random(f"{self.seed}:{self.name}:{name}:lengths"))
+            return [self._draw(rng, name, [n], [1.0]) for n in order]
         return [self._draw(rng, name, lengths, weights) for _ in range(size)]
 
     def _draw(self, rng: random.Random, name: str, lengths: list[int], weights: list[float]) -> Example:

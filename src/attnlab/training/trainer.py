@@ -8,7 +8,10 @@ One call, :func:`train`, does a whole run:
    line; ``examples_per_s`` for a classifier, ``tokens_per_s`` otherwise); every ``eval_every`` steps
    an evaluation; every ``checkpoint_every`` steps (and at the end) an atomic checkpoint, which
    records the validation of its step when there was one (``eval --checkpoint best``); the final
-   evaluation says whether the model fit its training split (:mod:`attnlab.evaluation.fit`); with
+   evaluation says whether the model fit its training split (:mod:`attnlab.evaluation.fit`), and
+   records the training split's statistics (a ``train`` record: distinct strings, and for the bracket
+   languages the depth range of its members), every length and depth bin, and the generalisation
+   horizon over the length bins (a ``length_bins`` record, :mod:`attnlab.evaluation.horizon`); with
    ``train.log_to = ["jsonl", "tensorboard"]`` every record also goes to TensorBoard event files in
    RUN/tensorboard/, with attention heatmaps at each validation (:mod:`attnlab.training.tensorboard_log`);
 4. a NaN or Inf loss stops the run with the step named; the last good checkpoint stays;
@@ -55,8 +58,9 @@ from attnlab.embeddings import init_embedding, load_vectors
 from attnlab.errors import EXIT_DIVERGED, AttnlabError, CheckpointError, ConfigError
 from attnlab.evaluation.evaluate import evaluate
 from attnlab.evaluation.fit import training_fit
+from attnlab.evaluation.horizon import chained_horizon
 from attnlab.evaluation.objectives import OBJECTIVES
-from attnlab.experiment import ExperimentConfig, TrainConfig, model_config_for_task, model_for_task
+from attnlab.experiment import ExperimentConfig, TrainConfig, model_config_for_task, model_for_task, positions_seed
 from attnlab.head_ids import held_mask
 from attnlab.kernels import native
 from attnlab.nn import InputEmbedding, masking_heads
@@ -284,7 +288,7 @@ class _Trainer:
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
         self.task, self.tokenizer = self._build_task(resume)
-        train_examples = self.task.split("train")
+        self.train_examples = train_examples = self.task.split("train")
         available = torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else None
         check_resources(experiment, self.task, train_examples, available=available)  # before the model exists
         check_splits(self.task, cfg.final_splits)  # ... or a file is written
@@ -486,9 +490,11 @@ class _Trainer:
         if self.dist.is_main:
             last_weights = self._load_selected()
             final_metrics = self._evaluate("valid", fit=True)  # before the checkpoint, which records it
+            self._record_training_split()
             for name in cfg.final_splits:
                 self._evaluate(name)
             self._evaluate_length_bins()
+            self._evaluate_depth_bins()
             if last_weights is not None:
                 self.model.load_state_dict(last_weights)  # the checkpoint holds the last step's weights
             self._write_oracle()
@@ -637,6 +643,7 @@ class _Trainer:
             tokenizer=self.tokenizer,
             device=self.device,
             head_mask=self.head_mask,
+            positions_seed=positions_seed(self.cfg),
         )
 
     def _evaluate(self, split: str, *, fit: bool = False) -> dict[str, Any] | None:
@@ -659,12 +666,35 @@ class _Trainer:
         return result
 
     def _evaluate_length_bins(self) -> None:
-        """At the end: every length bin of ``task.eval_lengths`` (its own split), and their
-        accuracy per length plotted into ``accuracy_by_length.png``."""
+        """At the end: every length bin of ``task.eval_lengths`` (its own split), their accuracy
+        per length plotted into ``accuracy_by_length.png``, and the horizon over them: a record of
+        the pseudo-split ``length_bins`` (:func:`attnlab.evaluation.horizon.chained_horizon`)."""
         bins = list(getattr(self.task, "length_bins", {}))
         results = [result for name in bins if (result := self._evaluate(name)) is not None]
         if results:
             plot_accuracy_by_length(results, self.run.plots)
+            self._write_metrics(
+                {
+                    "step": self.step,
+                    "split": "length_bins",
+                    "horizon": chained_horizon(results),
+                    "horizon_threshold": results[0]["horizon_threshold"],
+                    "length_range": [results[0]["length_range"][0], results[-1]["length_range"][1]],
+                }
+            )
+
+    def _evaluate_depth_bins(self) -> None:
+        """At the end: every depth bin of ``task.eval_depths`` (its own split)."""
+        for name in getattr(self.task, "depth_bins", {}):
+            self._evaluate(name)
+
+    def _record_training_split(self) -> None:
+        """A ``train`` record of the training split's statistics (:meth:`split_report` of a formal
+        language: distinct strings, positives, the depth range of its members), for the tasks
+        that report them."""
+        report = getattr(self.task, "split_report", None)
+        if report is not None:
+            self._write_metrics({"step": self.step, "split": "train", **report("train", self.train_examples)})
 
     def _write_metrics(self, record: dict[str, Any]) -> None:
         if not self.dist.is_main:

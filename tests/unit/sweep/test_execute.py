@@ -53,9 +53,11 @@ def _rows(folder: Path) -> list[dict[str, str]]:
 
 
 def _summary_cells(folder: Path) -> dict[tuple[str, str, str], list[str]]:
-    """(attention, positional, split) -> the other cells of summary.md's table row."""
+    """(attention, positional, split) -> the other cells of summary.md's first table's row."""
     cells = {}
     for line in (folder / "summary.md").read_text(encoding="utf-8").splitlines():
+        if line.startswith("## "):  # the horizon table and the failures follow the accuracy table
+            break
         parts = [part.strip() for part in line.strip().strip("|").split("|")]
         if line.startswith("| ") and parts[0] in ("soft", "hard"):
             cells[tuple(parts[:3])] = parts[3:]
@@ -176,6 +178,8 @@ def test_every_split_the_evaluation_wrote_is_reported_with_its_baseline_and_trai
         "0.0000–0.1250",
         "2",
         "0",
+        "–",  # no strings counted in these hand-made records: no standard error
+        "0/2",
         "0.5000",
         "1/2",
     ]
@@ -250,3 +254,62 @@ def test_a_failed_run_is_recorded_and_the_others_finish(config, tmp_path):
     assert (again.trained, again.failed) == (0, 1)
     again = run_sweep(plan, folder, jobs=1, retry_failed=True)  # ... unless asked
     assert (again.trained, again.failed) == (1, 1)
+
+
+def _horizon_cells(folder: Path) -> dict[tuple[str, str, str], list[str]]:
+    """(attention, positional, split) -> the other cells of summary.md's horizon table's row."""
+    text = (folder / "summary.md").read_text(encoding="utf-8")
+    table = text.partition("## Generalisation horizon")[2].partition("\n## ")[0]
+    cells = {}
+    for line in table.splitlines():
+        parts = [part.strip() for part in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and parts[0] in ("soft", "hard"):
+            cells[tuple(parts[:3])] = parts[3:]
+    return cells
+
+
+def test_horizons_seed_counts_and_standard_errors_are_aggregated_over_seeds(swept, tmp_path):
+    """Hand-made bin evaluations (as the end of training writes them): the horizon's mean ± std,
+    min–max and n per combination, the seeds reaching the threshold and the binomial standard
+    error beside the bin's accuracy, strings and standard error per length, a plot per combination."""
+    folder = tmp_path / "sweep"
+    shutil.copytree(swept["two"], folder)
+    for index, run in enumerate(swept["plan"].runs):
+        accuracy, reached = (0.96, 26) if index % 2 == 0 else (0.5, 34)
+        extra = [
+            {
+                "split": "length_21_40",
+                "step": 4,
+                "accuracy": accuracy,
+                "examples": 400,
+                "horizon": reached,
+                "horizon_threshold": 0.95,
+                "accuracy_by_length": {"22": 1.0, "24": accuracy},
+                "examples_by_length": {"22": 200, "24": 200},
+                "absent_lengths": [21, 23],
+            },
+            {"split": "length_bins", "step": 4, "horizon": reached + index, "horizon_threshold": 0.95},
+        ]
+        with open(folder / RUNS_FOLDER / run.name / "metrics.jsonl", "a", encoding="utf-8") as handle:
+            handle.writelines(json.dumps(record) + "\n" for record in extra)
+    write_report(folder)
+    # soft/sinusoidal holds runs 0 and 1: accuracies 0.96 and 0.5, horizons 26 and 34 (bins: 26, 35).
+    cells = _summary_cells(folder)[("soft", "sinusoidal", "length_21_40")]
+    mean_std, span, n, failed, se, reaching = cells[:6]
+    assert (mean_std, span, n, failed, reaching) == ("0.7300 ± 0.3253", "0.5000–0.9600", "2", "0", "1/2")
+    assert float(se) == pytest.approx((0.73 * 0.27 / 400) ** 0.5, abs=5e-5)
+    horizons = _horizon_cells(folder)
+    assert horizons[("soft", "sinusoidal", "length_21_40")] == ["30.0 ± 5.7", "26–34", "2"]
+    assert horizons[("soft", "sinusoidal", "length_bins")] == ["30.5 ± 6.4", "26–35", "2"]
+    assert len(horizons) == 4 * 3  # and the length_generalisation split the runs evaluated
+    rows = _rows(folder)
+    assert [float(r["length_bins.horizon"]) for r in rows] == [26 + i if i % 2 == 0 else 34 + i for i in range(8)]
+    per_length = [r for r in _csv(folder / "accuracy_by_length.csv") if r["split"] == "length_21_40"]
+    assert {(r["length"], r["examples"]) for r in per_length} == {("22", "200"), ("24", "200")}
+    odd = next(r for r in per_length if r["length"] == "24" and r["accuracy"] == "0.5")
+    assert float(odd["se"]) == pytest.approx((0.25 / 200) ** 0.5)
+    assert "\n- length_21_40: 21, 23\n" in (folder / "summary.md").read_text(encoding="utf-8")
+    plots = sorted(p.name for p in (folder / "plots").glob("accuracy_by_length_per_seed-*.png"))
+    assert plots == [
+        f"accuracy_by_length_per_seed-{a}_{p}.png" for a in ("hard", "soft") for p in ("none", "sinusoidal")
+    ]

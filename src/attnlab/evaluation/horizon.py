@@ -1,0 +1,80 @@
+"""The generalisation horizon: the longest length up to which a model is right at every length.
+
+A bin's mean accuracy hides a cliff: a model perfect up to length 34 and wrong from 40 on scores
+about 0.7 on the bin 21–40, as does one right on 70% of the strings at every length. The horizon
+says where the cliff is. For an evaluation of the lengths ``low..high`` with accuracy a(n) at each
+evaluated length n (a length without strings, such as an odd length of a Dyck language, is absent:
+neither passed nor failed) and a threshold t (``task.horizon_threshold``, default 0.95):
+
+    horizon = max { n : a(m) >= t for every evaluated length m <= n },
+
+the longest evaluated length up to which every evaluated length reaches t. When the first evaluated
+length already fails, the horizon is ``low - 1``: for a first bin starting at L + 1 (L the longest
+training length), L, no generalisation past the training lengths. So a horizon lies in
+[low - 1, high], and equals high when every length passes.
+
+Over several bins (:func:`chained_horizon`) the horizon runs on from one bin into the next only
+where the next starts right after it (no length left out between them) and the first passed all of
+its lengths: it never claims lengths that were not evaluated.
+
+Every accuracy over n strings is stated with its binomial standard error sqrt(p (1 - p) / n)
+(:func:`binomial_se`): a bin of 400 strings at p = 0.8 has 0.02, a length of 20 strings 0.09.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["DEFAULT_THRESHOLD", "horizon", "chained_horizon", "binomial_se"]
+
+DEFAULT_THRESHOLD = 0.95
+"""The accuracy a length must reach to count within the horizon, unless the task sets another."""
+
+
+def horizon(accuracy_by_length: Mapping[int, float], threshold: float, low: int) -> int:
+    """The generalisation horizon of one evaluation (see the module docstring).
+
+    Args:
+        accuracy_by_length: evaluated length -> accuracy; lengths without strings are left out.
+        threshold: t, in (0, 1].
+        low: the evaluation's lowest length (its range's, evaluated or not).
+
+    Returns:
+        The longest evaluated length n such that every evaluated length <= n has accuracy >= t;
+        ``low - 1`` when the first evaluated length fails (or none is evaluated).
+    """
+    reached = low - 1
+    for length in sorted(accuracy_by_length):
+        if accuracy_by_length[length] < threshold:
+            break
+        reached = length
+    return reached
+
+
+def chained_horizon(results: Sequence[Mapping[str, Any]]) -> int | None:
+    """The horizon over consecutive length bins, from their evaluations (each with ``horizon`` and
+    ``length_range`` = [low, high]), in order of their lows: the first bin's horizon, carried into
+    the next bin while a bin passed all its lengths and the next starts at its high + 1. None
+    without bins."""
+    bins = sorted((r for r in results if "horizon" in r and "length_range" in r), key=lambda r: r["length_range"][0])
+    if not bins:
+        return None
+    reached = int(bins[0]["horizon"])
+    for previous, following in zip(bins, bins[1:]):
+        high = int(previous["length_range"][1])
+        if reached != high or int(following["length_range"][0]) != high + 1:
+            break
+        reached = int(following["horizon"])
+    return reached
+
+
+def binomial_se(accuracy: float, n: int) -> float:
+    """sqrt(p (1 - p) / n), the standard error of an accuracy p measured on n strings (nan for n = 0).
+
+    For a score that is a share of tokens rather than right or wrong, an upper bound."""
+    if n <= 0:
+        return math.nan
+    p = min(max(accuracy, 0.0), 1.0)
+    return math.sqrt(p * (1.0 - p) / n)
