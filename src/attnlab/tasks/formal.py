@@ -631,7 +631,8 @@ class RecognitionTask(VocabIds):
             al. 2020, :attr:`Language.grammar`: for Dyck the grammar of :func:`dyck_derivation`
             with ``p`` and ``q``, capped at the split's longest length and rejected below its
             shortest; for anbn, anbncn a block count uniform over the split's; for parity a
-            geometric length). Negatives (``classify``) are near-misses of uniform positives either way.
+            geometric length). Negatives (``classify``) are near-misses of uniform positives either way,
+            and the depth bins of ``eval_depths`` are drawn by depth, uniformly, under either sampler.
         p, q: the Dyck grammar's S -> (S) and S -> SS probabilities (the paper: 0.5, 0.25); 0 < p,
             0 <= q, p + q < 1. Used by ``sampler = "pcfg"`` for dyck1 and dyck2 only.
         distinct: no split holds a string twice (the paper's sets; train, valid and test never
@@ -908,7 +909,7 @@ class RecognitionTask(VocabIds):
                 f"string with a length in [{self.lengths(name).start}, {self.lengths(name).stop - 1}]"
                 + ("" if name in self.length_bins else "; raise max_train_length")
             )
-        if self.sampler == "pcfg":
+        if self.sampler == "pcfg" and name not in self.depth_bins:  # a depth bin is drawn by depth, uniformly
             low, high = self.lengths(name).start, self.lengths(name).stop - 1
             return lambda rng: self._draw(rng, lambda r: self.lang.grammar(r, self.p, self.q, low, high), name)
         if not self.held_out_by_length(name) and sum(counts.values()) <= SMALL_LANGUAGE:

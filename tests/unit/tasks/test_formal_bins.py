@@ -94,12 +94,14 @@ def test_members_at_a_depth_are_drawn_uniformly():
     assert all(400 < count < 600 for count in drawn.values())  # 500 expected, sd about 21
 
 
-@pytest.mark.parametrize(("language", "formulation"), [("dyck1", "classify"), ("dyck1", "next_char"),
-                                                       ("dyck2", "classify")])  # fmt: skip
-def test_depth_bins_hold_strings_of_their_depths_at_the_stated_lengths(language, formulation):
+@pytest.mark.parametrize(("language", "formulation", "sampler"), [
+    ("dyck1", "classify", "uniform"), ("dyck1", "next_char", "uniform"), ("dyck2", "classify", "uniform"),
+    ("dyck1", "next_char", "pcfg"),  # the paper's generator draws the other splits; depth bins stay by depth
+])  # fmt: skip
+def test_depth_bins_hold_strings_of_their_depths_at_the_stated_lengths(language, formulation, sampler):
     task = RecognitionTask(
         language=language, formulation=formulation, max_train_length=8, length_generalisation_size=80,
-        eval_depths=[[1, 3], [5, 9]], eval_depth_lengths=[14, 20], seed=3,
+        eval_depths=[[1, 3], [5, 9]], eval_depth_lengths=[14, 20], seed=3, sampler=sampler,
     )  # fmt: skip
     assert task.split_names()[-2:] == ("depth_1_3", "depth_5_9")
     for name, (low, high) in (("depth_1_3", (1, 3)), ("depth_5_9", (5, 9))):
