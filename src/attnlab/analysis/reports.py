@@ -43,6 +43,11 @@ def read_importance_csv(path: Path) -> list[dict[str, Any]]:
         ]
 
 
+LABEL_SHARE = 0.01
+"""A layer x head cell is labelled with its value when that is at least this share of the largest
+|value|: a 30 x 9 grid of SmolLM2's heads had labels such as -4.1e-05 running into each other."""
+
+
 def head_matrix_plot(rows: Sequence[Any], value: str, path: Path, *, title: str, diverging: bool = False) -> Path:
     """One panel per attention kind: layers down, heads across, coloured by ``value``."""
     kinds = list(dict.fromkeys(r.kind for r in rows))
@@ -65,8 +70,10 @@ def head_matrix_plot(rows: Sequence[Any], value: str, path: Path, *, title: str,
         cmap, vmin = ("RdBu", -limit) if diverging else ("viridis", 0.0)
         image = ax.imshow(matrix, cmap=cmap, vmin=vmin, vmax=limit, aspect="auto")
         for (i, j), v in np.ndenumerate(matrix):
-            if not np.isnan(v):
-                ax.text(j, i, f"{v:.2g}", ha="center", va="center", fontsize=7, color="black" if diverging else "white")
+            if not np.isnan(v) and abs(v) >= LABEL_SHARE * limit:  # smaller values read as their colour
+                bright = not diverging and v > 0.6 * limit  # viridis turns yellow: dark text there
+                ax.text(j, i, f"{v:.2g}", ha="center", va="center", fontsize=7,
+                        color="black" if diverging or bright else "white")  # fmt: skip
         ax.set_title(kind, fontsize=9)
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
