@@ -26,6 +26,7 @@ passes head masks in and reads results out; it never changes a layer.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -52,6 +53,7 @@ __all__ = [
     "ablate",
     "ImportanceRow",
     "importance",
+    "head_importance",
     "CurveRow",
     "pruning_order",
     "heads_to_prune",
@@ -269,12 +271,31 @@ def importance(
     kinds: Sequence[str] | None = None,
     progress: Any = None,
 ) -> list[ImportanceRow]:
+    """I_h = E_x |dL(x)/dxi_h| at xi = 1 for the mask xi * b, one row per head (:func:`head_importance`).
+
+    With ``normalize_per_layer`` each layer's scores are divided by their l2 norm (Michel et al.).
+    ``base_mask`` and ``progress``: as :func:`head_importance`.
+    """
+    scores = head_importance(probe, base_mask=base_mask, progress=progress)
+    if normalize_per_layer:
+        scores = {kind: s / s.norm(dim=-1, keepdim=True).clamp_min(1e-20) for kind, s in scores.items()}
+    return [
+        ImportanceRow(h.kind, h.layer, h.head, float(scores[h.kind][h.layer, h.head]))
+        for h in head_ids(probe.model, kinds)
+    ]
+
+
+def head_importance(probe: HeadProbe, *, base_mask: HeadMask | None = None, progress: Any = None) -> dict[str, Tensor]:
     """I_h = E_x |dL(x)/dxi_h| at xi = 1 for the mask xi * b, one forward+backward per batch.
 
     b is ``base_mask``, by default the probe's (the run's held heads). A head with b_h = 0 (held,
     or already pruned) scores dL/dxi_h = b_h dL/dm_h = 0; the others get Michel's score at the
-    point b. With ``normalize_per_layer`` each layer's scores are divided by their l2 norm
-    (Michel et al.). ``progress``, if given, is called once per batch.
+    point b. Only dL/dxi is computed: the parameters are taken out of the graph for the pass (no
+    weight gradient is formed, and the forward keeps only what the backward to xi needs).
+    ``progress``, if given, is called once per batch.
+
+    Returns:
+        head-mask kind -> (layers, heads) float64 scores on the CPU (the mean over the examples).
     """
     tick = progress or (lambda: None)
     model = probe.model
@@ -282,24 +303,33 @@ def importance(
     point = mask_without(model, (), base=held_mask_of(probe) if base_mask is None else base_mask)
     totals = {kind: torch.zeros(shape, dtype=torch.float64) for kind, shape in shapes.items()}
     examples = 0
-    for batch in probe.batches():
-        rows = _batch_rows(batch)
-        xi = {
-            kind: torch.ones(rows, *shape, device=point[kind].device, requires_grad=True)
-            for kind, shape in shapes.items()
-        }
-        losses = probe.example_losses(batch, {kind: xi[kind] * point[kind] for kind in shapes})
-        grads = torch.autograd.grad(losses.sum(), list(xi.values()))
-        for kind, grad in zip(xi, grads):
-            totals[kind] += grad.detach().abs().double().sum(0).cpu()
-        examples += rows
-        tick()
-    scores = {kind: total / max(1, examples) for kind, total in totals.items()}
-    if normalize_per_layer:
-        scores = {kind: s / s.norm(dim=-1, keepdim=True).clamp_min(1e-20) for kind, s in scores.items()}
-    return [
-        ImportanceRow(h.kind, h.layer, h.head, float(scores[h.kind][h.layer, h.head])) for h in head_ids(model, kinds)
-    ]
+    with _frozen(model):
+        for batch in probe.batches():
+            rows = _batch_rows(batch)
+            xi = {
+                kind: torch.ones(rows, *shape, device=point[kind].device, requires_grad=True)
+                for kind, shape in shapes.items()
+            }
+            losses = probe.example_losses(batch, {kind: xi[kind] * point[kind] for kind in shapes})
+            grads = torch.autograd.grad(losses.sum(), list(xi.values()))
+            for kind, grad in zip(xi, grads):
+                totals[kind] += grad.detach().abs().double().sum(0).cpu()
+            examples += rows
+            tick()
+    return {kind: total / max(1, examples) for kind, total in totals.items()}
+
+
+@contextmanager
+def _frozen(model: torch.nn.Module) -> Iterator[None]:
+    """The model's parameters with ``requires_grad`` off inside the block, as they were after it."""
+    wanted = [p for p in model.parameters() if p.requires_grad]
+    for parameter in wanted:
+        parameter.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for parameter in wanted:
+            parameter.requires_grad_(True)
 
 
 def _batch_rows(batch: Any) -> int:
