@@ -16,7 +16,7 @@ On a batch of random ids (8 x 128 tokens; ``--quick`` 2 x 16), every system does
    a clean prompt into a corrupt one of the same length (1 x 128 tokens, ``--quick`` 6; ``attnlab patch`` with the
    answer's log-probability against ``get_act_patch_attn_head_out_all_pos`` with the same metric);
 4. ``importance``: Michel et al.'s I_h, one forward and one backward with the head mask xi
-   (B, layers, heads) (``LanguageModel.head_importance`` against a hook on every ``hook_z``
+   (B, layers, heads) (``LanguageModel.head_importance``'s computation against a hook on every ``hook_z``
    scaling it by xi, the per-row next-token loss, and ``torch.autograd.grad`` to xi);
 5. ``generate``: greedy generation of 32 new tokens (``--quick`` 4) after the batch as prompts,
    every row making every step, with a KV cache.
@@ -42,13 +42,16 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from attnlab.analysis.heads import head_importance
+from attnlab.analysis.lm_probe import NextTokenProbe
+from attnlab.analysis.maps import language_model_prompt
 from attnlab.analysis.patching import patch
 from attnlab.bench.harness import BenchResult, interleaved_median_times, peak_rss_growth
 from attnlab.bench.hf import build_checkpoint
 from attnlab.generate.search import DecodeOptions, generate_continuations
-from attnlab.lm import LanguageModel
 from attnlab.nn import trace
 from attnlab.pretrained.sources import open_model
+from attnlab.run.loaded import LoadedRun
 
 __all__ = ["TlSizes", "run_tl", "smollm2_folder"]
 
@@ -204,32 +207,30 @@ def _bytes(tensors: Any) -> int:
 # ---- the benchmark -------------------------------------------------------------------------------------------
 
 
-def _prompt_pair(lm: LanguageModel, length: int) -> tuple[str, str]:
-    """A clean and a corrupt text of ``length`` tokens each (one word differs, the first)."""
-    words = []
-    for word in WORDS:
-        try:
-            lm.to_single_token(" " + word)
-        except Exception:  # noqa: BLE001 - a word the tokenizer splits is just not used
-            continue
-        words.append(word)
+def _prompt_pair(loaded: LoadedRun, length: int) -> tuple[str, str]:
+    """A clean and a corrupt text of ``length`` tokens each as ``attnlab patch`` reads them (one
+    word differs, the first)."""
+    words = [word for word in WORDS if len(loaded.tokenizer.encode(" " + word)) == 1]
     if len(words) < 3:
         raise RuntimeError(f"the tokenizer keeps fewer than 3 of {WORDS} whole; no prompts of known length")
-    bos = len(lm.tokenize("")) if lm.tokenize("") else 0
-    body = [words[(2 + i) % len(words)] for i in range(length - bos)]
-    clean = "".join(" " + w for w in [words[0], *body[1:]])
-    corrupt = "".join(" " + w for w in [words[1], *body[1:]])
-    if len(lm.tokenize(clean)) != len(lm.tokenize(corrupt)):
-        raise RuntimeError("the patching prompts tokenize to different lengths")
+    first = len(language_model_prompt(loaded, " " + words[0]))  # the one word, and a BOS where the model has one
+    body = [words[(2 + i) % len(words)] for i in range(length - first)]
+    clean, corrupt = ("".join(" " + word for word in [start, *body]) for start in words[:2])
+    if not len(language_model_prompt(loaded, clean)) == len(language_model_prompt(loaded, corrupt)) == length:
+        raise RuntimeError(f"the patching prompts are not {length} tokens each: {clean!r}, {corrupt!r}")
     return clean, corrupt
 
 
-def run_tl(quick: bool = False, repeats: int = 5) -> BenchResult:
-    """Every measurement of the module docstring (a tiny Llama with ``quick``, else SmolLM2)."""
+def run_tl(quick: bool = False, repeats: int = 5, sizes: TlSizes | None = None) -> BenchResult:
+    """Every measurement of the module docstring (a tiny Llama with ``quick``, else SmolLM2).
+
+    Args:
+        sizes: other sizes than :data:`FULL` (:data:`QUICK` with ``quick``), on the same model.
+    """
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()
-    sizes = QUICK if quick else FULL
+    sizes = sizes or (QUICK if quick else FULL)
     result = BenchResult("tl")
     with tempfile.TemporaryDirectory(prefix="attnlab-bench-tl-") as tmp:
         folder = Path(tmp)
@@ -239,8 +240,8 @@ def run_tl(quick: bool = False, repeats: int = 5) -> BenchResult:
         else:
             smollm2_folder(folder)
             label = "SmolLM2-135M"
-        lm = LanguageModel(open_model(folder, dtype=torch.float32))
-        layers, heads = lm.head_mask_shapes["self"]
+        loaded = open_model(folder, dtype=torch.float32)
+        layers, heads = loaded.model.head_mask_shapes()["self"]
         tl_models = {}
         bridge = _bridge(folder)
         if bridge is not None:
@@ -248,7 +249,7 @@ def run_tl(quick: bool = False, repeats: int = 5) -> BenchResult:
         hooked = _hooked_transformer(folder)
         if hooked is not None:
             tl_models["HookedTransformer"] = _Tl(hooked, layers, heads)
-        _measure(result, lm, tl_models, sizes, repeats)
+        _measure(result, loaded, tl_models, sizes, repeats)
         result.notes.append(
             f"{label}, float32: {layers} layers x {heads} heads; batch {sizes.batch} x {sizes.tokens} random ids; "
             f"patching 1 x {sizes.patch_tokens}; generation {sizes.new_tokens} new tokens"
@@ -259,20 +260,20 @@ def run_tl(quick: bool = False, repeats: int = 5) -> BenchResult:
             result.notes.append(
                 "HookedTransformer: not measured (TransformerLens 4 removed it; run this benchmark with a 3.x install)"
             )
-        del lm, tl_models, bridge, hooked
+        del loaded, tl_models, bridge, hooked
         gc.collect()
     return result
 
 
-def _measure(result: BenchResult, lm: LanguageModel, tl_models: dict[str, _Tl], sizes: TlSizes, repeats: int) -> None:
-    model = lm.model.eval()
+def _measure(result: BenchResult, loaded: LoadedRun, tl_models: dict[str, _Tl], sizes: TlSizes, repeats: int) -> None:
+    model = loaded.model.eval()
     generator = torch.Generator().manual_seed(0)
-    tokens = torch.randint(3, lm.model.config.vocab_size, (sizes.batch, sizes.tokens), generator=generator)
-    clean_text, corrupt_text = _prompt_pair(lm, sizes.patch_tokens)
-    clean, corrupt = (torch.tensor([lm.tokenize(text)]) for text in (clean_text, corrupt_text))
+    tokens = torch.randint(3, model.config.vocab_size, (sizes.batch, sizes.tokens), generator=generator)
+    clean_text, corrupt_text = _prompt_pair(loaded, sizes.patch_tokens)
+    clean, corrupt = (torch.tensor([language_model_prompt(loaded, text)]) for text in (clean_text, corrupt_text))
     with torch.inference_mode():
         answer = int(model(clean)[0, -1].argmax())
-    eos = lm.task.eos_id
+    eos = loaded.task.eos_id
     options = DecodeOptions(max_length=sizes.new_tokens)
     outputs: dict[str, Any] = {}
 
@@ -293,13 +294,13 @@ def _measure(result: BenchResult, lm: LanguageModel, tl_models: dict[str, _Tl], 
         outputs["attnlab cache patterns bytes"] = _bytes(traced.cache.values())
 
     def patch_heads() -> None:
-        found = patch(lm.loaded, clean_text, corrupt_text, metric="loss", residual=False)  # answer: the clean top token
+        found = patch(loaded, clean_text, corrupt_text, metric="loss", residual=False)  # answer: the clean top token
         outputs["attnlab patch"] = torch.tensor([row.metric for row in found.heads]).view(
-            -1, lm.head_mask_shapes["self"][1]
+            -1, model.head_mask_shapes()["self"][1]
         )
 
     def importance() -> None:
-        outputs["attnlab importance"] = lm.head_importance(tokens)
+        outputs["attnlab importance"] = head_importance(NextTokenProbe.of_ids(loaded, tokens))["self"]
 
     def generate() -> None:
         generate_continuations(model, tokens.tolist(), eos_id=eos, banned=(eos,), options=options)
