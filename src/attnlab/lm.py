@@ -12,6 +12,7 @@
     with attnlab.masking_heads(lm.model, xi):
         lm("When Mary and John went to the store", return_type="loss")
     lm.importance("texts.txt")[:5]                   # the five heads that matter most on a text file
+    lm.head_importance(ids)                          # (layers, heads) I_h on a (B, T) batch of ids
 
 :class:`LanguageModel` wraps what :func:`attnlab.pretrained.sources.open_model` opens (a
 :class:`attnlab.run.loaded.LoadedRun`): the tokenizer, the model, and the task that says how a text
@@ -32,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab.analysis.heads import ImportanceRow, importance
+from attnlab.analysis.heads import ImportanceRow, head_importance, importance
 from attnlab.analysis.lm_probe import NextTokenProbe
 from attnlab.devices import model_device
 from attnlab.errors import UsageError
@@ -247,6 +248,28 @@ class LanguageModel:
         (``attnlab heads importance RUN --texts FILE``)."""
         probe = NextTokenProbe(self.loaded, texts, batch_size=batch_size)
         return sorted(importance(probe), key=lambda row: -row.importance)
+
+    def head_importance(self, ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """Michel et al.'s I_h = E_x |dL(x)/dxi_h| for every head on a batch of token ids, in one
+        forward and one backward pass (only dL/dxi is computed; no task, no texts file).
+
+        L(x) is each row's mean next-token loss over its real tokens, E_x the mean over the rows,
+        xi = 1 on the run's held heads' mask (:func:`attnlab.analysis.heads.head_importance`, the
+        same computation as :meth:`importance` and ``attnlab heads importance``).
+
+        Args:
+            ids: (B, T) token ids as the model reads them (:meth:`tokenize`; a BOS first where
+                the model wants one).
+            attention_mask: (B, T), 1 or True at real tokens (padding on either side); default all.
+
+        Returns:
+            (layers, heads) float64 scores on the CPU; ``[layer, head]`` as in :meth:`head_mask`.
+        """
+        probe = NextTokenProbe.of_ids(self.loaded, ids, attention_mask)
+        scores = head_importance(probe)
+        if len(scores) != 1:
+            raise UsageError(f"head_importance: a model of one kind of heads is needed, this one has {sorted(scores)}")
+        return next(iter(scores.values()))
 
     # ---- where and how it runs ------------------------------------------------------------------------
 

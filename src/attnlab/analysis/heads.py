@@ -56,6 +56,7 @@ __all__ = [
     "ablation_of",
     "ImportanceRow",
     "importance",
+    "head_importance",
     "importance_point",
     "importance_zeros",
     "importance_sums",
@@ -300,12 +301,26 @@ def importance(
     kinds: Sequence[str] | None = None,
     progress: Any = None,
 ) -> list[ImportanceRow]:
+    """I_h = E_x |dL(x)/dxi_h| at xi = 1 for the mask xi * b, one row per head (:func:`head_importance`).
+
+    With ``normalize_per_layer`` each layer's scores are divided by their l2 norm (Michel et al.).
+    ``base_mask`` and ``progress``: as :func:`head_importance`.
+    """
+    scores = head_importance(probe, base_mask=base_mask, progress=progress)  # means: one "example" each
+    return importance_rows(probe.model, scores, 1, normalize_per_layer=normalize_per_layer, kinds=kinds)
+
+
+def head_importance(probe: HeadProbe, *, base_mask: HeadMask | None = None, progress: Any = None) -> dict[str, Tensor]:
     """I_h = E_x |dL(x)/dxi_h| at xi = 1 for the mask xi * b, one forward+backward per batch.
 
     b is ``base_mask``, by default the probe's (the run's held heads). A head with b_h = 0 (held,
     or already pruned) scores dL/dxi_h = b_h dL/dm_h = 0; the others get Michel's score at the
-    point b. With ``normalize_per_layer`` each layer's scores are divided by their l2 norm
-    (Michel et al.). ``progress``, if given, is called once per batch.
+    point b. Only dL/dxi is computed: the parameters are taken out of the graph for the pass (no
+    weight gradient is formed, and the forward keeps only what the backward to xi needs).
+    ``progress``, if given, is called once per batch.
+
+    Returns:
+        head-mask kind -> (layers, heads) float64 scores on the CPU (the mean over the examples).
     """
     tick = progress or (lambda: None)
     point = importance_point(probe, base_mask)
@@ -316,7 +331,7 @@ def importance(
             totals[kind] += total
         examples += _batch_rows(batch)
         tick()
-    return importance_rows(probe.model, totals, examples, normalize_per_layer=normalize_per_layer, kinds=kinds)
+    return {kind: total / max(1, examples) for kind, total in totals.items()}
 
 
 def importance_point(probe: HeadProbe, base_mask: HeadMask | None = None) -> HeadMask:
@@ -341,8 +356,9 @@ def importance_sums(probe: HeadProbe, batch: Any, point: HeadMask) -> dict[str, 
     xi = {
         kind: torch.ones(rows, *shape, device=point[kind].device, requires_grad=True) for kind, shape in shapes.items()
     }
-    losses = probe.example_losses(batch, {kind: xi[kind] * point[kind] for kind in shapes})
-    grads = torch.autograd.grad(losses.sum(), list(xi.values()))
+    with _frozen(probe.model):  # only dL/dxi: no weight gradient formed, less kept by the forward
+        losses = probe.example_losses(batch, {kind: xi[kind] * point[kind] for kind in shapes})
+        grads = torch.autograd.grad(losses.sum(), list(xi.values()))
     return {kind: grad.detach().abs().double().sum(0).cpu() for kind, grad in zip(xi, grads)}
 
 
@@ -361,6 +377,19 @@ def importance_rows(
     return [
         ImportanceRow(h.kind, h.layer, h.head, float(scores[h.kind][h.layer, h.head])) for h in head_ids(model, kinds)
     ]
+
+
+@contextmanager
+def _frozen(model: torch.nn.Module) -> Iterator[None]:
+    """The model's parameters with ``requires_grad`` off inside the block, as they were after it."""
+    wanted = [p for p in model.parameters() if p.requires_grad]
+    for parameter in wanted:
+        parameter.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for parameter in wanted:
+            parameter.requires_grad_(True)
 
 
 def _batch_rows(batch: Any) -> int:

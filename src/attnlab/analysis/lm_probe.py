@@ -93,15 +93,20 @@ def check_language_model_run(loaded: LoadedRun, what: str) -> None:
 
 
 def _next_token_nll(logits: Tensor, batch: TextBatch) -> tuple[Tensor, Tensor]:
-    """-log p(x_t | x_{<t}) at every position t >= 2 and whether x_t is a real token.
+    """-log p(x_t | x_{<t}) at every position t >= 2 and whether it is predicted: x_t and x_{t-1}
+    are both real tokens (padding on either side). The targets are shifted, not the logits, so the
+    (B, T, V) logits are read in place (no copy of the largest tensor of the pass).
 
     Shape:
-        logits: (B, T, V);  returns (B, T-1) float and (B, T-1) bool.
+        logits: (B, T, V);  returns (B, T-1) float (0 where not predicted) and (B, T-1) bool.
     """
-    targets = batch.tokens[:, 1:]
-    nll = F.cross_entropy(logits[:, :-1].transpose(1, 2), targets, reduction="none")  # (B, T-1)
-    real = batch.is_token[:, 1:]
-    return nll.masked_fill(~real, 0.0), real
+    rows, width, vocabulary = logits.shape
+    real = batch.is_token[:, 1:] & batch.is_token[:, :-1]
+    targets = F.pad(
+        batch.tokens[:, 1:].masked_fill(~real, -100), (0, 1), value=-100
+    )  # (B, T); the last predicts nothing
+    nll = F.cross_entropy(logits.reshape(rows * width, vocabulary), targets.reshape(-1), reduction="none")
+    return nll.view(rows, width)[:, :-1], real
 
 
 @dataclass(frozen=True)
@@ -239,6 +244,55 @@ class NextTokenProbe(NextTokenLoss):
         self.texts, self.tokens = len(rows), sum(len(text) - 1 for text in rows)
         rows.sort(key=len)  # little padding, a fixed order (the sort is stable)
         self._batches = [self.batch(rows[start : start + batch_size]) for start in range(0, len(rows), batch_size)]
+
+    @classmethod
+    def of_ids(
+        cls,
+        loaded: LoadedRun,
+        tokens: Tensor,
+        is_token: Tensor | None = None,
+        *,
+        base_mask: HeadMask | None = None,
+    ) -> NextTokenProbe:
+        """The probe of one batch of token ids, as the model reads them (no task, no file).
+
+        Args:
+            loaded: a language model run of text (task ``lm`` or ``pretrained_lm``).
+            tokens: (B, T) ids (a BOS first where the model wants one: ``LanguageModel.tokenize``).
+            is_token: (B, T), True (or 1) at real tokens, padding on either side; default all real.
+            base_mask: as in the constructor.
+
+        Raises:
+            UsageError: the run is not a language model's, ``tokens`` is not a (B, T) integer
+            tensor, ``is_token`` has another shape, an id is outside the vocabulary, T exceeds the
+            context, or a row has fewer than two real tokens (nothing to predict).
+        """
+        check_language_model_run(loaded, "importance from token ids (next-token loss)")
+        if tokens.dim() != 2 or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+            raise UsageError(f"ids: a (B, T) integer tensor is needed, got {tuple(tokens.shape)} {tokens.dtype}")
+        if is_token is None:
+            is_token = torch.ones_like(tokens, dtype=torch.bool)
+        if is_token.shape != tokens.shape:
+            raise UsageError(
+                f"attention_mask: shape {tuple(is_token.shape)} differs from the ids' {tuple(tokens.shape)}"
+            )
+        is_token = is_token.bool()
+        vocabulary = loaded.model.config.vocab_size
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocabulary):
+            raise UsageError(
+                f"ids: every id must lie in [0, {vocabulary}), got {int(tokens.min())}..{int(tokens.max())}"
+            )
+        probe = cls.__new__(cls)
+        NextTokenLoss.__init__(probe, loaded, base_mask=base_mask)
+        probe.batch_size = len(tokens)
+        if tokens.shape[1] > probe.context:
+            raise UsageError(f"ids: {tokens.shape[1]} positions, more than the model's context of {probe.context}")
+        predicted = (is_token[:, 1:] & is_token[:, :-1]).sum(1)
+        if len(tokens) == 0 or bool((predicted == 0).any()):
+            raise UsageError("ids: every row needs two real tokens or more (a next token to predict)")
+        probe.texts, probe.tokens, probe.skipped, probe.truncated = len(tokens), int(predicted.sum()), 0, 0
+        probe._batches = [_to(TextBatch(tokens, is_token), model_device(probe.model))]
+        return probe
 
     def batches(self) -> Iterator[TextBatch]:
         return iter(self._batches)

@@ -14,6 +14,8 @@ Timings are never asserted in tests: speed depends on the machine and its load.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
 import os
 import platform
@@ -36,6 +38,7 @@ __all__ = [
     "machine_info",
     "format_table",
     "hf_greedy_generate",
+    "peak_rss_growth",
 ]
 
 MIN_REPEATS = 5
@@ -184,3 +187,40 @@ def hf_greedy_generate(model: Any, tokens: Any, new_tokens: int, **token_ids: in
         use_cache=True,
         **token_ids,
     )
+
+
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+
+
+def peak_rss_growth(run: Callable[[], object]) -> int | None:
+    """The peak resident set size during ``run()`` above the RSS before it, in bytes; None where
+    Linux's ``/proc/self/clear_refs`` (which restarts the high-water mark) or glibc is missing.
+
+    Every allocation of 128 KiB or more is mapped on its own from the first call on (glibc's mmap
+    threshold fixed, and the heap's free pages returned before each run), so that a tensor freed
+    before the call is not resident, and one freed during it leaves the RSS: the growth is what
+    the call itself holds at its peak. The setting stays for the rest of the process: measure
+    memory after the timings.
+    """
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    libc.mallopt(_M_MMAP_THRESHOLD, 128 * 1024)
+    libc.malloc_trim(0)
+    try:
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")
+    except OSError:
+        return None
+    before = _status_bytes("VmRSS")
+    run()
+    return max(0, _status_bytes("VmHWM") - before)
+
+
+def _status_bytes(field: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/self/status has no {field}")

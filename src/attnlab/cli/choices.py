@@ -52,6 +52,7 @@ class Benchmark(str, Enum):
     lm = "lm"
     hf = "hf"
     sweep = "sweep"
+    tl = "tl"
     all = "all"
 
 

@@ -308,8 +308,14 @@ class _Handler:
         for edit in self.edits:
             x = edit(x)
         if self.record:
-            self.cache[self.site.name] = x.detach() if self.detach else x
+            self.cache[self.site.name] = _own(x.detach() if self.detach else x)
         return x
+
+
+def _own(x: Tensor) -> Tensor:
+    """``x``, or a copy of it where it is a view into a larger buffer (``v`` of the fused q|k|v
+    projection): a cached site keeps alive its own bytes only, never the buffer around it."""
+    return x.clone() if x.untyped_storage().nbytes() > x.numel() * x.element_size() else x
 
 
 class Trace:
