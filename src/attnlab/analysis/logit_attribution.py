@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab.analysis.maps import language_model_prompt
+from attnlab.analysis.maps import answer_token, language_model_prompt
 from attnlab.devices import model_device
 from attnlab.errors import UsageError
 from attnlab.nn import masking_heads
@@ -57,7 +57,6 @@ __all__ = [
     "HeadContribution",
     "LayerContribution",
     "Attribution",
-    "answer_token",
     "direct_logit_attribution",
     "LensRow",
     "LogitLens",
@@ -245,19 +244,6 @@ def _run(loaded: LoadedRun, text: str, sites: dict[str, bool]) -> tuple[list[int
         for remove in removers:
             remove()
     return ids, seen, logits
-
-
-def answer_token(loaded: LoadedRun, text: str, flag: str) -> int:
-    """The id of ``text`` where it is one token, read without the model's framing (no BOS).
-
-    Raises:
-        UsageError: naming ``flag``, the text and its tokens, where it is not one token.
-    """
-    ids = loaded.tokenizer.encode(text) if loaded.tokenizer is not None else loaded.codec.encode(text)
-    if len(ids) != 1:
-        shown = " ".join(repr(t) for t in loaded.codec.tokens(ids))
-        raise UsageError(f"{flag}: {text!r} is {len(ids)} tokens ({shown}); give text that is one token")
-    return ids[0]
 
 
 def _stack(loaded: LoadedRun) -> tuple[str, nn.Module]:

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from attnlab.devices import model_device
+from attnlab.errors import UsageError
 from attnlab.generate.search import DecodeOptions, decode, generate_continuations
 from attnlab.head_ids import HeadId, heads_off
 from attnlab.nn import AttentionRecord, capture, masking_heads
@@ -110,6 +111,26 @@ def language_model_prompt(loaded: LoadedRun, text: str) -> list[int]:
     context = config.max_len if task.generation_context is None else min(task.generation_context, config.max_len)
     check_input_tokens(len(ids), context=context)
     return ids
+
+
+def continuation_ids(loaded: LoadedRun, text: str) -> list[int]:
+    """The ids of ``text`` read as a continuation of a prompt: without the model's framing (no
+    BOS where the model puts one before a prompt)."""
+    return loaded.tokenizer.encode(text) if loaded.tokenizer is not None else loaded.codec.encode(text)
+
+
+def answer_token(loaded: LoadedRun, text: str, flag: str) -> int:
+    """The id of ``text`` where it is one token as a continuation (:func:`continuation_ids`): an
+    answer whose logit is measured.
+
+    Raises:
+        UsageError: naming ``flag``, the text and its tokens, where it is not one token.
+    """
+    ids = continuation_ids(loaded, text)
+    if len(ids) != 1:
+        shown = " ".join(repr(t) for t in loaded.codec.tokens(ids))
+        raise UsageError(f"{flag}: {text!r} is {len(ids)} tokens ({shown}); give text that is one token")
+    return ids[0]
 
 
 def _seq2seq_view(

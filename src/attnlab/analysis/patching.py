@@ -60,7 +60,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab.analysis.maps import language_model_prompt  # the prompt `attnlab attention` reads
+from attnlab.analysis.maps import (  # the prompt `attnlab attention` reads, an answer as a continuation
+    answer_token,
+    continuation_ids,
+    language_model_prompt,
+)
 from attnlab.devices import model_device
 from attnlab.errors import UsageError
 from attnlab.nn.hooks import Site, model_sites, resolve_sites, trace
@@ -242,20 +246,12 @@ def runner_of(loaded: LoadedRun, flag: str = "RUN") -> Runner:
 # ---- a language model's named metrics -------------------------------------------------------------
 
 
-def _one_token(loaded: LoadedRun, text: str, flag: str) -> int:
-    ids = loaded.codec.encode(text)
-    if len(ids) != 1:
-        shown = " ".join(repr(t) for t in loaded.codec.tokens(ids))
-        raise UsageError(f"{flag}: {text!r} is {len(ids)} tokens ({shown}); give text that is one token")
-    return ids[0]
-
-
 def _answer_tokens(loaded: LoadedRun, metric: str, answer: str | None) -> list[int]:
     """The answer's tokens that ``logprob`` reads teacher-forced (none for the other metrics, or
     without an answer: the clean run's top next token then)."""
     if metric != "logprob" or answer is None:
         return []
-    ids = loaded.codec.encode(answer)
+    ids = continuation_ids(loaded, answer)
     if not ids:
         raise UsageError(f"--answer: {answer!r} is no token; give the text whose log-probability is measured")
     return ids
@@ -292,10 +288,10 @@ def _lm_measure(
             return last.gather(-1, index.expand(out.shape[0], n).unsqueeze(-1)).squeeze(-1).sum(-1)
 
         return logprob, f"log p({shown}) after the prompt, teacher-forced ({n} tokens)"
-    good = _one_token(loaded, answer, "--answer") if answer is not None else int(clean[0, -1].argmax())
+    good = answer_token(loaded, answer, "--answer") if answer is not None else int(clean[0, -1].argmax())
     if metric in ("loss", "logprob"):
         return lambda out: _log_probs(out[:, -1])[:, good], f"log p({label(good)}) at the last position"
-    bad = _one_token(loaded, wrong, "--wrong") if wrong is not None else int(corrupt[0, -1].argmax())
+    bad = answer_token(loaded, wrong, "--wrong") if wrong is not None else int(corrupt[0, -1].argmax())
     if bad == good:
         raise UsageError(
             f"--answer/--wrong: the clean and the corrupt input both lead to {label(good)}; give two different "

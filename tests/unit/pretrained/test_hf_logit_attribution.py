@@ -11,6 +11,7 @@ import torch
 
 from attnlab.analysis.detectors import detect_heads
 from attnlab.analysis.logit_attribution import direct_logit_attribution, logit_lens
+from attnlab.analysis.maps import answer_token, continuation_ids
 from attnlab.nn import trace
 from attnlab.pretrained.sources import open_model
 from tests.unit.pretrained.tiny_hf import LAYERS, SIZES, TEXTS, build
@@ -110,3 +111,11 @@ def test_every_head_is_scored(loaded) -> None:  # noqa: ANN001
     for row in detection.rows:
         for name in ("previous_token", "duplicate_token", "induction", "bos", "positional"):
             assert 0.0 <= getattr(row, name) <= 1.0 + 1e-9
+
+
+def test_an_answer_is_read_as_a_continuation_without_the_models_bos(loaded) -> None:  # noqa: ANN001
+    """Patching's and attribution's --answer: one token of the vocabulary on every family, also
+    where the model puts a BOS before a prompt (which once made every answer two tokens)."""
+    answer, wrong = _answers(loaded)
+    assert answer_token(loaded, answer, "--answer") == vocabulary_id(loaded, answer)
+    assert continuation_ids(loaded, answer + wrong) == [vocabulary_id(loaded, answer), vocabulary_id(loaded, wrong)]
