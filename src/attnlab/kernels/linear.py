@@ -243,7 +243,7 @@ def _few_rows(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     needed and it is built; ``F.linear`` otherwise."""
     if (
         _few_rows_runs(x, weight)
-        and _few_rows_layout(weight)
+        and weight.is_contiguous()
         and (bias is None or bias.is_contiguous())
         and not native.gradient_wanted(x, weight, bias)
         and not torch.is_autocast_enabled("cpu")
@@ -255,15 +255,8 @@ def _few_rows(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 
 def _few_rows_unchecked(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """:func:`attnlab.kernels.native.few_rows_linear` for a call whose class :func:`_linear_applies`
-    already took (float32 or bfloat16 CPU, no gradient, W contiguous or transposed, b contiguous, the
-    kernels built)."""
+    already took (float32 or bfloat16 CPU, no gradient, W and b contiguous, the kernels built)."""
     return torch.ops.attnlab.few_rows_linear(native._rows(x), weight, bias).view(*x.shape[:-1], weight.shape[0])
-
-
-def _few_rows_layout(weight: Tensor) -> bool:
-    """W as the few-rows kernel reads it: contiguous (d_out, d_in), or the transposed view of a contiguous
-    (d_in, d_out), as GPT-2's Conv1D maps store W^T and the model reads it in place."""
-    return weight.is_contiguous() or weight.t().is_contiguous()
 
 
 def _owner(weight: Tensor) -> Tensor:
@@ -347,8 +340,6 @@ class MeasuredLinear:
         key = ("linear", calibration.bucket(rows), weight.shape, bias is None, grad)
         if weight.dtype != torch.float32:
             key = (*key, str(weight.dtype).removeprefix("torch."))
-        if not weight.is_contiguous():  # W^T stored (GPT-2's maps): another read of memory, measured apart
-            key = (*key, "transposed")
         name = calibration.chosen(key)
         if name is None or not _linear_applies(name, rows, weight, bias, grad):
             names = [each for each in self._kernels if _linear_applies(each, rows, weight, bias, grad)]
@@ -381,7 +372,7 @@ def _linear_applies(name: str, rows: int, weight: Tensor, bias: Tensor | None, g
         return (
             0 < rows < MIN_ONEDNN_ROWS
             and not grad
-            and _few_rows_layout(weight)
+            and weight.is_contiguous()
             and (bias is None or bias.is_contiguous())
             and native.available()
         )

@@ -684,8 +684,7 @@ def few_rows_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 
     Args:
         x: the inputs.
-        weight: W, contiguous, or the transposed view of a contiguous W^T (GPT-2's maps store W^T:
-            the kernel then streams W^T's rows by panels of columns).
+        weight: W, contiguous.
         bias: b, contiguous, or None.
 
     Shape:

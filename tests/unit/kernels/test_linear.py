@@ -386,37 +386,6 @@ def test_a_bfloat16_map_of_few_rows_is_measured_between_the_few_rows_kernel_and_
     assert len(bf16_keys) == (1 if few else 0)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_transposed_weight_of_few_rows_is_measured_apart_and_read_in_place(monkeypatch, tmp_path, dtype):
-    """GPT-2's maps keep W^T: a map whose W is the transposed view of a contiguous tensor is
-    offered the few-rows kernel (which reads W^T in place) and aten, under a class of its own."""
-    monkeypatch.setenv("ATTNLAB_CALIBRATE", "1")
-    monkeypatch.setenv("ATTNLAB_CALIBRATION_DIR", str(tmp_path))
-    calibration.forget()
-    offered = []
-
-    def pick(candidates, tie=None):  # noqa: ANN001, ANN202
-        offered.append(list(candidates))
-        return list(candidates)[0]
-
-    monkeypatch.setattr(calibration, "measure", pick)
-    g = torch.Generator().manual_seed(4)
-    stored = torch.randn(48, 40, generator=g).to(dtype)  # W^T (d_in, d_out), as Conv1D stores it
-    weight, bias = stored.T, torch.randn(40, generator=g).to(dtype)
-    kernel = MeasuredLinear()
-    with torch.no_grad():
-        x = torch.randn(1, 48, generator=g).to(dtype)
-        out = kernel(x, weight, bias)
-        kernel(x, weight.contiguous(), bias)
-    expected = F.linear(x.double(), weight.double(), bias.double())
-    tolerance = {"rtol": 2**-7, "atol": 1e-3} if dtype == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-5}
-    torch.testing.assert_close(out.double(), expected, **tolerance)
-    if not calibration.native.available():
-        return
-    assert offered == [["few_rows", "aten"], ["few_rows", "aten"]]  # the two layouts, measured apart
-    assert sum(key[-1] == "transposed" for key in calibration.CHOICES) == 1
-
-
 @needs_onednn
 def test_models_with_either_kernel_agree_and_share_state_dict_keys(monkeypatch):
     """The kernel is how the maps are computed, not what they are: one state dict loads into
