@@ -29,7 +29,7 @@ import ctypes.util
 import os
 import platform
 
-__all__ = ["keep_freed_memory", "release_freed_memory", "MMAP_THRESHOLD", "TRIM_THRESHOLD"]
+__all__ = ["keep_freed_memory", "map_allocations_from", "release_freed_memory", "MMAP_THRESHOLD", "TRIM_THRESHOLD"]
 
 _M_TRIM_THRESHOLD = -1  # mallopt parameters, from glibc's <malloc.h>
 _M_MMAP_THRESHOLD = -3
@@ -44,12 +44,23 @@ TRIM_THRESHOLD = 2**31 - 1
 def keep_freed_memory() -> bool:
     """Ask glibc's malloc to keep freed memory for reuse. Returns whether it took both settings
     (False where the C library is not glibc, which has no such thresholds)."""
+    return _mallopt((_M_MMAP_THRESHOLD, MMAP_THRESHOLD), (_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+
+
+def map_allocations_from(size: int) -> bool:
+    """Ask glibc's malloc to map every block of ``size`` bytes or more on its own, so that freeing
+    it returns it to the system at once (what a measurement of peak memory wants; the opposite of
+    :func:`keep_freed_memory`). Returns whether it took the setting (False off glibc)."""
+    return _mallopt((_M_MMAP_THRESHOLD, size))
+
+
+def _mallopt(*settings: tuple[int, int]) -> bool:
+    """glibc's ``mallopt`` for each (parameter, value) in turn; whether every one took."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    mallopt = libc.mallopt
+    mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
+    return all(mallopt(parameter, value) == 1 for parameter, value in settings)
 
 
 def release_freed_memory() -> bool:

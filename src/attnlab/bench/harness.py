@@ -14,8 +14,6 @@ Timings are never asserted in tests: speed depends on the machine and its load.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import json
 import os
 import platform
@@ -27,6 +25,7 @@ from typing import Any
 
 import torch
 
+from attnlab import runtime
 from attnlab.kernels import calibration, native
 from attnlab.kernels.linear import linear_setting
 
@@ -189,9 +188,6 @@ def hf_greedy_generate(model: Any, tokens: Any, new_tokens: int, **token_ids: in
     )
 
 
-_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-
-
 def peak_rss_growth(run: Callable[[], object]) -> int | None:
     """The peak resident set size during ``run()`` above the RSS before it, in bytes; None where
     Linux's ``/proc/self/clear_refs`` (which restarts the high-water mark) or glibc is missing.
@@ -202,12 +198,9 @@ def peak_rss_growth(run: Callable[[], object]) -> int | None:
     the call itself holds at its peak. The setting stays for the rest of the process: measure
     memory after the timings.
     """
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    if not runtime.map_allocations_from(128 * 1024):
         return None
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    libc.mallopt(_M_MMAP_THRESHOLD, 128 * 1024)
-    libc.malloc_trim(0)
+    runtime.release_freed_memory()
     try:
         with open("/proc/self/clear_refs", "w") as clear:
             clear.write("5")

@@ -31,7 +31,33 @@ class StreamPosition:
     index: int = 0
 
 
-class BatchStream:
+def _check_batch_size(batch_size: int, dist: DistInfo) -> None:
+    """Refuse a global batch of fewer rows than processes (one would train on nothing)."""
+    if batch_size < dist.world_size:
+        raise ConfigError(f"train.batch_size={batch_size} is smaller than the {dist.world_size} processes")
+
+
+class _Stream:
+    """What every stream shares: its position, which is all a resume restores, and this process's
+    rows of a global batch."""
+
+    dist: DistInfo
+    position: StreamPosition
+
+    def _own_rows(self, batch: Batch) -> Batch:
+        """Every process draws the same global batch and keeps rows rank, rank + N, ..."""
+        if not self.dist.enabled:
+            return batch
+        return rows_of(batch, slice(self.dist.rank, None, self.dist.world_size))
+
+    def state(self) -> dict[str, int]:
+        return {"epoch": self.position.epoch, "index": self.position.index}
+
+    def restore(self, state: Mapping[str, int]) -> None:
+        self.position = StreamPosition(int(state["epoch"]), int(state["index"]))
+
+
+class BatchStream(_Stream):
     """Endless training batches: epoch after epoch, each shuffled by (seed, epoch).
 
     ``position`` (epoch, batch index) is all it takes to continue exactly where a run stopped.
@@ -53,8 +79,7 @@ class BatchStream:
     ) -> None:
         if not examples:
             raise ConfigError("the task's train split is empty: nothing to train on")
-        if batch_size < dist.world_size:
-            raise ConfigError(f"train.batch_size={batch_size} is smaller than the {dist.world_size} processes")
+        _check_batch_size(batch_size, dist)
         self._examples = list(examples)
         self._options = dict(
             pad_id=pad_id, bos_id=bos_id, eos_id=eos_id, seed=seed, max_length=max_length, truncate=truncate
@@ -77,15 +102,7 @@ class BatchStream:
             self.position = StreamPosition(self.position.epoch + 1, 0)
         batch = self._batches(self.position.epoch)[self.position.index]
         self.position = StreamPosition(self.position.epoch, self.position.index + 1)
-        if not self.dist.enabled:
-            return batch
-        return rows_of(batch, slice(self.dist.rank, None, self.dist.world_size))
-
-    def state(self) -> dict[str, int]:
-        return {"epoch": self.position.epoch, "index": self.position.index}
-
-    def restore(self, state: Mapping[str, int]) -> None:
-        self.position = StreamPosition(int(state["epoch"]), int(state["index"]))
+        return self._own_rows(batch)
 
 
 class FreshTask(Protocol):
@@ -94,7 +111,7 @@ class FreshTask(Protocol):
     def fresh_train(self, rng: random.Random, size: int) -> list[Example]: ...
 
 
-class FreshStream:
+class FreshStream(_Stream):
     """Endless training batches, each drawn afresh from the task (Delétang et al. 2023: no fixed
     training set): batch i is ``task.fresh_train(Random(f"{seed}:fresh:{i}"), batch_size)``.
 
@@ -116,8 +133,7 @@ class FreshStream:
         truncate: bool,
         dist: DistInfo,
     ) -> None:
-        if batch_size < dist.world_size:
-            raise ConfigError(f"train.batch_size={batch_size} is smaller than the {dist.world_size} processes")
+        _check_batch_size(batch_size, dist)
         self.task, self.batch_size, self.dist, self.seed = task, batch_size, dist, seed
         self._ids = dict(pad_id=pad_id, bos_id=bos_id, eos_id=eos_id)
         self._fit: dict[str, Any] = dict(max_length=max_length, truncate=truncate, eos_id=eos_id)
@@ -131,12 +147,4 @@ class FreshStream:
             examples = fit_length(examples, **self._fit)
         batch = collate(examples, **self._ids)
         self.position = StreamPosition(0, self.position.index + 1)
-        if not self.dist.enabled:
-            return batch
-        return rows_of(batch, slice(self.dist.rank, None, self.dist.world_size))
-
-    def state(self) -> dict[str, int]:
-        return {"epoch": self.position.epoch, "index": self.position.index}
-
-    def restore(self, state: Mapping[str, int]) -> None:
-        self.position = StreamPosition(int(state["epoch"]), int(state["index"]))
+        return self._own_rows(batch)
