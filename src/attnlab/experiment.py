@@ -150,9 +150,10 @@ class TrainConfig:
             evaluation (during training, at the end, ``attnlab eval``) places each sequence's tokens
             at a sorted random subset of [0, M) as training does with ``model.randomized_positions
             = M`` (Ruoss et al. 2023), drawn from a generator seeded from ``seed`` and the split's
-            name, never from the training generator: training, and a resume, are unchanged. Needs
-            ``model.randomized_positions``, and a model that reads each sequence in one pass (not
-            ``encoder_decoder``, which generates with a cache).
+            name, never from the training generator: training, and a resume, are unchanged. An
+            encoder-decoder generates at the positions drawn for BOS + the reference output (the
+            output's length is given, as to Ruoss et al.'s model). Needs
+            ``model.randomized_positions``.
     """
 
     steps: int = 1000
@@ -356,18 +357,13 @@ class ExperimentConfig:
 
 def _check_eval_positions(train: TrainConfig, model: Mapping[str, Any]) -> None:
     """``train.eval_positions = "randomized"`` draws positions as training does: only for a model
-    trained with randomized positions, read in one pass (a cached decoder keeps 0, 1, ...)."""
+    trained with randomized positions."""
     if train.eval_positions != "randomized":
         return
     if not model.get("randomized_positions"):
         raise ConfigError(
             'train.eval_positions: "randomized" draws positions as training does with model.randomized_positions '
             "= M, which this model does not set"
-        )
-    if model["kind"] == "encoder_decoder":
-        raise ConfigError(
-            'train.eval_positions: "randomized" needs a model that reads each sequence in one pass; an '
-            "encoder_decoder generates its output with a cache, whose positions are placed before its length is known"
         )
 
 

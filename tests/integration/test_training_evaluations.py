@@ -80,13 +80,10 @@ def test_randomized_evaluation_positions_change_the_evaluations_only_and_resume_
     ("model", "message"),
     [
         ({"randomized_positions": 0}, r"train.eval_positions: \"randomized\" draws positions as training does"),
-        ({"kind": "encoder_decoder"}, r"train.eval_positions: \"randomized\" needs a model that reads each sequence"),
     ],
 )
 def test_randomized_evaluation_positions_are_refused_where_they_cannot_apply(model, message):
     section = {**RANDOMIZED, "model": {**RANDOMIZED["model"], **model}}
-    if model.get("kind") == "encoder_decoder":
-        section["task"] = {"name": "reverse", "max_train_length": 8}
     with pytest.raises(ConfigError, match=f"^{message}"):
         _experiment(section, eval_positions="randomized")
     with pytest.raises(

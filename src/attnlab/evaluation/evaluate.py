@@ -15,7 +15,9 @@ positions (``model.randomized_positions = M``, Ruoss et al. 2023) is evaluated w
 as in training, a sorted random subset of [0, M) per sequence, from a generator of the sequence's
 own seeded from ``positions_seed``, the split's name and the sequence's tokens
 (:func:`attnlab.nn.models.drawing_positions`): the same positions at every evaluation and in any
-batch, and torch's global generator (the training one) is never drawn from.
+batch, and torch's global generator (the training one) is never drawn from. An encoder-decoder's
+generated output takes the positions drawn for BOS + the reference output, one per token written
+(:func:`attnlab.nn.models.planned_positions`; Ruoss et al.'s model is given the output's length).
 
 Recognition in the ``next_char`` formulation (a decoder-only model, batches with ``next_symbols``):
 ``accuracy`` is the share of strings whose every position predicts its next-symbol set exactly
@@ -48,7 +50,7 @@ from attnlab.evaluation.horizon import DEFAULT_THRESHOLD, binomial_se, horizon
 from attnlab.evaluation.objectives import FIRST_PREDICTED_ID, OBJECTIVES, next_symbol_targets
 from attnlab.generate.search import DecodeOptions, decode
 from attnlab.nn import masking_heads
-from attnlab.nn.models import drawing_positions
+from attnlab.nn.models import drawing_positions, planned_positions
 from attnlab.tasks.base import Example
 from attnlab.tasks.batching import Batch, make_batches
 from attnlab.tokenizers import Tokenizer
@@ -216,6 +218,7 @@ def _score_seq2seq(model: nn.Module, batch: Batch, context: _Context, acc: _Accu
         pad_id=task.pad_id,
         options=DecodeOptions(max_length=context.decode_limit),
         head_mask=context.head_mask,
+        positions=planned_positions(model, batch.tgt_in, task.pad_id),  # None unless randomized
     )
     predictions = [h.tokens for h in hypotheses]
     for p, r in zip(predictions, references):

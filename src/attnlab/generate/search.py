@@ -111,10 +111,14 @@ class Stepper(Protocol):
 class EncoderDecoderStepper:
     """Steps an :class:`EncoderDecoder` over one encoded source batch."""
 
-    def __init__(self, model: EncoderDecoder, src: Tensor, *, use_cache: bool) -> None:
+    def __init__(self, model: EncoderDecoder, src: Tensor, *, use_cache: bool, positions: Tensor | None = None) -> None:
         self.model = model
         self.memory: EncodedSource = model.encode(src)
         self.state = model.new_state() if use_cache else None
+        if positions is not None:
+            if self.state is None:
+                raise ValueError("positions: planned decoder positions need the KV cache (use_cache)")
+            self.state.positions = positions
 
     def next_logits(self, prefix: Tensor) -> Tensor:
         if self.state is None:
@@ -358,14 +362,20 @@ def decode(
     pad_id: int,
     options: DecodeOptions = DecodeOptions(),
     head_mask: HeadMask | None = None,
+    positions: Tensor | None = None,
 ) -> list[Hypothesis]:
     """Decode a padded batch of sources with an :class:`EncoderDecoder` (optionally with heads masked).
 
+    Args:
+        positions: the decoder's positions for BOS and the tokens it writes, in order
+            (randomized-position evaluation, :func:`attnlab.nn.models.planned_positions`);
+            default 0, 1, ...
+
     Shape:
-        src: (B, T_src), padded with ``pad_id``.
+        src: (B, T_src), padded with ``pad_id``;  positions: (B, T_p).
     """
     with _evaluation_mode(model), masking_heads(model, head_mask):
-        stepper = EncoderDecoderStepper(model, src, use_cache=options.use_cache)
+        stepper = EncoderDecoderStepper(model, src, use_cache=options.use_cache, positions=positions)
         prefix = torch.full((src.shape[0], 1), bos_id, dtype=torch.long, device=src.device)
         return _search(stepper, prefix, eos_id=eos_id, banned=(pad_id, bos_id), options=options)
 

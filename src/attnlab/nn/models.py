@@ -65,6 +65,7 @@ __all__ = [
     "build_model_to_load",
     "build_model",
     "drawing_positions",
+    "planned_positions",
     "mean_pool",
     "optional_state_keys",
 ]
@@ -320,6 +321,8 @@ class Placement(NamedTuple):
 class PositionPlacer:
     """Which positions a stack's tokens take, chosen once from the config.
 
+    * with ``planned`` positions (a generating decoder in randomized-position evaluation,
+      :func:`planned_positions`): those, in order;
     * in training with ``randomized_positions = M`` (no cache): a sorted random subset of [0, M)
       per row (:func:`attnlab.nn.positional.randomized_positions`, Ruoss et al. 2023), for the
       embedding's table and for attention alike, drawn from torch's global generator; in
@@ -340,8 +343,18 @@ class PositionPlacer:
         self.seed: int | None = None  # set inside drawing_positions only
 
     def __call__(
-        self, keys_are_tokens: Tensor, new: int, *, training: bool, cached: bool, tokens: Tensor | None = None
+        self,
+        keys_are_tokens: Tensor,
+        new: int,
+        *,
+        training: bool,
+        cached: bool,
+        tokens: Tensor | None = None,
+        planned: Tensor | None = None,
     ) -> Placement:
+        if planned is not None:  # a generating decoder's planned positions, extended past their end
+            keys = _extended(planned, keys_are_tokens.shape[1], self.limit)  # (B, T_k)
+            return Placement(keys[:, -new:], keys, keys[:, -new:])
         if self.limit and not cached and training:
             sampled = randomized_positions(keys_are_tokens, self.limit)  # (B, T)
             return Placement(sampled, sampled, sampled)
@@ -371,14 +384,43 @@ class PositionPlacer:
         return torch.cat(rows)
 
 
+def _extended(planned: Tensor, length: int, limit: int) -> Tensor:
+    """The first ``length`` columns of ``planned`` (B, T_p); past its end, one more than the last
+    each step, capped at M - 1 (a generation running past the planned length)."""
+    if length <= planned.shape[1]:
+        return planned[:, :length]
+    steps = torch.arange(1, length - planned.shape[1] + 1, device=planned.device)  # (extra,)
+    beyond = (planned[:, -1:] + steps).clamp(max=limit - 1)  # (B, extra)
+    return torch.cat([planned, beyond], dim=1)
+
+
+def planned_positions(model: nn.Module, tokens: Tensor, pad_id: int) -> Tensor | None:
+    """The positions an encoder-decoder's decoder gives ``tokens`` (B, T: BOS + an output) inside
+    :func:`drawing_positions`, as its forward pass without a cache draws them; None outside it.
+
+    Randomized-position evaluation of a decoder that generates (Ruoss et al. 2023 give their
+    non-autoregressive model the output's length |y|): the positions of BOS + the reference
+    output, drawn as for the teacher-forced pass, placed one per generated token (in
+    :attr:`DecodingState.positions`), so generation sees the training distribution of positions
+    for its output's length; a generation running past it continues one by one.
+
+    Shape:
+        tokens: (B, T);  returns (B, T) int64 or None.
+    """
+    place = getattr(getattr(model, "decoder", None), "_place", None)
+    if not isinstance(place, PositionPlacer) or place.seed is None or not place.limit:
+        return None
+    return place._drawn_per_row(tokens != pad_id, tokens, place.seed)
+
+
 @contextlib.contextmanager
 def drawing_positions(model: nn.Module, seed: int | None) -> Iterator[None]:
     """Inside the block, ``model`` in evaluation places its tokens as training does with
     ``randomized_positions = M``: a sorted random subset of [0, M) per sequence (Ruoss et al. 2023),
     drawn for each sequence from a generator seeded from ``seed`` and its tokens (the same sequence
     gets the same positions in any batch), never from torch's global generator, which stays
-    untouched. A decoder generating with a KV cache keeps 0, 1, ... (its length is unknown when its
-    first position is placed). None changes nothing.
+    untouched. A decoder generating with a KV cache takes the positions planned in its state
+    (:func:`planned_positions`), else 0, 1, ... None changes nothing.
 
     Raises:
         ValueError: naming ``randomized_positions`` when no stack of ``model`` draws positions.
@@ -501,10 +543,13 @@ class DecodingState:
     Attributes:
         layers: a :class:`KVCache` (decoder-only) or :class:`DecoderLayerCache` per layer.
         is_token: (B, T_k) bool over all keys seen so far, or None before the first step.
+        positions: (B, T_p) positions planned for the tokens to come (randomized-position evaluation
+            of a generating decoder, :func:`planned_positions`), or None for 0, 1, ...
     """
 
     layers: list[Any]
     is_token: Tensor | None = None
+    positions: Tensor | None = None
 
     def __len__(self) -> int:
         return 0 if self.is_token is None else self.is_token.shape[1]
@@ -520,6 +565,8 @@ class DecodingState:
             cache.reorder(index)
         if self.is_token is not None:
             self.is_token = self.is_token.index_select(0, index)
+        if self.positions is not None:
+            self.positions = self.positions.index_select(0, index)
 
 
 class EncodedSource(NamedTuple):
@@ -577,7 +624,12 @@ class Decoder(nn.Module):
         keys_are_tokens = is_token if state is None else state.advance(is_token)  # (B, T_k)
         self_mask = _key_padding(keys_are_tokens)
         place = self._place(
-            keys_are_tokens, tokens.shape[1], training=self.training, cached=state is not None, tokens=tokens
+            keys_are_tokens,
+            tokens.shape[1],
+            training=self.training,
+            cached=state is not None,
+            tokens=tokens,
+            planned=None if state is None else state.positions,
         )
         memory_mask = _key_padding(memory.is_token)
         y = self.embedding(tokens, offset, None, place.embedding)

@@ -77,8 +77,9 @@ def _randomized(kind: str, section: dict):  # noqa: ANN202
     [
         ("encoder_classifier", {"name": "parity", "max_train_length": 8, **SIZES}),
         ("decoder_only", {"name": "dyck1", "max_train_length": 8, "formulation": "next_char", **SIZES}),
+        ("encoder_decoder", {"name": "reverse", "max_train_length": 8, **SIZES}),
     ],
-    ids=["classifier", "next_char"],
+    ids=["classifier", "next_char", "generating"],
 )
 def test_randomized_evaluation_positions_come_from_their_own_generator(kind, section):
     """positions_seed draws positions as training does, from a generator of the evaluation's own:

@@ -17,6 +17,8 @@ from attnlab.nn import (
     DecoderOnlyConfig,
     EncoderClassifier,
     EncoderClassifierConfig,
+    EncoderDecoder,
+    EncoderDecoderConfig,
     build_model_to_load,
     sinusoidal_table,
 )
@@ -119,6 +121,34 @@ def test_training_draws_positions_and_evaluation_uses_0_to_t(
     assert not torch.allclose(trained, off(tokens))  # other positions than 0..T-1
     torch.manual_seed(9)
     torch.testing.assert_close(on(tokens), trained, rtol=0, atol=0)  # the same seed, the same draw
+
+
+@pytest.mark.parametrize("positional", RANDOMIZABLE)
+def test_a_generating_decoder_at_planned_positions_equals_its_teacher_forced_pass(positional: str) -> None:
+    """Randomized-position evaluation of an encoder-decoder: feeding BOS + the reference one token a
+    step through the KV cache at the positions planned for it gives, at every step, the logits of
+    the one-pass (teacher-forced) forward, which draws the same positions from the same tokens; and
+    they are not those of 0, 1, ... Past the planned length, positions go on one by one, capped at
+    M - 1."""
+    torch.manual_seed(3)
+    model = EncoderDecoder(EncoderDecoderConfig(**TINY, positional=positional, randomized_positions=40, max_len=48))
+    model = model.double().eval()
+    src, tgt_in = torch.randint(1, 13, (3, 7)), torch.randint(1, 13, (3, 9))
+    tgt_in[2, 6:] = 0  # a shorter reference, padded
+    with models_module.drawing_positions(model, 5):
+        planned = models_module.planned_positions(model, tgt_in, pad_id=0)
+        memory = model.encode(src)
+        teacher_forced = model.decode(tgt_in, memory)  # (B, T, V)
+        state = model.new_state()
+        state.positions = planned
+        stepped = torch.cat([model.decode(tgt_in[:, t : t + 1], memory, state=state) for t in range(9)], dim=1)
+    assert models_module.planned_positions(model, tgt_in, pad_id=0) is None  # outside the block
+    real = tgt_in != 0
+    torch.testing.assert_close(stepped[real], teacher_forced[real], rtol=1e-10, atol=1e-10)
+    assert not torch.allclose(teacher_forced, model.decode(tgt_in, model.encode(src)))
+    assert bool((planned[:, 1:6] > planned[:, :5]).all()) and int(planned.max()) < 40
+    beyond = models_module._extended(torch.tensor([[3, 30, 38]]), 6, 40)
+    assert beyond.tolist() == [[3, 30, 38, 39, 39, 39]]
 
 
 def test_m_below_the_longest_training_example_is_a_config_error() -> None:
