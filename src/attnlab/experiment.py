@@ -79,10 +79,12 @@ LOSSES = ("bce", "mse")
 
 SELECT_MODES = ("last", "best_valid")
 """``train.select``: the weights the final evaluation scores (:mod:`attnlab.training.selection`)."""
-EVAL_POSITIONS = ("consecutive", "randomized")
-"""How evaluations place tokens (``train.eval_positions``): ``consecutive`` 0, 1, ..., T - 1, or
+EVAL_POSITIONS = ("consecutive", "randomized", "as_trained")
+"""How evaluations place tokens (``train.eval_positions``): ``consecutive`` 0, 1, ..., T - 1;
 ``randomized``, drawn as training draws them with ``model.randomized_positions = M`` (Ruoss et al.
-2023), from a generator of the evaluation's own (:func:`attnlab.evaluation.evaluate`)."""
+2023), from a generator of the evaluation's own (:func:`attnlab.evaluation.evaluate`); or
+``as_trained``: randomized where the model was trained with randomized positions, else consecutive
+(one config for a grid over ``model.randomized_positions``, as the paper tests its models)."""
 
 MAX_THREADS = 1024
 """The most ``train.threads`` may ask for: more than the machine has is allowed (to repeat a run
@@ -146,14 +148,15 @@ class TrainConfig:
             accuracy over the evaluated steps (what Bhattamishra et al. report) to RUN/oracle.json
             and as ``oracle_accuracy`` beside each bin's final result, marked as selected on the
             test bins: optimistic, never the headline figure.
-        eval_positions: ``consecutive`` (0, 1, ..., T - 1, the default) or ``randomized``: every
+        eval_positions: ``consecutive`` (0, 1, ..., T - 1, the default), ``randomized``: every
             evaluation (during training, at the end, ``attnlab eval``) places each sequence's tokens
             at a sorted random subset of [0, M) as training does with ``model.randomized_positions
             = M`` (Ruoss et al. 2023), drawn from a generator seeded from ``seed`` and the split's
             name, never from the training generator: training, and a resume, are unchanged. An
             encoder-decoder generates at the positions drawn for BOS + the reference output (the
             output's length is given, as to Ruoss et al.'s model). Needs
-            ``model.randomized_positions``.
+            ``model.randomized_positions``. Or ``as_trained``: randomized for a model trained with
+            randomized positions, consecutive for one trained without.
     """
 
     steps: int = 1000
@@ -367,9 +370,13 @@ def _check_eval_positions(train: TrainConfig, model: Mapping[str, Any]) -> None:
         )
 
 
-def positions_seed(train: TrainConfig) -> int | None:
+def positions_seed(experiment: ExperimentConfig) -> int | None:
     """The seed evaluations draw randomized positions from (``train.seed``), or None for 0, 1, ..."""
-    return train.seed if train.eval_positions == "randomized" else None
+    train = experiment.train
+    randomized = train.eval_positions == "randomized" or (
+        train.eval_positions == "as_trained" and bool(experiment.model.get("randomized_positions"))
+    )
+    return train.seed if randomized else None
 
 
 def _check_task_section(task: Mapping[str, Any]) -> None:

@@ -76,6 +76,25 @@ def test_randomized_evaluation_positions_change_the_evaluations_only_and_resume_
     assert _evaluations(tmp_path / "resumed") == randomized
 
 
+def test_positions_as_trained_follow_the_model(tmp_path):
+    """``as_trained``: a model trained with randomized positions is evaluated with them (the same
+    evaluations as ``randomized``), one trained without at 0..T-1 (as ``consecutive``): one config
+    serves a grid over model.randomized_positions."""
+    shorter = {**RANDOMIZED, "train": {**RANDOMIZED["train"], "steps": 3}}
+    plain_model = {**shorter, "model": {**shorter["model"], "randomized_positions": 0}}
+    runs = {
+        name: _evaluations(train(_experiment(section, eval_positions=mode), tmp_path / name, progress=False) and
+                           tmp_path / name)
+        for name, section, mode in [("as_trained", shorter, "as_trained"), ("randomized", shorter, "randomized"),
+                                    ("plain_as_trained", plain_model, "as_trained"),
+                                    ("plain", plain_model, "consecutive")]
+    }  # fmt: skip
+    assert runs["as_trained"] == runs["randomized"]
+    assert runs["as_trained"][(3, "valid")]["positions"] == "randomized"
+    assert runs["plain_as_trained"] == runs["plain"]
+    assert "positions" not in runs["plain"][(3, "valid")]
+
+
 @pytest.mark.parametrize(
     ("model", "message"),
     [
@@ -87,7 +106,7 @@ def test_randomized_evaluation_positions_are_refused_where_they_cannot_apply(mod
     with pytest.raises(ConfigError, match=f"^{message}"):
         _experiment(section, eval_positions="randomized")
     with pytest.raises(
-        ConfigError, match=r"^train.eval_positions: unknown 'shuffled'; allowed: consecutive, randomized"
+        ConfigError, match=r"^train.eval_positions: unknown 'shuffled'; allowed: consecutive, randomized, as_trained"
     ):
         _experiment(RANDOMIZED, eval_positions="shuffled")
 

@@ -121,7 +121,7 @@ def evaluate_run(
         truncate=truncate,
         tokenizer=loaded.tokenizer,
         head_mask=loaded.held_mask(extra),
-        positions_seed=positions_seed(train),
+        positions_seed=positions_seed(loaded.experiment),
     )
     metrics = evaluate(loaded.model, loaded.task, split, progress=progress and not as_json, **options)
     if metrics["examples"] == 0:  # evaluate built the split once and found it empty

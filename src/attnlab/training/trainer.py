@@ -643,7 +643,7 @@ class _Trainer:
             tokenizer=self.tokenizer,
             device=self.device,
             head_mask=self.head_mask,
-            positions_seed=positions_seed(self.cfg),
+            positions_seed=positions_seed(self.experiment),
         )
 
     def _evaluate(self, split: str, *, fit: bool = False) -> dict[str, Any] | None:
