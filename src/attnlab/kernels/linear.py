@@ -42,6 +42,7 @@ from functools import cache
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from attnlab.errors import ConfigError
 from attnlab.kernels import calibration, native
@@ -163,12 +164,32 @@ class _Packed:
 
     owner: weakref.ref  # the parameter the weight is (or is a view of)
     data_ptr: int
-    version: int  # the weight's version counter: every in-place write (an optimizer step) bumps it
+    version: int  # the weight's version counter: most in-place writes bump it
     rows: int  # the row count of the last unpacked use: a second use with as many rows packs
     packed: Tensor | None  # None: not packed yet
+    steps: int = 0  # optimizer steps taken in this process when it was made (_OPTIMIZER_STEPS)
 
     def fits(self, owner: Tensor, weight: Tensor) -> bool:
-        return self.owner() is owner and self.data_ptr == weight.data_ptr() and self.version == weight._version
+        return (
+            self.owner() is owner
+            and self.data_ptr == weight.data_ptr()
+            and self.version == weight._version
+            and self.steps == _OPTIMIZER_STEPS[0]
+        )
+
+
+_OPTIMIZER_STEPS = [0]
+"""Optimizer steps taken in this process, by any torch optimizer. A packed copy made before the
+latest one is stale: PyTorch's fused Adam (``fused=True``, what the trainer runs) writes the
+parameters in place without bumping their version counters, so the counter alone let evaluations
+during training score the weights of an earlier evaluation."""
+
+
+def _count_optimizer_step(optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:  # noqa: ARG001
+    _OPTIMIZER_STEPS[0] += 1
+
+
+register_optimizer_step_post_hook(_count_optimizer_step)
 
 
 class OneDNNLinear:
@@ -177,9 +198,9 @@ class OneDNNLinear:
     whose casts apply to PyTorch's ops only (``train.precision = "bf16"`` must run bf16 GEMMs).
 
     Without gradients (evaluation, decoding) each weight is packed once into oneDNN's blocked
-    layout and the packed copy reused, as long as the weight is unchanged (the same tensor, storage
-    and version counter, which every in-place update such as an optimizer step or
-    ``load_state_dict`` bumps). Unpacked, oneDNN lays the weight out again on every call, which
+    layout and the packed copy reused, as long as the weight is unchanged: the same tensor, storage
+    and version counter (which in-place writes such as ``load_state_dict`` bump), and no optimizer
+    step since (a fused optimizer writes in place without bumping the counter). Unpacked, oneDNN lays the weight out again on every call, which
     slows decoding steps measurably (benchmarks/README.md). A weight is packed at its second use
     with as many rows as the use before, the sign of a repeated shape (decoding steps, batches of
     one size, a benchmark's repeats): a prompt read once at batch 1, or prompts of different
@@ -218,7 +239,9 @@ class OneDNNLinear:
         key = _key(owner, weight)
         entry = self._packed.get(key)
         if entry is None or not entry.fits(owner, weight):
-            self._packed[key] = _Packed(weakref.ref(owner), weight.data_ptr(), weight._version, rows, None)
+            self._packed[key] = _Packed(
+                weakref.ref(owner), weight.data_ptr(), weight._version, rows, None, _OPTIMIZER_STEPS[0]
+            )
             return weight
         if entry.packed is None:
             if entry.rows != rows:

@@ -230,6 +230,28 @@ def test_onednn_packs_each_weight_once_for_inference_and_repacks_when_it_changes
 
 
 @needs_onednn
+def test_a_fused_optimizer_step_leaves_no_stale_packed_weight():
+    """PyTorch's fused Adam (the trainer's) writes the parameters without bumping their version
+    counters: the evaluation after it must score the new weights, not the packed copy of the old
+    ones (evaluations during training scored an earlier evaluation's weights)."""
+    kernel = OneDNNLinear()
+    g = torch.Generator().manual_seed(6)
+    weight = torch.nn.Parameter(torch.randn(24, 16, generator=g))
+    x = torch.randn(6, 16, generator=g)
+    optimizer = torch.optim.Adam([weight], lr=0.5, fused=True)
+    for _ in range(3):
+        with torch.no_grad():
+            kernel(x, weight, None), kernel(x, weight, None)  # the second use packs
+        assert next(iter(kernel._packed.values())).packed is not None
+        version = weight._version
+        weight.grad = torch.randn(24, 16, generator=g)
+        optimizer.step()
+        assert weight._version == version  # why the counter alone does not do
+        with torch.no_grad():
+            torch.testing.assert_close(kernel(x, weight, None), x @ weight.detach().t(), atol=1e-5, rtol=1e-5)
+
+
+@needs_onednn
 def test_onednn_packs_only_when_a_row_count_repeats():
     """Prompts of different lengths read one after another (a generation of several prompts) pack
     nothing; the first row count used twice in a row packs, and the copy then serves every shape."""
