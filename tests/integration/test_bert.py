@@ -183,8 +183,13 @@ def test_heads_with_a_labelled_pair_file(run, tmp_path):
     assert len((tmp_path / "ablation.csv").read_text().splitlines()) == 1 + 72
 
 
-def test_importance_predicts_the_fidelity_lost_by_masking_each_head(run, texts_file):
-    probe = FidelityProbe(open_run(run), texts_file, batch_size=8)
+def test_importance_predicts_the_fidelity_lost_by_masking_each_head(run, tmp_path):
+    """Importance estimates each head's second-order fidelity loss from one random projection per
+    text, so its ranking is a corpus statistic: over these 27 texts its Spearman correlation with
+    the measured drops was 0.87-0.93 for projection seeds 0-2 (over 7 texts 0.79-0.92)."""
+    path = tmp_path / "texts.txt"
+    path.write_text("\n".join(TEXTS + SENTENCES) + "\n", encoding="utf-8")
+    probe = FidelityProbe(open_run(run), path, batch_size=8)
     scores = [row.importance for row in importance(probe)]
     drops = [1.0 - row.metric for row in ablate(probe).single]
     assert spearman(scores, drops) > 0.8

@@ -15,6 +15,7 @@ import attnlab.analysis.corpus as corpus
 from attnlab.cli import main
 from tests.cli import attnlab
 from tests.unit.analysis.tiny_lm import tiny_lm_run
+from tests.unit.pretrained.tiny_bert import write_tiny_bert
 
 WORDS = "the cat sat on a mat dog ran far away big small red x".split()
 
@@ -77,6 +78,30 @@ def test_two_processes_detect_the_one_process_scores(lm, tmp_path) -> None:
     for name in ("previous_token", "duplicate_token", "induction", "bos", "positional"):
         assert [h[name] for h in b] == pytest.approx([h[name] for h in a], rel=0, abs=1e-6), name
     assert not (tmp_path / "two" / "detect.resume.json").exists()
+
+
+def test_a_sentence_encoders_corpus_runs_on_two_processes(lm, tmp_path) -> None:
+    """A sentence encoder's --texts (embedding fidelity) is a corpus run too: importance and
+    ablation on two processes give the one-process result."""
+    from attnlab.pretrained.bert import find_source, import_bert
+
+    run = tmp_path / "bert"
+    import_bert(find_source(write_tiny_bert(tmp_path / "src", initializer_range=0.1)), run)
+    _, texts = lm
+    for command, read in (("importance", _importances), ("ablate", _ablation_metrics)):
+        out = {n: tmp_path / f"{command}-{n}" for n in ("one", "two")}
+        where = {n: (out[n].with_suffix(".csv") if command == "importance" else out[n]) for n in out}
+        common = ("heads", command, str(run), "--texts", str(texts), "--batch-size", "2", "--no-progress")
+        one = attnlab(*common, "--out", str(where["one"]), one_thread=True)
+        two = attnlab(*common, "--out", str(where["two"]), "--nproc", "2")
+        assert one.returncode == 0, one.stderr
+        assert two.returncode == 0, two.stderr
+        assert read(where["two"]) == pytest.approx(read(where["one"]), rel=1e-6, abs=1e-9), command
+
+
+def _ablation_metrics(folder) -> list[float]:  # noqa: ANN001
+    with open(folder / "ablation.csv", newline="") as handle:
+        return [float(row["metric"]) for row in csv.DictReader(handle)]
 
 
 def test_an_interrupted_importance_run_resumes_on_one_process_or_two(lm, capsys, monkeypatch, tmp_path) -> None:

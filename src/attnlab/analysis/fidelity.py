@@ -35,6 +35,7 @@ CosineSimilarityLoss that sentence-transformers trains such models with).
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -51,7 +52,16 @@ from attnlab.run.loaded import LoadedRun
 from attnlab.sentence_embedding import check_encoder_run, pad_ids, sentence_embeddings
 from attnlab.tasks.text import read_lines
 
-__all__ = ["FidelityBatch", "FidelityProbe", "PairBatch", "PairProbe", "read_pairs", "spearman", "average_ranks"]
+__all__ = [
+    "FidelityBatch",
+    "FidelityLoss",
+    "FidelityProbe",
+    "PairBatch",
+    "PairProbe",
+    "read_pairs",
+    "spearman",
+    "average_ranks",
+]
 
 
 # ---- fidelity -------------------------------------------------------------------------------------
@@ -79,15 +89,18 @@ def _length_sorted_chunks(rows: Sequence[Sequence[int]], batch_size: int) -> lis
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
-class _EncoderProbe:
-    """What both probes share: the run, its pad id, pooling and device, and the base mask (by
-    default the run's held heads, ``loaded.held_mask()``)."""
+def _check_batch_size(batch_size: int) -> None:
+    if batch_size < 1:
+        raise DataError(f"batch_size: must be >= 1, got {batch_size}")
 
-    def __init__(self, loaded: LoadedRun, what: str, batch_size: int, base_mask: HeadMask | None = None) -> None:
+
+class _EncoderProbe:
+    """What the encoder's objectives share: the run, its pad id, pooling and device, and the base
+    mask (by default the run's held heads, ``loaded.held_mask()``)."""
+
+    def __init__(self, loaded: LoadedRun, what: str, base_mask: HeadMask | None = None) -> None:
         check_encoder_run(loaded, what)
-        if batch_size < 1:
-            raise DataError(f"batch_size: must be >= 1, got {batch_size}")
-        self.loaded, self.batch_size = loaded, batch_size
+        self.loaded = loaded
         self.base_mask: HeadMask | None = loaded.held_mask() if base_mask is None else base_mask
         self.model: nn.Module = loaded.model.eval()
         self.pad_id: int = loaded.task.pad_id
@@ -98,8 +111,89 @@ class _EncoderProbe:
         return sentence_embeddings(model, tokens, pad_id=self.pad_id, pooling=self.pooling, head_mask=head_mask)
 
 
-class FidelityProbe(_EncoderProbe):
-    """Embedding fidelity to the unmasked model over the texts of a file (see the module docstring).
+class FidelityLoss(_EncoderProbe):
+    """Embedding fidelity to the unmasked model, text by text and batch by batch (see the module
+    docstring); it holds no texts. :class:`FidelityProbe` adds a file's texts, read into memory;
+    :mod:`attnlab.analysis.corpus` streams a file of any size through the same methods
+    (:mod:`attnlab.analysis.corpus_sums`'s importance and ablation sums).
+
+    Each text's projection u is drawn from a generator seeded from ``seed`` and the text's ids, so
+    a text gets the same u in any batch and on any process.
+
+    Args:
+        loaded: a sentence encoder run.
+        seed: seeds the projections u (so importances are reproducible).
+        base_mask: the reference model's head mask; default the run's held heads.
+
+    Raises:
+        UsageError: the run is not a sentence encoder's.
+    """
+
+    metric_name = "embedding fidelity (mean cosine similarity)"
+    denominator = "texts"
+    """The sum a mean loss divides by: every text weighs alike."""
+
+    def __init__(self, loaded: LoadedRun, *, seed: int = 0, base_mask: HeadMask | None = None) -> None:
+        super().__init__(loaded, "--texts (embedding fidelity)", base_mask)
+        self.seed = seed
+
+    def encode(self, text: str, *, where: str) -> list[int]:  # noqa: ARG002 (every text has ids)
+        """``text`` as the encoder reads it (``where``, ``FILE:LINE``, as for the other objectives)."""
+        return self.loaded.codec.encode(text)
+
+    @torch.no_grad()
+    def batch(self, rows: Sequence[Sequence[int]]) -> FidelityBatch:
+        """``rows`` padded, with the unmasked embeddings r(x) and each text's projection u."""
+        tokens = pad_ids(rows, pad_id=self.pad_id).to(self.device)
+        reference = self._embed(self.model, tokens, self.base_mask)
+        z = torch.stack([self._normal(row, reference.shape[-1]) for row in rows]).to(reference)
+        unit = F.normalize(reference, dim=-1)
+        orthogonal = z - (z * unit).sum(-1, keepdim=True) * unit  # P z
+        projection = orthogonal / reference.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+        return FidelityBatch(tokens, reference, projection)
+
+    def _normal(self, row: Sequence[int], width: int) -> Tensor:
+        """z ~ N(0, I) of the text ``row``, from a generator seeded from the seed and its ids."""
+        digest = hashlib.sha256(f"{self.seed}:{list(row)}".encode()).digest()
+        return torch.randn(width, generator=torch.Generator().manual_seed(int.from_bytes(digest[:8], "big") >> 1))
+
+    def counts(self, rows: Sequence[Sequence[int]], batch: FidelityBatch) -> dict[str, Tensor]:  # noqa: ARG002
+        """The batch's count: texts."""
+        return {"texts": torch.tensor(float(len(rows)), dtype=torch.float64)}
+
+    def count_zeros(self) -> dict[str, Tensor]:
+        return {"texts": torch.zeros((), dtype=torch.float64)}
+
+    def example_losses(self, batch: FidelityBatch, head_mask: HeadMask | None) -> Tensor:
+        """1 - cos(e_xi, r) per text, plus a zero-valued term whose gradient is u . de/dxi (see above)."""
+        embedding = self._embed(self.model, batch.tokens, head_mask)
+        loss = 1.0 - F.cosine_similarity(embedding, batch.reference, dim=-1)
+        second_order = (batch.projection * (embedding - embedding.detach())).sum(-1)  # value 0, gradient u . J
+        return loss + second_order
+
+    @torch.no_grad()
+    def loss_sum(self, batch: FidelityBatch, head_mask: HeadMask | None) -> Tensor:
+        """sum_x (1 - cos(e_xi(x), r(x))) over the batch: a float64 scalar on the CPU."""
+        embedding = self._embed(self.model, batch.tokens, head_mask)
+        return (1.0 - F.cosine_similarity(embedding, batch.reference, dim=-1)).double().sum().cpu()
+
+    @staticmethod
+    def score(loss_sum: float, texts: float) -> Score:
+        """Fidelity 1 - loss_sum / texts (the mean cosine) and the mean loss."""
+        return Score(1.0 - loss_sum / texts, loss_sum / texts)
+
+    def settings(self) -> dict[str, object]:
+        """What changes a corpus run's sums besides the file and the run (its resume identity)."""
+        return {"seed": self.seed}
+
+    def outputs(self, model: nn.Module, batch: FidelityBatch, head_mask: HeadMask | None) -> Tensor:
+        """The sentence embeddings of ``model`` (e.g. a physically pruned one) on ``batch``."""
+        return self._embed(model, batch.tokens, head_mask)
+
+
+class FidelityProbe(FidelityLoss):
+    """Embedding fidelity to the unmasked model over the texts of a file, held in memory (see the
+    module docstring); a head probe (:class:`attnlab.analysis.heads.HeadProbe`).
 
     Args:
         loaded: a sentence encoder run.
@@ -108,8 +202,6 @@ class FidelityProbe(_EncoderProbe):
         seed: seeds the projections u (so importances are reproducible).
         base_mask: the reference model's head mask; default the run's held heads.
     """
-
-    metric_name = "embedding fidelity (mean cosine similarity)"
 
     def __init__(
         self,
@@ -120,45 +212,20 @@ class FidelityProbe(_EncoderProbe):
         seed: int = 0,
         base_mask: HeadMask | None = None,
     ) -> None:
-        super().__init__(loaded, "--texts (embedding fidelity)", batch_size, base_mask)
-        texts = read_lines(texts_file).items
-        rows = [loaded.codec.encode(text) for text in texts]
-        generator = torch.Generator().manual_seed(seed)
-        self._batches: list[FidelityBatch] = []
-        with torch.no_grad():
-            for chunk in _length_sorted_chunks(rows, batch_size):
-                tokens = pad_ids([rows[i] for i in chunk], pad_id=self.pad_id).to(self.device)
-                reference = self._embed(self.model, tokens, self.base_mask)
-                z = torch.randn(reference.shape, generator=generator).to(reference)
-                unit = F.normalize(reference, dim=-1)
-                orthogonal = z - (z * unit).sum(-1, keepdim=True) * unit  # P z
-                projection = orthogonal / reference.norm(dim=-1, keepdim=True).clamp_min(1e-12)
-                self._batches.append(FidelityBatch(tokens, reference, projection))
+        super().__init__(loaded, seed=seed, base_mask=base_mask)
+        _check_batch_size(batch_size)
+        self.batch_size = batch_size
+        lines = read_lines(texts_file)
+        rows = [self.encode(text, where=f"{texts_file}:{n}") for n, text in zip(lines.numbers, lines.items)]
+        self._batches = [self.batch([rows[i] for i in chunk]) for chunk in _length_sorted_chunks(rows, batch_size)]
         self.texts = len(rows)
 
     def batches(self) -> Iterator[FidelityBatch]:
         return iter(self._batches)
 
-    def example_losses(self, batch: FidelityBatch, head_mask: HeadMask | None) -> Tensor:
-        """1 - cos(e_xi, r) per text, plus a zero-valued term whose gradient is u . de/dxi (see above)."""
-        embedding = self._embed(self.model, batch.tokens, head_mask)
-        loss = 1.0 - F.cosine_similarity(embedding, batch.reference, dim=-1)
-        second_order = (batch.projection * (embedding - embedding.detach())).sum(-1)  # value 0, gradient u . J
-        return loss + second_order
-
     @torch.no_grad()
     def evaluate(self, head_mask: HeadMask | None) -> Score:
-        cosines = torch.cat(
-            [
-                F.cosine_similarity(self._embed(self.model, b.tokens, head_mask), b.reference, dim=-1)
-                for b in self._batches
-            ]
-        )
-        return Score(float(cosines.mean()), float((1.0 - cosines).mean()))
-
-    def outputs(self, model: nn.Module, batch: FidelityBatch, head_mask: HeadMask | None) -> Tensor:
-        """The sentence embeddings of ``model`` (e.g. a physically pruned one) on ``batch``."""
-        return self._embed(model, batch.tokens, head_mask)
+        return self.score(float(sum(self.loss_sum(batch, head_mask) for batch in self._batches)), self.texts)
 
 
 # ---- pairs ----------------------------------------------------------------------------------------
@@ -250,7 +317,9 @@ class PairProbe(_EncoderProbe):
         batch_size: int = 32,
         base_mask: HeadMask | None = None,
     ) -> None:
-        super().__init__(loaded, "--pairs (scored sentence pairs)", batch_size, base_mask)
+        super().__init__(loaded, "--pairs (scored sentence pairs)", base_mask)
+        _check_batch_size(batch_size)
+        self.batch_size = batch_size
         pairs, scores = read_pairs(pairs_file)
         low, high = min(scores), max(scores)
         rows = [(loaded.codec.encode(a), loaded.codec.encode(b)) for a, b in pairs]

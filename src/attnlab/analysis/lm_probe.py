@@ -135,6 +135,8 @@ class NextTokenLoss:
     """
 
     metric_name = "perplexity (lower is better)"
+    denominator = "tokens"
+    """The sum a mean loss divides by: every predicted token weighs alike."""
 
     def __init__(self, loaded: LoadedRun, *, truncate: bool = False, base_mask: HeadMask | None = None) -> None:
         check_language_model_run(loaded, "--texts (next-token loss)")
@@ -179,6 +181,19 @@ class NextTokenLoss:
         on the CPU (divide by the predicted tokens for the mean, :meth:`score`)."""
         nll, _ = _next_token_nll(self.outputs_all(self.model, batch, head_mask), batch)
         return nll.double().sum().cpu()
+
+    def count_zeros(self) -> dict[str, Tensor]:
+        """Zero counts of a corpus run (:mod:`attnlab.analysis.corpus_sums`)."""
+        return {name: torch.zeros((), dtype=torch.float64) for name in ("texts", "tokens", "truncated")}
+
+    def counts(self, texts: Sequence[ScoredText], batch: TextBatch) -> dict[str, Tensor]:
+        """The batch's counts: texts, predicted tokens (the mean's denominator), texts cut."""
+        values = {"texts": len(texts), "tokens": predicted_tokens(batch), "truncated": sum(t.truncated for t in texts)}
+        return {name: torch.tensor(float(value), dtype=torch.float64) for name, value in values.items()}
+
+    def settings(self) -> dict[str, object]:
+        """What changes a corpus run's sums besides the file and the run (its resume identity)."""
+        return {"truncate": self.truncate}
 
     @staticmethod
     def score(loss_sum: float, tokens: float) -> Score:

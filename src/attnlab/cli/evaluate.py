@@ -157,9 +157,9 @@ def _text_metrics(  # noqa: PLR0913
     identity,  # noqa: ANN001
 ) -> dict[str, object]:
     """Perplexity, mean NLL and counts of a language model over a text file, a corpus run
-    (attnlab.analysis.corpus, attnlab.analysis.lm_corpus); its state RUN/analysis/eval-FILE.resume.json."""
+    (attnlab.analysis.corpus, attnlab.analysis.corpus_sums); its state RUN/analysis/eval-FILE.resume.json."""
     from attnlab.analysis.corpus import corpus_identity, finish, run_corpus
-    from attnlab.analysis.lm_corpus import PerplexitySums, text_counts
+    from attnlab.analysis.corpus_sums import PerplexitySums, text_counts
     from attnlab.analysis.lm_probe import NextTokenLoss
 
     loss = NextTokenLoss(loaded, truncate=truncate, base_mask=loaded.held_mask(extra))

@@ -38,7 +38,7 @@ TEXTS_HELP = (
     "metric the perplexity. Sentence encoders: the fidelity of the sentence embeddings to the unmasked "
     "model (1 - cosine)."
 )
-BATCH_HELP = "Examples per batch; default 128 (16 texts for a language model's --texts)."
+BATCH_HELP = "Examples per batch; default 128 (16 texts with --texts)."
 PAIRS_HELP = (
     "Sentence encoders: a TSV file sentence1<TAB>sentence2<TAB>score; the metric is the Spearman "
     "correlation of the embeddings' cosine with the score."
@@ -107,12 +107,13 @@ def _probe(  # noqa: ANN202
     sentence encoder --texts (fidelity) / --pairs.
 
     Every probe starts from the run's held heads (train.mask_heads) switched off, as `attnlab eval` does.
-    With ``corpus`` a language model's --texts is a corpus run (attnlab.analysis.corpus: streamed,
-    on several processes, resumable), whose objective is a NextTokenLoss without texts of its own;
-    ``spread`` (--nproc or --resume given) refuses every other objective.
+    With ``corpus`` --texts is a corpus run (attnlab.analysis.corpus: streamed, on several
+    processes, resumable), whose objective is a NextTokenLoss (a language model) or a FidelityLoss
+    (a sentence encoder) without texts of its own; ``spread`` (--nproc or --resume given) refuses
+    every other objective.
     """
     # Imported when the command runs: the help pages load no torch (see attnlab.cli).
-    from attnlab.analysis.fidelity import FidelityProbe, PairProbe
+    from attnlab.analysis.fidelity import FidelityLoss, FidelityProbe, PairProbe
     from attnlab.analysis.heads import TaskProbe
     from attnlab.analysis.lm_probe import NextTokenLoss, NextTokenProbe
     from attnlab.pretrained.sources import open_model
@@ -133,8 +134,10 @@ def _probe(  # noqa: ANN202
             truncate=loaded.experiment.train.truncate,
             base_mask=loaded.held_mask(),
         )
+    if texts is not None and corpus:
+        return loaded, FidelityLoss(loaded, base_mask=loaded.held_mask())
     if spread:
-        raise UsageError("--nproc and --resume: only for a language model's --texts (a corpus run)")
+        raise UsageError("--nproc and --resume: only for --texts (a corpus run)")
     batch_size = batch_size or 128
     if texts is not None:
         return loaded, FidelityProbe(loaded, texts, batch_size=batch_size, base_mask=loaded.held_mask())
@@ -149,10 +152,11 @@ def _probe(  # noqa: ANN202
 
 
 def _is_corpus(probe) -> bool:  # noqa: ANN001
-    """Whether ``probe`` is a corpus run's objective (a language model's --texts, streamed)."""
+    """Whether ``probe`` is a corpus run's loss (--texts, streamed), not a probe holding its data."""
+    from attnlab.analysis.fidelity import FidelityLoss
     from attnlab.analysis.lm_probe import NextTokenLoss
 
-    return type(probe) is NextTokenLoss
+    return type(probe) in (NextTokenLoss, FidelityLoss)
 
 
 def _corpus_sums(
@@ -172,14 +176,14 @@ def _corpus_sums(
     identity, what a resumed state must match: the command, the run, its held heads and the
     ``settings`` that change the sums (dtype, revision, ...)."""
     from attnlab.analysis.corpus import corpus_identity, run_corpus
-    from attnlab.analysis.lm_corpus import text_counts
+    from attnlab.analysis.corpus_sums import text_counts
 
     identity = corpus_identity(
         texts,
         command=f"heads {command}",
         run=str(loaded.source),
         held=[str(head) for head in loaded.held_heads],
-        truncate=objective.loss.truncate,
+        **objective.loss.settings(),
         **settings,
     )
     sums = run_corpus(
@@ -249,7 +253,7 @@ def ablate_command(
 
     With --mean-over FILE a head is mean-ablated: its output is its mean over FILE's texts.
 
-    A language model's --texts is a corpus run: the file is streamed (any size), every mask is
+    --texts is a corpus run: the file is streamed (any size), every mask is
     measured on each batch, --nproc spreads it over processes and --resume continues it
     (state: FOLDER/ablation.resume.json).
     """
@@ -278,7 +282,7 @@ def ablate_command(
             means = head_means(loaded, mean_over)
         if _is_corpus(probe):
             from attnlab.analysis.corpus import corpus_identity
-            from attnlab.analysis.lm_corpus import AblationSums
+            from attnlab.analysis.corpus_sums import AblationSums
 
             objective = AblationSums(probe, kinds or None, means)
             state = folder / "ablation.resume.json"
@@ -375,7 +379,7 @@ def importance_command(
 ) -> None:
     """I_h = E_x |dL/dxi_h| for every head, from one forward and backward pass per batch.
 
-    A language model's --texts is a corpus run: the file is streamed (any size), --nproc spreads
+    --texts is a corpus run: the file is streamed (any size), --nproc spreads
     it over processes and --resume continues it (state: OUT with the suffix .resume.json).
     """
     from tqdm import tqdm
@@ -397,7 +401,7 @@ def importance_command(
         )
         path = out or loaded.analysis / "importance.csv"
         if _is_corpus(probe):
-            from attnlab.analysis.lm_corpus import ImportanceSums
+            from attnlab.analysis.corpus_sums import ImportanceSums
 
             objective = ImportanceSums(probe)
             state = path.with_suffix(".resume.json")

@@ -1,4 +1,4 @@
-"""Corpus runs (attnlab.analysis.corpus, attnlab.analysis.lm_corpus): a streamed file gives the
+"""Corpus runs (attnlab.analysis.corpus, attnlab.analysis.corpus_sums): a streamed file gives the
 in-memory analyses' results, an interrupted run resumes to the uninterrupted result, and bad files
 and states are refused with errors that name them."""
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from attnlab.analysis.corpus import WINDOW_BATCHES, check_corpus, corpus_identity, finish, run_corpus
+from attnlab.analysis.corpus_sums import AblationSums, ImportanceSums, PerplexitySums, text_counts
 from attnlab.analysis.heads import ablate, importance
-from attnlab.analysis.lm_corpus import AblationSums, ImportanceSums, PerplexitySums, text_counts
 from attnlab.analysis.lm_probe import NextTokenLoss, NextTokenProbe
 from attnlab.errors import CheckpointError, DataError, UsageError
 from attnlab.run.loaded import open_run

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlab.analysis.fidelity import FidelityProbe, PairProbe, average_ranks, read_pairs, spearman
+from attnlab.analysis.corpus import run_corpus
+from attnlab.analysis.corpus_sums import AblationSums, ImportanceSums
+from attnlab.analysis.fidelity import FidelityLoss, FidelityProbe, PairProbe, average_ranks, read_pairs, spearman
 from attnlab.analysis.heads import ablate, importance
 from attnlab.errors import DataError, UsageError
 from attnlab.head_ids import head_ids, mask_without
@@ -81,6 +83,28 @@ def test_importance_ranks_heads_like_ablation(loaded, tmp_path):
     scores = [r.importance for r in importance(probe)]
     drops = [1 - r.metric for r in ablate(probe).single]
     assert spearman(scores, drops) > 0.8  # 0.98-1.0 over seeds 0-4 of the tiny model
+
+
+def test_a_streamed_corpus_gives_the_in_memory_importance_and_ablation(loaded, texts):
+    """FidelityLoss through the corpus runner (any batch size, a window at a time) gives what
+    FidelityProbe gives in memory: each text's projection u depends on the text alone."""
+    probe = FidelityProbe(loaded, texts, batch_size=3)
+    expected = [row.importance for row in importance(probe)]
+    in_memory = ablate(probe)
+    for batch_size in (2, 5):
+        objective = ImportanceSums(FidelityLoss(loaded))
+        sums = run_corpus(texts, objective, batch_size=batch_size, identity={})
+        assert int(sums["texts"]) == len(TEXTS)
+        assert [row.importance for row in objective.rows(sums)] == pytest.approx(expected, rel=1e-5, abs=1e-9)
+        ablation = AblationSums(FidelityLoss(loaded))
+        result = ablation.ablation(run_corpus(texts, ablation, batch_size=batch_size, identity={}))
+        assert result.baseline.metric == pytest.approx(1.0, abs=1e-6)
+        streamed = [value for row in result.single + result.keep_one for value in (row.metric, row.loss)]
+        held = [value for row in in_memory.single + in_memory.keep_one for value in (row.metric, row.loss)]
+        assert streamed == pytest.approx(held, rel=1e-5, abs=1e-7)
+    other_seed = ImportanceSums(FidelityLoss(loaded, seed=1))
+    moved = [row.importance for row in other_seed.rows(run_corpus(texts, other_seed, batch_size=2, identity={}))]
+    assert moved != pytest.approx(expected, rel=1e-3)  # the projections are drawn, from the seed
 
 
 def test_pair_probe_metric_and_losses(loaded, tmp_path):
