@@ -197,16 +197,16 @@ class OneDNNLinear:
     ``F.linear`` for the rest (other devices and dtypes, single decoding rows) and inside autocast,
     whose casts apply to PyTorch's ops only (``train.precision = "bf16"`` must run bf16 GEMMs).
 
-    Without gradients (evaluation, decoding) each weight is packed once into oneDNN's blocked
-    layout and the packed copy reused, as long as the weight is unchanged: the same tensor, storage
-    and version counter (which in-place writes such as ``load_state_dict`` bump), and no optimizer
-    step since (a fused optimizer writes in place without bumping the counter). Unpacked, oneDNN lays the weight out again on every call, which
-    slows decoding steps measurably (benchmarks/README.md). A weight is packed at its second use
-    with as many rows as the use before, the sign of a repeated shape (decoding steps, batches of
-    one size, a benchmark's repeats): a prompt read once at batch 1, or prompts of different
-    lengths read one after another (``attnlab generate RUN "a" "b c"``), pack nothing. Packed
-    copies cost the weights' memory once more; a forward pass that needs a weight's gradient
-    drops that weight's copy, so training keeps none.
+    Without gradients (evaluation, decoding) each weight is packed once into oneDNN's blocked layout
+    and the packed copy reused, as long as the weight is unchanged: the same tensor, storage and
+    version counter (which in-place writes such as ``load_state_dict`` bump), and no optimizer step
+    since (a fused optimizer writes in place without bumping the counter). Unpacked, oneDNN lays the
+    weight out again on every call, which slows decoding steps measurably (benchmarks/README.md). A
+    weight is packed at its second use with as many rows as the use before, the sign of a repeated
+    shape (decoding steps, batches of one size, a benchmark's repeats): a prompt read once at batch
+    1, or prompts of different lengths read one after another (``attnlab generate RUN "a" "b c"``),
+    pack nothing. Packed copies cost the weights' memory once more; a forward pass that needs a
+    weight's gradient drops that weight's copy, so training keeps none.
 
     One instance per module (:func:`linear_kernel` makes them), so the copies live and die with the
     module whose weights they are.
