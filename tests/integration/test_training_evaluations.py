@@ -10,9 +10,12 @@ import pytest
 import torch
 
 from attnlab.errors import ConfigError
+from attnlab.evaluation.evaluate import evaluate
 from attnlab.evaluation.horizon import chained_horizon
 from attnlab.experiment import ExperimentConfig
+from attnlab.kernels import linear as linear_module
 from attnlab.run.directory import RunDir
+from attnlab.run.loaded import open_run
 from attnlab.run.storage import load_tensors
 from attnlab.tasks.formal import bracket_depth
 from attnlab.tasks.registry import build_task
@@ -135,3 +138,29 @@ def test_the_end_of_training_records_bins_horizons_and_the_training_depth_range(
     for name, (low, high) in (("depth_1_3", (1, 3)), ("depth_4_9", (4, 9))):
         assert low <= records[(2, name)]["depth_min"] <= records[(2, name)]["depth_max"] <= high
         assert records[(2, name)]["length_range"] == [11, 24]
+
+
+@pytest.mark.skipif(not linear_module.onednn_available(), reason="oneDNN is not built into this torch")
+def test_evaluations_during_training_score_the_current_weights(tmp_path, monkeypatch):
+    """The kernel choice that once made evaluations score stale weights: training's passes on aten,
+    evaluation's on oneDNN, whose packed copies outlived fused Adam's in-place steps. Each
+    evaluation during training must equal evaluating that step's saved weights afresh."""
+
+    measured = linear_module.calibration.chosen
+
+    def evaluate_on_onednn_train_on_aten(key):  # noqa: ANN001, ANN202
+        if key[0] != "linear" or key[1] < linear_module.MIN_ONEDNN_ROWS:
+            return measured(key)
+        return "aten" if key[4] else "onednn"  # key: ("linear", rows, W's shape, no bias, gradient)
+
+    monkeypatch.setattr(linear_module.calibration, "chosen", evaluate_on_onednn_train_on_aten)
+    section = {**DYCK, "train": {**DYCK["train"], "steps": 9, "eval_every": 3, "checkpoint_every": 3,
+                                 "keep_checkpoints": 3}}  # fmt: skip
+    train(_experiment(section), tmp_path / "run", progress=False)
+    loaded = open_run(tmp_path / "run")
+    records = _evaluations(tmp_path / "run")
+    for step in (3, 6, 9):
+        weights = load_tensors(tmp_path / "run" / "checkpoints" / f"step-{step:08d}" / "model.safetensors")[0]
+        loaded.model.load_state_dict(weights)
+        afresh = evaluate(loaded.model, loaded.task, "valid", kind="decoder_only")
+        assert records[(step, "valid")]["loss"] == pytest.approx(afresh["loss"], rel=1e-5), step
