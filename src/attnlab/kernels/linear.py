@@ -18,8 +18,11 @@ Kernels, in the registry :data:`LINEAR_KERNELS` (name -> a factory; each module 
   (:func:`attnlab.kernels.native.few_rows_linear`; ``F.linear`` where a gradient is needed or the
   kernel is not built): there oneDNN's fixed cost per call is larger than MKL's, and both read W on
   one core. A bfloat16 map of a few rows takes the same kernel where it is faster than PyTorch's
-  bfloat16 product, which streams W at a fraction of the memory's rate (``auto`` measures); every
-  other tensor that is not a float32 CPU tensor takes ``F.linear`` (oneDNN has no float64 kernel).
+  bfloat16 product, which streams W at a fraction of the memory's rate (``auto`` measures); a
+  bfloat16 map of more rows without a gradient may take oneDNN with the weight packed for it (where
+  the processor runs bfloat16 there; PyTorch's own bfloat16 product calls oneDNN on the unpacked
+  weight each time); every other tensor that is not a float32 CPU tensor takes ``F.linear``
+  (oneDNN has no float64 kernel).
 
 Which kernel runs is a runtime setting, not part of a model's architecture: ``ATTNLAB_LINEAR`` in
 the environment (:func:`linear_setting`), read when a module is built: ``aten``, ``onednn``, or
@@ -77,6 +80,12 @@ def aten_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 def onednn_available() -> bool:
     """Whether this PyTorch build has oneDNN and its dense fp32 linear op."""
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+@cache
+def onednn_bf16_available() -> bool:
+    """Whether oneDNN runs bfloat16 linear maps on this processor (AVX-512 with BF16, or AMX)."""
+    return onednn_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def _onednn_matmul(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -193,8 +202,9 @@ register_optimizer_step_post_hook(_count_optimizer_step)
 
 
 class OneDNNLinear:
-    """y = x W^T + b on oneDNN for float32 CPU tensors of at least :data:`MIN_ONEDNN_ROWS` rows;
-    ``F.linear`` for the rest (other devices and dtypes, single decoding rows) and inside autocast,
+    """y = x W^T + b on oneDNN for float32 CPU tensors of at least :data:`MIN_ONEDNN_ROWS` rows, and
+    bfloat16 ones without a gradient where the processor runs them; ``F.linear`` for the rest
+    (other devices and dtypes, single decoding rows, bfloat16 gradients) and inside autocast,
     whose casts apply to PyTorch's ops only (``train.precision = "bf16"`` must run bf16 GEMMs).
 
     Without gradients (evaluation, decoding) each weight is packed once into oneDNN's blocked layout
@@ -226,6 +236,8 @@ class OneDNNLinear:
         if native.gradient_wanted(x, weight, bias):
             if self._packed:  # training: this weight changes every step, so its copy is dropped
                 self._packed.pop(_key(_owner(weight), weight), None)
+            if weight.dtype != torch.float32:  # oneDNN's gradients here are float32's
+                return F.linear(x, weight, bias)
             return _OneDNNLinear.apply(x, weight, bias)
         if not weight.is_contiguous():
             return _onednn_matmul(x, weight, bias)
@@ -292,7 +304,13 @@ def _key(owner: Tensor, weight: Tensor) -> tuple[int, int, tuple[int, ...]]:
 
 
 def _onednn_runs(x: Tensor, weight: Tensor) -> bool:
-    return x.dtype == torch.float32 and weight.dtype == torch.float32 and x.device.type == "cpu" and weight.numel() > 0
+    """A CPU map oneDNN takes: float32, or bfloat16 where the processor has it (x of W's dtype)."""
+    return (
+        x.dtype == weight.dtype
+        and (weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16 and onednn_bf16_available()))
+        and x.device.type == "cpu"
+        and weight.numel() > 0
+    )
 
 
 def _few_rows_runs(x: Tensor, weight: Tensor) -> bool:
@@ -388,8 +406,10 @@ class MeasuredLinear:
 
 def _linear_applies(name: str, rows: int, weight: Tensor, bias: Tensor | None, grad: bool) -> bool:
     """Whether kernel ``name`` of :class:`MeasuredLinear` takes a CPU map of ``rows`` rows (float32,
-    or bfloat16 where oneDNN's fp32 kernel is no candidate)."""
+    or bfloat16: oneDNN for inference only, where the processor runs it)."""
     if name == "onednn":
+        if weight.dtype == torch.bfloat16:
+            return rows >= MIN_ONEDNN_ROWS and not grad and onednn_bf16_available()
         return rows >= MIN_ONEDNN_ROWS and weight.dtype == torch.float32 and onednn_available()
     if name == "few_rows":
         return (

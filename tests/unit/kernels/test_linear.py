@@ -138,15 +138,14 @@ def test_onednn_without_grad_equals_with_grad():
 
 
 @needs_onednn
-@pytest.mark.parametrize("case", ["float64", "bfloat16", "few_rows", "no_rows"])
+@pytest.mark.parametrize("case", ["float64", "few_rows", "no_rows"])
 def test_onednn_routes_other_tensors_away_from_onednn(monkeypatch, case):
-    """float64 has no oneDNN kernel, bf16 takes F.linear's own path, and fewer than
-    MIN_ONEDNN_ROWS rows run faster elsewhere (the native kernel, tested in test_native.py):
-    none of them call oneDNN."""
+    """float64 has no oneDNN kernel, and fewer than MIN_ONEDNN_ROWS rows run faster elsewhere (the
+    native kernel, tested in test_native.py): neither calls oneDNN."""
     calls = []
     real = linear_module._onednn_matmul
     monkeypatch.setattr(linear_module, "_onednn_matmul", lambda *a: calls.append(1) or real(*a))
-    dtype = {"float64": torch.float64, "bfloat16": torch.bfloat16}.get(case, torch.float32)
+    dtype = {"float64": torch.float64}.get(case, torch.float32)
     rows = {"few_rows": MIN_ONEDNN_ROWS - 1, "no_rows": 0}.get(case, 16)
     x, weight, bias = torch.randn(rows, 8, dtype=dtype), torch.randn(5, 8, dtype=dtype), torch.randn(5, dtype=dtype)
     out = OneDNNLinear()(x, weight, bias)
@@ -154,6 +153,29 @@ def test_onednn_routes_other_tensors_away_from_onednn(monkeypatch, case):
     torch.testing.assert_close(out, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
     OneDNNLinear()(torch.randn(16, 8), torch.randn(5, 8), None)
     assert calls  # float32 with enough rows does go to oneDNN
+
+
+@needs_onednn
+@pytest.mark.parametrize("grad", [False, True])
+def test_bfloat16_maps_run_on_onednn_packed_for_inference_only(monkeypatch, grad):
+    """A bfloat16 map without a gradient runs on oneDNN where the processor has bfloat16 there,
+    its weight packed at the second use, equal to PyTorch's bfloat16 product to bfloat16 rounding;
+    with a gradient (or without the processor's support) it is F.linear's."""
+    calls = []
+    real = linear_module._onednn_matmul
+    monkeypatch.setattr(linear_module, "_onednn_matmul", lambda *a: calls.append(1) or real(*a))
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(8, 64, generator=g).bfloat16().requires_grad_(grad)
+    weight, bias = torch.randn(48, 64, generator=g).bfloat16(), torch.randn(48, generator=g).bfloat16()
+    kernel = OneDNNLinear()
+    for _ in range(3):
+        out = kernel(x, weight, bias)
+        assert out.dtype == torch.bfloat16
+        torch.testing.assert_close(out.detach().double(), F.linear(x.detach(), weight, bias).double(), rtol=2**-7,
+                                   atol=2e-2)  # fmt: skip
+    on_onednn = linear_module.onednn_bf16_available() and not grad
+    assert bool(calls) == on_onednn
+    assert any(entry.packed is not None for entry in kernel._packed.values()) == on_onednn
 
 
 @needs_onednn
@@ -380,7 +402,8 @@ def test_the_measured_kernel_takes_only_kernels_that_apply_and_remembers(monkeyp
 
 def test_a_bfloat16_map_of_few_rows_is_measured_between_the_few_rows_kernel_and_aten(monkeypatch, tmp_path):
     """bfloat16 decoding steps: the few-rows kernel against PyTorch's bf16 product, remembered under
-    a key of its own (not the float32 class of the same shape); many rows: aten alone."""
+    a key of its own (not the float32 class of the same shape); many rows: aten, and oneDNN's
+    packed weights where the processor runs bfloat16 there."""
     monkeypatch.setenv("ATTNLAB_CALIBRATE", "1")
     monkeypatch.setenv("ATTNLAB_CALIBRATION_DIR", str(tmp_path))
     calibration.forget()
@@ -403,9 +426,11 @@ def test_a_bfloat16_map_of_few_rows_is_measured_between_the_few_rows_kernel_and_
             torch.testing.assert_close(out.double(), expected, rtol=2**-7, atol=1e-3)
         kernel(torch.randn(1, 16, generator=g), weight.float(), bias.float())
     few = ["few_rows"] if calibration.native.available() else []
-    assert offered == ([[*few, "aten"]] if few else []) + ([[*few, "aten"]] if few else [])
+    many = ["aten", "onednn"] if linear_module.onednn_bf16_available() else ["aten"]
+    expected = ([[*few, "aten"]] if few else []) + ([many] if len(many) > 1 else []) + ([[*few, "aten"]] if few else [])
+    assert offered == expected
     bf16_keys = [key for key in calibration.CHOICES if key[-1] == "bfloat16"]
-    assert len(bf16_keys) == (1 if few else 0)
+    assert len(bf16_keys) == (1 if few else 0) + (1 if len(many) > 1 else 0)
 
 
 @needs_onednn
