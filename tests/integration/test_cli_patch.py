@@ -36,6 +36,12 @@ def test_patch_writes_csvs_heatmaps_and_json(run, tmp_path):
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
     text = attnlab(*args, "--out", str(out), "--site", "heads")
     assert text.returncode == 0 and "heads restoring most: self:" in text.stdout and "residual" not in text.stdout
+    one_at_a_time = attnlab(*args, "--out", str(tmp_path / "one"), "--json", "--batch-size", "1")
+    assert one_at_a_time.returncode == 0, one_at_a_time.stderr
+    single = json.loads(one_at_a_time.stdout)["groups"]
+    for group in ("heads", "residual"):  # the batch is how many patches share a pass, not what they give
+        expected = [row["restored"] for row in report["groups"][group]]
+        assert [row["restored"] for row in single[group]] == pytest.approx(expected, rel=1e-5, abs=1e-6)
 
 
 def test_attribution_patching_of_site_globs_writes_a_csv_and_heatmap_per_site_with_exact_values(run, tmp_path):

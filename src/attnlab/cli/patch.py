@@ -20,6 +20,7 @@ from attnlab.cli.options import (
     revision_option,
     verify_option,
 )
+from attnlab.limits import MAX_BATCH_SIZE
 from attnlab.run.output_paths import check_output_path
 
 MAX_VERIFY_TOP = 1_000_000
@@ -77,6 +78,14 @@ def patch_command(
         help="With --method attribution: patch exactly this many patches of each --site, those with the "
         "largest |estimate| (the column exact).",
     ),
+    batch_size: int = typer.Option(
+        64,
+        "--batch-size",
+        min=1,
+        max=MAX_BATCH_SIZE,
+        help="Patches in one forward pass (each a copy of the corrupt input's activations: lower it to "
+        "use less memory; 1 is TransformerLens' one pass per patch).",
+    ),
     out: Path = typer.Option(None, "--out", help="Folder for the CSVs and heatmaps (default RUN/analysis/patching)."),
     progress: bool = progress_option(),
     device: str = device_option(),
@@ -121,6 +130,7 @@ def patch_command(
             positions=positions,
             method=method,
             verify_top=verify_top,
+            batch_size=batch_size,
             progress=tick,
         )
     finally:
