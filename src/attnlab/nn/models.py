@@ -410,7 +410,13 @@ def planned_positions(model: nn.Module, tokens: Tensor, pad_id: int) -> Tensor |
     place = getattr(getattr(model, "decoder", None), "_place", None)
     if not isinstance(place, PositionPlacer) or place.seed is None or not place.limit:
         return None
-    return place._drawn_per_row(tokens != pad_id, tokens, place.seed)
+    is_token = tokens != pad_id  # BOS + output, padded on the right
+    drawn = place._drawn_per_row(is_token, tokens, place.seed)  # (B, T)
+    count = is_token.sum(dim=1, keepdim=True)  # (B, 1)
+    columns = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0)  # (1, T)
+    last = drawn.gather(1, (count - 1).clamp(min=0))  # (B, 1)
+    beyond = (last + columns - count + 1).clamp(max=place.limit - 1)  # a row's padding: one by one
+    return torch.where(columns < count, drawn, beyond)
 
 
 @contextlib.contextmanager

@@ -147,6 +147,8 @@ def test_a_generating_decoder_at_planned_positions_equals_its_teacher_forced_pas
     torch.testing.assert_close(stepped[real], teacher_forced[real], rtol=1e-10, atol=1e-10)
     assert not torch.allclose(teacher_forced, model.decode(tgt_in, model.encode(src)))
     assert bool((planned[:, 1:6] > planned[:, :5]).all()) and int(planned.max()) < 40
+    past_the_reference = [min(int(planned[2, 5]) + step, 39) for step in (1, 2, 3)]
+    assert planned[2, 6:].tolist() == past_the_reference  # a shorter reference's row goes on one by one
     beyond = models_module._extended(torch.tensor([[3, 30, 38]]), 6, 40)
     assert beyond.tolist() == [[3, 30, 38, 39, 39, 39]]
 
