@@ -71,6 +71,8 @@ class CorpusLoss(Protocol):
 
     def score(self, loss_sum: float, count: float) -> Score: ...
 
+    def settings(self) -> dict[str, object]: ...
+
 
 def _zero() -> Tensor:
     return torch.zeros((), dtype=torch.float64)

@@ -384,14 +384,21 @@ class PositionPlacer:
         return torch.cat(rows)
 
 
+def _one_by_one_past(positions: Tensor, count: Tensor | int, limit: int) -> Tensor:
+    """``positions`` (B, T) up to each row's first ``count`` columns ((B, 1) or one for all); past
+    them, one more than the last each column, capped at M - 1."""
+    columns = torch.arange(positions.shape[1], device=positions.device).unsqueeze(0)  # (1, T)
+    count = torch.as_tensor(count, device=positions.device).reshape(-1, 1)  # (B or 1, 1)
+    last = positions.gather(1, (count - 1).clamp(min=0).expand(positions.shape[0], 1))  # (B, 1)
+    return torch.where(columns < count, positions, (last + columns - count + 1).clamp(max=limit - 1))
+
+
 def _extended(planned: Tensor, length: int, limit: int) -> Tensor:
-    """The first ``length`` columns of ``planned`` (B, T_p); past its end, one more than the last
-    each step, capped at M - 1 (a generation running past the planned length)."""
+    """The first ``length`` columns of ``planned`` (B, T_p); past its end, one by one (a generation
+    running past the planned length)."""
     if length <= planned.shape[1]:
         return planned[:, :length]
-    steps = torch.arange(1, length - planned.shape[1] + 1, device=planned.device)  # (extra,)
-    beyond = (planned[:, -1:] + steps).clamp(max=limit - 1)  # (B, extra)
-    return torch.cat([planned, beyond], dim=1)
+    return _one_by_one_past(F.pad(planned, (0, length - planned.shape[1])), planned.shape[1], limit)
 
 
 def planned_positions(model: nn.Module, tokens: Tensor, pad_id: int) -> Tensor | None:
@@ -412,11 +419,7 @@ def planned_positions(model: nn.Module, tokens: Tensor, pad_id: int) -> Tensor |
         return None
     is_token = tokens != pad_id  # BOS + output, padded on the right
     drawn = place._drawn_per_row(is_token, tokens, place.seed)  # (B, T)
-    count = is_token.sum(dim=1, keepdim=True)  # (B, 1)
-    columns = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0)  # (1, T)
-    last = drawn.gather(1, (count - 1).clamp(min=0))  # (B, 1)
-    beyond = (last + columns - count + 1).clamp(max=place.limit - 1)  # a row's padding: one by one
-    return torch.where(columns < count, drawn, beyond)
+    return _one_by_one_past(drawn, is_token.sum(dim=1, keepdim=True), place.limit)  # a row's padding too
 
 
 @contextlib.contextmanager
