@@ -140,6 +140,23 @@ def test_the_end_of_training_records_bins_horizons_and_the_training_depth_range(
         assert records[(2, name)]["length_range"] == [11, 24]
 
 
+@pytest.mark.parametrize("final_splits", [["test", "length_generalisation"], ["test"]])
+def test_the_horizon_over_bins_past_the_first_unseen_length_starts_from_length_generalisation(tmp_path, final_splits):
+    """Trained on 1..10, binned at 21..24: the chain starts at 11 with the length_generalisation
+    split (11..20) where it was scored, and claims no more than 10 where it was not."""
+    task = {key: value for key, value in DYCK["task"].items() if key != "eval_depths"}
+    section = {**DYCK, "task": {**task, "eval_lengths": [[21, 24]]}}
+    train(_experiment(section, final_splits=final_splits), tmp_path / "run", progress=False)
+    records = _evaluations(tmp_path / "run")
+    overall, last_bin = records[(2, "length_bins")], records[(2, "length_21_24")]
+    if "length_generalisation" in final_splits:
+        first = records[(2, "length_generalisation")]
+        assert first["length_range"] == [11, 20] and overall["length_range"] == [11, 24]
+        assert overall["horizon"] == chained_horizon([first, last_bin])
+    else:
+        assert overall["horizon"] == 10 and overall["length_range"] == [21, 24]
+
+
 @pytest.mark.skipif(not linear_module.onednn_available(), reason="oneDNN is not built into this torch")
 def test_evaluations_during_training_score_the_current_weights(tmp_path, monkeypatch):
     """The kernel choice that once made evaluations score stale weights: training's passes on aten,

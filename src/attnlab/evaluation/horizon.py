@@ -13,9 +13,13 @@ length already fails, the horizon is ``low - 1``: for a first bin starting at L 
 training length), L, no generalisation past the training lengths. So a horizon lies in
 [low - 1, high], and equals high when every length passes.
 
-Over several bins (:func:`chained_horizon`) the horizon runs on from one bin into the next only
-where the next starts right after it (no length left out between them) and the first passed all of
-its lengths: it never claims lengths that were not evaluated.
+Over several evaluations held out by length (:func:`chained_horizon`: the length bins, and before
+them the ``length_generalisation`` split where the first bin starts right after it) the horizon
+starts from the longest training length L and runs on from one evaluation into the next only where
+the next starts right after the lengths reached (no length left out between them) and the previous
+passed all of its lengths: it never claims lengths that were not evaluated. So a first bin of
+21–40 after training on 1–10, with 11–20 not in the chain, gives L = 10 whatever the bin's scores
+(its own horizon, relative to its range, is reported with it).
 
 Every accuracy over n strings is stated with its binomial standard error sqrt(p (1 - p) / n)
 (:func:`binomial_se`): a bin of 400 strings at p = 0.8 has 0.02, a length of 20 strings 0.09.
@@ -53,14 +57,24 @@ def horizon(accuracy_by_length: Mapping[int, float], threshold: float, low: int)
     return reached
 
 
-def chained_horizon(results: Sequence[Mapping[str, Any]]) -> int | None:
-    """The horizon over consecutive length bins, from their evaluations (each with ``horizon`` and
-    ``length_range`` = [low, high]), in order of their lows: the first bin's horizon, carried into
-    the next bin while a bin passed all its lengths and the next starts at its high + 1. None
-    without bins."""
+def chained_horizon(results: Sequence[Mapping[str, Any]], trained_up_to: int | None = None) -> int | None:
+    """The horizon over consecutive evaluations held out by length (each with ``horizon`` and
+    ``length_range`` = [low, high]), in order of their lows: the first one's horizon, carried into
+    the next while one passed all its lengths and the next starts at its high + 1.
+
+    Args:
+        results: the evaluations (records without a horizon or range are left out).
+        trained_up_to: L, the longest training length: where the first evaluation starts past
+            L + 1, the lengths between were not evaluated and the horizon is L. None: no such check.
+
+    Returns:
+        The horizon; None without evaluations.
+    """
     bins = sorted((r for r in results if "horizon" in r and "length_range" in r), key=lambda r: r["length_range"][0])
     if not bins:
         return None
+    if trained_up_to is not None and int(bins[0]["length_range"][0]) > trained_up_to + 1:
+        return trained_up_to
     reached = int(bins[0]["horizon"])
     for previous, following in zip(bins, bins[1:]):
         high = int(previous["length_range"][1])

@@ -5,7 +5,8 @@ Beside each split's accuracy over seeds the summary states the binomial standard
 figure, sqrt(p (1 - p) / n) at the seeds' mean p over the split's n strings, and how many seeds reach
 the runs' ``horizon_threshold`` (0.95 unless the task sets another) on it; a second table gives
 the generalisation horizon of every evaluation held out by length (:mod:`attnlab.evaluation.horizon`):
-mean ± std and min–max over seeds, ``length_bins`` being the horizon over the consecutive length bins.
+mean ± std and min–max over seeds, ``length_bins`` being the horizon from the longest training
+length over the consecutive held-out evaluations.
 ``plots/accuracy_by_length_per_seed-COMBINATION.png`` draws each combination's accuracy by length over
 its length bins, one line per seed, with the threshold.
 """
@@ -304,7 +305,8 @@ def _horizon_table(plan: SweepPlan, by_combination: Mapping[tuple[str, ...], lis
         "",
         f"The longest length up to which every evaluated length reaches accuracy {_threshold(rows):g} (a first "
         "failing length gives the evaluation's lowest length − 1; lengths without strings are skipped), over the "
-        "seeds that finished: mean ± sample std, min–max; length_bins: over the consecutive length bins together.",
+        "seeds that finished: mean ± sample std, min–max; length_bins: from the longest training length over the "
+        "consecutive evaluations held out by length.",
         "",
         "| " + " | ".join([*plan.keys, "split", "horizon (mean ± std)", "min–max", "n"]) + " |",
         "|" + "---|" * (len(plan.keys) + 4),

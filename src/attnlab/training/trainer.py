@@ -42,7 +42,7 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -491,9 +491,8 @@ class _Trainer:
             last_weights = self._load_selected()
             final_metrics = self._evaluate("valid", fit=True)  # before the checkpoint, which records it
             self._record_training_split()
-            for name in cfg.final_splits:
-                self._evaluate(name)
-            self._evaluate_length_bins()
+            finals = {name: self._evaluate(name) for name in cfg.final_splits}
+            self._evaluate_length_bins(finals.get("length_generalisation"))
             self._evaluate_depth_bins()
             if last_weights is not None:
                 self.model.load_state_dict(last_weights)  # the checkpoint holds the last step's weights
@@ -665,21 +664,28 @@ class _Trainer:
             self.sink.attention(self.step, self.model, self.head_mask)
         return result
 
-    def _evaluate_length_bins(self) -> None:
+    def _evaluate_length_bins(self, length_generalisation: dict[str, Any] | None) -> None:
         """At the end: every length bin of ``task.eval_lengths`` (its own split), their accuracy
-        per length plotted into ``accuracy_by_length.png``, and the horizon over them: a record of
-        the pseudo-split ``length_bins`` (:func:`attnlab.evaluation.horizon.chained_horizon`)."""
+        per length plotted into ``accuracy_by_length.png``, and the horizon from the longest
+        training length over them: a record of the pseudo-split ``length_bins``
+        (:func:`attnlab.evaluation.horizon.chained_horizon`). The ``length_generalisation``
+        evaluation (L+1..2L, when ``train.final_splits`` scored it) leads the chain where the first
+        bin starts right after it, so bins of 21-40 after training on 1-10 are not credited with
+        11-20."""
         bins = list(getattr(self.task, "length_bins", {}))
         results = [result for name in bins if (result := self._evaluate(name)) is not None]
         if results:
             plot_accuracy_by_length(results, self.run.plots)
+            chain = results
+            if length_generalisation and _ends_right_before(length_generalisation, results[0]):
+                chain = [length_generalisation, *results]
             self._write_metrics(
                 {
                     "step": self.step,
                     "split": "length_bins",
-                    "horizon": chained_horizon(results),
+                    "horizon": chained_horizon(chain, trained_up_to=max(self.task.lengths("train"))),
                     "horizon_threshold": results[0]["horizon_threshold"],
-                    "length_range": [results[0]["length_range"][0], results[-1]["length_range"][1]],
+                    "length_range": [chain[0]["length_range"][0], results[-1]["length_range"][1]],
                 }
             )
 
@@ -737,3 +743,8 @@ def _describe_split(name: str, statistics: dict[str, int]) -> str:
     if statistics["positives"]:
         line += f", {statistics['positives']} positives ({statistics['distinct_positives']} distinct)"
     return line
+
+
+def _ends_right_before(first: Mapping[str, Any], following: Mapping[str, Any]) -> bool:
+    """Whether evaluation ``first``'s lengths end right before ``following``'s begin."""
+    return "length_range" in first and int(first["length_range"][1]) + 1 == int(following["length_range"][0])

@@ -45,6 +45,16 @@ def test_the_horizon_runs_on_into_the_next_bin_only_when_one_passed_whole_and_th
     assert chained_horizon([]) is None
 
 
+def test_a_chain_starting_past_the_first_unseen_length_claims_only_the_training_lengths():
+    """Trained on 1..10 and scored on 21..40 alone: 11..20 were never evaluated, so a model that
+    fails at 21 (the bin's own horizon, 20) has a horizon of 10, not 20."""
+    assert chained_horizon([_bin(21, 40, 20)], trained_up_to=10) == 10
+    assert chained_horizon([_bin(21, 40, 40)], trained_up_to=10) == 10
+    assert chained_horizon([_bin(11, 20, 14), _bin(21, 40, 40)], trained_up_to=10) == 14
+    assert chained_horizon([_bin(11, 20, 20), _bin(21, 40, 33)], trained_up_to=10) == 33
+    assert chained_horizon([_bin(51, 100, 78)], trained_up_to=50) == 78
+
+
 def test_binomial_standard_error():
     assert binomial_se(0.8, 400) == pytest.approx(0.02)
     assert binomial_se(1.0, 50) == 0.0
