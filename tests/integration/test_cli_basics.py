@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -24,6 +25,28 @@ def test_help_lists_commands():
     result = _run("--help")
     assert result.returncode == 0
     assert "info" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "text"),
+    [
+        (("train", "--help"), "[train] keys"),
+        (("attribute", "--help"), "logit[answer] - logit[wrong]"),
+        (("sweep", "--help"), "[sweep.grid]"),
+        (("heads", "--help"), "Head analysis"),
+    ],
+)
+def test_help_prints_brackets_as_written(args, text):
+    """Help texts name TOML tables and indices in brackets; none is read as markup and dropped."""
+    result = subprocess.run(
+        [sys.executable, "-m", "attnlab", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "250"},  # one row per option: no line break inside the text
+    )
+    assert result.returncode == 0
+    assert text in result.stdout
 
 
 def test_info_json():

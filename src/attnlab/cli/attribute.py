@@ -26,7 +26,7 @@ def attribute_command(
     text: str = typer.Argument(..., help="The prompt; its next token is attributed."),
     answer: str = typer.Option(..., "--answer", help="The next token whose logit is decomposed (one token)."),
     wrong: str = typer.Option(
-        None, "--wrong", help="Another token (one token): decompose logit[answer] - logit[wrong] instead."
+        None, "--wrong", help="Another token (one token): decompose logit\\[answer] - logit\\[wrong] instead."
     ),
     top_k: int = typer.Option(5, "--top-k", min=1, max=100, help="Tokens the logit lens lists per layer."),
     out: Path = typer.Option(None, "--out", help="Folder for the CSVs and pictures (default RUN/analysis/attribute)."),

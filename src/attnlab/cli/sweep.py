@@ -19,12 +19,13 @@ def sweep(
         [],
         "--grid",
         help="A key and its values: section.key=v1,v2,... (repeatable; the runs are the product); "
-        "replaces that key of the file's [sweep.grid].",
+        "replaces that key of the file's \\[sweep.grid].",
     ),
     seeds: str = typer.Option(
         None,
         "--seeds",
-        help="Seeds, e.g. 0-4 or 0,2,7; each sets train.seed and task.seed. Default: the file's [sweep] seeds, else 0.",
+        help="Seeds, e.g. 0-4 or 0,2,7; each sets train.seed and task.seed. "
+        "Default: the file's \\[sweep] seeds, else 0.",
     ),
     out: Path = typer.Option(None, "--out", help="The sweep folder (run the same command again to resume it)."),
     overrides: list[str] = typer.Option([], "--set", help="Fix a key for every run: section.key=value (repeatable)."),

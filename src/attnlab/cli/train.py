@@ -25,7 +25,7 @@ def train(
         None,
         "--resume",
         help="Continue the run in this directory from its last checkpoint, with the config it was trained with "
-        "(no CONFIG); --set may change [train] keys (e.g. train.steps), not [model] or [task] ones.",
+        "(no CONFIG); --set may change \\[train] keys (e.g. train.steps), not \\[model] or \\[task] ones.",
     ),
     nproc: int = typer.Option(
         1, "--nproc", min=1, max=MAX_PROCESSES, help="Train on N processes with DistributedDataParallel (torchrun)."
