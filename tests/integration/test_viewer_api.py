@@ -568,3 +568,15 @@ def test_an_unexpected_exception_is_a_500_with_one_line_not_a_traceback(runs, mo
     monkeypatch.setenv("ATTNLAB_TRACEBACK", "1")
     with pytest.raises(RuntimeError, match="a bug"):
         TestClient(app).post("/api/run", json={"text": "ab"})
+
+
+def test_a_model_whose_maps_are_not_finite_gets_400_naming_the_layer(tmp_path_factory):
+    """NaN attention weights (a model that overflowed) are refused with the kind and layer, not
+    sent as JSON the page cannot read, nor drawn as zeros."""
+    loaded = open_run(tiny_run(tmp_path_factory.mktemp("viewer-nan"), "encoder_classifier"))
+    embedding = next(p for name, p in loaded.model.named_parameters() if "emb" in name)
+    with torch.no_grad():
+        embedding.fill_(float("nan"))
+    answer = post_run(TestClient(create_app(loaded)), "(()")
+    assert answer.status_code == 400
+    assert answer.json()["error"] == "self layer 0: the attention weights hold NaN or infinity"

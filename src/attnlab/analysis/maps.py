@@ -36,7 +36,7 @@ from attnlab.nn.models import POOLINGS
 from attnlab.resources import check_decode_length, check_input_text, check_input_tokens
 from attnlab.run.loaded import LoadedRun
 
-__all__ = ["AttentionView", "attention_view", "kind_maps"]
+__all__ = ["AttentionView", "attention_view", "check_finite", "kind_maps"]
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,20 @@ def attention_view(
     mask = loaded.held_mask(base=head_mask)
     view = VIEWS[loaded.experiment.model_kind]
     found = view(loaded, ids, head_mask=mask, max_length=max_length, top_k=top_k, continuation=continuation)
+    check_finite(found)
     return dataclasses.replace(found, off=tuple(heads_off(loaded.model, mask)))
+
+
+def check_finite(view: AttentionView) -> None:
+    """Refuse maps that hold NaN or infinity (a model that overflowed, in fp16 say): drawn or sent
+    to the viewer, they would be drawn as zeros or break its JSON.
+
+    Raises:
+        UsageError: naming the first kind and layer whose weights are not finite.
+    """
+    for record in view.records:
+        if not torch.isfinite(record.weights).all():
+            raise UsageError(f"{record.kind} layer {record.layer}: the attention weights hold NaN or infinity")
 
 
 def language_model_prompt(loaded: LoadedRun, text: str) -> list[int]:

@@ -39,9 +39,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from attnlab.analysis.maps import AttentionView
+from attnlab.analysis.maps import AttentionView, check_finite
 from attnlab.errors import UsageError
 from attnlab.head_ids import HeadId, head_ids, parse_head, parse_head_name
 from attnlab.nn import AttentionRecord
@@ -207,6 +205,7 @@ def show_records(
     _check_size(rows, embedded)
     stopped = _record_off(off, heads)
     captured = AttentionView(rows, axes, "")
+    check_finite(captured)
     found = {
         "tokens": list(axes[records[0].kind][1]),
         "off": [head_json(head) for head in stopped],
@@ -231,9 +230,6 @@ def _view(
 ) -> AttentionHTML:
     """The payload of a view of the maps in ``found`` (a ``run_payload``-like dict)."""
     first = embedded[0] if layer is None else layer
-    for shown in found["attention"]:
-        if not np.isfinite(np.asarray(shown["weights"], dtype=float)).all():
-            raise UsageError(f"{shown['kind']} layer {shown['layer']}: the attention weights hold NaN or infinity")
     pages = [list(embedded[i : i + per_page]) for i in range(0, len(embedded), per_page)]
     kinds = [kind_info(kind, heads) for kind in dict.fromkeys(h.kind for h in heads)]
     return AttentionHTML(
