@@ -174,26 +174,32 @@ def _parity_next(prefix: str) -> frozenset[str]:
 
 
 def _dyck_next(pairs: dict[str, str]) -> Callable[[str], frozenset[str]]:
-    """Next symbols of a Dyck prefix: any opener; the closer of the innermost open bracket; END
-    once every bracket is closed (and the prefix is not empty)."""
+    """Next symbols of a Dyck prefix: the last set of :func:`_dyck_prefixes_next`."""
+    prefixes_next = _dyck_prefixes_next(pairs)
+    return lambda prefix: prefixes_next(prefix)[-1]
 
-    def next_symbols(prefix: str) -> frozenset[str]:
-        stack: list[str] = []
-        for ch in prefix:
+
+def _dyck_prefixes_next(pairs: dict[str, str]) -> Callable[[str], list[frozenset[str]]]:
+    """Next symbols of every prefix string[:t] of a Dyck string, t = 0..n, in one left-to-right
+    scan: any opener; the closer of the innermost open bracket; END once every bracket is closed
+    (and the prefix is not empty); nothing from the first closer that closes nothing open on."""
+    openers = frozenset(pairs)
+    after_closing_all = openers | {END}
+    with_closer = {closer: openers | {closer} for closer in pairs.values()}
+
+    def prefixes_next(string: str) -> list[frozenset[str]]:
+        sets, stack = [openers], []
+        for ch in string:
             if ch in pairs:
                 stack.append(pairs[ch])
             elif stack and stack[-1] == ch:
                 stack.pop()
-            else:  # a closer that closes nothing open: no continuation is a member
-                return frozenset()
-        allowed = set(pairs)
-        if stack:
-            allowed.add(stack[-1])
-        elif prefix:
-            allowed.add(END)
-        return frozenset(allowed)
+            else:  # no continuation of this prefix, or of any longer one, is a member
+                return sets + [frozenset()] * (len(string) + 1 - len(sets))
+            sets.append(with_closer[stack[-1]] if stack else after_closing_all)
+        return sets
 
-    return next_symbols
+    return prefixes_next
 
 
 def _blocks_next(letters: str) -> Callable[[str], frozenset[str]]:
@@ -453,6 +459,16 @@ class Language:
     """Bracket languages: positives of length n with a depth in [low, high] (:func:`bracket_depth`)."""
     sample_at_depth: Callable[[random.Random, int, int, int], str | None] | None = None
     """Bracket languages: a uniform positive of length n with a depth in [low, high], or None."""
+    prefixes_next: Callable[[str], list[frozenset[str]]] | None = None
+    """Where one scan gives them: ``next_symbols(string[:t])`` for t = 0..n (see
+    :meth:`next_symbols_of_prefixes`)."""
+
+    def next_symbols_of_prefixes(self, string: str) -> list[frozenset[str]]:
+        """``next_symbols(string[:t])`` for t = 0..n: one scan where the language has one
+        (:attr:`prefixes_next`), else prefix by prefix."""
+        if self.prefixes_next is not None:
+            return self.prefixes_next(string)
+        return [self.next_symbols(string[:t]) for t in range(len(string) + 1)]
 
     def positives(self, n: int) -> Iterator[str]:
         """All positives of length n, by brute force; only for the small counts it is used on."""
@@ -537,6 +553,7 @@ LANGUAGES: dict[str, Language] = {
         _balanced_dyck1,
         _dyck_shapes_at_depth,
         _dyck_positive_at_depth("("),
+        _dyck_prefixes_next({"(": ")"}),
     ),
     "dyck2": Language(
         "dyck2",
@@ -549,6 +566,7 @@ LANGUAGES: dict[str, Language] = {
         _balanced_dyck2,
         lambda n, low, high: _dyck_shapes_at_depth(n, low, high) * 2 ** (n // 2),
         _dyck_positive_at_depth("(["),
+        _dyck_prefixes_next({"(": ")", "[": "]"}),
     ),
     "anbn": Language(
         "anbn",
@@ -764,7 +782,9 @@ class RecognitionTask(VocabIds):
         position t has read the prefix string[:t] and its target is that prefix's next-symbol set
         (:attr:`Language.next_symbols`) as a mask over token ids (:meth:`symbol_mask`).
         """
-        masks = tuple(self.symbol_mask(self.lang.next_symbols(string[:t])) for t in range(len(string) + 1))
+        sets = self.lang.next_symbols_of_prefixes(string)
+        mask_of = {symbols: self.symbol_mask(symbols) for symbols in set(sets)}  # a few distinct sets
+        masks = tuple(mask_of[symbols] for symbols in sets)
         return Example(source=(), target=self.vocab.encode(string), label=1, length=len(string), next_symbols=masks)
 
     # ---- splits -------------------------------------------------------------------------------

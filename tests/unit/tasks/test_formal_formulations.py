@@ -55,6 +55,18 @@ def test_next_symbol_sets_equal_brute_force_over_all_continuations(language):
             assert LANGUAGES[language].next_symbols(prefix) == brute, prefix
 
 
+@pytest.mark.parametrize("language", list(LANGUAGES))
+def test_the_next_symbols_of_every_prefix_in_one_scan_are_those_prefix_by_prefix(language):
+    """Every string up to length 8 (members, prefixes of members and dead ends alike): the one-scan
+    sets (where the language has one) equal next_symbols of each prefix, itself checked above."""
+    lang = LANGUAGES[language]
+    for n in range(9):
+        for symbols in itertools.product(lang.alphabet, repeat=n):
+            string = "".join(symbols)
+            expected = [lang.next_symbols(string[:t]) for t in range(n + 1)]
+            assert lang.next_symbols_of_prefixes(string) == expected, string
+
+
 def test_next_char_examples_encode_each_prefix_set_as_a_mask():
     task = RecognitionTask(language="dyck2", formulation="next_char", max_train_length=6, train_size=20)
     example = task.encode_next_char("([])")
