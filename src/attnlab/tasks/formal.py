@@ -353,21 +353,59 @@ def dyck_derivation(kinds: str) -> Callable[[random.Random, float, float, float]
 
     The paper's p = 1/2, q = 1/4 is the critical case p + 2q = 1: E[L] is infinite, so the budget
     (the longest length of the split) is what keeps strings finite there.
+
+    The recursion, as the authors write it (each S draws u, then the kind of (S), then derives its
+    children left to right; a word over the budget becomes ε after its children are derived, so
+    which numbers are drawn does not depend on it)::
+
+        def derive(opened):
+            if opened >= budget: return ""
+            u = rng.random()
+            if u < p: kind = rng.choice(kinds); word = kind + derive(opened + 2) + closer[kind]
+            elif u < p + q: word = derive(opened) + derive(opened)
+            else: return ""
+            return word if len(word) <= budget else ""
+
+    runs here on an explicit stack (near the critical point a derivation has thousands of nodes,
+    and a split draws hundreds of thousands of derivations), drawing the same numbers in the same
+    order, the kind as ``rng.choice`` draws it (rejection over ``getrandbits``): the strings and
+    the generator's state after them are the recursion's (tested against it).
     """
     closer = dict(zip("([", ")]"))
+    count, width = len(kinds), len(kinds).bit_length()
+    wrap, left, right = 0, 1, 2  # what an S on the stack waits for: its (S) inside, its left or right S
 
     def derive(rng: random.Random, p: float, q: float, budget: float, opened: int = 0) -> str:
-        if opened >= budget:
-            return ""
-        u = rng.random()
-        if u < p:
-            kind = rng.choice(kinds)
-            word = kind + derive(rng, p, q, budget, opened + 2) + closer[kind]
-        elif u < p + q:
-            word = derive(rng, p, q, budget, opened) + derive(rng, p, q, budget, opened)
-        else:
-            return ""
-        return word if len(word) <= budget else ""
+        draw, bits = rng.random, rng.getrandbits
+        stack: list[tuple[int, str, int]] = []  # (waits for, its kind or its left word, its depth)
+        depth: int | None = opened  # the S to derive next; None while a derived word returns
+        while True:
+            if depth is not None:
+                word = ""
+                if depth < budget:
+                    u = draw()
+                    if u < p:
+                        r = bits(width)
+                        while r >= count:
+                            r = bits(width)
+                        stack.append((wrap, kinds[r], depth))
+                        depth += 2
+                        continue
+                    if u < p + q:
+                        stack.append((left, "", depth))
+                        continue
+                depth = None
+            while stack:  # ``word`` returns to the S on top
+                waits, held, at = stack.pop()
+                if waits == left:
+                    stack.append((right, word, at))
+                    depth = at
+                    break
+                word = held + word + closer[held] if waits == wrap else held + word
+                if len(word) > budget:
+                    word = ""
+            else:
+                return word
 
     return derive
 

@@ -25,6 +25,40 @@ def _depth(word: str) -> int:
     return deepest
 
 
+def _recursive_derivation(kinds: str):  # noqa: ANN202
+    """The authors' recursion (Transformer-Formal-Languages' DyckLanguage.generate), the reference
+    for attnlab's stack-based derivation."""
+    closer = dict(zip("([", ")]"))
+
+    def derive(rng: random.Random, p: float, q: float, budget: float, opened: int = 0) -> str:
+        if opened >= budget:
+            return ""
+        u = rng.random()
+        if u < p:
+            kind = rng.choice(kinds)
+            word = kind + derive(rng, p, q, budget, opened + 2) + closer[kind]
+        elif u < p + q:
+            word = derive(rng, p, q, budget, opened) + derive(rng, p, q, budget, opened)
+        else:
+            return ""
+        return word if len(word) <= budget else ""
+
+    return derive
+
+
+@pytest.mark.parametrize("kinds", ["(", "(["])
+@pytest.mark.parametrize(("p", "q", "budget"), [(0.5, 0.25, 50), (0.5, 0.25, 150), (0.3, 0.2, math.inf), (0.4, 0.1, 8)])
+def test_the_derivation_draws_what_the_recursion_draws(kinds, p, q, budget):
+    """The same strings and the generator in the same state after each: the splits of a committed
+    sweep do not move."""
+    fast, reference = dyck_derivation(kinds), _recursive_derivation(kinds)
+    ours, theirs = random.Random(11), random.Random(11)
+    words = [fast(ours, p, q, budget) for _ in range(300)]
+    assert words == [reference(theirs, p, q, budget) for _ in range(300)]
+    assert ours.getstate() == theirs.getstate()
+    assert any(len(word) > 10 for word in words) or budget < 10  # not only empty or tiny words
+
+
 @pytest.mark.parametrize(("kinds", "p", "q"), [("(", 0.3, 0.2), ("([", 0.4, 0.1)])
 def test_the_unbounded_grammar_has_the_closed_form_mean_length_and_depth(kinds, p, q):
     """E[L] = 2p / (1 - p - 2q) and E[D] = sum_d (1 - F_d): the empirical means of 4000 derivations
