@@ -12,8 +12,10 @@ import pytest
 from attnlab import __version__
 
 
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "attnlab", *args], capture_output=True, text=True, timeout=120)
+def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "attnlab", *args], capture_output=True, text=True, timeout=120, env=env
+    )
 
 
 def test_version():
@@ -38,13 +40,7 @@ def test_help_lists_commands():
 )
 def test_help_prints_brackets_as_written(args, text):
     """Help texts name TOML tables and indices in brackets; none is read as markup and dropped."""
-    result = subprocess.run(
-        [sys.executable, "-m", "attnlab", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "COLUMNS": "250"},  # one row per option: no line break inside the text
-    )
+    result = _run(*args, env={**os.environ, "COLUMNS": "250"})  # one row per option: no break inside the text
     assert result.returncode == 0
     assert text in result.stdout
 
