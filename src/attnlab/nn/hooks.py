@@ -181,7 +181,7 @@ def model_sites(model: nn.Module) -> dict[str, Site]:
         sites[name] = Site(name, module, point, stack, layer, axes.get("kind"), axes.get("head"), axes.get("pos", 1))
 
     def add_attention(prefix: str, module: nn.Module, stack: str | None, layer: int | None, kind: str) -> None:
-        for point in ATTENTION_POINTS:
+        for point in module.site_points:  # a bridged module has no q_pre / k_pre (attnlab.pretrained.bridge)
             head = 1 if point in HEAD_POINTS else None
             add(f"{prefix}.{point}", module, point, stack, layer, kind=kind, head=head, pos=2 if head else 1)
 
@@ -206,13 +206,16 @@ def model_sites(model: nn.Module) -> dict[str, Site]:
             add(f"{prefix}.resid_pre", layer, "resid_pre", stack, index)
 
             attentions = [("attn", layer.self_attn, kinds[0], "resid_mid", layer.site_norms[0])]
+            if layer.self_attn is None:  # a hybrid's layer without attention (bridged models)
+                attentions = []
             if hasattr(layer, "cross_attn"):
                 attentions.append(("cross", layer.cross_attn, kinds[1], "resid_cross", layer.site_norms[1]))
             for label, module, kind, after, norm in attentions:
                 add_norm(prefix, label, norm, stack, index, 0)
                 add_attention(f"{prefix}.{label}", module, stack, index, kind)
                 add_norm(prefix, label, norm, stack, index, 1)
-                add(f"{prefix}.{after}", layer, after, stack, index)
+                if after in getattr(layer, "residual_points", (after,)):
+                    add(f"{prefix}.{after}", layer, after, stack, index)
             add_norm(prefix, "ffn", layer.ffn_norm, stack, index, 0)
             for point in layer.feed_forward.site_points:
                 add(f"{prefix}.ffn.{point}", layer.feed_forward, point, stack, index)
@@ -236,7 +239,7 @@ def attention_sites(model: nn.Module) -> list[Site]:
     sites = []
     for stack, (stack_module, kinds) in model.site_stacks().items():
         for index, layer in enumerate(stack_module.layers):
-            attentions = [("attn", layer.self_attn, kinds[0])]
+            attentions = [("attn", layer.self_attn, kinds[0])] if layer.self_attn is not None else []
             if hasattr(layer, "cross_attn"):
                 attentions.append(("cross", layer.cross_attn, kinds[1]))
             for label, module, kind in attentions:

@@ -24,7 +24,8 @@ from attnlab.errors import CheckpointError, ConfigError
 from attnlab.experiment import ExperimentConfig, model_for_task
 from attnlab.nn import TransformerModel
 from attnlab.pretrained.checkpoint import Checkpoint, read_tensors
-from attnlab.pretrained.families import family_of, fill_state
+from attnlab.pretrained.bridge import BridgedLM, load_transformers_model
+from attnlab.pretrained.families import FAMILIES, family_of, fill_state
 from attnlab.pretrained.integrity import check_chat_template, check_model_section
 from attnlab.pretrained.provenance import check_sources, remember_values_checked, values_checked
 from attnlab.tasks.base import Task
@@ -60,6 +61,8 @@ def open_checkpoint(
     """
     check_sources(checkpoint.files(), verify=verify)
     where = checkpoint.folder / "config.json"
+    if checkpoint.config.get("model_type") not in FAMILIES:  # no native family: transformers' own modules
+        return _open_bridged(checkpoint, dtype)
     family = family_of(checkpoint.config, where)
     try:
         model_section = family.model_section(checkpoint.config, where)
@@ -95,6 +98,41 @@ def open_checkpoint(
     return OpenedCheckpoint(checkpoint, experiment, task, tokenizer, model.eval())
 
 
+def _open_bridged(checkpoint: Checkpoint, dtype: torch.dtype | None) -> OpenedCheckpoint:
+    """A causal LM of a ``model_type`` attnlab has no family for, through transformers' own modules
+    with attnlab's sites (:mod:`attnlab.pretrained.bridge`)."""
+    where = checkpoint.folder / "config.json"
+    check_bridged_type(checkpoint.config.get("model_type"), where)
+    tokenizer = checkpoint_tokenizer(checkpoint)
+    task_options = task_section(checkpoint, tokenizer)
+    model = BridgedLM(load_transformers_model(checkpoint.folder, dtype=dtype), pad_id=task_options["pad"])
+    model_section = {key: value for key, value in model.config.to_dict().items() if key not in _DECIDED}
+    experiment = ExperimentConfig(task=task_options, model=model_section)
+    task, _ = build_task(experiment.task, saved_tokenizer=tokenizer)
+    return OpenedCheckpoint(checkpoint, experiment, task, tokenizer, model.eval())
+
+
+_DECIDED = ("vocab_size", "pad_id")
+"""What the task decides of a model section (its vocabulary, its padding id)."""
+
+
+def check_bridged_type(model_type: Any, where: Any) -> None:
+    """A ConfigError unless transformers knows ``model_type`` as a causal language model."""
+    from transformers.models.auto.modeling_auto import (  # lazy: transformers is imported only by the bridge
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
+    )
+
+    if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return
+    if model_type in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
+        raise ConfigError(f"{where}: model_type {model_type!r} is an encoder-decoder; attnlab opens causal LMs here")
+    raise ConfigError(
+        f"{where}: model_type {model_type!r} is no causal language model transformers knows "
+        f"(attnlab's own families: {', '.join(sorted(FAMILIES))})"
+    )
+
+
 def _take_weights(model: TransformerModel, state: dict[str, torch.Tensor]) -> None:
     """Every parameter takes its filled tensor (its storage, its dtype); tied parameters stay one.
     The model's own allocations were never written, so they were never resident."""
@@ -109,14 +147,31 @@ def _take_weights(model: TransformerModel, state: dict[str, torch.Tensor]) -> No
 
 
 def checkpoint_tokenizer(checkpoint: Checkpoint) -> Tokenizer:
-    """The folder's tokenizer.json; a CheckpointError where there is none (attnlab reads no other format)."""
+    """The folder's tokenizer.json, or the fast tokenizer transformers converts from its other
+    files (``tokenizer.model``, ``vocab.json`` + ``merges.txt``); a CheckpointError where there is none."""
     path = checkpoint.file("tokenizer.json")
+    if path is None and (converted := _converted_tokenizer(checkpoint)) is not None:
+        return converted
     if path is None:
         raise CheckpointError(
             f"{checkpoint.folder}: no tokenizer.json (attnlab reads the fast tokenizer's file; save one with "
             "AutoTokenizer.from_pretrained(folder).save_pretrained(folder))"
         )
     return Tokenizer.load(path)
+
+
+def _converted_tokenizer(checkpoint: Checkpoint) -> Tokenizer | None:
+    """transformers' conversion of a slow tokenizer's files to a fast one (its ``tokenizers`` JSON)."""
+    if not any(checkpoint.file(name) for name in ("tokenizer.model", "vocab.json", "spiece.model", "vocab.txt")):
+        return None
+    try:
+        from transformers import AutoTokenizer  # lazy: only for folders without tokenizer.json
+
+        converted = AutoTokenizer.from_pretrained(checkpoint.folder, local_files_only=True, trust_remote_code=False)
+    except Exception as error:  # noqa: BLE001 - transformers' failure, said in one line
+        raise CheckpointError(f"{checkpoint.folder}: its tokenizer files could not be converted: {error}") from None
+    backend = getattr(converted, "backend_tokenizer", None)
+    return None if backend is None else Tokenizer.from_str(backend.to_str(), source=checkpoint.folder)
 
 
 def task_section(checkpoint: Checkpoint, tokenizer: Tokenizer) -> dict[str, Any]:

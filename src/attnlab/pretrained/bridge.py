@@ -1,0 +1,508 @@
+"""The bridge: any causal language model transformers runs, with attnlab's named sites.
+
+Where a folder's ``model_type`` has no native family (:data:`attnlab.pretrained.families.FAMILIES`),
+:func:`open_bridged` opens it with transformers' own classes (``AutoModelForCausalLM``, local
+files only, never remote code) and gives it the sites of :mod:`attnlab.nn.hooks`, so every
+analysis runs on it as on a native model, through the same hook tables:
+
+* the attention sites ``decoder.L.attn.q/k/v/scores/pattern/z`` come from attnlab's function in
+  transformers' attention registry (:mod:`attnlab.pretrained.bridge_attention`), which every
+  modern model calls with its queries, keys and values per head;
+* ``attn.result`` and ``attn.out`` from the module's output projection W^O: result_h = z_h W_O^h,
+  out = sum_h result_h + b^O (Michel §2.2);
+* ``resid_pre`` / ``resid_post`` from the decoder layer's input and output, ``resid_mid`` (= resid_pre
+  + attn.out) where the layer adds the attention output to its input as it is, ``ffn.out`` from
+  the layer's feed-forward module, ``embed`` from the token embedding, ``final_norm`` from the
+  unembedding's input, and ``logits``.
+
+Which module plays which part is found once, when the model is opened, by one short forward pass
+(the *probe*) that watches the attention calls; nothing is chosen by ``model_type``. The bridge
+installs one PyTorch module hook per part, each of which runs the site's attnlab hooks and costs
+one truth test while none is set.
+
+Shape:
+    tokens: (B, T) ids;  is_token: (B, T) bool, False at (left) padding;  returns logits (B, T, V).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.errors import CheckpointError, ConfigError
+from attnlab.nn import DecoderOnlyConfig, TransformerModel
+from attnlab.nn.hooks import ATTENTION_POINTS, run_hooks
+from attnlab.pretrained.bridge_attention import IMPLEMENTATION, SITE_ATTRIBUTE, register
+
+__all__ = ["BridgedLM", "BridgedState", "BRIDGE_POINTS", "load_transformers_model"]
+
+BRIDGE_POINTS = tuple(point for point in ATTENTION_POINTS if point not in ("q_pre", "k_pre"))
+"""The attention sites of a bridged module: rotary positions are applied inside transformers'
+module, before attnlab's function sees the queries and keys, so there is no ``q_pre`` / ``k_pre``."""
+
+_OUTPUT_NAMES = ("o_proj", "out_proj", "dense", "c_proj", "wo", "o", "proj", "output_proj")
+_FFN_NAMES = ("mlp", "feed_forward", "block_sparse_moe", "ffn", "moe", "mlps", "feedforward")
+
+
+def load_transformers_model(folder: Any, *, dtype: torch.dtype | None, seq2seq: bool = False) -> nn.Module:
+    """transformers' model of ``folder`` with attnlab's attention function, local files only.
+
+    Raises:
+        ConfigError: a folder that needs remote code, or that transformers cannot build (its words).
+    """
+    register()
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM  # lazy: only the bridge needs it
+
+    auto = AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM
+    try:
+        model = auto.from_pretrained(
+            folder,
+            attn_implementation=IMPLEMENTATION,
+            local_files_only=True,
+            trust_remote_code=False,
+            dtype=dtype if dtype is not None else "auto",
+            # grouped_mm, transformers' default for experts, computes no float64: the reference precision runs eager
+            **({"experts_implementation": "eager"} if dtype == torch.float64 else {}),
+        )
+    except (ValueError, OSError, KeyError, TypeError, RuntimeError, ImportError, AttributeError) as error:
+        message = " ".join(str(error).split())
+        if "trust_remote_code" in message or "custom code" in message:
+            raise ConfigError(f"{folder}: the model needs remote code (trust_remote_code), which attnlab never runs")
+        raise ConfigError(f"{folder}: transformers cannot open it: {message[:300]}") from None
+    return model.eval()
+
+
+# ---- the parts that own sites ------------------------------------------------------------------------
+
+
+class _NoNorm:
+    """A norm the bridge does not split into sites (transformers' norms run as they are)."""
+
+    site_points = {0: (), 1: ()}
+
+
+class BridgedAttention:
+    """The sites of one transformers attention module: its hook table, its heads, its W^O.
+
+    Attributes:
+        hooks: point -> hooks (:mod:`attnlab.nn.hooks`), run by attnlab's attention function
+            (``q``, ``k``, ``v``, ``scores``, ``pattern``, ``z``) and by W^O's module hook
+            (``result``, ``out``).
+        heads, kv_heads, d_v: the query heads, key/value heads and value width seen by the probe.
+        site_points: the points this module has (no ``result``/``out`` without a found W^O).
+    """
+
+    def __init__(self, module: nn.Module, layer: BridgedLayer, heads: int, kv_heads: int, d_v: int) -> None:
+        self.module = module
+        self.layer = layer
+        self.heads, self.kv_heads, self.d_v = heads, kv_heads, d_v
+        self.hooks: dict[str, list[Any]] = {}
+        self.probe: Any = None
+        self.output = _output_projection(module, heads * d_v)
+        self.site_points = BRIDGE_POINTS if self.output is not None else BRIDGE_POINTS[:-2]
+        setattr(module, SITE_ATTRIBUTE, self)
+        if self.output is not None:
+            self.output.register_forward_hook(self._on_output)
+
+    def _on_output(self, projection: nn.Module, inputs: tuple[Any, ...], out: Tensor) -> Tensor | None:
+        """W^O's output with the ``result`` and ``out`` sites (and ``resid_mid``, where it is a sum)."""
+        mid = self.layer.hooks.get("resid_mid") if self.layer.resid_mid else None
+        if not self.hooks and not mid:
+            return None
+        if "result" in self.hooks:
+            result = self._result(projection, inputs[0])  # (B, H, T, d_model)
+            result = run_hooks(self.hooks, "result", result)
+            bias = getattr(projection, "bias", None)
+            out = result.sum(1) if bias is None else result.sum(1) + bias
+        if "out" in self.hooks:
+            out = run_hooks(self.hooks, "out", out)
+        if mid:
+            before = self.layer.resid_in
+            summed = before + out
+            edited = run_hooks(self.layer.hooks, "resid_mid", summed)
+            if edited is not summed:  # an edit of the stream after attention is an edit of what attention adds
+                out = edited - before
+        return out
+
+    def _result(self, projection: nn.Module, x: Tensor) -> Tensor:
+        """result_h = z_h W_O^h: each head's term of W^O's product, (B, H, T, d_model)."""
+        weight = projection.weight  # Linear: (d_model, H d_v); GPT-2's Conv1D: (H d_v, d_model)
+        if not isinstance(projection, nn.Linear):
+            weight = weight.t()
+        z = x.unflatten(-1, (self.heads, self.d_v))  # (B, T, H, d_v)
+        return torch.einsum("bthd,mhd->bhtm", z, weight.unflatten(1, (self.heads, self.d_v)))
+
+
+def _output_projection(module: nn.Module, width: int) -> nn.Module | None:
+    """The attention module's W^O: a child map of input width H d_v, found by its usual names."""
+    for name in _OUTPUT_NAMES:
+        child = getattr(module, name, None)
+        if isinstance(child, nn.Module) and _in_width(child) == width:
+            return child
+    return None
+
+
+def _in_width(module: nn.Module) -> int | None:
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, Tensor) or weight.dim() != 2:
+        return None
+    return weight.shape[1] if isinstance(module, nn.Linear) else weight.shape[0]
+
+
+class BridgedFeedForward:
+    """The site ``ffn.out`` of a layer's feed-forward module (its output, a mixture's included)."""
+
+    site_points = ("out",)
+
+    def __init__(self, module: nn.Module) -> None:
+        self.hooks: dict[str, list[Any]] = {}
+        module.register_forward_hook(self._on_output)
+
+    def _on_output(self, module: nn.Module, inputs: tuple[Any, ...], out: Any) -> Any:
+        if not self.hooks:
+            return None
+        if isinstance(out, tuple):  # a mixture of experts returns (states, router logits)
+            return (run_hooks(self.hooks, "out", out[0]), *out[1:])
+        return run_hooks(self.hooks, "out", out)
+
+
+class BridgedLayer:
+    """The residual-stream sites of one transformers decoder layer.
+
+    Attributes:
+        hooks: ``resid_pre``, ``resid_mid``, ``resid_post``.
+        self_attn: its :class:`BridgedAttention`, or None for a layer without attention (a hybrid's).
+        feed_forward: its :class:`BridgedFeedForward` (``ffn.out``), or None where none was found.
+        resid_mid: whether the layer adds W^O's output to its input as it is (then resid_mid is
+            that sum, and its edits reach the rest of the layer).
+    """
+
+    site_norms = (_NoNorm(), _NoNorm())
+    ffn_norm = _NoNorm()
+    attn_norm = None
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        self.hooks: dict[str, list[Any]] = {}
+        self.self_attn: BridgedAttention | None = None
+        self.feed_forward: BridgedFeedForward | _NoFeedForward = _NoFeedForward()
+        self.resid_mid = False
+        self.resid_in: Tensor | None = None
+        module.register_forward_pre_hook(self._on_input, with_kwargs=True)
+        module.register_forward_hook(self._on_output)
+
+    @property
+    def residual_points(self) -> tuple[str, ...]:
+        return ("resid_pre", "resid_mid", "resid_post") if self.resid_mid else ("resid_pre", "resid_post")
+
+    def _on_input(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if not self.hooks:
+            return None
+        positional = bool(args)
+        x = args[0] if positional else kwargs["hidden_states"]
+        if "resid_pre" in self.hooks:
+            x = run_hooks(self.hooks, "resid_pre", x)
+        self.resid_in = x
+        if positional:
+            return (x, *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": x}
+
+    def _on_output(self, module: nn.Module, inputs: tuple[Any, ...], out: Any) -> Any:
+        self.resid_in = None
+        if "resid_post" not in self.hooks:
+            return None
+        if isinstance(out, tuple):
+            return (run_hooks(self.hooks, "resid_post", out[0]), *out[1:])
+        return run_hooks(self.hooks, "resid_post", out)
+
+
+class _NoFeedForward:
+    site_points: tuple[str, ...] = ()
+    hooks: dict[str, list[Any]] = {}
+
+
+class BridgedEmbedding:
+    """The site ``embed``: the token embedding module's output (before any scale or position the
+    model adds after it)."""
+
+    adds_positions = False
+    norm_points: tuple[str, ...] = ()
+
+    def __init__(self, module: nn.Module) -> None:
+        self.hooks: dict[str, list[Any]] = {}
+        module.register_forward_hook(self._on_output)
+
+    def _on_output(self, module: nn.Module, inputs: tuple[Any, ...], out: Tensor) -> Tensor | None:
+        return run_hooks(self.hooks, "embed", out) if self.hooks else None
+
+
+class BridgedStack:
+    """The decoder stack as :func:`attnlab.nn.hooks.model_sites` reads it.
+
+    Attributes:
+        embedding, layers: the parts above.
+        final_norm: transformers' final norm module (the logit lens applies it), or None.
+        hooks: the site ``final_norm``, the unembedding's input.
+    """
+
+    final_norm_points: tuple[str, ...] = ()
+
+    def __init__(self, embedding: BridgedEmbedding, layers: list[BridgedLayer], head: nn.Module) -> None:
+        self.embedding = embedding
+        self.layers = layers
+        self.final_norm: nn.Module | None = None
+        self.hooks: dict[str, list[Any]] = {}
+        head.register_forward_pre_hook(self._on_head_input)
+
+    def _on_head_input(self, module: nn.Module, args: tuple[Any, ...]) -> Any:
+        if not self.hooks:
+            return None
+        return (run_hooks(self.hooks, "final_norm", args[0]), *args[1:])
+
+
+# ---- the model ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class BridgedState:
+    """What a bridged model keeps between decoding steps: transformers' KV cache, and which keys
+    so far are real tokens (as :class:`attnlab.nn.models.DecodingState`)."""
+
+    cache: Any = None
+    is_token: Tensor | None = None
+
+    def __len__(self) -> int:
+        return 0 if self.is_token is None else self.is_token.shape[1]
+
+    def advance(self, new_is_token: Tensor) -> Tensor:
+        self.is_token = new_is_token if self.is_token is None else torch.cat([self.is_token, new_is_token], dim=1)
+        return self.is_token
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows ``index`` (beam search)."""
+        if self.cache is not None:
+            self.cache.reorder_cache(index)
+        if self.is_token is not None:
+            self.is_token = self.is_token.index_select(0, index)
+
+
+class BridgedLM(TransformerModel):
+    """A transformers causal language model with attnlab's named sites (see the module docstring).
+
+    Attention kind: ``self``.
+
+    Attributes:
+        hf: transformers' model (its parameters are this module's).
+        decoder: the :class:`BridgedStack` of sites.
+        config: a :class:`~attnlab.nn.DecoderOnlyConfig` of the sizes the probe saw (layers, heads,
+            widths, vocabulary, positions): what analyses read; the architecture is ``hf``'s.
+        lm_head: transformers' unembedding (``get_output_embeddings()``).
+    """
+
+    bridged = True
+
+    def __init__(self, hf: nn.Module, *, pad_id: int = 0) -> None:
+        super().__init__()
+        self.hf = hf
+        text = hf.config.get_text_config() if hasattr(hf.config, "get_text_config") else hf.config
+        head = hf.get_output_embeddings()
+        if head is None:
+            raise ConfigError(f"{type(hf).__name__} has no output embeddings: not a language model attnlab can read")
+        parameters = inspect.signature(hf.forward).parameters
+        self._takes_positions = "position_ids" in parameters
+        self._cache_argument = "cache" if "cache" in parameters else "past_key_values"  # transformers >= 5.25: cache
+        layers, calls = _probe_layers(hf)
+        embedding = BridgedEmbedding(hf.get_input_embeddings())
+        self.decoder = BridgedStack(embedding, layers, head)
+        for layer, (module, heads, kv_heads, d_v) in zip(layers, calls):
+            if module is not None:
+                layer.self_attn = BridgedAttention(module, layer, heads, kv_heads, d_v)
+            ffn = _feed_forward(layer.module)
+            if ffn is not None:
+                layer.feed_forward = BridgedFeedForward(ffn)
+        attention = [c for c in calls if c[0] is not None]
+        heads, kv_heads, d_v = attention[0][1:]
+        d_model = int(getattr(text, "hidden_size", 0) or head.weight.shape[1])
+        self.config = DecoderOnlyConfig(
+            vocab_size=int(head.weight.shape[0]),
+            layers=len(layers),
+            d_model=d_model,
+            heads=heads,
+            kv_heads=kv_heads,
+            d_k=d_v,
+            d_v=d_v,
+            d_ff=int(getattr(text, "intermediate_size", None) or 4 * d_model),
+            positional="none",
+            max_len=int(getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None) or 2048),
+            norm_first=True,
+            dropout=0.0,
+            attention_dropout=0.0,
+            pad_id=pad_id,
+        )
+        self._find_residual_sums()
+
+    @property
+    def lm_head(self) -> nn.Module:
+        return self.hf.get_output_embeddings()
+
+    def forward(self, tokens: Tensor, *, state: BridgedState | None = None, is_token: Tensor | None = None) -> Tensor:
+        """Logits for ``tokens``; with ``state`` (from :meth:`new_state`) only the new positions.
+        ``is_token`` (B, T): False at padding (default: every position is a token)."""
+        if is_token is None:
+            is_token = torch.ones(tokens.shape, dtype=torch.bool, device=tokens.device)
+        keys = is_token if state is None else state.advance(is_token)
+        inputs: dict[str, Any] = {"input_ids": tokens, "attention_mask": keys.long()}
+        if self._takes_positions and not bool(keys.all()):  # left padding: each row counts its own tokens
+            inputs["position_ids"] = (keys.long().cumsum(-1) - 1).clamp(min=0)[:, -tokens.shape[1] :]
+        if state is not None:
+            inputs |= {self._cache_argument: state.cache, "use_cache": True}
+        else:
+            inputs["use_cache"] = False
+        out = self.hf(**inputs)
+        if state is not None:
+            state.cache = out.cache if "cache" in out else out.past_key_values
+        return self._logits(out.logits)
+
+    def new_state(self) -> BridgedState:
+        return BridgedState()
+
+    def site_stacks(self) -> dict[str, tuple[Any, tuple[str, ...]]]:
+        return {"decoder": (self.decoder, ("self",))}
+
+    def example_inputs(self, length: int) -> tuple[Tensor, ...]:
+        return (torch.full((1, length), 1, device=self.lm_head.weight.device),)
+
+    def _find_residual_sums(self) -> None:
+        """Which layers add W^O's output to their input as it is (``resid_mid``) and which module
+        is the final norm: one forward pass comparing what each module receives."""
+        seen: dict[str, Any] = {}
+        layers = self.decoder.layers
+        removers = []
+        inputs: dict[int, list[Tensor]] = {}
+        for index, layer in enumerate(layers):
+            if layer.self_attn is None or layer.self_attn.output is None:
+                continue
+
+            def note(name: str) -> Any:
+                def keep(x: Tensor) -> Tensor:
+                    seen[name] = x.detach()
+                    return x
+
+                return keep
+
+            layer.hooks["resid_pre"] = [note(f"{index}.pre")]
+            layer.self_attn.hooks["out"] = [note(f"{index}.out")]
+            for module in layer.module.modules():
+                if module is not layer.module:
+                    removers.append(module.register_forward_pre_hook(_inputs_to(inputs, index)))
+        final: list[Tensor] = []
+        removers.append(self.lm_head.register_forward_pre_hook(lambda m, a: final.append(a[0].detach())))
+        norms: list[tuple[nn.Module, Tensor]] = []
+        for module in self.hf.modules():
+            if "norm" in type(module).__name__.lower() and not any(module in set(la.module.modules()) for la in layers):
+                removers.append(module.register_forward_hook(_outputs_to(norms)))
+        try:
+            with torch.no_grad():
+                self(self.example_inputs(4)[0])
+        finally:
+            for remover in removers:
+                remover.remove()
+            for layer in layers:
+                layer.hooks.clear()
+                if layer.self_attn is not None:
+                    layer.self_attn.hooks.clear()
+        for index, layer in enumerate(layers):
+            if f"{index}.pre" not in seen or f"{index}.out" not in seen:
+                continue
+            summed = seen[f"{index}.pre"] + seen[f"{index}.out"]
+            layer.resid_mid = any(x.shape == summed.shape and torch.equal(x, summed) for x in inputs.get(index, []))
+        if final:
+            for module, out in norms:
+                if out.shape == final[0].shape and torch.equal(out, final[0]):
+                    self.decoder.final_norm = module
+
+
+def _inputs_to(store: dict[int, list[Tensor]], index: int) -> Any:
+    def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
+        if args and isinstance(args[0], Tensor):
+            store.setdefault(index, []).append(args[0].detach())
+
+    return hook
+
+
+def _outputs_to(store: list[tuple[nn.Module, Tensor]]) -> Any:
+    def hook(module: nn.Module, args: tuple[Any, ...], out: Any) -> None:
+        if isinstance(out, Tensor):
+            store.append((module, out.detach()))
+
+    return hook
+
+
+def _probe_layers(hf: nn.Module) -> tuple[list[BridgedLayer], list[tuple[nn.Module | None, int, int, int]]]:
+    """One forward pass watching attnlab's attention function: the decoder layers (the module
+    list whose items hold the attention modules called) and, per layer, (module, H, H_kv, d_v)."""
+    calls: list[tuple[nn.Module, int, int, int]] = []
+
+    class _Watch:
+        hooks: dict[str, Any] = {}
+
+        def __init__(self, module: nn.Module) -> None:
+            self.module = module
+
+        def probe(self, query: Tensor, key: Tensor, value: Tensor) -> None:
+            calls.append((self.module, query.shape[1], key.shape[1], value.shape[-1]))
+
+    watched = []
+    for module in hf.modules():  # transformers calls attnlab's function with the module that computes
+        setattr(module, SITE_ATTRIBUTE, _Watch(module))
+        watched.append(module)
+    device = next(hf.parameters()).device
+    try:
+        with torch.no_grad():
+            hf(input_ids=torch.ones((1, 4), dtype=torch.long, device=device), use_cache=False)
+    except Exception as error:  # noqa: BLE001 - transformers' own failure, said in one line
+        raise ConfigError(f"{type(hf).__name__}: a first forward pass failed: {' '.join(str(error).split())[:300]}")
+    finally:
+        for module in watched:
+            delattr(module, SITE_ATTRIBUTE)
+    if not calls:
+        raise ConfigError(
+            f"{type(hf).__name__} computes no attention through transformers' attention interface "
+            "(no attention layers, or an older module attnlab's bridge cannot see)"
+        )
+    attention = {id(module): call for module, *call in [(c[0], *c[1:]) for c in calls]}
+    stack = _layer_list(hf, [c[0] for c in calls])
+    layers = [BridgedLayer(module) for module in stack]
+    per_layer: list[tuple[nn.Module | None, int, int, int]] = []
+    for layer in layers:
+        found = [m for m in layer.module.modules() if id(m) in attention]
+        if len(found) > 1:
+            raise ConfigError(f"{type(hf).__name__}: a layer with {len(found)} attention modules (cross-attention?)")
+        per_layer.append((found[0], *attention[id(found[0])]) if found else (None, 0, 0, 0))
+    return layers, per_layer
+
+
+def _layer_list(hf: nn.Module, modules: list[nn.Module]) -> nn.ModuleList:
+    """The module list whose items hold the attention modules: the decoder layers."""
+    wanted = {id(m) for m in modules}
+    best: tuple[int, nn.ModuleList | None] = (0, None)
+    for module in hf.modules():
+        if isinstance(module, nn.ModuleList):
+            holding = sum(any(id(m) in wanted for m in item.modules()) for item in module)
+            if holding > best[0]:
+                best = (holding, module)
+    if best[1] is None or best[0] < len(wanted):
+        raise CheckpointError(f"{type(hf).__name__}: its attention modules are not in one list of layers")
+    return best[1]
+
+
+def _feed_forward(layer: nn.Module) -> nn.Module | None:
+    for name in _FFN_NAMES:
+        child = getattr(layer, name, None)
+        if isinstance(child, nn.Module):
+            return child
+    return None
