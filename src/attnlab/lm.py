@@ -55,6 +55,7 @@ def load(
     device: str | torch.device | None = None,
     revision: str | None = None,
     verify: bool = True,
+    bridge: bool = False,
 ) -> LanguageModel:
     """Open ``source`` (a run directory, a Hugging Face model folder, ``ORG/NAME`` in the local
     Hugging Face cache, or a GGUF file) as a :class:`LanguageModel`.
@@ -67,8 +68,12 @@ def load(
         verify: check the files of a named package or of the Hugging Face cache against their
             known SHA-256 (:mod:`attnlab.pretrained.provenance`; hashes are cached under
             ~/.cache/attnlab, so a second open does not hash again). False opens them unchecked.
+        bridge: open a Hugging Face folder through transformers' own modules with attnlab's named
+            sites (:mod:`attnlab.pretrained.bridge`) even where attnlab has a native family for it
+            (a ``model_type`` without one always opens so), to compare the two paths.
     """
-    return LanguageModel(open_model(source, device=device or "cpu", dtype=dtype, revision=revision, verify=verify))
+    opened = open_model(source, device=device or "cpu", dtype=dtype, revision=revision, verify=verify, bridge=bridge)
+    return LanguageModel(opened)
 
 
 class LanguageModel:

@@ -52,6 +52,7 @@ from attnlab.run.loaded import LoadedRun
 __all__ = [
     "FrozenNorm",
     "FROZEN_NORMS",
+    "MeasuredNorm",
     "BRANCH_NORMS",
     "Term",
     "HeadContribution",
@@ -93,12 +94,51 @@ class FrozenNorm:
         return v, (bias.double() @ u if bias is not None else u.new_zeros(()))
 
 
-FROZEN_NORMS: dict[str, FrozenNorm] = {
+class MeasuredNorm:
+    """A norm of the same form N(t) = g * C(t) / sigma + beta read from what the module computes
+    (transformers' own norms on a bridged model, :mod:`attnlab.pretrained.bridge`): beta = N(0);
+    C centres where N(t + c) = N(t) (LayerNorm); g = (N(y) - beta) sigma_y / y on a y of zero mean
+    and unit root mean square (sigma_y = sqrt(1 + eps)); eps is the module's (``eps``,
+    ``variance_epsilon``, ``epsilon``). Gemma's 1 + w and a norm without a gain are measured alike."""
+
+    def direction(self, norm: nn.Module, x: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
+        """(v, c) with N(t) . u = t . v + c for every t, N frozen at ``x`` (as :meth:`FrozenNorm.direction`)."""
+        eps = next((getattr(norm, n) for n in ("eps", "variance_epsilon", "epsilon") if hasattr(norm, n)), None)
+        if not isinstance(eps, (int, float)):
+            raise UsageError(f"direct attribution: the final norm {type(norm).__name__} names no epsilon to freeze it at")
+        parameter = next(norm.parameters(), None)
+        dtype = x.dtype if parameter is None else parameter.dtype
+
+        def apply(t: Tensor) -> Tensor:
+            return norm(t.to(dtype).reshape(1, 1, -1)).reshape(-1).double()
+
+        d = x.shape[-1]
+        y = torch.ones(d, dtype=torch.float64, device=x.device)
+        y[1::2] = -1.0
+        if d % 2:  # an odd width: zero mean with one entry 0
+            y[-1] = 0.0
+            y = y * (d / (d - 1)) ** 0.5
+        beta = apply(torch.zeros_like(y))
+        centres = bool(torch.allclose(apply(x + 1.0), apply(x), rtol=1e-3, atol=1e-4))
+        gain = torch.zeros_like(y)
+        for probe in (y.roll(1), y):  # the second fills every entry; the first, an odd width's 0 entry
+            measured = (apply(probe) - beta) * (1.0 + eps) ** 0.5
+            gain = torch.where(probe != 0, measured / torch.where(probe != 0, probe, 1.0), gain)
+        centred = x - x.mean() if centres else x
+        sigma = torch.sqrt(centred.pow(2).mean() + eps)
+        v = gain * u / sigma
+        v = v - v.mean() if centres else v
+        return v, beta @ u
+
+
+FROZEN_NORMS: dict[str, FrozenNorm | MeasuredNorm] = {
     "layer": FrozenNorm(lambda norm: norm.weight, centres=True),
     "rms": FrozenNorm(lambda norm: norm.weight, centres=False),
     "rms_one_plus": FrozenNorm(lambda norm: 1.0 + norm.weight, centres=False),
+    "measured": MeasuredNorm(),
 }
-"""Registry: ``model.norm`` (:data:`attnlab.nn.normalization.NORMS`) -> its frozen form."""
+"""Registry: ``model.norm_form`` (``config.norm``, :data:`attnlab.nn.normalization.NORMS`, or
+``measured`` for a bridged model's norms) -> its frozen form."""
 
 BRANCH_NORMS: dict[str, Callable[[nn.Module], nn.Module | None]] = {
     "pre": lambda add_norm: None,
@@ -294,7 +334,7 @@ def direct_logit_attribution(source: Any, text: str, answer: str, wrong: str | N
     u = unembedding[good] - (unembedding[bad] if bad is not None else 0.0)
     head_bias = model.lm_head.bias
     unembed_bias = 0.0 if head_bias is None else float(head_bias[good] - (head_bias[bad] if bad is not None else 0.0))
-    frozen = FROZEN_NORMS[config.norm]
+    frozen = FROZEN_NORMS[model.norm_form]
     u_res, final_bias = frozen.direction(stack_module.final_norm, wide[f"{stack}.{layers - 1}.resid_post"], u)
 
     terms: list[Term] = []

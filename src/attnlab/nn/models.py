@@ -104,6 +104,11 @@ class TransformerModel(nn.Module):
     def _logits(self, logits: Tensor) -> Tensor:
         return logits if not self.hooks else run_hooks(self.hooks, "logits", logits)
 
+    @property
+    def norm_form(self) -> str:
+        """The form of the model's norms as direct attribution freezes them: ``config.norm``."""
+        return self.config.norm
+
     def head_mask_shapes(self) -> dict[str, tuple[int, int]]:
         """kind -> (layers, heads) for every attention kind of the model (:func:`attnlab.nn.hooks.head_mask_shapes`)."""
         return head_mask_shapes(self)

@@ -26,6 +26,7 @@ Shape:
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from dataclasses import dataclass
 from typing import Any
@@ -44,7 +45,6 @@ BRIDGE_POINTS = tuple(point for point in ATTENTION_POINTS if point not in ("q_pr
 """The attention sites of a bridged module: rotary positions are applied inside transformers'
 module, before attnlab's function sees the queries and keys, so there is no ``q_pre`` / ``k_pre``."""
 
-_OUTPUT_NAMES = ("o_proj", "out_proj", "dense", "c_proj", "wo", "o", "proj", "output_proj")
 _FFN_NAMES = ("mlp", "feed_forward", "block_sparse_moe", "ffn", "moe", "mlps", "feedforward")
 
 
@@ -96,13 +96,15 @@ class BridgedAttention:
         site_points: the points this module has (no ``result``/``out`` without a found W^O).
     """
 
-    def __init__(self, module: nn.Module, layer: BridgedLayer, heads: int, kv_heads: int, d_v: int) -> None:
+    def __init__(
+        self, module: nn.Module, layer: BridgedLayer, heads: int, kv_heads: int, d_v: int, output: nn.Module | None
+    ) -> None:
         self.module = module
         self.layer = layer
         self.heads, self.kv_heads, self.d_v = heads, kv_heads, d_v
         self.hooks: dict[str, list[Any]] = {}
         self.probe: Any = None
-        self.output = _output_projection(module, heads * d_v)
+        self.output = output
         self.site_points = BRIDGE_POINTS if self.output is not None else BRIDGE_POINTS[:-2]
         setattr(module, SITE_ATTRIBUTE, self)
         if self.output is not None:
@@ -135,15 +137,6 @@ class BridgedAttention:
             weight = weight.t()
         z = x.unflatten(-1, (self.heads, self.d_v))  # (B, T, H, d_v)
         return torch.einsum("bthd,mhd->bhtm", z, weight.unflatten(1, (self.heads, self.d_v)))
-
-
-def _output_projection(module: nn.Module, width: int) -> nn.Module | None:
-    """The attention module's W^O: a child map of input width H d_v, found by its usual names."""
-    for name in _OUTPUT_NAMES:
-        child = getattr(module, name, None)
-        if isinstance(child, nn.Module) and _in_width(child) == width:
-            return child
-    return None
 
 
 def _in_width(module: nn.Module) -> int | None:
@@ -304,6 +297,11 @@ class BridgedLM(TransformerModel):
     """
 
     bridged = True
+    norm_form = "measured"
+    """How direct attribution freezes the final norm (:data:`attnlab.analysis.logit_attribution.FROZEN_NORMS`):
+    transformers' norm, read from what it computes."""
+    additive: bool
+    """Whether each layer's output is its input plus its attention's and FFN's outputs (probe)."""
 
     def __init__(self, hf: nn.Module, *, pad_id: int = 0) -> None:
         super().__init__()
@@ -318,14 +316,14 @@ class BridgedLM(TransformerModel):
         layers, calls = _probe_layers(hf)
         embedding = BridgedEmbedding(hf.get_input_embeddings())
         self.decoder = BridgedStack(embedding, layers, head)
-        for layer, (module, heads, kv_heads, d_v) in zip(layers, calls):
+        for layer, (module, heads, kv_heads, d_v, output) in zip(layers, calls):
             if module is not None:
-                layer.self_attn = BridgedAttention(module, layer, heads, kv_heads, d_v)
+                layer.self_attn = BridgedAttention(module, layer, heads, kv_heads, d_v, output)
             ffn = _feed_forward(layer.module)
             if ffn is not None:
                 layer.feed_forward = BridgedFeedForward(ffn)
         attention = [c for c in calls if c[0] is not None]
-        heads, kv_heads, d_v = attention[0][1:]
+        heads, kv_heads, d_v = attention[0][1:4]
         d_model = int(getattr(text, "hidden_size", 0) or head.weight.shape[1])
         self.config = DecoderOnlyConfig(
             vocab_size=int(head.weight.shape[0]),
@@ -339,11 +337,14 @@ class BridgedLM(TransformerModel):
             positional="none",
             max_len=int(getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None) or 2048),
             norm_first=True,
+            final_softcap=getattr(text, "final_logit_softcapping", None),
             dropout=0.0,
             attention_dropout=0.0,
             pad_id=pad_id,
         )
         self._find_residual_sums()
+        if not self.additive:  # say so in the config: the stream is no sum of the layers' outputs
+            self.config = dataclasses.replace(self.config, norm_first=False)
 
     @property
     def lm_head(self) -> nn.Module:
@@ -377,24 +378,29 @@ class BridgedLM(TransformerModel):
         return (torch.full((1, length), 1, device=self.lm_head.weight.device),)
 
     def _find_residual_sums(self) -> None:
-        """Which layers add W^O's output to their input as it is (``resid_mid``) and which module
-        is the final norm: one forward pass comparing what each module receives."""
-        seen: dict[str, Any] = {}
+        """One forward pass comparing what each module receives and returns: which layers add W^O's
+        output to their input as it is (``resid_mid``), whether every layer's output is the sum of
+        its input and its attention's and FFN's outputs (:attr:`additive`: then the residual stream
+        is a sum of the parts, as direct attribution reads it), and which module is the final norm."""
+        seen: dict[str, Tensor] = {}
         layers = self.decoder.layers
         removers = []
         inputs: dict[int, list[Tensor]] = {}
+
+        def note(name: str) -> Any:
+            def keep(x: Tensor) -> Tensor:
+                seen[name] = x.detach()
+                return x
+
+            return keep
+
         for index, layer in enumerate(layers):
+            layer.hooks["resid_pre"] = [note(f"{index}.pre")]
+            layer.hooks["resid_post"] = [note(f"{index}.post")]
+            if layer.feed_forward.site_points:
+                layer.feed_forward.hooks["out"] = [note(f"{index}.ffn")]
             if layer.self_attn is None or layer.self_attn.output is None:
                 continue
-
-            def note(name: str) -> Any:
-                def keep(x: Tensor) -> Tensor:
-                    seen[name] = x.detach()
-                    return x
-
-                return keep
-
-            layer.hooks["resid_pre"] = [note(f"{index}.pre")]
             layer.self_attn.hooks["out"] = [note(f"{index}.out")]
             for module in layer.module.modules():
                 if module is not layer.module:
@@ -402,8 +408,9 @@ class BridgedLM(TransformerModel):
         final: list[Tensor] = []
         removers.append(self.lm_head.register_forward_pre_hook(lambda m, a: final.append(a[0].detach())))
         norms: list[tuple[nn.Module, Tensor]] = []
+        in_layers = {id(m) for layer in layers for m in layer.module.modules()}
         for module in self.hf.modules():
-            if "norm" in type(module).__name__.lower() and not any(module in set(la.module.modules()) for la in layers):
+            if "norm" in type(module).__name__.lower() and id(module) not in in_layers:
                 removers.append(module.register_forward_hook(_outputs_to(norms)))
         try:
             with torch.no_grad():
@@ -413,17 +420,30 @@ class BridgedLM(TransformerModel):
                 remover.remove()
             for layer in layers:
                 layer.hooks.clear()
+                layer.feed_forward.hooks.clear()
                 if layer.self_attn is not None:
                     layer.self_attn.hooks.clear()
+        self.additive = True
         for index, layer in enumerate(layers):
-            if f"{index}.pre" not in seen or f"{index}.out" not in seen:
-                continue
-            summed = seen[f"{index}.pre"] + seen[f"{index}.out"]
-            layer.resid_mid = any(x.shape == summed.shape and torch.equal(x, summed) for x in inputs.get(index, []))
+            pre, out, ffn, post = (seen.get(f"{index}.{part}") for part in ("pre", "out", "ffn", "post"))
+            if pre is not None and out is not None:
+                summed = pre + out
+                layer.resid_mid = any(x.shape == summed.shape and torch.equal(x, summed) for x in inputs.get(index, []))
+            parts = [pre, out, ffn, post]
+            if any(part is None for part in parts) or not _close(pre + out + ffn, post):
+                self.additive = False
         if final:
             for module, out in norms:
                 if out.shape == final[0].shape and torch.equal(out, final[0]):
                     self.decoder.final_norm = module
+
+
+def _close(a: Tensor, b: Tensor) -> bool:
+    """Equal up to the rounding of summing in another order."""
+    if a.shape != b.shape:
+        return False
+    tolerance = 1e-3 if a.dtype in (torch.float16, torch.bfloat16) else 1e-5
+    return bool((a - b).abs().max() <= tolerance * (b.abs().max() + 1.0))
 
 
 def _inputs_to(store: dict[int, list[Tensor]], index: int) -> Any:
@@ -442,24 +462,34 @@ def _outputs_to(store: list[tuple[nn.Module, Tensor]]) -> Any:
     return hook
 
 
-def _probe_layers(hf: nn.Module) -> tuple[list[BridgedLayer], list[tuple[nn.Module | None, int, int, int]]]:
-    """One forward pass watching attnlab's attention function: the decoder layers (the module
-    list whose items hold the attention modules called) and, per layer, (module, H, H_kv, d_v)."""
-    calls: list[tuple[nn.Module, int, int, int]] = []
+def _probe_layers(hf: nn.Module) -> tuple[list[BridgedLayer], list[tuple[Any, ...]]]:
+    """One forward pass watching attnlab's attention function and every linear map: the decoder
+    layers (the module list whose items hold the attention modules called) and, per layer,
+    (attention module, H, H_kv, d_v, W^O), W^O being the first map of input width H d_v that runs
+    after the attention function in the same layer (inside the module, or beside it as BERT's)."""
+    events: list[tuple[str, nn.Module, Any]] = []
 
     class _Watch:
         hooks: dict[str, Any] = {}
 
         def __init__(self, module: nn.Module) -> None:
             self.module = module
+            self.probe = self.watch
 
-        def probe(self, query: Tensor, key: Tensor, value: Tensor) -> None:
-            calls.append((self.module, query.shape[1], key.shape[1], value.shape[-1]))
+        def watch(self, query: Tensor, key: Tensor, value: Tensor, output: Tensor) -> None:
+            shape = (query.shape[1], key.shape[1], value.shape[-1])
+            events.append(("attention", self.module, (shape, output.detach().flatten(-2))))
 
-    watched = []
+    def linear(module: nn.Module, args: tuple[Any, ...]) -> None:
+        if args and isinstance(args[0], Tensor):
+            events.append(("map", module, args[0].detach()))
+
+    watched, handles = [], []
     for module in hf.modules():  # transformers calls attnlab's function with the module that computes
         setattr(module, SITE_ATTRIBUTE, _Watch(module))
         watched.append(module)
+        if _in_width(module) and not isinstance(module, nn.Embedding):
+            handles.append(module.register_forward_pre_hook(linear))
     device = next(hf.parameters()).device
     try:
         with torch.no_grad():
@@ -469,20 +499,36 @@ def _probe_layers(hf: nn.Module) -> tuple[list[BridgedLayer], list[tuple[nn.Modu
     finally:
         for module in watched:
             delattr(module, SITE_ATTRIBUTE)
+        for handle in handles:
+            handle.remove()
+    calls = [(module, shape) for kind, module, shape in events if kind == "attention"]
     if not calls:
         raise ConfigError(
             f"{type(hf).__name__} computes no attention through transformers' attention interface "
             "(no attention layers, or an older module attnlab's bridge cannot see)"
         )
-    attention = {id(module): call for module, *call in [(c[0], *c[1:]) for c in calls]}
-    stack = _layer_list(hf, [c[0] for c in calls])
+    stack = _layer_list(hf, [module for module, _ in calls])
     layers = [BridgedLayer(module) for module in stack]
-    per_layer: list[tuple[nn.Module | None, int, int, int]] = []
+    per_layer: list[tuple[Any, ...]] = []
     for layer in layers:
-        found = [m for m in layer.module.modules() if id(m) in attention]
-        if len(found) > 1:
-            raise ConfigError(f"{type(hf).__name__}: a layer with {len(found)} attention modules (cross-attention?)")
-        per_layer.append((found[0], *attention[id(found[0])]) if found else (None, 0, 0, 0))
+        inside = {id(m) for m in layer.module.modules()}
+        found = [(i, e) for i, e in enumerate(events) if e[0] == "attention" and id(e[1]) in inside]
+        modules = {id(e[1]) for _, e in found}
+        if len(modules) > 1:
+            raise ConfigError(f"{type(hf).__name__}: a layer with {len(modules)} attention modules (cross-attention?)")
+        if not found:
+            per_layer.append((None, 0, 0, 0, None))
+            continue
+        at, (_, module, ((heads, kv_heads, d_v), returned)) = found[0]
+        after = [e for e in events[at + 1 :] if e[0] == "map" and id(e[1]) in inside]
+        own = {id(m) for m in module.modules()}
+        output = next(  # W^O: the first map whose input is the attention's output, as it was returned,
+            (e[1] for e in after if e[2].shape == returned.shape and torch.equal(e[2], returned)),
+            next(  # else the module's own last map of that width (an output gate or norm between)
+                (e[1] for e in reversed(after) if id(e[1]) in own and e[2].shape[-1] == returned.shape[-1]), None
+            ),
+        )
+        per_layer.append((module, heads, kv_heads, d_v, output))
     return layers, per_layer
 
 

@@ -72,8 +72,14 @@ def attention(
     """transformers' attention call with attnlab's sites (see the module docstring)."""
     site = getattr(module, SITE_ATTRIBUTE, None)
     hooks = {} if site is None else site.hooks
-    if site is not None and site.probe is not None:
-        site.probe(query, key, value)
+    if site is not None and site.probe is not None:  # the bridge's first pass, finding the parts
+        probe, site.probe = site.probe, None
+        try:
+            output, pattern = attention(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+        finally:
+            site.probe = probe
+        probe(query, key, value, output)
+        return output, pattern
     if hooks:
         query = run_hooks(hooks, "q", query) if "q" in hooks else query
         key = run_hooks(hooks, "k", key) if "k" in hooks else key

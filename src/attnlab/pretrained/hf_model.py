@@ -47,13 +47,15 @@ class OpenedCheckpoint:
 
 
 def open_checkpoint(
-    checkpoint: Checkpoint, *, dtype: torch.dtype | None = None, verify: bool = True
+    checkpoint: Checkpoint, *, dtype: torch.dtype | None = None, verify: bool = True, bridge: bool = False
 ) -> OpenedCheckpoint:
     """The model of ``checkpoint`` with its weights, in ``dtype`` (default: as stored), on the CPU, in eval mode.
 
     Args:
         verify: check the files of a Hugging Face cache snapshot against their blobs' SHA-256
             (:func:`attnlab.pretrained.provenance.check_sources`; hashes are cached).
+        bridge: open it through transformers' own modules (:mod:`attnlab.pretrained.bridge`) even
+            where attnlab has a native family for its ``model_type`` (to compare the two paths).
 
     Raises:
         ConfigError: a ``model_type``, rope scaling or config key attnlab does not implement (named).
@@ -61,7 +63,7 @@ def open_checkpoint(
     """
     check_sources(checkpoint.files(), verify=verify)
     where = checkpoint.folder / "config.json"
-    if checkpoint.config.get("model_type") not in FAMILIES:  # no native family: transformers' own modules
+    if bridge or checkpoint.config.get("model_type") not in FAMILIES:  # transformers' own modules
         return _open_bridged(checkpoint, dtype)
     family = family_of(checkpoint.config, where)
     try:

@@ -48,6 +48,7 @@ def open_model(
     revision: str | None = None,
     checkpoint: str | None = None,
     verify: bool = True,
+    bridge: bool = False,
 ) -> LoadedRun:
     """The model ``source`` names (see the module docstring), in eval mode on ``device``.
 
@@ -61,6 +62,9 @@ def open_model(
         verify: check the source files that have a known SHA-256 (a package's, a Hugging Face
             cache blob's: :mod:`attnlab.pretrained.provenance`); False is ``--no-verify``. A run's
             files are always checked against its manifest.
+        bridge: open a Hugging Face folder through transformers' own modules with attnlab's sites
+            (:mod:`attnlab.pretrained.bridge`) even where attnlab has a native family for it; a
+            ``model_type`` without one always is.
 
     Raises:
         UsageError: nothing at ``source``, an option that does not apply to it, a bad device or dtype.
@@ -72,18 +76,20 @@ def open_model(
     path = Path(source).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         _only_for_runs(checkpoint, revision, what=f"{path} is a GGUF file")
+        _only_for_checkpoints(bridge, what=f"{path} is a GGUF file")
         loaded = _in_memory(read_gguf(path, verify=verify), path.stem)
     elif (path.is_dir() and not is_checkpoint_folder(path)) or (path.exists() and not path.is_dir()):
         if revision is not None:
             raise UsageError(f"--revision: {path} is an attnlab run, not a model in the Hugging Face cache")
+        _only_for_checkpoints(bridge, what=f"{path} is an attnlab run")
         loaded = open_run(path, checkpoint=checkpoint)
     else:
         _only_for_runs(checkpoint, None, what=f"{source} is no attnlab run")
         found = find_checkpoint(source, revision=revision)
-        if found.model_type in ENCODERS:  # BERT and RoBERTa: attnlab's sentence encoder
+        if found.model_type in ENCODERS and not bridge:  # BERT and RoBERTa: attnlab's sentence encoder
             loaded = _in_memory(read_bert(find_source(found.folder), verify=verify), found.name)
         else:
-            loaded = _in_memory(open_checkpoint(found, dtype=wanted, verify=verify), found.name)
+            loaded = _in_memory(open_checkpoint(found, dtype=wanted, verify=verify, bridge=bridge), found.name)
     model = loaded.model
     if wanted is not None:
         cast_parameters(model, wanted)
@@ -116,6 +122,11 @@ def _check_runs_on(device: torch.device, dtype: torch.dtype | None) -> None:
     if dtype == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         name = torch.cuda.get_device_name(device)
         raise UsageError(f"--dtype: {name} does not compute in bfloat16; use float16 or float32")
+
+
+def _only_for_checkpoints(bridge: bool, *, what: str) -> None:
+    if bridge:
+        raise UsageError(f"bridge: {what}; only a Hugging Face model folder opens through transformers' modules")
 
 
 def _only_for_runs(checkpoint: str | None, revision: str | None, *, what: str) -> None:

@@ -39,6 +39,12 @@ SMALL: dict[str, Any] = {
     "ffn_dim": 48,
     "ffn_hidden_size": 48,
     "multi_query_group_num": 2,
+    "decoder_layers": 2,
+    "encoder_layers": 2,
+    "decoder_attention_heads": 4,
+    "encoder_attention_heads": 4,
+    "decoder_ffn_dim": 48,
+    "encoder_ffn_dim": 48,
     "kv_channels": 8,
     "seq_length": 64,
     "max_seq_len": 64,
@@ -64,6 +70,7 @@ SMALL: dict[str, Any] = {
     # windows shorter than nothing the tests run
     "sliding_window": 64,
     "tie_word_embeddings": False,
+    "is_decoder": True,  # a causal LM of an encoder family (BertGeneration, RoBERTa) attends causally
     "vocab_size": VOCAB,
     "bos_token_id": 0,
     "eos_token_id": 1,

@@ -1,0 +1,211 @@
+"""The bridge opens any causal LM transformers runs, with attnlab's sites, equal to transformers.
+
+Each model is a tiny random one of the type's own config class (tiny_any), saved and opened with
+``attnlab.load`` in float64, and checked against transformers' eager model on the same folder:
+logits, every layer's pattern, masking a head (= zeroing its slice of W^O's input), KV-cached
+greedy generation (``check_bridged``). The 20 families of issue 47 run in ``make test``; every
+type docs/pretrained.md marks as bridged runs under ``slow``, a sample of them in ``make test``.
+One Llama folder is also opened both ways, native and bridged, and every analysis agrees.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import attnlab
+from attnlab.errors import AttnlabError, ConfigError
+from attnlab.nn import masking_heads
+from tests.cli import attnlab as run_cli
+from tests.unit.pretrained.tiny_any import build_any, check_bridged, ids
+from tests.unit.pretrained.tiny_hf import build
+
+transformers = pytest.importorskip("transformers")
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "tools"))
+from bridge_coverage import bridged_types  # noqa: E402
+
+STUDIED = [
+    "mixtral",
+    "qwen3_moe",
+    "olmoe",
+    "gpt_oss",
+    "llama4_text",
+    "gemma",
+    "olmo",
+    "phi",
+    "stablelm",
+    "starcoder2",
+    "cohere",
+    "granite",
+    "smollm3",
+    "glm4",
+    "helium",
+    "falcon",
+    "gptj",
+    "gpt_neo",
+    "opt",
+    "bloom",
+]
+"""The 20 families researchers study that attnlab opened none of before the bridge (issue 47)."""
+
+TABLE = bridged_types()
+SAMPLE = [t for t in TABLE[::12] if t not in STUDIED]
+
+
+def _opened(model_type: str, folder: Path) -> tuple[Any, Any]:
+    reference = build_any(model_type, folder)
+    return reference, attnlab.load(folder, dtype="float64")
+
+
+@pytest.mark.parametrize("model_type", STUDIED)
+def test_a_studied_family_opens_and_equals_transformers(model_type: str, tmp_path: Path) -> None:
+    reference, lm = _opened(model_type, tmp_path)
+    assert lm.model.bridged
+    check_bridged(reference, lm)
+
+
+@pytest.mark.parametrize("model_type", SAMPLE)
+def test_a_sample_of_the_table_equals_transformers(model_type: str, tmp_path: Path) -> None:
+    check_bridged(*_opened(model_type, tmp_path))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", [t for t in TABLE if t not in STUDIED and t not in SAMPLE])
+def test_every_type_the_table_marks_bridged_equals_transformers(model_type: str, tmp_path: Path) -> None:
+    check_bridged(*_opened(model_type, tmp_path))
+
+
+def test_the_table_counts_at_least_150_bridged_or_native_types() -> None:
+    text = (ROOT / "docs" / "pretrained.md").read_text(encoding="utf-8")
+    rows = [line for line in text.splitlines() if line.startswith("| `")]
+    opened = [line for line in rows if "| bridge |" in line or "| native |" in line]
+    assert len(rows) >= 200 and len(opened) >= 150, (len(rows), len(opened))
+
+
+# ---- one folder, both paths ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, Any]:
+    """A tiny Llama folder opened natively and through the bridge (float64), and transformers' model."""
+    folder = tmp_path_factory.mktemp("llama")
+    reference = build("llama", folder)
+    return attnlab.load(folder, dtype="float64"), attnlab.load(folder, dtype="float64", bridge=True), reference
+
+
+def test_the_bridged_llama_has_the_sites_of_the_native_one_but_q_pre_and_norm_parts(both) -> None:  # noqa: ANN001
+    native, bridged, _ = both
+    assert bridged.model.bridged and not getattr(native.model, "bridged", False)
+    with native.trace() as t:
+        native_sites = set(t.sites)
+    with bridged.trace() as t:
+        bridged_sites = set(t.sites)
+    assert bridged_sites <= native_sites
+    missing = {name.split(".", 2)[-1] for name in native_sites - bridged_sites}
+    assert missing <= {"attn.q_pre", "attn.k_pre", "scale", "normalized"} | {
+        f"{n}_norm.{p}" for n in ("attn", "ffn") for p in ("scale", "normalized")
+    } | {"final_norm.scale", "final_norm.normalized"}, missing
+
+
+def test_every_shared_site_holds_the_same_values(both) -> None:  # noqa: ANN001
+    native, bridged, _ = both
+    tokens = ids(2, 6)
+    with bridged.trace() as t:
+        names = list(t.sites)
+    with torch.no_grad(), native.trace(names) as a, bridged.trace(names) as b:
+        native(tokens)
+        bridged(tokens)
+    for name in names:
+        torch.testing.assert_close(b.cache[name], a.cache[name], atol=1e-9, rtol=1e-7, msg=name)
+
+
+def test_an_edit_of_resid_mid_is_an_edit_of_what_attention_adds(both) -> None:  # noqa: ANN001
+    native, bridged, _ = both
+    tokens = ids(1, 6)
+    delta = torch.randn(32, dtype=torch.float64)
+    with torch.no_grad():
+        for lm in (native, bridged):
+            with lm.trace() as t:
+                t.add("decoder.0.resid_mid", delta, positions=2)
+                edited = lm(tokens)
+            if lm is native:
+                expected = edited
+    torch.testing.assert_close(edited, expected, atol=1e-9, rtol=1e-7)
+
+
+def test_importance_and_patterns_agree_on_both_paths(both) -> None:  # noqa: ANN001
+    native, bridged, _ = both
+    tokens = ids(3, 8)
+    torch.testing.assert_close(bridged.head_importance(tokens), native.head_importance(tokens), atol=1e-9, rtol=1e-7)
+    xi = native.head_mask()
+    xi["self"][1, 2] = 0.0
+    xi["self"][0, 0] = 0.5
+    with torch.no_grad(), masking_heads(native.model, xi):
+        a = native(tokens)
+    with torch.no_grad(), masking_heads(bridged.model, xi):
+        b = bridged(tokens)
+    torch.testing.assert_close(b, a, atol=1e-9, rtol=1e-7)
+
+
+def test_a_left_padded_batch_equals_each_row_alone(both) -> None:  # noqa: ANN001
+    _, bridged, _ = both
+    rows = [bridged.tokenize("hello world, the quick brown fox"), bridged.tokenize("12 34")]
+    with torch.no_grad():
+        batch = bridged(rows)
+        for index, row in enumerate(rows):
+            alone = bridged([row])[0]
+            torch.testing.assert_close(batch[index, -len(row) :], alone, atol=1e-9, rtol=1e-7)
+
+
+def test_generation_from_a_text_equals_the_native_model(both) -> None:  # noqa: ANN001
+    native, bridged, _ = both
+    text = "hello world"
+    assert bridged.generate(text, max_new_tokens=8) == native.generate(text, max_new_tokens=8)
+
+
+# ---- bad input -----------------------------------------------------------------------------------------
+
+
+def _folder_with(tmp_path: Path, config: dict[str, Any]) -> Path:
+    (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    (tmp_path / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
+    return tmp_path
+
+
+def test_a_folder_that_needs_remote_code_is_one_error(tmp_path: Path) -> None:
+    folder = _folder_with(
+        tmp_path, {"model_type": "my_own_lm", "auto_map": {"AutoModelForCausalLM": "modeling_mine.MyLM"}}
+    )
+    with pytest.raises(ConfigError, match="remote code"):
+        attnlab.load(folder)
+
+
+def test_an_unknown_model_type_is_one_error_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="'no_such_type'"):
+        attnlab.load(_folder_with(tmp_path, {"model_type": "no_such_type"}))
+
+
+def test_a_model_type_that_is_no_attention_model_is_refused_with_the_reason(tmp_path: Path) -> None:
+    build_any("mamba", tmp_path)
+    with pytest.raises(AttnlabError, match="no attention"):
+        attnlab.load(tmp_path)
+
+
+@pytest.mark.parametrize("case", ["remote", "unknown"])
+def test_the_cli_says_one_error_line_and_exits_2(case: str, tmp_path: Path) -> None:
+    config = {"model_type": "no_such_type"}
+    if case == "remote":
+        config = {"model_type": "my_own_lm", "auto_map": {"AutoModelForCausalLM": "modeling_mine.MyLM"}}
+    folder = _folder_with(tmp_path / "m", config) if (tmp_path / "m").mkdir() is None else None
+    done = run_cli("generate", str(folder), "--prompt", "hello", timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), done.stderr
+    assert not (folder / "attnlab-out").exists()
