@@ -267,6 +267,8 @@ class BridgedState:
 
     cache: Any = None
     is_token: Tensor | None = None
+    tokens: Tensor | None = None
+    """Every token so far, where the model returns no cache (then each step runs the whole sequence)."""
 
     def __len__(self) -> int:
         return 0 if self.is_token is None else self.is_token.shape[1]
@@ -281,6 +283,8 @@ class BridgedState:
             self.cache.reorder_cache(index)
         if self.is_token is not None:
             self.is_token = self.is_token.index_select(0, index)
+        if self.tokens is not None:
+            self.tokens = self.tokens.index_select(0, index)
 
 
 class BridgedLM(TransformerModel):
@@ -356,17 +360,22 @@ class BridgedLM(TransformerModel):
         if is_token is None:
             is_token = torch.ones(tokens.shape, dtype=torch.bool, device=tokens.device)
         keys = is_token if state is None else state.advance(is_token)
+        new = tokens.shape[1]
+        if state is not None and state.tokens is not None:  # no cache: the whole sequence again
+            tokens = state.tokens = torch.cat([state.tokens, tokens], dim=1)
         inputs: dict[str, Any] = {"input_ids": tokens, "attention_mask": keys.long()}
         if self._takes_positions and not bool(keys.all()):  # left padding: each row counts its own tokens
             inputs["position_ids"] = (keys.long().cumsum(-1) - 1).clamp(min=0)[:, -tokens.shape[1] :]
-        if state is not None:
+        if state is not None and state.tokens is None:
             inputs |= {self._cache_argument: state.cache, "use_cache": True}
         else:
             inputs["use_cache"] = False
         out = self.hf(**inputs)
-        if state is not None:
-            state.cache = out.cache if "cache" in out else out.past_key_values
-        return self._logits(out.logits)
+        if state is not None and state.tokens is None:
+            state.cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+            if state.cache is None:  # a model that keeps no cache (or keeps its state elsewhere)
+                state.tokens = tokens
+        return self._logits(out.logits[:, -new:])
 
     def new_state(self) -> BridgedState:
         return BridgedState()

@@ -80,7 +80,8 @@ class Family:
         ignored: suffixes of checkpoint tensors that are no weights (saved buffers such as a
             causal mask or rotary frequencies, which attnlab computes).
         zeros: attnlab tensors the family does not have, set to zero (GPT-2's output layer has
-            no bias where attnlab's biased models have one: a zero bias is the same function).
+            no bias where attnlab's biased models have one: a zero bias is the same function);
+            shell-style patterns (``*`` for every layer).
     """
 
     name: str
@@ -352,6 +353,67 @@ def _gpt2_section(hf: Mapping[str, Any], where: Path) -> dict[str, Any]:
     }
 
 
+def _gpt_neo_section(hf: Mapping[str, Any], where: Path) -> dict[str, Any]:
+    """GPT-Neo: GPT-2's layers without the score scale (q.k as it is), separate q/k/v maps without
+    biases, and local attention (a window of ``window_size`` keys) in the layers ``attention_layers`` says."""
+    _require(hf, "activation_function", ("gelu_new", "gelu_pytorch_tanh"), where, default="gelu_new")
+    d_model, layers = _get(hf, "hidden_size", where), _get(hf, "num_layers", where)
+    kinds = hf.get("attention_layers") or []
+    if not isinstance(kinds, list) or len(kinds) != layers or not set(kinds) <= {"global", "local"}:
+        raise ConfigError(f"{where}: attention_layers must list 'global' or 'local' for each of the {layers} layers")
+    section = {
+        "kind": "decoder_only",
+        "layers": layers,
+        "d_model": d_model,
+        "heads": _get(hf, "num_heads", where),
+        "d_ff": _get(hf, "intermediate_size", where, default=None) or 4 * d_model,
+        "dropout": 0.0,
+        "attention_dropout": 0.0,
+        "positional": "learned",
+        "max_len": _get(hf, "max_position_embeddings", where, default=2048),
+        "activation": "gelu_tanh",
+        "norm": "layer",
+        "norm_first": True,
+        "layer_norm_eps": _real(hf, "layer_norm_epsilon", where, default=1e-5),
+        "scale_embeddings": False,
+        "bias": True,
+        "query_scale": 1.0,
+        "tie_embeddings": bool(hf.get("tie_word_embeddings", True)),
+    }
+    local = [index for index, kind in enumerate(kinds) if kind == "local"]
+    if local:
+        section["sliding_window"] = _get(hf, "window_size", where, default=256)
+        section["sliding_layers"] = local
+    return section
+
+
+def _bloom_section(hf: Mapping[str, Any], where: Path) -> dict[str, Any]:
+    """BLOOM: ALiBi (no position embeddings), a LayerNorm on the token embedding, pre-LN layers,
+    fused per-head Q, K, V (as GPT-NeoX's), tanh GELU, biases everywhere."""
+    if hf.get("apply_residual_connection_post_layernorm"):
+        raise ConfigError(f"{where}: apply_residual_connection_post_layernorm = true is not implemented by attnlab")
+    d_model = _get(hf, "hidden_size", where)
+    return {
+        "kind": "decoder_only",
+        "layers": _get(hf, "n_layer", where),
+        "d_model": d_model,
+        "heads": _get(hf, "n_head", where),
+        "d_ff": 4 * d_model,
+        "dropout": 0.0,
+        "attention_dropout": 0.0,
+        "positional": "alibi",
+        "max_len": _get(hf, "seq_length", where, default=2048),
+        "activation": "gelu_tanh",
+        "norm": "layer",
+        "norm_first": True,
+        "embedding_norm": True,
+        "layer_norm_eps": _real(hf, "layer_norm_epsilon", where, default=1e-5),
+        "scale_embeddings": False,
+        "bias": True,
+        "tie_embeddings": bool(hf.get("tie_word_embeddings", True)),
+    }
+
+
 def _neox_section(hf: Mapping[str, Any], where: Path) -> dict[str, Any]:
     _require(hf, "hidden_act", ("gelu",), where, default="gelu")
     if hf.get("attention_bias") is False:
@@ -464,6 +526,54 @@ def _gpt2_layout(hf: Mapping[str, Any], tied: bool) -> Layout:
     return layout
 
 
+def _gpt_neo_layout(hf: Mapping[str, Any], tied: bool) -> Layout:
+    layout: Layout = {
+        f"{STACK}.embedding.token.weight": (Piece("transformer.wte.weight"),),
+        f"{STACK}.embedding.positional.table.weight": (Piece("transformer.wpe.weight"),),
+        f"{STACK}.final_norm.weight": (Piece("transformer.ln_f.weight"),),
+        f"{STACK}.final_norm.bias": (Piece("transformer.ln_f.bias"),),
+    }
+    if not tied:
+        layout["lm_head.weight"] = (Piece("lm_head.weight"),)
+    for n in range(int(hf["num_layers"])):
+        ours, theirs = f"{STACK}.layers.{n}.", f"transformer.h.{n}."
+        attention = theirs + "attn.attention."
+        layout[ours + "self_attn.in_proj_weight"] = tuple(Piece(f"{attention}{m}_proj.weight") for m in "qkv")
+        layout[ours + "self_attn.out_proj.weight"] = (Piece(attention + "out_proj.weight"),)
+        layout[ours + "self_attn.out_proj.bias"] = (Piece(attention + "out_proj.bias"),)
+        for mine, linear in (("linear1", "c_fc"), ("linear2", "c_proj")):
+            for p in ("weight", "bias"):
+                layout[f"{ours}feed_forward.{mine}.{p}"] = (Piece(f"{theirs}mlp.{linear}.{p}"),)
+        for mine, ln in (("attn_norm.norm", "ln_1"), ("ffn_norm.norm", "ln_2")):
+            for p in ("weight", "bias"):
+                layout[f"{ours}{mine}.{p}"] = (Piece(f"{theirs}{ln}.{p}"),)
+    return layout
+
+
+def _bloom_layout(hf: Mapping[str, Any], tied: bool) -> Layout:
+    layout: Layout = {
+        f"{STACK}.embedding.token.weight": (Piece("transformer.word_embeddings.weight"),),
+        f"{STACK}.embedding.norm.weight": (Piece("transformer.word_embeddings_layernorm.weight"),),
+        f"{STACK}.embedding.norm.bias": (Piece("transformer.word_embeddings_layernorm.bias"),),
+        f"{STACK}.final_norm.weight": (Piece("transformer.ln_f.weight"),),
+        f"{STACK}.final_norm.bias": (Piece("transformer.ln_f.bias"),),
+    }
+    if not tied:
+        layout["lm_head.weight"] = (Piece("lm_head.weight"),)
+    heads = {"num_attention_heads": hf["n_head"]}
+    for n in range(int(hf["n_layer"])):
+        ours, theirs = f"{STACK}.layers.{n}.", f"transformer.h.{n}."
+        for p in ("weight", "bias"):
+            fused = Piece(f"{theirs}self_attention.query_key_value.{p}", lambda t, hf, heads=heads: _neox_qkv(t, heads))
+            layout[f"{ours}self_attn.in_proj_{p}"] = (fused,)
+            layout[f"{ours}self_attn.out_proj.{p}"] = (Piece(f"{theirs}self_attention.dense.{p}"),)
+            layout[f"{ours}feed_forward.linear1.{p}"] = (Piece(f"{theirs}mlp.dense_h_to_4h.{p}"),)
+            layout[f"{ours}feed_forward.linear2.{p}"] = (Piece(f"{theirs}mlp.dense_4h_to_h.{p}"),)
+            layout[f"{ours}attn_norm.norm.{p}"] = (Piece(f"{theirs}input_layernorm.{p}"),)
+            layout[f"{ours}ffn_norm.norm.{p}"] = (Piece(f"{theirs}post_attention_layernorm.{p}"),)
+    return layout
+
+
 def _neox_layout(hf: Mapping[str, Any], tied: bool) -> Layout:
     layout: Layout = {
         f"{STACK}.embedding.token.weight": (Piece("gpt_neox.embed_in.weight"),),
@@ -510,6 +620,14 @@ FAMILIES: dict[str, Family] = {
             lambda hf, tied: _llama_like(hf, tied, norms={**_SANDWICH_NORMS, **_QK_NORMS}),
         ),
         Family("gpt2", _gpt2_section, _gpt2_layout, (".attn.bias", ".attn.masked_bias"), ("lm_head.bias",)),
+        Family(
+            "gpt_neo",
+            _gpt_neo_section,
+            _gpt_neo_layout,
+            (".attn.attention.bias", ".attn.attention.masked_bias"),
+            ("lm_head.bias", f"{STACK}.layers.*.self_attn.in_proj_bias"),
+        ),
+        Family("bloom", _bloom_section, _bloom_layout, (), ("lm_head.bias",)),
         Family(
             "gpt_neox",
             _neox_section,

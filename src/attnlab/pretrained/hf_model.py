@@ -15,6 +15,7 @@ the tokenizer's own post-processor (what ``AutoTokenizer`` does with ``add_speci
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,7 +95,7 @@ def open_checkpoint(
     if check_values:
         for shard in checkpoint.shards:
             remember_values_checked(shard)
-    for name in family.zeros:
+    for name in [n for n in expected if any(fnmatch.fnmatchcase(n, zero) for zero in family.zeros)]:
         state[name] = torch.zeros(expected[name].shape, dtype=dtype or next(iter(state.values())).dtype)
     _take_weights(model, state)
     return OpenedCheckpoint(checkpoint, experiment, task, tokenizer, model.eval())
@@ -104,7 +105,7 @@ def _open_bridged(checkpoint: Checkpoint, dtype: torch.dtype | None) -> OpenedCh
     """A causal LM of a ``model_type`` attnlab has no family for, through transformers' own modules
     with attnlab's sites (:mod:`attnlab.pretrained.bridge`)."""
     where = checkpoint.folder / "config.json"
-    check_bridged_type(checkpoint.config.get("model_type"), where)
+    check_bridged_type(checkpoint.config.get("model_type"), where, checkpoint.config.get("auto_map"))
     tokenizer = checkpoint_tokenizer(checkpoint)
     task_options = task_section(checkpoint, tokenizer)
     model = BridgedLM(load_transformers_model(checkpoint.folder, dtype=dtype), pad_id=task_options["pad"])
@@ -118,7 +119,7 @@ _DECIDED = ("vocab_size", "pad_id")
 """What the task decides of a model section (its vocabulary, its padding id)."""
 
 
-def check_bridged_type(model_type: Any, where: Any) -> None:
+def check_bridged_type(model_type: Any, where: Any, auto_map: Any = None) -> None:
     """A ConfigError unless transformers knows ``model_type`` as a causal language model."""
     from transformers.models.auto.modeling_auto import (  # lazy: transformers is imported only by the bridge
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
@@ -127,6 +128,11 @@ def check_bridged_type(model_type: Any, where: Any) -> None:
 
     if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         return
+    if isinstance(model_type, str) and isinstance(auto_map, dict) and auto_map:
+        raise ConfigError(
+            f"{where}: model_type {model_type!r} comes with its own code (auto_map: {', '.join(map(str, auto_map))}); "
+            "attnlab never runs a folder's code (trust_remote_code)"
+        )
     if model_type in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
         raise ConfigError(f"{where}: model_type {model_type!r} is an encoder-decoder; attnlab opens causal LMs here")
     raise ConfigError(

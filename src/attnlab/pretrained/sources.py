@@ -86,10 +86,11 @@ def open_model(
     else:
         _only_for_runs(checkpoint, None, what=f"{source} is no attnlab run")
         found = find_checkpoint(source, revision=revision)
-        if found.model_type in ENCODERS and not bridge:  # BERT and RoBERTa: attnlab's sentence encoder
+        decoder = found.model_type in ENCODERS and bool(found.config.get("is_decoder"))  # BERT's causal LM: bridged
+        if found.model_type in ENCODERS and not bridge and not decoder:  # attnlab's sentence encoder
             loaded = _in_memory(read_bert(find_source(found.folder), verify=verify), found.name)
         else:
-            loaded = _in_memory(open_checkpoint(found, dtype=wanted, verify=verify, bridge=bridge), found.name)
+            loaded = _in_memory(open_checkpoint(found, dtype=wanted, verify=verify, bridge=bridge or decoder), found.name)
     model = loaded.model
     if wanted is not None:
         cast_parameters(model, wanted)

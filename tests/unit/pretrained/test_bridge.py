@@ -20,6 +20,8 @@ import torch
 
 import attnlab
 from attnlab.errors import AttnlabError, ConfigError
+from attnlab.analysis.logit_attribution import direct_logit_attribution, logit_lens
+from attnlab.analysis.patching import patch
 from attnlab.nn import masking_heads
 from tests.cli import attnlab as run_cli
 from tests.unit.pretrained.tiny_any import build_any, check_bridged, ids
@@ -168,6 +170,38 @@ def test_generation_from_a_text_equals_the_native_model(both) -> None:  # noqa: 
     native, bridged, _ = both
     text = "hello world"
     assert bridged.generate(text, max_new_tokens=8) == native.generate(text, max_new_tokens=8)
+
+
+def test_direct_logit_attribution_and_the_logit_lens_agree_on_both_paths(both) -> None:  # noqa: ANN001
+    native, bridged, _ = both
+    text, answer, wrong = "hello world, the quick", " brown", " fox"
+    a = direct_logit_attribution(native, text, answer, wrong)
+    b = direct_logit_attribution(bridged, text, answer, wrong)
+    assert b.value == pytest.approx(a.value, abs=1e-9)
+    assert b.total == pytest.approx(b.value, abs=1e-9)  # the terms sum to the logit difference
+    assert [t.term for t in b.terms] == [t.term for t in a.terms]
+    for mine, theirs in zip(b.terms, a.terms):
+        assert mine.contribution == pytest.approx(theirs.contribution, abs=1e-9), mine.term
+    lens_a, lens_b = logit_lens(native, text, answer=answer), logit_lens(bridged, text, answer=answer)
+    torch.testing.assert_close(lens_b.top_probabilities, lens_a.top_probabilities, atol=1e-9, rtol=1e-7)
+    assert [r.rank for r in lens_b.rows] == [r.rank for r in lens_a.rows]
+
+
+@pytest.mark.parametrize("method", ["exact", "attribution"])
+def test_patching_every_head_and_the_residual_agrees_on_both_paths(both, method: str) -> None:  # noqa: ANN001
+    native, bridged, _ = both
+    clean, corrupt = "hello world, the quick brown", "hello world, the quick fox"
+    assert len(native.tokenize(clean)) == len(native.tokenize(corrupt))
+    a = patch(native.loaded, clean, corrupt, metric="loss", method=method)
+    b = patch(bridged.loaded, clean, corrupt, metric="loss", method=method)
+    assert b.metric_clean == pytest.approx(a.metric_clean, abs=1e-9)
+    assert list(b.groups) == list(a.groups)
+    for group in a.groups:
+        assert [(r.site, r.head, r.position) for r in b.groups[group]] == [
+            (r.site, r.head, r.position) for r in a.groups[group]
+        ]
+        for mine, theirs in zip(b.groups[group], a.groups[group]):
+            assert mine.restored == pytest.approx(theirs.restored, abs=1e-7), (group, mine.site)
 
 
 # ---- bad input -----------------------------------------------------------------------------------------

@@ -57,6 +57,19 @@ SIZES: dict[str, tuple[str, dict[str, Any]]] = {
         },
     ),
     "gpt2": ("gpt2", {"n_embd": D_MODEL, "n_layer": LAYERS, "n_head": HEADS, "n_positions": 64}),
+    "gpt_neo": (
+        "gpt_neo",
+        {
+            "hidden_size": D_MODEL,
+            "num_layers": LAYERS,
+            "num_heads": HEADS,
+            "max_position_embeddings": 64,
+            "attention_types": [[["local", "global"], 1]],
+            "window_size": 3,
+        },
+    ),
+    "bloom": ("bloom", {"hidden_size": D_MODEL, "n_layer": LAYERS, "n_head": HEADS}),
+    "bloom-6-heads": ("bloom", {"hidden_size": 36, "n_layer": LAYERS, "n_head": 6}),
 }
 """A family's test name -> (its ``model_type``, the tiny sizes of its transformers config; the
 classes come from AutoConfig). Each mechanism of the family is switched on: windows shorter than
