@@ -31,7 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "pretrained.md"
 BEGIN, END = "<!-- bridge-coverage:begin -->", "<!-- bridge-coverage:end -->"
-MEMORY = 6 << 30
+MEMORY = 10 << 30
 TIMEOUT = 120
 BATCH = 20
 """Types one worker process checks before a fresh one takes over (what tiny models leave behind adds up)."""
@@ -151,7 +151,10 @@ def main() -> None:
         return
     text = DOC.read_text(encoding="utf-8")
     block = table(results)
-    text = text[: text.index(BEGIN)] + block + text[text.index(END) + len(END) :] if BEGIN in text else text + "\n" + block + "\n"
+    if BEGIN in text:
+        text = text[: text.index(BEGIN)] + block + text[text.index(END) + len(END) :]
+    else:
+        text = text + "\n" + block + "\n"
     temporary = DOC.with_suffix(".md.tmp")
     temporary.write_text(text, encoding="utf-8")
     temporary.replace(DOC)

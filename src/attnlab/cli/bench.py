@@ -15,7 +15,7 @@ from attnlab.cli.options import progress_option
 @app.command()
 def bench(
     name: Benchmark = typer.Argument(
-        ..., help="The benchmark to run, or all of them (but lm, hf, sweep and tl, run by name)."
+        ..., help="The benchmark to run, or all of them (but lm, hf, sweep, tl and bridge, run by name)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (a list of them for `all`)."),
     quick: bool = typer.Option(False, "--quick", help="Small sizes: a smoke test of every code path."),

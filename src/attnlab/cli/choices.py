@@ -53,6 +53,7 @@ class Benchmark(str, Enum):
     hf = "hf"
     sweep = "sweep"
     tl = "tl"
+    bridge = "bridge"
     all = "all"
 
 

@@ -71,7 +71,9 @@ def load_transformers_model(folder: Any, *, dtype: torch.dtype | None, seq2seq: 
     except (ValueError, OSError, KeyError, TypeError, RuntimeError, ImportError, AttributeError) as error:
         message = " ".join(str(error).split())
         if "trust_remote_code" in message or "custom code" in message:
-            raise ConfigError(f"{folder}: the model needs remote code (trust_remote_code), which attnlab never runs")
+            raise ConfigError(
+                f"{folder}: the model needs remote code (trust_remote_code), which attnlab never runs"
+            ) from None
         raise ConfigError(f"{folder}: transformers cannot open it: {message[:300]}") from None
     return model.eval()
 
@@ -139,6 +141,13 @@ class BridgedAttention:
         return torch.einsum("bthd,mhd->bhtm", z, weight.unflatten(1, (self.heads, self.d_v)))
 
 
+def _out_width(module: nn.Module) -> int | None:
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, Tensor) or weight.dim() != 2 or isinstance(module, nn.Embedding):
+        return None
+    return weight.shape[0] if isinstance(module, nn.Linear) else weight.shape[1]
+
+
 def _in_width(module: nn.Module) -> int | None:
     weight = getattr(module, "weight", None)
     if not isinstance(weight, Tensor) or weight.dim() != 2:
@@ -147,16 +156,25 @@ def _in_width(module: nn.Module) -> int | None:
 
 
 class BridgedFeedForward:
-    """The site ``ffn.out`` of a layer's feed-forward module (its output, a mixture's included)."""
+    """The sites of a layer's feed-forward module: ``ffn.hidden``, the input of its output map
+    (act(x W_1) or act(x W_gate) * x W_up, where the module has one map back to d_model among its
+    children), and ``ffn.out``, its output (a mixture of experts' combined output included)."""
 
-    site_points = ("out",)
-
-    def __init__(self, module: nn.Module) -> None:
+    def __init__(self, module: nn.Module, d_model: int) -> None:
         self.hooks: dict[str, list[Any]] = {}
+        down = [child for child in module.children() if _out_width(child) == d_model]
+        self.site_points: tuple[str, ...] = ("hidden", "out") if len(down) == 1 else ("out",)
+        if len(down) == 1:
+            down[0].register_forward_pre_hook(self._on_hidden)
         module.register_forward_hook(self._on_output)
 
+    def _on_hidden(self, module: nn.Module, args: tuple[Any, ...]) -> Any:
+        if "hidden" not in self.hooks:
+            return None
+        return (run_hooks(self.hooks, "hidden", args[0]), *args[1:])
+
     def _on_output(self, module: nn.Module, inputs: tuple[Any, ...], out: Any) -> Any:
-        if not self.hooks:
+        if "out" not in self.hooks:
             return None
         if isinstance(out, tuple):  # a mixture of experts returns (states, router logits)
             return (run_hooks(self.hooks, "out", out[0]), *out[1:])
@@ -319,16 +337,16 @@ class BridgedLM(TransformerModel):
         self._cache_argument = "cache" if "cache" in parameters else "past_key_values"  # transformers >= 5.25: cache
         layers, calls = _probe_layers(hf)
         embedding = BridgedEmbedding(hf.get_input_embeddings())
+        d_model = int(getattr(text, "hidden_size", 0) or head.weight.shape[1])
         self.decoder = BridgedStack(embedding, layers, head)
         for layer, (module, heads, kv_heads, d_v, output) in zip(layers, calls):
             if module is not None:
                 layer.self_attn = BridgedAttention(module, layer, heads, kv_heads, d_v, output)
             ffn = _feed_forward(layer.module)
             if ffn is not None:
-                layer.feed_forward = BridgedFeedForward(ffn)
+                layer.feed_forward = BridgedFeedForward(ffn, d_model)
         attention = [c for c in calls if c[0] is not None]
         heads, kv_heads, d_v = attention[0][1:4]
-        d_model = int(getattr(text, "hidden_size", 0) or head.weight.shape[1])
         self.config = DecoderOnlyConfig(
             vocab_size=int(head.weight.shape[0]),
             layers=len(layers),
@@ -406,7 +424,7 @@ class BridgedLM(TransformerModel):
         for index, layer in enumerate(layers):
             layer.hooks["resid_pre"] = [note(f"{index}.pre")]
             layer.hooks["resid_post"] = [note(f"{index}.post")]
-            if layer.feed_forward.site_points:
+            if "out" in layer.feed_forward.site_points:
                 layer.feed_forward.hooks["out"] = [note(f"{index}.ffn")]
             if layer.self_attn is None or layer.self_attn.output is None:
                 continue
@@ -504,7 +522,8 @@ def _probe_layers(hf: nn.Module) -> tuple[list[BridgedLayer], list[tuple[Any, ..
         with torch.no_grad():
             hf(input_ids=torch.ones((1, 4), dtype=torch.long, device=device), use_cache=False)
     except Exception as error:  # noqa: BLE001 - transformers' own failure, said in one line
-        raise ConfigError(f"{type(hf).__name__}: a first forward pass failed: {' '.join(str(error).split())[:300]}")
+        message = " ".join(str(error).split())[:300]
+        raise ConfigError(f"{type(hf).__name__}: a first forward pass failed: {message}") from None
     finally:
         for module in watched:
             delattr(module, SITE_ATTRIBUTE)

@@ -91,7 +91,13 @@ def attention(
         from transformers.integrations.sdpa_attention import sdpa_attention_forward  # lazy, as in register
 
         output, _ = sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout if module.training else 0.0, scaling=scaling,
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=dropout if module.training else 0.0,
+            scaling=scaling,
             **kwargs,
         )
         if "z" not in hooks:

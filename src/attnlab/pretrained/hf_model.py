@@ -24,8 +24,8 @@ import torch
 from attnlab.errors import CheckpointError, ConfigError
 from attnlab.experiment import ExperimentConfig, model_for_task
 from attnlab.nn import TransformerModel
-from attnlab.pretrained.checkpoint import Checkpoint, read_tensors
 from attnlab.pretrained.bridge import BridgedLM, load_transformers_model
+from attnlab.pretrained.checkpoint import Checkpoint, read_tensors
 from attnlab.pretrained.families import FAMILIES, family_of, fill_state
 from attnlab.pretrained.integrity import check_chat_template, check_model_section
 from attnlab.pretrained.provenance import check_sources, remember_values_checked, values_checked

@@ -86,11 +86,14 @@ def open_model(
     else:
         _only_for_runs(checkpoint, None, what=f"{source} is no attnlab run")
         found = find_checkpoint(source, revision=revision)
-        decoder = found.model_type in ENCODERS and bool(found.config.get("is_decoder"))  # BERT's causal LM: bridged
+        # BERT's or RoBERTa's causal LM (is_decoder) goes through the bridge; their encoders are attnlab's
+        decoder = found.model_type in ENCODERS and bool(found.config.get("is_decoder"))
         if found.model_type in ENCODERS and not bridge and not decoder:  # attnlab's sentence encoder
             loaded = _in_memory(read_bert(find_source(found.folder), verify=verify), found.name)
         else:
-            loaded = _in_memory(open_checkpoint(found, dtype=wanted, verify=verify, bridge=bridge or decoder), found.name)
+            loaded = _in_memory(
+                open_checkpoint(found, dtype=wanted, verify=verify, bridge=bridge or decoder), found.name
+            )
     model = loaded.model
     if wanted is not None:
         cast_parameters(model, wanted)

@@ -19,13 +19,14 @@ import pytest
 import torch
 
 import attnlab
-from attnlab.errors import AttnlabError, ConfigError
 from attnlab.analysis.logit_attribution import direct_logit_attribution, logit_lens
 from attnlab.analysis.patching import patch
+from attnlab.errors import AttnlabError, ConfigError
 from attnlab.nn import masking_heads
+from attnlab.pretrained.families import FAMILIES
 from tests.cli import attnlab as run_cli
 from tests.unit.pretrained.tiny_any import build_any, check_bridged, ids
-from tests.unit.pretrained.tiny_hf import build
+from tests.unit.pretrained.tiny_hf import SIZES, build
 
 transformers = pytest.importorskip("transformers")
 
@@ -57,6 +58,10 @@ STUDIED = [
 ]
 """The 20 families researchers study that attnlab opened none of before the bridge (issue 47)."""
 
+NATIVE = [t for t in STUDIED if t in FAMILIES]
+"""Those attnlab now opens natively (GPT-Neo, BLOOM: their transformers modules predate the
+attention interface), tested against transformers in test_hf_families.py."""
+
 TABLE = bridged_types()
 SAMPLE = [t for t in TABLE[::12] if t not in STUDIED]
 
@@ -66,11 +71,16 @@ def _opened(model_type: str, folder: Path) -> tuple[Any, Any]:
     return reference, attnlab.load(folder, dtype="float64")
 
 
-@pytest.mark.parametrize("model_type", STUDIED)
+@pytest.mark.parametrize("model_type", [t for t in STUDIED if t not in NATIVE])
 def test_a_studied_family_opens_and_equals_transformers(model_type: str, tmp_path: Path) -> None:
     reference, lm = _opened(model_type, tmp_path)
     assert lm.model.bridged
     check_bridged(reference, lm)
+
+
+def test_the_studied_families_opened_natively_are_tested_as_native_families() -> None:
+    assert NATIVE == ["gpt_neo", "bloom"]
+    assert {model_type for model_type, _ in SIZES.values()} >= set(NATIVE)
 
 
 @pytest.mark.parametrize("model_type", SAMPLE)
@@ -86,9 +96,28 @@ def test_every_type_the_table_marks_bridged_equals_transformers(model_type: str,
 
 def test_the_table_counts_at_least_150_bridged_or_native_types() -> None:
     text = (ROOT / "docs" / "pretrained.md").read_text(encoding="utf-8")
-    rows = [line for line in text.splitlines() if line.startswith("| `")]
+    block = text[text.index("<!-- bridge-coverage:begin -->") : text.index("<!-- bridge-coverage:end -->")]
+    rows = [line for line in block.splitlines() if line.startswith("| `")]
     opened = [line for line in rows if "| bridge |" in line or "| native |" in line]
     assert len(rows) >= 200 and len(opened) >= 150, (len(rows), len(opened))
+
+
+def test_the_readme_first_example_runs_unchanged_on_a_bridged_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README's first Python block, its model name replaced by a bridged folder (OLMo, 4 layers)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## A first example") :]
+    code = section[section.index("```python") + len("```python") : section.index("```", section.index("```python") + 9)]
+    folder = tmp_path / "olmo"
+    folder.mkdir()
+    build_any("olmo", folder, sizes={"num_hidden_layers": 4})
+    assert '"HuggingFaceTB/SmolLM2-135M"' in code
+    (tmp_path / "texts.txt").write_text("When Mary and John went to the store\nhello world\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code.replace('"HuggingFaceTB/SmolLM2-135M"', repr(str(folder))), "README.md", "exec"), {})  # noqa: S102
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) >= 1 + 1 + 5  # the continuation, the pattern, the loss, five heads
 
 
 # ---- one folder, both paths ------------------------------------------------------------------------
@@ -96,7 +125,10 @@ def test_the_table_counts_at_least_150_bridged_or_native_types() -> None:
 
 @pytest.fixture(scope="module")
 def both(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, Any]:
-    """A tiny Llama folder opened natively and through the bridge (float64), and transformers' model."""
+    """A tiny Llama folder opened natively and through the bridge (float64), and transformers' model.
+
+    The two paths agree to float32's rounding, not float64's: transformers computes the rotary
+    cos and sin in float32 (as attnlab's native path does, in another order)."""
     folder = tmp_path_factory.mktemp("llama")
     reference = build("llama", folder)
     return attnlab.load(folder, dtype="float64"), attnlab.load(folder, dtype="float64", bridge=True), reference
@@ -111,7 +143,7 @@ def test_the_bridged_llama_has_the_sites_of_the_native_one_but_q_pre_and_norm_pa
         bridged_sites = set(t.sites)
     assert bridged_sites <= native_sites
     missing = {name.split(".", 2)[-1] for name in native_sites - bridged_sites}
-    assert missing <= {"attn.q_pre", "attn.k_pre", "scale", "normalized"} | {
+    assert missing <= {"attn.q_pre", "attn.k_pre", "ffn.gate", "ffn.up", "scale", "normalized"} | {
         f"{n}_norm.{p}" for n in ("attn", "ffn") for p in ("scale", "normalized")
     } | {"final_norm.scale", "final_norm.normalized"}, missing
 
@@ -125,7 +157,7 @@ def test_every_shared_site_holds_the_same_values(both) -> None:  # noqa: ANN001
         native(tokens)
         bridged(tokens)
     for name in names:
-        torch.testing.assert_close(b.cache[name], a.cache[name], atol=1e-9, rtol=1e-7, msg=name)
+        torch.testing.assert_close(b.cache[name], a.cache[name], atol=1e-6, rtol=1e-5, msg=name)
 
 
 def test_an_edit_of_resid_mid_is_an_edit_of_what_attention_adds(both) -> None:  # noqa: ANN001
@@ -139,13 +171,13 @@ def test_an_edit_of_resid_mid_is_an_edit_of_what_attention_adds(both) -> None:  
                 edited = lm(tokens)
             if lm is native:
                 expected = edited
-    torch.testing.assert_close(edited, expected, atol=1e-9, rtol=1e-7)
+    torch.testing.assert_close(edited, expected, atol=1e-6, rtol=1e-5)
 
 
 def test_importance_and_patterns_agree_on_both_paths(both) -> None:  # noqa: ANN001
     native, bridged, _ = both
     tokens = ids(3, 8)
-    torch.testing.assert_close(bridged.head_importance(tokens), native.head_importance(tokens), atol=1e-9, rtol=1e-7)
+    torch.testing.assert_close(bridged.head_importance(tokens), native.head_importance(tokens), atol=1e-6, rtol=1e-5)
     xi = native.head_mask()
     xi["self"][1, 2] = 0.0
     xi["self"][0, 0] = 0.5
@@ -153,7 +185,7 @@ def test_importance_and_patterns_agree_on_both_paths(both) -> None:  # noqa: ANN
         a = native(tokens)
     with torch.no_grad(), masking_heads(bridged.model, xi):
         b = bridged(tokens)
-    torch.testing.assert_close(b, a, atol=1e-9, rtol=1e-7)
+    torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5)
 
 
 def test_a_left_padded_batch_equals_each_row_alone(both) -> None:  # noqa: ANN001
@@ -163,7 +195,7 @@ def test_a_left_padded_batch_equals_each_row_alone(both) -> None:  # noqa: ANN00
         batch = bridged(rows)
         for index, row in enumerate(rows):
             alone = bridged([row])[0]
-            torch.testing.assert_close(batch[index, -len(row) :], alone, atol=1e-9, rtol=1e-7)
+            torch.testing.assert_close(batch[index, -len(row) :], alone, atol=1e-6, rtol=1e-5)
 
 
 def test_generation_from_a_text_equals_the_native_model(both) -> None:  # noqa: ANN001
@@ -177,14 +209,14 @@ def test_direct_logit_attribution_and_the_logit_lens_agree_on_both_paths(both) -
     text, answer, wrong = "hello world, the quick", " brown", " fox"
     a = direct_logit_attribution(native, text, answer, wrong)
     b = direct_logit_attribution(bridged, text, answer, wrong)
-    assert b.value == pytest.approx(a.value, abs=1e-9)
+    assert b.value == pytest.approx(a.value, abs=1e-6)
     assert b.total == pytest.approx(b.value, abs=1e-9)  # the terms sum to the logit difference
     assert [t.term for t in b.terms] == [t.term for t in a.terms]
     for mine, theirs in zip(b.terms, a.terms):
-        assert mine.contribution == pytest.approx(theirs.contribution, abs=1e-9), mine.term
+        assert mine.contribution == pytest.approx(theirs.contribution, abs=1e-6), mine.term
     lens_a, lens_b = logit_lens(native, text, answer=answer), logit_lens(bridged, text, answer=answer)
-    torch.testing.assert_close(lens_b.top_probabilities, lens_a.top_probabilities, atol=1e-9, rtol=1e-7)
-    assert [r.rank for r in lens_b.rows] == [r.rank for r in lens_a.rows]
+    torch.testing.assert_close(lens_b.top_probabilities, lens_a.top_probabilities, atol=1e-6, rtol=1e-5)
+    assert [r.answer_rank for r in lens_b.rows] == [r.answer_rank for r in lens_a.rows]
 
 
 @pytest.mark.parametrize("method", ["exact", "attribution"])
@@ -194,14 +226,14 @@ def test_patching_every_head_and_the_residual_agrees_on_both_paths(both, method:
     assert len(native.tokenize(clean)) == len(native.tokenize(corrupt))
     a = patch(native.loaded, clean, corrupt, metric="loss", method=method)
     b = patch(bridged.loaded, clean, corrupt, metric="loss", method=method)
-    assert b.metric_clean == pytest.approx(a.metric_clean, abs=1e-9)
+    assert b.metric_clean == pytest.approx(a.metric_clean, abs=1e-6)
     assert list(b.groups) == list(a.groups)
     for group in a.groups:
         assert [(r.site, r.head, r.position) for r in b.groups[group]] == [
             (r.site, r.head, r.position) for r in a.groups[group]
         ]
         for mine, theirs in zip(b.groups[group], a.groups[group]):
-            assert mine.restored == pytest.approx(theirs.restored, abs=1e-7), (group, mine.site)
+            assert mine.restored == pytest.approx(theirs.restored, abs=1e-5), (group, mine.site)
 
 
 # ---- bad input -----------------------------------------------------------------------------------------
@@ -217,7 +249,7 @@ def test_a_folder_that_needs_remote_code_is_one_error(tmp_path: Path) -> None:
     folder = _folder_with(
         tmp_path, {"model_type": "my_own_lm", "auto_map": {"AutoModelForCausalLM": "modeling_mine.MyLM"}}
     )
-    with pytest.raises(ConfigError, match="remote code"):
+    with pytest.raises(ConfigError, match="trust_remote_code"):
         attnlab.load(folder)
 
 
@@ -227,7 +259,7 @@ def test_an_unknown_model_type_is_one_error_naming_it(tmp_path: Path) -> None:
 
 
 def test_a_model_type_that_is_no_attention_model_is_refused_with_the_reason(tmp_path: Path) -> None:
-    build_any("mamba", tmp_path)
+    build_any("mamba", tmp_path, attending=False)
     with pytest.raises(AttnlabError, match="no attention"):
         attnlab.load(tmp_path)
 
@@ -237,9 +269,11 @@ def test_the_cli_says_one_error_line_and_exits_2(case: str, tmp_path: Path) -> N
     config = {"model_type": "no_such_type"}
     if case == "remote":
         config = {"model_type": "my_own_lm", "auto_map": {"AutoModelForCausalLM": "modeling_mine.MyLM"}}
-    folder = _folder_with(tmp_path / "m", config) if (tmp_path / "m").mkdir() is None else None
-    done = run_cli("generate", str(folder), "--prompt", "hello", timeout=120)
+    (tmp_path / "m").mkdir()
+    folder = _folder_with(tmp_path / "m", config)
+    done = run_cli("generate", str(folder), "hello", timeout=120)
     assert done.returncode == 2, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:"), done.stderr
-    assert not (folder / "attnlab-out").exists()
+    assert ("trust_remote_code" if case == "remote" else "'no_such_type'") in lines[0]
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]

@@ -84,6 +84,10 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
     "gptj": {"rotary_dim": 4},
     "zaya": {"num_experts_per_tok": 1},
+    "bamba": {"mamba_n_heads": 8, "mamba_d_head": 8, "attn_layer_indices": [1]},
+    "granitemoehybrid": {"mamba_n_heads": 8, "mamba_d_head": 8, "layer_types": ["mamba", "attention"]},
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"]},
+    "lfm2": {"layer_types": ["conv", "full_attention"]},
     "codegen": {"rotary_dim": 4},
 }
 """Sizes a family spells its own way."""
@@ -96,38 +100,40 @@ def causal_types() -> list[str]:
     return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
 
-VARIANTS: list[dict[str, Any]] = [
-    {},
-    {"num_key_value_heads": 4, "multi_query_group_num": 4},  # a family whose heads must all have keys (MLA)
-    {"num_hidden_layers": 4, "decoder_layers": 4, "num_layers": 4, "n_layer": 4},  # a hybrid's first attention layer
-    {"num_hidden_layers": 8, "decoder_layers": 8, "num_layers": 8, "n_layer": 8},
+_HEADS = [{}, {"num_key_value_heads": 4, "multi_query_group_num": 4}]  # a family whose heads all need keys (MLA)
+_DEPTHS = [{}] + [{k: n for k in ("num_hidden_layers", "decoder_layers", "num_layers", "n_layer")} for n in (4, 8)]
+VARIANTS: list[dict[str, Any]] = [{**depth, **heads} for depth in _DEPTHS for heads in _HEADS] + [
     {"embed_dim": ..., "num_heads": ..., "kv_channels": ...},  # aliases a config checks against its own sizes
 ]
 """What is tried in turn, on top of :data:`SMALL`, until the model runs and attends."""
 
 
-def build_any(model_type: str, folder: Path, *, seed: int = 0) -> Any:
+def build_any(
+    model_type: str, folder: Path, *, seed: int = 0, attending: bool = True, sizes: dict[str, Any] | None = None
+) -> Any:
     """A random transformers causal LM of ``model_type`` with tiny sizes, saved into ``folder``
     (with tokenizer.json); returned in float64 with transformers' eager attention.
 
     The sizes are :data:`SMALL`, then each of :data:`VARIANTS` on top until transformers' model
     runs and returns at least one attention pattern (a hybrid's attention layers come every few
-    layers); a composite config (text and vision) takes them as its ``text_config``."""
-    from transformers import AutoModelForCausalLM
+    layers); a composite config (text and vision) takes them as its ``text_config``. With
+    ``attending`` False the first model that runs is taken (Mamba, to be refused); ``sizes`` go
+    on top of all."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     save_tokenizer(folder)
     config_class = CONFIG_MAPPING[model_type]
     failure: Exception | None = None
     for variant in VARIANTS:
-        sizes = {k: v for k, v in {**SMALL, **variant, **OVERRIDES.get(model_type, {})}.items() if v is not ...}
+        chosen = {**SMALL, **variant, **OVERRIDES.get(model_type, {}), **(sizes or {})}
+        chosen = {k: v for k, v in chosen.items() if v is not ...}
         with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
             warnings.simplefilter("ignore")
             try:
-                model = _model(config_class, sizes, seed)
+                model = _model(config_class, chosen, seed)
                 with torch.no_grad():
                     out = model(ids(1, 5), output_attentions=True, use_cache=False)
-                if not any(a is not None for a in (getattr(out, "attentions", None) or ())):
+                if attending and not any(a is not None for a in (getattr(out, "attentions", None) or ())):
                     raise ValueError("no attention pattern from any layer")
             except Exception as error:  # noqa: BLE001 - the next variant, or the first failure raised
                 failure = failure or error
@@ -202,7 +208,6 @@ def check_bridged(reference: Any, lm: Any) -> None:
     ``reference`` (eager, float64): logits, every layer's pattern, masking one head, KV-cached
     greedy generation. An AssertionError names the first check that fails."""
     from attnlab.generate.search import DecodeOptions, generate_continuations
-    from attnlab.nn import masking_heads
 
     tokens = ids()
     exact = _reference(Path(reference.config._name_or_path), "sdpa")
