@@ -120,11 +120,18 @@ _DECIDED = ("vocab_size", "pad_id")
 
 
 def check_bridged_type(model_type: Any, where: Any, auto_map: Any = None) -> None:
-    """A ConfigError unless transformers knows ``model_type`` as a causal language model."""
-    from transformers.models.auto.modeling_auto import (  # lazy: transformers is imported only by the bridge
-        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-        MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
-    )
+    """A ConfigError unless transformers knows ``model_type`` as a causal language model (or it is
+    not installed: the ``bridge`` extra)."""
+    try:
+        from transformers.models.auto.modeling_auto import (  # lazy: transformers is imported only by the bridge
+            MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+            MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
+        )
+    except ImportError:
+        raise ConfigError(
+            f"{where}: model_type {model_type!r} has no native family ({', '.join(sorted(FAMILIES))}); "
+            "opening it through transformers' modules needs transformers: pip install 'attnlab[bridge]'"
+        ) from None
 
     if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         return

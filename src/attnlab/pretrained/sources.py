@@ -157,6 +157,11 @@ def import_checkpoint(
     loaded = open_model(source, dtype=dtype, revision=revision, verify=verify)
     if loaded.run is not None or Path(source).suffix == ".gguf":
         raise UsageError(f"{source}: not a Hugging Face checkpoint (use attnlab import gguf for a GGUF file)")
+    if getattr(loaded.model, "bridged", False):
+        raise UsageError(
+            f"{source}: its model_type opens through transformers' own modules (the bridge), which a run cannot "
+            "hold; give the folder itself to every command"
+        )
     found = find_checkpoint(source, revision=revision)
     files = find_source(found.folder).files() if found.model_type in ENCODERS else found.files()
     sources = check_sources(files, verify=verify, record=True)  # hashed when opened, or cached

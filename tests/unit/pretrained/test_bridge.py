@@ -264,6 +264,16 @@ def test_a_model_type_that_is_no_attention_model_is_refused_with_the_reason(tmp_
         attnlab.load(tmp_path)
 
 
+def test_a_bridged_folder_is_not_imported_as_a_run(tmp_path: Path) -> None:
+    from attnlab.errors import UsageError
+    from attnlab.pretrained.sources import import_checkpoint
+
+    build_any("olmo", tmp_path / "olmo")
+    with pytest.raises(UsageError, match="the bridge"):
+        import_checkpoint(tmp_path / "olmo", tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("case", ["remote", "unknown"])
 def test_the_cli_says_one_error_line_and_exits_2(case: str, tmp_path: Path) -> None:
     config = {"model_type": "no_such_type"}
