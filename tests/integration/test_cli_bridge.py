@@ -71,3 +71,18 @@ def test_patch_attribute_and_attention_run(folder: Path, tmp_path: Path) -> None
     assert patched
     _ok("attention", str(folder), "hello world", "--out", str(tmp_path / "maps"))
     assert list((tmp_path / "maps").glob("*.png"))
+
+
+def test_the_viewer_answers_on_a_bridged_model(folder: Path) -> None:
+    from starlette.testclient import TestClient
+
+    import attnlab
+    from attnlab.viewer import create_app
+
+    client = TestClient(create_app(attnlab.load(folder).loaded))
+    info = client.get("/api/model").json()
+    assert [(k["kind"], k["layers"], k["heads"]) for k in info["heads"]] == [("self", 2, 4)]
+    answer = client.post("/api/run", json={"text": "hello world"})
+    assert answer.status_code == 200, answer.text
+    maps = answer.json()["attention"]
+    assert [(m["kind"], m["layer"]) for m in maps] == [("self", 0), ("self", 1)]

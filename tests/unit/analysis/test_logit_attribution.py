@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlab.analysis.logit_attribution import FROZEN_NORMS, direct_logit_attribution, logit_lens
+from attnlab.analysis.logit_attribution import FROZEN_NORMS, MeasuredNorm, direct_logit_attribution, logit_lens
 from attnlab.errors import UsageError
 from attnlab.nn.normalization import make_norm
 from attnlab.run.loaded import open_run
@@ -58,7 +58,7 @@ def test_the_terms_sum_to_the_logit(loaded) -> None:  # noqa: ANN001
         assert layer.attention == pytest.approx(heads + bias, abs=1e-12)
 
 
-@pytest.mark.parametrize("norm", sorted(FROZEN_NORMS))
+@pytest.mark.parametrize("norm", sorted(set(FROZEN_NORMS) - {"measured"}))
 def test_a_frozen_norm_is_the_norm_at_its_input_and_affine(norm) -> None:  # noqa: ANN001
     torch.manual_seed(0)
     module = make_norm(norm, 8, 1e-5).double()
@@ -71,6 +71,42 @@ def test_a_frozen_norm_is_the_norm_at_its_input_and_affine(norm) -> None:  # noq
         assert float(x @ v + c) == pytest.approx(float(module(x) @ u), abs=1e-12)  # N(x) . u at x itself
         v2, _ = FROZEN_NORMS[norm].direction(module, x, 2.0 * u)
         assert float(t @ v2) == pytest.approx(2.0 * float(t @ v), abs=1e-12)
+
+
+@pytest.mark.parametrize("width", [8, 7])
+@pytest.mark.parametrize("norm", ["layer", "rms", "rms_one_plus"])
+def test_a_measured_norm_equals_the_frozen_form_it_was_not_told(norm: str, width: int) -> None:
+    """MeasuredNorm reads g, centring and beta from what the module computes (a bridged model's
+    transformers norms): the same direction as the frozen form of the norm's known kind."""
+    torch.manual_seed(1)
+    module = make_norm(norm, width, 1e-5).double()
+    with torch.no_grad():
+        for parameter in module.parameters():
+            parameter.normal_()
+    x, u = torch.randn(2, width, dtype=torch.float64)
+    with torch.no_grad():
+        v, c = FROZEN_NORMS[norm].direction(module, x, u)
+        measured_v, measured_c = MeasuredNorm().direction(module, x, u)
+    torch.testing.assert_close(measured_v, v, atol=1e-10, rtol=1e-8)
+    assert float(measured_c) == pytest.approx(float(c), abs=1e-10)
+
+
+@pytest.mark.parametrize("name", ["LlamaRMSNorm", "GemmaRMSNorm"])
+def test_a_measured_transformers_norm_is_the_norm_at_its_input_and_affine(name: str) -> None:
+    transformers = pytest.importorskip("transformers")
+    module = {
+        "LlamaRMSNorm": lambda: transformers.models.llama.modeling_llama.LlamaRMSNorm(8, eps=1e-6),
+        "GemmaRMSNorm": lambda: transformers.models.gemma.modeling_gemma.GemmaRMSNorm(8, eps=1e-6),
+    }[name]().double()
+    torch.manual_seed(2)
+    with torch.no_grad():
+        module.weight.normal_()
+    x, u, t = torch.randn(3, 8, dtype=torch.float64)
+    with torch.no_grad():
+        v, c = MeasuredNorm().direction(module, x, u)
+        assert float(x @ v + c) == pytest.approx(float(module(x) @ u), abs=1e-6)  # they normalise in float32
+        v2, _ = MeasuredNorm().direction(module, x, 2.0 * u)
+    assert float(t @ v2) == pytest.approx(2.0 * float(t @ v), abs=1e-10)
 
 
 def test_the_lens_reads_every_residual_stream(loaded) -> None:  # noqa: ANN001

@@ -89,7 +89,11 @@ def test_weights_that_do_not_fit_config_json_are_named(llama, tmp_path) -> None:
 @pytest.mark.parametrize(
     ("change", "error", "words"),
     [
-        ({"model_type": "bloom"}, ConfigError, "model_type 'bloom' is not implemented by attnlab; supported: gemma2"),
+        (
+            {"model_type": "no_such_type"},
+            ConfigError,
+            "model_type 'no_such_type' is no causal language model transformers",
+        ),
         ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4}}, ConfigError, "rope_scaling type 'dynamic'"),
         ({"hidden_act": "relu"}, ConfigError, "hidden_act = 'relu' is not implemented"),
         ({"hidden_size": "wide"}, ConfigError, "'hidden_size' must be int"),
@@ -205,7 +209,7 @@ def test_load_generates_greedily_by_sampling_and_as_a_stream(llama) -> None:  # 
     [
         ("no_config", 2, "no config.json"),
         ("truncated", 3, "model.safetensors: not a complete safetensors file"),
-        ("model_type", 2, "model_type 'bloom' is not implemented by attnlab"),
+        ("model_type", 2, "model_type 'no_such_type' is no causal language model transformers knows"),
         ("absent_name", 2, "no model of that name in the Hugging Face cache"),
     ],
 )
@@ -223,7 +227,7 @@ def test_the_cli_gives_one_error_line_and_its_exit_code(
         (source / "model.safetensors").write_bytes(data[:20])
     elif damage == "model_type":
         config = json.loads((source / "config.json").read_text())
-        (source / "config.json").write_text(json.dumps({**config, "model_type": "bloom"}))
+        (source / "config.json").write_text(json.dumps({**config, "model_type": "no_such_type"}))
     else:
         monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
         source = "org/absent"
