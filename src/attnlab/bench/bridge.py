@@ -33,8 +33,7 @@ from attnlab.analysis.lm_probe import NextTokenProbe
 from attnlab.analysis.maps import language_model_prompt
 from attnlab.analysis.patching import patch
 from attnlab.bench.harness import BenchResult, interleaved_median_times
-from attnlab.bench.hf import build_checkpoint
-from attnlab.bench.tl import FULL, QUICK, _bridge, _prompt_pair, _sliced_patching, _Tl, smollm2_folder
+from attnlab.bench.tl import FULL, QUICK, _bridge, _prompt_pair, _sliced_patching, _Tl, bench_folder
 from attnlab.nn import trace
 from attnlab.pretrained.sources import open_model
 from attnlab.run.loaded import LoadedRun
@@ -51,12 +50,7 @@ def run_bridge(quick: bool = False, repeats: int = 5) -> BenchResult:
     result = BenchResult("bridge")
     with tempfile.TemporaryDirectory(prefix="attnlab-bench-bridge-") as tmp:
         folder = Path(tmp)
-        if quick:
-            build_checkpoint("llama", "tiny", folder)
-            label = "tiny llama"
-        else:
-            smollm2_folder(folder)
-            label = "SmolLM2-135M"
+        label = bench_folder(folder, quick)
         opened = {
             "native": open_model(folder, dtype=torch.float32),
             "bridge": open_model(folder, dtype=torch.float32, bridge=True),

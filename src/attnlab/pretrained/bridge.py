@@ -35,7 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.errors import CheckpointError, ConfigError
-from attnlab.nn import DecoderOnlyConfig, TransformerModel
+from attnlab.nn import DecoderOnlyConfig, DecodingState, TransformerModel
 from attnlab.nn.hooks import ATTENTION_POINTS, run_hooks
 from attnlab.pretrained.bridge_attention import IMPLEMENTATION, SITE_ATTRIBUTE, register
 
@@ -279,28 +279,20 @@ class BridgedStack:
 
 
 @dataclass
-class BridgedState:
-    """What a bridged model keeps between decoding steps: transformers' KV cache, and which keys
-    so far are real tokens (as :class:`attnlab.nn.models.DecodingState`)."""
+class BridgedState(DecodingState):
+    """What a bridged model keeps between decoding steps: which keys so far are real tokens (as
+    :class:`attnlab.nn.models.DecodingState`, no per-layer caches of attnlab's) and transformers' KV cache."""
 
+    layers: list[Any] = dataclasses.field(default_factory=list)
     cache: Any = None
-    is_token: Tensor | None = None
     tokens: Tensor | None = None
     """Every token so far, where the model returns no cache (then each step runs the whole sequence)."""
 
-    def __len__(self) -> int:
-        return 0 if self.is_token is None else self.is_token.shape[1]
-
-    def advance(self, new_is_token: Tensor) -> Tensor:
-        self.is_token = new_is_token if self.is_token is None else torch.cat([self.is_token, new_is_token], dim=1)
-        return self.is_token
-
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows ``index`` (beam search)."""
+        super().reorder(index)
         if self.cache is not None:
             self.cache.reorder_cache(index)
-        if self.is_token is not None:
-            self.is_token = self.is_token.index_select(0, index)
         if self.tokens is not None:
             self.tokens = self.tokens.index_select(0, index)
 

@@ -333,16 +333,22 @@ def _gpt2_section(hf: Mapping[str, Any], where: Path) -> dict[str, Any]:
     if hf.get("scale_attn_weights") is False:
         raise ConfigError(f"{where}: scale_attn_weights = false is not implemented by attnlab")
     d_model = _get(hf, "n_embd", where)
+    return _gpt2_like(hf, where, d_model, _get(hf, "n_layer", where), _get(hf, "n_head", where)) | {
+        "d_ff": _get(hf, "n_inner", where, default=None) or 4 * d_model,
+        "max_len": _get(hf, "n_positions", where, default=1024),
+    }
+
+
+def _gpt2_like(hf: Mapping[str, Any], where: Path, d_model: int, layers: int, heads: int) -> dict[str, Any]:
+    """GPT-2's layers (learned positions, pre-LN LayerNorm, tanh GELU, biases): GPT-2 and GPT-Neo."""
     return {
         "kind": "decoder_only",
-        "layers": _get(hf, "n_layer", where),
+        "layers": layers,
         "d_model": d_model,
-        "heads": _get(hf, "n_head", where),
-        "d_ff": _get(hf, "n_inner", where, default=None) or 4 * d_model,
+        "heads": heads,
         "dropout": 0.0,
         "attention_dropout": 0.0,
         "positional": "learned",
-        "max_len": _get(hf, "n_positions", where, default=1024),
         "activation": "gelu_tanh",
         "norm": "layer",
         "norm_first": True,
@@ -361,24 +367,10 @@ def _gpt_neo_section(hf: Mapping[str, Any], where: Path) -> dict[str, Any]:
     kinds = hf.get("attention_layers") or []
     if not isinstance(kinds, list) or len(kinds) != layers or not set(kinds) <= {"global", "local"}:
         raise ConfigError(f"{where}: attention_layers must list 'global' or 'local' for each of the {layers} layers")
-    section = {
-        "kind": "decoder_only",
-        "layers": layers,
-        "d_model": d_model,
-        "heads": _get(hf, "num_heads", where),
+    section = _gpt2_like(hf, where, d_model, layers, _get(hf, "num_heads", where)) | {
         "d_ff": _get(hf, "intermediate_size", where, default=None) or 4 * d_model,
-        "dropout": 0.0,
-        "attention_dropout": 0.0,
-        "positional": "learned",
         "max_len": _get(hf, "max_position_embeddings", where, default=2048),
-        "activation": "gelu_tanh",
-        "norm": "layer",
-        "norm_first": True,
-        "layer_norm_eps": _real(hf, "layer_norm_epsilon", where, default=1e-5),
-        "scale_embeddings": False,
-        "bias": True,
         "query_scale": 1.0,
-        "tie_embeddings": bool(hf.get("tie_word_embeddings", True)),
     }
     local = [index for index, kind in enumerate(kinds) if kind == "local"]
     if local:
@@ -497,7 +489,8 @@ _OLMO2_NORMS = {
 }
 
 
-def _gpt2_layout(hf: Mapping[str, Any], tied: bool) -> Layout:
+def _gpt2_like_ends(tied: bool) -> Layout:
+    """GPT-2's and GPT-Neo's embeddings, final norm and output layer (``transformer.wte``, ...)."""
     layout: Layout = {
         f"{STACK}.embedding.token.weight": (Piece("transformer.wte.weight"),),
         f"{STACK}.embedding.positional.table.weight": (Piece("transformer.wpe.weight"),),
@@ -506,6 +499,11 @@ def _gpt2_layout(hf: Mapping[str, Any], tied: bool) -> Layout:
     }
     if not tied:
         layout["lm_head.weight"] = (Piece("lm_head.weight"),)
+    return layout
+
+
+def _gpt2_layout(hf: Mapping[str, Any], tied: bool) -> Layout:
+    layout = _gpt2_like_ends(tied)
     pairs = {
         "self_attn.in_proj": "attn.c_attn",
         "self_attn.out_proj": "attn.c_proj",
@@ -527,14 +525,7 @@ def _gpt2_layout(hf: Mapping[str, Any], tied: bool) -> Layout:
 
 
 def _gpt_neo_layout(hf: Mapping[str, Any], tied: bool) -> Layout:
-    layout: Layout = {
-        f"{STACK}.embedding.token.weight": (Piece("transformer.wte.weight"),),
-        f"{STACK}.embedding.positional.table.weight": (Piece("transformer.wpe.weight"),),
-        f"{STACK}.final_norm.weight": (Piece("transformer.ln_f.weight"),),
-        f"{STACK}.final_norm.bias": (Piece("transformer.ln_f.bias"),),
-    }
-    if not tied:
-        layout["lm_head.weight"] = (Piece("lm_head.weight"),)
+    layout = _gpt2_like_ends(tied)
     for n in range(int(hf["num_layers"])):
         ours, theirs = f"{STACK}.layers.{n}.", f"transformer.h.{n}."
         attention = theirs + "attn.attention."
