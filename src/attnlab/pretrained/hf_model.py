@@ -31,7 +31,7 @@ from attnlab.pretrained.integrity import check_chat_template, check_model_sectio
 from attnlab.pretrained.provenance import check_sources, remember_values_checked, values_checked
 from attnlab.tasks.base import Task
 from attnlab.tasks.registry import build_task
-from attnlab.tokenizers import Tokenizer
+from attnlab.tokenizers import IdsOnlyTokenizer, Tokenizer
 
 __all__ = ["OpenedCheckpoint", "open_checkpoint", "checkpoint_tokenizer", "task_section"]
 
@@ -163,16 +163,33 @@ def _take_weights(model: TransformerModel, state: dict[str, torch.Tensor]) -> No
 
 def checkpoint_tokenizer(checkpoint: Checkpoint) -> Tokenizer:
     """The folder's tokenizer.json, or the fast tokenizer transformers converts from its other
-    files (``tokenizer.model``, ``vocab.json`` + ``merges.txt``); a CheckpointError where there is none."""
+    files (``tokenizer.model``, ``vocab.json`` + ``merges.txt``); with none of them, a stand-in
+    that labels ids and refuses text, naming what is missing (the model runs on token ids)."""
     path = checkpoint.file("tokenizer.json")
     if path is None and (converted := _converted_tokenizer(checkpoint)) is not None:
         return converted
+    vocab = _vocab_size(checkpoint.config)
+    if path is None and vocab:
+        return IdsOnlyTokenizer(
+            vocab,
+            f"{checkpoint.folder}: no tokenizer (tokenizer.json, tokenizer.model, or vocab.json + merges.txt), "
+            "so no text can be read: give token ids (a (B, T) tensor, or lists of ints)",
+        )
     if path is None:
         raise CheckpointError(
             f"{checkpoint.folder}: no tokenizer.json (attnlab reads the fast tokenizer's file; save one with "
             "AutoTokenizer.from_pretrained(folder).save_pretrained(folder))"
         )
     return Tokenizer.load(path)
+
+
+def _vocab_size(config: dict[str, Any]) -> int:
+    """config.json's vocabulary size (its text config's for a composite model), or 0."""
+    for section in (config, config.get("text_config") or {}):
+        value = section.get("vocab_size") if isinstance(section, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= 1 << 24:
+            return value
+    return 0
 
 
 def _converted_tokenizer(checkpoint: Checkpoint) -> Tokenizer | None:

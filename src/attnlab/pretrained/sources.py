@@ -36,6 +36,7 @@ from attnlab.run.directory import RunDir
 from attnlab.run.loaded import LoadedRun, open_run
 from attnlab.runtime import release_freed_memory
 from attnlab.tasks.codec import TextCodec
+from attnlab.tokenizers import IdsOnlyTokenizer
 
 __all__ = ["open_model", "import_checkpoint"]
 
@@ -157,6 +158,8 @@ def import_checkpoint(
     loaded = open_model(source, dtype=dtype, revision=revision, verify=verify)
     if loaded.run is not None or Path(source).suffix == ".gguf":
         raise UsageError(f"{source}: not a Hugging Face checkpoint (use attnlab import gguf for a GGUF file)")
+    if isinstance(loaded.tokenizer, IdsOnlyTokenizer):
+        raise UsageError(f"{loaded.tokenizer.missing}; a run keeps its tokenizer, so this folder cannot be one")
     if getattr(loaded.model, "bridged", False):
         raise UsageError(
             f"{source}: its model_type opens through transformers' own modules (the bridge), which a run cannot "

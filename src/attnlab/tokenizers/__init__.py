@@ -11,13 +11,21 @@ Example::
 """
 
 from attnlab.tokenizers.kinds import BYTE_TOKENS, KINDS, SPECIAL_TOKENS, check_build_options, infer_kind
-from attnlab.tokenizers.tokenizer import SPECIAL_ALIASES, Tokenizer, check_text, is_uncased, train_tokenizer
+from attnlab.tokenizers.tokenizer import (
+    SPECIAL_ALIASES,
+    IdsOnlyTokenizer,
+    Tokenizer,
+    check_text,
+    is_uncased,
+    train_tokenizer,
+)
 
 __all__ = [
     "BYTE_TOKENS",
     "KINDS",
     "SPECIAL_ALIASES",
     "SPECIAL_TOKENS",
+    "IdsOnlyTokenizer",
     "Tokenizer",
     "check_build_options",
     "check_text",

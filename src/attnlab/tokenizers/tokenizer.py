@@ -35,7 +35,7 @@ from pathlib import Path
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers
 
-from attnlab.errors import DataError
+from attnlab.errors import DataError, UsageError
 from attnlab.reading import read_capped
 from attnlab.tokenizers.kinds import EXTERNAL_KIND, KINDS, SPECIAL_TOKENS, build, infer_kind
 
@@ -338,6 +338,27 @@ class Tokenizer:
         hf.decoder = decoders.WordPiece()
         hf.add_special_tokens([t for t in vocab if t.startswith("[") and t.endswith("]")])
         return cls(hf, kind="wordpiece")
+
+
+class IdsOnlyTokenizer(Tokenizer):
+    """The stand-in for a model that ships no tokenizer: the model runs on token ids, each id
+    labelled ``<i>``, and any text is refused with one error naming what is missing.
+
+    Args:
+        vocab_size: the model's vocabulary (ids 0 .. vocab_size - 1).
+        missing: the error's words (which folder, which files it lacks).
+    """
+
+    def __init__(self, vocab_size: int, missing: str) -> None:
+        self.missing = missing
+        hf = HFTokenizer(models.WordLevel({f"<{i}>": i for i in range(vocab_size)}, unk_token="<0>"))
+        super().__init__(hf, kind=EXTERNAL_KIND)
+
+    def encode(self, text: str, *, allow_special: bool = False) -> list[int]:
+        raise UsageError(self.missing)
+
+    def tokenize(self, text: str) -> list[str]:
+        raise UsageError(self.missing)
 
 
 def train_tokenizer(kind: str, corpus: Iterable[str], vocab_size: int = 8000) -> Tokenizer:

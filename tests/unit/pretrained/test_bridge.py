@@ -21,7 +21,7 @@ import torch
 import attnlab
 from attnlab.analysis.logit_attribution import direct_logit_attribution, logit_lens
 from attnlab.analysis.patching import patch
-from attnlab.errors import AttnlabError, ConfigError
+from attnlab.errors import AttnlabError, ConfigError, UsageError
 from attnlab.nn import masking_heads
 from attnlab.pretrained.families import FAMILIES
 from tests.cli import attnlab as run_cli
@@ -236,6 +236,38 @@ def test_patching_every_head_and_the_residual_agrees_on_both_paths(both, method:
             assert mine.restored == pytest.approx(theirs.restored, abs=1e-5), (group, mine.site)
 
 
+def test_a_folder_without_a_tokenizer_opens_for_ids_and_refuses_text(tmp_path: Path) -> None:
+    reference = build_any("olmo", tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (tmp_path / name).unlink(missing_ok=True)
+    lm = attnlab.load(tmp_path, dtype="float64")
+    tokens = ids(1, 6)
+    with torch.no_grad():
+        expected = reference(tokens).logits  # transformers' eager softmax runs in float32
+        torch.testing.assert_close(lm(tokens), expected, atol=1e-6 * float(expected.abs().max()), rtol=1e-5)
+    assert lm.to_str_tokens(tokens[0, :2]) == [f"<{int(i)}>" for i in tokens[0, :2]]
+    with pytest.raises(UsageError, match="no tokenizer .* give token ids"):
+        lm.generate("hello")
+    with pytest.raises(UsageError, match="no tokenizer"):
+        lm("hello")
+
+
+def test_a_folder_with_vocab_and_merges_gets_transformers_conversion(tmp_path: Path) -> None:
+    """vocab.json + merges.txt (a slow GPT-2 tokenizer's files) instead of tokenizer.json."""
+    from tokenizers import Tokenizer as Fast
+
+    build_any("olmo", tmp_path)
+    fast = Fast.from_file(str(tmp_path / "tokenizer.json"))
+    fast.model.save(str(tmp_path))  # vocab.json, merges.txt
+    (tmp_path / "tokenizer.json").unlink()
+    settings = json.loads((tmp_path / "tokenizer_config.json").read_text(encoding="utf-8"))
+    settings["tokenizer_class"] = "GPT2Tokenizer"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(settings), encoding="utf-8")
+    lm = attnlab.load(tmp_path)
+    text = "hello world, the quick brown fox"
+    assert lm.loaded.tokenizer.encode(text) == fast.encode(text, add_special_tokens=False).ids
+
+
 # ---- bad input -----------------------------------------------------------------------------------------
 
 
@@ -265,7 +297,6 @@ def test_a_model_type_that_is_no_attention_model_is_refused_with_the_reason(tmp_
 
 
 def test_a_bridged_folder_is_not_imported_as_a_run(tmp_path: Path) -> None:
-    from attnlab.errors import UsageError
     from attnlab.pretrained.sources import import_checkpoint
 
     build_any("olmo", tmp_path / "olmo")

@@ -340,7 +340,7 @@ def _damage_folder(source: Path, damage: str) -> None:
     ("damage", "code", "words"),
     [
         ("tokenizer_not_json", 2, "tokenizer.json:1: not valid JSON"),
-        ("tokenizer_missing", 3, "no tokenizer.json"),
+        ("tokenizer_missing", 2, "no tokenizer (tokenizer.json, tokenizer.model, or vocab.json + merges.txt)"),
         ("tokenizer_config_not_json", 3, "tokenizer_config.json: not readable JSON"),
         ("config_not_json", 3, "config.json: not readable JSON"),
         ("config_shapes", 3, "do not fit"),
