@@ -55,6 +55,7 @@ _FROM_NN = (
     "capture",
     "causal_mask",
     "full_head_mask",
+    "masking_experts",
     "masking_heads",
     "model_sites",
     "padding_mask",

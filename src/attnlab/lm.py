@@ -40,7 +40,7 @@ from attnlab.errors import UsageError
 from attnlab.generate.sampling import SamplingOptions
 from attnlab.generate.search import DecodeOptions, generate_continuations
 from attnlab.generate.stream import TextStream
-from attnlab.nn import full_head_mask, trace
+from attnlab.nn import expert_mask_shape, full_head_mask, trace
 from attnlab.nn.hooks import Trace
 from attnlab.pretrained.sources import open_model
 from attnlab.run.loaded import LoadedRun
@@ -246,6 +246,14 @@ class LanguageModel:
     def head_mask(self, value: float = 1.0, *, requires_grad: bool = False) -> dict[str, Tensor]:
         """A head mask xi with every entry ``value`` (1: every head on), on the model's device."""
         return full_head_mask(self.head_mask_shapes, value, requires_grad=requires_grad, device=self.device)
+
+    def expert_mask(self, value: float = 1.0, *, requires_grad: bool = False) -> Tensor:
+        """A (layers, experts) mask of a mixture-of-experts model's routing weights, every entry
+        ``value``, for :func:`attnlab.masking_experts` (0 at [L, e]: expert e of layer L ablated)."""
+        shape = expert_mask_shape(self.model)
+        if shape is None:
+            raise UsageError(f"expert_mask: {self.loaded.name} has no mixture-of-experts layers")
+        return torch.full(shape, float(value), device=self.device, requires_grad=requires_grad)
 
     def importance(self, texts: str | os.PathLike[str], *, batch_size: int = 16) -> list[ImportanceRow]:
         """Every head ranked by Michel et al.'s I_h = E_x |dL(x)/dxi_h| on a text file (one text

@@ -24,7 +24,9 @@ from attnlab.nn.hooks import (
     add_hook,
     capture,
     check_head_mask,
+    expert_mask_shape,
     full_head_mask,
+    masking_experts,
     masking_heads,
     model_sites,
     trace,
@@ -99,6 +101,8 @@ __all__ = [
     "capture",
     "AttentionRecord",
     "masking_heads",
+    "masking_experts",
+    "expert_mask_shape",
     "HeadMask",
     "full_head_mask",
 ]

@@ -106,6 +106,8 @@ __all__ = [
     "check_head_mask",
     "full_head_mask",
     "masking_heads",
+    "expert_mask_shape",
+    "masking_experts",
     "ATTENTION_POINTS",
     "HEAD_POINTS",
 ]
@@ -677,6 +679,56 @@ def masking_heads(model: nn.Module, head_mask: HeadMask | Tensor | None) -> Iter
     finally:
         for remove in removers:
             remove()
+
+
+def expert_mask_shape(model: nn.Module) -> tuple[int, int] | None:
+    """(layers, experts) of a mixture-of-experts model's ``ffn.experts`` sites (a bridged model's,
+    :mod:`attnlab.pretrained.bridge_sites`), or None for a model without them."""
+    sites = [site for site in model_sites(model).values() if site.point == "experts"]
+    if not sites:
+        return None
+    return max(site.layer or 0 for site in sites) + 1, max(site.module.experts for site in sites)
+
+
+@contextmanager
+def masking_experts(model: nn.Module, mask: Tensor | None) -> Iterator[None]:
+    """Run ``model`` inside the block with each expert's routing weight scaled: w_e -> m_{L,e} w_e
+    at every ``ffn.experts`` site, the experts' counterpart of :func:`masking_heads` (m = 0 ablates
+    expert e of layer L wherever the router chose it; differentiable in m).
+
+        with masking_experts(model, mask):   # mask (layers, experts) or (B, layers, experts)
+            logits = model(tokens)
+
+    Raises:
+        ValueError: a model without experts, or a mask of another shape (naming both).
+    """
+    if mask is None:
+        yield
+        return
+    shape = expert_mask_shape(model)
+    if shape is None:
+        raise ValueError("expert mask: this model has no mixture-of-experts layers (no ffn.experts site)")
+    if mask.dim() not in (2, 3) or tuple(mask.shape[-2:]) != shape:
+        raise ValueError(
+            f"expert mask: expected (layers, experts) = {shape} (or a batch of them), got {tuple(mask.shape)}"
+        )
+    sites = [site for site in model_sites(model).values() if site.point == "experts"]
+    removers = [add_hook(site, _expert_scale(mask, site.layer or 0), first=True) for site in sites]
+    try:
+        yield
+    finally:
+        for remove in removers:
+            remove()
+
+
+def _expert_scale(mask: Tensor, layer: int) -> Hook:
+    """w (B, T, E) -> m[..., layer, :] w, per expert (and per example for a (B, layers, E) mask)."""
+
+    def scale(weights: Tensor) -> Tensor:
+        row = mask[..., layer, : weights.shape[-1]].to(weights.dtype)  # (E,) or (B, E)
+        return weights * (row if row.dim() == 1 else row.unsqueeze(1))
+
+    return scale
 
 
 def _head_scale(xi: Tensor, layer: int, heads: int) -> Hook:

@@ -36,14 +36,18 @@ from torch import Tensor, nn
 
 from attnlab.errors import CheckpointError, ConfigError
 from attnlab.nn import DecoderOnlyConfig, DecodingState, TransformerModel
-from attnlab.nn.hooks import ATTENTION_POINTS, run_hooks
 from attnlab.pretrained.bridge_attention import IMPLEMENTATION, SITE_ATTRIBUTE, register
+from attnlab.pretrained.bridge_sites import (
+    BridgedAttention,
+    BridgedEmbedding,
+    BridgedFeedForward,
+    BridgedLayer,
+    BridgedStack,
+    in_width,
+)
 
-__all__ = ["BridgedLM", "BridgedState", "BRIDGE_POINTS", "load_transformers_model"]
+__all__ = ["BridgedLM", "BridgedState", "load_transformers_model"]
 
-BRIDGE_POINTS = tuple(point for point in ATTENTION_POINTS if point not in ("q_pre", "k_pre"))
-"""The attention sites of a bridged module: rotary positions are applied inside transformers'
-module, before attnlab's function sees the queries and keys, so there is no ``q_pre`` / ``k_pre``."""
 
 _FFN_NAMES = ("mlp", "feed_forward", "block_sparse_moe", "ffn", "moe", "mlps", "feedforward")
 
@@ -76,203 +80,6 @@ def load_transformers_model(folder: Any, *, dtype: torch.dtype | None, seq2seq: 
             ) from None
         raise ConfigError(f"{folder}: transformers cannot open it: {message[:300]}") from None
     return model.eval()
-
-
-# ---- the parts that own sites ------------------------------------------------------------------------
-
-
-class _NoNorm:
-    """A norm the bridge does not split into sites (transformers' norms run as they are)."""
-
-    site_points = {0: (), 1: ()}
-
-
-class BridgedAttention:
-    """The sites of one transformers attention module: its hook table, its heads, its W^O.
-
-    Attributes:
-        hooks: point -> hooks (:mod:`attnlab.nn.hooks`), run by attnlab's attention function
-            (``q``, ``k``, ``v``, ``scores``, ``pattern``, ``z``) and by W^O's module hook
-            (``result``, ``out``).
-        heads, kv_heads, d_v: the query heads, key/value heads and value width seen by the probe.
-        site_points: the points this module has (no ``result``/``out`` without a found W^O).
-    """
-
-    def __init__(
-        self, module: nn.Module, layer: BridgedLayer, heads: int, kv_heads: int, d_v: int, output: nn.Module | None
-    ) -> None:
-        self.module = module
-        self.layer = layer
-        self.heads, self.kv_heads, self.d_v = heads, kv_heads, d_v
-        self.hooks: dict[str, list[Any]] = {}
-        self.probe: Any = None
-        self.output = output
-        self.site_points = BRIDGE_POINTS if self.output is not None else BRIDGE_POINTS[:-2]
-        setattr(module, SITE_ATTRIBUTE, self)
-        if self.output is not None:
-            self.output.register_forward_hook(self._on_output)
-
-    def _on_output(self, projection: nn.Module, inputs: tuple[Any, ...], out: Tensor) -> Tensor | None:
-        """W^O's output with the ``result`` and ``out`` sites (and ``resid_mid``, where it is a sum)."""
-        mid = self.layer.hooks.get("resid_mid") if self.layer.resid_mid else None
-        if not self.hooks and not mid:
-            return None
-        if "result" in self.hooks:
-            result = self._result(projection, inputs[0])  # (B, H, T, d_model)
-            result = run_hooks(self.hooks, "result", result)
-            bias = getattr(projection, "bias", None)
-            out = result.sum(1) if bias is None else result.sum(1) + bias
-        if "out" in self.hooks:
-            out = run_hooks(self.hooks, "out", out)
-        if mid:
-            before = self.layer.resid_in
-            summed = before + out
-            edited = run_hooks(self.layer.hooks, "resid_mid", summed)
-            if edited is not summed:  # an edit of the stream after attention is an edit of what attention adds
-                out = edited - before
-        return out
-
-    def _result(self, projection: nn.Module, x: Tensor) -> Tensor:
-        """result_h = z_h W_O^h: each head's term of W^O's product, (B, H, T, d_model)."""
-        weight = projection.weight  # Linear: (d_model, H d_v); GPT-2's Conv1D: (H d_v, d_model)
-        if not isinstance(projection, nn.Linear):
-            weight = weight.t()
-        z = x.unflatten(-1, (self.heads, self.d_v))  # (B, T, H, d_v)
-        return torch.einsum("bthd,mhd->bhtm", z, weight.unflatten(1, (self.heads, self.d_v)))
-
-
-def _out_width(module: nn.Module) -> int | None:
-    weight = getattr(module, "weight", None)
-    if not isinstance(weight, Tensor) or weight.dim() != 2 or isinstance(module, nn.Embedding):
-        return None
-    return weight.shape[0] if isinstance(module, nn.Linear) else weight.shape[1]
-
-
-def _in_width(module: nn.Module) -> int | None:
-    weight = getattr(module, "weight", None)
-    if not isinstance(weight, Tensor) or weight.dim() != 2:
-        return None
-    return weight.shape[1] if isinstance(module, nn.Linear) else weight.shape[0]
-
-
-class BridgedFeedForward:
-    """The sites of a layer's feed-forward module: ``ffn.hidden``, the input of its output map
-    (act(x W_1) or act(x W_gate) * x W_up, where the module has one map back to d_model among its
-    children), and ``ffn.out``, its output (a mixture of experts' combined output included)."""
-
-    def __init__(self, module: nn.Module, d_model: int) -> None:
-        self.hooks: dict[str, list[Any]] = {}
-        down = [child for child in module.children() if _out_width(child) == d_model]
-        self.site_points: tuple[str, ...] = ("hidden", "out") if len(down) == 1 else ("out",)
-        if len(down) == 1:
-            down[0].register_forward_pre_hook(self._on_hidden)
-        module.register_forward_hook(self._on_output)
-
-    def _on_hidden(self, module: nn.Module, args: tuple[Any, ...]) -> Any:
-        if "hidden" not in self.hooks:
-            return None
-        return (run_hooks(self.hooks, "hidden", args[0]), *args[1:])
-
-    def _on_output(self, module: nn.Module, inputs: tuple[Any, ...], out: Any) -> Any:
-        if "out" not in self.hooks:
-            return None
-        if isinstance(out, tuple):  # a mixture of experts returns (states, router logits)
-            return (run_hooks(self.hooks, "out", out[0]), *out[1:])
-        return run_hooks(self.hooks, "out", out)
-
-
-class BridgedLayer:
-    """The residual-stream sites of one transformers decoder layer.
-
-    Attributes:
-        hooks: ``resid_pre``, ``resid_mid``, ``resid_post``.
-        self_attn: its :class:`BridgedAttention`, or None for a layer without attention (a hybrid's).
-        feed_forward: its :class:`BridgedFeedForward` (``ffn.out``), or None where none was found.
-        resid_mid: whether the layer adds W^O's output to its input as it is (then resid_mid is
-            that sum, and its edits reach the rest of the layer).
-    """
-
-    site_norms = (_NoNorm(), _NoNorm())
-    ffn_norm = _NoNorm()
-    attn_norm = None
-
-    def __init__(self, module: nn.Module) -> None:
-        self.module = module
-        self.hooks: dict[str, list[Any]] = {}
-        self.self_attn: BridgedAttention | None = None
-        self.feed_forward: BridgedFeedForward | _NoFeedForward = _NoFeedForward()
-        self.resid_mid = False
-        self.resid_in: Tensor | None = None
-        module.register_forward_pre_hook(self._on_input, with_kwargs=True)
-        module.register_forward_hook(self._on_output)
-
-    @property
-    def residual_points(self) -> tuple[str, ...]:
-        return ("resid_pre", "resid_mid", "resid_post") if self.resid_mid else ("resid_pre", "resid_post")
-
-    def _on_input(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if not self.hooks:
-            return None
-        positional = bool(args)
-        x = args[0] if positional else kwargs["hidden_states"]
-        if "resid_pre" in self.hooks:
-            x = run_hooks(self.hooks, "resid_pre", x)
-        self.resid_in = x
-        if positional:
-            return (x, *args[1:]), kwargs
-        return args, {**kwargs, "hidden_states": x}
-
-    def _on_output(self, module: nn.Module, inputs: tuple[Any, ...], out: Any) -> Any:
-        self.resid_in = None
-        if "resid_post" not in self.hooks:
-            return None
-        if isinstance(out, tuple):
-            return (run_hooks(self.hooks, "resid_post", out[0]), *out[1:])
-        return run_hooks(self.hooks, "resid_post", out)
-
-
-class _NoFeedForward:
-    site_points: tuple[str, ...] = ()
-    hooks: dict[str, list[Any]] = {}
-
-
-class BridgedEmbedding:
-    """The site ``embed``: the token embedding module's output (before any scale or position the
-    model adds after it)."""
-
-    adds_positions = False
-    norm_points: tuple[str, ...] = ()
-
-    def __init__(self, module: nn.Module) -> None:
-        self.hooks: dict[str, list[Any]] = {}
-        module.register_forward_hook(self._on_output)
-
-    def _on_output(self, module: nn.Module, inputs: tuple[Any, ...], out: Tensor) -> Tensor | None:
-        return run_hooks(self.hooks, "embed", out) if self.hooks else None
-
-
-class BridgedStack:
-    """The decoder stack as :func:`attnlab.nn.hooks.model_sites` reads it.
-
-    Attributes:
-        embedding, layers: the parts above.
-        final_norm: transformers' final norm module (the logit lens applies it), or None.
-        hooks: the site ``final_norm``, the unembedding's input.
-    """
-
-    final_norm_points: tuple[str, ...] = ()
-
-    def __init__(self, embedding: BridgedEmbedding, layers: list[BridgedLayer], head: nn.Module) -> None:
-        self.embedding = embedding
-        self.layers = layers
-        self.final_norm: nn.Module | None = None
-        self.hooks: dict[str, list[Any]] = {}
-        head.register_forward_pre_hook(self._on_head_input)
-
-    def _on_head_input(self, module: nn.Module, args: tuple[Any, ...]) -> Any:
-        if not self.hooks:
-            return None
-        return (run_hooks(self.hooks, "final_norm", args[0]), *args[1:])
 
 
 # ---- the model ----------------------------------------------------------------------------------------
@@ -507,7 +314,7 @@ def _probe_layers(hf: nn.Module) -> tuple[list[BridgedLayer], list[tuple[Any, ..
     for module in hf.modules():  # transformers calls attnlab's function with the module that computes
         setattr(module, SITE_ATTRIBUTE, _Watch(module))
         watched.append(module)
-        if _in_width(module) and not isinstance(module, nn.Embedding):
+        if in_width(module) and not isinstance(module, nn.Embedding):
             handles.append(module.register_forward_pre_hook(linear))
     device = next(hf.parameters()).device
     try:

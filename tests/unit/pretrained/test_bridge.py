@@ -120,6 +120,70 @@ def test_the_readme_first_example_runs_unchanged_on_a_bridged_folder(
     assert len(printed) >= 1 + 1 + 5  # the continuation, the pattern, the loss, five heads
 
 
+# ---- mixtures of experts ----------------------------------------------------------------------------
+
+MIXTURES = ["mixtral", "qwen3_moe", "olmoe", "gpt_oss"]
+
+
+@pytest.mark.parametrize("model_type", MIXTURES)
+def test_the_router_and_experts_sites_read_transformers_routing(model_type: str, tmp_path: Path) -> None:
+    reference, lm = _opened(model_type, tmp_path)
+    tokens = ids(2, 6)
+    layers, experts = attnlab.nn.expert_mask_shape(lm.model)
+    assert experts == 4
+    with torch.no_grad(), lm.trace(["*.ffn.router", "*.ffn.experts"]) as t:
+        lm(tokens)
+        expected = reference(tokens, output_router_logits=True, use_cache=False).router_logits
+    routed = [name for name in t.cache if name.endswith(".ffn.router")]
+    assert len(routed) == len([r for r in expected if r is not None]) >= 1
+    for name, logits in zip(routed, [r for r in expected if r is not None]):
+        torch.testing.assert_close(t.cache[name], logits.reshape(2, 6, -1).to(t.cache[name].dtype))
+        weights = t.cache[name.replace("router", "experts")]  # (B, T, E), k of E nonzero per token
+        assert weights.shape == (2, 6, experts)
+        assert ((weights != 0).sum(-1) == 2).all()
+
+
+@pytest.mark.parametrize("model_type", MIXTURES)
+def test_masking_an_expert_is_zeroing_its_routing_weight_in_transformers(model_type: str, tmp_path: Path) -> None:
+    reference, lm = _opened(model_type, tmp_path)
+    tokens = ids(2, 6)
+    layers, _ = attnlab.nn.expert_mask_shape(lm.model)
+    layer = layers - 1
+    with torch.no_grad(), lm.trace(f"decoder.{layer}.ffn.experts") as t:
+        lm(tokens)
+    expert = int(t.cache[f"decoder.{layer}.ffn.experts"].sum((0, 1)).argmax())  # the most used one
+    module = next(m for n, m in reference.named_modules() if n.endswith(f"layers.{layer}.mlp.experts"))
+
+    def drop(module: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        index = next(a for a in args[1:] if isinstance(a, torch.Tensor) and not a.is_floating_point())
+        return tuple(
+            a.masked_fill(index == expert, 0.0)
+            if isinstance(a, torch.Tensor) and a.is_floating_point() and a.shape == index.shape
+            else a
+            for a in args
+        )
+
+    handle = module.register_forward_pre_hook(drop)
+    try:
+        with torch.no_grad():
+            expected = reference(tokens, use_cache=False).logits
+    finally:
+        handle.remove()
+    mask = lm.expert_mask()
+    mask[layer, expert] = 0.0
+    with torch.no_grad(), attnlab.masking_experts(lm.model, mask):
+        masked = lm(tokens)
+    torch.testing.assert_close(masked, expected, atol=1e-6 * float(expected.abs().max()), rtol=1e-5)
+    with torch.no_grad():
+        assert not torch.allclose(lm(tokens), expected, atol=1e-6, rtol=0)  # the expert mattered
+
+
+def test_an_expert_mask_on_a_model_without_experts_is_one_error(tmp_path: Path) -> None:
+    _, lm = _opened("olmo", tmp_path)
+    with pytest.raises(UsageError, match="no mixture-of-experts"):
+        lm.expert_mask()
+
+
 # ---- one folder, both paths ------------------------------------------------------------------------
 
 
