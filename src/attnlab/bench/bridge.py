@@ -6,13 +6,13 @@ the folder twice: natively (its own ``DecoderOnly``, fused kernels) and with ``b
 (transformers' own modules with attnlab's attention function and sites,
 :mod:`attnlab.pretrained.bridge`); TransformerLens' ``TransformerBridge`` boots on the same folder
 where the ``bench-tl`` extra is installed. On a batch of random ids (8 x 128; ``--quick`` 2 x 16)
-each does:
+each does (the task being timed is said on stderr as it starts):
 
 1. ``forward``: the logits, nothing hooked;
 2. ``cache all``: one forward with every site cached (``trace(model, "*")``, ``run_with_cache``);
 3. ``importance``: Michel et al.'s I_h (one forward and one backward with the head mask xi);
-4. ``patch heads``: exact patching of every head's ``z`` from a clean prompt into a corrupt one
-   (attnlab's ``patch``; TransformerLens is timed per head, as in ``bench tl``).
+4. ``patch heads``: exact patching of every head's ``z`` from a clean prompt into a corrupt one of
+   32 tokens (``--quick``: 6) (attnlab's ``patch``; TransformerLens is timed per head, as in ``bench tl``).
 
 Times are medians of interleaved rounds. Ratios: the bridge's time over native's (the issue's
 target: within 1.3x) and TransformerLens' over the bridge's (target: the bridge ahead, >= 1).
@@ -21,6 +21,7 @@ target: within 1.3x) and TransformerLens' over the bridge's (target: the bridge 
 from __future__ import annotations
 
 import gc
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -33,12 +34,16 @@ from attnlab.analysis.lm_probe import NextTokenProbe
 from attnlab.analysis.maps import language_model_prompt
 from attnlab.analysis.patching import patch
 from attnlab.bench.harness import BenchResult, interleaved_median_times
-from attnlab.bench.tl import FULL, QUICK, _bridge, _prompt_pair, _sliced_patching, _Tl, bench_folder
+from attnlab.bench.tl import QUICK, TlSizes, _bridge, _prompt_pair, _sliced_patching, _Tl, bench_folder
 from attnlab.nn import trace
 from attnlab.pretrained.sources import open_model
 from attnlab.run.loaded import LoadedRun
 
 __all__ = ["run_bridge"]
+
+FULL = TlSizes(batch=8, tokens=128, patch_tokens=32, new_tokens=0)
+"""SmolLM2's sizes: patching on 32 tokens (exact patching of 270 heads on 128 tokens takes over a
+minute a round on two cores, and every system runs six rounds)."""
 
 
 def run_bridge(quick: bool = False, repeats: int = 5) -> BenchResult:
@@ -81,6 +86,7 @@ def run_bridge(quick: bool = False, repeats: int = 5) -> BenchResult:
                 wrapped, "TransformerLens bridge", clean, corrupt, answer, all_heads, {}
             )
         for task, systems in groups.items():
+            print(f"bench bridge: timing {task} ({', '.join(systems)})", file=sys.stderr, flush=True)
             times = interleaved_median_times(systems, repeats=repeats)
             if task == "patch heads" and "TransformerLens bridge" in times:
                 times["TransformerLens bridge"] *= layers * heads  # its per-head median, for every head
