@@ -50,8 +50,10 @@ def one(model_type: str) -> str:
 
     torch.set_num_threads(1)
     stage = "building a tiny model"
+    folder_name = "\0"
     try:
         with tempfile.TemporaryDirectory() as folder:
+            folder_name = folder
             reference = build_any(model_type, Path(folder))
             stage = "opening"
             lm = attnlab.load(folder, dtype="float64")
@@ -61,7 +63,7 @@ def one(model_type: str) -> str:
             check_bridged(reference, lm)
             return "Y"
     except (Exception, TimeoutError) as error:  # noqa: BLE001 - the reason is the row
-        message = " ".join(str(error).split()) or type(error).__name__
+        message = " ".join(str(error).split()).replace(folder_name, "FOLDER") or type(error).__name__
         return f"{stage}: {type(error).__name__}: {message}"[:240]
 
 

@@ -80,8 +80,9 @@ def run_bridge(quick: bool = False, repeats: int = 5) -> BenchResult:
                 answer = int(opened["native"].model(clean)[0, -1].argmax())
             all_heads = [(layer, head) for layer in range(layers) for head in range(heads)]
             groups["forward"]["TransformerLens bridge"] = lambda: _plain(wrapped.model, tokens)
-            groups["cache all"]["TransformerLens bridge"] = lambda: wrapped.cache_all(tokens)
-            groups["importance"]["TransformerLens bridge"] = lambda: wrapped.importance(tokens)
+            # None, not what they return: an int would count units of work (interleaved_median_times)
+            groups["cache all"]["TransformerLens bridge"] = lambda: _none(wrapped.cache_all(tokens))
+            groups["importance"]["TransformerLens bridge"] = lambda: _none(wrapped.importance(tokens))
             groups["patch heads"]["TransformerLens bridge"] = _sliced_patching(
                 wrapped, "TransformerLens bridge", clean, corrupt, answer, all_heads, {}
             )
@@ -97,6 +98,11 @@ def run_bridge(quick: bool = False, repeats: int = 5) -> BenchResult:
             if "TransformerLens bridge" in times:
                 result.ratios[f"{task}.tl_vs_bridge_time"] = times["TransformerLens bridge"] / times["attnlab bridge"]
                 result.targets[f"{task}.tl_vs_bridge_time"] = (">=", 1.0)
+        scores = {
+            name: head_importance(NextTokenProbe.of_ids(loaded, tokens))["self"] for name, loaded in opened.items()
+        }
+        gap = float((scores["bridge"] - scores["native"]).abs().max() / scores["native"].abs().max())
+        result.add("attnlab bridge", "importance max |difference| from native (relative)", gap, "")
         result.notes.append(
             f"{label}, float32: {layers} layers x {heads} heads; batch {sizes.batch} x {sizes.tokens} random ids; "
             f"patching 1 x {sizes.patch_tokens}"
@@ -106,6 +112,10 @@ def run_bridge(quick: bool = False, repeats: int = 5) -> BenchResult:
         del opened, tl
         gc.collect()
     return result
+
+
+def _none(value: Any) -> None:
+    return None
 
 
 @torch.inference_mode()

@@ -74,6 +74,11 @@ def load_transformers_model(folder: Any, *, dtype: torch.dtype | None, seq2seq: 
         )
     except (ValueError, OSError, KeyError, TypeError, RuntimeError, ImportError, AttributeError) as error:
         message = " ".join(str(error).split())
+        if isinstance(error, KeyError) and IMPLEMENTATION in message:
+            raise ConfigError(
+                f"{folder}: its modules pick their attention class by name, not through transformers' attention "
+                "interface, so attnlab's bridge cannot reach its heads"
+            ) from None
         if "trust_remote_code" in message or "custom code" in message:
             raise ConfigError(
                 f"{folder}: the model needs remote code (trust_remote_code), which attnlab never runs"
@@ -180,9 +185,11 @@ class BridgedLM(TransformerModel):
         new = tokens.shape[1]
         if state is not None and state.tokens is not None:  # no cache: the whole sequence again
             tokens = state.tokens = torch.cat([state.tokens, tokens], dim=1)
-        inputs: dict[str, Any] = {"input_ids": tokens, "attention_mask": keys.long()}
-        if self._takes_positions and not bool(keys.all()):  # left padding: each row counts its own tokens
-            inputs["position_ids"] = (keys.long().cumsum(-1) - 1).clamp(min=0)[:, -tokens.shape[1] :]
+        inputs: dict[str, Any] = {"input_ids": tokens}
+        if not bool(keys.all()):  # padding: masked, and each row counts its own positions
+            inputs["attention_mask"] = keys.long()
+            if self._takes_positions:
+                inputs["position_ids"] = (keys.long().cumsum(-1) - 1).clamp(min=0)[:, -tokens.shape[1] :]
         if state is not None and state.tokens is None:
             inputs |= {self._cache_argument: state.cache, "use_cache": True}
         else:

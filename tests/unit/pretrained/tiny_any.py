@@ -134,7 +134,9 @@ def build_any(
                 with torch.no_grad():
                     out = model(ids(1, 5), output_attentions=True, use_cache=False)
                 if attending and not any(a is not None for a in (getattr(out, "attentions", None) or ())):
-                    raise ValueError("no attention pattern from any layer")
+                    raise ValueError(
+                        "transformers' model returns no attention pattern at any depth tried (no softmax attention)"
+                    )
             except Exception as error:  # noqa: BLE001 - the next variant, or the first failure raised
                 failure = failure or error
                 continue
