@@ -1,8 +1,9 @@
 """The bridge: any causal language model transformers runs, with attnlab's named sites.
 
 Where a folder's ``model_type`` has no native family (:data:`attnlab.pretrained.families.FAMILIES`),
-:func:`open_bridged` opens it with transformers' own classes (``AutoModelForCausalLM``, local
-files only, never remote code) and gives it the sites of :mod:`attnlab.nn.hooks`, so every
+:mod:`attnlab.pretrained.hf_model` opens it with transformers' own classes
+(:func:`load_transformers_model`: ``AutoModelForCausalLM``, local files only, never remote code)
+and :class:`BridgedLM` gives it the sites of :mod:`attnlab.nn.hooks`, so every
 analysis runs on it as on a native model, through the same hook tables:
 
 * the attention sites ``decoder.L.attn.q/k/v/scores/pattern/z`` come from attnlab's function in
@@ -12,8 +13,9 @@ analysis runs on it as on a native model, through the same hook tables:
   out = sum_h result_h + b^O (Michel §2.2);
 * ``resid_pre`` / ``resid_post`` from the decoder layer's input and output, ``resid_mid`` (= resid_pre
   + attn.out) where the layer adds the attention output to its input as it is, ``ffn.out`` from
-  the layer's feed-forward module, ``embed`` from the token embedding, ``final_norm`` from the
-  unembedding's input, and ``logits``.
+  the layer's feed-forward module (with ``ffn.hidden``, and ``ffn.router`` / ``ffn.experts`` for
+  a mixture of experts: :mod:`attnlab.pretrained.bridge_sites`), ``embed`` from the token
+  embedding, ``final_norm`` from the unembedding's input, and ``logits``.
 
 Which module plays which part is found once, when the model is opened, by one short forward pass
 (the *probe*) that watches the attention calls; nothing is chosen by ``model_type``. The bridge
@@ -52,18 +54,17 @@ __all__ = ["BridgedLM", "BridgedState", "load_transformers_model"]
 _FFN_NAMES = ("mlp", "feed_forward", "block_sparse_moe", "ffn", "moe", "mlps", "feedforward")
 
 
-def load_transformers_model(folder: Any, *, dtype: torch.dtype | None, seq2seq: bool = False) -> nn.Module:
+def load_transformers_model(folder: Any, *, dtype: torch.dtype | None) -> nn.Module:
     """transformers' model of ``folder`` with attnlab's attention function, local files only.
 
     Raises:
         ConfigError: a folder that needs remote code, or that transformers cannot build (its words).
     """
     register()
-    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM  # lazy: only the bridge needs it
+    from transformers import AutoModelForCausalLM  # lazy: only the bridge needs it
 
-    auto = AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM
     try:
-        model = auto.from_pretrained(
+        model = AutoModelForCausalLM.from_pretrained(
             folder,
             attn_implementation=IMPLEMENTATION,
             local_files_only=True,
