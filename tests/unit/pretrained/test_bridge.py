@@ -354,6 +354,11 @@ def test_an_unknown_model_type_is_one_error_naming_it(tmp_path: Path) -> None:
         attnlab.load(_folder_with(tmp_path, {"model_type": "no_such_type"}))
 
 
+def test_an_encoder_decoder_folder_given_to_the_causal_path_is_one_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="'t5' is an encoder-decoder"):
+        attnlab.load(_folder_with(tmp_path, {"model_type": "t5"}))
+
+
 def test_a_model_type_that_is_no_attention_model_is_refused_with_the_reason(tmp_path: Path) -> None:
     build_any("mamba", tmp_path, attending=False)
     with pytest.raises(AttnlabError, match="no attention"):
