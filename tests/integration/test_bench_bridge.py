@@ -4,13 +4,11 @@ and the two attnlab paths computing the same head importance (no timing asserted
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
+
+from tests.cli import quick_bench
 
 pytest.importorskip("transformers", reason="transformers (the [dev] extra) is needed")
 
@@ -18,15 +16,7 @@ TASKS = ("forward", "cache all", "importance", "patch heads")
 
 
 def test_quick_times_every_task_on_both_paths_and_they_agree():
-    result = subprocess.run(
-        [sys.executable, "-m", "attnlab", "bench", "bridge", "--quick", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "ATTNLAB_CALIBRATE": "0"},
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    report = json.loads(result.stdout)
+    report = quick_bench("bridge")
     assert report["benchmark"] == "bridge"
     values = {(r["system"], r["metric"]): r["value"] for r in report["results"]}
     systems = {r["system"] for r in report["results"]}

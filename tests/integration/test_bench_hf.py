@@ -3,15 +3,12 @@ every measurement reported in the agreed JSON (no timing asserted)."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 
 from attnlab.bench.hf import MODELS
+from tests.cli import quick_bench
 
 pytest.importorskip("transformers", reason="transformers (the [dev] extra) is needed")
 
@@ -20,17 +17,7 @@ PER_DTYPE = {"prefill_vs_hf_batch2", "decode_vs_hf_batch2"}
 
 
 def test_quick_reports_every_figure_of_every_family():
-    result = subprocess.run(
-        [sys.executable, "-m", "attnlab", "bench", "hf", "--quick", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        # The kernels' fixed preferences, not a calibration in each process: the figures are not
-        # asserted, and a fresh process's first calls would time every GEMM class (seconds each).
-        env={**os.environ, "ATTNLAB_CALIBRATE": "0"},
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    report = json.loads(result.stdout)
+    report = quick_bench("hf")
     assert report["benchmark"] == "hf"
     assert {"torch", "threads", "cpu"} <= set(report["machine"])
     assert all({"system", "metric", "value", "unit"} == set(r) for r in report["results"])

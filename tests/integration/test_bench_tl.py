@@ -4,13 +4,11 @@ importance and the same head patching (no timing asserted)."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
+
+from tests.cli import quick_bench
 
 pytest.importorskip("transformers", reason="transformers (the [dev] extra) is needed")
 
@@ -18,15 +16,7 @@ TASKS = ("cache all", "cache patterns", "patch heads", "importance", "generate")
 
 
 def test_quick_times_every_task_and_the_systems_agree():
-    result = subprocess.run(
-        [sys.executable, "-m", "attnlab", "bench", "tl", "--quick", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "ATTNLAB_CALIBRATE": "0"},  # the kernels' fixed preferences (see test_bench_hf)
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    report = json.loads(result.stdout)
+    report = quick_bench("tl")
     assert report["benchmark"] == "tl"
     values = {(r["system"], r["metric"]): r["value"] for r in report["results"]}
     systems = {r["system"] for r in report["results"]} - {"attnlab forward (no cache)"}

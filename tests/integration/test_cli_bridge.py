@@ -65,6 +65,8 @@ def test_patch_attribute_and_attention_run(folder: Path, tmp_path: Path) -> None
             "hello world, the brown",
             "--metric",
             "loss",
+            "--out",
+            str(tmp_path / "patching"),
             "--json",
         )
     )

@@ -684,7 +684,10 @@ def masking_heads(model: nn.Module, head_mask: HeadMask | Tensor | None) -> Iter
 def expert_mask_shape(model: nn.Module) -> tuple[int, int] | None:
     """(layers, experts) of a mixture-of-experts model's ``ffn.experts`` sites (a bridged model's,
     :mod:`attnlab.pretrained.bridge_sites`), or None for a model without them."""
-    sites = [site for site in model_sites(model).values() if site.point == "experts"]
+    return _expert_shape([site for site in model_sites(model).values() if site.point == "experts"])
+
+
+def _expert_shape(sites: list[Site]) -> tuple[int, int] | None:
     if not sites:
         return None
     return max(site.layer or 0 for site in sites) + 1, max(site.module.experts for site in sites)
@@ -705,14 +708,14 @@ def masking_experts(model: nn.Module, mask: Tensor | None) -> Iterator[None]:
     if mask is None:
         yield
         return
-    shape = expert_mask_shape(model)
+    sites = [site for site in model_sites(model).values() if site.point == "experts"]
+    shape = _expert_shape(sites)
     if shape is None:
         raise ValueError("expert mask: this model has no mixture-of-experts layers (no ffn.experts site)")
     if mask.dim() not in (2, 3) or tuple(mask.shape[-2:]) != shape:
         raise ValueError(
             f"expert mask: expected (layers, experts) = {shape} (or a batch of them), got {tuple(mask.shape)}"
         )
-    sites = [site for site in model_sites(model).values() if site.point == "experts"]
     removers = [add_hook(site, _expert_scale(mask, site.layer or 0), first=True) for site in sites]
     try:
         yield

@@ -299,8 +299,9 @@ def _outputs_to(store: list[tuple[nn.Module, Tensor]]) -> Any:
 def _probe_layers(hf: nn.Module) -> tuple[list[BridgedLayer], list[tuple[Any, ...]]]:
     """One forward pass watching attnlab's attention function and every linear map: the decoder
     layers (the module list whose items hold the attention modules called) and, per layer,
-    (attention module, H, H_kv, d_v, W^O), W^O being the first map of input width H d_v that runs
-    after the attention function in the same layer (inside the module, or beside it as BERT's)."""
+    (attention module, H, H_kv, d_v, W^O), W^O being the first map of the same layer, run after the
+    attention function, whose input is the function's output as it returned it (inside the module,
+    or beside it as BERT's); else the module's own last map of that width (a gate or norm between)."""
     events: list[tuple[str, nn.Module, Any]] = []
 
     class _Watch:

@@ -25,7 +25,7 @@ from attnlab.errors import AttnlabError, ConfigError, UsageError
 from attnlab.nn import masking_heads
 from attnlab.pretrained.families import FAMILIES
 from tests.cli import attnlab as run_cli
-from tests.unit.pretrained.tiny_any import build_any, check_bridged, ids
+from tests.unit.pretrained.tiny_any import build_any, check_bridged, ids, logits_with_pre_hook
 from tests.unit.pretrained.tiny_hf import SIZES, build
 
 transformers = pytest.importorskip("transformers")
@@ -163,12 +163,7 @@ def test_masking_an_expert_is_zeroing_its_routing_weight_in_transformers(model_t
             for a in args
         )
 
-    handle = module.register_forward_pre_hook(drop)
-    try:
-        with torch.no_grad():
-            expected = reference(tokens, use_cache=False).logits
-    finally:
-        handle.remove()
+    expected = logits_with_pre_hook(reference, module, drop, tokens)
     mask = lm.expert_mask()
     mask[layer, expert] = 0.0
     with torch.no_grad(), attnlab.masking_experts(lm.model, mask):

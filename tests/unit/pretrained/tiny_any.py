@@ -280,6 +280,16 @@ def _plain_greedy(reference: Any) -> Any:
     )
 
 
+def logits_with_pre_hook(reference: Any, module: Any, hook: Any, tokens: torch.Tensor) -> torch.Tensor:
+    """transformers' logits for ``tokens`` with ``hook`` on the input of one of its modules."""
+    handle = module.register_forward_pre_hook(hook)
+    try:
+        with torch.no_grad():
+            return reference(tokens, use_cache=False).logits
+    finally:
+        handle.remove()
+
+
 def _check_head_mask(reference: Any, lm: Any, tokens: torch.Tensor) -> None:
     """xi_(L,h) = 0 equals zeroing head h's slice of W^O's input in transformers' model."""
     from attnlab.nn import masking_heads
@@ -299,12 +309,7 @@ def _check_head_mask(reference: Any, lm: Any, tokens: torch.Tensor) -> None:
         x[..., head * width : (head + 1) * width] = 0
         return (x, *args[1:])
 
-    handle = projection.register_forward_pre_hook(zero_head)
-    try:
-        with torch.no_grad():
-            expected = reference(tokens, use_cache=False).logits
-    finally:
-        handle.remove()
+    expected = logits_with_pre_hook(reference, projection, zero_head, tokens)
     xi = lm.head_mask()
     xi["self"][index, head] = 0.0
     with torch.no_grad(), masking_heads(lm.model, xi):
