@@ -160,6 +160,7 @@ def _seq2seq_view(
         pad_id=task.pad_id,
         options=DecodeOptions(max_length=max_length),
         head_mask=head_mask,
+        banned=getattr(task, "generation_banned", None),
     )[0]
     tgt_in = torch.tensor([[task.bos_id, *hypothesis.tokens]], device=src.device)
     with capture(model) as records, masking_heads(model, head_mask):

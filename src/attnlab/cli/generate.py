@@ -147,6 +147,7 @@ def _translate(loaded, text: str, ids: list[int], options, *, stream: bool) -> d
         pad_id=task.pad_id,
         options=options,
         head_mask=loaded.held_mask(),
+        banned=getattr(task, "generation_banned", None),
     )[0]
     return {"input": text, "output": loaded.codec.decode(hypothesis.tokens), "log_prob": hypothesis.log_prob}
 

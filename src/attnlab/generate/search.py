@@ -363,6 +363,7 @@ def decode(
     options: DecodeOptions = DecodeOptions(),
     head_mask: HeadMask | None = None,
     positions: Tensor | None = None,
+    banned: Sequence[int] | None = None,
 ) -> list[Hypothesis]:
     """Decode a padded batch of sources with an :class:`EncoderDecoder` (optionally with heads masked).
 
@@ -370,6 +371,9 @@ def decode(
         positions: the decoder's positions for BOS and the tokens it writes, in order
             (randomized-position evaluation, :func:`attnlab.nn.models.planned_positions`);
             default 0, 1, ...
+        banned: ids never written; default ``pad_id`` and ``bos_id`` (a task's
+            ``generation_banned`` where it has one: a pretrained model's distribution is taken
+            as it is). EOS is never banned (BART's decoder starts from its EOS).
 
     Shape:
         src: (B, T_src), padded with ``pad_id``;  positions: (B, T_p).
@@ -377,7 +381,8 @@ def decode(
     with _evaluation_mode(model), masking_heads(model, head_mask):
         stepper = EncoderDecoderStepper(model, src, use_cache=options.use_cache, positions=positions)
         prefix = torch.full((src.shape[0], 1), bos_id, dtype=torch.long, device=src.device)
-        return _search(stepper, prefix, eos_id=eos_id, banned=(pad_id, bos_id), options=options)
+        banned = (pad_id, bos_id) if banned is None else banned
+        return _search(stepper, prefix, eos_id=eos_id, banned=[b for b in banned if b != eos_id], options=options)
 
 
 def generate_continuations(

@@ -48,23 +48,25 @@ from attnlab.pretrained.bridge_sites import (
     in_width,
 )
 
-__all__ = ["BridgedLM", "BridgedState", "load_transformers_model"]
+__all__ = ["BridgedLM", "BridgedState", "attach_sites", "find_residual_sums", "load_transformers_model"]
 
 
 _FFN_NAMES = ("mlp", "feed_forward", "block_sparse_moe", "ffn", "moe", "mlps", "feedforward")
 
 
-def load_transformers_model(folder: Any, *, dtype: torch.dtype | None) -> nn.Module:
-    """transformers' model of ``folder`` with attnlab's attention function, local files only.
+def load_transformers_model(folder: Any, *, dtype: torch.dtype | None, seq2seq: bool = False) -> nn.Module:
+    """transformers' model of ``folder`` with attnlab's attention function, local files only:
+    ``AutoModelForCausalLM``, or with ``seq2seq`` ``AutoModelForSeq2SeqLM``.
 
     Raises:
         ConfigError: a folder that needs remote code, or that transformers cannot build (its words).
     """
     register()
-    from transformers import AutoModelForCausalLM  # lazy: only the bridge needs it
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM  # lazy: only the bridge needs it
 
+    auto = AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM
     try:
-        model = AutoModelForCausalLM.from_pretrained(
+        model = auto.from_pretrained(
             folder,
             attn_implementation=IMPLEMENTATION,
             local_files_only=True,
@@ -140,18 +142,13 @@ class BridgedLM(TransformerModel):
         parameters = inspect.signature(hf.forward).parameters
         self._takes_positions = "position_ids" in parameters
         self._cache_argument = "cache" if "cache" in parameters else "past_key_values"  # transformers >= 5.25: cache
-        layers, calls = _probe_layers(hf)
+        device = next(hf.parameters()).device
+        [(layers, calls)] = _probe_layers(hf, {"input_ids": torch.ones((1, 4), dtype=torch.long, device=device)}, [hf])
         embedding = BridgedEmbedding(hf.get_input_embeddings())
         d_model = int(getattr(text, "hidden_size", 0) or head.weight.shape[1])
         self.decoder = BridgedStack(embedding, layers, head)
-        for layer, (module, heads, kv_heads, d_v, output) in zip(layers, calls):
-            if module is not None:
-                layer.self_attn = BridgedAttention(module, layer, heads, kv_heads, d_v, output)
-            ffn = _feed_forward(layer.module)
-            if ffn is not None:
-                layer.feed_forward = BridgedFeedForward(ffn, d_model)
-        attention = [c for c in calls if c[0] is not None]
-        heads, kv_heads, d_v = attention[0][1:4]
+        attach_sites(hf, layers, calls, d_model, cross=False)
+        heads, kv_heads, d_v = next(c[0] for c in calls if c)[1:4]
         self.config = DecoderOnlyConfig(
             vocab_size=int(head.weight.shape[0]),
             layers=len(layers),
@@ -169,7 +166,7 @@ class BridgedLM(TransformerModel):
             attention_dropout=0.0,
             pad_id=pad_id,
         )
-        self._find_residual_sums()
+        find_residual_sums(self)
         if not self.additive:  # say so in the config: the stream is no sum of the layers' outputs
             self.config = dataclasses.replace(self.config, norm_first=False)
 
@@ -211,65 +208,93 @@ class BridgedLM(TransformerModel):
     def example_inputs(self, length: int) -> tuple[Tensor, ...]:
         return (torch.full((1, length), 1, device=self.lm_head.weight.device),)
 
-    def _find_residual_sums(self) -> None:
-        """One forward pass comparing what each module receives and returns: which layers add W^O's
-        output to their input as it is (``resid_mid``), whether every layer's output is the sum of
-        its input and its attention's and FFN's outputs (:attr:`additive`: then the residual stream
-        is a sum of the parts, as direct attribution reads it), and which module is the final norm."""
-        seen: dict[str, Tensor] = {}
-        layers = self.decoder.layers
-        removers = []
-        inputs: dict[int, list[Tensor]] = {}
 
-        def note(name: str) -> Any:
-            def keep(x: Tensor) -> Tensor:
-                seen[name] = x.detach()
-                return x
+def find_residual_sums(model: Any) -> None:
+    """One forward pass of a bridged ``model`` comparing what each module receives and returns:
+    which layers add their self-attention's W^O output to their input as it is (``resid_mid``),
+    whether every layer's output is the sum of its input and its attention's (and cross-attention's)
+    and FFN's outputs (``model.additive``: then the residual stream is a sum of the parts, as direct
+    attribution reads it), and which module is the final norm (the unembedding's input)."""
+    seen: dict[str, Tensor] = {}
+    removers = []
+    inputs: dict[int, list[Tensor]] = {}
+    layers = [layer for stack, _ in model.site_stacks().values() for layer in stack.layers]
 
-            return keep
+    def note(name: str) -> Any:
+        def keep(x: Tensor) -> Tensor:
+            seen[name] = x.detach()
+            return x
 
-        for index, layer in enumerate(layers):
-            layer.hooks["resid_pre"] = [note(f"{index}.pre")]
-            layer.hooks["resid_post"] = [note(f"{index}.post")]
-            if "out" in layer.feed_forward.site_points:
-                layer.feed_forward.hooks["out"] = [note(f"{index}.ffn")]
-            if layer.self_attn is None or layer.self_attn.output is None:
-                continue
-            layer.self_attn.hooks["out"] = [note(f"{index}.out")]
-            for module in layer.module.modules():
-                if module is not layer.module:
-                    removers.append(module.register_forward_pre_hook(_inputs_to(inputs, index)))
-        final: list[Tensor] = []
-        removers.append(self.lm_head.register_forward_pre_hook(lambda m, a: final.append(a[0].detach())))
-        norms: list[tuple[nn.Module, Tensor]] = []
-        in_layers = {id(m) for layer in layers for m in layer.module.modules()}
-        for module in self.hf.modules():
-            if "norm" in type(module).__name__.lower() and id(module) not in in_layers:
-                removers.append(module.register_forward_hook(_outputs_to(norms)))
-        try:
-            with torch.no_grad():
-                self(self.example_inputs(4)[0])
-        finally:
-            for remover in removers:
-                remover.remove()
-            for layer in layers:
-                layer.hooks.clear()
-                layer.feed_forward.hooks.clear()
-                if layer.self_attn is not None:
-                    layer.self_attn.hooks.clear()
-        self.additive = True
-        for index, layer in enumerate(layers):
-            pre, out, ffn, post = (seen.get(f"{index}.{part}") for part in ("pre", "out", "ffn", "post"))
-            if pre is not None and out is not None:
-                summed = pre + out
-                layer.resid_mid = any(x.shape == summed.shape and torch.equal(x, summed) for x in inputs.get(index, []))
-            parts = [pre, out, ffn, post]
-            if any(part is None for part in parts) or not _close(pre + out + ffn, post):
-                self.additive = False
-        if final:
-            for module, out in norms:
-                if out.shape == final[0].shape and torch.equal(out, final[0]):
-                    self.decoder.final_norm = module
+        return keep
+
+    for index, layer in enumerate(layers):
+        layer.hooks["resid_pre"] = [note(f"{index}.pre")]
+        layer.hooks["resid_post"] = [note(f"{index}.post")]
+        if "out" in layer.feed_forward.site_points:
+            layer.feed_forward.hooks["out"] = [note(f"{index}.ffn")]
+        cross = getattr(layer, "cross_attn", None)
+        if cross is not None and cross.output is not None:
+            cross.hooks["out"] = [note(f"{index}.cross")]
+        if layer.self_attn is None or layer.self_attn.output is None:
+            continue
+        layer.self_attn.hooks["out"] = [note(f"{index}.out")]
+        for module in layer.module.modules():
+            if module is not layer.module:
+                removers.append(module.register_forward_pre_hook(_inputs_to(inputs, index)))
+    final: list[Tensor] = []
+    removers.append(model.lm_head.register_forward_pre_hook(lambda m, a: final.append(a[0].detach())))
+    norms: list[tuple[nn.Module, Tensor]] = []
+    in_layers = {id(m) for layer in layers for m in layer.module.modules()}
+    for module in model.hf.modules():
+        if "norm" in type(module).__name__.lower() and id(module) not in in_layers:
+            removers.append(module.register_forward_hook(_outputs_to(norms)))
+    try:
+        with torch.no_grad():
+            model(*model.example_inputs(4))
+    finally:
+        for remover in removers:
+            remover.remove()
+        for layer in layers:
+            layer.hooks.clear()
+            layer.feed_forward.hooks.clear()
+            for attention in (layer.self_attn, getattr(layer, "cross_attn", None)):
+                if attention is not None:
+                    attention.hooks.clear()
+    model.additive = True
+    for index, layer in enumerate(layers):
+        pre, out, ffn, post = (seen.get(f"{index}.{part}") for part in ("pre", "out", "ffn", "post"))
+        if pre is not None and out is not None:
+            summed = pre + out
+            layer.resid_mid = any(x.shape == summed.shape and torch.equal(x, summed) for x in inputs.get(index, []))
+        parts = [pre, out, ffn, post]
+        crossed = seen.get(f"{index}.cross") if hasattr(layer, "cross_attn") else 0
+        if any(part is None for part in [*parts, crossed]) or not _close(pre + out + crossed + ffn, post):
+            model.additive = False
+    if final:
+        for module, out in norms:
+            if out.shape == final[0].shape and torch.equal(out, final[0]):
+                model.decoder.final_norm = module
+
+
+def attach_sites(
+    hf: nn.Module, layers: list[BridgedLayer], calls: list[list[tuple[Any, ...]]], d_model: int, *, cross: bool
+) -> None:
+    """Give each layer the sites of what the probe found in it: its self-attention (the first
+    attention module that ran), its cross-attention (the second, where ``cross``), its FFN."""
+    for layer, attentions in zip(layers, calls):
+        if len(attentions) > 1 + cross:
+            raise ConfigError(f"{type(hf).__name__}: a layer with {len(attentions)} attention modules")
+        if cross and len(attentions) < 2:
+            raise ConfigError(f"{type(hf).__name__}: a decoder layer without cross-attention")
+        for index, (module, heads, kv_heads, d_v, output) in enumerate(attentions):
+            attention = BridgedAttention(module, layer, heads, kv_heads, d_v, output, adds_to_input=index == 0)
+            if index == 0:
+                layer.self_attn = attention
+            else:
+                layer.cross_attn = attention
+        ffn = _feed_forward(layer.module)
+        if ffn is not None:
+            layer.feed_forward = BridgedFeedForward(ffn, d_model)
 
 
 def _close(a: Tensor, b: Tensor) -> bool:
@@ -296,12 +321,16 @@ def _outputs_to(store: list[tuple[nn.Module, Tensor]]) -> Any:
     return hook
 
 
-def _probe_layers(hf: nn.Module) -> tuple[list[BridgedLayer], list[tuple[Any, ...]]]:
-    """One forward pass watching attnlab's attention function and every linear map: the decoder
-    layers (the module list whose items hold the attention modules called) and, per layer,
-    (attention module, H, H_kv, d_v, W^O), W^O being the first map of the same layer, run after the
-    attention function, whose input is the function's output as it returned it (inside the module,
-    or beside it as BERT's); else the module's own last map of that width (a gate or norm between)."""
+def _probe_layers(
+    hf: nn.Module, inputs: dict[str, Any], roots: list[nn.Module]
+) -> list[tuple[list[BridgedLayer], list[list[tuple[Any, ...]]]]]:
+    """One forward pass (``hf(**inputs)``) watching attnlab's attention function and every linear
+    map. Per root (the model; an encoder-decoder's encoder and decoder): its layers (the module
+    list whose items hold the attention modules called under it) and, per layer, one
+    (attention module, H, H_kv, d_v, W^O) per attention module in the order they ran (self, then
+    cross-attention), W^O being the first map of the same layer, run after the attention function,
+    whose input is the function's output as it returned it (inside the module, or beside it as
+    BERT's); else the module's own last map of that width (a gate or norm between)."""
     events: list[tuple[str, nn.Module, Any]] = []
 
     class _Watch:
@@ -325,10 +354,9 @@ def _probe_layers(hf: nn.Module) -> tuple[list[BridgedLayer], list[tuple[Any, ..
         watched.append(module)
         if in_width(module) and not isinstance(module, nn.Embedding):
             handles.append(module.register_forward_pre_hook(linear))
-    device = next(hf.parameters()).device
     try:
         with torch.no_grad():
-            hf(input_ids=torch.ones((1, 4), dtype=torch.long, device=device), use_cache=False)
+            hf(**inputs, use_cache=False)
     except Exception as error:  # noqa: BLE001 - transformers' own failure, said in one line
         message = " ".join(str(error).split())[:300]
         raise ConfigError(f"{type(hf).__name__}: a first forward pass failed: {message}") from None
@@ -337,25 +365,28 @@ def _probe_layers(hf: nn.Module) -> tuple[list[BridgedLayer], list[tuple[Any, ..
             delattr(module, SITE_ATTRIBUTE)
         for handle in handles:
             handle.remove()
-    calls = [(module, shape) for kind, module, shape in events if kind == "attention"]
+    calls = [module for kind, module, _ in events if kind == "attention"]
     if not calls:
         raise ConfigError(
             f"{type(hf).__name__} computes no attention through transformers' attention interface "
             "(no attention layers, or an older module attnlab's bridge cannot see)"
         )
-    stack = _layer_list(hf, [module for module, _ in calls])
-    layers = [BridgedLayer(module) for module in stack]
-    per_layer: list[tuple[Any, ...]] = []
-    for layer in layers:
-        inside = {id(m) for m in layer.module.modules()}
-        found = [(i, e) for i, e in enumerate(events) if e[0] == "attention" and id(e[1]) in inside]
-        modules = {id(e[1]) for _, e in found}
-        if len(modules) > 1:
-            raise ConfigError(f"{type(hf).__name__}: a layer with {len(modules)} attention modules (cross-attention?)")
-        if not found:
-            per_layer.append((None, 0, 0, 0, None))
+    stacks = []
+    for root in roots:
+        under = {id(m) for m in root.modules()}
+        layers = [BridgedLayer(module) for module in _layer_list(hf, [m for m in calls if id(m) in under])]
+        stacks.append((layers, [_attentions_of(layer, events) for layer in layers]))
+    return stacks
+
+
+def _attentions_of(layer: BridgedLayer, events: list[tuple[str, nn.Module, Any]]) -> list[tuple[Any, ...]]:
+    """(module, H, H_kv, d_v, W^O) of each attention module of ``layer``, in the order they ran."""
+    inside = {id(m) for m in layer.module.modules()}
+    found: list[tuple[Any, ...]] = []
+    for at, (kind, module, seen) in enumerate(events):
+        if kind != "attention" or id(module) not in inside or any(module is f[0] for f in found):
             continue
-        at, (_, module, ((heads, kv_heads, d_v), returned)) = found[0]
+        (heads, kv_heads, d_v), returned = seen
         after = [e for e in events[at + 1 :] if e[0] == "map" and id(e[1]) in inside]
         own = {id(m) for m in module.modules()}
         output = next(  # W^O: the first map whose input is the attention's output, as it was returned,
@@ -364,20 +395,22 @@ def _probe_layers(hf: nn.Module) -> tuple[list[BridgedLayer], list[tuple[Any, ..
                 (e[1] for e in reversed(after) if id(e[1]) in own and e[2].shape[-1] == returned.shape[-1]), None
             ),
         )
-        per_layer.append((module, heads, kv_heads, d_v, output))
-    return layers, per_layer
+        found.append((module, heads, kv_heads, d_v, output))
+    return found
 
 
 def _layer_list(hf: nn.Module, modules: list[nn.Module]) -> nn.ModuleList:
-    """The module list whose items hold the attention modules: the decoder layers."""
+    """The module list whose items hold all the attention ``modules``, and the most items holding
+    some: a stack's layers (not a T5 block's list of its sub-layers)."""
     wanted = {id(m) for m in modules}
     best: tuple[int, nn.ModuleList | None] = (0, None)
     for module in hf.modules():
         if isinstance(module, nn.ModuleList):
-            holding = sum(any(id(m) in wanted for m in item.modules()) for item in module)
-            if holding > best[0]:
+            held = [{id(m) for m in item.modules()} & wanted for item in module]
+            holding = sum(bool(ids) for ids in held)
+            if holding > best[0] and set().union(*held) == wanted:
                 best = (holding, module)
-    if best[1] is None or best[0] < len(wanted):
+    if best[1] is None:
         raise CheckpointError(f"{type(hf).__name__}: its attention modules are not in one list of layers")
     return best[1]
 

@@ -51,12 +51,23 @@ class BridgedAttention:
             (``result``, ``out``).
         heads, kv_heads, d_v: the query heads, key/value heads and value width seen by the probe.
         site_points: the points this module has (no ``result``/``out`` without a found W^O).
+        adds_to_input: whether its output is what the layer adds to its input (``resid_mid``):
+            a self-attention's, not a cross-attention's.
     """
 
     def __init__(
-        self, module: nn.Module, layer: BridgedLayer, heads: int, kv_heads: int, d_v: int, output: nn.Module | None
+        self,
+        module: nn.Module,
+        layer: BridgedLayer,
+        heads: int,
+        kv_heads: int,
+        d_v: int,
+        output: nn.Module | None,
+        *,
+        adds_to_input: bool = True,
     ) -> None:
         self.module = module
+        self.adds_to_input = adds_to_input
         self.layer = layer
         self.heads, self.kv_heads, self.d_v = heads, kv_heads, d_v
         self.hooks: dict[str, list[Any]] = {}
@@ -69,7 +80,7 @@ class BridgedAttention:
 
     def _on_output(self, projection: nn.Module, inputs: tuple[Any, ...], out: Tensor) -> Tensor | None:
         """W^O's output with the ``result`` and ``out`` sites (and ``resid_mid``, where it is a sum)."""
-        mid = self.layer.hooks.get("resid_mid") if self.layer.resid_mid else None
+        mid = self.layer.hooks.get("resid_mid") if self.layer.resid_mid and self.adds_to_input else None
         if not self.hooks and not mid:
             return None
         if "result" in self.hooks:
@@ -200,6 +211,8 @@ class BridgedLayer:
     Attributes:
         hooks: ``resid_pre``, ``resid_mid``, ``resid_post``.
         self_attn: its :class:`BridgedAttention`, or None for a layer without attention (a hybrid's).
+        cross_attn: an encoder-decoder's decoder layer's cross-attention (set only there: the
+            sites ``decoder.L.cross.*``).
         feed_forward: its :class:`BridgedFeedForward` (``ffn.out``), or None where none was found.
         resid_mid: whether the layer adds W^O's output to its input as it is (then resid_mid is
             that sum, and its edits reach the rest of the layer).
@@ -265,24 +278,43 @@ class BridgedEmbedding:
 
 
 class BridgedStack:
-    """The decoder stack as :func:`attnlab.nn.hooks.model_sites` reads it.
+    """A stack (the decoder; an encoder-decoder's encoder too) as :func:`attnlab.nn.hooks.model_sites` reads it.
 
     Attributes:
         embedding, layers: the parts above.
         final_norm: transformers' final norm module (the logit lens applies it), or None.
-        hooks: the site ``final_norm``, the unembedding's input.
+        hooks: the site ``final_norm``: the input of ``head`` (the unembedding), or the output of
+            the stack module ``output_of`` (an encoder's, the memory cross-attention reads).
     """
 
     final_norm_points: tuple[str, ...] = ()
 
-    def __init__(self, embedding: BridgedEmbedding, layers: list[BridgedLayer], head: nn.Module) -> None:
+    def __init__(
+        self,
+        embedding: BridgedEmbedding,
+        layers: list[BridgedLayer],
+        head: nn.Module | None = None,
+        *,
+        output_of: nn.Module | None = None,
+    ) -> None:
         self.embedding = embedding
         self.layers = layers
         self.final_norm: nn.Module | None = None
         self.hooks: dict[str, list[Any]] = {}
-        head.register_forward_pre_hook(self._on_head_input)
+        if head is not None:
+            head.register_forward_pre_hook(self._on_head_input)
+        if output_of is not None:
+            output_of.register_forward_hook(self._on_stack_output)
 
     def _on_head_input(self, module: nn.Module, args: tuple[Any, ...]) -> Any:
         if not self.hooks:
             return None
         return (run_hooks(self.hooks, "final_norm", args[0]), *args[1:])
+
+    def _on_stack_output(self, module: nn.Module, inputs: tuple[Any, ...], out: Any) -> Any:
+        if not self.hooks:
+            return None
+        if isinstance(out, tuple):
+            return (run_hooks(self.hooks, "final_norm", out[0]), *out[1:])
+        out["last_hidden_state"] = run_hooks(self.hooks, "final_norm", out["last_hidden_state"])
+        return out

@@ -25,6 +25,7 @@ from attnlab.errors import CheckpointError, ConfigError
 from attnlab.experiment import ExperimentConfig, model_for_task
 from attnlab.nn import TransformerModel
 from attnlab.pretrained.bridge import BridgedLM, load_transformers_model
+from attnlab.pretrained.bridge_seq2seq import BridgedSeq2Seq
 from attnlab.pretrained.checkpoint import Checkpoint, read_tensors
 from attnlab.pretrained.families import FAMILIES, family_of, fill_state
 from attnlab.pretrained.integrity import check_chat_template, check_model_section
@@ -102,26 +103,32 @@ def open_checkpoint(
 
 
 def _open_bridged(checkpoint: Checkpoint, dtype: torch.dtype | None) -> OpenedCheckpoint:
-    """A causal LM of a ``model_type`` attnlab has no family for, through transformers' own modules
-    with attnlab's sites (:mod:`attnlab.pretrained.bridge`)."""
+    """A causal LM or an encoder-decoder of a ``model_type`` attnlab has no family for, through
+    transformers' own modules with attnlab's sites (:mod:`attnlab.pretrained.bridge`,
+    :mod:`attnlab.pretrained.bridge_seq2seq`)."""
     where = checkpoint.folder / "config.json"
-    check_bridged_type(checkpoint.config.get("model_type"), where, checkpoint.config.get("auto_map"))
+    seq2seq = check_bridged_type(checkpoint.config, where)
     tokenizer = checkpoint_tokenizer(checkpoint)
-    task_options = task_section(checkpoint, tokenizer)
-    model = BridgedLM(load_transformers_model(checkpoint.folder, dtype=dtype), pad_id=task_options["pad"])
+    task_options = task_section(checkpoint, tokenizer, seq2seq=seq2seq)
+    hf = load_transformers_model(checkpoint.folder, dtype=dtype, seq2seq=seq2seq)
+    model = (BridgedSeq2Seq if seq2seq else BridgedLM)(hf, pad_id=task_options["pad"])
     model_section = {key: value for key, value in model.config.to_dict().items() if key not in _DECIDED}
     experiment = ExperimentConfig(task=task_options, model=model_section)
     task, _ = build_task(experiment.task, saved_tokenizer=tokenizer)
     return OpenedCheckpoint(checkpoint, experiment, task, tokenizer, model.eval())
 
 
-_DECIDED = ("vocab_size", "pad_id")
+_DECIDED = ("vocab_size", "tgt_vocab_size", "pad_id")
 """What the task decides of a model section (its vocabulary, its padding id)."""
 
 
-def check_bridged_type(model_type: Any, where: Any, auto_map: Any = None) -> None:
-    """A ConfigError unless transformers knows ``model_type`` as a causal language model (or it is
-    not installed: the ``bridge`` extra)."""
+def check_bridged_type(config: dict[str, Any], where: Any) -> bool:
+    """Whether config.json's ``model_type`` is an encoder-decoder (transformers' seq2seq mapping)
+    rather than a causal language model; a ConfigError where transformers knows it as neither (or
+    it is not installed: the ``bridge`` extra). A type of both mappings (BART, Marian, ...) is an
+    encoder-decoder unless the folder holds the decoder alone (``is_decoder``, or its
+    ``architectures`` are ``*ForCausalLM``)."""
+    model_type, auto_map = config.get("model_type"), config.get("auto_map")
     try:
         from transformers.models.auto.modeling_auto import (  # lazy: transformers is imported only by the bridge
             MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
@@ -133,17 +140,21 @@ def check_bridged_type(model_type: Any, where: Any, auto_map: Any = None) -> Non
             "opening it through transformers' modules needs transformers: pip install 'attnlab[bridge]'"
         ) from None
 
+    architectures = config.get("architectures") or []
+    decoder_alone = bool(config.get("is_decoder")) or (
+        bool(architectures) and all(str(name).endswith("ForCausalLM") for name in architectures)
+    )
+    if model_type in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES and not decoder_alone:
+        return True
     if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        return
+        return False
     if isinstance(model_type, str) and isinstance(auto_map, dict) and auto_map:
         raise ConfigError(
             f"{where}: model_type {model_type!r} comes with its own code (auto_map: {', '.join(map(str, auto_map))}); "
             "attnlab never runs a folder's code (trust_remote_code)"
         )
-    if model_type in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
-        raise ConfigError(f"{where}: model_type {model_type!r} is an encoder-decoder; attnlab opens causal LMs here")
     raise ConfigError(
-        f"{where}: model_type {model_type!r} is no causal language model transformers knows "
+        f"{where}: model_type {model_type!r} is no causal language model or encoder-decoder transformers knows "
         f"(attnlab's own families: {', '.join(sorted(FAMILIES))})"
     )
 
@@ -206,8 +217,9 @@ def _converted_tokenizer(checkpoint: Checkpoint) -> Tokenizer | None:
     return None if backend is None else Tokenizer.from_str(backend.to_str(), source=checkpoint.folder)
 
 
-def task_section(checkpoint: Checkpoint, tokenizer: Tokenizer) -> dict[str, Any]:
-    """The ``pretrained_lm`` task of a checkpoint: its context, special ids, chat template, vocabulary."""
+def task_section(checkpoint: Checkpoint, tokenizer: Tokenizer, *, seq2seq: bool = False) -> dict[str, Any]:
+    """The task of a checkpoint: ``pretrained_lm`` (its context, special ids, chat template,
+    vocabulary), or with ``seq2seq`` ``pretrained_seq2seq`` (the decoder's start id besides)."""
     config = checkpoint.config
     generation = checkpoint.json_file("generation_config.json")
     settings = checkpoint.json_file("tokenizer_config.json")
@@ -219,15 +231,29 @@ def task_section(checkpoint: Checkpoint, tokenizer: Tokenizer) -> dict[str, Any]
         raise ConfigError(f"{checkpoint.folder / 'config.json'}: no eos_token_id (nor in generation_config.json)")
     pad = _first_id(generation.get("pad_token_id", config.get("pad_token_id")))
     vocab = int(config.get("vocab_size") or config.get("n_vocab") or 0)
-    return {
-        "name": "pretrained_lm",
-        "max_tokens": int(config.get("max_position_embeddings") or config.get("n_positions") or 2048),
+    common = {
+        "max_tokens": int(
+            config.get("max_position_embeddings") or config.get("n_positions") or (512 if seq2seq else 2048)
+        ),
         "eos": eos,
         "pad": eos if pad is None or (vocab and pad >= vocab) else pad,
-        "bos": -1 if bos is None else bos,
-        "add_bos": bos is not None and _adds_bos(tokenizer, bos),
-        "chat_template": _chat_template(checkpoint, settings),
         "model_vocab": vocab,
+    }
+    adds_bos = bos is not None and _adds_bos(tokenizer, bos)
+    if seq2seq:  # without a start id the decoder starts from EOS (mBART's shift of its labels)
+        start = _first_id(generation.get("decoder_start_token_id", config.get("decoder_start_token_id")))
+        return {
+            "name": "pretrained_seq2seq",
+            **common,
+            "start": eos if start is None else start,
+            "bos": bos if adds_bos else -1,
+        }
+    return {
+        "name": "pretrained_lm",
+        **common,
+        "bos": -1 if bos is None else bos,
+        "add_bos": adds_bos,
+        "chat_template": _chat_template(checkpoint, settings),
     }
 
 

@@ -37,6 +37,7 @@ from attnlab.tasks.base import Task
 from attnlab.tasks.chomsky import CHOMSKY_TASKS
 from attnlab.tasks.formal import LANGUAGES, RecognitionTask
 from attnlab.tasks.pretrained_lm import PretrainedLMTask
+from attnlab.tasks.pretrained_seq2seq import PretrainedSeq2SeqTask
 from attnlab.tasks.sentences import SentencesTask
 from attnlab.tasks.seq2seq import TRANSFORMS, AdditionTask, Seq2SeqTask
 from attnlab.tasks.text import LMTask, TranslationTask, read_lines, read_parallel
@@ -119,6 +120,7 @@ TASKS: dict[str, TaskEntry] = {
         TaskEntry("lm", LMTask, text=True),
         TaskEntry("sentences", SentencesTask, text=True, pretrained_tokenizer=True),
         TaskEntry("pretrained_lm", PretrainedLMTask, text=True, pretrained_tokenizer=True),
+        TaskEntry("pretrained_seq2seq", PretrainedSeq2SeqTask, text=True, pretrained_tokenizer=True),
     )
 }
 """Registry: task name -> its entry."""

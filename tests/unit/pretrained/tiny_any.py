@@ -317,3 +317,109 @@ def _check_head_mask(reference: Any, lm: Any, tokens: torch.Tensor) -> None:
     scale = float(expected.abs().max())
     error = float((masked - expected).abs().max())
     assert error <= 1e-6 * scale, f"masking head {index}:{head} differs by {error:.2e}"
+
+
+# ---- encoder-decoders -------------------------------------------------------------------------------
+
+SEQ2SEQ_SIZES: dict[str, Any] = {"d_kv": 8, "d_ff": 48, "decoder_start_token_id": 2, "is_decoder": False}
+"""On top of :data:`SMALL` for an encoder-decoder: T5's own names, the decoder starting from the
+padding id (as T5's does), no causal-LM flag."""
+
+STUDIED_SEQ2SEQ = ("t5", "bart", "marian", "mbart", "pegasus")
+"""The encoder-decoders issue 47 names: each must open and equal transformers."""
+
+
+def seq2seq_types() -> list[str]:
+    """Every ``model_type`` of transformers' seq2seq mapping, sorted."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES
+
+    return sorted(MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES)
+
+
+def build_seq2seq(model_type: str, folder: Path, *, seed: int = 0) -> Any:
+    """A random transformers encoder-decoder of ``model_type`` with tiny sizes (:data:`SMALL` and
+    :data:`SEQ2SEQ_SIZES`), saved into ``folder`` with tokenizer.json; returned in float64, eager."""
+    from transformers import AutoModelForSeq2SeqLM
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    save_tokenizer(folder)
+    config = _config(CONFIG_MAPPING[model_type], {**SMALL, **SEQ2SEQ_SIZES})
+    torch.manual_seed(seed)
+    with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
+        model = AutoModelForSeq2SeqLM.from_config(config, attn_implementation="eager")
+        with torch.no_grad():
+            for parameter in model.parameters():
+                if parameter.dim() == 1:  # norms' gains and biases, away from 1 and 0
+                    parameter.add_(torch.randn_like(parameter) * 0.2)
+        model.save_pretrained(folder)
+        reference = AutoModelForSeq2SeqLM.from_pretrained(folder, dtype=torch.float64, attn_implementation="eager")
+    return reference.eval()
+
+
+SEQ2SEQ_PATTERNS = {"encoder_self": "encoder.{}.attn", "decoder_self": "decoder.{}.attn", "cross": "decoder.{}.cross"}
+"""Each attention kind's site prefix, layer L in the braces."""
+
+
+def check_bridged_seq2seq(reference: Any, lm: Any) -> None:
+    """The bridged encoder-decoder ``lm`` (``attnlab.load`` of the folder, float64) against
+    transformers' ``reference`` (eager, float64): logits, every layer's pattern of all three kinds,
+    masking one head of each kind, KV-cached greedy decoding. An AssertionError names the first
+    check that fails."""
+    from attnlab.generate.search import DecodeOptions, decode
+    from attnlab.nn import masking_heads
+
+    src, tgt = ids(2, 7), ids(2, 5, seed=3)
+    model = lm.model
+    with torch.no_grad():
+        expected = reference(input_ids=src, decoder_input_ids=tgt, output_attentions=True)
+        with lm.trace(["*.attn.pattern", "*.cross.pattern"]) as traced:
+            logits = model(src, tgt)
+    scale = float(expected.logits.abs().max())
+    error = float((logits - expected.logits).abs().max())
+    assert error <= 1e-6 * scale, f"logits differ by {error:.2e} (largest logit {scale:.2e})"
+    wanted = {
+        "encoder_self": expected.encoder_attentions,
+        "decoder_self": expected.decoder_attentions,
+        "cross": expected.cross_attentions,
+    }
+    for kind, patterns in wanted.items():
+        assert len(patterns) == lm.head_mask_shapes[kind][0], f"{kind}: {len(patterns)} layers in transformers"
+        for layer, pattern in enumerate(patterns):
+            name = SEQ2SEQ_PATTERNS[kind].format(layer) + ".pattern"
+            gap = float((traced.cache[name] - pattern).abs().max())
+            assert gap <= 1e-5, f"{name} differs from transformers' eager attentions by {gap:.2e}"
+    names = {module: name for name, module in model.hf.named_modules()}
+    modules = dict(reference.named_modules())
+    for kind in wanted:
+        layers = lm.head_mask_shapes[kind][0]
+        stack = model.encoder if kind == "encoder_self" else model.decoder
+        attention = getattr(stack.layers[layers - 1], "cross_attn" if kind == "cross" else "self_attn")
+        head, width = attention.heads - 1, attention.d_v
+
+        def zero_head(module: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+            x = args[0].clone()
+            x[..., head * width : (head + 1) * width] = 0
+            return (x, *args[1:])
+
+        handle = modules[names[attention.output]].register_forward_pre_hook(zero_head)
+        try:
+            with torch.no_grad():
+                masked_reference = reference(input_ids=src, decoder_input_ids=tgt).logits
+        finally:
+            handle.remove()
+        xi = lm.head_mask()
+        xi[kind][layers - 1, head] = 0.0
+        with torch.no_grad(), masking_heads(model, xi):
+            masked = model(src, tgt)
+        gap = float((masked - masked_reference).abs().max())
+        assert gap <= 1e-6 * scale, f"masking {kind} head {layers - 1}:{head} differs by {gap:.2e}"
+        assert gap < float((masked_reference - expected.logits).abs().max()), f"{kind}: the head changes nothing"
+    start = reference.config.decoder_start_token_id
+    with torch.no_grad():
+        greedy = _plain_greedy(reference)
+        greedy.decoder_start_token_id = start
+        generated = reference.generate(src[:1], generation_config=greedy)
+    options = DecodeOptions(max_length=6)
+    got = decode(model, src[:1], bos_id=start, eos_id=-1, pad_id=lm.task.pad_id, options=options, banned=())
+    assert got[0].tokens == generated[0, 1:].tolist(), f"cached greedy decoding {got[0].tokens} != {generated[0, 1:]}"
