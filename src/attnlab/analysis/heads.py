@@ -25,6 +25,8 @@ passes head masks in and reads results out; it never changes a layer.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
@@ -41,11 +43,13 @@ from attnlab.head_ids import HeadId, head_ids, head_site, heads_off, mask_withou
 from attnlab.nn import HeadMask, TransformerModel, trace
 from attnlab.run.loaded import LoadedRun
 from attnlab.tasks.batching import make_batches
+from attnlab.tasks.codec import TextCodec
 
 __all__ = [
     "Score",
     "HeadProbe",
     "TaskProbe",
+    "scoring_pairs",
     "held_mask_of",
     "held_heads_of",
     "AblationRow",
@@ -164,6 +168,23 @@ class TaskProbe:
     def outputs(self, model: TransformerModel, batch: Any, head_mask: HeadMask | None) -> Tensor:
         """The logits of ``model`` on ``batch``."""
         return PREDICTIONS[self.kind](model, batch, head_mask, self.loaded.task.pad_id).logits
+
+
+def scoring_pairs(loaded: LoadedRun, path: str | os.PathLike[str]) -> LoadedRun:
+    """``loaded`` whose task scores the ``source<TAB>target`` pairs of ``path`` in every split: a
+    pretrained encoder-decoder's (:class:`attnlab.tasks.pretrained_seq2seq.PretrainedSeq2SeqTask`),
+    for :class:`TaskProbe`.
+
+    Raises:
+        UsageError: a run whose task has its own data (a trained run scores its splits).
+    """
+    if not hasattr(loaded.task, "scoring"):
+        raise UsageError(
+            f"--texts: {loaded.name} is a trained encoder-decoder that scores its own task's splits (--split); "
+            "source<TAB>target pairs are for a pretrained encoder-decoder"
+        )
+    task = loaded.task.scoring(path)
+    return dataclasses.replace(loaded, task=task, codec=TextCodec(task, loaded.tokenizer))
 
 
 def held_mask_of(probe: HeadProbe) -> HeadMask | None:

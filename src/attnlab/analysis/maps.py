@@ -36,7 +36,7 @@ from attnlab.nn.models import POOLINGS
 from attnlab.resources import check_decode_length, check_input_text, check_input_tokens
 from attnlab.run.loaded import LoadedRun
 
-__all__ = ["AttentionView", "attention_view", "check_finite", "kind_maps"]
+__all__ = ["AttentionView", "SINK", "attention_view", "check_finite", "kind_maps", "with_sinks"]
 
 
 @dataclass(frozen=True)
@@ -92,12 +92,37 @@ def attention_view(
         ids = loaded.codec.encode(text)
         check_input_tokens(len(ids) + 1, context=loaded.model.config.max_len)  # + EOS
         if kind == "encoder_decoder":  # decoding stops at the model's last position
-            max_length = check_decode_length(1, max_length, config=loaded.model.config)  # after BOS
+            context = getattr(loaded.task, "generation_context", None)  # a pretrained one's max_tokens
+            max_length = check_decode_length(1, max_length, config=loaded.model.config, context=context)  # after BOS
     mask = loaded.held_mask(base=head_mask)
     view = VIEWS[loaded.experiment.model_kind]
     found = view(loaded, ids, head_mask=mask, max_length=max_length, top_k=top_k, continuation=continuation)
     check_finite(found)
-    return dataclasses.replace(found, off=tuple(heads_off(loaded.model, mask)))
+    return dataclasses.replace(with_sinks(found), off=tuple(heads_off(loaded.model, mask)))
+
+
+SINK = "<sink>"
+"""The key label of an attention sink's share (gpt-oss), the last column of a map that has one."""
+
+SINK_TOLERANCE = 1e-4
+"""How far below 1 a pattern's row must sum to hold a sink's share (softmax rows sum to 1 to rounding)."""
+
+
+def with_sinks(view: AttentionView) -> AttentionView:
+    """``view`` with each map of a kind whose rows sum below 1 (a learned sink logit in the softmax,
+    gpt-oss's: the pattern site drops it) given a last key column ``<sink>``, 1 - sum_k pattern[q, k]:
+    the share of each query's attention the sink takes, shown in the pictures and the viewer."""
+    sunk = {r.kind for r in view.records if float((1 - r.weights.float().sum(-1)).abs().max()) > SINK_TOLERANCE}
+    if not sunk:
+        return view
+    records = [
+        dataclasses.replace(r, weights=torch.cat([r.weights, 1 - r.weights.sum(-1, keepdim=True)], dim=-1))
+        if r.kind in sunk
+        else r
+        for r in view.records
+    ]
+    axes = {kind: (q, [*k, SINK] if kind in sunk else k) for kind, (q, k) in view.axes.items()}
+    return dataclasses.replace(view, records=records, axes=axes)
 
 
 def check_finite(view: AttentionView) -> None:

@@ -129,7 +129,8 @@ def _prepared(loaded, text: str, max_new: int, *, chat: bool, what: str) -> tupl
     check_input_tokens(len(ids) + 1, context=model.config.max_len, what=what)  # + EOS
     if kind == "encoder_classifier":
         return ids, max_new
-    return ids, check_decode_length(1, max_new, config=model.config)  # the decoder starts at BOS
+    context = getattr(task, "generation_context", None)  # a pretrained encoder-decoder's max_tokens
+    return ids, check_decode_length(1, max_new, config=model.config, context=context)  # the decoder starts at BOS
 
 
 def _translate(loaded, text: str, ids: list[int], options, *, stream: bool) -> dict:  # noqa: ANN001

@@ -36,7 +36,8 @@ KIND_HELP = "Only heads of this attention kind; repeatable."
 TEXTS_HELP = (
     "A text file, one text per line. Language models: the objective is the next-token loss and the "
     "metric the perplexity. Sentence encoders: the fidelity of the sentence embeddings to the unmasked "
-    "model (1 - cosine)."
+    "model (1 - cosine). Pretrained encoder-decoders (T5, BART, ...): source<TAB>target pairs, the "
+    "objective the target's cross-entropy given the source, the metric the greedy output's accuracy."
 )
 BATCH_HELP = "Examples per batch; default 128 (16 texts with --texts)."
 PAIRS_HELP = (
@@ -114,7 +115,7 @@ def _probe(  # noqa: ANN202
     """
     # Imported when the command runs: the help pages load no torch (see attnlab.cli).
     from attnlab.analysis.fidelity import FidelityLoss, FidelityProbe, PairProbe
-    from attnlab.analysis.heads import TaskProbe
+    from attnlab.analysis.heads import TaskProbe, scoring_pairs
     from attnlab.analysis.lm_probe import NextTokenLoss, NextTokenProbe
     from attnlab.pretrained.sources import open_model
 
@@ -122,6 +123,11 @@ def _probe(  # noqa: ANN202
         raise UsageError("give --texts or --pairs, not both")
     split = Split(split).value
     loaded = open_model(run, device=device, dtype=dtype, revision=revision, verify=verify)
+    if texts is not None and loaded.experiment.model_kind == "encoder_decoder":
+        if spread:
+            raise UsageError("--nproc and --resume: a corpus run scores a language model or a sentence encoder")
+        scored = scoring_pairs(loaded, texts)
+        return scored, TaskProbe(scored, split, batch_size=batch_size or 16, base_mask=loaded.held_mask())
     if texts is not None and loaded.experiment.model_kind == "decoder_only":
         if corpus:
             return loaded, NextTokenLoss(

@@ -374,7 +374,13 @@ def _probe_layers(
     stacks = []
     for root in roots:
         under = {id(m) for m in root.modules()}
-        layers = [BridgedLayer(module) for module in _layer_list(hf, [m for m in calls if id(m) in under])]
+        called = [m for m in calls if id(m) in under]
+        if not called:
+            raise ConfigError(
+                f"{type(hf).__name__}: its {type(root).__name__} computes no attention through transformers' "
+                "attention interface (an older module attnlab's bridge cannot see)"
+            )
+        layers = [BridgedLayer(module) for module in _layer_list(hf, called)]
         stacks.append((layers, [_attentions_of(layer, events) for layer in layers]))
     return stacks
 

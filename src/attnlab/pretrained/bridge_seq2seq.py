@@ -111,7 +111,8 @@ class BridgedSeq2Seq(TransformerModel):
             pad_id=pad_id,
             heads_per_layer=None if all(c == heads for v in counts.values() for c in v) else counts,
         )
-        find_residual_sums(self)
+        self._memory_class: Any = None
+        find_residual_sums(self)  # its forward pass encodes once: _memory_class is the encoder's output class
 
     @property
     def lm_head(self) -> nn.Module:
@@ -124,13 +125,14 @@ class BridgedSeq2Seq(TransformerModel):
         """The encoder's output for ``src`` (its padding, ``pad_id``, masked)."""
         is_token = src != self.config.pad_id
         out = self.hf.get_encoder()(input_ids=src, attention_mask=is_token.long())
+        self._memory_class = type(out)  # what the decoder reads it as (a mixture of experts' has router logits)
         return EncodedSource(out[0], is_token)
 
     def decode(self, tgt_in: Tensor, memory: EncodedSource, *, state: BridgedState | None = None) -> Tensor:
         """Logits for ``tgt_in`` reading ``memory``; with ``state`` (from :meth:`new_state`) only
         the new positions, the keys and values so far in transformers' cache."""
         inputs: dict[str, Any] = {
-            "encoder_outputs": (memory.states,),
+            "encoder_outputs": self._memory_class(last_hidden_state=memory.states),
             "attention_mask": memory.is_token.long(),
             "decoder_input_ids": tgt_in,
             "use_cache": state is not None,

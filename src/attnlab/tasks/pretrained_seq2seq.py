@@ -15,6 +15,7 @@ of :func:`attnlab.tasks.text.read_parallel`), every split holds all its pairs: t
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -88,9 +89,19 @@ class PretrainedSeq2SeqTask(SplitAccessors):
         return [self.bos, *ids] if self.bos >= 0 else list(ids)
 
     @property
+    def generation_context(self) -> int:
+        """The most positions the decoder's start and its output may take (``max_tokens``)."""
+        return self.max_tokens
+
+    @property
     def generation_banned(self) -> tuple[int, ...]:
         """Ids a decoded output never holds: none (the model's own distribution, as it is)."""
         return ()
+
+    def scoring(self, path: str | os.PathLike[str]) -> PretrainedSeq2SeqTask:
+        """This task with the pairs of ``path`` in every split (checked now: a bad line is one error)."""
+        read_parallel(path, max_line_chars=MAX_LINE_CHARS)
+        return dataclasses.replace(self, text_file=path)
 
     def split(self, name: str) -> list[Example]:
         check_split_name(name)

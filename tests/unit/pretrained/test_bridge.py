@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -349,9 +350,14 @@ def test_an_unknown_model_type_is_one_error_naming_it(tmp_path: Path) -> None:
         attnlab.load(_folder_with(tmp_path, {"model_type": "no_such_type"}))
 
 
-def test_an_encoder_decoder_folder_given_to_the_causal_path_is_one_error(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="'t5' is an encoder-decoder"):
-        attnlab.load(_folder_with(tmp_path, {"model_type": "t5"}))
+def test_a_seq2seq_type_opens_as_an_encoder_decoder_unless_the_folder_holds_its_decoder_alone() -> None:
+    from attnlab.pretrained.hf_model import check_bridged_type
+
+    assert check_bridged_type({"model_type": "t5"}, "config.json") is True
+    assert check_bridged_type({"model_type": "bart", "architectures": ["BartForConditionalGeneration"]}, "c") is True
+    assert check_bridged_type({"model_type": "bart", "architectures": ["BartForCausalLM"]}, "c") is False
+    assert check_bridged_type({"model_type": "marian", "is_decoder": True}, "c") is False
+    assert check_bridged_type({"model_type": "llama"}, "c") is False
 
 
 def test_a_model_type_that_is_no_attention_model_is_refused_with_the_reason(tmp_path: Path) -> None:
@@ -382,3 +388,28 @@ def test_the_cli_says_one_error_line_and_exits_2(case: str, tmp_path: Path) -> N
     assert len(lines) == 1 and lines[0].startswith("error:"), done.stderr
     assert ("trust_remote_code" if case == "remote" else "'no_such_type'") in lines[0]
     assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_gpt_oss_sink_share_is_a_last_key_column_in_the_pictures_and_the_viewer(tmp_path: Path) -> None:
+    """gpt-oss's learned sink logit joins each row's softmax and is dropped from the pattern (rows
+    sum below 1): the view shows its share, 1 - sum_k pattern[q, k], as a last key ``<sink>``."""
+    from starlette.testclient import TestClient
+
+    from attnlab.analysis.maps import SINK, attention_view, kind_maps
+    from attnlab.viewer import create_app
+
+    reference = build_any("gpt_oss", tmp_path)
+    lm = attnlab.load(tmp_path, dtype="float64")
+    view = attention_view(lm.loaded, "the cat sat", max_length=1)
+    queries, keys = view.axes["self"]
+    assert keys[-1] == SINK and len(keys) == len(queries) + 1
+    ids = lm.loaded.task.generation_prompt("the cat sat")
+    with torch.no_grad():
+        patterns = reference(torch.tensor([ids]), output_attentions=True, use_cache=False).attentions
+    for layer, weights in enumerate(kind_maps(view, "self")):
+        wanted = 1 - patterns[layer][0].sum(-1).numpy()
+        assert wanted.min() > 0
+        np.testing.assert_allclose(weights[..., -1], wanted, atol=1e-6)
+        np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-6)
+    answer = TestClient(create_app(lm.loaded)).post("/api/run", json={"text": "the cat sat", "off": []}).json()
+    assert all(m["keys"][-1] == SINK for m in answer["attention"])

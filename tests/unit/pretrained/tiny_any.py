@@ -397,7 +397,7 @@ def check_bridged_seq2seq(reference: Any, lm: Any) -> None:
         attention = getattr(stack.layers[layers - 1], "cross_attn" if kind == "cross" else "self_attn")
         head, width = attention.heads - 1, attention.d_v
 
-        def zero_head(module: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        def zero_head(module: Any, args: tuple[Any, ...], head: int = head, width: int = width) -> tuple[Any, ...]:
             x = args[0].clone()
             x[..., head * width : (head + 1) * width] = 0
             return (x, *args[1:])
