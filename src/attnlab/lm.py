@@ -33,12 +33,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab.analysis.heads import ImportanceRow, head_importance, importance
+from attnlab.analysis.heads import ImportanceRow, TaskProbe, head_importance, importance, scoring_pairs
 from attnlab.analysis.lm_probe import NextTokenProbe
 from attnlab.devices import model_device
 from attnlab.errors import UsageError
 from attnlab.generate.sampling import SamplingOptions
-from attnlab.generate.search import DecodeOptions, generate_continuations
+from attnlab.generate.search import DecodeOptions, decode, generate_continuations
 from attnlab.generate.stream import TextStream
 from attnlab.nn import expert_mask_shape, full_head_mask, trace
 from attnlab.nn.hooks import Trace
@@ -141,6 +141,11 @@ class LanguageModel:
         """
         if return_type not in ("logits", "loss", "both"):
             raise UsageError(f"return_type: unknown {return_type!r}; allowed: logits, loss, both")
+        if self.loaded.experiment.model_kind == "encoder_decoder":
+            raise UsageError(
+                "inputs: an encoder-decoder reads a source and a target: call lm.model(src, tgt_in) on ids, "
+                "or lm.generate(text)"
+            )
         tokens, is_token = self._batch(inputs, attention_mask)
         logits = self.model(tokens, is_token=is_token)
         if return_type == "logits":
@@ -189,8 +194,23 @@ class LanguageModel:
             )
         elif top_k is not None or top_p is not None:
             raise UsageError("top_k, top_p: only when sampling (temperature > 0)")
-        prompt = self.task.generation_prompt(text, chat=chat)
         options = DecodeOptions(max_length=max_new_tokens, sampling=sampling)
+        if self.loaded.experiment.model_kind == "encoder_decoder":  # the output of the source text
+            if chat or stream:
+                raise UsageError("chat, stream: for a language model; an encoder-decoder writes its output whole")
+            source = torch.tensor([self.loaded.codec.encode(text) + [self.task.eos_id]], device=self.device)
+            written = decode(
+                self.model,
+                source,
+                bos_id=self.task.bos_id,
+                eos_id=self.task.eos_id,
+                pad_id=self.task.pad_id,
+                options=options,
+                head_mask=self.loaded.held_mask(),
+                banned=getattr(self.task, "generation_banned", None),
+            )[0]
+            return self.decode(written.tokens)
+        prompt = self.task.generation_prompt(text, chat=chat)
         if not stream:
             hypothesis = self._continue(prompt, options, on_token=None)
             return self.decode(hypothesis.tokens)
@@ -258,7 +278,12 @@ class LanguageModel:
     def importance(self, texts: str | os.PathLike[str], *, batch_size: int = 16) -> list[ImportanceRow]:
         """Every head ranked by Michel et al.'s I_h = E_x |dL(x)/dxi_h| on a text file (one text
         per line; next-token loss), most important first: one forward and backward pass per batch
-        (``attnlab heads importance RUN --texts FILE``)."""
+        (``attnlab heads importance RUN --texts FILE``). A pretrained encoder-decoder takes
+        ``source<TAB>target`` lines (the target's loss given the source; rows of all three kinds)."""
+        if self.loaded.experiment.model_kind == "encoder_decoder":
+            scored = scoring_pairs(self.loaded, texts)
+            rows = importance(TaskProbe(scored, "valid", batch_size=batch_size))
+            return sorted(rows, key=lambda row: -row.importance)
         probe = NextTokenProbe(self.loaded, texts, batch_size=batch_size)
         return sorted(importance(probe), key=lambda row: -row.importance)
 

@@ -131,6 +131,31 @@ def test_importance_of_pairs_splits_by_kind_and_equals_transformers_gradients(op
         assert float(scores[kind].sum()) > 0
 
 
+def test_lm_importance_ranks_the_three_kinds_as_the_probe_scores_them(opened, tmp_path):
+    _, _, lm = opened
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text(PAIRS)
+    rows = lm.importance(pairs, batch_size=2)
+    scores = head_importance(TaskProbe(scoring_pairs(lm.loaded, pairs), "valid", batch_size=2))
+    assert {row.kind for row in rows} == set(scores) and len(rows) == sum(s.numel() for s in scores.values())
+    assert [row.importance for row in rows] == sorted((row.importance for row in rows), reverse=True)
+    for row in rows:
+        assert row.importance == pytest.approx(float(scores[row.kind][row.layer, row.head]), rel=1e-9, abs=1e-15)
+
+
+def test_lm_generate_writes_what_decode_writes_and_a_call_on_text_is_one_error(opened):
+    _, _, lm = opened
+    task = lm.task
+    source = torch.tensor([task.frame(lm.loaded.tokenizer.encode("the cat")) + [task.eos_id]])
+    options = DecodeOptions(max_length=5)
+    written = decode(
+        lm.model, source, bos_id=task.bos_id, eos_id=task.eos_id, pad_id=task.pad_id, options=options, banned=()
+    )
+    assert lm.generate("the cat", max_new_tokens=5) == lm.decode(written[0].tokens)
+    with pytest.raises(UsageError, match="lm.model\\(src, tgt_in\\)"):
+        lm("the cat")
+
+
 def test_a_bad_pairs_line_is_one_error_naming_it(opened, tmp_path):
     _, _, lm = opened
     bad = tmp_path / "bad.tsv"

@@ -92,7 +92,7 @@ def test_weights_that_do_not_fit_config_json_are_named(llama, tmp_path) -> None:
         (
             {"model_type": "no_such_type"},
             ConfigError,
-            "model_type 'no_such_type' is no causal language model transformers",
+            "model_type 'no_such_type' is no causal language model or encoder-decoder",
         ),
         ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4}}, ConfigError, "rope_scaling type 'dynamic'"),
         ({"hidden_act": "relu"}, ConfigError, "hidden_act = 'relu' is not implemented"),
@@ -209,7 +209,11 @@ def test_load_generates_greedily_by_sampling_and_as_a_stream(llama) -> None:  # 
     [
         ("no_config", 2, "no config.json"),
         ("truncated", 3, "model.safetensors: not a complete safetensors file"),
-        ("model_type", 2, "model_type 'no_such_type' is no causal language model transformers knows"),
+        (
+            "model_type",
+            2,
+            "model_type 'no_such_type' is no causal language model or encoder-decoder transformers knows",
+        ),
         ("absent_name", 2, "no model of that name in the Hugging Face cache"),
     ],
 )
