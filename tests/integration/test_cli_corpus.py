@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import random
 import re
+import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -180,3 +184,51 @@ def test_nproc_and_resume_need_a_corpus(lm, capsys) -> None:
     assert code == 2 and err.strip() == "error: --nproc: only for a corpus run; give --texts FILE"
     code, _, err = _main(capsys, "heads", "detect", str(run), "--resume")
     assert code == 2 and err.strip() == "error: --resume: only for a corpus run; give --texts FILE"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_two_machines_give_the_one_process_importance(lm, tmp_path) -> None:
+    """Two torchrun agents on this machine stand for two machines (--nnodes 2, static rendezvous at
+    127.0.0.1): their one process each give the one-process scores."""
+    run, texts = lm
+    common = ("heads", "importance", str(run), "--texts", str(texts), "--batch-size", "2")
+    one = attnlab(*common, "--out", str(tmp_path / "one.csv"), one_thread=True)
+    assert one.returncode == 0, one.stderr
+    port = str(_free_port())
+    nodes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "attnlab", *common, "--out", str(tmp_path / "two.csv"), "--nnodes", "2"]
+            + ["--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port", port],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+        for rank in (0, 1)
+    ]
+    finished = [node.communicate(timeout=300) for node in nodes]
+    for node, (_, err) in zip(nodes, finished):
+        assert node.returncode == 0, err
+    assert _importances(tmp_path / "two.csv") == pytest.approx(_importances(tmp_path / "one.csv"), rel=0, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (("--nnodes", "2"), "error: --master-addr: needed with --nnodes 2 (the address of node 0)"),
+        (
+            ("--nnodes", "2", "--node-rank", "2", "--master-addr", "h"),
+            "error: --node-rank: must lie in [0, --nnodes=2), got 2",
+        ),
+        (("--master-addr", "h"), "error: --master-addr: only with --nnodes > 1 (one machine finds its own port)"),
+    ],
+)
+def test_bad_machine_options_get_one_error_line(lm, capsys, extra, message) -> None:
+    run, texts = lm
+    code, _, err = _main(capsys, "heads", "importance", str(run), "--texts", str(texts), *extra)
+    assert code == 2 and err.strip() == message

@@ -17,7 +17,17 @@ from attnlab.cli.options import (
     revision_option,
     verify_option,
 )
-from attnlab.cli.processes import corpus_processes, nproc_option, process_group, resume_option
+from attnlab.cli.processes import (
+    Nodes,
+    corpus_processes,
+    master_addr_option,
+    master_port_option,
+    nnodes_option,
+    node_rank_option,
+    nproc_option,
+    process_group,
+    resume_option,
+)
 from attnlab.errors import UsageError
 from attnlab.limits import MAX_BATCH_SIZE
 
@@ -46,6 +56,10 @@ def evaluate_run(
     mask_heads: list[str] = typer.Option(None, "--mask-head", help="Mask a head, kind:layer:head (repeatable)."),
     nproc: int = nproc_option(),
     resume: bool = resume_option(),
+    nnodes: int = nnodes_option(),
+    node_rank: int = node_rank_option(),
+    master_addr: str | None = master_addr_option(),
+    master_port: int = master_port_option(),
     progress: bool = progress_option(),
     device: str = device_option(),
     dtype: str | None = dtype_option(),
@@ -89,7 +103,7 @@ def evaluate_run(
     from attnlab.tasks.base import SPLITS
     from attnlab.tasks.batching import count_too_long
 
-    where = corpus_processes(ctx, nproc, resume, texts, device)
+    where = corpus_processes(ctx, nproc, resume, texts, device, Nodes(nnodes, node_rank, master_addr, master_port))
     if where is None:  # the processes launched from here did the work
         return
     info, device = where

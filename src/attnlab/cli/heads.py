@@ -20,7 +20,17 @@ from attnlab.cli.options import (
     revision_option,
     verify_option,
 )
-from attnlab.cli.processes import corpus_processes, nproc_option, process_group, resume_option
+from attnlab.cli.processes import (
+    Nodes,
+    corpus_processes,
+    master_addr_option,
+    master_port_option,
+    nnodes_option,
+    node_rank_option,
+    nproc_option,
+    process_group,
+    resume_option,
+)
 from attnlab.errors import UsageError
 from attnlab.limits import MAX_BATCH_SIZE, MAX_STEPS
 from attnlab.run.output_paths import check_output_path
@@ -248,6 +258,10 @@ def ablate_command(
     ),
     nproc: int = nproc_option(),
     resume: bool = resume_option(),
+    nnodes: int = nnodes_option(),
+    node_rank: int = node_rank_option(),
+    master_addr: str | None = master_addr_option(),
+    master_port: int = master_port_option(),
     progress: bool = progress_option(),
     device: str = device_option(),
     dtype: str | None = dtype_option(),
@@ -272,13 +286,23 @@ def ablate_command(
     if out is not None:
         check_output_path(out, kind="folder", flag="--out")
     kinds = [value_of(kind) for kind in kinds or ()]
-    where = corpus_processes(ctx, nproc, resume, texts, device)
+    where = corpus_processes(ctx, nproc, resume, texts, device, Nodes(nnodes, node_rank, master_addr, master_port))
     if where is None:  # the processes launched from here did the work
         return
     info, device = where
     with process_group(info):
         loaded, probe = _probe(
-            run, split, batch_size, texts, pairs, device, dtype, revision, verify, True, nproc > 1 or resume
+            run,
+            split,
+            batch_size,
+            texts,
+            pairs,
+            device,
+            dtype,
+            revision,
+            verify,
+            True,
+            nproc > 1 or resume or nnodes > 1,
         )
         folder = out or loaded.analysis
         means = None
@@ -376,6 +400,10 @@ def importance_command(
     pairs: Path = typer.Option(None, "--pairs", help=PAIRS_HELP),
     nproc: int = nproc_option(),
     resume: bool = resume_option(),
+    nnodes: int = nnodes_option(),
+    node_rank: int = node_rank_option(),
+    master_addr: str | None = master_addr_option(),
+    master_port: int = master_port_option(),
     progress: bool = progress_option(),
     device: str = device_option(),
     dtype: str | None = dtype_option(),
@@ -397,13 +425,23 @@ def importance_command(
         check_output_path(out, kind="file", flag="--out")
         check_output_path(out.with_suffix(".png"), kind="file", flag="--out (its heatmap)")
     kinds = [value_of(kind) for kind in kinds or ()]
-    where = corpus_processes(ctx, nproc, resume, texts, device)
+    where = corpus_processes(ctx, nproc, resume, texts, device, Nodes(nnodes, node_rank, master_addr, master_port))
     if where is None:  # the processes launched from here did the work
         return
     info, device = where
     with process_group(info):
         loaded, probe = _probe(
-            run, split, batch_size, texts, pairs, device, dtype, revision, verify, True, nproc > 1 or resume
+            run,
+            split,
+            batch_size,
+            texts,
+            pairs,
+            device,
+            dtype,
+            revision,
+            verify,
+            True,
+            nproc > 1 or resume or nnodes > 1,
         )
         path = out or loaded.analysis / "importance.csv"
         if _is_corpus(probe):
@@ -710,6 +748,10 @@ def detect_command(
     top: int = typer.Option(3, "--top", min=1, max=100, help="Heads named per pattern."),
     nproc: int = nproc_option(),
     resume: bool = resume_option(),
+    nnodes: int = nnodes_option(),
+    node_rank: int = node_rank_option(),
+    master_addr: str | None = master_addr_option(),
+    master_port: int = master_port_option(),
     progress: bool = progress_option(),
     device: str = device_option(),
     dtype: str | None = dtype_option(),
@@ -734,7 +776,7 @@ def detect_command(
 
     if out is not None:
         check_output_path(out, kind="folder", flag="--out")
-    where = corpus_processes(ctx, nproc, resume, texts, device)
+    where = corpus_processes(ctx, nproc, resume, texts, device, Nodes(nnodes, node_rank, master_addr, master_port))
     if where is None:  # the processes launched from here did the work
         return
     info, device = where
