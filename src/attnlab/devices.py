@@ -101,8 +101,9 @@ def check_processes(device: str, processes: int) -> None:
 
 
 def model_device(model: nn.Module) -> torch.device:
-    """The device of ``model``'s first parameter (or buffer); the CPU for a model with neither."""
-    first = next(chain(model.parameters(), model.buffers()), None)
+    """The device of ``model``'s first parameter (or buffer) that is on one (not the meta device of a
+    layer offloaded to disk by transformers' dispatch); the CPU for a model with none."""
+    first = next((t for t in chain(model.parameters(), model.buffers()) if t.device.type != "meta"), None)
     return torch.device("cpu") if first is None else first.device
 
 

@@ -42,6 +42,7 @@ from attnlab.generate.search import DecodeOptions, decode, generate_continuation
 from attnlab.generate.stream import TextStream
 from attnlab.nn import expert_mask_shape, full_head_mask, trace
 from attnlab.nn.hooks import Trace
+from attnlab.pretrained.placement import PlacementRequest
 from attnlab.pretrained.sources import open_model
 from attnlab.run.loaded import LoadedRun
 
@@ -56,6 +57,9 @@ def load(
     revision: str | None = None,
     verify: bool = True,
     bridge: bool = False,
+    device_map: str | dict[str, str] | None = None,
+    max_memory: dict[str, int | str] | None = None,
+    offload_folder: str | os.PathLike[str] | None = None,
 ) -> LanguageModel:
     """Open ``source`` (a run directory, a Hugging Face model folder, ``ORG/NAME`` in the local
     Hugging Face cache, or a GGUF file) as a :class:`LanguageModel`.
@@ -71,8 +75,22 @@ def load(
         bridge: open a Hugging Face folder through transformers' own modules with attnlab's named
             sites (:mod:`attnlab.pretrained.bridge`) even where attnlab has a native family for it
             (a ``model_type`` without one always opens so), to compare the two paths.
+        device_map: place a Hugging Face checkpoint's layers over devices: ``auto``, ``balanced``,
+            ``sequential`` or ``{module: device}`` (``cpu``, ``cuda:N``, ``disk``), accelerate's
+            conventions (:mod:`attnlab.pretrained.placement`); ``lm.placement`` says where each went.
+        max_memory: each device's budget with ``device_map``: ``{"cuda:0": "70GiB", "cpu": "20GiB"}``.
+        offload_folder: where the layers no budget holds are written (safetensors) and mapped from.
     """
-    opened = open_model(source, device=device or "cpu", dtype=dtype, revision=revision, verify=verify, bridge=bridge)
+    placement = PlacementRequest(device_map, max_memory, offload_folder)
+    opened = open_model(
+        source,
+        device=device or "cpu",
+        dtype=dtype,
+        revision=revision,
+        verify=verify,
+        bridge=bridge,
+        placement=placement,
+    )
     return LanguageModel(opened)
 
 
@@ -88,6 +106,7 @@ class LanguageModel:
         self.loaded = loaded
         self.model = loaded.model
         self.task = loaded.task
+        self.placement = loaded.placement
 
     def __repr__(self) -> str:
         config = self.model.config

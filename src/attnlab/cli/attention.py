@@ -15,9 +15,13 @@ import typer
 from attnlab.cli.app import app
 from attnlab.cli.options import (
     SOURCE_HELP,
+    device_map_option,
     device_option,
     dtype_option,
     json_option,
+    max_memory_option,
+    offload_folder_option,
+    placed,
     print_json,
     revision_option,
     verify_option,
@@ -45,6 +49,9 @@ def attention(
         None, "--layers", help="Only these layers, e.g. 0,5,29 or 0-3 or 0,10-12 (default: every layer)."
     ),
     device: str = device_option(),
+    device_map: str | None = device_map_option(),
+    max_memory: str | None = max_memory_option(),
+    offload_folder: Path | None = offload_folder_option(),
     dtype: str | None = dtype_option(),
     revision: str | None = revision_option(),
     verify: bool = verify_option(),
@@ -64,7 +71,9 @@ def attention(
 
     check_input_text(text, what="TEXT")
     check_output_path(out, kind="folder", flag="--out")
-    loaded = open_model(run, device=device, dtype=dtype, revision=revision, verify=verify)
+    loaded = open_model(
+        run, dtype=dtype, revision=revision, verify=verify, **placed(device, device_map, max_memory, offload_folder)
+    )
     chosen = None if layers is None else select_layers(layers, _deepest(loaded.model.config), flag="--layers")
     view = attention_view(loaded, text, max_length=max_length, continuation=continuation)
     hard = loaded.experiment.model.get("attention") == "hard"

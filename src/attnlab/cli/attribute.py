@@ -10,9 +10,13 @@ import typer
 from attnlab.cli.app import app
 from attnlab.cli.options import (
     SOURCE_HELP,
+    device_map_option,
     device_option,
     dtype_option,
     json_option,
+    max_memory_option,
+    offload_folder_option,
+    placed,
     print_json,
     revision_option,
     verify_option,
@@ -31,6 +35,9 @@ def attribute_command(
     top_k: int = typer.Option(5, "--top-k", min=1, max=100, help="Tokens the logit lens lists per layer."),
     out: Path = typer.Option(None, "--out", help="Folder for the CSVs and pictures (default RUN/analysis/attribute)."),
     device: str = device_option(),
+    device_map: str | None = device_map_option(),
+    max_memory: str | None = max_memory_option(),
+    offload_folder: Path | None = offload_folder_option(),
     dtype: str | None = dtype_option(),
     revision: str | None = revision_option(),
     verify: bool = verify_option(),
@@ -54,7 +61,9 @@ def attribute_command(
 
     if out is not None:
         check_output_path(out, kind="folder", flag="--out")
-    loaded = open_model(run, device=device, dtype=dtype, revision=revision, verify=verify)
+    loaded = open_model(
+        run, dtype=dtype, revision=revision, verify=verify, **placed(device, device_map, max_memory, offload_folder)
+    )
     attribution = direct_logit_attribution(loaded, text, answer, wrong)
     lens = logit_lens(loaded, text, answer=answer, top_k=top_k)
     folder = out or loaded.analysis / "attribute"

@@ -8,7 +8,17 @@ from pathlib import Path
 import typer
 
 from attnlab.cli.app import app
-from attnlab.cli.options import SOURCE_HELP, device_option, dtype_option, revision_option, verify_option
+from attnlab.cli.options import (
+    SOURCE_HELP,
+    device_map_option,
+    device_option,
+    dtype_option,
+    max_memory_option,
+    offload_folder_option,
+    placed,
+    revision_option,
+    verify_option,
+)
 from attnlab.limits import MAX_BATCH_SIZE
 
 SHOWN = 6
@@ -22,6 +32,9 @@ def encode(
     as_json: bool = typer.Option(False, "--json", help="Print every value as JSON."),
     batch_size: int = typer.Option(32, "--batch-size", min=1, max=MAX_BATCH_SIZE, help="Texts per batch."),
     device: str = device_option(),
+    device_map: str | None = device_map_option(),
+    max_memory: str | None = max_memory_option(),
+    offload_folder: Path | None = offload_folder_option(),
     dtype: str | None = dtype_option(),
     revision: str | None = revision_option(),
     verify: bool = verify_option(),
@@ -34,7 +47,9 @@ def encode(
 
     for number, text in enumerate(texts, start=1):
         check_input_text(text, what="TEXT" if len(texts) == 1 else f"TEXT {number}")
-    loaded = open_model(run, device=device, dtype=dtype, revision=revision, verify=verify)
+    loaded = open_model(
+        run, dtype=dtype, revision=revision, verify=verify, **placed(device, device_map, max_memory, offload_folder)
+    )
     results = encode_texts(loaded, texts, batch_size=batch_size)
     pooling = loaded.experiment.task.get("pooling", "mean")
     if as_json:

@@ -11,8 +11,12 @@ from attnlab.cli.app import app
 from attnlab.cli.choices import Split
 from attnlab.cli.options import (
     SOURCE_HELP,
+    device_map_option,
     device_option,
     dtype_option,
+    max_memory_option,
+    offload_folder_option,
+    placed,
     progress_option,
     revision_option,
     verify_option,
@@ -62,6 +66,9 @@ def evaluate_run(
     master_port: int = master_port_option(),
     progress: bool = progress_option(),
     device: str = device_option(),
+    device_map: str | None = device_map_option(),
+    max_memory: str | None = max_memory_option(),
+    offload_folder: Path | None = offload_folder_option(),
     dtype: str | None = dtype_option(),
     revision: str | None = revision_option(),
     verify: bool = verify_option(),
@@ -110,7 +117,12 @@ def evaluate_run(
     if texts is not None:
         with process_group(info):
             loaded = open_model(
-                run, device=device, dtype=dtype, revision=revision, verify=verify, checkpoint=checkpoint
+                run,
+                dtype=dtype,
+                revision=revision,
+                verify=verify,
+                checkpoint=checkpoint,
+                **placed(device, device_map, max_memory, offload_folder),
             )
             extra = [parse_head(spec, loaded.model) for spec in mask_heads or []]
             truncate = loaded.experiment.train.truncate if truncate is None else truncate
@@ -119,7 +131,14 @@ def evaluate_run(
             if info.is_main:
                 _echo_metrics(metrics, as_json)
         return
-    loaded = open_model(run, device=device, dtype=dtype, revision=revision, verify=verify, checkpoint=checkpoint)
+    loaded = open_model(
+        run,
+        dtype=dtype,
+        revision=revision,
+        verify=verify,
+        checkpoint=checkpoint,
+        **placed(device, device_map, max_memory, offload_folder),
+    )
     names = loaded.task.split_names() if hasattr(loaded.task, "split_names") else SPLITS
     if split not in names:
         raise UsageError(f"--split: unknown split {split!r}; this run's task has {', '.join(names)}")

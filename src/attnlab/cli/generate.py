@@ -8,7 +8,17 @@ from pathlib import Path
 import typer
 
 from attnlab.cli.app import app
-from attnlab.cli.options import SOURCE_HELP, device_option, dtype_option, revision_option, verify_option
+from attnlab.cli.options import (
+    SOURCE_HELP,
+    device_map_option,
+    device_option,
+    dtype_option,
+    max_memory_option,
+    offload_folder_option,
+    placed,
+    revision_option,
+    verify_option,
+)
 from attnlab.errors import UsageError
 from attnlab.limits import MAX_BEAM, MAX_LENGTH_PENALTY, MAX_NEW_TOKENS, MAX_SEED, MAX_TEMPERATURE, MAX_VOCAB_SIZE
 from attnlab.resources import check_decode_length, check_input_text, check_input_tokens
@@ -53,6 +63,9 @@ def generate(
     chat: bool = typer.Option(False, "--chat", help="Put each TEXT in the model's chat template (pretrained LMs)."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per input, when it is done."),
     device: str = device_option(),
+    device_map: str | None = device_map_option(),
+    max_memory: str | None = max_memory_option(),
+    offload_folder: Path | None = offload_folder_option(),
     dtype: str | None = dtype_option(),
     revision: str | None = revision_option(),
     verify: bool = verify_option(),
@@ -72,7 +85,9 @@ def generate(
     sampling = _sampling(temperature, top_k, top_p, seed, beam=beam)
     for number, text in enumerate(texts, start=1):
         check_input_text(text, what=_which(number, len(texts)))
-    loaded = open_model(run, device=device, dtype=dtype, revision=revision, verify=verify)
+    loaded = open_model(
+        run, dtype=dtype, revision=revision, verify=verify, **placed(device, device_map, max_memory, offload_folder)
+    )
     kind = loaded.experiment.model_kind
     if kind == "encoder":
         raise UsageError(f"{run} is a sentence encoder: it generates nothing; use `attnlab encode RUN TEXT...`")

@@ -12,9 +12,13 @@ from attnlab.cli.app import ClassicCommand, ClassicOption, app
 from attnlab.cli.choices import HeadKind, Split, value_of
 from attnlab.cli.options import (
     SOURCE_HELP,
+    device_map_option,
     device_option,
     dtype_option,
     json_option,
+    max_memory_option,
+    offload_folder_option,
+    placed,
     print_json,
     progress_option,
     revision_option,
@@ -107,7 +111,7 @@ def _probe(  # noqa: ANN202
     batch_size: int | None,
     texts: Path | None = None,
     pairs: Path | None = None,
-    device: str = "cpu",
+    opening: dict | None = None,
     dtype: str | None = None,
     revision: str | None = None,
     verify: bool = True,
@@ -132,7 +136,7 @@ def _probe(  # noqa: ANN202
     if texts is not None and pairs is not None:
         raise UsageError("give --texts or --pairs, not both")
     split = Split(split).value
-    loaded = open_model(run, device=device, dtype=dtype, revision=revision, verify=verify)
+    loaded = open_model(run, dtype=dtype, revision=revision, verify=verify, **(opening or {"device": "cpu"}))
     if texts is not None and loaded.experiment.model_kind == "encoder_decoder":
         if spread:
             raise UsageError("--nproc and --resume: a corpus run scores a language model or a sentence encoder")
@@ -264,6 +268,9 @@ def ablate_command(
     master_port: int = master_port_option(),
     progress: bool = progress_option(),
     device: str = device_option(),
+    device_map: str | None = device_map_option(),
+    max_memory: str | None = max_memory_option(),
+    offload_folder: Path | None = offload_folder_option(),
     dtype: str | None = dtype_option(),
     revision: str | None = revision_option(),
     verify: bool = verify_option(),
@@ -406,6 +413,9 @@ def importance_command(
     master_port: int = master_port_option(),
     progress: bool = progress_option(),
     device: str = device_option(),
+    device_map: str | None = device_map_option(),
+    max_memory: str | None = max_memory_option(),
+    offload_folder: Path | None = offload_folder_option(),
     dtype: str | None = dtype_option(),
     revision: str | None = revision_option(),
     verify: bool = verify_option(),
@@ -561,7 +571,7 @@ def prune_command(
     kinds = [value_of(kind) for kind in kinds or ()]
     ranking_split = Split(importance_split or Split.valid).value
     curve_split = Split(split or Split.test).value
-    loaded, probe = _probe(run, curve_split, batch_size, texts, pairs, device, dtype, revision, verify)
+    loaded, probe = _probe(run, curve_split, batch_size, texts, pairs, {"device": device}, dtype, revision, verify)
     ranker = _ranking_probe(loaded, probe, ranking_split)
     if physical:
         _prune_physically(
@@ -754,6 +764,9 @@ def detect_command(
     master_port: int = master_port_option(),
     progress: bool = progress_option(),
     device: str = device_option(),
+    device_map: str | None = device_map_option(),
+    max_memory: str | None = max_memory_option(),
+    offload_folder: Path | None = offload_folder_option(),
     dtype: str | None = dtype_option(),
     revision: str | None = revision_option(),
     verify: bool = verify_option(),
@@ -781,7 +794,9 @@ def detect_command(
         return
     info, device = where
     with process_group(info):
-        loaded = open_model(run, device=device, dtype=dtype, revision=revision, verify=verify)
+        loaded = open_model(
+            run, dtype=dtype, revision=revision, verify=verify, **placed(device, device_map, max_memory, offload_folder)
+        )
         folder = out or loaded.analysis / "detect"
         random = repeated_random(loaded, length=length, batch=batch_size, seed=seed)  # checked before any pass
         sums, state = None, None

@@ -15,9 +15,12 @@ when the command runs (``--help`` exits before it; shell completion leaves the n
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import typer
+
+from attnlab.errors import UsageError
 
 DEVICE_METAVAR = "[auto|cpu|cuda|cuda:N]"
 DEVICE_HELP = "Where to run the model: auto (the GPU when there is one, else the CPU), cpu, cuda or cuda:N."
@@ -100,3 +103,74 @@ def json_option(help: str = JSON_HELP) -> Any:  # noqa: A002 - typer's name
 def print_json(result: Any) -> None:
     """Print ``result`` as one line of JSON on stdout (keys sorted; paths and other objects as strings)."""
     typer.echo(json.dumps(result, sort_keys=True, default=str))
+
+
+# ---- placing a model over devices (attnlab.pretrained.placement) ---------------------------------------
+
+
+def device_map_option() -> Any:
+    """The ``--device-map`` option of the commands that open a model."""
+    return typer.Option(
+        None,
+        "--device-map",
+        metavar="MAP",
+        help="Place a Hugging Face model's layers over devices: auto, balanced, sequential, or a JSON object "
+        '{"module": "device"} (cpu, cuda:N, disk); the plan is printed before any weight is read.',
+    )
+
+
+def max_memory_option() -> Any:
+    """The ``--max-memory`` option (with ``--device-map``)."""
+    return typer.Option(
+        None,
+        "--max-memory",
+        metavar="DEVICE=SIZE,...",
+        help="Each device's budget with --device-map, e.g. cuda:0=70GiB,cpu=20GiB.",
+    )
+
+
+def offload_folder_option() -> Any:
+    """The ``--offload-folder`` option (with ``--device-map``)."""
+    return typer.Option(
+        None,
+        "--offload-folder",
+        help="With --device-map: where the layers no budget holds are written (safetensors) and mapped from.",
+    )
+
+
+def placed(
+    device: str | None, device_map: str | None, max_memory: str | None, offload_folder: Path | None
+) -> dict[str, Any]:
+    """``open_model``'s device and placement for the options: ``device`` alone, or a placement
+    (parsed here: one UsageError naming the flag) whose plan is printed on stderr before any weight
+    is read."""
+    from attnlab.pretrained.placement import PlacementRequest  # lazy: torch is imported when a command runs
+
+    if device_map is None:
+        if max_memory is not None or offload_folder is not None:
+            flag = "--max-memory" if max_memory is not None else "--offload-folder"
+            raise UsageError(f"{flag}: only with --device-map")
+        return {"device": device}
+    chosen: Any = device_map
+    if device_map.lstrip().startswith("{"):
+        try:
+            chosen = json.loads(device_map)
+        except json.JSONDecodeError as error:
+            raise UsageError(f"--device-map: not a JSON object: {error.msg} (column {error.colno})") from None
+        if not isinstance(chosen, dict) or not all(isinstance(v, (str, int)) for v in chosen.values()):
+            raise UsageError('--device-map: expected {"module": "device", ...}')
+        chosen = {str(k): f"cuda:{v}" if isinstance(v, int) else v for k, v in chosen.items()}
+    budget = None
+    if max_memory is not None:
+        budget = {}
+        for part in max_memory.split(","):
+            name, equals, size = part.strip().partition("=")
+            if not equals or not name or not size:
+                raise UsageError(f"--max-memory: {part.strip()!r} is not DEVICE=SIZE (e.g. cpu=20GiB)")
+            budget[name.strip()] = size.strip()
+    request = PlacementRequest(chosen, budget, offload_folder)
+    return {"device": None, "placement": request, "on_plan": _print_plan}
+
+
+def _print_plan(placement: Any) -> None:
+    typer.echo("placement:\n" + "\n".join(f"  {line}" for line in placement.describe().splitlines()), err=True)

@@ -12,9 +12,13 @@ import typer
 from attnlab.cli.app import app
 from attnlab.cli.options import (
     SOURCE_HELP,
+    device_map_option,
     device_option,
     dtype_option,
     json_option,
+    max_memory_option,
+    offload_folder_option,
+    placed,
     print_json,
     progress_option,
     revision_option,
@@ -89,6 +93,9 @@ def patch_command(
     out: Path = typer.Option(None, "--out", help="Folder for the CSVs and heatmaps (default RUN/analysis/patching)."),
     progress: bool = progress_option(),
     device: str = device_option(),
+    device_map: str | None = device_map_option(),
+    max_memory: str | None = max_memory_option(),
+    offload_folder: Path | None = offload_folder_option(),
     dtype: str | None = dtype_option(),
     revision: str | None = revision_option(),
     verify: bool = verify_option(),
@@ -110,7 +117,9 @@ def patch_command(
     check_choices(metric, method, positions, verify_top)
     if out is not None:
         check_output_path(out, kind="folder", flag="--out")
-    loaded = open_model(run, device=device, dtype=dtype, revision=revision, verify=verify)
+    loaded = open_model(
+        run, dtype=dtype, revision=revision, verify=verify, **placed(device, device_map, max_memory, offload_folder)
+    )
     bars: list[tqdm] = []  # opened at the first patch, after every input check has passed
 
     def tick(total: int) -> None:

@@ -9,9 +9,13 @@ import typer
 from attnlab.cli.app import app
 from attnlab.cli.options import (
     SOURCE_HELP,
+    device_map_option,
     device_option,
     dtype_option,
     json_option,
+    max_memory_option,
+    offload_folder_option,
+    placed,
     print_json,
     revision_option,
     verify_option,
@@ -23,6 +27,9 @@ def sites(
     run: Path = typer.Argument(..., help=SOURCE_HELP),
     match: str = typer.Option(None, "--match", help="Only sites matching this name or glob, e.g. '*.attn.z'."),
     device: str = device_option(),
+    device_map: str | None = device_map_option(),
+    max_memory: str | None = max_memory_option(),
+    offload_folder: Path | None = offload_folder_option(),
     dtype: str | None = dtype_option(),
     revision: str | None = revision_option(),
     verify: bool = verify_option(),
@@ -38,7 +45,9 @@ def sites(
     from attnlab.nn.hooks import resolve_sites, site_shapes
     from attnlab.pretrained.sources import open_model
 
-    loaded = open_model(run, device=device, dtype=dtype, revision=revision, verify=verify)
+    loaded = open_model(
+        run, dtype=dtype, revision=revision, verify=verify, **placed(device, device_map, max_memory, offload_folder)
+    )
     shapes = site_shapes(loaded.model)
     named = {name: site for name, (site, _) in shapes.items()}
     try:

@@ -8,7 +8,17 @@ from pathlib import Path
 import typer
 
 from attnlab.cli.app import app
-from attnlab.cli.options import SOURCE_HELP, device_option, dtype_option, revision_option, verify_option
+from attnlab.cli.options import (
+    SOURCE_HELP,
+    device_map_option,
+    device_option,
+    dtype_option,
+    max_memory_option,
+    offload_folder_option,
+    placed,
+    revision_option,
+    verify_option,
+)
 
 
 @app.command()
@@ -35,6 +45,9 @@ def view(
         None, "--importance", help="CSV from `attnlab heads importance`, to colour heads by importance."
     ),
     device: str = device_option(),
+    device_map: str | None = device_map_option(),
+    max_memory: str | None = max_memory_option(),
+    offload_folder: Path | None = offload_folder_option(),
     dtype: str | None = dtype_option(),
     revision: str | None = revision_option(),
     verify: bool = verify_option(),
@@ -48,7 +61,9 @@ def view(
     from attnlab.viewer.server import create_app
 
     names = allowed_hosts(host, allow_host or [], host_flag="--host", names_flag="--allow-host")
-    loaded = open_model(run, device=device, dtype=dtype, revision=revision, verify=verify)
+    loaded = open_model(
+        run, dtype=dtype, revision=revision, verify=verify, **placed(device, device_map, max_memory, offload_folder)
+    )
     scores = None if importance is None else read_importance(importance, frozenset(head_ids(loaded.model)))
     app_ = create_app(loaded, importance=scores, allowed_hosts=names, internal_error=_internal_error)
     sock = listen(host, port, host_flag="--host")

@@ -48,15 +48,40 @@ from attnlab.pretrained.bridge_sites import (
     in_width,
 )
 
-__all__ = ["BridgedLM", "BridgedState", "attach_sites", "find_residual_sums", "load_transformers_model"]
+__all__ = [
+    "BridgedLM",
+    "BridgedState",
+    "attach_sites",
+    "empty_transformers_model",
+    "find_residual_sums",
+    "input_device",
+    "load_transformers_model",
+]
 
 
 _FFN_NAMES = ("mlp", "feed_forward", "block_sparse_moe", "ffn", "moe", "mlps", "feedforward")
 
 
-def load_transformers_model(folder: Any, *, dtype: torch.dtype | None, seq2seq: bool = False) -> nn.Module:
+def empty_transformers_model(folder: Any, *, seq2seq: bool = False) -> tuple[nn.Module, list[str]]:
+    """transformers' model of ``folder``'s config on the meta device (nothing allocated, nothing
+    read), and the module classes it keeps whole on one device (``_no_split_modules``): what a
+    placement is planned on."""
+    from accelerate import init_empty_weights  # lazy: only a placed model needs it
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+    config = AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
+    with init_empty_weights():
+        model = (AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM).from_config(config)
+    return model, list(getattr(model, "_no_split_modules", None) or [])
+
+
+def load_transformers_model(
+    folder: Any, *, dtype: torch.dtype | None, seq2seq: bool = False, placement: Any = None
+) -> nn.Module:
     """transformers' model of ``folder`` with attnlab's attention function, local files only:
-    ``AutoModelForCausalLM``, or with ``seq2seq`` ``AutoModelForSeq2SeqLM``.
+    ``AutoModelForCausalLM``, or with ``seq2seq`` ``AutoModelForSeq2SeqLM``; with a
+    ``placement`` (:class:`attnlab.pretrained.placement.Placement`) its map given to transformers'
+    own dispatch (``device_map``, ``offload_folder``).
 
     Raises:
         ConfigError: a folder that needs remote code, or that transformers cannot build (its words).
@@ -74,6 +99,11 @@ def load_transformers_model(folder: Any, *, dtype: torch.dtype | None, seq2seq: 
             dtype=dtype if dtype is not None else "auto",
             # grouped_mm, transformers' default for experts, computes no float64: the reference precision runs eager
             **({"experts_implementation": "eager"} if dtype == torch.float64 else {}),
+            **(
+                {"device_map": placement.devices, "offload_folder": placement.offload_folder}
+                if placement is not None
+                else {}
+            ),
         )
     except (ValueError, OSError, KeyError, TypeError, RuntimeError, ImportError, AttributeError) as error:
         message = " ".join(str(error).split())
@@ -142,7 +172,7 @@ class BridgedLM(TransformerModel):
         parameters = inspect.signature(hf.forward).parameters
         self._takes_positions = "position_ids" in parameters
         self._cache_argument = "cache" if "cache" in parameters else "past_key_values"  # transformers >= 5.25: cache
-        device = next(hf.parameters()).device
+        device = input_device(hf)
         [(layers, calls)] = _probe_layers(hf, {"input_ids": torch.ones((1, 4), dtype=torch.long, device=device)}, [hf])
         embedding = BridgedEmbedding(hf.get_input_embeddings())
         d_model = int(getattr(text, "hidden_size", 0) or head.weight.shape[1])
@@ -206,7 +236,14 @@ class BridgedLM(TransformerModel):
         return {"decoder": (self.decoder, ("self",))}
 
     def example_inputs(self, length: int) -> tuple[Tensor, ...]:
-        return (torch.full((1, length), 1, device=self.lm_head.weight.device),)
+        return (torch.full((1, length), 1, device=input_device(self.hf)),)
+
+
+def input_device(hf: nn.Module) -> torch.device:
+    """Where token ids go in: the input embedding's device (the CPU where it is offloaded to disk,
+    its weight on the meta device until transformers' dispatch hook brings it in)."""
+    device = hf.get_input_embeddings().weight.device
+    return torch.device("cpu") if device.type == "meta" else device
 
 
 def find_residual_sums(model: Any) -> None:

@@ -39,7 +39,7 @@ from torch import Tensor, nn
 
 from attnlab.errors import ConfigError
 from attnlab.nn import EncodedSource, EncoderDecoderConfig, TransformerModel
-from attnlab.pretrained.bridge import BridgedState, _probe_layers, attach_sites, find_residual_sums
+from attnlab.pretrained.bridge import BridgedState, _probe_layers, attach_sites, find_residual_sums, input_device
 from attnlab.pretrained.bridge_sites import BridgedEmbedding, BridgedStack
 
 __all__ = ["BridgedSeq2Seq"]
@@ -71,7 +71,7 @@ class BridgedSeq2Seq(TransformerModel):
         if head is None or encoder is None or decoder is None:
             raise ConfigError(f"{type(hf).__name__}: no encoder, decoder and output embeddings attnlab can read")
         self._cache_argument = "cache" if "cache" in inspect.signature(hf.forward).parameters else "past_key_values"
-        device = next(hf.parameters()).device
+        device = input_device(hf)
         src = torch.ones((1, 5), dtype=torch.long, device=device)
         tgt = torch.ones((1, 3), dtype=torch.long, device=device)  # another length: cross-attention's T_q != T_k
         (enc_layers, enc_calls), (dec_layers, dec_calls) = _probe_layers(
@@ -152,7 +152,8 @@ class BridgedSeq2Seq(TransformerModel):
         return {"encoder": (self.encoder, ("encoder_self",)), "decoder": (self.decoder, ("decoder_self", "cross"))}
 
     def example_inputs(self, length: int) -> tuple[Tensor, ...]:
-        (tokens,) = super().example_inputs(length)
+        token = 1 if self.config.pad_id != 1 else 2
+        tokens = torch.full((1, length), token, device=input_device(self.hf))
         return tokens, tokens  # a source and a target of the same length
 
 

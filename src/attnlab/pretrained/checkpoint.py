@@ -313,6 +313,22 @@ def read_tensors(checkpoint: Checkpoint) -> Iterator[tuple[str, StoredTensor]]:
             )
 
 
+def file_views(path: Path) -> dict[str, Tensor]:
+    """Every tensor of the safetensors file ``path`` as a view of its map (``MAP_PRIVATE``):
+    file-backed pages, read when used (attnlab's own offload files, :mod:`attnlab.pretrained.placement`)."""
+    with _open_shard(path) as handle:  # safetensors checks the header and the spans first
+        names = list(handle.offset_keys())
+    spans = _header_spans(path)
+    mapping = torch.UntypedStorage.from_file(str(path), shared=False, nbytes=path.stat().st_size)
+    views = {}
+    for name in names:
+        dtype, shape, begin, end = spans[name]
+        stored = StoredTensor(name, path, dtype, shape, begin, end, mapping)
+        view = stored.view()
+        views[name] = stored.read() if view is None else view  # an unaligned offset: read, not mapped
+    return views
+
+
 _DTYPES = {
     "F64": torch.float64,
     "F32": torch.float32,

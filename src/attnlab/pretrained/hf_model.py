@@ -15,7 +15,9 @@ the tokenizer's own post-processor (what ``AutoTokenizer`` does with ``add_speci
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,11 +26,12 @@ import torch
 from attnlab.errors import CheckpointError, ConfigError
 from attnlab.experiment import ExperimentConfig, model_for_task
 from attnlab.nn import TransformerModel
-from attnlab.pretrained.bridge import BridgedLM, load_transformers_model
+from attnlab.pretrained.bridge import BridgedLM, empty_transformers_model, load_transformers_model
 from attnlab.pretrained.bridge_seq2seq import BridgedSeq2Seq
 from attnlab.pretrained.checkpoint import Checkpoint, read_tensors
 from attnlab.pretrained.families import FAMILIES, family_of, fill_state
 from attnlab.pretrained.integrity import check_chat_template, check_model_section
+from attnlab.pretrained.placement import Placement, PlacementRequest, dispatch, offload, plan, unit_of
 from attnlab.pretrained.provenance import check_sources, remember_values_checked, values_checked
 from attnlab.tasks.base import Task
 from attnlab.tasks.registry import build_task
@@ -46,10 +49,18 @@ class OpenedCheckpoint:
     task: Task
     tokenizer: Tokenizer
     model: TransformerModel
+    placement: Placement | None = None
+    """Where the model's modules are, where it was placed over devices (None: on one device)."""
 
 
 def open_checkpoint(
-    checkpoint: Checkpoint, *, dtype: torch.dtype | None = None, verify: bool = True, bridge: bool = False
+    checkpoint: Checkpoint,
+    *,
+    dtype: torch.dtype | None = None,
+    verify: bool = True,
+    bridge: bool = False,
+    placement: PlacementRequest = PlacementRequest(),
+    on_plan: Callable[[Placement], None] | None = None,
 ) -> OpenedCheckpoint:
     """The model of ``checkpoint`` with its weights, in ``dtype`` (default: as stored), on the CPU, in eval mode.
 
@@ -58,6 +69,10 @@ def open_checkpoint(
             (:func:`attnlab.pretrained.provenance.check_sources`; hashes are cached).
         bridge: open it through transformers' own modules (:mod:`attnlab.pretrained.bridge`) even
             where attnlab has a native family for its ``model_type`` (to compare the two paths).
+        placement: where its layers go (:mod:`attnlab.pretrained.placement`): planned before any
+            weight is read, then each tensor assembled straight onto its device, one placed module at
+            a time (a disk module written to the offload folder and mapped back before the next).
+        on_plan: called with the plan before any weight is read (the CLI prints it).
 
     Raises:
         ConfigError: a ``model_type``, rope scaling or config key attnlab does not implement (named).
@@ -66,7 +81,7 @@ def open_checkpoint(
     check_sources(checkpoint.files(), verify=verify)
     where = checkpoint.folder / "config.json"
     if bridge or checkpoint.config.get("model_type") not in FAMILIES:  # transformers' own modules
-        return _open_bridged(checkpoint, dtype)
+        return _open_bridged(checkpoint, dtype, placement, on_plan)
     family = family_of(checkpoint.config, where)
     try:
         model_section = family.model_section(checkpoint.config, where)
@@ -82,40 +97,122 @@ def open_checkpoint(
         raise ConfigError(f"{where}: {error}") from None
     layout = family.layout(checkpoint.config, model_section["tie_embeddings"])
     expected = model.state_dict()
+    stored = next(t.dtype for _, t in read_tensors(checkpoint) if t.dtype.is_floating_point)
+    planned = plan(model, placement, dtype=dtype or stored) if placement.wanted else None
+    if planned is not None and on_plan is not None:
+        on_plan(planned)
     check_values = not all(values_checked(shard) for shard in checkpoint.shards)
-    state = fill_state(
-        read_tensors(checkpoint),
-        expected,
-        layout,
-        checkpoint.config,
-        dtype=dtype,
-        ignored=family.ignored,
-        where=checkpoint.folder,
-        check_values=check_values,
-    )
+    sources = list(read_tensors(checkpoint))  # names and spans only: nothing read yet
+    state: dict[str, torch.Tensor] = {}
+    layers = [f"{name}" for name, module in model.named_modules() if module in _layer_modules(model)]
+    for unit, targets in _units(layout, expected, planned, layers).items():  # one layer at a time
+        pieces = {piece.name for target in targets for piece in layout[target]}
+        part = fill_state(
+            sources if planned is None else [(n, t) for n, t in sources if n in pieces],
+            {name: expected[name] for name in targets},
+            {name: layout[name] for name in targets},
+            checkpoint.config,
+            dtype=dtype,
+            ignored=family.ignored,
+            where=checkpoint.folder,
+            check_values=check_values,
+        )
+        for name in [n for n in expected if _in_unit(n, unit, planned, layers) and _zeroed(n, family.zeros)]:
+            part[name] = torch.zeros(expected[name].shape, dtype=dtype or stored)
+        state.update(part if planned is None else _placed(unit, part, planned))
+    if planned is not None:
+        _check_names(sources, layout, family.ignored, checkpoint)
     if check_values:
         for shard in checkpoint.shards:
             remember_values_checked(shard)
-    for name in [n for n in expected if any(fnmatch.fnmatchcase(n, zero) for zero in family.zeros)]:
-        state[name] = torch.zeros(expected[name].shape, dtype=dtype or next(iter(state.values())).dtype)
     _take_weights(model, state)
-    return OpenedCheckpoint(checkpoint, experiment, task, tokenizer, model.eval())
+    if planned is not None:
+        dispatch(model, planned)
+    opened = OpenedCheckpoint(checkpoint, experiment, task, tokenizer, model.eval())
+    return dataclasses.replace(opened, placement=planned)
 
 
-def _open_bridged(checkpoint: Checkpoint, dtype: torch.dtype | None) -> OpenedCheckpoint:
+def _layer_modules(model: TransformerModel) -> list[torch.nn.Module]:
+    return [layer for stack, _ in model.site_stacks().values() for layer in stack.layers]
+
+
+def _zeroed(name: str, zeros: tuple[str, ...]) -> bool:
+    return any(fnmatch.fnmatchcase(name, zero) for zero in zeros)
+
+
+def _units(
+    layout: Any, expected: dict[str, torch.Tensor], planned: Placement | None, layers: list[str]
+) -> dict[str, list[str]]:
+    """The layout's targets by the module they are assembled with: one decoder layer at a time
+    (``layers``, their prefixes) or the placed module around them ("" alone without a placement)."""
+    if planned is None:
+        return {"": list(layout)}
+    units: dict[str, list[str]] = {}
+    for name in expected:
+        unit = units.setdefault(_unit(name, planned, layers), [])  # a unit of zeros alone gets them too
+        if name in layout:
+            unit.append(name)
+    return units
+
+
+def _unit(name: str, planned: Placement, layers: list[str]) -> str:
+    placed = unit_of(planned, name)
+    layer = next((prefix for prefix in layers if name.startswith(prefix + ".")), "")
+    return layer if len(layer) > len(placed) else placed
+
+
+def _in_unit(name: str, unit: str, planned: Placement | None, layers: list[str]) -> bool:
+    return planned is None or _unit(name, planned, layers) == unit
+
+
+def _placed(unit: str, part: dict[str, torch.Tensor], planned: Placement) -> dict[str, torch.Tensor]:
+    """One placed module's tensors on its device: a GPU's copy, the CPU's, or mapped back from the
+    offload folder (written now, then the module's copies dropped)."""
+    device = planned.device_of(unit)
+    if device == "disk":
+        assert planned.offload_folder is not None  # plan() refuses the disk without a folder
+        return offload(unit, {name: t.contiguous() for name, t in part.items()}, planned.offload_folder) if part else {}
+    return part if device == "cpu" else {name: t.to(device) for name, t in part.items()}
+
+
+def _check_names(sources: list[Any], layout: Any, ignored: tuple[str, ...], checkpoint: Checkpoint) -> None:
+    """A tensor of the checkpoint that no placed module took (what fill_state names with all at once)."""
+    owned = {piece.name for pieces in layout.values() for piece in pieces}
+    for name, _ in sources:
+        if name not in owned and not name.endswith(ignored):
+            raise CheckpointError(
+                f"{checkpoint.folder}: tensor {name!r} is not part of a {checkpoint.config.get('model_type')} "
+                "model as attnlab maps it"
+            )
+
+
+def _open_bridged(
+    checkpoint: Checkpoint,
+    dtype: torch.dtype | None,
+    placement: PlacementRequest = PlacementRequest(),
+    on_plan: Callable[[Placement], None] | None = None,
+) -> OpenedCheckpoint:
     """A causal LM or an encoder-decoder of a ``model_type`` attnlab has no family for, through
     transformers' own modules with attnlab's sites (:mod:`attnlab.pretrained.bridge`,
-    :mod:`attnlab.pretrained.bridge_seq2seq`)."""
+    :mod:`attnlab.pretrained.bridge_seq2seq`); placed over devices by transformers' own dispatch,
+    on the plan :func:`attnlab.pretrained.placement.plan` makes first on the empty model."""
     where = checkpoint.folder / "config.json"
     seq2seq = check_bridged_type(checkpoint.config, where)
     tokenizer = checkpoint_tokenizer(checkpoint)
     task_options = task_section(checkpoint, tokenizer, seq2seq=seq2seq)
-    hf = load_transformers_model(checkpoint.folder, dtype=dtype, seq2seq=seq2seq)
+    planned = None
+    if placement.wanted:
+        empty, no_split = empty_transformers_model(checkpoint.folder, seq2seq=seq2seq)
+        stored = next(t.dtype for _, t in read_tensors(checkpoint) if t.dtype.is_floating_point)
+        planned = plan(empty, placement, dtype=dtype or stored, no_split=no_split)
+        if on_plan is not None:
+            on_plan(planned)
+    hf = load_transformers_model(checkpoint.folder, dtype=dtype, seq2seq=seq2seq, placement=planned)
     model = (BridgedSeq2Seq if seq2seq else BridgedLM)(hf, pad_id=task_options["pad"])
     model_section = {key: value for key, value in model.config.to_dict().items() if key not in _DECIDED}
     experiment = ExperimentConfig(task=task_options, model=model_section)
     task, _ = build_task(experiment.task, saved_tokenizer=tokenizer)
-    return OpenedCheckpoint(checkpoint, experiment, task, tokenizer, model.eval())
+    return OpenedCheckpoint(checkpoint, experiment, task, tokenizer, model.eval(), planned)
 
 
 _DECIDED = ("vocab_size", "tgt_vocab_size", "pad_id")

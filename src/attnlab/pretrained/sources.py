@@ -18,6 +18,7 @@ Every source gives a :class:`attnlab.run.loaded.LoadedRun`, so every analysis ru
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from attnlab.pretrained.bert import find_source, read_bert
 from attnlab.pretrained.checkpoint import find_checkpoint, is_checkpoint_folder, storage_dtype
 from attnlab.pretrained.gguf import read_gguf
 from attnlab.pretrained.hf_model import open_checkpoint
+from attnlab.pretrained.placement import Placement, PlacementRequest
 from attnlab.pretrained.provenance import check_sources
 from attnlab.run.directory import RunDir
 from attnlab.run.loaded import LoadedRun, open_run
@@ -50,8 +52,11 @@ def open_model(
     checkpoint: str | None = None,
     verify: bool = True,
     bridge: bool = False,
+    placement: PlacementRequest = PlacementRequest(),
+    on_plan: Callable[[Placement], None] | None = None,
 ) -> LoadedRun:
-    """The model ``source`` names (see the module docstring), in eval mode on ``device``.
+    """The model ``source`` names (see the module docstring), in eval mode on ``device``, or placed
+    over several devices.
 
     Args:
         source: a run directory, a Hugging Face model folder, a cached model's name, or a GGUF file.
@@ -66,23 +71,28 @@ def open_model(
         bridge: open a Hugging Face folder through transformers' own modules with attnlab's sites
             (:mod:`attnlab.pretrained.bridge`) even where attnlab has a native family for it; a
             ``model_type`` without one always is.
+        placement: a Hugging Face checkpoint placed over devices (``device_map``, ``max_memory``,
+            ``offload_folder``: :mod:`attnlab.pretrained.placement`) instead of on ``device``.
+        on_plan: called with the placement's plan before any weight is read.
 
     Raises:
         UsageError: nothing at ``source``, an option that does not apply to it, a bad device or dtype.
         ConfigError, CheckpointError: a model attnlab cannot open, or a damaged file (named).
     """
+    if placement.wanted and device is not None and str(device) != "cpu":
+        raise UsageError("--device: give --device or --device-map, not both (the map says where each layer goes)")
     device = _device(device)
     wanted = storage_dtype(dtype) if isinstance(dtype, str) else dtype
     _check_runs_on(device, wanted)
     path = Path(source).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         _only_for_runs(checkpoint, revision, what=f"{path} is a GGUF file")
-        _only_for_checkpoints(bridge, what=f"{path} is a GGUF file")
+        _only_for_checkpoints(bridge or placement.wanted, what=f"{path} is a GGUF file")
         loaded = _in_memory(read_gguf(path, verify=verify), path.stem)
     elif (path.is_dir() and not is_checkpoint_folder(path)) or (path.exists() and not path.is_dir()):
         if revision is not None:
             raise UsageError(f"--revision: {path} is an attnlab run, not a model in the Hugging Face cache")
-        _only_for_checkpoints(bridge, what=f"{path} is an attnlab run")
+        _only_for_checkpoints(bridge or placement.wanted, what=f"{path} is an attnlab run")
         loaded = open_run(path, checkpoint=checkpoint)
     else:
         _only_for_runs(checkpoint, None, what=f"{source} is no attnlab run")
@@ -90,12 +100,17 @@ def open_model(
         # BERT's or RoBERTa's causal LM (is_decoder) goes through the bridge; their encoders are attnlab's
         decoder = found.model_type in ENCODERS and bool(found.config.get("is_decoder"))
         if found.model_type in ENCODERS and not bridge and not decoder:  # attnlab's sentence encoder
+            _only_for_checkpoints(placement.wanted, what=f"{source} is a sentence encoder read whole")
             loaded = _in_memory(read_bert(find_source(found.folder), verify=verify), found.name)
         else:
-            loaded = _in_memory(
-                open_checkpoint(found, dtype=wanted, verify=verify, bridge=bridge or decoder), found.name
+            opened = open_checkpoint(
+                found, dtype=wanted, verify=verify, bridge=bridge or decoder, placement=placement, on_plan=on_plan
             )
+            loaded = _in_memory(opened, found.name)
     model = loaded.model
+    if loaded.placement is not None:  # on its planned devices already, in its dtype
+        model.eval()
+        return loaded
     if wanted is not None:
         cast_parameters(model, wanted)
     model.to(device).eval()
@@ -107,7 +122,16 @@ def open_model(
 def _in_memory(opened: Any, name: str) -> LoadedRun:
     """A model read into memory (a checkpoint, a GGUF file) as a LoadedRun with no run directory."""
     codec = TextCodec(opened.task, opened.tokenizer)
-    return LoadedRun(None, opened.experiment, opened.task, opened.tokenizer, codec, opened.model, source=name)
+    return LoadedRun(
+        None,
+        opened.experiment,
+        opened.task,
+        opened.tokenizer,
+        codec,
+        opened.model,
+        source=name,
+        placement=getattr(opened, "placement", None),
+    )
 
 
 def _device(device: str | torch.device | None) -> torch.device:
@@ -129,9 +153,12 @@ def _check_runs_on(device: torch.device, dtype: torch.dtype | None) -> None:
         raise UsageError(f"--dtype: {name} does not compute in bfloat16; use float16 or float32")
 
 
-def _only_for_checkpoints(bridge: bool, *, what: str) -> None:
-    if bridge:
-        raise UsageError(f"bridge: {what}; only a Hugging Face model folder opens through transformers' modules")
+def _only_for_checkpoints(asked: bool, *, what: str) -> None:
+    if asked:
+        raise UsageError(
+            f"bridge, device_map: {what}; only a Hugging Face model folder opens through transformers' modules "
+            "or over several devices"
+        )
 
 
 def _only_for_runs(checkpoint: str | None, revision: str | None, *, what: str) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -45,6 +46,9 @@ class LoadedRun:
     outputs: Path | None = None
     """Where analyses write by default: the run, or for a checkpoint that is no run (often in the
     read-only Hugging Face cache) ``attnlab-out/NAME`` in the working directory."""
+    placement: Any = None
+    """Where the model's modules are (an :class:`attnlab.pretrained.placement.Placement`) when it
+    was placed over devices; None: on one device."""
 
     @property
     def name(self) -> str:

@@ -1,0 +1,214 @@
+"""Placing a model over devices (attnlab.pretrained.placement): a native Llama-family folder and bridged
+ones split over the CPU and the disk equal the model in memory; placements are planned and refused
+before any weight is read; a ~300 MB model opened with a 120 MiB budget stays within it in anonymous
+memory; the CLI prints the plan and says one error line for bad options. GPU placements: where a GPU is."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import attnlab
+import attnlab.pretrained.hf_model as hf_model
+from attnlab.errors import ResourceError, UsageError
+from attnlab.nn import masking_heads
+from tests.cli import attnlab as run_cli
+from tests.unit.pretrained.tiny_hf import build
+
+pytest.importorskip("accelerate")
+
+ROOT = Path(__file__).resolve().parents[3]
+IDS = torch.tensor([[5, 6, 7, 8, 9, 10, 11]])
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("placed") / "llama"
+    build("llama", folder)
+    return folder, attnlab.load(folder)
+
+
+def _weights(lm) -> int:  # noqa: ANN001
+    return sum(p.numel() * p.element_size() for p in lm.model.parameters())
+
+
+@pytest.mark.parametrize(
+    "device_map, budget",
+    [("auto", 0.5), ("sequential", 0.3), ({"decoder.layers.1": "disk", "": "cpu"}, None), ({"": "disk"}, None)],
+)
+def test_a_model_over_the_cpu_and_the_disk_equals_the_model_in_memory(llama, tmp_path, device_map, budget) -> None:
+    folder, whole = llama
+    memory = None if budget is None else {"cpu": int(_weights(whole) * budget)}
+    placed = attnlab.load(folder, device_map=device_map, max_memory=memory, offload_folder=tmp_path / "offload")
+    assert "disk" in placed.placement.sizes
+    written = sorted(path.name for path in (tmp_path / "offload").iterdir())
+    assert written and all(name.endswith(".safetensors") for name in written)
+    with torch.no_grad(), whole.trace("decoder.1.attn.pattern") as a, placed.trace("decoder.1.attn.pattern") as b:
+        torch.testing.assert_close(placed(IDS), whole(IDS), rtol=0, atol=1e-5)
+    torch.testing.assert_close(b.cache["decoder.1.attn.pattern"], a.cache["decoder.1.attn.pattern"], rtol=0, atol=1e-5)
+    xi = whole.head_mask()
+    xi["self"][1, 0] = 0.0
+    with torch.no_grad(), masking_heads(whole.model, xi):
+        wanted = whole(IDS)
+    with torch.no_grad(), masking_heads(placed.model, xi):
+        torch.testing.assert_close(placed(IDS), wanted, rtol=0, atol=1e-5)
+    assert placed.generate("the cat", max_new_tokens=5) == whole.generate("the cat", max_new_tokens=5)
+
+
+def test_importance_through_the_backward_pass_equals_on_a_placed_model(llama, tmp_path) -> None:
+    folder, whole = llama
+    placed = attnlab.load(folder, device_map={"decoder.layers.0": "disk", "": "cpu"}, offload_folder=tmp_path)
+    torch.testing.assert_close(placed.head_importance(IDS), whole.head_importance(IDS), rtol=1e-6, atol=1e-9)
+
+
+def test_a_plan_that_needs_the_disk_without_a_folder_is_refused_before_any_weight_is_read(llama, monkeypatch) -> None:
+    folder, whole = llama
+
+    def never(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("a weight was read")
+
+    monkeypatch.setattr(hf_model, "fill_state", never)
+    with pytest.raises(ResourceError, match="offload_folder"):
+        attnlab.load(folder, device_map="auto", max_memory={"cpu": _weights(whole) // 4})
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"device_map": "everywhere"}, "device_map: unknown 'everywhere'"),
+        ({"device_map": {"decoder.nothing": "cpu"}}, "'decoder.nothing' is no module of this model"),
+        ({"device_map": {"": "tpu"}}, "unknown device 'tpu'"),
+        ({"device_map": {"": "cuda:7"}}, "cuda:7 is not here"),
+        ({"device_map": "auto", "max_memory": {"cpu": "lots"}}, r"max_memory\['cpu'\]: 'lots' is no size"),
+        ({"max_memory": {"cpu": "1GiB"}}, "only with device_map"),
+        ({"device_map": "auto", "device": "cuda"}, "give --device or --device-map, not both"),
+    ],
+)
+def test_bad_placements_are_one_usage_error_naming_the_field(llama, options, message) -> None:
+    folder, _ = llama
+    with pytest.raises(UsageError, match=message):
+        attnlab.load(folder, **options)
+
+
+def test_a_run_or_a_gguf_file_is_not_placed(tmp_path) -> None:
+    from tests.unit.analysis.tiny_lm import tiny_lm_run
+
+    run, _ = tiny_lm_run(tmp_path, texts=["a b c"], layers=1)
+    with pytest.raises(UsageError, match="over several devices"):
+        attnlab.load(run, device_map="auto")
+
+
+@pytest.mark.parametrize("kind", ["olmo", "t5"])
+def test_a_bridged_model_is_placed_by_transformers_dispatch_on_attnlabs_plan(kind, tmp_path) -> None:
+    from tests.unit.pretrained.tiny_any import build_any, build_seq2seq
+
+    (build_seq2seq if kind == "t5" else build_any)(kind, tmp_path / kind)
+    whole = attnlab.load(tmp_path / kind)
+    placed = attnlab.load(tmp_path / kind, device_map={"": "disk"}, offload_folder=tmp_path / "offload")
+    assert placed.placement.devices == {"": "disk"}
+    inputs = (IDS, torch.tensor([[2, 9, 10]])) if kind == "t5" else (IDS,)
+    with torch.no_grad():
+        torch.testing.assert_close(placed.model(*inputs), whole.model(*inputs), rtol=0, atol=1e-5)
+
+
+def test_the_cli_prints_the_plan_and_generates_what_the_model_in_memory_does(llama, tmp_path) -> None:
+    folder, whole = llama
+    plain = run_cli("generate", str(folder), "the cat", "--max-new-tokens", "5", "--json")
+    placed = run_cli(
+        "generate", str(folder), "the cat", "--max-new-tokens", "5", "--json",
+        "--device-map", '{"decoder.layers.1": "disk", "": "cpu"}', "--offload-folder", str(tmp_path),
+    )  # fmt: skip
+    assert plain.returncode == 0 and placed.returncode == 0, placed.stderr
+    assert json.loads(placed.stdout) == json.loads(plain.stdout)
+    assert "placement:" in placed.stderr and "disk:" in placed.stderr and "decoder.layers.1" in placed.stderr
+    refused = run_cli("sites", str(folder), "--device-map", "auto", "--max-memory", "cpu=1KiB")
+    lines = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert refused.returncode == 4 and len(lines) == 1 and "--offload-folder" in lines[0], refused.stderr
+    bad = run_cli("sites", str(folder), "--device-map", "auto", "--max-memory", "cpu")
+    assert bad.returncode == 2 and "error: --max-memory: 'cpu' is not DEVICE=SIZE" in bad.stderr
+
+
+MEMORY_SCRIPT = """
+import sys, tempfile, threading, time, torch
+import attnlab
+
+def anon():
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+
+folder, offload = sys.argv[1], sys.argv[2]
+ids = torch.tensor([[5, 6, 7, 8, 9]])
+peak, done = [0], [False]
+
+def watch():
+    while not done[0]:
+        peak[0] = max(peak[0], anon())
+        time.sleep(0.001)
+
+start = anon()
+watcher = threading.Thread(target=watch, daemon=True)
+watcher.start()
+placed = attnlab.load(folder, device_map="auto", max_memory={"cpu": "120MiB"}, offload_folder=offload)
+with torch.no_grad():
+    logits = placed(ids)
+done[0] = True
+watcher.join()
+growth = peak[0] - start
+with torch.no_grad():
+    whole = attnlab.load(folder)(ids)
+print(growth, float((logits - whole).abs().max()), sorted(placed.placement.sizes))
+"""
+
+
+def test_a_300_mb_model_with_a_120_mib_budget_grows_anonymous_memory_by_under_60_percent_of_it(tmp_path) -> None:
+    """RssAnon (memory that cannot be reclaimed) sampled every millisecond while the model opens and
+    runs once: the layers on disk are maps of the offload folder's files, paged in and out by the OS."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tests.unit.pretrained.tiny_hf import save_tokenizer
+
+    folder = tmp_path / "llama-300mb"
+    vocab = save_tokenizer(folder)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=1024,
+        intermediate_size=2816,
+        num_hidden_layers=6,
+        num_attention_heads=16,
+        max_position_embeddings=64,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=2,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    weights = sum(p.numel() * 4 for p in model.parameters())
+    model.save_pretrained(folder)
+    del model
+    assert weights > 290 * 2**20
+    done = subprocess.run(
+        [sys.executable, "-c", MEMORY_SCRIPT, str(folder), str(tmp_path / "offload")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    growth, gap, devices = done.stdout.strip().splitlines()[-1].split(" ", 2)
+    assert int(growth) < 0.6 * weights, f"RssAnon grew by {int(growth) / 2**20:.0f} MiB of {weights / 2**20:.0f}"
+    assert float(gap) <= 1e-5 and "disk" in devices
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_layers_over_a_gpu_and_the_cpu_equal_the_model_on_the_cpu(llama) -> None:
+    folder, whole = llama
+    placed = attnlab.load(folder, device_map={"decoder.layers.1": "cpu", "lm_head": "cpu", "": "cuda:0"})
+    with torch.no_grad():
+        torch.testing.assert_close(placed(IDS).cpu(), whole(IDS), rtol=0, atol=1e-5)
+    assert placed.generate("the cat", max_new_tokens=5) == whole.generate("the cat", max_new_tokens=5)
