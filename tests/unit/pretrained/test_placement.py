@@ -202,6 +202,8 @@ def test_a_300_mb_model_with_a_120_mib_budget_grows_anonymous_memory_by_under_60
     assert done.returncode == 0, done.stderr[-2000:]
     growth, gap, devices = done.stdout.strip().splitlines()[-1].split(" ", 2)
     assert int(growth) < 0.6 * weights, f"RssAnon grew by {int(growth) / 2**20:.0f} MiB of {weights / 2**20:.0f}"
+    layer = (4 * 1024 * 1024 + 3 * 1024 * 2816) * 4  # one decoder layer's float32 weights
+    assert int(growth) < 120 * 2**20 + layer  # the budget, and at most one layer beyond it
     assert float(gap) <= 1e-5 and "disk" in devices
 
 
@@ -212,3 +214,22 @@ def test_layers_over_a_gpu_and_the_cpu_equal_the_model_on_the_cpu(llama) -> None
     with torch.no_grad():
         torch.testing.assert_close(placed(IDS).cpu(), whole(IDS), rtol=0, atol=1e-5)
     assert placed.generate("the cat", max_new_tokens=5) == whole.generate("the cat", max_new_tokens=5)
+
+
+def test_attribution_and_patching_on_a_placed_model_equal_the_model_in_memory(llama, tmp_path) -> None:
+    from attnlab.analysis.logit_attribution import direct_logit_attribution
+    from attnlab.analysis.patching import patch
+
+    folder, whole = llama
+    placed = attnlab.load(folder, device_map={"decoder.layers.0": "disk", "": "cpu"}, offload_folder=tmp_path)
+    answer, wrong = " the", " world"
+    a = direct_logit_attribution(whole, "hello world, the quick", answer, wrong)
+    b = direct_logit_attribution(placed, "hello world, the quick", answer, wrong)
+    assert [t.contribution for t in b.terms] == pytest.approx([t.contribution for t in a.terms], rel=0, abs=1e-5)
+    assert b.value == pytest.approx(a.value, abs=1e-5)
+    clean, corrupt = "hello world, the quick", "hello world, the brown"
+    one = patch(whole.loaded, clean, corrupt, answer=answer, wrong=wrong, sites=["heads"])
+    two = patch(placed.loaded, clean, corrupt, answer=answer, wrong=wrong, sites=["heads"])
+    rows = [[r.metric for rows in result.groups.values() for r in rows] for result in (one, two)]
+    assert len(rows[0]) == 2 * 4 and rows[1] == pytest.approx(rows[0], rel=0, abs=1e-5)
+    assert two.metric_clean == pytest.approx(one.metric_clean, abs=1e-5)
