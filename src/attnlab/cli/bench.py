@@ -15,7 +15,7 @@ from attnlab.cli.options import progress_option
 @app.command()
 def bench(
     name: Benchmark = typer.Argument(
-        ..., help="The benchmark to run, or all of them (but lm, hf, sweep, tl and bridge, run by name)."
+        ..., help="The benchmark to run, or all of them (but lm, hf, sweep, tl, bridge and gpu, run by name)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (a list of them for `all`)."),
     quick: bool = typer.Option(False, "--quick", help="Small sizes: a smoke test of every code path."),
@@ -24,7 +24,8 @@ def bench(
 ) -> None:
     """Time attnlab and the systems a user would pick instead: medians of 5+ runs, and their ratios.
 
-    Every system runs on the CPU (the figures compare CPU implementations), so there is no --device.
+    Every system runs on the CPU (the figures compare CPU implementations), so there is no --device;
+    except gpu, which runs attnlab and transformers on a CUDA GPU (benchmarks/gpu.sh).
     """
     # Imported when the command runs: the help pages load no torch (see attnlab.cli).
     from tqdm import tqdm

@@ -54,6 +54,7 @@ class Benchmark(str, Enum):
     sweep = "sweep"
     tl = "tl"
     bridge = "bridge"
+    gpu = "gpu"
     all = "all"
 
 
