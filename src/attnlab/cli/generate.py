@@ -86,7 +86,11 @@ def generate(
     for number, text in enumerate(texts, start=1):
         check_input_text(text, what=_which(number, len(texts)))
     loaded = open_model(
-        run, dtype=dtype, revision=revision, verify=verify, **placed(device, device_map, max_memory, offload_folder)
+        run,
+        dtype=dtype,
+        revision=revision,
+        verify=verify,
+        **placed(device, device_map, max_memory, offload_folder, tokens=_positions(texts, max_new_tokens, beam)),
     )
     kind = loaded.experiment.model_kind
     if kind == "encoder":
@@ -112,6 +116,12 @@ def generate(
             typer.echo(f"{text}\t{result['output']}")
         elif beam > 1:  # a beam's continuation is known only at the end
             typer.echo(f"{text}\t{result['continuation']}")
+
+
+def _positions(texts: list[str], max_new_tokens: int, beam: int) -> int:
+    """At most how many positions a KV cache holds (a text has no more tokens than characters, and
+    a chat template's own): what a placement holds back before its layers are placed."""
+    return beam * (max(map(len, texts)) + 256 + max_new_tokens)
 
 
 def _sampling(temperature: float, top_k: int | None, top_p: float | None, seed: int | None, *, beam: int):

@@ -139,11 +139,16 @@ def offload_folder_option() -> Any:
 
 
 def placed(
-    device: str | None, device_map: str | None, max_memory: str | None, offload_folder: Path | None
+    device: str | None,
+    device_map: str | None,
+    max_memory: str | None,
+    offload_folder: Path | None,
+    *,
+    tokens: int = 0,
 ) -> dict[str, Any]:
     """``open_model``'s device and placement for the options: ``device`` alone, or a placement
     (parsed here: one UsageError naming the flag) whose plan is printed on stderr before any weight
-    is read."""
+    is read; ``tokens``: the positions the command keeps in its KV cache (held back from the budgets)."""
     from attnlab.pretrained.placement import PlacementRequest  # lazy: torch is imported when a command runs
 
     if device_map is None:
@@ -168,7 +173,7 @@ def placed(
             if not equals or not name or not size:
                 raise UsageError(f"--max-memory: {part.strip()!r} is not DEVICE=SIZE (e.g. cpu=20GiB)")
             budget[name.strip()] = size.strip()
-    request = PlacementRequest(chosen, budget, offload_folder)
+    request = PlacementRequest(chosen, budget, offload_folder, tokens)
     return {"device": None, "placement": request, "on_plan": _print_plan}
 
 

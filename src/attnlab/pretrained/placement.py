@@ -9,7 +9,9 @@ A request (:class:`PlacementRequest`) follows accelerate's conventions, as trans
   module name, ``""`` for the whole model, and ``"cpu"``, ``"cuda:N"`` or ``"disk"``);
 * ``max_memory``: ``{device: bytes or "20GiB"}``, the budget of each device (default: what the
   device has free);
-* ``offload_folder``: where the layers placed on ``"disk"`` are written, as safetensors.
+* ``offload_folder``: where the layers placed on ``"disk"`` are written, as safetensors;
+* ``tokens``: the positions the run keeps in its KV cache, whose keys and values are held back from
+  each device's budget (``attnlab generate`` gives its prompt and new tokens).
 
 :func:`plan` turns a request into a :class:`Placement` with accelerate's planner
 (``infer_auto_device_map``, the decoder layers never split), before any weight is read; a plan that
@@ -35,7 +37,16 @@ from torch import Tensor, nn
 
 from attnlab.errors import ResourceError, UsageError
 
-__all__ = ["DEVICE_MAPS", "Placement", "PlacementRequest", "dispatch", "offload", "plan", "unit_of"]
+__all__ = [
+    "DEVICE_MAPS",
+    "Placement",
+    "PlacementRequest",
+    "dispatch",
+    "kv_cache_bytes",
+    "offload",
+    "plan",
+    "unit_of",
+]
 
 DEVICE_MAPS = ("auto", "balanced", "sequential")
 """The planned device maps (accelerate's names); a dict places modules by hand."""
@@ -48,6 +59,9 @@ class PlacementRequest:
     device_map: str | Mapping[str, str] | None = None
     max_memory: Mapping[str, int | str] | None = None
     offload_folder: str | os.PathLike[str] | None = None
+    tokens: int = 0
+    """Positions the run keeps in its KV cache (a prompt and what is generated): their keys and
+    values are held back from every device's budget before the layers are placed."""
 
     def __post_init__(self) -> None:
         if isinstance(self.device_map, str) and self.device_map not in DEVICE_MAPS:
@@ -112,6 +126,7 @@ def plan(
     from accelerate.utils import compute_module_sizes, get_balanced_memory
 
     sizes = compute_module_sizes(model, dtype=dtype)
+    reserve = kv_cache_bytes(model, request.tokens, dtype)
     if isinstance(request.device_map, Mapping):
         devices = {prefix: str(device) for prefix, device in request.device_map.items()}
         names = {name for name, _ in model.named_modules()}
@@ -119,7 +134,7 @@ def plan(
             if prefix not in names:
                 raise UsageError(f"device_map: {prefix!r} is no module of this model; e.g. {_examples(model)}")
     else:
-        budget = _budget(request.max_memory)
+        budget = _budget(request.max_memory, reserve)
         no_split = no_split if no_split is not None else sorted({type(layer).__name__ for layer in _layers(model)})
         if request.device_map != "sequential" and any(key != "cpu" and key != "disk" for key in budget):
             budget = get_balanced_memory(model, max_memory=budget, no_split_module_classes=no_split, dtype=dtype)
@@ -196,7 +211,25 @@ def _layers(model: nn.Module) -> list[nn.Module]:
     return [layer for stack, _ in stacks.values() for layer in stack.layers]
 
 
-def _budget(max_memory: Mapping[str, int | str] | None) -> dict[Any, int] | None:
+def kv_cache_bytes(model: nn.Module, tokens: int, dtype: torch.dtype | None) -> int:
+    """Bytes of the keys and values of ``tokens`` positions over every layer (batch 1): 2 L H_kv d_k
+    per position (attnlab's config, or transformers' text config)."""
+    if tokens <= 0:
+        return 0
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "get_text_config"):  # transformers' config
+        text = config.get_text_config()
+        heads = getattr(text, "num_attention_heads", 1)
+        kv = getattr(text, "num_key_value_heads", None) or heads
+        width = getattr(text, "head_dim", None) or text.hidden_size // heads
+        layers = text.num_hidden_layers
+    else:
+        layers, kv, width = config.layers, config.key_value_heads, config.d_k or config.d_model // config.heads
+    item = (dtype or torch.float32).itemsize
+    return 2 * layers * kv * width * tokens * item
+
+
+def _budget(max_memory: Mapping[str, int | str] | None, reserve: int = 0) -> dict[Any, int] | None:
     if max_memory is None:
         return None
     from accelerate.utils import convert_file_size_to_int
@@ -208,7 +241,12 @@ def _budget(max_memory: Mapping[str, int | str] | None) -> dict[Any, int] | None
         except (ValueError, TypeError):
             raise UsageError(f"max_memory[{device!r}]: {size!r} is no size (bytes, or e.g. 20GiB, 500MB)") from None
         key: Any = int(device.split(":")[1]) if device.startswith("cuda:") else device
-        budget[key] = value
+        if device != "disk" and value <= reserve:
+            raise ResourceError(
+                f"max_memory[{device!r}]: {value / 2**20:,.1f} MiB cannot hold the KV cache of the run, "
+                f"{reserve / 2**20:,.1f} MiB, besides any layer; give a larger budget or generate fewer tokens"
+            )
+        budget[key] = value if device == "disk" else value - reserve
     if "disk" not in budget:
         budget["disk"] = 1 << 62  # what no device's budget holds goes to the disk (refused without a folder)
     return budget

@@ -233,3 +233,29 @@ def test_attribution_and_patching_on_a_placed_model_equal_the_model_in_memory(ll
     rows = [[r.metric for rows in result.groups.values() for r in rows] for result in (one, two)]
     assert len(rows[0]) == 2 * 4 and rows[1] == pytest.approx(rows[0], rel=0, abs=1e-5)
     assert two.metric_clean == pytest.approx(one.metric_clean, abs=1e-5)
+
+
+def test_the_kv_cache_of_the_run_is_held_back_from_the_budgets_before_the_layers_are_placed(llama, tmp_path) -> None:
+    from attnlab.pretrained.placement import PlacementRequest, kv_cache_bytes, plan
+
+    folder, whole = llama
+    config = whole.model.config
+    tokens = 64
+    assert (
+        kv_cache_bytes(whole.model, tokens, torch.float32)
+        == 2 * config.layers * config.key_value_heads * (config.d_k or config.d_model // config.heads) * tokens * 4
+    )
+    reserve = kv_cache_bytes(whole.model, tokens, torch.float32)
+    budget = {"cpu": _weights(whole) + reserve // 2}
+    roomy = plan(whole.model, PlacementRequest("auto", budget, tmp_path), dtype=torch.float32)
+    held = plan(whole.model, PlacementRequest("auto", budget, tmp_path, tokens), dtype=torch.float32)
+    assert roomy.sizes.get("disk", 0) < held.sizes.get("disk", 0)  # the cache pushed layers to the disk
+    with pytest.raises(ResourceError, match="KV cache"):
+        plan(whole.model, PlacementRequest("auto", {"cpu": reserve}, tmp_path, tokens), dtype=torch.float32)
+    small = run_cli(
+        "generate", str(folder), "the cat", "--max-new-tokens", "4000", "--device-map", "auto",
+        "--max-memory", "cpu=256KiB", "--offload-folder", str(tmp_path / "off"),
+    )  # fmt: skip
+    lines = [line for line in small.stderr.splitlines() if line.startswith("error:")]
+    assert small.returncode == 4 and len(lines) == 1 and "KV cache" in lines[0], small.stderr
+    assert not (tmp_path / "off").exists()
