@@ -102,9 +102,13 @@ def check_processes(device: str, processes: int) -> None:
 
 def model_device(model: nn.Module) -> torch.device:
     """The device of ``model``'s first parameter (or buffer) that is on one (not the meta device of a
-    layer offloaded to disk by transformers' dispatch); the CPU for a model with none."""
-    first = next((t for t in chain(model.parameters(), model.buffers()) if t.device.type != "meta"), None)
-    return torch.device("cpu") if first is None else first.device
+    layer offloaded to disk by transformers' dispatch; meta where all are); the CPU for a model with none."""
+    meta = None
+    for tensor in chain(model.parameters(), model.buffers()):
+        if tensor.device.type != "meta":
+            return tensor.device
+        meta = tensor.device
+    return torch.device("cpu") if meta is None else meta
 
 
 def cast_parameters(model: nn.Module, dtype: torch.dtype) -> nn.Module:

@@ -238,7 +238,9 @@ def nnodes_option() -> Any:
 
 def node_rank_option() -> Any:
     """The ``--node-rank`` option of the corpus runs."""
-    return typer.Option(0, "--node-rank", min=0, help="This machine's rank among --nnodes, 0 to M - 1.")
+    return typer.Option(
+        0, "--node-rank", min=0, max=MAX_PROCESSES - 1, help="This machine's rank among --nnodes, 0 to M - 1."
+    )
 
 
 def master_addr_option() -> Any:

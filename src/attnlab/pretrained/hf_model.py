@@ -97,12 +97,12 @@ def open_checkpoint(
         raise ConfigError(f"{where}: {error}") from None
     layout = family.layout(checkpoint.config, model_section["tie_embeddings"])
     expected = model.state_dict()
-    stored = next(t.dtype for _, t in read_tensors(checkpoint) if t.dtype.is_floating_point)
+    sources = list(read_tensors(checkpoint))  # names and spans only: nothing read yet
+    stored = next((t.dtype for _, t in sources if t.dtype.is_floating_point), torch.float32)
     planned = plan(model, placement, dtype=dtype or stored) if placement.wanted else None
     if planned is not None and on_plan is not None:
         on_plan(planned)
     check_values = not all(values_checked(shard) for shard in checkpoint.shards)
-    sources = list(read_tensors(checkpoint))  # names and spans only: nothing read yet
     state: dict[str, torch.Tensor] = {}
     layers = [f"{name}" for name, module in model.named_modules() if module in _layer_modules(model)]
     for unit, targets in _units(layout, expected, planned, layers).items():  # one layer at a time
@@ -203,7 +203,7 @@ def _open_bridged(
     planned = None
     if placement.wanted:
         empty, no_split = empty_transformers_model(checkpoint.folder, seq2seq=seq2seq)
-        stored = next(t.dtype for _, t in read_tensors(checkpoint) if t.dtype.is_floating_point)
+        stored = next((t.dtype for _, t in read_tensors(checkpoint) if t.dtype.is_floating_point), torch.float32)
         planned = plan(empty, placement, dtype=dtype or stored, no_split=no_split)
         if on_plan is not None:
             on_plan(planned)
