@@ -29,6 +29,7 @@ import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -123,7 +124,7 @@ def plan(
         ResourceError: layers the budgets leave for the disk without an offload folder.
     """
     from accelerate import infer_auto_device_map  # lazy: only a placed model needs accelerate
-    from accelerate.utils import compute_module_sizes, get_balanced_memory
+    from accelerate.utils import compute_module_sizes, find_tied_parameters, get_balanced_memory
 
     sizes = compute_module_sizes(model, dtype=dtype)
     reserve = kv_cache_bytes(model, request.tokens, dtype)
@@ -141,6 +142,10 @@ def plan(
         found = infer_auto_device_map(model, max_memory=budget, no_split_module_classes=no_split, dtype=dtype)
         devices = {prefix: f"cuda:{d}" if isinstance(d, int) else str(d) for prefix, d in found.items()}
     placement = Placement(devices, {}, Path(request.offload_folder) if request.offload_folder else None)
+    for tied in find_tied_parameters(model):  # one tensor under several names: one device for all
+        places = {placement.device_of(name) for name in tied}
+        if len(places) > 1:
+            raise UsageError(f"device_map: {', '.join(tied)} are one tied tensor; put them on one device, not {places}")
     per_device: dict[str, int] = {}
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
         device = placement.device_of(name)
@@ -177,14 +182,32 @@ def offload(prefix: str, tensors: dict[str, Tensor], folder: Path) -> dict[str, 
 
 
 def dispatch(model: nn.Module, placement: Placement) -> None:
-    """Move each placed module's buffers to its device, and give each module of a GPU placement a
-    pre-hook that moves the tensors it receives there (the residual stream between devices)."""
-    for prefix, device in placement.devices.items():
-        if device in ("cpu", "disk"):
+    """Move every buffer to its module's device (the parameters are there already); where a GPU is
+    among the devices, give each decoder layer and each module outside the layers that holds
+    tensors of its own a pre-hook that moves the tensors it receives to its device (the residual
+    stream between devices, however the map nests)."""
+    if all(device in ("cpu", "disk") for device in placement.devices.values()):
+        return
+    for name, module in model.named_modules():
+        for key, buffer in list(module._buffers.items()):
+            if buffer is not None:
+                module._buffers[key] = buffer.to(_execution_device(placement.device_of(f"{name}.{key}".lstrip("."))))
+    layers = {id(layer) for layer in _layers(model)}
+    inside: set[int] = set()
+    for name, module in model.named_modules():
+        if id(module) in inside:
             continue
-        module = model.get_submodule(prefix) if prefix else model
-        module.to(device)
-        module.register_forward_pre_hook(_mover(torch.device(device)), with_kwargs=True)
+        if id(module) in layers:
+            inside.update(id(m) for m in module.modules())
+        elif not any(True for _ in chain(module.parameters(recurse=False), module.buffers(recurse=False))):
+            continue
+        device = _execution_device(placement.device_of(name))
+        module.register_forward_pre_hook(_mover(device), with_kwargs=True)
+
+
+def _execution_device(device: str) -> torch.device:
+    """Where a module on ``device`` computes (a disk module's maps are read on the CPU)."""
+    return torch.device("cpu" if device == "disk" else device)
 
 
 def _mover(device: torch.device) -> Any:

@@ -259,3 +259,40 @@ def test_the_kv_cache_of_the_run_is_held_back_from_the_budgets_before_the_layers
     lines = [line for line in small.stderr.splitlines() if line.startswith("error:")]
     assert small.returncode == 4 and len(lines) == 1 and "KV cache" in lines[0], small.stderr
     assert not (tmp_path / "off").exists()
+
+
+def test_every_layer_and_module_of_its_own_moves_what_it_receives_where_a_gpu_is_placed(llama, monkeypatch) -> None:
+    """dispatch's wiring where a GPU is among the devices, with "cuda:0" computing on the CPU here:
+    every decoder layer and every module outside the layers holding tensors gets one mover, nested
+    maps included, and the model's output is unchanged."""
+    import attnlab.pretrained.placement as placement_module
+    from attnlab.pretrained.placement import Placement, dispatch
+
+    folder, whole = llama
+    model = attnlab.load(folder).model
+
+    def to_cpu(device: str) -> torch.device:
+        return torch.device("cpu")
+
+    monkeypatch.setattr(placement_module, "_execution_device", to_cpu)
+    hooked = []
+    real = torch.nn.Module.register_forward_pre_hook
+
+    def record(self, hook, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        hooked.append(next(name for name, m in model.named_modules() if m is self))
+        return real(self, hook, **kwargs)
+
+    monkeypatch.setattr(torch.nn.Module, "register_forward_pre_hook", record)
+    dispatch(model, Placement({"": "cpu", "decoder.layers.0": "cuda:0"}, {}))
+    monkeypatch.undo()
+    layers = [f"decoder.layers.{i}" for i in range(len(model.decoder.layers))]
+    assert set(layers) <= set(hooked) and "lm_head" in hooked and "decoder.embedding.token" in hooked
+    assert not any(name.startswith(layer + ".") for name in hooked for layer in layers)  # one per layer
+    with torch.no_grad():
+        torch.testing.assert_close(model(IDS), whole(IDS), rtol=0, atol=1e-6)
+
+
+def test_a_tied_tensor_split_over_two_devices_is_one_usage_error(tmp_path) -> None:
+    build("gemma2", tmp_path / "gemma2")  # its unembedding is its token embedding
+    with pytest.raises(UsageError, match="one tied tensor"):
+        attnlab.load(tmp_path / "gemma2", device_map={"lm_head": "disk", "": "cpu"}, offload_folder=tmp_path)
