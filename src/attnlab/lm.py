@@ -273,9 +273,16 @@ class LanguageModel:
 
     # ---- observing and intervening ------------------------------------------------------------------
 
-    def trace(self, cache: str | Sequence[str] | None = None, *, detach: bool = True) -> AbstractContextManager[Trace]:
-        """:func:`attnlab.trace` on this model: cache or edit its named sites (``attnlab sites``)."""
-        return trace(self.model, cache, detach=detach)
+    def trace(
+        self,
+        cache: str | Sequence[str] | None = None,
+        *,
+        detach: bool = True,
+        device: str | torch.device | None = None,
+    ) -> AbstractContextManager[Trace]:
+        """:func:`attnlab.trace` on this model: cache or edit its named sites (``attnlab sites``);
+        ``device``: where cached tensors are kept (default: each site's layer's device)."""
+        return trace(self.model, cache, detach=detach, device=device)
 
     @property
     def head_mask_shapes(self) -> dict[str, tuple[int, int]]:

@@ -308,12 +308,15 @@ class _Handler:
     detach: bool
     edits: list[Hook] = field(default_factory=list)
     record: bool = False
+    device: torch.device | None = None
+    """Where the cached tensor is kept (None: where the site computed it, its layer's device)."""
 
     def __call__(self, x: Tensor) -> Tensor:
         for edit in self.edits:
             x = edit(x)
         if self.record:
-            self.cache[self.site.name] = _own(x.detach() if self.detach else x)
+            kept = _own(x.detach() if self.detach else x)
+            self.cache[self.site.name] = kept if self.device is None else kept.to(self.device)
         return x
 
 
@@ -331,11 +334,12 @@ class Trace:
         cache: site name -> its tensor in the latest forward pass, for the requested sites.
     """
 
-    def __init__(self, model: nn.Module, *, detach: bool = True) -> None:
+    def __init__(self, model: nn.Module, *, detach: bool = True, device: str | torch.device | None = None) -> None:
         self.model = model
         self.sites = model_sites(model)
         self.cache: dict[str, Tensor] = {}
         self._detach = detach
+        self._device = None if device is None else torch.device(device)
         self._handlers: dict[str, _Handler] = {}
         self._removers: list[Callable[[], None]] = []
 
@@ -383,7 +387,7 @@ class Trace:
 
     def _handler(self, name: str) -> _Handler:
         if name not in self._handlers:
-            handler = self._handlers[name] = _Handler(self.sites[name], self.cache, self._detach)
+            handler = self._handlers[name] = _Handler(self.sites[name], self.cache, self._detach, device=self._device)
             self._removers.append(add_hook(self.sites[name], handler))
         return self._handlers[name]
 
@@ -394,7 +398,13 @@ class Trace:
 
 
 @contextmanager
-def trace(model: nn.Module, cache: str | Iterable[str] | None = None, *, detach: bool = True) -> Iterator[Trace]:
+def trace(
+    model: nn.Module,
+    cache: str | Iterable[str] | None = None,
+    *,
+    detach: bool = True,
+    device: str | torch.device | None = None,
+) -> Iterator[Trace]:
     """Trace ``model`` inside the block: cache the sites matching ``cache`` and apply the edits given
     to the yielded :class:`Trace`; on leaving, the model is as it was.
 
@@ -413,11 +423,13 @@ def trace(model: nn.Module, cache: str | Iterable[str] | None = None, *, detach:
         model: an attnlab model (:class:`attnlab.nn.TransformerModel`).
         cache: site names or globs to cache (``"*"``: every site).
         detach: cache detached tensors (False to backpropagate through them).
+        device: where the cached tensors are kept; default where each site computed them (its
+            layer's device, for a model placed over several: :mod:`attnlab.pretrained.placement`).
 
     Yields:
         The :class:`Trace`.
     """
-    traced = Trace(model, detach=detach)
+    traced = Trace(model, detach=detach, device=device)
     try:
         if cache is not None:
             traced.record(cache)

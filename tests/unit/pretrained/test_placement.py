@@ -296,3 +296,15 @@ def test_a_tied_tensor_split_over_two_devices_is_one_usage_error(tmp_path) -> No
     build("gemma2", tmp_path / "gemma2")  # its unembedding is its token embedding
     with pytest.raises(UsageError, match="one tied tensor"):
         attnlab.load(tmp_path / "gemma2", device_map={"lm_head": "disk", "": "cpu"}, offload_folder=tmp_path)
+
+
+def test_cached_sites_stay_where_computed_unless_a_trace_is_asked_to_move_them(llama) -> None:
+    _, whole = llama
+    with (
+        torch.no_grad(),
+        whole.trace("decoder.*.attn.z") as kept,
+        whole.trace("decoder.*.attn.z", device="meta") as moved,
+    ):
+        whole(IDS)
+    assert all(t.device.type == "cpu" for t in kept.cache.values())
+    assert all(t.device.type == "meta" and t.shape == kept.cache[n].shape for n, t in moved.cache.items())
