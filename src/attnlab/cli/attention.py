@@ -72,7 +72,18 @@ def attention(
     check_input_text(text, what="TEXT")
     check_output_path(out, kind="folder", flag="--out")
     loaded = open_model(
-        run, dtype=dtype, revision=revision, verify=verify, **placed(device, device_map, max_memory, offload_folder)
+        run,
+        dtype=dtype,
+        revision=revision,
+        verify=verify,
+        **placed(
+            device,
+            device_map,
+            max_memory,
+            offload_folder,
+            tokens=len(text) + max_length + 2,  # a text has no more tokens than characters
+            cached=("*.pattern", "*.z"),  # every map and head output of the view
+        ),
     )
     chosen = None if layers is None else select_layers(layers, _deepest(loaded.model.config), flag="--layers")
     view = attention_view(loaded, text, max_length=max_length, continuation=continuation)

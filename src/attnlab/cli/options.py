@@ -145,10 +145,12 @@ def placed(
     offload_folder: Path | None,
     *,
     tokens: int = 0,
+    cached: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """``open_model``'s device and placement for the options: ``device`` alone, or a placement
     (parsed here: one UsageError naming the flag) whose plan is printed on stderr before any weight
-    is read; ``tokens``: the positions the command keeps in its KV cache (held back from the budgets)."""
+    is read; ``tokens``, ``cached``: the positions the command keeps in its KV cache and the sites it
+    caches over them (held back from the budgets)."""
     from attnlab.pretrained.placement import PlacementRequest  # lazy: torch is imported when a command runs
 
     if device_map is None:
@@ -173,7 +175,7 @@ def placed(
             if not equals or not name or not size:
                 raise UsageError(f"--max-memory: {part.strip()!r} is not DEVICE=SIZE (e.g. cpu=20GiB)")
             budget[name.strip()] = size.strip()
-    request = PlacementRequest(chosen, budget, offload_folder, tokens)
+    request = PlacementRequest(chosen, budget, offload_folder, tokens, cached)
     return {"device": None, "placement": request, "on_plan": _print_plan}
 
 

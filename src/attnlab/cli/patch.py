@@ -118,7 +118,18 @@ def patch_command(
     if out is not None:
         check_output_path(out, kind="folder", flag="--out")
     loaded = open_model(
-        run, dtype=dtype, revision=revision, verify=verify, **placed(device, device_map, max_memory, offload_folder)
+        run,
+        dtype=dtype,
+        revision=revision,
+        verify=verify,
+        **placed(
+            device,
+            device_map,
+            max_memory,
+            offload_folder,
+            tokens=max(len(clean), len(corrupt)) + 2,  # a text has no more tokens than characters
+            cached=_cached_sites(sites),
+        ),
     )
     bars: list[tqdm] = []  # opened at the first patch, after every input check has passed
 
@@ -249,3 +260,9 @@ def _heatmap(rows: list[Any], path: Path, request: str, result: Any) -> Path:
     ]
     tokens = result.corrupt_tokens if each else ["all positions"]
     return position_matrix_plot(cells, "restored", path, tokens=tokens, title=f"{how} by patching{what}")
+
+
+def _cached_sites(sites: list[str] | None) -> tuple[str, ...]:
+    """The site globs the clean run caches for the --site requests (a placement's budget holds them)."""
+    named = {"heads": ("*.attn.z",), "residual": ("*.resid_pre", "*.resid_post")}
+    return tuple(glob for site in sites or ["heads", "residual"] for glob in named.get(site, (site,)))

@@ -10,8 +10,9 @@ A request (:class:`PlacementRequest`) follows accelerate's conventions, as trans
 * ``max_memory``: ``{device: bytes or "20GiB"}``, the budget of each device (default: what the
   device has free);
 * ``offload_folder``: where the layers placed on ``"disk"`` are written, as safetensors;
-* ``tokens``: the positions the run keeps in its KV cache, whose keys and values are held back from
-  each device's budget (``attnlab generate`` gives its prompt and new tokens).
+* ``tokens``, ``cached``: the positions the run keeps in its KV cache and the sites it caches, whose
+  bytes are held back from each device's budget (``attnlab generate`` gives its prompt and new
+  tokens, ``attnlab patch`` and ``attnlab attention`` their sites too).
 
 :func:`plan` turns a request into a :class:`Placement` with accelerate's planner
 (``infer_auto_device_map``, the decoder layers never split), before any weight is read; a plan that
@@ -43,6 +44,7 @@ __all__ = [
     "Placement",
     "PlacementRequest",
     "dispatch",
+    "cached_bytes",
     "kv_cache_bytes",
     "offload",
     "plan",
@@ -63,6 +65,9 @@ class PlacementRequest:
     tokens: int = 0
     """Positions the run keeps in its KV cache (a prompt and what is generated): their keys and
     values are held back from every device's budget before the layers are placed."""
+    cached: tuple[str, ...] = ()
+    """Site names or globs the run caches (``attnlab patch``'s clean run, ``attnlab attention``'s
+    patterns), over ``tokens`` positions: their bytes are held back too."""
 
     def __post_init__(self) -> None:
         if isinstance(self.device_map, str) and self.device_map not in DEVICE_MAPS:
@@ -127,7 +132,7 @@ def plan(
     from accelerate.utils import compute_module_sizes, find_tied_parameters, get_balanced_memory
 
     sizes = compute_module_sizes(model, dtype=dtype)
-    reserve = kv_cache_bytes(model, request.tokens, dtype)
+    reserve = kv_cache_bytes(model, request.tokens, dtype) + cached_bytes(model, request.cached, request.tokens, dtype)
     if isinstance(request.device_map, Mapping):
         devices = {prefix: str(device) for prefix, device in request.device_map.items()}
         names = {name for name, _ in model.named_modules()}
@@ -252,6 +257,42 @@ def kv_cache_bytes(model: nn.Module, tokens: int, dtype: torch.dtype | None) -> 
     return 2 * layers * kv * width * tokens * item
 
 
+def cached_bytes(model: nn.Module, patterns: tuple[str, ...], tokens: int, dtype: torch.dtype | None) -> int:
+    """Bytes of the sites matching ``patterns`` over ``tokens`` positions (batch 1), from their
+    shapes as the model's config gives them (no forward pass: its weights are not read yet):
+    H x T x d for q, k, v, z; H x T x T for scores and pattern; H x T x d_model for result;
+    T x d_ff for an FFN's inner sites; T x V for logits; T x d_model for the rest."""
+    if not patterns or tokens <= 0 or not hasattr(model, "site_stacks"):
+        return 0
+    from attnlab.nn.hooks import model_sites, resolve_sites
+
+    config = model.config
+    heads, width = config.heads, config.d_k or config.d_model // config.heads
+    per_point = {
+        "q": heads * width,
+        "k": heads * width,
+        "v": heads * width,
+        "z": heads * width,
+        "scores": heads * tokens,
+        "pattern": heads * tokens,
+        "result": heads * config.d_model,
+        "pre": config.d_ff,
+        "gate": config.d_ff,
+        "up": config.d_ff,
+        "hidden": config.d_ff,
+        "logits": getattr(config, "vocab_size", config.d_model),
+    }
+    sites = model_sites(model)
+    names: set[str] = set()
+    for pattern in patterns:
+        try:
+            names.update(resolve_sites(sites, [pattern]))
+        except ValueError:  # a site this model lacks: the command that caches it says so itself
+            continue
+    values = sum(per_point.get(sites[name].point, config.d_model) for name in names)
+    return values * tokens * (dtype or torch.float32).itemsize
+
+
 def _budget(max_memory: Mapping[str, int | str] | None, reserve: int = 0) -> dict[Any, int] | None:
     if max_memory is None:
         return None
@@ -266,8 +307,8 @@ def _budget(max_memory: Mapping[str, int | str] | None, reserve: int = 0) -> dic
         key: Any = int(device.split(":")[1]) if device.startswith("cuda:") else device
         if device != "disk" and value <= reserve:
             raise ResourceError(
-                f"max_memory[{device!r}]: {value / 2**20:,.1f} MiB cannot hold the KV cache of the run, "
-                f"{reserve / 2**20:,.1f} MiB, besides any layer; give a larger budget or generate fewer tokens"
+                f"max_memory[{device!r}]: {value / 2**20:,.1f} MiB cannot hold the run's KV cache and cached "
+                f"sites, {reserve / 2**20:,.1f} MiB, besides any layer; give a larger budget or a shorter input"
             )
         budget[key] = value if device == "disk" else value - reserve
     if "disk" not in budget:

@@ -308,3 +308,22 @@ def test_cached_sites_stay_where_computed_unless_a_trace_is_asked_to_move_them(l
         whole(IDS)
     assert all(t.device.type == "cpu" for t in kept.cache.values())
     assert all(t.device.type == "meta" and t.shape == kept.cache[n].shape for n, t in moved.cache.items())
+
+
+def test_the_sites_a_run_caches_are_held_back_too(llama, tmp_path) -> None:
+    from attnlab.pretrained.placement import PlacementRequest, cached_bytes, plan
+
+    folder, whole = llama
+    config, tokens = whole.model.config, 16
+    width = config.d_k or config.d_model // config.heads
+    z = cached_bytes(whole.model, ("*.attn.z", "*.no_such_site"), tokens, torch.float32)
+    assert z == config.layers * config.heads * width * tokens * 4
+    pattern = cached_bytes(whole.model, ("*.attn.pattern",), tokens, torch.float32)
+    assert pattern == config.layers * config.heads * tokens * tokens * 4
+    with pytest.raises(ResourceError, match="KV cache and cached sites"):
+        plan(whole.model, PlacementRequest("auto", {"cpu": pattern}, tmp_path, tokens, ("*.pattern",)))
+    refused = run_cli(
+        "attention", str(folder), "the cat " * 40, "--out", str(tmp_path / "maps"), "--device-map", "auto",
+        "--max-memory", "cpu=64KiB", "--offload-folder", str(tmp_path / "off"),
+    )  # fmt: skip
+    assert refused.returncode == 4 and "cached sites" in refused.stderr and not (tmp_path / "maps").exists()
