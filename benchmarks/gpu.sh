@@ -7,7 +7,7 @@
 # 1. the card (nvidia-smi) and torch's view of it;
 # 2. the CUDA tests: every test that a machine without a GPU skips (CUDA attention in half precision,
 #    Llama and the Hugging Face families on the GPU, layers placed over the GPU and the CPU, ...);
-# 3. `attnlab bench gpu`: attnlab against transformers on Llama-shaped models with random weights in
+# 3. `attnlab bench gpu`: attnlab against transformers and TransformerLens' bridge on Llama-shaped models with random weights in
 #    bfloat16 (Llama 3.2 1B's shapes, and 3.1 8B's where the GPU has 40 GiB): forward, every-site cache,
 #    importance, patching every head, greedy generation, and each task's peak GPU memory.
 # Record the figures with the card in benchmarks/README.md ("gpu").

@@ -3,15 +3,18 @@
 The models are built from transformers' ``LlamaConfig`` with the shapes of Llama 3.2 1B (and, where
 the GPU has 40 GiB or more, Llama 3.1 8B), random weights, saved in bfloat16 as a Hugging Face
 folder and opened by each system on the GPU in bfloat16: attnlab natively (``open_model(device=
-"cuda")``) and transformers' ``AutoModelForCausalLM`` (SDPA). On a batch of random ids
+"cuda")``), transformers' ``AutoModelForCausalLM`` (SDPA) and, where the ``bench-tl`` extra is
+installed, TransformerLens' ``TransformerBridge`` over it. On a batch of random ids
 (4 x 512) each does, timed in interleaved rounds with the GPU synchronised after each call:
 
-1. ``forward``: the logits, nothing hooked (both systems);
-2. ``cache all``: one forward with every named site cached (attnlab; transformers' nearest is
-   ``output_hidden_states`` + ``output_attentions``, the eager path);
-3. ``importance``: Michel et al.'s I_h, one forward and one backward (attnlab);
-4. ``patch heads``: exact patching of every head's ``z`` on prompts of 32 tokens (attnlab);
-5. ``generate``: greedy decoding of 64 tokens after a 128-token prompt with the KV cache (both).
+1. ``forward``: the logits, nothing hooked (all three);
+2. ``cache all``: one forward with every named site cached (attnlab, ``run_with_cache``;
+   transformers' nearest is ``output_hidden_states`` + ``output_attentions``, the eager path);
+3. ``importance``: Michel et al.'s I_h, one forward and one backward (attnlab, TransformerLens);
+4. ``patch heads``: exact patching of every head's ``z`` on prompts of 32 tokens (attnlab;
+   TransformerLens per head, as in ``bench tl``, times every head);
+5. ``generate``: greedy decoding of 64 tokens after a 128-token prompt with the KV cache (attnlab,
+   transformers).
 
 Each task also reports the GPU's peak allocated memory (``torch.cuda.max_memory_allocated``).
 ``--quick`` runs the code paths on a tiny model, on the CPU where there is no GPU (no figures).
@@ -32,9 +35,10 @@ import torch
 
 from attnlab.analysis.heads import head_importance
 from attnlab.analysis.lm_probe import NextTokenProbe
+from attnlab.analysis.maps import language_model_prompt
 from attnlab.analysis.patching import patch
 from attnlab.bench.harness import BenchResult, hf_greedy_generate, interleaved_median_times
-from attnlab.bench.tl import _prompt_pair
+from attnlab.bench.tl import _bridge, _prompt_pair, _sliced_patching, _Tl
 from attnlab.errors import UsageError
 from attnlab.generate.search import DecodeOptions, generate_continuations
 from attnlab.nn import trace
@@ -166,10 +170,24 @@ def _measure(
         "patch heads": {"attnlab": patch_heads},
         "generate": {"attnlab": generate, "transformers": hf_generate},
     }
+    tl = _bridge(folder, str(device), dtype)  # TransformerLens' bridge, where the bench-tl extra is installed
+    if tl is not None:
+        layers, heads = model.head_mask_shapes()["self"]
+        wrapped = _Tl(tl, layers, heads)
+        pair = [torch.tensor([language_model_prompt(loaded, text)], device=device) for text in (clean, corrupt)]
+        with torch.inference_mode():
+            answer = int(model(pair[0])[0, -1].argmax())
+        every = [(layer, head) for layer in range(layers) for head in range(heads)]
+        groups["forward"]["TransformerLens bridge"] = lambda: _none(wrapped.model(tokens))
+        groups["cache all"]["TransformerLens bridge"] = lambda: _none(wrapped.cache_all(tokens))
+        groups["importance"]["TransformerLens bridge"] = lambda: _none(wrapped.importance(tokens))
+        groups["patch heads"]["TransformerLens bridge"] = _sliced_patching(wrapped, "tl", *pair, answer, every, {})
     for task, systems in groups.items():
         print(f"bench gpu: {label}: timing {task} ({', '.join(systems)})", file=sys.stderr, flush=True)
         synced = {name: _synchronised(run, device) for name, run in systems.items()}
         times = interleaved_median_times(synced, repeats=repeats)
+        if task == "patch heads" and "TransformerLens bridge" in times:  # its per-head median, for every head
+            times["TransformerLens bridge"] *= len(every)
         for system, seconds in times.items():
             result.add(f"{system} {label}", f"{task} s", seconds, "s")
             peak = _peak_memory(systems[system], device)
@@ -177,6 +195,10 @@ def _measure(
                 result.add(f"{system} {label}", f"{task} peak GPU memory", peak / 2**30, "GiB")
         if "transformers" in times:
             result.ratios[f"{label}.{task}.transformers_vs_attnlab_time"] = times["transformers"] / times["attnlab"]
+        if "TransformerLens bridge" in times:
+            result.ratios[f"{label}.{task}.tl_vs_attnlab_time"] = times["TransformerLens bridge"] / times["attnlab"]
+    if tl is None:
+        result.notes.append("TransformerLens is not installed (the bench-tl extra): attnlab and transformers only")
     result.notes.append(
         f"{label}: {model.config.layers} layers x {model.config.heads} heads, d_model {model.config.d_model}, "
         f"{str(dtype).removeprefix('torch.')}; batch {batch} x {tokens_each} random ids; patching 1 x {patch_tokens}; "
@@ -184,11 +206,18 @@ def _measure(
     )
 
 
-def _synchronised(run: Callable[[], Any], device: torch.device) -> Callable[[], None]:
-    def timed() -> None:
-        run()
+def _none(value: Any) -> None:
+    return None  # not what the system returned: an int would count units of work (interleaved_median_times)
+
+
+def _synchronised(run: Callable[[], Any], device: torch.device) -> Callable[[], Any]:
+    """``run`` followed by a wait for the GPU; what it returns (a count of units of work) kept."""
+
+    def timed() -> Any:
+        done = run()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+        return done
 
     return timed
 

@@ -107,18 +107,19 @@ def smollm2_folder(folder: Path) -> None:
 # ---- the systems -------------------------------------------------------------------------------------------
 
 
-def _bridge(folder: Path):  # noqa: ANN202
-    """TransformerLens' bridge over the folder's Hugging Face model, or None without TransformerLens."""
+def _bridge(folder: Path, device: str = "cpu", dtype: torch.dtype = torch.float32):  # noqa: ANN202
+    """TransformerLens' bridge over the folder's Hugging Face model (on ``device`` in ``dtype``), or
+    None without TransformerLens."""
     try:
         from transformer_lens.model_bridge import TransformerBridge
     except ImportError:
         return None
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(folder)
     bridge = TransformerBridge.boot_transformers(
-        str(folder), hf_model=hf, tokenizer=tokenizer, device="cpu", dtype=torch.float32
+        str(folder), hf_model=hf, tokenizer=tokenizer, device=device, dtype=dtype
     )
     return bridge.eval()
 
@@ -187,7 +188,7 @@ class _Tl:
         return _bytes(cache.values())
 
     def importance(self, tokens: torch.Tensor) -> torch.Tensor:
-        xi = torch.ones(tokens.shape[0], self.layers, self.heads, requires_grad=True)
+        xi = torch.ones(tokens.shape[0], self.layers, self.heads, device=tokens.device, requires_grad=True)
 
         def scale(layer: int) -> Callable:
             return lambda z, hook: z * xi[:, layer, None, :, None]  # z: (B, T, H, d_head)
