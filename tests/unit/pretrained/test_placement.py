@@ -160,15 +160,26 @@ with torch.no_grad():
 done[0] = True
 watcher.join()
 growth = peak[0] - start
+whole = attnlab.load(folder)
+xi = whole.head_mask()
+xi["self"][3, 5] = 0.0
+gaps = []
 with torch.no_grad():
-    whole = attnlab.load(folder)(ids)
-print(growth, float((logits - whole).abs().max()), sorted(placed.placement.sizes))
+    gaps.append(float((logits - whole(ids)).abs().max()))
+    for lm in (placed, whole):
+        with lm.trace("decoder.3.attn.pattern") as traced, attnlab.masking_heads(lm.model, xi):
+            lm.masked = lm(ids)
+        lm.pattern = traced.cache["decoder.3.attn.pattern"][0, 5]
+gaps.append(float((placed.pattern - whole.pattern).abs().max()))
+gaps.append(float((placed.masked - whole.masked).abs().max()))
+print(growth, max(gaps), sorted(placed.placement.sizes))
 """
 
 
 def test_a_300_mb_model_with_a_120_mib_budget_grows_anonymous_memory_by_under_60_percent_of_it(tmp_path) -> None:
     """RssAnon (memory that cannot be reclaimed) sampled every millisecond while the model opens and
-    runs once: the layers on disk are maps of the offload folder's files, paged in and out by the OS."""
+    runs once: the layers on disk are maps of the offload folder's files, paged in and out by the OS.
+    Its logits, head 3:5's pattern and the logits with that head masked equal the model in memory."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from tests.unit.pretrained.tiny_hf import save_tokenizer
@@ -327,3 +338,18 @@ def test_the_sites_a_run_caches_are_held_back_too(llama, tmp_path) -> None:
         "--max-memory", "cpu=64KiB", "--offload-folder", str(tmp_path / "off"),
     )  # fmt: skip
     assert refused.returncode == 4 and "cached sites" in refused.stderr and not (tmp_path / "maps").exists()
+
+
+def test_the_viewer_of_a_placed_model_shows_the_maps_of_the_model_in_memory(llama, tmp_path) -> None:
+    from starlette.testclient import TestClient
+
+    from attnlab.viewer import create_app
+
+    folder, whole = llama
+    placed = attnlab.load(folder, device_map={"decoder.layers.1": "disk", "": "cpu"}, offload_folder=tmp_path)
+    body = {"text": "hello world", "off": [{"kind": "self", "layer": 1, "head": 0}]}
+    answers = [TestClient(create_app(lm.loaded)).post("/api/run", json=body).json() for lm in (whole, placed)]
+    assert answers[1]["output"] == answers[0]["output"]
+    for mine, theirs in zip(answers[1]["attention"], answers[0]["attention"], strict=True):
+        assert mine["kind"] == theirs["kind"] and mine["layer"] == theirs["layer"]
+        torch.testing.assert_close(torch.tensor(mine["weights"]), torch.tensor(theirs["weights"]), rtol=0, atol=1e-4)
