@@ -129,9 +129,8 @@ def plan(
         ResourceError: layers the budgets leave for the disk without an offload folder.
     """
     from accelerate import infer_auto_device_map  # lazy: only a placed model needs accelerate
-    from accelerate.utils import compute_module_sizes, find_tied_parameters, get_balanced_memory
+    from accelerate.utils import find_tied_parameters, get_balanced_memory
 
-    sizes = compute_module_sizes(model, dtype=dtype)
     reserve = kv_cache_bytes(model, request.tokens, dtype) + cached_bytes(model, request.cached, request.tokens, dtype)
     if isinstance(request.device_map, Mapping):
         devices = {prefix: str(device) for prefix, device in request.device_map.items()}
@@ -140,9 +139,10 @@ def plan(
             if prefix not in names:
                 raise UsageError(f"device_map: {prefix!r} is no module of this model; e.g. {_examples(model)}")
     else:
-        budget = _budget(request.max_memory, reserve)
+        budget = _budget(request.max_memory, reserve)  # None: what each device has free (accelerate's)
         no_split = no_split if no_split is not None else sorted({type(layer).__name__ for layer in _layers(model)})
-        if request.device_map != "sequential" and any(key != "cpu" and key != "disk" for key in budget):
+        gpus = torch.cuda.device_count() > 0 if budget is None else any(k not in ("cpu", "disk") for k in budget)
+        if request.device_map != "sequential" and gpus:
             budget = get_balanced_memory(model, max_memory=budget, no_split_module_classes=no_split, dtype=dtype)
         found = infer_auto_device_map(model, max_memory=budget, no_split_module_classes=no_split, dtype=dtype)
         devices = {prefix: f"cuda:{d}" if isinstance(d, int) else str(d) for prefix, d in found.items()}
@@ -156,13 +156,15 @@ def plan(
         device = placement.device_of(name)
         per_device[device] = per_device.get(device, 0) + tensor.numel() * (dtype or tensor.dtype).itemsize
     if "disk" in per_device and placement.offload_folder is None:
-        total = sum(per_device.values())
+        total, disk = sum(per_device.values()) / 2**20, per_device["disk"] / 2**20
+        if isinstance(request.device_map, Mapping):
+            raise UsageError(
+                f"offload_folder: device_map puts {disk:,.1f} MiB on the disk; give the folder to keep them"
+            )
         raise ResourceError(
-            f"max_memory: the weights need {total / 2**20:,.1f} MiB and {per_device['disk'] / 2**20:,.1f} MiB of "
-            "them fit no device's budget; give offload_folder (--offload-folder DIR) to keep those layers on disk, "
-            "or a larger max_memory"
+            f"max_memory: the weights need {total:,.1f} MiB and {disk:,.1f} MiB of them fit no device's budget; "
+            "give offload_folder (--offload-folder DIR) to keep those layers on disk, or a larger max_memory"
         )
-    del sizes
     return dataclasses.replace(placement, sizes=per_device)
 
 

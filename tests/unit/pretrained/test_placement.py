@@ -353,3 +353,13 @@ def test_the_viewer_of_a_placed_model_shows_the_maps_of_the_model_in_memory(llam
     for mine, theirs in zip(answers[1]["attention"], answers[0]["attention"], strict=True):
         assert mine["kind"] == theirs["kind"] and mine["layer"] == theirs["layer"]
         torch.testing.assert_close(torch.tensor(mine["weights"]), torch.tensor(theirs["weights"]), rtol=0, atol=1e-4)
+
+
+def test_auto_without_budgets_takes_what_each_device_has_and_a_disk_map_needs_its_folder(llama) -> None:
+    folder, whole = llama
+    placed = attnlab.load(folder, device_map="auto")  # this machine's free memory holds the tiny model
+    assert set(placed.placement.sizes) == {"cuda:0" if torch.cuda.is_available() else "cpu"}
+    with torch.no_grad():
+        torch.testing.assert_close(placed(IDS).cpu(), whole(IDS), rtol=0, atol=1e-5)
+    with pytest.raises(UsageError, match="offload_folder: device_map puts"):
+        attnlab.load(folder, device_map={"": "disk"})
