@@ -35,10 +35,11 @@ from torch import Tensor
 
 from attnlab.analysis.heads import ImportanceRow, TaskProbe, head_importance, importance, scoring_pairs
 from attnlab.analysis.lm_probe import NextTokenProbe
+from attnlab.analysis.maps import decode_source
 from attnlab.devices import model_device
 from attnlab.errors import UsageError
 from attnlab.generate.sampling import SamplingOptions
-from attnlab.generate.search import DecodeOptions, decode, generate_continuations
+from attnlab.generate.search import DecodeOptions, generate_continuations
 from attnlab.generate.stream import TextStream
 from attnlab.nn import expert_mask_shape, full_head_mask, trace
 from attnlab.nn.hooks import Trace
@@ -217,17 +218,7 @@ class LanguageModel:
         if self.loaded.experiment.model_kind == "encoder_decoder":  # the output of the source text
             if chat or stream:
                 raise UsageError("chat, stream: for a language model; an encoder-decoder writes its output whole")
-            source = torch.tensor([self.loaded.codec.encode(text) + [self.task.eos_id]], device=self.device)
-            written = decode(
-                self.model,
-                source,
-                bos_id=self.task.bos_id,
-                eos_id=self.task.eos_id,
-                pad_id=self.task.pad_id,
-                options=options,
-                head_mask=self.loaded.held_mask(),
-                banned=getattr(self.task, "generation_banned", None),
-            )[0]
+            written = decode_source(self.loaded, self.loaded.codec.encode(text), options, self.loaded.held_mask())
             return self.decode(written.tokens)
         prompt = self.task.generation_prompt(text, chat=chat)
         if not stream:

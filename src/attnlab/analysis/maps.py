@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,14 +30,14 @@ from torch import Tensor
 
 from attnlab.devices import model_device
 from attnlab.errors import UsageError
-from attnlab.generate.search import DecodeOptions, decode, generate_continuations
+from attnlab.generate.search import DecodeOptions, Hypothesis, decode, generate_continuations
 from attnlab.head_ids import HeadId, heads_off
 from attnlab.nn import AttentionRecord, capture, masking_heads
 from attnlab.nn.models import POOLINGS
 from attnlab.resources import check_decode_length, check_input_text, check_input_tokens
 from attnlab.run.loaded import LoadedRun
 
-__all__ = ["AttentionView", "SINK", "attention_view", "check_finite", "kind_maps", "with_sinks"]
+__all__ = ["AttentionView", "SINK", "attention_view", "check_finite", "decode_source", "kind_maps", "with_sinks"]
 
 
 @dataclass(frozen=True)
@@ -171,22 +172,30 @@ def answer_token(loaded: LoadedRun, text: str, flag: str) -> int:
     return ids[0]
 
 
+def decode_source(loaded: LoadedRun, ids: list[int], options: DecodeOptions, head_mask: Any = None) -> Hypothesis:
+    """An encoder-decoder's output for the source ``ids`` (EOS appended), decoded from the task's
+    start id with ``options`` and ``head_mask``, never writing the task's banned ids (a pretrained
+    model's ``generation_banned``; else its padding and start ids)."""
+    task, model = loaded.task, loaded.model
+    return decode(
+        model,
+        torch.tensor([ids + [task.eos_id]], device=model_device(model)),
+        bos_id=task.bos_id,
+        eos_id=task.eos_id,
+        pad_id=task.pad_id,
+        options=options,
+        head_mask=head_mask,
+        banned=getattr(task, "generation_banned", None),
+    )[0]
+
+
 def _seq2seq_view(
     loaded: LoadedRun, ids: list[int], *, head_mask, max_length: int, top_k: int, continuation: bool
 ) -> AttentionView:  # noqa: ANN001
     """Decode greedily, then one teacher-forced pass over (source, BOS + output) records all kinds."""
     task, codec, model = loaded.task, loaded.codec, loaded.model
+    hypothesis = decode_source(loaded, ids, DecodeOptions(max_length=max_length), head_mask)
     src = torch.tensor([ids + [task.eos_id]], device=model_device(model))
-    hypothesis = decode(
-        model,
-        src,
-        bos_id=task.bos_id,
-        eos_id=task.eos_id,
-        pad_id=task.pad_id,
-        options=DecodeOptions(max_length=max_length),
-        head_mask=head_mask,
-        banned=getattr(task, "generation_banned", None),
-    )[0]
     tgt_in = torch.tensor([[task.bos_id, *hypothesis.tokens]], device=src.device)
     with capture(model) as records, masking_heads(model, head_mask):
         model(src, tgt_in)

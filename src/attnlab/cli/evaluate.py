@@ -114,16 +114,11 @@ def evaluate_run(
     if where is None:  # the processes launched from here did the work
         return
     info, device = where
+    opening = dict(dtype=dtype, revision=revision, verify=verify, checkpoint=checkpoint)
+    opening |= placed(device, device_map, max_memory, offload_folder)
     if texts is not None:
         with process_group(info):
-            loaded = open_model(
-                run,
-                dtype=dtype,
-                revision=revision,
-                verify=verify,
-                checkpoint=checkpoint,
-                **placed(device, device_map, max_memory, offload_folder),
-            )
+            loaded = open_model(run, **opening)
             extra = [parse_head(spec, loaded.model) for spec in mask_heads or []]
             truncate = loaded.experiment.train.truncate if truncate is None else truncate
             identity = dict(run=str(loaded.source), dtype=dtype, revision=revision, checkpoint=checkpoint)
@@ -131,14 +126,7 @@ def evaluate_run(
             if info.is_main:
                 _echo_metrics(metrics, as_json)
         return
-    loaded = open_model(
-        run,
-        dtype=dtype,
-        revision=revision,
-        verify=verify,
-        checkpoint=checkpoint,
-        **placed(device, device_map, max_memory, offload_folder),
-    )
+    loaded = open_model(run, **opening)
     names = loaded.task.split_names() if hasattr(loaded.task, "split_names") else SPLITS
     if split not in names:
         raise UsageError(f"--split: unknown split {split!r}; this run's task has {', '.join(names)}")

@@ -159,22 +159,9 @@ def _prepared(loaded, text: str, max_new: int, *, chat: bool, what: str) -> tupl
 
 
 def _translate(loaded, text: str, ids: list[int], options, *, stream: bool) -> dict:  # noqa: ANN001
-    import torch
+    from attnlab.analysis.maps import decode_source
 
-    from attnlab.devices import model_device
-    from attnlab.generate.search import decode
-
-    task, model = loaded.task, loaded.model
-    hypothesis = decode(
-        model,
-        torch.tensor([ids + [task.eos_id]], device=model_device(model)),
-        bos_id=task.bos_id,
-        eos_id=task.eos_id,
-        pad_id=task.pad_id,
-        options=options,
-        head_mask=loaded.held_mask(),
-        banned=getattr(task, "generation_banned", None),
-    )[0]
+    hypothesis = decode_source(loaded, ids, options, loaded.held_mask())
     return {"input": text, "output": loaded.codec.decode(hypothesis.tokens), "log_prob": hypothesis.log_prob}
 
 

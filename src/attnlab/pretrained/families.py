@@ -32,7 +32,7 @@ from attnlab.nn.rotary import ROPE_SCALINGS
 from attnlab.pretrained.checkpoint import StoredTensor
 from attnlab.pretrained.integrity import check_weights
 
-__all__ = ["Family", "FAMILIES", "Piece", "family_of", "fill_state", "STACK"]
+__all__ = ["Family", "FAMILIES", "Piece", "check_mapped", "family_of", "fill_state", "unmapped", "STACK"]
 
 STACK = "decoder"
 """The attribute of :class:`attnlab.nn.DecoderOnly` that holds its embedding and layers."""
@@ -645,6 +645,26 @@ def family_of(hf: Mapping[str, Any], where: Path) -> Family:
 # ---- filling the model -----------------------------------------------------------------------------------
 
 
+def unmapped(name: str, hf: Mapping[str, Any], where: Path) -> CheckpointError:
+    """The error of a checkpoint tensor the family's layout has no place for."""
+    return CheckpointError(f"{where}: tensor {name!r} is not part of a {hf.get('model_type')} model as attnlab maps it")
+
+
+def check_mapped(
+    names: Iterable[str], layout: Layout, hf: Mapping[str, Any], *, ignored: tuple[str, ...], where: Path
+) -> None:
+    """Every tensor ``names`` has a place in ``layout`` or is ``ignored``: what :func:`fill_state`
+    checks as the tensors arrive, for callers that give it a part of the layout at a time.
+
+    Raises:
+        CheckpointError: the first tensor that has none (:func:`unmapped`).
+    """
+    owned = {piece.name for pieces in layout.values() for piece in pieces}
+    for name in names:
+        if name not in owned and not name.endswith(ignored):
+            raise unmapped(name, hf, where)
+
+
 def fill_state(
     sources: Iterable[tuple[str, StoredTensor]],
     expected: Mapping[str, Tensor],
@@ -686,9 +706,7 @@ def fill_state(
             if name not in owner:
                 if name.endswith(ignored):
                     continue
-                raise CheckpointError(
-                    f"{where}: tensor {name!r} is not part of a {hf.get('model_type')} model as attnlab maps it"
-                )
+                raise unmapped(name, hf, where)
             if check_values:  # finite, within range (attnlab.pretrained.integrity)
                 values = stored.view()
                 check_weights(name, stored.read() if values is None else values, path=where)

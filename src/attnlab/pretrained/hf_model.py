@@ -29,9 +29,9 @@ from attnlab.nn import TransformerModel
 from attnlab.pretrained.bridge import BridgedLM, empty_transformers_model, load_transformers_model
 from attnlab.pretrained.bridge_seq2seq import BridgedSeq2Seq
 from attnlab.pretrained.checkpoint import Checkpoint, read_tensors
-from attnlab.pretrained.families import FAMILIES, family_of, fill_state
+from attnlab.pretrained.families import FAMILIES, check_mapped, family_of, fill_state
 from attnlab.pretrained.integrity import check_chat_template, check_model_section
-from attnlab.pretrained.placement import Placement, PlacementRequest, dispatch, offload, plan, unit_of
+from attnlab.pretrained.placement import Placement, PlacementRequest, dispatch, offload, plan
 from attnlab.pretrained.provenance import check_sources, remember_values_checked, values_checked
 from attnlab.tasks.base import Task
 from attnlab.tasks.registry import build_task
@@ -98,14 +98,18 @@ def open_checkpoint(
     layout = family.layout(checkpoint.config, model_section["tie_embeddings"])
     expected = model.state_dict()
     sources = list(read_tensors(checkpoint))  # names and spans only: nothing read yet
-    stored = next((t.dtype for _, t in sources if t.dtype.is_floating_point), torch.float32)
+    stored = _stored_dtype(sources)
     planned = plan(model, placement, dtype=dtype or stored) if placement.wanted else None
-    if planned is not None and on_plan is not None:
-        on_plan(planned)
+    if planned is not None:
+        check_mapped(
+            (n for n, _ in sources), layout, checkpoint.config, ignored=family.ignored, where=checkpoint.folder
+        )
+        if on_plan is not None:
+            on_plan(planned)
     check_values = not all(values_checked(shard) for shard in checkpoint.shards)
     state: dict[str, torch.Tensor] = {}
-    layers = [f"{name}" for name, module in model.named_modules() if module in _layer_modules(model)]
-    for unit, targets in _units(layout, expected, planned, layers).items():  # one layer at a time
+    for unit, names in _units(model, expected, planned).items():  # one decoder layer at a time where placed
+        targets = [name for name in names if name in layout]
         pieces = {piece.name for target in targets for piece in layout[target]}
         part = fill_state(
             sources if planned is None else [(n, t) for n, t in sources if n in pieces],
@@ -117,11 +121,9 @@ def open_checkpoint(
             where=checkpoint.folder,
             check_values=check_values,
         )
-        for name in [n for n in expected if _in_unit(n, unit, planned, layers) and _zeroed(n, family.zeros)]:
+        for name in [n for n in names if _zeroed(n, family.zeros)]:
             part[name] = torch.zeros(expected[name].shape, dtype=dtype or stored)
         state.update(part if planned is None else _placed(unit, part, planned))
-    if planned is not None:
-        _check_names(sources, layout, family.ignored, checkpoint)
     if check_values:
         for shard in checkpoint.shards:
             remember_values_checked(shard)
@@ -132,8 +134,9 @@ def open_checkpoint(
     return dataclasses.replace(opened, placement=planned)
 
 
-def _layer_modules(model: TransformerModel) -> list[torch.nn.Module]:
-    return [layer for stack, _ in model.site_stacks().values() for layer in stack.layers]
+def _stored_dtype(sources: list[tuple[str, Any]]) -> torch.dtype:
+    """The checkpoint's floating dtype (its first floating tensor's), float32 where it has none."""
+    return next((t.dtype for _, t in sources if t.dtype.is_floating_point), torch.float32)
 
 
 def _zeroed(name: str, zeros: tuple[str, ...]) -> bool:
@@ -141,28 +144,20 @@ def _zeroed(name: str, zeros: tuple[str, ...]) -> bool:
 
 
 def _units(
-    layout: Any, expected: dict[str, torch.Tensor], planned: Placement | None, layers: list[str]
+    model: TransformerModel, expected: dict[str, torch.Tensor], planned: Placement | None
 ) -> dict[str, list[str]]:
-    """The layout's targets by the module they are assembled with: one decoder layer at a time
-    (``layers``, their prefixes) or the placed module around them ("" alone without a placement)."""
+    """The model's tensors by the module they are assembled with: one decoder layer at a time, or
+    the placed module around them ("" for all of them without a placement)."""
     if planned is None:
-        return {"": list(layout)}
+        return {"": list(expected)}
+    layer_ids = {id(layer) for stack, _ in model.site_stacks().values() for layer in stack.layers}
+    layers = [name for name, module in model.named_modules() if id(module) in layer_ids]
     units: dict[str, list[str]] = {}
     for name in expected:
-        unit = units.setdefault(_unit(name, planned, layers), [])  # a unit of zeros alone gets them too
-        if name in layout:
-            unit.append(name)
+        placed = planned.unit_of(name)
+        layer = next((prefix for prefix in layers if name.startswith(prefix + ".")), "")
+        units.setdefault(layer if len(layer) > len(placed) else placed, []).append(name)
     return units
-
-
-def _unit(name: str, planned: Placement, layers: list[str]) -> str:
-    placed = unit_of(planned, name)
-    layer = next((prefix for prefix in layers if name.startswith(prefix + ".")), "")
-    return layer if len(layer) > len(placed) else placed
-
-
-def _in_unit(name: str, unit: str, planned: Placement | None, layers: list[str]) -> bool:
-    return planned is None or _unit(name, planned, layers) == unit
 
 
 def _placed(unit: str, part: dict[str, torch.Tensor], planned: Placement) -> dict[str, torch.Tensor]:
@@ -173,17 +168,6 @@ def _placed(unit: str, part: dict[str, torch.Tensor], planned: Placement) -> dic
         assert planned.offload_folder is not None  # plan() refuses the disk without a folder
         return offload(unit, {name: t.contiguous() for name, t in part.items()}, planned.offload_folder) if part else {}
     return part if device == "cpu" else {name: t.to(device) for name, t in part.items()}
-
-
-def _check_names(sources: list[Any], layout: Any, ignored: tuple[str, ...], checkpoint: Checkpoint) -> None:
-    """A tensor of the checkpoint that no placed module took (what fill_state names with all at once)."""
-    owned = {piece.name for pieces in layout.values() for piece in pieces}
-    for name, _ in sources:
-        if name not in owned and not name.endswith(ignored):
-            raise CheckpointError(
-                f"{checkpoint.folder}: tensor {name!r} is not part of a {checkpoint.config.get('model_type')} "
-                "model as attnlab maps it"
-            )
 
 
 def _open_bridged(
@@ -203,7 +187,7 @@ def _open_bridged(
     planned = None
     if placement.wanted:
         empty, no_split = empty_transformers_model(checkpoint.folder, seq2seq=seq2seq)
-        stored = next((t.dtype for _, t in read_tensors(checkpoint) if t.dtype.is_floating_point), torch.float32)
+        stored = _stored_dtype(list(read_tensors(checkpoint)))
         planned = plan(empty, placement, dtype=dtype or stored, no_split=no_split)
         if on_plan is not None:
             on_plan(planned)

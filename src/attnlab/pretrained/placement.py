@@ -48,7 +48,6 @@ __all__ = [
     "kv_cache_bytes",
     "offload",
     "plan",
-    "unit_of",
 ]
 
 DEVICE_MAPS = ("auto", "balanced", "sequential")
@@ -96,12 +95,21 @@ class Placement:
     sizes: dict[str, int]
     offload_folder: Path | None = None
 
-    def device_of(self, name: str) -> str:
-        """The device of parameter or module ``name``."""
+    def unit_of(self, name: str) -> str:
+        """The placed module (a key of :attr:`devices`, the longest prefix) that holds parameter or
+        module ``name``.
+
+        Raises:
+            UsageError: no key covers ``name``.
+        """
         best = max((p for p in self.devices if p == "" or name == p or name.startswith(p + ".")), key=len, default=None)
         if best is None:
             raise UsageError(f'device_map: no device for {name!r}; cover every module ("" is the whole model)')
-        return self.devices[best]
+        return best
+
+    def device_of(self, name: str) -> str:
+        """The device of parameter or module ``name``."""
+        return self.devices[self.unit_of(name)]
 
     def describe(self) -> str:
         """A few lines for people: each device's modules and bytes."""
@@ -166,11 +174,6 @@ def plan(
             "give offload_folder (--offload-folder DIR) to keep those layers on disk, or a larger max_memory"
         )
     return dataclasses.replace(placement, sizes=per_device)
-
-
-def unit_of(placement: Placement, name: str) -> str:
-    """The placed module (a key of ``placement.devices``) that holds parameter ``name``."""
-    return max((p for p in placement.devices if p == "" or name == p or name.startswith(p + ".")), key=len)
 
 
 def offload(prefix: str, tensors: dict[str, Tensor], folder: Path) -> dict[str, Tensor]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from attnlab.errors import ConfigError, UsageError
 from attnlab.generate.chat import chat_prompt_ids
@@ -26,7 +27,36 @@ from attnlab.tasks.base import Example, SplitAccessors, check_split_name, split_
 from attnlab.tasks.text import MAX_LINE_CHARS, read_lines
 from attnlab.tokenizers import Tokenizer
 
-__all__ = ["PretrainedLMTask"]
+__all__ = ["PretrainedLMTask", "check_special_ids", "pretrained_vocab_size"]
+
+
+def pretrained_vocab_size(task: Any) -> int:
+    """A pretrained model's task's vocabulary: ``model_vocab`` (the model's embedding rows) where
+    set, else the tokenizer's own vocabulary without the special tokens attnlab appends to a
+    tokenizer lacking its spellings (text never encodes to those)."""
+    return task.model_vocab or task.tokenizer.hf.get_vocab_size(with_added_tokens=False)
+
+
+def check_special_ids(task: Any, roles: tuple[str, ...]) -> None:
+    """The checks a pretrained model's task makes of its fields: an attnlab tokenizer, a model
+    vocabulary >= 0, a context of 2 or more, each of ``roles`` an id of the vocabulary, and ``bos``
+    an id or -1.
+
+    Raises:
+        ConfigError: naming the first field that fails.
+    """
+    if not isinstance(task.tokenizer, Tokenizer):
+        raise ConfigError(f"tokenizer: expected an attnlab Tokenizer, got {type(task.tokenizer).__name__}")
+    if task.model_vocab < 0:
+        raise ConfigError(f"model_vocab: must be >= 0 (0: the tokenizer's vocabulary), got {task.model_vocab}")
+    if task.max_tokens < 2:
+        raise ConfigError(f"max_tokens: must be >= 2, got {task.max_tokens}")
+    size = task.vocab_size
+    for role in roles:
+        if not 0 <= getattr(task, role) < size:
+            raise ConfigError(f"{role}: must be a token id in [0, {size}), got {getattr(task, role)}")
+    if not -1 <= task.bos < size:
+        raise ConfigError(f"bos: must be a token id in [0, {size}) or -1, got {task.bos}")
 
 
 @dataclass(frozen=True)
@@ -62,26 +92,13 @@ class PretrainedLMTask(SplitAccessors):
     kind = "lm"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.tokenizer, Tokenizer):
-            raise ConfigError(f"tokenizer: expected an attnlab Tokenizer, got {type(self.tokenizer).__name__}")
-        if self.model_vocab < 0:
-            raise ConfigError(f"model_vocab: must be >= 0 (0: the tokenizer's vocabulary), got {self.model_vocab}")
-        if self.max_tokens < 2:
-            raise ConfigError(f"max_tokens: must be >= 2, got {self.max_tokens}")
-        for role in ("eos", "pad"):
-            if not 0 <= getattr(self, role) < self.vocab_size:
-                raise ConfigError(f"{role}: must be a token id in [0, {self.vocab_size}), got {getattr(self, role)}")
-        if not -1 <= self.bos < self.vocab_size:
-            raise ConfigError(f"bos: must be a token id in [0, {self.vocab_size}) or -1, got {self.bos}")
+        check_special_ids(self, ("eos", "pad"))
         if self.add_bos and self.bos < 0:
             raise ConfigError("add_bos: the model has no bos id")
 
     @property
     def vocab_size(self) -> int:
-        """The tokenizer's own vocabulary (the model's embedding rows), without the special tokens
-        attnlab appends to a tokenizer lacking its spellings: text never encodes to those), or
-        ``model_vocab`` where set."""
-        return self.model_vocab or self.tokenizer.hf.get_vocab_size(with_added_tokens=False)
+        return pretrained_vocab_size(self)
 
     @property
     def pad_id(self) -> int:

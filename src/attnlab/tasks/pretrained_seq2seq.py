@@ -19,8 +19,8 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
-from attnlab.errors import ConfigError
 from attnlab.tasks.base import Example, SplitAccessors, check_split_name
+from attnlab.tasks.pretrained_lm import check_special_ids, pretrained_vocab_size
 from attnlab.tasks.text import MAX_LINE_CHARS, read_parallel
 from attnlab.tokenizers import Tokenizer
 
@@ -54,22 +54,11 @@ class PretrainedSeq2SeqTask(SplitAccessors):
     kind = "seq2seq"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.tokenizer, Tokenizer):
-            raise ConfigError(f"tokenizer: expected an attnlab Tokenizer, got {type(self.tokenizer).__name__}")
-        if self.model_vocab < 0:
-            raise ConfigError(f"model_vocab: must be >= 0 (0: the tokenizer's vocabulary), got {self.model_vocab}")
-        if self.max_tokens < 2:
-            raise ConfigError(f"max_tokens: must be >= 2, got {self.max_tokens}")
-        for role in ("eos", "pad", "start"):
-            if not 0 <= getattr(self, role) < self.vocab_size:
-                raise ConfigError(f"{role}: must be a token id in [0, {self.vocab_size}), got {getattr(self, role)}")
-        if not -1 <= self.bos < self.vocab_size:
-            raise ConfigError(f"bos: must be a token id in [0, {self.vocab_size}) or -1, got {self.bos}")
+        check_special_ids(self, ("eos", "pad", "start"))
 
     @property
     def vocab_size(self) -> int:
-        """The model's embedding rows (``model_vocab``), or the tokenizer's own vocabulary."""
-        return self.model_vocab or self.tokenizer.hf.get_vocab_size(with_added_tokens=False)
+        return pretrained_vocab_size(self)
 
     @property
     def pad_id(self) -> int:

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from attnlab.pretrained.sources import open_model
+from tests.unit.pretrained.tiny_hf import shift_vectors
 
 pytest.importorskip("transformers")
 
@@ -61,10 +62,7 @@ def encoder(request, tmp_path_factory) -> tuple[str, Path, Any]:  # noqa: ANN001
     )
     torch.manual_seed(3)
     model = AutoModel.from_config(config, add_pooling_layer=False)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() == 1:
-                parameter.add_(torch.randn_like(parameter) * 0.2)
+    shift_vectors(model)
     model.save_pretrained(folder)
     return model_type, folder, model.double().eval()
 

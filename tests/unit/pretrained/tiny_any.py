@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from tests.unit.pretrained.tiny_hf import save_tokenizer
+from tests.unit.pretrained.tiny_hf import save_tokenizer, shift_vectors
 
 VOCAB = 320
 SMALL: dict[str, Any] = {
@@ -179,10 +179,7 @@ def _model(config_class: Any, sizes: dict[str, Any], seed: int) -> Any:
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
     with contextlib.suppress(Exception):  # grouped_mm, the experts' default, computes no float64
         model.set_experts_implementation("eager")
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() == 1:  # norms' gains and biases, away from 1 and 0
-                parameter.add_(torch.randn_like(parameter) * 0.2)
+    shift_vectors(model)
     return model.eval()
 
 
@@ -348,10 +345,7 @@ def build_seq2seq(model_type: str, folder: Path, *, seed: int = 0) -> Any:
     with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
         warnings.simplefilter("ignore")
         model = AutoModelForSeq2SeqLM.from_config(config, attn_implementation="eager")
-        with torch.no_grad():
-            for parameter in model.parameters():
-                if parameter.dim() == 1:  # norms' gains and biases, away from 1 and 0
-                    parameter.add_(torch.randn_like(parameter) * 0.2)
+        shift_vectors(model)
         model.save_pretrained(folder)
         reference = AutoModelForSeq2SeqLM.from_pretrained(folder, dtype=torch.float64, attn_implementation="eager")
     return reference.eval()

@@ -104,6 +104,15 @@ def save_tokenizer(folder: Path) -> int:
     return tokenizer.get_vocab_size()
 
 
+def shift_vectors(model: Any) -> None:
+    """Every 1-D parameter (norms' gains and biases) moved by N(0, 0.2) noise, away from the 1 and 0
+    they start at, so that a test sees them applied."""
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.dim() == 1:
+                parameter.add_(torch.randn_like(parameter) * 0.2)
+
+
 def build(name: str, folder: Path) -> Any:
     """A random transformers model of family ``name`` (:data:`SIZES`) saved into ``folder``; returned in float64."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -113,9 +122,6 @@ def build(name: str, folder: Path) -> Any:
     config = AutoConfig.for_model(model_type, vocab_size=vocab, bos_token_id=0, eos_token_id=1, pad_token_id=2, **sizes)
     torch.manual_seed(sum(map(ord, name)))
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() == 1:  # norms' gains and biases, away from 1 and 0
-                parameter.add_(torch.randn_like(parameter) * 0.2)
+    shift_vectors(model)
     model.save_pretrained(folder)
     return model.double().eval()
