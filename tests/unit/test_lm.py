@@ -56,7 +56,7 @@ def test_head_importance_of_ids_equals_the_importance_of_the_same_texts(lm) -> N
         expected[row.layer, row.head] = row.importance
     for left in (False, True):  # padding on either side is read past
         tokens, real = _padded(_rows(model), left=left)
-        scores = model.head_importance(tokens, real)
+        scores = model.importance(tokens, real, progress=False).tensor
         assert scores.shape == model.head_mask_shapes["self"]
         torch.testing.assert_close(scores, expected, rtol=1e-9, atol=1e-12)
     assert all(p.requires_grad for p in model.model.parameters())  # frozen for the pass only
@@ -65,7 +65,7 @@ def test_head_importance_of_ids_equals_the_importance_of_the_same_texts(lm) -> N
 def test_head_importance_equals_finite_differences_of_each_rows_loss(lm) -> None:
     model, _ = lm
     rows = [row[:12] for row in _rows(model)]
-    scores = model.head_importance(torch.tensor(rows))
+    scores = model.importance(torch.tensor(rows), progress=False).tensor
     layers, heads = model.head_mask_shapes["self"]
     eps = 1e-5
     expected = torch.zeros(layers, heads, dtype=torch.float64)
@@ -88,10 +88,12 @@ def test_head_importance_equals_finite_differences_of_each_rows_loss(lm) -> None
 def test_bad_ids_are_refused_with_the_reason(lm) -> None:
     model, _ = lm
     with pytest.raises(UsageError, match="two real tokens"):
-        model.head_importance(torch.tensor([[5, 6, 7], [5, 6, 7]]), torch.tensor([[1, 1, 1], [0, 0, 1]]))
+        model.importance(
+            torch.tensor([[5, 6, 7], [5, 6, 7]]), torch.tensor([[1, 1, 1], [0, 0, 1]]), progress=False
+        ).tensor
     with pytest.raises(UsageError, match="integer tensor"):
-        model.head_importance(torch.ones(2, 3))
+        model.importance(torch.ones(2, 3), progress=False).tensor
     with pytest.raises(UsageError, match="shape"):
-        model.head_importance(torch.tensor([[5, 6, 7]]), torch.ones(1, 2))
+        model.importance(torch.tensor([[5, 6, 7]]), torch.ones(1, 2), progress=False).tensor
     with pytest.raises(UsageError, match="vocabulary|must lie"):
-        model.head_importance(torch.tensor([[5, 6, 10**6]]))
+        model.importance(torch.tensor([[5, 6, 10**6]]), progress=False).tensor

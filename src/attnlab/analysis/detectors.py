@@ -63,6 +63,7 @@ import torch
 from torch import Tensor
 
 from attnlab.analysis.corpus import run_corpus
+from attnlab.analysis.head_scores import HeadScores
 from attnlab.devices import model_device
 from attnlab.errors import DataError, UsageError
 from attnlab.nn import masking_heads
@@ -209,6 +210,12 @@ class Detection:
     rows: list[HeadPatterns]
     measured_on: dict[str, str]
     notes: list[str]
+
+    def scores(self, pattern: str) -> HeadScores:
+        """Every head's score for ``pattern`` as (layers, heads) tensors per kind (NaN: not scored)."""
+        if pattern not in PATTERNS:
+            raise UsageError(f"pattern: unknown {pattern!r}; allowed: {', '.join(PATTERNS)}")
+        return HeadScores.of_rows(pattern, self.rows, pattern)
 
     def top(self, pattern: str, count: int = 3) -> list[HeadPatterns]:
         """The ``count`` heads scoring highest for ``pattern`` (heads not scored left out)."""

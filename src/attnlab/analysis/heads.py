@@ -35,6 +35,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from attnlab.analysis.head_scores import HeadScores
 from attnlab.devices import model_device
 from attnlab.errors import UsageError
 from attnlab.evaluation import evaluate
@@ -219,6 +220,13 @@ class Ablation:
     baseline: Score
     single: list[AblationRow]
     keep_one: list[AblationRow]
+
+    def deltas(self, experiment: str = "single") -> HeadScores:
+        """Each head's ``delta`` (metric - unmasked metric) as (layers, heads) tensors per kind:
+        ``single`` (the head masked alone) or ``keep_one`` (its layer's other heads masked)."""
+        if experiment not in ("single", "keep_one"):
+            raise UsageError(f"experiment: unknown {experiment!r}; allowed: single, keep_one")
+        return HeadScores.of_rows("delta", getattr(self, experiment), "delta")
 
 
 def ablate(

@@ -222,8 +222,9 @@ class NextTokenProbe(NextTokenLoss):
 
     Args:
         loaded: a language model run of text (task ``lm`` or ``pretrained_lm``).
-        texts_file: plain text, one text per non-empty line.
+        texts_file: plain text, one text per non-empty line; or the texts themselves, a list.
         batch_size: texts per batch (similar lengths together, so little padding).
+        max_texts: read only the first this many texts (None: all).
         truncate: cut a text longer than the context instead of refusing it.
         base_mask: the mask every analysis starts from; default the run's held heads.
 
@@ -240,21 +241,32 @@ class NextTokenProbe(NextTokenLoss):
     def __init__(
         self,
         loaded: LoadedRun,
-        texts_file: str | os.PathLike[str],
+        texts_file: str | os.PathLike[str] | Sequence[str],
         *,
         batch_size: int = 16,
         truncate: bool = False,
         base_mask: HeadMask | None = None,
+        max_texts: int | None = None,
     ) -> None:
         super().__init__(loaded, truncate=truncate, base_mask=base_mask)
         if batch_size < 1:
-            raise DataError(f"batch_size: must be >= 1, got {batch_size}")
+            raise UsageError(f"batch_size: must be >= 1, got {batch_size}")
+        if max_texts is not None and max_texts < 1:
+            raise UsageError(f"max_texts: must be >= 1, got {max_texts}")
         self.batch_size = batch_size
-        lines = read_lines(texts_file, max_line_chars=MAX_LINE_CHARS)
-        encoded = [self.encode(text, where=f"{texts_file}:{n}") for n, text in zip(lines.numbers, lines.items)]
+        if isinstance(texts_file, (str, os.PathLike)):
+            lines = read_lines(texts_file, max_line_chars=MAX_LINE_CHARS)
+            named = [(f"{texts_file}:{n}", text) for n, text in zip(lines.numbers, lines.items)]
+        elif all(isinstance(text, str) for text in texts_file):
+            named = [(f"texts[{n}]", text) for n, text in enumerate(texts_file)]
+        else:
+            raise UsageError("texts: a file's path, or a list of texts (for token ids use NextTokenProbe.of_ids)")
+        named = named[:max_texts]
+        encoded = [self.encode(text, where=where) for where, text in named]
         rows = [text for text in encoded if text is not None]
         if not rows:
-            raise DataError(f"{texts_file}: no text of two tokens or more, so no next token to predict")
+            where = texts_file if isinstance(texts_file, (str, os.PathLike)) else "texts"
+            raise DataError(f"{where}: no text of two tokens or more, so no next token to predict")
         self.skipped, self.truncated = len(encoded) - len(rows), sum(text.truncated for text in rows)
         self.texts, self.tokens = len(rows), sum(len(text) - 1 for text in rows)
         rows.sort(key=len)  # little padding, a fixed order (the sort is stable)

@@ -33,7 +33,7 @@ generate`` reads it), with the run's held heads (``train.mask_heads``) off.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.analysis.maps import answer_token, language_model_prompt
+from attnlab.analysis.patch_measures import check_ids
 from attnlab.devices import model_device
 from attnlab.errors import UsageError
 from attnlab.nn import masking_heads
@@ -50,6 +51,7 @@ from attnlab.resources import check_input_text
 from attnlab.run.loaded import LoadedRun
 
 __all__ = [
+    "NormParts",
     "FrozenNorm",
     "FROZEN_NORMS",
     "MeasuredNorm",
@@ -58,6 +60,7 @@ __all__ = [
     "HeadContribution",
     "LayerContribution",
     "Attribution",
+    "Attributions",
     "direct_logit_attribution",
     "LensRow",
     "LogitLens",
@@ -66,6 +69,37 @@ __all__ = [
 
 
 # ---- norms with their scale frozen -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NormParts:
+    """A norm's affine parts: N(t) = gain * C(t) / sigma + bias, sigma = sqrt(mean(C(x)^2) + eps)
+    read from the norm's input x (float64), C(t) = t - mean(t) where it ``centres`` (LayerNorm),
+    t otherwise. With sigma frozen at one x, N is affine in t (TransformerLens' ``apply_ln_to_stack``
+    with the gain and bias applied rather than folded into the next weights)."""
+
+    gain: Tensor
+    bias: Tensor
+    centres: bool
+    eps: float
+
+    def sigma(self, x: Tensor) -> Tensor:
+        """(..., d) -> (..., 1): the norm's scale at each input x."""
+        centred = x - x.mean(-1, keepdim=True) if self.centres else x
+        return torch.sqrt(centred.pow(2).mean(-1, keepdim=True) + self.eps)
+
+    def linear(self, t: Tensor, sigma: Tensor) -> Tensor:
+        """gain * C(t) / sigma: the norm frozen at ``sigma`` without its bias (t (..., d), sigma
+        broadcast to it)."""
+        centred = t - t.mean(-1, keepdim=True) if self.centres else t
+        return self.gain * centred / sigma
+
+    def direction(self, x: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
+        """(v, c) with N(t) . u = t . v + c for every t, N frozen at ``x``: v = C(gain * u / sigma_x),
+        c = bias . u (C is self-adjoint). x, u: (..., d); returns v (..., d) and c (...)."""
+        v = self.gain * u / self.sigma(x)
+        v = v - v.mean(-1, keepdim=True) if self.centres else v
+        return v, (self.bias * u).sum(-1)
 
 
 @dataclass(frozen=True)
@@ -80,18 +114,20 @@ class FrozenNorm:
     gain: Callable[[nn.Module], Tensor]
     centres: bool
 
+    def parts(self, norm: nn.Module, like: Tensor) -> NormParts:
+        """The module's :class:`NormParts` in float64 on ``like``'s device."""
+        gain = self.gain(norm).detach().to(like.device, torch.float64)
+        bias = getattr(norm, "bias", None)
+        bias = torch.zeros_like(gain) if bias is None else bias.detach().to(like.device, torch.float64)
+        return NormParts(gain, bias, self.centres, float(norm.eps))
+
     def direction(self, norm: nn.Module, x: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
         """(v, c) with N(t) . u = t . v + c for every t, N frozen at ``x``.
 
         Shape:
             x, u: (d,) float64;  returns v (d,) and c ().
         """
-        centred = x - x.mean() if self.centres else x
-        sigma = torch.sqrt(centred.pow(2).mean() + norm.eps)
-        v = self.gain(norm).double() * u / sigma
-        v = v - v.mean() if self.centres else v  # C(t) . v = t . (v - mean(v))
-        bias = getattr(norm, "bias", None)
-        return v, (bias.double() @ u if bias is not None else u.new_zeros(()))
+        return self.parts(norm, x).direction(x, u)
 
 
 class MeasuredNorm:
@@ -101,35 +137,36 @@ class MeasuredNorm:
     and unit root mean square (sigma_y = sqrt(1 + eps)); eps is the module's (``eps``,
     ``variance_epsilon``, ``epsilon``). Gemma's 1 + w and a norm without a gain are measured alike."""
 
-    def direction(self, norm: nn.Module, x: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
-        """(v, c) with N(t) . u = t . v + c for every t, N frozen at ``x`` (as :meth:`FrozenNorm.direction`)."""
+    def parts(self, norm: nn.Module, like: Tensor) -> NormParts:
+        """The module's :class:`NormParts`, measured (float64, on ``like``'s device, width its last axis)."""
         eps = next((getattr(norm, n) for n in ("eps", "variance_epsilon", "epsilon") if hasattr(norm, n)), None)
         if not isinstance(eps, (int, float)):
             name = type(norm).__name__
             raise UsageError(f"direct attribution: the final norm {name} names no epsilon to freeze it at")
         parameter = next(norm.parameters(), None)
-        dtype = x.dtype if parameter is None else parameter.dtype
+        dtype = like.dtype if parameter is None else parameter.dtype
 
         def apply(t: Tensor) -> Tensor:
             return norm(t.to(dtype).reshape(1, 1, -1)).reshape(-1).double()
 
-        d = x.shape[-1]
-        y = torch.ones(d, dtype=torch.float64, device=x.device)
+        d = like.shape[-1]
+        y = torch.ones(d, dtype=torch.float64, device=like.device)
         y[1::2] = -1.0
         if d % 2:  # an odd width: zero mean with one entry 0
             y[-1] = 0.0
             y = y * (d / (d - 1)) ** 0.5
         beta = apply(torch.zeros_like(y))
-        centres = bool(torch.allclose(apply(x + 1.0), apply(x), rtol=1e-3, atol=1e-4))
+        probe = like.reshape(-1, d)[0].double()
+        centres = bool(torch.allclose(apply(probe + 1.0), apply(probe), rtol=1e-3, atol=1e-4))
         gain = torch.zeros_like(y)
         for probe in (y.roll(1), y):  # the second fills every entry; the first, an odd width's 0 entry
             measured = (apply(probe) - beta) * (1.0 + eps) ** 0.5
             gain = torch.where(probe != 0, measured / torch.where(probe != 0, probe, 1.0), gain)
-        centred = x - x.mean() if centres else x
-        sigma = torch.sqrt(centred.pow(2).mean() + eps)
-        v = gain * u / sigma
-        v = v - v.mean() if centres else v
-        return v, beta @ u
+        return NormParts(gain, beta, centres, float(eps))
+
+    def direction(self, norm: nn.Module, x: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
+        """(v, c) with N(t) . u = t . v + c for every t, N frozen at ``x`` (as :meth:`FrozenNorm.direction`)."""
+        return self.parts(norm, x).direction(x, u)
 
 
 FROZEN_NORMS: dict[str, FrozenNorm | MeasuredNorm] = {
@@ -199,6 +236,49 @@ class Attribution:
     terms: list[Term]
     heads: list[HeadContribution]
     layers: list[LayerContribution]
+    lens: LogitLens | None = None
+    """The logit lens on the same prompt, where it was asked for (``LanguageModel.attribute``)."""
+
+    @property
+    def head_effects(self) -> Tensor:
+        """(layers, heads) float64: each head's direct contribution, ``[L, h]`` as in the head mask."""
+        layers, heads = max(h.layer for h in self.heads) + 1, max(h.head for h in self.heads) + 1
+        values = torch.zeros(layers, heads, dtype=torch.float64)
+        for h in self.heads:
+            values[h.layer, h.head] = h.contribution
+        return values
+
+    @property
+    def layer_effects(self) -> Tensor:
+        """(layers, 2) float64: each layer's attention (heads and bias) and FFN contributions."""
+        return torch.tensor([[row.attention, row.ffn] for row in self.layers], dtype=torch.float64)
+
+
+@dataclass(frozen=True)
+class Attributions:
+    """Direct logit attribution of a batch of prompts: one :class:`Attribution` each, and their
+    tensors stacked (the mean over the batch: ``.head_effects.mean(0)``).
+
+    Attributes:
+        items: one per prompt, in order.
+    """
+
+    items: list[Attribution]
+
+    @property
+    def head_effects(self) -> Tensor:
+        """(B, layers, heads) float64."""
+        return torch.stack([item.head_effects for item in self.items])
+
+    @property
+    def layer_effects(self) -> Tensor:
+        """(B, layers, 2) float64: attention, FFN."""
+        return torch.stack([item.layer_effects for item in self.items])
+
+    @property
+    def values(self) -> Tensor:
+        """(B,) the model's value of each prompt's measure."""
+        return torch.tensor([item.value for item in self.items], dtype=torch.float64)
 
 
 @dataclass(frozen=True)
@@ -258,13 +338,18 @@ def _language_model(source: Any) -> LoadedRun:
     return loaded
 
 
-def _run(loaded: LoadedRun, text: str, sites: dict[str, bool]) -> tuple[list[int], dict[str, Tensor], Tensor]:
+def _run(
+    loaded: LoadedRun, text: str | Sequence[int], sites: dict[str, bool]
+) -> tuple[list[int], dict[str, Tensor], Tensor]:
     """Run the prompt of ``text``; (its ids, site -> value, the logits at the last position (V,)).
 
     ``sites``: name -> keep every position (else the last one only, taken inside the hook).
     """
-    check_input_text(text)
-    ids = language_model_prompt(loaded, text)
+    if isinstance(text, str):
+        check_input_text(text)
+        ids = language_model_prompt(loaded, text)
+    else:
+        ids = check_ids(loaded, [int(i) for i in text], "ids")
     model = loaded.model.eval()
     named = model_sites(model)
     seen: dict[str, Tensor] = {}
@@ -300,15 +385,17 @@ def _label(loaded: LoadedRun, index: int) -> str:
 
 
 @torch.no_grad()
-def direct_logit_attribution(source: Any, text: str, answer: str, wrong: str | None = None) -> Attribution:
+def direct_logit_attribution(
+    source: Any, text: str | Sequence[int], answer: str | int, wrong: str | int | None = None
+) -> Attribution:
     """Decompose the answer's logit (minus the wrong token's) at the last position of ``text``'s
     prompt into the direct contributions of the embeddings, every head, every attention bias and
     FFN, and the final norm's and unembedding's biases (see the module docstring).
 
     Args:
         source: a :class:`~attnlab.run.loaded.LoadedRun`, or what ``attnlab.load`` returns.
-        text: the prompt.
-        answer: the next token (text that is one token).
+        text: the prompt, or its ids as the model reads them.
+        answer: the next token (text that is one token, or its id).
         wrong: another token: decompose logit[answer] - logit[wrong].
 
     Raises:
@@ -376,13 +463,13 @@ def _through(norm: nn.Module | None, frozen: FrozenNorm, x: Tensor, u: Tensor) -
 
 
 @torch.no_grad()
-def logit_lens(source: Any, text: str, *, answer: str | None = None, top_k: int = 5) -> LogitLens:
+def logit_lens(source: Any, text: str | Sequence[int], *, answer: str | int | None = None, top_k: int = 5) -> LogitLens:
     """The next-token distribution read from every layer's residual stream (see the module docstring).
 
     Args:
         source: a :class:`~attnlab.run.loaded.LoadedRun`, or what ``attnlab.load`` returns.
-        text: the prompt.
-        answer: a token (text that is one token) whose rank and probability each row reports.
+        text: the prompt, or its ids as the model reads them.
+        answer: a token (text that is one token, or its id) whose rank and probability each row reports.
         top_k: tokens listed per row.
 
     Raises:

@@ -158,13 +158,21 @@ def continuation_ids(loaded: LoadedRun, text: str) -> list[int]:
     return loaded.tokenizer.encode(text) if loaded.tokenizer is not None else loaded.codec.encode(text)
 
 
-def answer_token(loaded: LoadedRun, text: str, flag: str) -> int:
+def answer_token(loaded: LoadedRun, text: str | int, flag: str) -> int:
     """The id of ``text`` where it is one token as a continuation (:func:`continuation_ids`): an
-    answer whose logit is measured.
+    answer whose logit is measured; an id of the vocabulary is taken as it is.
 
     Raises:
-        UsageError: naming ``flag``, the text and its tokens, where it is not one token.
+        UsageError: naming ``flag``, the text and its tokens, where it is not one token; an id
+        outside the vocabulary.
     """
+    if isinstance(text, int) and not isinstance(text, bool):
+        vocabulary = loaded.model.config.vocab_size
+        if not 0 <= text < vocabulary:
+            raise UsageError(f"{flag}: id {text} lies outside the vocabulary [0, {vocabulary})")
+        return text
+    if not isinstance(text, str):
+        raise UsageError(f"{flag}: a text of one token or a token id is needed, got {type(text).__name__}")
     ids = continuation_ids(loaded, text)
     if len(ids) != 1:
         shown = " ".join(repr(t) for t in loaded.codec.tokens(ids))

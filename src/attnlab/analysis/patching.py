@@ -51,25 +51,31 @@ an encoder, the class logits (B, C) of a classifier, to (B,)):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab.analysis.maps import (  # the prompt `attnlab attention` reads, an answer as a continuation
-    answer_token,
-    continuation_ids,
-    language_model_prompt,
+from attnlab.analysis.patch_measures import (
+    METRICS,
+    RUNNERS,
+    Batch,
+    answer_ids,
+    batch_of,
+    examples_of,
+    language_model_measure,
+    runner_of,
+    user_measure,
 )
+from attnlab.analysis.reports import write_rows
 from attnlab.devices import model_device
 from attnlab.errors import UsageError
 from attnlab.nn.hooks import Site, model_sites, resolve_sites, trace
-from attnlab.nn.models import POOLINGS
-from attnlab.resources import check_input_text, check_input_tokens
 from attnlab.run.loaded import LoadedRun
 from attnlab.tasks.text import read_lines
 
@@ -85,17 +91,11 @@ __all__ = [
     "RUNNERS",
 ]
 
-METRICS = ("logit_diff", "loss", "logprob")
-"""What a language model's patching measures by name (see the module docstring)."""
-
 METHODS = ("exact", "attribution")
 """Exact patching (one forward pass per unit) or attribution patching (one backward pass for all)."""
 
 POSITIONS = ("all", "each")
 """Patch each unit over all positions at once, or position by position."""
-
-Measure = Callable[[Tensor], Tensor]
-"""The metric of a batch of outputs: (B, ...) -> (B,), higher = more like the clean run."""
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ class PatchResult:
             position``, ``cosine to the clean embedding``, ...).
         method: ``exact`` or ``attribution``.
         clean_tokens, corrupt_tokens: the two inputs' token labels (an answer's tokens appended
-            for ``logprob``).
+            for ``logprob``); of the first example of a batch, ``<pad>`` where it is padded.
         groups: one list of rows per site request, by the request (``heads``, ``residual``, or
             the site glob as given), in the order given.
     """
@@ -151,169 +151,73 @@ class PatchResult:
     corrupt_tokens: list[str]
     groups: dict[str, list[SitePatch]]
 
+    def __getitem__(self, request: str) -> Tensor:
+        """The restored fraction of every unit of ``request`` as a tensor (:meth:`tensor`)."""
+        return self.tensor(request)
 
-# ---- how each model kind reads one text, and what is measured -----------------------------------
+    def tensor(self, request: str = "heads", value: str = "restored") -> Tensor:
+        """One request's units as a float64 tensor: sites down (a site per layer: ``layer``), then
+        heads where the sites have heads, then positions where they were patched one by one;
+        NaN where a site has no such unit (``exact``: the units attribution did not verify).
 
+        Args:
+            request: a request as given (``heads``, ``residual``, a site glob).
+            value: ``restored``, ``metric`` or ``exact``.
 
-@dataclass(frozen=True)
-class Runner:
-    """How a model kind turns a text into ids, and ids into the output that is measured.
+        Shape:
+            (layers, heads) for ``heads``; (layers, heads, T) with ``positions="each"``;
+            (layers + 1, T) for ``residual``: :meth:`dims` names them.
+        """
+        rows, dims = self._group(request), self.dims(request)
+        if value not in ("restored", "metric", "exact"):
+            raise UsageError(f"value: unknown {value!r}; allowed: restored, metric, exact")
+        sites = list(dict.fromkeys(r.site for r in rows))
+        shape = [len(sites)]
+        shape += [max(r.head for r in rows if r.head is not None) + 1] if "head" in dims else []
+        shape += [len(self.corrupt_tokens)] if "position" in dims else []
+        values = torch.full(shape, float("nan"), dtype=torch.float64)
+        for r in rows:  # a unit of every head (or position) fills the whole axis
+            index: list[Any] = [sites.index(r.site)]
+            index += [slice(None) if r.head is None else r.head] if "head" in dims else []
+            index += [slice(None) if r.position is None else r.position] if "position" in dims else []
+            cell = getattr(r, value)
+            values[tuple(index)] = float("nan") if cell is None else cell
+        return values
 
-    Attributes:
-        ids: (loaded, text) -> the token ids the model reads.
-        output: (loaded, tokens (B, T)) -> (B, ...) what the metric reads: the logits (B, T, V),
-            the sentence embedding, the class logits.
-        measure: (loaded, clean output, corrupt output) -> the metric and what it is, for people
-            (the kinds without named metrics).
-        what: the model kind, for messages.
-        reads_answer: whether it measures named metrics of ``answer`` and ``wrong`` (a language
-            model's next tokens); for the other kinds giving them is an error, not silently ignored.
-    """
+    def dims(self, request: str = "heads") -> tuple[str, ...]:
+        """The names of :meth:`tensor`'s dimensions for ``request``."""
+        rows = self._group(request)
+        layers = [r.layer for r in rows]
+        per_layer = None not in layers and len({r.site for r in rows}) == len(set(layers))
+        head = ("head",) if any(r.head is not None for r in rows) else ()
+        position = ("position",) if any(r.position is not None for r in rows) else ()
+        return ("layer" if per_layer else "site", *head, *position)
 
-    ids: Callable[[LoadedRun, str], list[int]]
-    output: Callable[[LoadedRun, Tensor], Tensor]
-    measure: Callable[[LoadedRun, Tensor, Tensor], tuple[Measure, str]] | None
-    what: str
-    reads_answer: bool = False
+    def to_csv(self, path: str | Path) -> Path:
+        """Every unit of every request, one row each (the columns of :class:`SitePatch`), as CSV."""
+        rows = [dataclasses.replace(r, **{c: "" for c in COLUMNS if getattr(r, c) is None}) for r in self.rows()]
+        return write_rows(rows, Path(path), COLUMNS)
 
+    def to_frame(self) -> Any:
+        """A pandas DataFrame of every unit (pandas where a notebook has it)."""
+        try:
+            import pandas  # lazy: an optional package, for notebooks
+        except ImportError:
+            raise UsageError("to_frame: needs pandas (pip install pandas); to_csv writes the same table") from None
+        return pandas.DataFrame([dataclasses.asdict(r) for r in self.rows()], columns=list(COLUMNS))
 
-def _lm_ids(loaded: LoadedRun, text: str) -> list[int]:
-    return language_model_prompt(loaded, text)
+    def rows(self) -> list[SitePatch]:
+        """Every unit of every request, in order (a unit in two requests, twice)."""
+        return [row for group in self.groups.values() for row in group]
 
-
-def _lm_output(loaded: LoadedRun, tokens: Tensor) -> Tensor:
-    return loaded.model(tokens, is_token=torch.ones_like(tokens, dtype=torch.bool))  # (B, T, V)
-
-
-def _encoder_ids(loaded: LoadedRun, text: str) -> list[int]:
-    ids = loaded.codec.encode(text)
-    check_input_tokens(len(ids), context=loaded.model.config.max_len)
-    return ids
-
-
-def _encoder_output(loaded: LoadedRun, tokens: Tensor) -> Tensor:
-    hidden = loaded.model(tokens)
-    return POOLINGS[loaded.task.pooling](hidden, torch.ones_like(tokens, dtype=torch.bool))  # (B, d_model)
-
-
-def _classifier_ids(loaded: LoadedRun, text: str) -> list[int]:
-    ids = loaded.codec.encode(text) + [loaded.task.eos_id]
-    check_input_tokens(len(ids), context=loaded.model.config.max_len)
-    return ids
-
-
-def _classifier_output(loaded: LoadedRun, tokens: Tensor) -> Tensor:
-    return loaded.model(tokens)  # (B, C)
-
-
-def _encoder_measure(loaded: LoadedRun, clean: Tensor, corrupt: Tensor) -> tuple[Measure, str]:
-    """The cosine of the sentence embedding to the clean one."""
-    reference = clean[0]
-    return lambda out: F.cosine_similarity(out, reference.expand_as(out), dim=-1), "cosine to the clean embedding"
-
-
-def _classifier_measure(loaded: LoadedRun, clean: Tensor, corrupt: Tensor) -> tuple[Measure, str]:
-    """The clean run's class logit minus the largest other class logit."""
-    chosen = int(clean[0].argmax())
-
-    def margin(out: Tensor) -> Tensor:
-        others = out.clone()
-        others[:, chosen] = float("-inf")
-        return out[:, chosen] - others.max(-1).values
-
-    return margin, f"logit of class {chosen} (the clean run's) minus the largest other"
+    def _group(self, request: str) -> list[SitePatch]:
+        if request not in self.groups:
+            raise UsageError(f"request: {request!r} was not patched; patched: {', '.join(self.groups)}")
+        return self.groups[request]
 
 
-RUNNERS: dict[str, Runner] = {
-    "decoder_only": Runner(_lm_ids, _lm_output, None, "language model", reads_answer=True),
-    "encoder": Runner(_encoder_ids, _encoder_output, _encoder_measure, "sentence encoder"),
-    "encoder_classifier": Runner(_classifier_ids, _classifier_output, _classifier_measure, "classifier"),
-}
-"""Registry: model kind -> :class:`Runner`. An encoder-decoder is not here: its output is a decoded
-sequence, whose length the patch itself can change."""
-
-
-def runner_of(loaded: LoadedRun, flag: str = "RUN") -> Runner:
-    kind = loaded.experiment.model_kind
-    if kind not in RUNNERS:
-        raise UsageError(
-            f"{flag}: patching reads one output of a language model, sentence encoder or classifier; "
-            f"this run's model is {kind!r} (its output is a decoded sequence)"
-        )
-    return RUNNERS[kind]
-
-
-# ---- a language model's named metrics -------------------------------------------------------------
-
-
-def _answer_tokens(loaded: LoadedRun, metric: str, answer: str | None) -> list[int]:
-    """The answer's tokens that ``logprob`` reads teacher-forced (none for the other metrics, or
-    without an answer: the clean run's top next token then)."""
-    if metric != "logprob" or answer is None:
-        return []
-    ids = continuation_ids(loaded, answer)
-    if not ids:
-        raise UsageError(f"--answer: {answer!r} is no token; give the text whose log-probability is measured")
-    return ids
-
-
-def _log_probs(out: Tensor) -> Tensor:
-    """log-softmax over the vocabulary in at least float32."""
-    return F.log_softmax(out.to(torch.promote_types(out.dtype, torch.float32)), -1)
-
-
-def _lm_measure(
-    loaded: LoadedRun,
-    clean: Tensor,
-    corrupt: Tensor,
-    metric: str,
-    answer: str | None,
-    wrong: str | None,
-    answer_ids: list[int],
-) -> tuple[Measure, str]:
-    """The answer's logit minus the wrong token's at the last position, or the answer's log-probability.
-
-    Shape:
-        clean, corrupt: (1, T, V), the logits of the two inputs (with the answer's tokens but the
-        last appended for ``logprob`` with an answer).
-    """
-    label = lambda i: repr(loaded.codec.tokens([i])[0])  # noqa: E731
-    if answer_ids:  # logprob: sum_i log p(a_i | prompt, a_<i), the logits at the last n positions
-        n = len(answer_ids)
-        index = torch.tensor(answer_ids, device=clean.device)  # (n,)
-        shown = " ".join(label(i) for i in answer_ids)
-
-        def logprob(out: Tensor) -> Tensor:
-            last = _log_probs(out[:, out.shape[1] - n :])  # (B, n, V)
-            return last.gather(-1, index.expand(out.shape[0], n).unsqueeze(-1)).squeeze(-1).sum(-1)
-
-        return logprob, f"log p({shown}) after the prompt, teacher-forced ({n} tokens)"
-    good = answer_token(loaded, answer, "--answer") if answer is not None else int(clean[0, -1].argmax())
-    if metric in ("loss", "logprob"):
-        return lambda out: _log_probs(out[:, -1])[:, good], f"log p({label(good)}) at the last position"
-    bad = answer_token(loaded, wrong, "--wrong") if wrong is not None else int(corrupt[0, -1].argmax())
-    if bad == good:
-        raise UsageError(
-            f"--answer/--wrong: the clean and the corrupt input both lead to {label(good)}; give two different "
-            "next tokens (--answer for the clean input's, --wrong for the corrupt one's), or --metric loss"
-        )
-    return (
-        lambda out: out[:, -1, good] - out[:, -1, bad],
-        f"logit[{label(good)}] - logit[{label(bad)}] at the last position",
-    )
-
-
-def _user_measure(metric: Callable[[Tensor], Tensor]) -> Measure:
-    """A metric given as a function, checked to give one value per example."""
-
-    def measure(out: Tensor) -> Tensor:
-        value = metric(out)
-        if not isinstance(value, Tensor) or value.shape != (out.shape[0],):
-            shape = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
-            raise ValueError(f"metric: must map the output ({out.shape[0]}, ...) to ({out.shape[0]},); it gave {shape}")
-        return value
-
-    return measure
+COLUMNS = tuple(field.name for field in dataclasses.fields(SitePatch))
+"""The columns of a patching table (:meth:`PatchResult.to_csv`, ``attnlab patch``'s CSV)."""
 
 
 # ---- what is patched: sites split into units ------------------------------------------------------
@@ -378,47 +282,53 @@ def _mask(unit_rows: list[tuple[int, Unit]], shape: torch.Size, device: torch.de
 
 def _exact(
     model: torch.nn.Module,
-    run: Callable[[Tensor], Tensor],
-    corrupt: Tensor,
+    run: Callable[[Batch], Tensor],
+    corrupt: Batch,
     clean: dict[str, Tensor],
     units: list[Unit],
     batch: int,
     tick: Callable[[], None],
 ) -> list[float]:
-    """m_patched of every unit: the corrupt input repeated, example i with unit i's clean slice, in
-    passes of ``batch`` examples."""
+    """m_patched of every unit, the mean over the B examples: the corrupt batch repeated, copy i
+    with unit i's clean slice, in passes of about ``batch`` rows (at least one unit each)."""
+    examples = len(corrupt.tokens)
+    per_pass = max(1, batch // examples)
     values: list[float] = []
-    for start in range(0, len(units), batch):
-        chunk = units[start : start + batch]
+    for start in range(0, len(units), per_pass):
+        chunk = units[start : start + per_pass]
         by_site: dict[str, list[tuple[int, Unit]]] = {}
-        for example, unit in enumerate(chunk):
-            by_site.setdefault(unit.site.name, []).append((example, unit))
+        for copy, unit in enumerate(chunk):
+            rows = [(copy * examples + example, unit) for example in range(examples)]
+            by_site.setdefault(unit.site.name, []).extend(rows)
         with trace(model) as t:
             for name, rows in by_site.items():
                 t.edit(name, _patcher(clean[name], rows))
-            values += run(corrupt.expand(len(chunk), -1)).double().tolist()
+            measured = run(corrupt.tiled(len(chunk) * examples)).double()
+        values += measured.reshape(len(chunk), examples).mean(1).tolist()
         tick()
     return values
 
 
 def _patcher(clean: Tensor, rows: list[tuple[int, Unit]]) -> Callable[[Tensor], Tensor]:
-    """x -> the clean value on each example's unit slice, x elsewhere."""
+    """x -> the clean value (its example's, the batch repeated) on each row's unit slice, x elsewhere."""
 
     def edit(x: Tensor) -> Tensor:
-        return torch.where(_mask(rows, x.shape, x.device), clean.to(x.dtype).expand_as(x), x)
+        source = clean.to(x.dtype).repeat(len(x) // len(clean), *([1] * (clean.dim() - 1)))
+        return torch.where(_mask(rows, x.shape, x.device), source, x)
 
     return edit
 
 
 def _attribution(
     model: torch.nn.Module,
-    run: Callable[[Tensor], Tensor],
-    corrupt: Tensor,
+    run: Callable[[Batch], Tensor],
+    corrupt: Batch,
     clean: dict[str, Tensor],
     units: list[Unit],
 ) -> list[float]:
-    """The first-order estimate of every unit: sum over its slice of (a_clean - a_corrupt) dm/da at
-    the corrupt run, from one forward and one backward pass."""
+    """The first-order estimate of every unit: sum over its slice (and the examples) of
+    (a_clean - a_corrupt) dm/da at the corrupt run, m the mean over the examples, from one
+    forward and one backward pass."""
     names = list(dict.fromkeys(unit.site.name for unit in units))
     probes: dict[str, Tensor] = {}
     values: dict[str, Tensor] = {}
@@ -434,12 +344,12 @@ def _attribution(
     with torch.enable_grad(), trace(model) as t:
         for name in names:
             t.edit(name, probe(name))
-        metric = run(corrupt).sum()
+        metric = run(corrupt).mean()
         grads = torch.autograd.grad(metric, [probes[name] for name in names], allow_unused=True)
     effects = {}
     for name, grad in zip(names, grads, strict=True):  # (a_clean - a_corrupt) * dm/da, per element
         gradient = torch.zeros_like(values[name]) if grad is None else grad
-        effects[name] = ((clean[name].double() - values[name].double()) * gradient.double())[0]  # in float64
+        effects[name] = ((clean[name].double() - values[name].double()) * gradient.double()).sum(0)  # in float64
     estimates = []
     for unit in units:
         effect = effects[unit.site.name]  # the batch axis gone: axes shift by one
@@ -471,12 +381,12 @@ def check_choices(
 
 def patch(
     loaded: LoadedRun,
-    clean_text: str,
-    corrupt_text: str,
+    clean: Any,
+    corrupt: Any,
     *,
     metric: str | Callable[[Tensor], Tensor] = "logit_diff",
-    answer: str | None = None,
-    wrong: str | None = None,
+    answer: Any = None,
+    wrong: Any = None,
     sites: Sequence[str] = NAMED_SITES,
     positions: str | None = None,
     method: str = "exact",
@@ -488,25 +398,29 @@ def patch(
 
     Args:
         loaded: a language model, sentence encoder or classifier.
-        clean_text, corrupt_text: the two inputs, of as many tokens.
+        clean, corrupt: the two inputs, each a text, ids (a list or a (T,) tensor), or a batch of
+            B texts or id lists ((B, T) tensor); example i of each of as many tokens. A language
+            model's examples may differ in length (left-padded); the metric is the mean over them.
         metric: a name of :data:`METRICS` (a language model's), or a function of the model's output
             to (B,), higher = more like the clean run.
-        answer, wrong: a language model's tokens for the named metrics (``answer`` of any number of
-            tokens for ``logprob``).
+        answer, wrong: a language model's tokens for the named metrics: a text of one token or an
+            id, for every example, or a list with one per example (``answer`` of any number of
+            tokens for ``logprob``, one text for the batch).
         sites: named requests (:data:`NAMED_SITES`) or site names and globs, each a group of rows.
         positions: ``all`` or ``each`` for every site; None: all for sites with heads, each otherwise.
         method: ``exact`` or ``attribution``.
         verify_top: attribution: patch exactly this many units of each request, those with the
             largest |estimate|.
-        batch_size: examples in one patched forward pass.
+        batch_size: rows of one patched forward pass (the B examples of a unit are never split).
         progress: called after each forward pass of patching with the number of passes in all.
 
     Raises:
         UsageError: an encoder-decoder run, inputs of different token counts (both tokenizations
-            shown), an unknown metric, method, positions or site, an answer that is not one token
-            (or no token for ``logprob``), the same answer and wrong token, an answer or wrong token
-            for a model that is not a language model or with a metric function, or inputs the
-            model measures alike (nothing to restore).
+            shown), batches of different sizes or of mixed types, an id outside the vocabulary, an
+            unknown metric, method, positions or site, an answer that is not one token (or no token
+            for ``logprob``), the same answer and wrong token, an answer or wrong token for a model
+            that is not a language model or with a metric function, or inputs the model measures
+            alike (nothing to restore).
     """
     check_choices(metric, method, positions, verify_top)
     named = isinstance(metric, str)
@@ -521,34 +435,34 @@ def patch(
         raise UsageError(
             f"{given[0]}: only for a language model's named metrics (the next token it measures); {reason}"
         )
-    check_input_text(clean_text, what="--clean")
-    check_input_text(corrupt_text, what="--corrupt")
-    answer_ids = _answer_tokens(loaded, metric, answer) if named and runner.reads_answer else []
-    clean_ids, corrupt_ids = runner.ids(loaded, clean_text), runner.ids(loaded, corrupt_text)
-    if len(clean_ids) != len(corrupt_ids):
-        clean_tokens, corrupt_tokens = loaded.codec.tokens(clean_ids), loaded.codec.tokens(corrupt_ids)
-        raise UsageError(
-            f"--clean and --corrupt must have the same number of tokens: clean has {len(clean_ids)} "
-            f"({' | '.join(clean_tokens)}), corrupt has {len(corrupt_ids)} ({' | '.join(corrupt_tokens)})"
-        )
-    clean_ids, corrupt_ids = clean_ids + answer_ids[:-1], corrupt_ids + answer_ids[:-1]  # teacher-forced answer
-    clean_tokens, corrupt_tokens = loaded.codec.tokens(clean_ids), loaded.codec.tokens(corrupt_ids)
+    appended = answer_ids(loaded, metric, answer) if named and runner.reads_answer else []
+    clean_ids, corrupt_ids = (
+        examples_of(loaded, runner, clean, "--clean"),
+        examples_of(loaded, runner, corrupt, "--corrupt"),
+    )
+    _check_pairs(loaded, runner, clean_ids, corrupt_ids)
+    clean_ids = [ids + appended[:-1] for ids in clean_ids]  # a teacher-forced answer
+    corrupt_ids = [ids + appended[:-1] for ids in corrupt_ids]
     model = loaded.model.eval()
     requests = _requests(model, sites)
     device = model_device(model)
-    clean, corrupt = (torch.tensor([ids], device=device) for ids in (clean_ids, corrupt_ids))
+    pad = getattr(loaded.task, "pad_id", 0)
+    clean_batch, corrupt_batch = batch_of(clean_ids, pad, device), batch_of(corrupt_ids, pad, device)
+    padding = ["<pad>"] * (clean_batch.tokens.shape[1] - len(clean_ids[0]))  # the first example's labels, padded
+    clean_tokens = padding + loaded.codec.tokens(clean_ids[0])
+    corrupt_tokens = padding + loaded.codec.tokens(corrupt_ids[0])
     names = list(dict.fromkeys(site.name for chosen in requests.values() for site in chosen))
     with torch.no_grad():
         with trace(model, cache=names) as seen:
-            clean_out = runner.output(loaded, clean)
-        corrupt_out = runner.output(loaded, corrupt)
+            clean_out = runner.output(loaded, clean_batch.tokens, clean_batch.is_token)
+        corrupt_out = runner.output(loaded, corrupt_batch.tokens, corrupt_batch.is_token)
         if not named:
-            measure, measured = _user_measure(metric), getattr(metric, "__name__", "the metric given")  # type: ignore[arg-type]
+            measure, measured = user_measure(metric), getattr(metric, "__name__", "the metric given")  # type: ignore[arg-type]
         elif runner.measure is None:
-            measure, measured = _lm_measure(loaded, clean_out, corrupt_out, metric, answer, wrong, answer_ids)  # type: ignore[arg-type]
+            measure, measured = language_model_measure(loaded, clean_out, corrupt_out, metric, answer, wrong, appended)  # type: ignore[arg-type]
         else:
             measure, measured = runner.measure(loaded, clean_out, corrupt_out)
-        m_clean, m_corrupt = float(measure(clean_out)[0]), float(measure(corrupt_out)[0])
+        m_clean, m_corrupt = float(measure(clean_out).double().mean()), float(measure(corrupt_out).double().mean())
     if abs(m_clean - m_corrupt) <= 1e-6 * max(1.0, abs(m_clean)):
         raise UsageError(
             f"--clean/--corrupt: the model measures both alike ({measured}: {m_clean:.6g} and "
@@ -556,8 +470,8 @@ def patch(
         )
     cache = seen.cache
 
-    def run(tokens: Tensor) -> Tensor:
-        return measure(runner.output(loaded, tokens))
+    def run(batch: Batch) -> Tensor:
+        return measure(runner.output(loaded, batch.tokens, batch.is_token))
 
     groups = {
         request: [u for site in chosen for u in _units(site, cache[site.name].shape, positions)]
@@ -565,22 +479,25 @@ def patch(
     }
     units = list(dict.fromkeys(u for group in groups.values() for u in group))
     gap = m_clean - m_corrupt
+    per_pass = max(1, batch_size // len(clean_ids))
     if method == "exact":
-        passes = math.ceil(len(units) / batch_size)
+        passes = math.ceil(len(units) / per_pass)
         tick = (lambda: progress(passes)) if progress else (lambda: None)  # noqa: E731
         with torch.no_grad():
-            metrics = dict(zip(units, _exact(model, run, corrupt, cache, units, batch_size, tick), strict=True))
-        rows = {u: (metrics[u], None) for u in units}
+            exact = _exact(model, run, corrupt_batch, cache, units, batch_size, tick)
+        rows = {u: (value, None) for u, value in zip(units, exact, strict=True)}
     else:
-        passes = 1 + math.ceil(sum(min(verify_top, len(group)) for group in groups.values()) / batch_size)
+        passes = 1 + math.ceil(sum(min(verify_top, len(group)) for group in groups.values()) / per_pass)
         tick = (lambda: progress(passes)) if progress else (lambda: None)  # noqa: E731
-        estimates = dict(zip(units, _attribution(model, run, corrupt, cache, units), strict=True))
+        estimates = dict(zip(units, _attribution(model, run, corrupt_batch, cache, units), strict=True))
         tick()
         ranked = (sorted(group, key=lambda u: -abs(estimates[u]))[:verify_top] for group in groups.values())
         top = list(dict.fromkeys(u for group in ranked for u in group))  # each request's largest |estimate|
         with torch.no_grad():
-            exact = dict(zip(top, _exact(model, run, corrupt, cache, top, batch_size, tick), strict=True))
-        rows = {u: (m_corrupt + estimates[u], (exact[u] - m_corrupt) / gap if u in exact else None) for u in units}
+            verified = dict(zip(top, _exact(model, run, corrupt_batch, cache, top, batch_size, tick), strict=True))
+        rows = {
+            u: (m_corrupt + estimates[u], (verified[u] - m_corrupt) / gap if u in verified else None) for u in units
+        }
 
     def row(unit: Unit) -> SitePatch:
         site, value = unit.site, rows[unit][0]
@@ -601,6 +518,22 @@ def patch(
 
     result_groups = {request: [row(u) for u in group] for request, group in groups.items()}
     return PatchResult(measured, method, m_clean, m_corrupt, clean_tokens, corrupt_tokens, result_groups)
+
+
+def _check_pairs(loaded: LoadedRun, runner: Any, clean: list[list[int]], corrupt: list[list[int]]) -> None:
+    """Example i of the clean and of the corrupt batch of as many tokens; a model other than a
+    language model reads examples of one length (it is not padded)."""
+    if len(clean) != len(corrupt):
+        raise UsageError(f"--clean and --corrupt: batches of {len(clean)} and {len(corrupt)} examples; give as many")
+    for number, (a, b) in enumerate(zip(clean, corrupt, strict=True)):
+        if len(a) != len(b):
+            which = "" if len(clean) == 1 else f" (example {number})"
+            raise UsageError(
+                f"--clean and --corrupt must have the same number of tokens{which}: clean has {len(a)} "
+                f"({' | '.join(loaded.codec.tokens(a))}), corrupt has {len(b)} ({' | '.join(loaded.codec.tokens(b))})"
+            )
+    if not runner.reads_answer and len({len(ids) for ids in clean}) > 1:
+        raise UsageError(f"--clean: a {runner.what} reads a batch of examples of one length; these differ")
 
 
 # ---- mean ablation -------------------------------------------------------------------------------
@@ -628,7 +561,7 @@ def head_means(loaded: LoadedRun, texts_file: str | Path) -> dict[str, Tensor]:
         for text in texts:
             tokens = torch.tensor([runner.ids(loaded, text)], device=device)
             with trace(model, cache=pattern) as seen:
-                runner.output(loaded, tokens)
+                runner.output(loaded, tokens, torch.ones_like(tokens, dtype=torch.bool))
             for name, z in seen.cache.items():  # (1, H, T, d_v)
                 sums[name] = sums.get(name, 0) + z[0].double().sum(1)  # (H, d_v)
             positions += tokens.shape[1]

@@ -135,20 +135,26 @@ class EncoderDecoderStepper:
 class DecoderOnlyStepper:
     """Steps a :class:`DecoderOnly` model; the prefix is the prompt plus what was generated."""
 
-    def __init__(self, model: DecoderOnly, *, use_cache: bool) -> None:
+    def __init__(self, model: DecoderOnly, *, use_cache: bool, prompt_is_token: Tensor | None = None) -> None:
         self.model = model
         self.state = model.new_state() if use_cache else None
+        self.prompt_is_token = prompt_is_token  # (B, t0): False at a left-padded prompt's padding
 
     def next_logits(self, prefix: Tensor) -> Tensor:
-        # Every position of a prefix is a real token (prompts of a batch have equal length): say so,
-        # since a model's padding id may be a real token too (SmolLM2's PAD is its EOS).
-        new = prefix if self.state is None else prefix[:, len(self.state) :]
-        is_token = torch.ones(new.shape, dtype=torch.bool, device=new.device)
-        return self.model(new, state=self.state, is_token=is_token)[:, -1]
+        # Every position after the prompts' padding is a real token: say so, since a model's
+        # padding id may be a real token too (SmolLM2's PAD is its EOS).
+        start = 0 if self.state is None else len(self.state)
+        new = prefix[:, start:]
+        is_token = torch.ones(prefix.shape, dtype=torch.bool, device=new.device)
+        if self.prompt_is_token is not None:
+            is_token[:, : self.prompt_is_token.shape[1]] = self.prompt_is_token
+        return self.model(new, state=self.state, is_token=is_token[:, start:])[:, -1]
 
     def reorder(self, index: Tensor) -> None:
         if self.state is not None:
             self.state.reorder(index)
+        if self.prompt_is_token is not None:
+            self.prompt_is_token = self.prompt_is_token[index]
 
 
 def _forbid(logits: Tensor, banned: Sequence[int]) -> Tensor:
@@ -395,17 +401,21 @@ def generate_continuations(
     device: torch.device | str | None = None,
     head_mask: HeadMask | None = None,
     on_token: OnToken | None = None,
+    pad_id: int | None = None,
 ) -> list[Hypothesis]:
     """Continue each prompt with a :class:`DecoderOnly` model.
 
     Prompts of equal length are decoded together; prompts of different lengths go in separate
-    batches, so that no padding shifts a position (absolute positions start at 0 in every row).
+    batches, so that no padding shifts a position (absolute positions start at 0 in every row),
+    or with ``pad_id`` all in one batch, left-padded and masked (the model counts each row's
+    positions from its first real token, so a row continues as it does alone, up to rounding).
 
     Args:
         banned: ids never produced (a trained task's PAD and BOS; nothing for a pretrained LM).
         options: greedy, beam or sampling (``options.sampling``).
         on_token: called with each step's tokens, (B,) of the batch being decoded (greedy and
             sampling only; streaming one prompt at a time).
+        pad_id: the id written at padded positions, to decode prompts of different lengths together.
     """
     device = model_device(model) if device is None else device
     results: list[Hypothesis | None] = [None] * len(prompts)
@@ -413,11 +423,15 @@ def generate_continuations(
     for index, prompt in enumerate(prompts):
         if not prompt:
             raise ValueError(f"prompt {index} is empty: give at least a BOS token")
-        by_length.setdefault(len(prompt), []).append(index)
+        by_length.setdefault(len(prompt) if pad_id is None else 0, []).append(index)
     with _evaluation_mode(model), masking_heads(model, head_mask):
         for indices in by_length.values():
-            prefix = torch.tensor([list(prompts[i]) for i in indices], dtype=torch.long, device=device)
-            stepper = DecoderOnlyStepper(model, use_cache=options.use_cache)
+            width = max(len(prompts[i]) for i in indices)
+            rows = [[pad_id] * (width - len(prompts[i])) + list(prompts[i]) for i in indices]
+            prefix = torch.tensor(rows, dtype=torch.long, device=device)
+            is_token = torch.tensor([[i >= width - len(prompts[j]) for i in range(width)] for j in indices])
+            padded = None if bool(is_token.all()) else is_token.to(device)
+            stepper = DecoderOnlyStepper(model, use_cache=options.use_cache, prompt_is_token=padded)
             found = _search(stepper, prefix, eos_id=eos_id, banned=banned, options=options, on_token=on_token)
             for index, hypothesis in zip(indices, found):
                 results[index] = hypothesis

