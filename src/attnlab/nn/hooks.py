@@ -4,7 +4,8 @@ Every tensor worth observing inside a forward pass is a named *site*; a *hook* o
 function, tensor in, tensor out, that the forward pass calls and goes on with what it returns.
 Everything that observes or intervenes is hooks on sites:
 
-* :func:`trace` caches sites and edits them (replace, add, scale, any function) on a slice;
+* :func:`trace` caches sites and edits them (replace, add, scale, any function) on a slice, or
+  runs a module in place of a site (an SAE, a transcoder: :mod:`attnlab.nn.replacement`);
 * :func:`capture` is a view of caching ``*.attn.pattern`` and ``*.attn.z`` at every call;
 * :func:`masking_heads` applies Michel §2.3's head mask xi: a scale of each ``*.attn.z``, xi_h
   head_h before W^O, differentiable in xi (head importance is dL/dxi_h);
@@ -88,6 +89,9 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
+
+from attnlab.errors import UsageError
+from attnlab.nn.replacement import Replacement
 
 __all__ = [
     "Hook",
@@ -310,6 +314,8 @@ class _Handler:
     record: bool = False
     device: torch.device | None = None
     """Where the cached tensor is kept (None: where the site computed it, its layer's device)."""
+    after: list[Hook] = field(default_factory=list)
+    """Run last, on the value as cached: a module replacing the site, or reading it (:class:`Replacement`)."""
 
     def __call__(self, x: Tensor) -> Tensor:
         for edit in self.edits:
@@ -317,6 +323,8 @@ class _Handler:
         if self.record:
             kept = _own(x.detach() if self.detach else x)
             self.cache[self.site.name] = kept if self.device is None else kept.to(self.device)
+        for hook in self.after:
+            x = hook(x)
         return x
 
 
@@ -330,7 +338,8 @@ class Trace:
     """The sites of one traced model, what is cached from them, and the edits on them.
 
     Attributes:
-        sites: every site of the model, by name (:func:`model_sites`).
+        sites: every site of the model, by name (:func:`model_sites`), and the sub-sites of the
+            modules that replace sites (:meth:`replace_with`).
         cache: site name -> its tensor in the latest forward pass, for the requested sites.
     """
 
@@ -385,6 +394,29 @@ class Trace:
         """Multiply the site's value by ``factor`` on the selection (0.0: zero ablation)."""
         self.edit(site, lambda x: x * _as(factor, x, site), **selection)
 
+    def replace_with(
+        self, site: str, module: nn.Module, *, keep_error: bool = False, reads: str | None = None
+    ) -> list[str]:
+        """Run ``module`` in place of the site, y -> module(y) (:class:`Replacement`), after the
+        site's edits; ``SITE.features`` (a module with ``encode`` and ``decode``: an SAE, a
+        transcoder), ``SITE.reconstruction`` and ``SITE.error`` become sites of this trace.
+
+        Args:
+            site: one site name.
+            module: any ``nn.Module`` mapping the site's tensor to one of its shape.
+            keep_error: go on with reconstruction + error, y until an edit (SAELens' use_error_term).
+            reads: a site computed earlier that the module reads instead (a transcoder's MLP input).
+
+        Returns:
+            The names of the new sites.
+        """
+        replacement = Replacement(module, site, keep_error=keep_error, reads=reads)
+        self.sites = replacement.splice(self.sites)
+        self._handler(site).after.append(replacement)
+        if reads is not None:
+            self._handler(reads).after.append(replacement.read)
+        return [f"{site}.{point}" for point in replacement.site_points]
+
     def _handler(self, name: str) -> _Handler:
         if name not in self._handlers:
             handler = self._handlers[name] = _Handler(self.sites[name], self.cache, self._detach, device=self._device)
@@ -404,6 +436,8 @@ def trace(
     *,
     detach: bool = True,
     device: str | torch.device | None = None,
+    replace: Mapping[str, nn.Module] | None = None,
+    keep_error: bool = False,
 ) -> Iterator[Trace]:
     """Trace ``model`` inside the block: cache the sites matching ``cache`` and apply the edits given
     to the yielded :class:`Trace`; on leaving, the model is as it was.
@@ -425,12 +459,19 @@ def trace(
         detach: cache detached tensors (False to backpropagate through them).
         device: where the cached tensors are kept; default where each site computed them (its
             layer's device, for a model placed over several: :mod:`attnlab.pretrained.placement`).
+        replace: site name -> a module run in place of it (:meth:`Trace.replace_with`), whose
+            sub-sites ``cache`` may name (``"decoder.1.resid_post.*"``).
+        keep_error: the modules of ``replace`` add their error back.
 
     Yields:
         The :class:`Trace`.
     """
+    if keep_error and not replace:
+        raise UsageError("trace: keep_error=True applies to the modules of replace=, and none is given")
     traced = Trace(model, detach=detach, device=device)
     try:
+        for site, module in (replace or {}).items():
+            traced.replace_with(site, module, keep_error=keep_error)
         if cache is not None:
             traced.record(cache)
         yield traced
