@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from attnlab.analysis.maps import decode_source
 from attnlab.devices import model_device
@@ -354,10 +354,22 @@ class LanguageModel(Studies):
         *,
         detach: bool = True,
         device: str | torch.device | None = None,
+        replace: Mapping[str, nn.Module] | None = None,
+        keep_error: bool = False,
     ) -> AbstractContextManager[Trace]:
-        """:func:`attnlab.trace` on this model: cache or edit its named sites (``attnlab sites``);
-        ``device``: where cached tensors are kept (default: each site's layer's device)."""
-        return trace(self.model, cache, detach=detach, device=device)
+        """:func:`attnlab.trace` on this model: cache or edit its named sites (``attnlab sites``).
+
+        Args:
+            cache: site names or globs whose values are kept in ``t.cache``.
+            device: where cached tensors are kept (default: each site's layer's device).
+            replace: site -> any ``nn.Module`` run on the site's value in its place: a sparse
+                autoencoder or transcoder trained elsewhere (:mod:`attnlab.nn.replacement`); one
+                with ``encode``/``decode`` adds the sites ``SITE.features``, ``SITE.reconstruction``
+                and ``SITE.error``, cached and edited as any other.
+            keep_error: add the replacement's error back, so the model computes what it did while
+                its features can be read and edited (SAELens' ``use_error_term``).
+        """
+        return trace(self.model, cache, detach=detach, device=device, replace=replace, keep_error=keep_error)
 
     @property
     def head_mask_shapes(self) -> dict[str, tuple[int, int]]:

@@ -1,4 +1,4 @@
-"""``LanguageModel.head_importance``: Michel et al.'s I_h from a batch of token ids, on a tiny random
+"""``LanguageModel.importance`` of token ids: Michel et al.'s I_h from a batch of token ids, on a tiny random
 Llama-style run in float64. It is the importance of ``attnlab heads importance`` on the same texts,
 and each head's score is the mean over the rows of the central finite difference of the row's loss
 in xi_h; padding on either side counts for nothing; parameters keep requiring gradients after it."""
@@ -65,7 +65,7 @@ def test_head_importance_of_ids_equals_the_importance_of_the_same_texts(lm) -> N
 def test_head_importance_equals_finite_differences_of_each_rows_loss(lm) -> None:
     model, _ = lm
     rows = [row[:12] for row in _rows(model)]
-    scores = model.importance(torch.tensor(rows), progress=False).tensor
+    scores = model.importance(torch.tensor(rows), progress=False)
     layers, heads = model.head_mask_shapes["self"]
     eps = 1e-5
     expected = torch.zeros(layers, heads, dtype=torch.float64)
@@ -88,12 +88,10 @@ def test_head_importance_equals_finite_differences_of_each_rows_loss(lm) -> None
 def test_bad_ids_are_refused_with_the_reason(lm) -> None:
     model, _ = lm
     with pytest.raises(UsageError, match="two real tokens"):
-        model.importance(
-            torch.tensor([[5, 6, 7], [5, 6, 7]]), torch.tensor([[1, 1, 1], [0, 0, 1]]), progress=False
-        ).tensor
+        model.importance(torch.tensor([[5, 6, 7], [5, 6, 7]]), torch.tensor([[1, 1, 1], [0, 0, 1]]), progress=False)
     with pytest.raises(UsageError, match="integer tensor"):
-        model.importance(torch.ones(2, 3), progress=False).tensor
+        model.importance(torch.ones(2, 3), progress=False)
     with pytest.raises(UsageError, match="shape"):
-        model.importance(torch.tensor([[5, 6, 7]]), torch.ones(1, 2), progress=False).tensor
+        model.importance(torch.tensor([[5, 6, 7]]), torch.ones(1, 2), progress=False)
     with pytest.raises(UsageError, match="vocabulary|must lie"):
-        model.importance(torch.tensor([[5, 6, 10**6]]), progress=False).tensor
+        model.importance(torch.tensor([[5, 6, 10**6]]), progress=False)
