@@ -98,7 +98,7 @@ def test_captured_records_get_the_viewers_overview_of_every_layer_whatever_is_em
 
 
 def container_id(html: str) -> str:
-    found = re.match(r'<div id="([^"]+)" class="attnlab-nb" data-view="(model|head)">', html)
+    found = re.match(r'<div id="([^"]+)" class="attnlab-nb" data-view="(model|head|patterns)">', html)
     assert found, html[:100]
     assert f'attnlabNotebook.render(document.getElementById("{found[1]}"));</script></div>' in html
     assert html.count(found[1]) == 2  # the container and the call that draws into it
@@ -163,7 +163,7 @@ def test_too_many_weights_ask_for_fewer_layers(monkeypatch, lm_run):
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
-        ({"view": "heads"}, "view: unknown 'heads'; allowed: model, head"),
+        ({"view": "heads"}, "view: unknown 'heads'; allowed: model, head, patterns"),
         ({"layers": [2]}, "layers: 2 is not a layer of this model (0..1)"),
         ({"layers": []}, "layers: empty; name at least one layer"),
         ({"layers": [1], "layer": 0}, "layer: 0 is not one of the layers shown (1)"),

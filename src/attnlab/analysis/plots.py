@@ -3,6 +3,8 @@
 :func:`attention_figures` draws every map of an :class:`~attnlab.analysis.maps.AttentionView`
 (each head of each layer of each kind, one grid per layer, and for hard attention the argmax
 pattern); :func:`save_attention_pictures` writes them all, as ``attnlab attention`` does.
+:func:`heads_heatmap` draws a number per head (layers x heads), or per head and position, such as
+what patching, attribution or a detector found.
 """
 
 from __future__ import annotations
@@ -14,20 +16,29 @@ from pathlib import Path
 
 import numpy as np
 import PIL.Image
+import torch
+from torch import Tensor
 
 from attnlab.analysis.maps import AttentionView, kind_maps
 from attnlab.errors import UsageError
-from attnlab.figures import Figure, head_heatmap, layer_grid, plt
+from attnlab.figures import Figure, head_heatmap, layer_grid, plt, save_figure
 from attnlab.head_ids import KIND_TITLES, HeadId
 from attnlab.run.storage import atomic_write
 
-__all__ = ["argmax_pattern", "attention_figures", "save_attention_pictures", "select_layers"]
+__all__ = ["argmax_pattern", "attention_figures", "heads_heatmap", "save_attention_pictures", "select_layers"]
 
 _DPI = 110
 """Pixels per inch of the PNG files (as :func:`attnlab.figures.save_figure` writes them)."""
 _PNG_LEVEL = 1
 """zlib level of the PNG files :func:`save_attention_pictures` writes: level 1 encodes several
 times faster than the default 6, for files about a third larger (flat heat cells compress well)."""
+LABEL_SHARE = 0.01
+"""A cell of :func:`heads_heatmap` is written with its value when that is at least this share of the
+largest |value| (smaller ones read as their colour, and would run into each other)."""
+MAX_LABELLED_CELLS = 400
+"""Most cells :func:`heads_heatmap` writes values into; a larger picture is colour only."""
+_MAX_HEADS_INCHES = 16.0
+"""The longer side of a :func:`heads_heatmap` picture, at most."""
 
 
 def argmax_pattern(weights: np.ndarray) -> np.ndarray:
@@ -208,3 +219,90 @@ class _Painter:
                 outline.remove()
         picture_file = PIL.Image.fromarray(np.asarray(canvas.buffer_rgba())[..., :3])  # opaque: RGB
         atomic_write(path, lambda handle: picture_file.save(handle, format="png", compress_level=_PNG_LEVEL), "wb")
+
+
+def heads_heatmap(
+    values: Tensor | np.ndarray,
+    *,
+    title: str = "",
+    colorbar: str = "",
+    tokens: Sequence[str] | None = None,
+    reduce: str | None = None,
+    diverging: bool | None = None,
+    path: Path | None = None,
+) -> Figure:
+    """A number per head as a heatmap: layers down, heads across (or, per position, one row per head
+    and a column per token), each cell written with its value where the picture is small enough.
+
+    Args:
+        values: (layers, heads), or (layers, heads, positions): drawn per position, or summed over
+            the positions with ``reduce="sum"``. NaN cells (a head a pruned layer lacks) are blank.
+        title: the line above the picture.
+        colorbar: the colour bar's label (what the numbers are, e.g. "logit difference restored").
+        tokens: the labels of the positions (per-position pictures only; default their numbers).
+        reduce: None, or ``"sum"`` to sum (layers, heads, positions) over the positions.
+        diverging: a scale centred on 0 (red below, blue above); default: where a value is negative.
+        path: also write the picture there as PNG (:func:`attnlab.figures.save_figure`, which closes it).
+
+    Returns:
+        The matplotlib Figure (Jupyter draws it; close it with ``plt.close``).
+
+    Raises:
+        UsageError: ``values`` not of 2 or 3 dimensions or empty, ``reduce`` unknown, or ``tokens``
+            not one label a position.
+    """
+    matrix = _as_array(values)
+    if reduce not in (None, "sum"):
+        raise UsageError(f"reduce: unknown {reduce!r}; allowed: None, 'sum'")
+    if matrix.ndim == 3 and reduce == "sum":
+        matrix = np.nansum(matrix, axis=2)
+    if matrix.ndim == 2:
+        rows, columns = [f"{layer}" for layer in range(matrix.shape[0])], [f"{h}" for h in range(matrix.shape[1])]
+        axis_names, rotation = ("head", "layer"), 0
+    else:
+        layers, heads, positions = matrix.shape
+        if tokens is not None and len(tokens) != positions:
+            raise UsageError(f"tokens: {len(tokens)} labels for {positions} positions")
+        rows = [f"L{layer} H{head}" for layer in range(layers) for head in range(heads)]
+        columns = [str(token) for token in tokens] if tokens is not None else [str(i) for i in range(positions)]
+        matrix = matrix.reshape(layers * heads, positions)
+        axis_names, rotation = ("position", "layer and head"), 90
+    finite = matrix[np.isfinite(matrix)]
+    limit = float(np.abs(finite).max()) if finite.size else 0.0
+    limit = limit or 1.0
+    if diverging is None:
+        diverging = bool(finite.size and finite.min() < 0)
+    cell = min(0.5, _MAX_HEADS_INCHES / max(len(rows), len(columns)))
+    fig, ax = plt.subplots(figsize=(max(3.2, 1.6 + cell * len(columns)), max(2.4, 1.2 + cell * len(rows))))
+    cmap, vmin = ("RdBu", -limit) if diverging else ("viridis", min(0.0, float(finite.min()) if finite.size else 0.0))
+    image = ax.imshow(matrix, cmap=cmap, vmin=vmin, vmax=limit, aspect="auto", interpolation="nearest")
+    if matrix.size <= MAX_LABELLED_CELLS:
+        for (i, j), value in np.ndenumerate(matrix):
+            if np.isfinite(value) and abs(value) >= LABEL_SHARE * limit:
+                # white text on a dark cell: RdBu's ends, viridis' low values (it turns yellow above)
+                dark = abs(value) > 0.6 * limit if diverging else value < vmin + 0.6 * (limit - vmin)
+                ax.text(j, i, f"{value:.2g}", ha="center", va="center", fontsize=7, color="white" if dark else "black")
+    ax.set_xticks(range(len(columns)))
+    ax.set_xticklabels(columns, rotation=rotation, fontsize=7, parse_math=False)  # a token may hold "$"
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels(rows, fontsize=7)
+    ax.set_xlabel(axis_names[0])
+    ax.set_ylabel(axis_names[1])
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04).set_label(colorbar)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    if path is not None:
+        save_figure(fig, path)
+    return fig
+
+
+def _as_array(values: Tensor | np.ndarray) -> np.ndarray:
+    """``values`` as a float64 array of 2 or 3 dimensions, checked."""
+    if isinstance(values, Tensor):
+        values = values.detach().to(device="cpu", dtype=torch.float64).numpy()
+    matrix = np.asarray(values, dtype=float)
+    if matrix.ndim not in (2, 3) or matrix.size == 0:
+        raise UsageError(
+            f"values: shape {tuple(matrix.shape)}; expected (layers, heads) or (layers, heads, positions), not empty"
+        )
+    return matrix

@@ -10,8 +10,9 @@ Modules: :mod:`.requests` (parsing and checking what the page sends), :mod:`.imp
 ``attnlab heads importance`` CSV), :mod:`.overview` (every head's map pooled to a thumbnail),
 :mod:`.payload` (a run as JSON), :mod:`.server` (the Starlette
 app), :mod:`.serve` (uvicorn on a socket). The JSON API is documented in ``API.md`` beside this file.
-:mod:`.notebook` draws the same views inline in Jupyter, without a server (``attnlab.show``); the page
-and the notebook views share their drawing code, ``static/draw.js``.
+:mod:`.notebook` draws the same views inline in Jupyter, without a server (``attnlab.show``), and a
+patterns view of one layer's heads on the tokens (``show_patterns``); the page and the notebook views
+share their drawing code, ``static/draw.js``.
 """
 
 from attnlab.viewer.server import create_app

@@ -1,8 +1,10 @@
-"""The viewer's head view and model view inline in Jupyter, as one self-contained HTML fragment.
+"""The viewer's head view and model view, and a patterns view, inline in Jupyter, as one
+self-contained HTML fragment.
 
     import attnlab
     attnlab.show("runs/demo", "abcd")                       # the model view of a run on one input
     attnlab.show(run, "abcd", view="head", layer=1, off=["cross:0:1"])
+    show_patterns(run, "the cat sat", layer=1, heads=[0, 2])  # a layer's heads on the text's tokens
     with attnlab.capture(model) as records:                  # any attnlab model, no run directory
         model(tokens)
     attnlab.show_records(records, ["<s>", "a", "b"])
@@ -24,6 +26,11 @@ viewer pages it (:attr:`attnlab.viewer.requests.Limits.layers_per_page`); every 
 embedded, at most :data:`MAX_EMBEDDED_WEIGHTS` numbers (``layers=`` embeds fewer). Above the pages,
 the model view has the viewer's overview of every head of every layer (thumbnails pooled to 16 x 16,
 :mod:`attnlab.viewer.overview`, a few hundred bytes a head); clicking one shows its layer's page.
+
+The patterns view (``view="patterns"``, :func:`show_patterns`) is CircuitsVis' attention patterns
+drawn with the same code: one layer at a time, a button per head with its heatmap, the chosen head's
+map drawn large, and the tokens coloured by the attention the token pointed at (or clicked) pays to
+each of them, with the weight under each token.
 """
 
 from __future__ import annotations
@@ -43,17 +50,19 @@ from attnlab.analysis.maps import AttentionView, check_finite
 from attnlab.errors import UsageError
 from attnlab.head_ids import HeadId, head_ids, parse_head, parse_head_name
 from attnlab.nn import AttentionRecord
+from attnlab.resources import check_input_text
 from attnlab.run.loaded import LoadedRun, open_run
 from attnlab.run.storage import atomic_write_text
 from attnlab.viewer.overview import overview_json
 from attnlab.viewer.payload import head_json, kind_info, maps_json, run_limits, run_payload
 from attnlab.viewer.requests import MAX_INPUT_TOKENS, RunRequest, viewer_limits
 
-__all__ = ["AttentionHTML", "show", "show_records", "VIEWS", "MAX_EMBEDDED_WEIGHTS", "json_for_html"]
+__all__ = ["AttentionHTML", "show", "show_patterns", "show_records", "VIEWS", "MAX_EMBEDDED_WEIGHTS", "json_for_html"]
 
 STATIC_DIR = Path(__file__).with_name("static")
-VIEWS = ("model", "head")
-"""``model``: a heatmap per head, a page of layers at a time; ``head``: lines between tokens, one layer."""
+VIEWS = ("model", "head", "patterns")
+"""``model``: a heatmap per head, a page of layers at a time; ``head``: lines between tokens, one layer;
+``patterns``: one layer's heads, one head's map large, the tokens coloured by a query's attention."""
 MAX_EMBEDDED_WEIGHTS = 2_000_000
 """Most attention weights one view embeds (about 14 MB of JSON): a bigger one asks for ``layers=``."""
 
@@ -68,9 +77,10 @@ class AttentionHTML:
     Attributes:
         payload: the data the view draws: ``heads`` (per kind: title, layers, heads per layer),
             ``attention`` (maps as in the viewer's ``POST /api/run``: kind, layer, queries, keys,
-            weights (heads, queries, keys) rounded to 4 decimals), ``overview`` (every head's
-            thumbnail, as in ``POST /api/run``), ``off``, ``held``, ``output`` (None for captured
-            records), ``tokens``, ``pages`` (the layers of each page) and the view's start
+            weights (heads, queries, keys) rounded to 4 decimals; with ``heads=`` only those heads'
+            weights, their numbers in the map's ``heads``), ``overview`` (every head's thumbnail, as
+            in ``POST /api/run``; None in the patterns view), ``off``, ``held``, ``output`` (None for
+            captured records), ``tokens``, ``pages`` (the layers of each page) and the view's start
             (``view``, ``kind``, ``layer``).
     """
 
@@ -133,6 +143,7 @@ def show(
     layer: int | None = None,
     layers: Iterable[int] | None = None,
     off: Iterable[HeadId | str] = (),
+    heads: Iterable[int] | None = None,
 ) -> AttentionHTML:
     """Run a trained run on ``text`` and show its attention as the viewer does, inline in Jupyter.
 
@@ -140,28 +151,71 @@ def show(
         run: a run directory, or a run opened with :func:`attnlab.run.loaded.open_run`.
         text: the input, as typed in the viewer (the viewer's caps apply: 48 tokens, or 512 for a
             pretrained LM, and the model's context).
-        view: ``"model"`` (a heatmap per head) or ``"head"`` (lines between tokens).
+        view: ``"model"`` (a heatmap per head), ``"head"`` (lines between tokens) or
+            ``"patterns"`` (one layer's heads on the tokens, as :func:`show_patterns`).
         layer: the layer shown first (default 0): the head view's layer, the model view's page.
         layers: the layers to embed (default: all). Only these can be shown.
         off: heads to switch off (``HeadId`` or ``"kind:layer:head"``): their entry of the head mask
             ξ becomes 0 (Michel §2.3). The run's held heads (``train.mask_heads``) are off in any case.
+        heads: the heads of each layer to draw (default: all); only their maps are embedded. The
+            model view's overview still shows every head.
 
     Returns:
         An :class:`AttentionHTML` (the output is in its ``payload``, the maps in ``payload["attention"]``).
 
     Raises:
-        UsageError: a bad ``view``, ``layer``, ``layers`` or head name; an input the model cannot read.
+        UsageError: a bad ``view``, ``layer``, ``layers``, ``heads`` or head name; an input the model
+            cannot read.
     """
     _check_view(view)
-    loaded = run if isinstance(run, LoadedRun) else open_run(run)
-    heads = head_ids(loaded.model)
-    embedded = _check_layers(layers, heads, layer)
-    stopped = tuple(head if isinstance(head, HeadId) else parse_head(head, loaded.model) for head in off)
+    loaded = _open(run)
+    every = head_ids(loaded.model)
+    embedded = _check_layers(layers, every, layer)
+    drawn = _check_heads(heads, every, embedded)
+    stopped = _run_off(off, loaded)
     request = RunRequest(text=text, off=stopped, layers=embedded)
-    found = run_payload(loaded, request, check=lambda view: _check_size(view.records, embedded))
+    found = run_payload(loaded, request, check=lambda view: _check_size(view.records, embedded, drawn))
     title = f"run {loaded.name}: {loaded.experiment.model_kind.replace('_', ' ')}, input {text!r}"
     per_page = run_limits(loaded).layers_per_page
-    return _view(found, heads, embedded, view=view, layer=layer, title=title, per_page=per_page)
+    return _view(found, every, embedded, drawn, view=view, layer=layer, title=title, per_page=per_page)
+
+
+def show_patterns(
+    run: LoadedRun | str | os.PathLike[str],
+    text: str,
+    layer: int | None = None,
+    *,
+    heads: Iterable[int] | None = None,
+    off: Iterable[HeadId | str] = (),
+) -> AttentionHTML:
+    """The attention patterns of a layer's heads on ``text``'s tokens, inline in Jupyter (as
+    CircuitsVis' ``attention_patterns``): :func:`show` with ``view="patterns"``.
+
+    Point at a token (or a row of the large map) to colour the tokens by the attention it pays
+    them, with each weight written under its token; click to keep it; click a head to show its map.
+    A language model's maps are those of one forward pass over the prompt (``lm.trace``'s
+    ``decoder.L.attn.pattern``, rounded to 4 decimals); the output line is its greedy continuation.
+
+    Args:
+        run: a run directory, or an opened run (``lm.loaded`` of ``attnlab.load``).
+        text: the input (the viewer's caps apply: 48 tokens, or 512 for a pretrained LM).
+        layer: the layer to show; default every layer, with a layer list to pick from.
+        heads: the heads to show (default: all of the layer's).
+        off: heads to switch off first (``HeadId`` or ``"kind:layer:head"``), as in :func:`show`.
+
+    Returns:
+        An :class:`AttentionHTML`; ``payload["attention"]`` holds the maps shown.
+
+    Raises:
+        UsageError: an empty ``text``, a ``layer`` or ``heads`` the model does not have, a bad head
+            name in ``off``, an input the model cannot read.
+    """
+    check_input_text(text, what="text")
+    loaded = _open(run)
+    if layer is not None:
+        _check_layers([layer], head_ids(loaded.model), None, name="layer")
+    layers = None if layer is None else [layer]
+    return show(loaded, text, view="patterns", layer=layer, layers=layers, off=off, heads=heads)
 
 
 def show_records(
@@ -174,6 +228,7 @@ def show_records(
     off: Iterable[HeadId | str] = (),
     example: int = 0,
     title: str = "captured attention",
+    heads: Iterable[int] | None = None,
 ) -> AttentionHTML:
     """Show attention captured with :func:`attnlab.capture` (one forward pass of any attnlab model).
 
@@ -182,7 +237,7 @@ def show_records(
         tokens: the labels of the positions: one list for every kind (self-attention), or per kind a
             (query labels, key labels) pair (an encoder-decoder's ``cross`` reads target queries
             and source keys).
-        view, layer, layers: as for :func:`show`.
+        view, layer, layers, heads: as for :func:`show`.
         off: heads to draw as switched off (``HeadId`` or ``"kind:layer:head"``): the heads the head
             mask of that pass had at 0. Drawing only: the weights are the records'.
         example: the batch row to show.
@@ -193,17 +248,19 @@ def show_records(
 
     Raises:
         UsageError: no records, a kind and layer recorded twice (several passes), labels that do
-            not match the weights' shape, a bad ``example``, ``view``, ``layer``, ``layers`` or head.
+            not match the weights' shape, a bad ``example``, ``view``, ``layer``, ``layers``,
+            ``heads`` or head.
     """
     if not records:
         raise UsageError("records: nothing was captured (run the model inside `with attnlab.capture(model)`)")
     _check_view(view)
-    heads = _record_heads(records)
-    embedded = _check_layers(layers, heads, layer)
+    every = _record_heads(records)
+    embedded = _check_layers(layers, every, layer)
+    drawn = _check_heads(heads, every, embedded)
     axes = _record_axes(records, tokens)
     rows = [_one_example(record, example) for record in records]
-    _check_size(rows, embedded)
-    stopped = _record_off(off, heads)
+    _check_size(rows, embedded, drawn)
+    stopped = _record_off(off, every)
     captured = AttentionView(rows, axes, "")
     check_finite(captured)
     found = {
@@ -214,27 +271,36 @@ def show_records(
         "attention": maps_json(captured, set(embedded)),
         "overview": overview_json(captured, stopped),
     }
-    per_page = viewer_limits(heads, task_name="", context=MAX_INPUT_TOKENS).layers_per_page  # the viewer's paging
-    return _view(found, heads, embedded, view=view, layer=layer, title=str(title), per_page=per_page)
+    per_page = viewer_limits(every, task_name="", context=MAX_INPUT_TOKENS).layers_per_page  # the viewer's paging
+    return _view(found, every, embedded, drawn, view=view, layer=layer, title=str(title), per_page=per_page)
+
+
+def _open(run: LoadedRun | str | os.PathLike[str]) -> LoadedRun:
+    return run if isinstance(run, LoadedRun) else open_run(run)
 
 
 def _view(
     found: dict[str, Any],
     heads: list[HeadId],
     embedded: tuple[int, ...],
+    drawn: tuple[int, ...] | None,
     *,
     view: str,
     layer: int | None,
     title: str,
     per_page: int,
 ) -> AttentionHTML:
-    """The payload of a view of the maps in ``found`` (a ``run_payload``-like dict)."""
+    """The payload of a view of the maps in ``found`` (a ``run_payload``-like dict), with only the
+    heads ``drawn`` (None: all) in its maps."""
     first = embedded[0] if layer is None else layer
     pages = [list(embedded[i : i + per_page]) for i in range(0, len(embedded), per_page)]
     kinds = [kind_info(kind, heads) for kind in dict.fromkeys(h.kind for h in heads)]
+    maps = found["attention"] if drawn is None else [_only_heads(item, drawn) for item in found["attention"]]
     return AttentionHTML(
         {
             **found,
+            "attention": maps,
+            "overview": None if view == "patterns" else found["overview"],  # that view draws no overview
             "title": title,
             "view": view,
             "kind": kinds[0]["kind"],
@@ -245,15 +311,30 @@ def _view(
     )
 
 
-def _check_size(records: Sequence[AttentionRecord], embedded: tuple[int, ...]) -> None:
-    """Refuse a view of more than :data:`MAX_EMBEDDED_WEIGHTS` weights (batch row 0), before any JSON is built."""
+def _only_heads(item: dict[str, Any], drawn: tuple[int, ...]) -> dict[str, Any]:
+    """A map (as :func:`~attnlab.viewer.payload.maps_json` writes it) with the weights of ``drawn``
+    only, their numbers in ``heads`` (a pruned layer may lack some)."""
+    kept = [head for head in drawn if head < len(item["weights"])]
+    return {**item, "heads": kept, "weights": [item["weights"][head] for head in kept]}
+
+
+def _check_size(
+    records: Sequence[AttentionRecord], embedded: tuple[int, ...], drawn: tuple[int, ...] | None = None
+) -> None:
+    """Refuse a view of more than :data:`MAX_EMBEDDED_WEIGHTS` weights (batch row 0, the heads
+    ``drawn`` (None: all) of the layers ``embedded``), before any JSON is built."""
     shown = set(embedded)
-    numbers = sum(r.weights[0].numel() for r in records if r.layer in shown)
+    numbers = sum(_count(r, drawn) * r.weights.shape[-2] * r.weights.shape[-1] for r in records if r.layer in shown)
     if numbers > MAX_EMBEDDED_WEIGHTS:
         raise UsageError(
             f"layers: the view would embed {numbers:,} attention weights (at most {MAX_EMBEDDED_WEIGHTS:,}); "
-            "pass fewer layers, e.g. layers=[0], or a shorter input"
+            "pass fewer layers (e.g. layers=[0], or show_patterns' layer=0), fewer heads=[...], or a shorter input"
         )
+
+
+def _count(record: AttentionRecord, drawn: tuple[int, ...] | None) -> int:
+    """How many of ``record``'s heads are drawn."""
+    return record.weights.shape[1] if drawn is None else sum(1 for head in drawn if head < record.weights.shape[1])
 
 
 def _check_view(view: str) -> None:
@@ -261,19 +342,38 @@ def _check_view(view: str) -> None:
         raise UsageError(f"view: unknown {view!r}; allowed: {', '.join(VIEWS)}")
 
 
-def _check_layers(layers: Iterable[int] | None, heads: list[HeadId], layer: int | None) -> tuple[int, ...]:
-    """The layers to embed, sorted (all of the model's by default), checked with ``layer``, the one shown first."""
+def _check_layers(
+    layers: Iterable[int] | None, heads: list[HeadId], layer: int | None, *, name: str = "layers"
+) -> tuple[int, ...]:
+    """The layers to embed, sorted (all of the model's by default), checked with ``layer``, the one
+    shown first; ``name``: the argument that gave ``layers``, for the message."""
     deepest = max(head.layer for head in heads) + 1
     chosen = list(range(deepest) if layers is None else layers)
     for value in chosen:
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < deepest:
-            raise UsageError(f"layers: {value!r} is not a layer of this model (0..{deepest - 1})")
+            raise UsageError(f"{name}: {value!r} is not a layer of this model (0..{deepest - 1})")
     if not chosen:
         raise UsageError("layers: empty; name at least one layer")
     embedded = tuple(sorted(set(chosen)))
     if layer is not None and layer not in embedded:
         raise UsageError(f"layer: {layer!r} is not one of the layers shown ({', '.join(map(str, embedded))})")
     return embedded
+
+
+def _check_heads(heads: Iterable[int] | None, every: list[HeadId], embedded: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The head numbers to draw, sorted (None: all), each a head of some layer ``embedded``."""
+    if heads is None:
+        return None
+    if isinstance(heads, int):
+        raise UsageError(f"heads: a list of head numbers, such as [{heads}], not one number")
+    chosen = list(heads)
+    widest = max(head.head for head in every if head.layer in embedded) + 1
+    for value in chosen:
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < widest:
+            raise UsageError(f"heads: {value!r} is not a head of the layers shown (0..{widest - 1})")
+    if not chosen:
+        raise UsageError("heads: empty; name at least one head")
+    return tuple(sorted(set(chosen)))
 
 
 def _record_heads(records: Sequence[AttentionRecord]) -> list[HeadId]:
@@ -325,6 +425,14 @@ def _one_example(record: AttentionRecord, example: int) -> AttentionRecord:
         raise UsageError(f"example: {example!r} is not a row of the batch (0..{batch - 1})")
     rows = slice(example, example + 1)
     return AttentionRecord(record.kind, record.layer, record.weights[rows].detach(), record.head_outputs[rows].detach())
+
+
+def _run_off(off: Iterable[HeadId | str], loaded: LoadedRun) -> tuple[HeadId, ...]:
+    """The heads ``off`` names, checked against the run's model."""
+    try:
+        return tuple(head if isinstance(head, HeadId) else parse_head(head, loaded.model) for head in off)
+    except UsageError as error:
+        raise UsageError(f"off: {error}") from None
 
 
 def _record_off(off: Iterable[HeadId | str], heads: list[HeadId]) -> list[HeadId]:

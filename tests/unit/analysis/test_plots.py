@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -10,6 +12,7 @@ from attnlab.analysis.maps import AttentionView
 from attnlab.analysis.plots import (
     argmax_pattern,
     attention_figures,
+    heads_heatmap,
     save_attention_pictures,
     select_layers,
 )
@@ -194,3 +197,47 @@ def test_select_layers_reads_numbers_and_ranges(spec, expected):
 def test_select_layers_refuses_what_is_not_a_layer_of_the_model(spec):
     with pytest.raises(UsageError, match="--layers"):
         select_layers(spec, 30)
+
+
+def test_heads_heatmap_draws_layers_by_heads_with_each_value_written():
+    values = torch.tensor([[0.5, -1.0, 0.0], [2.0, 0.25, float("nan")]])
+    figure = heads_heatmap(values, title="restored", colorbar="logit difference")
+    ax, bar = figure.axes
+    np.testing.assert_array_equal(ax.images[0].get_array().filled(np.nan), values.numpy().astype(float))
+    assert ax.images[0].get_cmap().name == "RdBu" and ax.images[0].get_clim() == (-2.0, 2.0)  # a value below 0
+    assert sorted(text.get_text() for text in ax.texts) == ["-1", "0.25", "0.5", "2"]  # not 0, not NaN
+    assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_title(), bar.get_ylabel()) == (
+        "head",
+        "layer",
+        "restored",
+        "logit difference",
+    )
+    plt.close(figure)
+
+
+def test_heads_heatmap_draws_positions_with_their_tokens_or_sums_them(tmp_path):
+    values = torch.arange(12, dtype=torch.float32).reshape(2, 2, 3)
+    tokens = ["<s>", "$x$", "cat"]
+    figure = heads_heatmap(values, tokens=tokens)
+    ax = figure.axes[0]
+    assert ax.images[0].get_array().shape == (4, 3) and ax.images[0].get_cmap().name == "viridis"
+    assert [label.get_text() for label in ax.get_xticklabels()] == tokens  # "$x$" as text, not math
+    assert [label.get_text() for label in ax.get_yticklabels()] == ["L0 H0", "L0 H1", "L1 H0", "L1 H1"]
+    plt.close(figure)
+    summed = heads_heatmap(values.numpy(), reduce="sum", path=tmp_path / "heads.png")
+    np.testing.assert_array_equal(summed.axes[0].images[0].get_array(), values.sum(-1).numpy())
+    assert (tmp_path / "heads.png").read_bytes().startswith(PNG)
+
+
+@pytest.mark.parametrize(
+    ("values", "arguments", "message"),
+    [
+        (torch.zeros(3), {}, "values: shape (3,); expected (layers, heads) or (layers, heads, positions)"),
+        (torch.zeros(0, 2), {}, "values: shape (0, 2)"),
+        (torch.zeros(1, 2, 3), {"tokens": ["a"]}, "tokens: 1 labels for 3 positions"),
+        (torch.zeros(1, 2), {"reduce": "mean"}, "reduce: unknown 'mean'; allowed: None, 'sum'"),
+    ],
+)
+def test_heads_heatmap_refuses_what_it_cannot_draw(values, arguments, message):
+    with pytest.raises(UsageError, match="^" + re.escape(message)):
+        heads_heatmap(values, **arguments)

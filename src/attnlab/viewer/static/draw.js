@@ -1,6 +1,6 @@
 // attnlab attention drawing: the head view (lines between tokens), the model view (a heatmap per
 // head) and its overview (a thumbnail per head of every layer), shared by the viewer page (viewer.js, data from the server) and the notebook views
-// (notebook.js, data embedded in the notebook's output). Nothing here fetches anything.
+// (notebook.js, data embedded in the notebook's output, which also draws its patterns view with these pieces). Nothing here fetches anything.
 //
 // Token text only ever enters the document through textContent, setAttribute on non-executable
 // attributes, or SVG text nodes: never innerHTML. Everything lives inside one function, so that
@@ -41,6 +41,12 @@
 
   // ---- model view ------------------------------------------------------------------------------
 
+  // The colour of a weight w in [0, 1] (white to blue), as [red, green, blue] bytes.
+  function shade(w) {
+    const clipped = Math.max(0, Math.min(1, w));
+    return [Math.round(255 - 220 * clipped), Math.round(255 - 170 * clipped), Math.round(255 - 40 * clipped)];
+  }
+
   // Paint a rows x columns map into a canvas, one pixel a weight: at(r, c) is the weight in [0, 1].
   function paint(canvas, rows, columns, at) {
     canvas.width = Math.max(columns, 1);
@@ -49,16 +55,17 @@
     const image = context.createImageData(canvas.width, canvas.height);
     for (let r = 0; r < rows; r++) {
       for (let c = 0; c < columns; c++) {
-        const w = Math.max(0, Math.min(1, at(r, c)));
         const index = 4 * (r * canvas.width + c);
-        image.data[index] = Math.round(255 - 220 * w);
-        image.data[index + 1] = Math.round(255 - 170 * w);
-        image.data[index + 2] = Math.round(255 - 40 * w);
+        image.data.set(shade(at(r, c)), index);
         image.data[index + 3] = 255;
       }
     }
     context.putImageData(image, 0, 0);
   }
+
+  // The head number of the index-th map of `map.weights`: `map.heads` lists them where a view
+  // embeds only some heads (attnlab.show(heads=...)); otherwise the index is the head.
+  function headNumber(map, index) { return map.heads ? map.heads[index] : index; }
 
   // One heatmap of a head's weights (rows: queries, columns: keys) into a canvas.
   function heatmap(canvas, weights) {
@@ -83,7 +90,7 @@
       grid.style.gridTemplateColumns = `4rem repeat(${info.heads}, max-content)`;
       for (const map of maps.filter((item) => item.kind === info.kind)) {
         grid.append(el("span", `layer ${map.layer}`, "layer-label"));
-        map.weights.forEach((weights, head) => grid.append(makeCell(info.kind, map.layer, head, weights)));
+        map.weights.forEach((weights, index) => grid.append(makeCell(info.kind, map.layer, headNumber(map, index), weights)));
         pad(grid, info.heads - map.weights.length);  // a pruned layer: fewer heads than the widest
       }
       block.append(grid);
@@ -159,7 +166,8 @@
     root.replaceChildren();
     legend.replaceChildren();
     if (!map) return;
-    map.weights.forEach((_, head) => {
+    map.weights.forEach((_, index) => {
+      const head = headNumber(map, index);
       const swatch = el("span");
       const box = el("i");
       box.style.background = HEAD_COLOURS[head % HEAD_COLOURS.length];
@@ -173,7 +181,8 @@
     root.setAttribute("width", String(width));
     root.setAttribute("height", String(height));
     const lines = svg("g");
-    map.weights.forEach((weights, head) => {
+    map.weights.forEach((weights, index) => {
+      const head = headNumber(map, index);
       const off = status(head) !== "";
       weights.forEach((row, q) => row.forEach((w, k) => {
         if (w < 0.01) return;
@@ -210,7 +219,7 @@
   }
 
   global.attnlabDraw = Object.freeze({
-    HEAD_COLOURS, el, svg, heatmap, thumbnail, headCell, drawModelView, drawOverview, overviewCell, drawHeadView,
-    pageCount, pageLayers, pageName,
+    HEAD_COLOURS, el, svg, shade, heatmap, thumbnail, headCell, headNumber, drawModelView, drawOverview, overviewCell,
+    drawHeadView, pageCount, pageLayers, pageName,
   });
 })(window);

@@ -55,12 +55,12 @@
     return el("p", heads.length ? `Heads switched off: ${heads.join(", ")}` : "All heads on.", "muted");
   }
 
-  function headView(body, data, status) {
+  // The attention-kind and layer selects of a view that draws one map at a time (the head view and
+  // the patterns view); onChange() runs when either changes, current() is the map they name.
+  function mapPicker(data, onChange) {
     const kinds = data.heads.filter((info) => data.attention.some((map) => map.kind === info.kind));
     const kindSelect = select(kinds.map((info) => [info.kind, info.title]), data.kind);
     const layerSelect = el("select");
-    const legend = el("div", null, "attnlab-nb-legend");
-    const root = draw.svg("svg", { role: "img", "aria-label": "attention lines between tokens", class: "attnlab-nb-head-view" });
     function fillLayers(keep) {
       const layers = data.attention.filter((map) => map.kind === kindSelect.value).map((map) => map.layer);
       layerSelect.replaceChildren(...layers.map((layer) => {
@@ -70,19 +70,138 @@
       }));
       if (layers.includes(keep)) layerSelect.value = String(keep);
     }
-    function redraw() {
-      const kind = kindSelect.value, layer = Number(layerSelect.value);
-      const map = data.attention.find((item) => item.kind === kind && item.layer === layer);
-      draw.drawHeadView(root, legend, map, (head) => status(kind, layer, head));
-    }
-    kindSelect.addEventListener("change", () => { fillLayers(Number(layerSelect.value)); redraw(); });
-    layerSelect.addEventListener("change", redraw);
+    kindSelect.addEventListener("change", () => { fillLayers(Number(layerSelect.value)); onChange(); });
+    layerSelect.addEventListener("change", onChange);
     fillLayers(data.layer);
     const controls = el("p", null, "attnlab-nb-controls");
     controls.append(labelled("Attention", kindSelect), " ", labelled("Layer", layerSelect));
+    const current = () => data.attention.find((item) => item.kind === kindSelect.value &&
+      item.layer === Number(layerSelect.value));
+    return { controls, current };
+  }
+
+  function headView(body, data, status) {
+    const legend = el("div", null, "attnlab-nb-legend");
+    const root = draw.svg("svg", { role: "img", "aria-label": "attention lines between tokens", class: "attnlab-nb-head-view" });
+    const picker = mapPicker(data, redraw);
+    function redraw() {
+      const map = picker.current();
+      draw.drawHeadView(root, legend, map, (head) => status(map.kind, map.layer, head));
+    }
     body.append(el("p", "Lines join each query token (left) to the keys it attends to (right); darker is more " +
-      "attention. Point at a token to see only its lines. Switched-off heads are dashed.", "muted"), controls, legend, root);
+      "attention. Point at a token to see only its lines. Switched-off heads are dashed.", "muted"), picker.controls, legend, root);
     redraw();
+  }
+
+  // The patterns view (attnlab.show_patterns): a layer's heads as buttons with their heatmaps, the
+  // chosen head's map drawn large, and the tokens, coloured by the attention the query token (the one
+  // pointed at, else the one clicked; at first the last) pays to each of them, its weight under each.
+  function patternsView(body, data, status) {
+    const root = body.parentElement;
+    const heads = el("div", null, "attnlab-nb-pattern-heads");
+    const large = el("canvas", null, "attnlab-nb-pattern-map");
+    const marker = el("div", null, "attnlab-nb-pattern-row");  // the query's row, over the large map
+    const frame = el("div", null, "attnlab-nb-pattern-frame");
+    frame.append(large, marker);
+    const caption = el("p", null, "attnlab-nb-pattern-caption");
+    const queryRow = el("div", null, "attnlab-nb-pattern-tokens");
+    const keyRow = el("div", null, "attnlab-nb-pattern-tokens");
+    let map = null, index = 0, kept = null, pointed = null;
+    let queryChips = [], keyChips = [];
+    const picker = mapPicker(data, () => { index = 0; kept = null; drawMap(); });
+
+    function chip(token, position, pickable) {
+      const node = el("span", null, "attnlab-nb-token");
+      node.dataset.index = String(position);
+      node.append(el("span", token, "attnlab-nb-token-text"), el("span", "", "attnlab-nb-weight"));
+      if (pickable) {
+        node.classList.add("pickable");
+        node.addEventListener("mouseenter", () => { pointed = position; paint(); });
+        node.addEventListener("mouseleave", () => { pointed = null; paint(); });
+        node.addEventListener("click", () => { kept = position; paint(); });
+      }
+      return node;
+    }
+    function drawMap() {
+      map = picker.current();
+      if (!map.weights.length) {  // a pruned layer that has none of the heads asked for
+        heads.replaceChildren();
+        keyRow.replaceChildren();
+        queryRow.replaceChildren();
+        large.hidden = marker.hidden = true;
+        caption.textContent = `Layer ${map.layer} has none of the heads shown.`;
+        return;
+      }
+      large.hidden = marker.hidden = false;
+      index = Math.min(index, map.weights.length - 1);
+      kept = kept === null ? map.queries.length - 1 : Math.min(kept, map.queries.length - 1);
+      // Self-attention (keys: the queries, and a sink's column) has one row; cross-attention two.
+      const shared = map.kind !== "cross" && map.queries.every((token, position) => map.keys[position] === token);
+      keyChips = map.keys.map((token, position) => chip(token, position, shared && position < map.queries.length));
+      queryChips = shared ? keyChips : map.queries.map((token, position) => chip(token, position, true));
+      keyRow.replaceChildren(...keyChips);
+      queryRow.replaceChildren(...(shared ? [] : queryChips));
+      queryRow.hidden = shared;
+      heads.replaceChildren(...map.weights.map((weights, position) => {
+        const head = draw.headNumber(map, position);
+        const shown = status(map.kind, map.layer, head);
+        const { cell } = draw.headCell("button", map.kind, map.layer, head, weights, shown);
+        cell.type = "button";
+        cell.title = `${map.kind}, layer ${map.layer}, head ${head}${shown ? `: ${shown}` : ""}: click to show it`;
+        cell.addEventListener("click", () => { index = position; drawHead(); });
+        return cell;
+      }));
+      drawHead();
+    }
+    function drawHead() {
+      [...heads.children].forEach((cell, position) => {
+        cell.classList.toggle("selected", position === index);
+        cell.setAttribute("aria-pressed", String(position === index));
+      });
+      draw.heatmap(large, map.weights[index]);
+      const side = (count) => `${Math.min(360, Math.max(96, 16 * count))}px`;
+      large.style.width = side(map.keys.length);
+      large.style.height = side(map.queries.length);
+      root.dataset.layer = String(map.layer);
+      root.dataset.head = String(draw.headNumber(map, index));
+      paint();
+    }
+    function paint() {
+      const query = pointed !== null ? pointed : kept;
+      const row = map.weights[index][query];
+      root.dataset.query = String(query);
+      marker.style.top = `${100 * query / map.queries.length}%`;
+      marker.style.height = `${100 / map.queries.length}%`;
+      queryChips.forEach((node, position) => node.classList.toggle("query", position === query));
+      keyChips.forEach((node, position) => {
+        const [red, green, blue] = draw.shade(row[position]);
+        node.style.background = `rgb(${red}, ${green}, ${blue})`;
+        node.style.color = row[position] > 0.6 ? "#fff" : "";
+        node.lastChild.textContent = row[position].toFixed(3);
+      });
+      const best = row.indexOf(Math.max(...row));
+      const head = draw.headNumber(map, index), shown = status(map.kind, map.layer, head);
+      caption.textContent = `Layer ${map.layer}, head ${head}${shown ? ` (${shown})` : ""}: query ` +
+        `${JSON.stringify(map.queries[query])} (position ${query}) pays most attention, ${row[best].toFixed(3)}, ` +
+        `to ${JSON.stringify(map.keys[best])} (position ${best}).`;
+    }
+    function rowAt(event) {
+      const box = large.getBoundingClientRect();
+      const row = Math.floor((event.clientY - box.top) / box.height * map.queries.length);
+      return Math.max(0, Math.min(map.queries.length - 1, row));
+    }
+    large.addEventListener("mousemove", (event) => { pointed = rowAt(event); paint(); });
+    large.addEventListener("mouseleave", () => { pointed = null; paint(); });
+    large.addEventListener("click", (event) => { kept = rowAt(event); paint(); });
+
+    const figure = el("div", null, "attnlab-nb-pattern-figure");
+    const tokens = el("div", null, "attnlab-nb-pattern-words");
+    tokens.append(queryRow, keyRow);
+    figure.append(frame, tokens);
+    body.append(el("p", "Each head of the layer (click one to show it). Point at a token, or a row of the map " +
+      "(rows: queries, columns: keys), to colour the tokens by the attention it pays them; click to keep it.", "muted"),
+    picker.controls, heads, caption, figure);
+    drawMap();
   }
 
   function modelView(body, data, status) {
@@ -153,7 +272,9 @@
     body.append(el("p", data.title, "attnlab-nb-title"));
     if (data.output) body.append(outputLine(data.output));
     body.append(tokenLine(data.tokens), offLine(data));
-    if (data.view === "head") headView(body, data, status); else modelView(body, data, status);
+    if (data.view === "head") headView(body, data, status);
+    else if (data.view === "patterns") patternsView(body, data, status);
+    else modelView(body, data, status);
   }
 
   global.attnlabNotebook = Object.freeze({ render });
