@@ -39,16 +39,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from attnlab.analysis.inputs import check_token_ids, model_inputs
 from attnlab.analysis.logit_attribution import BRANCH_NORMS, FROZEN_NORMS, NormParts
 from attnlab.analysis.maps import answer_token
-from attnlab.devices import model_device
 from attnlab.errors import UsageError
 from attnlab.nn import masking_heads, trace
 from attnlab.nn.hooks import resolve_sites
-from attnlab.resources import check_input_tokens
 from attnlab.run.loaded import LoadedRun
 
-__all__ = ["ActivationCache", "run_with_cache", "batch_of", "check_token_ids", "PositionSelection"]
+__all__ = ["ActivationCache", "run_with_cache", "PositionSelection"]
 
 PositionSelection = int | slice | Sequence[int] | Tensor | None
 """Positions of the (B, T, ...) sites: one (that axis dropped), a slice, indices, or None for all."""
@@ -68,54 +67,6 @@ def language_model(source: Any) -> LoadedRun:
     if kind != "decoder_only":
         raise UsageError(f"model: a decoder-only language model is needed here; this one is {kind!r}")
     return loaded
-
-
-def batch_of(loaded: LoadedRun, inputs: Any, is_token: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """(tokens, is_token), both (B, T) on the model's device, from a text (framed as the model reads
-    it: ``task.encode``, a BOS first where the model wants one), a list of texts or of id lists
-    (left-padded with the pad id), or a (B, T) or (T,) tensor of ids.
-
-    Raises:
-        UsageError: naming ``inputs`` (nothing to run, ids that are not integers or lie outside the
-            vocabulary, more tokens than the context) or ``is_token`` (given with texts, or of
-            another shape than the ids).
-    """
-    device, config = model_device(loaded.model), loaded.model.config
-    if isinstance(inputs, Tensor):
-        if inputs.dim() not in (1, 2) or inputs.is_floating_point() or inputs.is_complex():
-            raise UsageError(
-                f"inputs: expected integer ids of shape (B, T) or (T,), got {inputs.dtype} {tuple(inputs.shape)}"
-            )
-        tokens = inputs.reshape(-1, inputs.shape[-1]).to(device)
-        mask = torch.ones_like(tokens, dtype=torch.bool) if is_token is None else is_token.to(device).bool()
-        if mask.numel() != tokens.numel():
-            raise UsageError(f"is_token: shape {tuple(mask.shape)} does not match the ids' {tuple(tokens.shape)}")
-        mask = mask.reshape(tokens.shape)
-    else:
-        if is_token is not None:
-            raise UsageError("is_token: only with ids as a tensor (texts are padded and masked here)")
-        rows = [inputs] if isinstance(inputs, str) else list(inputs)
-        ids = [loaded.task.encode(row) if isinstance(row, str) else [int(i) for i in row] for row in rows]
-        if not ids or not all(ids):
-            raise UsageError("inputs: nothing to run (no text, or a text of no tokens)")
-        width, pad = max(map(len, ids)), loaded.task.pad_id
-        tokens = torch.tensor([[pad] * (width - len(row)) + row for row in ids], device=device)
-        mask = torch.tensor([[False] * (width - len(row)) + [True] * len(row) for row in ids], device=device)
-    if tokens.numel() == 0:
-        raise UsageError("inputs: nothing to run (no tokens)")
-    check_token_ids(tokens, config.vocab_size, "inputs")
-    check_input_tokens(tokens.shape[1], context=config.max_len, what="inputs")
-    return tokens, mask
-
-
-def check_token_ids(ids: Tensor, vocabulary: int, what: str) -> None:
-    """Raise a UsageError naming ``what`` where an id lies outside 0..vocabulary-1."""
-    outside = (ids < 0) | (ids >= vocabulary)
-    if bool(outside.any()):
-        first = int(ids[outside][0])
-        raise UsageError(
-            f"{what}: token id {first} is out of range; this model's vocabulary has ids 0..{vocabulary - 1}"
-        )
 
 
 @torch.no_grad()
@@ -143,10 +94,11 @@ def run_with_cache(
 
     Raises:
         UsageError: a model that is not a decoder-only language model, bad inputs
-            (:func:`batch_of`), a name that matches no site (naming ``names`` and the closest sites).
+            (:func:`attnlab.analysis.inputs.model_inputs`), a name that matches no site (naming
+            ``names`` and the closest sites).
     """
     loaded = language_model(source)
-    tokens, mask = batch_of(loaded, inputs, is_token)
+    tokens, mask = model_inputs(loaded, inputs, is_token)
     model = loaded.model.eval()
     with trace(model) as traced:
         stack = next(iter(model.site_stacks()))
@@ -340,7 +292,8 @@ class ActivationCache(Mapping[str, Tensor]):
             return_labels: also return the labels ``L.attn.head.H`` (as ``direct_logit_attribution``).
 
         Shape:
-            (layer * heads [+ layer] [+ 1], B, T, d_model); (..., B, d_model) for one position.
+            (parts, B, T, d_model): layer * heads rows, then a bias row per layer and a remainder
+            row where asked; (parts, B, d_model) for one position.
 
         Returns:
             The stack, or (stack, labels).

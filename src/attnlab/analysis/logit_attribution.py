@@ -40,8 +40,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from attnlab.analysis.inputs import check_ids
 from attnlab.analysis.maps import answer_token, language_model_prompt
-from attnlab.analysis.patch_measures import check_ids
 from attnlab.devices import model_device
 from attnlab.errors import UsageError
 from attnlab.nn import masking_heads

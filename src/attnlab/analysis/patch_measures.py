@@ -20,10 +20,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnlab.analysis.inputs import examples, left_pad
 from attnlab.analysis.maps import answer_token, continuation_ids, language_model_prompt
 from attnlab.errors import UsageError
 from attnlab.nn.models import POOLINGS
-from attnlab.resources import check_input_text, check_input_tokens
+from attnlab.resources import check_input_tokens
 from attnlab.run.loaded import LoadedRun
 
 __all__ = [
@@ -34,7 +35,6 @@ __all__ = [
     "Batch",
     "runner_of",
     "examples_of",
-    "check_ids",
     "batch_of",
     "answer_ids",
     "language_model_measure",
@@ -139,50 +139,9 @@ def runner_of(loaded: LoadedRun, flag: str = "RUN") -> Runner:
 
 
 def examples_of(loaded: LoadedRun, runner: Runner, given: Any, flag: str) -> list[list[int]]:
-    """The examples of ``given``: a text, a list of ids (one example), a list of texts or of id
-    lists, or a (T,) or (B, T) tensor of ids.
-
-    Raises:
-        UsageError: naming ``flag``: nothing given, a batch of mixed types, an empty text or an id
-        outside the vocabulary.
-    """
-    if isinstance(given, Tensor):
-        if given.dim() not in (1, 2) or given.dtype.is_floating_point or given.dtype == torch.bool:
-            raise UsageError(f"{flag}: a (T,) or (B, T) tensor of integer ids is needed, got {tuple(given.shape)}")
-        given = given.tolist() if given.dim() == 2 else [given.tolist()]
-    elif isinstance(given, str):
-        given = [given]
-    elif isinstance(given, Sequence) and given and all(isinstance(i, int) for i in given):
-        given = [list(given)]
-    if not isinstance(given, Sequence) or not given:
-        raise UsageError(f"{flag}: give a text, a list of texts, or token ids (a list or a tensor)")
-    kinds = {"text" if isinstance(item, str) else "ids" if _is_ids(item) else type(item).__name__ for item in given}
-    if len(kinds) != 1 or kinds - {"text", "ids"}:
-        raise UsageError(f"{flag}: a batch of one type is needed (all texts or all id lists), got {sorted(kinds)}")
-    examples = []
-    for number, item in enumerate(given):
-        where = flag if len(given) == 1 else f"{flag}[{number}]"
-        if isinstance(item, str):
-            check_input_text(item, what=where)
-            examples.append(runner.ids(loaded, item))
-        else:
-            examples.append(check_ids(loaded, list(item), where))
-    return examples
-
-
-def _is_ids(item: Any) -> bool:
-    return isinstance(item, Sequence) and not isinstance(item, str) and all(isinstance(i, int) for i in item)
-
-
-def check_ids(loaded: LoadedRun, ids: list[int], where: str) -> list[int]:
-    """``ids`` where each lies in the model's vocabulary and there are as many as its context holds."""
-    vocabulary = loaded.model.config.vocab_size
-    if not ids:
-        raise UsageError(f"{where}: no token ids")
-    if min(ids) < 0 or max(ids) >= vocabulary:
-        raise UsageError(f"{where}: every id must lie in [0, {vocabulary}), got {min(ids)}..{max(ids)}")
-    check_input_tokens(len(ids), context=loaded.model.config.max_len, what=where)
-    return ids
+    """The examples of ``given`` (:func:`attnlab.analysis.inputs.examples`), a text read as the
+    model kind reads it."""
+    return examples(loaded, given, flag, encode=runner.ids)
 
 
 @dataclass(frozen=True)
@@ -197,12 +156,9 @@ class Batch:
         return Batch(_tile(self.tokens, rows), _tile(self.is_token, rows))
 
 
-def batch_of(examples: Sequence[list[int]], pad: int, device: torch.device) -> Batch:
-    """``examples`` left-padded with ``pad`` (the last position is every example's last token)."""
-    width = max(map(len, examples))
-    tokens = torch.tensor([[pad] * (width - len(ids)) + ids for ids in examples], device=device)
-    is_token = torch.tensor([[False] * (width - len(ids)) + [True] * len(ids) for ids in examples], device=device)
-    return Batch(tokens, is_token)
+def batch_of(rows: Sequence[list[int]], pad: int, device: torch.device) -> Batch:
+    """``rows`` left-padded with ``pad`` (the last position is every example's last token)."""
+    return Batch(*left_pad(rows, pad, device))
 
 
 # ---- a language model's named metrics -------------------------------------------------------------------

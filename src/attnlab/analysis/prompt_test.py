@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from attnlab.analysis.cache import batch_of, check_token_ids, language_model
+from attnlab.analysis.cache import language_model
+from attnlab.analysis.inputs import check_token_ids, model_inputs
 from attnlab.analysis.maps import continuation_ids
 from attnlab.errors import UsageError
 from attnlab.nn import masking_heads
@@ -139,7 +140,7 @@ def test_prompt(
     vocabulary = model.config.vocab_size
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= vocabulary:
         raise UsageError(f"top_k: {top_k!r} is out of range; give 1..{vocabulary}")
-    tokens, is_token = batch_of(loaded, [prompt_ids + answer_ids])
+    tokens, is_token = model_inputs(loaded, [prompt_ids + answer_ids])
     with masking_heads(model.eval(), loaded.held_mask()):
         logits = model(tokens, is_token=is_token)[0]
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # half precision read in float32

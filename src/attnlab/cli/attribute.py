@@ -54,9 +54,9 @@ def attribute_command(
     # Imported when the command runs: the help pages load no torch (see attnlab.cli).
     import numpy as np
 
-    from attnlab.analysis.logit_attribution import direct_logit_attribution, logit_lens
     from attnlab.analysis.reports import head_matrix_plot, layer_bars_plot, token_grid_plot, write_rows
     from attnlab.head_ids import HeadId
+    from attnlab.lm import LanguageModel
     from attnlab.pretrained.sources import open_model
 
     if out is not None:
@@ -64,8 +64,8 @@ def attribute_command(
     loaded = open_model(
         run, dtype=dtype, revision=revision, verify=verify, **placed(device, device_map, max_memory, offload_folder)
     )
-    attribution = direct_logit_attribution(loaded, text, answer, wrong)
-    lens = logit_lens(loaded, text, answer=answer, top_k=top_k)
+    attribution = LanguageModel(loaded).attribute(text, answer, wrong, top_k=top_k)
+    lens = attribution.lens
     folder = out or loaded.analysis / "attribute"
     files = {
         "terms": write_rows(attribution.terms, folder / "terms.csv", ("term", "contribution")),

@@ -109,9 +109,8 @@ def patch_command(
     m_corrupt); --method attribution estimates it for every patch from one backward pass.
     """
     # Imported when the command runs: the help pages load no torch (see attnlab.cli).
-    from tqdm import tqdm
-
-    from attnlab.analysis.patching import NAMED_SITES, check_choices, patch
+    from attnlab.analysis.patching import NAMED_SITES, check_choices
+    from attnlab.lm import LanguageModel
     from attnlab.pretrained.sources import open_model
 
     check_choices(metric, method, positions, verify_top)
@@ -131,31 +130,19 @@ def patch_command(
             cached=_cached_sites(sites),
         ),
     )
-    bars: list[tqdm] = []  # opened at the first patch, after every input check has passed
-
-    def tick(total: int) -> None:
-        if not bars:
-            bars.append(tqdm(total=total, desc="patch", disable=not progress))
-        bars[0].update(1)
-
-    try:
-        result = patch(
-            loaded,
-            clean,
-            corrupt,
-            metric=metric,
-            answer=answer,
-            wrong=wrong,
-            sites=list(dict.fromkeys(sites or NAMED_SITES)),
-            positions=positions,
-            method=method,
-            verify_top=verify_top,
-            batch_size=batch_size,
-            progress=tick,
-        )
-    finally:
-        for bar in bars:
-            bar.close()
+    result = LanguageModel(loaded).patch(
+        clean,
+        corrupt,
+        metric=metric,
+        answer=answer,
+        wrong=wrong,
+        sites=list(dict.fromkeys(sites or NAMED_SITES)),
+        positions=positions,
+        method=method,
+        verify_top=verify_top,
+        batch_size=batch_size,
+        progress=progress,
+    )
     folder = out or loaded.analysis / "patching"
     files: dict[str, str] = {}
     for request, rows in result.groups.items():

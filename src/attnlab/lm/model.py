@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.analysis.inputs import model_inputs
 from attnlab.analysis.maps import decode_source
 from attnlab.devices import model_device
 from attnlab.errors import UsageError
@@ -224,41 +225,8 @@ class LanguageModel(Studies):
         return loss if return_type == "loss" else (logits, loss)
 
     def _batch(self, inputs: Any, attention_mask: Tensor | None) -> tuple[Tensor, Tensor]:
-        """(tokens, is_token) of a text, texts, ids or id lists, left-padded; ids checked."""
-        device = self.device
-        vocabulary = self.model.config.vocab_size
-        if isinstance(inputs, Tensor):
-            if inputs.dim() not in (1, 2) or inputs.dtype.is_floating_point or inputs.dtype == torch.bool:
-                raise UsageError(f"inputs: a (T,) or (B, T) integer tensor is needed, got {tuple(inputs.shape)}")
-            tokens = inputs if inputs.dim() == 2 else inputs.unsqueeze(0)
-            if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocabulary):
-                raise UsageError(
-                    f"inputs: every id must lie in [0, {vocabulary}), got {int(tokens.min())}..{int(tokens.max())}"
-                )
-            mask = torch.ones_like(tokens, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
-            if mask.numel() != tokens.numel():
-                raise UsageError(
-                    f"attention_mask: shape {tuple(mask.shape)} differs from the ids' {tuple(tokens.shape)}"
-                )
-            return tokens.to(device), mask.reshape(tokens.shape).to(device)
-        if attention_mask is not None:
-            raise UsageError("attention_mask: only with ids as a tensor (texts are padded and masked here)")
-        rows = [inputs] if isinstance(inputs, str) else list(inputs)
-        if rows and all(isinstance(i, int) for i in rows):  # one list of ids
-            rows = [rows]
-        kinds = {"text" if isinstance(row, str) else "ids" if _is_ids(row) else type(row).__name__ for row in rows}
-        if len(kinds) > 1 or kinds - {"text", "ids"}:
-            raise UsageError(f"inputs: a batch of one type is needed (all texts or all id lists), got {sorted(kinds)}")
-        ids = [self.tokenize(row) if isinstance(row, str) else [int(i) for i in row] for row in rows]
-        if not ids or not all(ids):
-            raise UsageError("inputs: nothing to run (no text, or a text of no tokens)")
-        if any(min(row) < 0 or max(row) >= vocabulary for row in ids):
-            raise UsageError(f"inputs: every id must lie in [0, {vocabulary})")
-        width = max(map(len, ids))
-        pad = self.task.pad_id
-        tokens = torch.tensor([[pad] * (width - len(row)) + row for row in ids], device=device)
-        is_token = torch.tensor([[False] * (width - len(row)) + [True] * len(row) for row in ids], device=device)
-        return tokens, is_token
+        """(tokens, is_token) of a text, texts, ids or id lists, left-padded, ids checked."""
+        return model_inputs(self.loaded, inputs, attention_mask, "inputs")
 
     def generate(
         self,
@@ -417,10 +385,6 @@ class LanguageModel(Studies):
         """Move or cast the model, as ``torch.nn.Module.to`` (a device, a dtype, or both)."""
         self.model.to(*args, **kwargs)
         return self
-
-
-def _is_ids(row: Any) -> bool:
-    return isinstance(row, Sequence) and not isinstance(row, str) and all(isinstance(i, int) for i in row)
 
 
 def _next_token_loss(logits: Tensor, tokens: Tensor, is_token: Tensor) -> Tensor:

@@ -25,21 +25,24 @@ Every result's tensors index heads as :meth:`attnlab.LanguageModel.head_mask` do
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from attnlab.analysis.cache import ActivationCache, run_with_cache
 from attnlab.analysis.detectors import Detection, detect_heads
 from attnlab.analysis.head_scores import HeadScores
 from attnlab.analysis.heads import Ablation, TaskProbe, ablate, head_importance, scoring_pairs
 from attnlab.analysis.lm_probe import NextTokenProbe
 from attnlab.analysis.logit_attribution import Attribution, Attributions, direct_logit_attribution, logit_lens
 from attnlab.analysis.patching import PatchResult, patch
+from attnlab.analysis.prompt_test import PromptTest, test_prompt
 from attnlab.errors import UsageError
 from attnlab.run.loaded import LoadedRun
+from attnlab.viewer.notebook import AttentionHTML, show, show_patterns
 
 __all__ = ["Studies"]
 
@@ -240,6 +243,49 @@ class Studies:
         finally:
             bar.close()
         return HeadScores("importance", {kind: value.double().cpu() for kind, value in scores.items()})
+
+    # ---- the cache, a prompt's answer, and the notebook views ------------------------------------------
+
+    def run_with_cache(
+        self, inputs: Any, attention_mask: Tensor | None = None, *, names: str | Sequence[str] | None = None
+    ) -> tuple[Tensor, ActivationCache]:
+        """Run once and cache every site (or ``names`` and what the helpers read): (logits,
+        :class:`~attnlab.analysis.cache.ActivationCache`), with TransformerLens' helpers
+        ``accumulated_resid``, ``decompose_resid``, ``stack_head_results``, ``apply_final_norm``
+        and ``logit_attrs``, whose parts sum to the logits exactly (:mod:`attnlab.analysis.cache`).
+
+        Args:
+            inputs: a text, texts (left-padded), ids, id lists, or a (B, T) tensor of ids.
+            attention_mask: (B, T) True at real tokens, with ids as a tensor.
+        """
+        return run_with_cache(self.loaded, inputs, attention_mask, names)
+
+    def test_prompt(
+        self,
+        prompt: str,
+        answer: str | Sequence[int],
+        *,
+        top_k: int = 10,
+        prepend_space: bool = True,
+        show: bool = True,
+    ) -> PromptTest:
+        """Print, at each token of ``answer`` after ``prompt``, its rank (0: the top), logit and
+        probability and the ``top_k`` most likely tokens (TransformerLens' ``test_prompt``);
+        returns the same as a :class:`~attnlab.analysis.prompt_test.PromptTest`."""
+        return test_prompt(self.loaded, prompt, answer, top_k=top_k, prepend_space=prepend_space, print_details=show)
+
+    def show_patterns(
+        self, text: str, layer: int | None = None, *, heads: Iterable[int] | None = None
+    ) -> AttentionHTML:
+        """A layer's heads on ``text``, inline in a notebook (Jupyter, JupyterLab, VS Code): point
+        at a token to colour the tokens by its attention; one button per head (default: the last
+        layer, every head). Self-contained HTML, no server (:func:`attnlab.viewer.notebook.show_patterns`)."""
+        return show_patterns(self.loaded, text, layer, heads=heads)
+
+    def show(self, text: str, *, view: str = "model", **options: Any) -> AttentionHTML:
+        """The viewer's views inline: ``model`` (every layer x head as a grid of thumbnails, click
+        to enlarge), ``layer``, ``head``, ``patterns`` (:func:`attnlab.viewer.notebook.show`)."""
+        return show(self.loaded, text, view=view, **options)
 
     def _probe(
         self, texts: Any, attention_mask: Tensor | None = None, *, max_texts: int | None, batch_size: int

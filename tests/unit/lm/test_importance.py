@@ -65,7 +65,7 @@ def test_head_importance_of_ids_equals_the_importance_of_the_same_texts(lm) -> N
 def test_head_importance_equals_finite_differences_of_each_rows_loss(lm) -> None:
     model, _ = lm
     rows = [row[:12] for row in _rows(model)]
-    scores = model.importance(torch.tensor(rows), progress=False)
+    scores = model.importance(torch.tensor(rows), progress=False).tensor
     layers, heads = model.head_mask_shapes["self"]
     eps = 1e-5
     expected = torch.zeros(layers, heads, dtype=torch.float64)
