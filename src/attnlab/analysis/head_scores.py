@@ -6,7 +6,8 @@ A :class:`HeadScores` holds, for each attention kind of the model (``self`` for 
 whose entry ``[L, h]`` is head h of layer L: the index of :meth:`attnlab.LanguageModel.head_mask`'s
 xi. Scores with a position axis (patching position by position) are (layers, heads, positions).
 The tables people read come from the same tensors: :meth:`HeadScores.rows`, :meth:`~HeadScores.to_frame`
-(pandas), :meth:`~HeadScores.to_csv`, and a heatmap (:meth:`~HeadScores.plot`).
+(pandas), :meth:`~HeadScores.to_csv`, and a heatmap (:meth:`~HeadScores.plot`, a matplotlib
+Figure a notebook draws).
 
 Dimensions: layers x heads [x positions], float64 on the CPU.
 """
@@ -20,14 +21,14 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from attnlab.analysis.reports import head_matrix_plot
+from attnlab.analysis.plots import heads_heatmap
 from attnlab.errors import UsageError
+from attnlab.figures import Figure
 from attnlab.head_ids import HeadId
 from attnlab.run.storage import atomic_write_text
 
@@ -120,11 +121,13 @@ class HeadScores(Mapping[str, Tensor]):
         atomic_write_text(Path(path), buffer.getvalue())
         return Path(path)
 
-    def plot(self, path: str | os.PathLike[str], *, title: str | None = None) -> Path:
-        """A heatmap per kind, layers down and heads across (summed over positions), as PNG."""
-        cells = [SimpleNamespace(kind=h.kind, layer=h.layer, head=h.head, value=v) for h, v in self.rows()]
-        diverging = any(v < 0 for _, v in self.rows())
-        return head_matrix_plot(cells, "value", Path(path), title=title or self.name, diverging=diverging)
+    def plot(self, kind: str | None = None, *, path: str | os.PathLike[str] | None = None) -> Figure:
+        """A heatmap of one kind's scores (default: the only kind), layers down and heads across
+        (:func:`attnlab.analysis.plots.heads_heatmap`); also written as PNG to ``path``."""
+        values = self.tensor if kind is None else self[kind]
+        title = self.name if kind is None else f"{self.name} ({kind})"
+        saved = None if path is None else Path(path)
+        return heads_heatmap(values, title=title, colorbar=self.name, tokens=self.tokens or None, path=saved)
 
     @classmethod
     def of_rows(

@@ -33,8 +33,10 @@ generate`` reads it), with the run's held heads (``train.mask_heads``) off.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -42,8 +44,10 @@ from torch import Tensor, nn
 
 from attnlab.analysis.inputs import check_ids
 from attnlab.analysis.maps import answer_token, language_model_prompt
+from attnlab.analysis.plots import heads_heatmap
 from attnlab.devices import model_device
 from attnlab.errors import UsageError
+from attnlab.figures import Figure
 from attnlab.nn import masking_heads
 from attnlab.nn.hooks import Site, add_hook, model_sites
 from attnlab.nn.scores import soft_cap
@@ -252,6 +256,16 @@ class Attribution:
     def layer_effects(self) -> Tensor:
         """(layers, 2) float64: each layer's attention (heads and bias) and FFN contributions."""
         return torch.tensor([[row.attention, row.ffn] for row in self.layers], dtype=torch.float64)
+
+    def plot(self, *, path: str | os.PathLike[str] | None = None) -> Figure:
+        """Each head's direct effect, layers down and heads across, as a matplotlib Figure."""
+        return heads_heatmap(
+            self.head_effects,
+            title=f"direct effect of each head on {self.measure}",
+            colorbar="direct effect",
+            diverging=True,
+            path=None if path is None else Path(path),
+        )
 
 
 @dataclass(frozen=True)

@@ -72,9 +72,11 @@ from attnlab.analysis.patch_measures import (
     runner_of,
     user_measure,
 )
+from attnlab.analysis.plots import heads_heatmap
 from attnlab.analysis.reports import write_rows
 from attnlab.devices import model_device
 from attnlab.errors import UsageError
+from attnlab.figures import Figure
 from attnlab.nn.hooks import Site, model_sites, resolve_sites, trace
 from attnlab.run.loaded import LoadedRun
 from attnlab.tasks.text import read_lines
@@ -192,6 +194,21 @@ class PatchResult:
         head = ("head",) if any(r.head is not None for r in rows) else ()
         position = ("position",) if any(r.position is not None for r in rows) else ()
         return ("layer" if per_layer else "site", *head, *position)
+
+    def plot(self, request: str = "heads", *, value: str = "restored", path: str | Path | None = None) -> Figure:
+        """A heatmap of :meth:`tensor` (layers x heads, per position where patched one by one; the
+        residual's sites x positions), as a matplotlib Figure; also written as PNG to ``path``."""
+        values, dims = self.tensor(request, value), self.dims(request)
+        if "head" not in dims:  # sites x positions: one "head" per site
+            values = values[:, None, :] if "position" in dims else values[:, None]
+        return heads_heatmap(
+            values,
+            title=f"{value} by patching {request} ({self.method})",
+            colorbar=f"{value}: {self.measure}" if value == "metric" else value,
+            tokens=self.corrupt_tokens if "position" in dims else None,
+            diverging=True,
+            path=None if path is None else Path(path),
+        )
 
     def to_csv(self, path: str | Path) -> Path:
         """Every unit of every request, one row each (the columns of :class:`SitePatch`), as CSV."""

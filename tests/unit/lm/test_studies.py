@@ -127,10 +127,10 @@ def test_masking_heads_by_name_is_the_head_mask_with_those_heads_off(lm) -> None
     xi = lm.head_mask()
     xi["self"][1, 2] = 0.0
     with lm.masking_heads(xi):
-        by_mask = lm(CLEAN, return_type="loss")
+        by_mask = lm(CLEAN, return_type="loss").detach()
     with lm.masking_heads(["self:1:2"]):
-        by_name = lm(CLEAN, return_type="loss")
-    assert float(by_name) == float(by_mask) != float(lm(CLEAN, return_type="loss"))
+        by_name = lm(CLEAN, return_type="loss").detach()
+    assert float(by_name) == float(by_mask) != float(lm(CLEAN, return_type="loss").detach())
 
 
 def test_a_batch_generates_what_each_prompt_generates_alone(lm) -> None:
@@ -175,3 +175,27 @@ def test_bad_input_is_one_clear_error(lm) -> None:
         lm.masking_heads(["self:9:0"])
     with pytest.raises(UsageError, match="max_texts: must be >= 1"):
         lm.importance(["the cat sat"], max_texts=0)
+
+
+def test_results_draw_pictures_and_write_tables_of_their_tensors(lm, tmp_path) -> None:
+    import csv
+
+    answers, wrongs = _first_tokens(lm, ANSWERS), _first_tokens(lm, WRONGS)
+    patched = lm.patch(CLEAN, CORRUPT, answer=answers, wrong=wrongs, sites=["heads", "residual"], progress=False)
+    scores = lm.importance(["the cat sat on the mat", "a dog barked"], progress=False)
+    attribution = lm.attribute(CLEAN[0], ANSWERS[0], WRONGS[0])
+    for name, draw in {
+        "patch": lambda path: patched.plot("heads", path=path),
+        "residual": lambda path: patched.plot("residual", path=path),
+        "importance": lambda path: scores.plot(path=path),
+        "attribution": lambda path: attribution.plot(path=path),
+    }.items():
+        draw(tmp_path / f"{name}.png")
+        assert (tmp_path / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with open(scores.to_csv(tmp_path / "importance.csv"), newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == scores.tensor.numel()
+    for row in rows:
+        assert float(row["importance"]) == pytest.approx(float(scores["self"][int(row["layer"]), int(row["head"])]))
+    with open(patched.to_csv(tmp_path / "patch.csv"), newline="", encoding="utf-8") as handle:
+        assert len(list(csv.DictReader(handle))) == len(patched.rows())
