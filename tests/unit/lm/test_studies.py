@@ -199,3 +199,17 @@ def test_results_draw_pictures_and_write_tables_of_their_tensors(lm, tmp_path) -
         assert float(row["importance"]) == pytest.approx(float(scores["self"][int(row["layer"]), int(row["head"])]))
     with open(patched.to_csv(tmp_path / "patch.csv"), newline="", encoding="utf-8") as handle:
         assert len(list(csv.DictReader(handle))) == len(patched.rows())
+
+
+def test_the_notebook_view_and_a_replaced_site_are_methods_too(lm) -> None:
+    view = lm.show_patterns("the cat sat", layer=1)
+    html = view._repr_html_()
+    assert "<script" in html and "the cat sat" in view.html()
+    site = "decoder.1.resid_post"
+    linear = torch.nn.Linear(24, 24, dtype=torch.float64)
+    with torch.no_grad(), lm.trace([f"{site}.error"], replace={site: linear}, keep_error=True) as t:
+        kept = lm("the cat sat")
+    with torch.no_grad():
+        plain = lm("the cat sat")
+    torch.testing.assert_close(kept, plain, rtol=1e-9, atol=1e-9)  # the error added back: the model as it was
+    assert t.cache[f"{site}.error"].shape == (1, 11, 24)
