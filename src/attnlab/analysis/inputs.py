@@ -45,6 +45,17 @@ def check_ids(loaded: LoadedRun, ids: list[int], what: str) -> list[int]:
     return ids
 
 
+def _kind(item: Any) -> str:
+    """``text``, ``ids``, or what the item is, for a message (``list of float``)."""
+    if isinstance(item, str):
+        return "text"
+    if _is_ids(item):
+        return "ids"
+    if isinstance(item, Sequence):
+        return "list of " + "/".join(sorted({type(i).__name__ for i in item}))
+    return type(item).__name__
+
+
 def _is_ids(item: Any) -> bool:
     return isinstance(item, Sequence) and not isinstance(item, str) and all(isinstance(i, int) for i in item)
 
@@ -71,8 +82,11 @@ def examples(
         given = [given]
     if not isinstance(given, Sequence) or not given:
         raise UsageError(f"{what}: give a text, a list of texts, or token ids (a list or a tensor)")
-    kinds = {"text" if isinstance(item, str) else "ids" if _is_ids(item) else type(item).__name__ for item in given}
-    if len(kinds) != 1 or kinds - {"text", "ids"}:
+    kinds = {_kind(item) for item in given}
+    if kinds - {"text", "ids"}:
+        shown = ", ".join(sorted(kinds - {"text", "ids"}))
+        raise UsageError(f"{what}: texts or integer token ids are needed, got {shown} (ids must be ints, not floats)")
+    if len(kinds) != 1:
         raise UsageError(f"{what}: a batch of one type is needed (all texts or all id lists), got {sorted(kinds)}")
     encode = encode or (lambda loaded, text: loaded.task.encode(text))
     found = []

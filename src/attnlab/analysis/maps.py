@@ -152,6 +152,32 @@ def language_model_prompt(loaded: LoadedRun, text: str) -> list[int]:
     return ids
 
 
+def generation_ids(
+    loaded: LoadedRun, text: str, new: int, *, chat: bool = False, what: str = "TEXT"
+) -> tuple[list[int], int]:
+    """The ids a model reads to write after ``text`` (a language model's whole prompt, its chat
+    template with ``chat``; an encoder-decoder's or classifier's source without EOS) and how many
+    new tokens it may write (``new``, fewer where its context ends).
+
+    Raises:
+        UsageError: naming ``what``: an empty text, a prompt longer than the context or leaving no
+        room to write (the command line's checks, for Python callers too).
+    """
+    check_input_text(text, what=what)
+    task, model, kind = loaded.task, loaded.model, loaded.experiment.model_kind
+    if kind == "decoder_only":
+        ids = task.generation_prompt(text, chat=chat)
+        context = model.config.max_len if task.generation_context is None else task.generation_context
+        check_input_tokens(len(ids), context=min(context, model.config.max_len), what=what)
+        return ids, check_decode_length(len(ids), new, config=model.config, context=task.generation_context)
+    ids = loaded.codec.encode(text)
+    check_input_tokens(len(ids) + 1, context=model.config.max_len, what=what)  # + EOS
+    if kind == "encoder_classifier":
+        return ids, new
+    context = getattr(task, "generation_context", None)  # a pretrained encoder-decoder's max_tokens
+    return ids, check_decode_length(1, new, config=model.config, context=context)  # the decoder starts at BOS
+
+
 def continuation_ids(loaded: LoadedRun, text: str) -> list[int]:
     """The ids of ``text`` read as a continuation of a prompt: without the model's framing (no
     BOS where the model puts one before a prompt)."""

@@ -21,7 +21,7 @@ from attnlab.cli.options import (
 )
 from attnlab.errors import UsageError
 from attnlab.limits import MAX_BEAM, MAX_LENGTH_PENALTY, MAX_NEW_TOKENS, MAX_SEED, MAX_TEMPERATURE, MAX_VOCAB_SIZE
-from attnlab.resources import check_decode_length, check_input_text, check_input_tokens
+from attnlab.resources import check_input_text
 
 
 @app.command()
@@ -142,20 +142,10 @@ def _sampling(temperature: float, top_k: int | None, top_p: float | None, seed: 
 
 
 def _prepared(loaded, text: str, max_new: int, *, chat: bool, what: str) -> tuple[list[int], int]:  # noqa: ANN001
-    """The ids a model reads for ``text`` (a language model's whole prompt; otherwise the source
-    without EOS) and how many new tokens it may produce; a UsageError naming ``what`` if it cannot."""
-    task, model, kind = loaded.task, loaded.model, loaded.experiment.model_kind
-    if kind == "decoder_only":
-        ids = task.generation_prompt(text, chat=chat)
-        context = model.config.max_len if task.generation_context is None else task.generation_context
-        check_input_tokens(len(ids), context=min(context, model.config.max_len), what=what)
-        return ids, check_decode_length(len(ids), max_new, config=model.config, context=task.generation_context)
-    ids = loaded.codec.encode(text)
-    check_input_tokens(len(ids) + 1, context=model.config.max_len, what=what)  # + EOS
-    if kind == "encoder_classifier":
-        return ids, max_new
-    context = getattr(task, "generation_context", None)  # a pretrained encoder-decoder's max_tokens
-    return ids, check_decode_length(1, max_new, config=model.config, context=context)  # the decoder starts at BOS
+    """:func:`attnlab.analysis.maps.generation_ids`: the ids and the new tokens allowed, or one UsageError."""
+    from attnlab.analysis.maps import generation_ids
+
+    return generation_ids(loaded, text, max_new, chat=chat, what=what)
 
 
 def _translate(loaded, text: str, ids: list[int], options, *, stream: bool) -> dict:  # noqa: ANN001

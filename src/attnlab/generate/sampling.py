@@ -10,6 +10,9 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from attnlab.errors import UsageError
+from attnlab.limits import MAX_SEED, MAX_TEMPERATURE, MAX_VOCAB_SIZE
+
 __all__ = ["SamplingOptions", "warp_logits", "top_k_filter", "top_p_filter"]
 
 
@@ -32,12 +35,19 @@ class SamplingOptions:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0 or self.temperature == float("inf"):
-            raise ValueError(f"temperature: must be >= 0 and finite (0 = greedy), got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k: must be >= 1, or 0 for no limit, got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p: must lie in (0, 1], got {self.top_p}")
+        """Raises UsageError naming the option outside its range (the command line's ranges)."""
+        if not _is_number(self.temperature) or not 0 <= self.temperature <= MAX_TEMPERATURE:
+            raise UsageError(
+                f"temperature: must lie in [0, {MAX_TEMPERATURE:g}] (0 = greedy), got {self.temperature!r}"
+            )
+        if not _is_int(self.top_k) or not 0 <= self.top_k <= MAX_VOCAB_SIZE:
+            raise UsageError(
+                f"top_k: must be an integer in [1, {MAX_VOCAB_SIZE:,}], or 0 for no limit, got {self.top_k!r}"
+            )
+        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
+            raise UsageError(f"top_p: must lie in (0, 1], got {self.top_p!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):
+            raise UsageError(f"seed: must be an integer in [0, {MAX_SEED}], or None, got {self.seed!r}")
 
     @property
     def greedy(self) -> bool:
@@ -81,3 +91,12 @@ def warp_logits(logits: Tensor, sampling: SamplingOptions) -> Tensor:
     """
     logits = logits / sampling.temperature
     return top_p_filter(top_k_filter(logits, sampling.top_k), sampling.top_p)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    """A real number (an int or a float; NaN fails every range check above)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -32,7 +32,9 @@ import torch
 from torch import Tensor
 
 from attnlab.devices import model_device
+from attnlab.errors import UsageError
 from attnlab.generate.sampling import SamplingOptions, warp_logits
+from attnlab.limits import MAX_BEAM, MAX_LENGTH_PENALTY, MAX_NEW_TOKENS
 from attnlab.nn import DecoderOnly, EncodedSource, EncoderDecoder, HeadMask, masking_heads
 
 __all__ = [
@@ -74,14 +76,16 @@ class DecodeOptions:
     sampling: SamplingOptions | None = None
 
     def __post_init__(self) -> None:
-        if self.max_length < 1:
-            raise ValueError(f"max_length: must be >= 1, got {self.max_length}")
-        if self.beam_size < 1:
-            raise ValueError(f"beam_size: must be >= 1, got {self.beam_size}")
-        if self.length_penalty < 0:
-            raise ValueError(f"length_penalty: must be >= 0, got {self.length_penalty}")
+        """Raises UsageError naming the option outside its range (the command line's ranges)."""
+        counts = (("max_length", self.max_length, MAX_NEW_TOKENS), ("beam_size", self.beam_size, MAX_BEAM))
+        for name, value, most in counts:
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= most:
+                raise UsageError(f"{name}: must be an integer in [1, {most:,}], got {value!r}")
+        penalty = self.length_penalty
+        if not isinstance(penalty, (int, float)) or isinstance(penalty, bool) or not 0 <= penalty <= MAX_LENGTH_PENALTY:
+            raise UsageError(f"length_penalty: must lie in [0, {MAX_LENGTH_PENALTY:g}], got {penalty!r}")
         if self.samples and self.beam_size > 1:
-            raise ValueError("sampling: only with beam_size 1 (beam search does not sample)")
+            raise UsageError("sampling: only with beam_size 1 (beam search does not sample)")
 
     @property
     def samples(self) -> bool:

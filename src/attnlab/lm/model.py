@@ -41,13 +41,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.analysis.inputs import model_inputs
-from attnlab.analysis.maps import decode_source
+from attnlab.analysis.maps import decode_source, generation_ids
 from attnlab.devices import model_device
 from attnlab.errors import UsageError
 from attnlab.generate.sampling import SamplingOptions
 from attnlab.generate.search import DecodeOptions, generate_continuations
 from attnlab.generate.stream import TextStream
 from attnlab.head_ids import mask_without, parse_head
+from attnlab.limits import MAX_BATCH_SIZE, MAX_NEW_TOKENS
 from attnlab.lm.studies import Studies
 from attnlab.nn import expert_mask_shape, full_head_mask, masking_heads, trace
 from attnlab.nn.hooks import Trace
@@ -110,6 +111,8 @@ def _with_bos(loaded: LoadedRun, prepend_bos: bool | None) -> LoadedRun:
     """``loaded`` whose task puts its BOS before every text (or never), chosen once at load."""
     if prepend_bos is None:
         return loaded
+    if not isinstance(prepend_bos, bool):
+        raise UsageError(f"prepend_bos: True, False or None, got {prepend_bos!r}")
     task = loaded.task
     if not hasattr(task, "add_bos"):
         raise UsageError(f"prepend_bos: for a pretrained language model; {loaded.name} reads its task's own framing")
@@ -244,31 +247,46 @@ class LanguageModel(Studies):
         greedy, or sampled with ``temperature`` > 0 (``top_k``, ``top_p``, ``seed``: the same
         seed gives the same text). With ``chat`` the text is one user message in the model's chat
         template; with ``stream`` (one text) an iterator of the pieces of text as they are produced.
+        ``max_new_tokens`` is at most 4,096 (``attnlab generate``'s cap), and fewer where the
+        model's context ends (a batch: where its longest prompt's ends); a prompt longer than the
+        context is refused.
 
         Returns:
             A string for a text, a list of strings for a list, an iterator with ``stream``.
         """
+        if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not temperature >= 0:
+            raise UsageError(f"temperature: must be a number >= 0 (0 = greedy), got {temperature!r}")
         sampling = None
         if temperature > 0:
             sampling = SamplingOptions(
                 temperature=temperature, top_k=top_k or 0, top_p=1.0 if top_p is None else top_p, seed=seed
             )
-        elif top_k is not None or top_p is not None:
-            raise UsageError("top_k, top_p: only when sampling (temperature > 0)")
-        options = DecodeOptions(max_length=max_new_tokens, sampling=sampling)
+        elif top_k is not None or top_p is not None or seed is not None:
+            raise UsageError("top_k, top_p, seed: only when sampling (temperature > 0)")
+        if (
+            not isinstance(max_new_tokens, int)
+            or isinstance(max_new_tokens, bool)
+            or not 1 <= max_new_tokens <= MAX_NEW_TOKENS
+        ):
+            raise UsageError(f"max_new_tokens: must be an integer in [1, {MAX_NEW_TOKENS:,}], got {max_new_tokens!r}")
         texts = [text] if isinstance(text, str) else list(text)
         if not texts or not all(isinstance(t, str) for t in texts):
             raise UsageError("text: a text or a list of texts is needed")
-        if self.loaded.experiment.model_kind == "encoder_decoder":  # the output of the source text
-            if chat or stream:
-                raise UsageError("chat, stream: for a language model; an encoder-decoder writes its output whole")
+        if len(texts) > MAX_BATCH_SIZE:
+            raise UsageError(f"text: {len(texts):,} texts; at most {MAX_BATCH_SIZE:,} in one call")
+        encoder_decoder = self.loaded.experiment.model_kind == "encoder_decoder"
+        if encoder_decoder and (chat or stream):
+            raise UsageError("chat, stream: for a language model; an encoder-decoder writes its output whole")
+        named = ["text"] if len(texts) == 1 else [f"text[{n}]" for n in range(len(texts))]
+        prepared = [
+            generation_ids(self.loaded, t, max_new_tokens, chat=chat, what=what) for t, what in zip(texts, named)
+        ]
+        options = DecodeOptions(max_length=min(new for _, new in prepared), sampling=sampling)
+        prompts = [ids for ids, _ in prepared]
+        if encoder_decoder:  # the output of each source text
             held = self.loaded.held_mask()
-            written = [
-                self.decode(decode_source(self.loaded, self.loaded.codec.encode(t), options, held).tokens)
-                for t in texts
-            ]
+            written = [self.decode(decode_source(self.loaded, ids, options, held).tokens) for ids in prompts]
             return written[0] if isinstance(text, str) else written
-        prompts = [self.task.generation_prompt(t, chat=chat) for t in texts]
         if stream:
             if len(prompts) != 1:
                 raise UsageError("stream: streams one text; give a text, not a list")

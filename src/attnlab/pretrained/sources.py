@@ -84,6 +84,7 @@ def open_model(
         UsageError: nothing at ``source``, an option that does not apply to it, a bad device or dtype.
         ConfigError, CheckpointError: a model attnlab cannot open, or a damaged file (named).
     """
+    _check_arguments(source, dtype, revision, checkpoint, verify, bridge)
     if isinstance(source, str) and source.startswith(PACKAGE_PREFIX):
         source = packaged_model(source.removeprefix(PACKAGE_PREFIX))
     if placement.wanted and device is not None and str(device) != "cpu":
@@ -124,6 +125,22 @@ def open_model(
     release_freed_memory()  # the tensors read and assembled along the way leave freed blocks between live ones
     native.prepare(device)  # a first use's kernel build now, before a command's progress bar
     return loaded
+
+
+def _check_arguments(source: Any, dtype: Any, revision: Any, checkpoint: Any, verify: Any, bridge: Any) -> None:
+    """Each argument of the type and values :func:`open_model` takes (the command line's options
+    are typed when parsed; a Python caller's are checked here), or one UsageError naming it."""
+    if not isinstance(source, (str, os.PathLike)) or not str(source).strip():
+        raise UsageError(f"source: a path, a model's name or package:NAME is needed, got {source!r}")
+    floats = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+    if dtype is not None and not isinstance(dtype, str) and not (isinstance(dtype, torch.dtype) and dtype in floats):
+        raise UsageError(f"dtype: float32, bfloat16, float16 or float64 (a name or a torch dtype), got {dtype!r}")
+    for name, value in (("revision", revision), ("checkpoint", checkpoint)):
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise UsageError(f"{name}: a non-empty string or None, got {value!r}")
+    for name, value in (("verify", verify), ("bridge", bridge)):
+        if not isinstance(value, bool):
+            raise UsageError(f"{name}: True or False, got {value!r}")
 
 
 PACKAGE_PREFIX = "package:"
@@ -203,8 +220,10 @@ def import_checkpoint(
     """Write the Hugging Face checkpoint ``source`` (a folder or a cached name) as the attnlab run
     ``out`` (config.json, tokenizer.json, model.safetensors in ``dtype``, default the stored one;
     provenance.json, the SHA-256 of every source file), to fine-tune it or keep it beside its
-    analyses. Everything is read and checked before ``out`` is touched; the run opens as any other
-    (:func:`attnlab.run.loaded.open_run`)."""
+    analyses. Everything is read and checked before ``out`` is touched, and the run is written
+    under a temporary name beside ``out``, put in place only once complete
+    (:meth:`attnlab.run.directory.RunDir.staged`): a failed write (a full disk: ResourceError naming
+    the file) leaves nothing. The run opens as any other (:func:`attnlab.run.loaded.open_run`)."""
     loaded = open_model(source, dtype=dtype, revision=revision, verify=verify)
     if loaded.run is not None or Path(source).suffix == ".gguf":
         raise UsageError(f"{source}: not a Hugging Face checkpoint (use attnlab import gguf for a GGUF file)")
@@ -218,8 +237,8 @@ def import_checkpoint(
     found = find_checkpoint(source, revision=revision)
     files = find_source(found.folder).files() if found.model_type in ENCODERS else found.files()
     sources = check_sources(files, verify=verify, record=True)  # hashed when opened, or cached
-    run = RunDir.create(out, overwrite=overwrite)
-    with run.lock():  # one writer at a time (attnlab.run.lock)
+    # written out of sight, under the writer's lock, and put in place whole: a full disk leaves nothing
+    with RunDir.staged(out, overwrite=overwrite) as run:
         run.write_provenance([record.to_dict() for record in sources])
         run.write_config(loaded.experiment.to_dict())
         run.write_tokenizer(loaded.tokenizer.to_json())

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from attnlab.errors import UsageError
 from attnlab.generate.sampling import SamplingOptions, warp_logits
 from attnlab.generate.search import (
     DecodeOptions,
@@ -178,9 +179,9 @@ def test_decoder_only_cached_logits_agree():
 
 
 def test_options_are_validated():
-    with pytest.raises(ValueError, match="beam_size"):
+    with pytest.raises(UsageError, match="beam_size"):
         DecodeOptions(beam_size=0)
-    with pytest.raises(ValueError, match="max_length"):
+    with pytest.raises(UsageError, match="max_length"):
         DecodeOptions(max_length=0)
 
 
@@ -277,10 +278,21 @@ def test_sampling_options_are_validated():
         ({"top_k": -1}, "top_k"),
         ({"top_p": 0.0}, "top_p"),
         ({"top_p": 2.0}, "top_p"),
+        ({"seed": -1}, "seed"),
+        ({"seed": 1.5}, "seed"),
+        ({"temperature": 1e9}, "temperature"),
+        ({"top_k": 10**12}, "top_k"),
     ):
-        with pytest.raises(ValueError, match=field):
+        with pytest.raises(UsageError, match=field):
             SamplingOptions(**bad)
-    with pytest.raises(ValueError, match="beam_size"):
+    for bad, field in (
+        ({"max_length": 10**9}, "max_length"),
+        ({"max_length": 0}, "max_length"),
+        ({"beam_size": 10**6}, "beam_size"),
+    ):
+        with pytest.raises(UsageError, match=field):
+            DecodeOptions(**bad)
+    with pytest.raises(UsageError, match="beam_size"):
         DecodeOptions(beam_size=2, sampling=SamplingOptions(temperature=1.0))
     DecodeOptions(beam_size=2, sampling=SamplingOptions(temperature=0.0))  # greedy options: no sampling
 
