@@ -157,6 +157,7 @@ def _save_tokenizer(folder: Path) -> None:
         vocab_size=TOKENIZER_VOCAB,
         special_tokens=["<s>", "</s>", "<pad>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,  # its bar wrote blank lines on stdout, into a --json answer
     )
     tokenizer.train_from_iterator(
         ["the quick brown fox jumps over the lazy dog", "def f(x): return x + 1"] * 20, trainer
