@@ -2,6 +2,10 @@
 BERT-family checkpoint, or a Llama-family GGUF file, written as an attnlab run (every command also
 opens the first and the last directly; a run is for fine-tuning, or to keep beside its analyses).
 
+Each run is written under a temporary name beside ``--out`` and renamed into place only once
+complete (:meth:`attnlab.run.directory.RunDir.staged`): a full disk, a refused write or Ctrl-C
+leaves no run without weights, only one ``error:`` line naming the file.
+
 (The module is not called ``import``: that is a Python keyword.)
 """
 
@@ -71,13 +75,16 @@ def bert_command(
     """Convert a BERT checkpoint into a run directory that every attnlab command can open."""
     # Imported when the command runs: the help pages load no torch (see attnlab.cli).
     from attnlab.pretrained.bert import find_source, import_bert, package_source
+    from attnlab.run.directory import RunDir
     from attnlab.run.output_paths import check_output_path
 
     if (source is None) == (package is None):
         raise UsageError("give either SOURCE (a folder) or --package NAME, not both and not neither")
     check_output_path(out, kind="run", flag="--out", overwrite=force)
     found = package_source(package) if package is not None else find_source(source)
-    imported = import_bert(found, out, overwrite=force, verify=verify)
+    with RunDir.staged(out, overwrite=force, lock=False) as run:  # in place only once complete
+        imported = import_bert(found, run.path, overwrite=True, verify=verify)
+    imported.run.path = run.path
     config = imported.model.config
     if as_json:
         print_json(
@@ -123,13 +130,16 @@ def gguf_command(
 ) -> None:
     """Convert a Llama-family GGUF file into a run directory (weights dequantized to float32 once)."""
     from attnlab.pretrained.gguf import import_gguf, package_gguf
+    from attnlab.run.directory import RunDir
     from attnlab.run.output_paths import check_output_path
 
     if (source is None) == (package is None):
         raise UsageError("give either SOURCE (a .gguf file) or --package NAME, not both and not neither")
     check_output_path(out, kind="run", flag="--out", overwrite=force)
     path = package_gguf(package) if package is not None else source
-    imported = import_gguf(path, out, overwrite=force, verify=verify)
+    with RunDir.staged(out, overwrite=force, lock=False) as run:  # in place only once complete
+        imported = import_gguf(path, run.path, overwrite=True, verify=verify)
+    imported.run.path = run.path
     hp, task = imported.hyperparameters, imported.experiment.task
     summary = {
         "source": str(imported.source),

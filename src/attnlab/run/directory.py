@@ -25,6 +25,10 @@ renamed at once, so a checkpoint directory is written completely first and ``che
 then replaced atomically to point at it. A kill -9 at any instant leaves the pointer at a complete
 checkpoint. The previous checkpoint is only deleted after the pointer has moved on.
 
+A run written all at once (``attnlab import``) is written by :meth:`RunDir.staged` under a
+hidden temporary name beside its own and renamed into place once its weights and manifest are
+written: a full disk or a kill leaves no run without weights under the name asked for.
+
 Choosing a checkpoint (``attnlab eval --checkpoint``): ``last`` is the one ``checkpoint.json`` names,
 ``step-N`` that step's, and ``best`` the one whose recorded validation is best
 (:meth:`RunDir.best_checkpoint`). Pruning old checkpoints (``train.keep_checkpoints``) keeps the
@@ -55,6 +59,7 @@ import re
 import shutil
 import warnings
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -79,6 +84,7 @@ from attnlab.run.manifest import (
 from attnlab.run.metrics_log import KEY as METRICS_KEY
 from attnlab.run.metrics_log import MetricsCheck, MetricsRecord, MetricsTally, check_metrics_bytes
 from attnlab.run.storage import (
+    atomic_directory,
     atomic_write_bytes,
     atomic_write_json,
     ensure_folder,
@@ -153,14 +159,57 @@ class RunDir:
 
     @classmethod
     def create(cls, path: str | os.PathLike[str], *, overwrite: bool = False) -> RunDir:
+        """A run directory made now and written in place (a training run, read while it trains);
+        a run written all at once is made with :meth:`staged`."""
         run = cls(path)
-        if run.path.exists() and not run.path.is_dir():
-            raise UsageError(f"run directory {run.path} is a file; choose another --out")
-        if run.path.exists() and any(p.name != cls.LOCK for p in run.path.iterdir()) and not overwrite:
-            raise UsageError(f"run directory {run.path} already exists and is not empty; choose another --out")
+        cls._check_new(run.path, overwrite=overwrite)
         ensure_folder(run.path)
         (run.path / cls.MANIFEST).unlink(missing_ok=True)  # an overwritten run's records start afresh
         return run
+
+    @classmethod
+    @contextmanager
+    def staged(cls, path: str | os.PathLike[str], *, overwrite: bool = False, lock: bool = True) -> Iterator[RunDir]:
+        """A new run written whole or not at all (what an import writes): the run yielded lives in
+        a hidden sibling ``.NAME.tmp-XXXXXXXX`` of ``path`` (:func:`~attnlab.run.storage.atomic_directory`),
+        under its writer's lock, and appears at ``path`` when the block ends without error (its
+        config, tokenizer, provenance, weights and manifest all written); on any error, a full disk
+        included, nothing is left. Afterwards the run's :attr:`path` is ``path``.
+
+        With ``overwrite`` an existing run's files are replaced one by one, each whole, under the
+        lock of that run as well (a writer there is refused first), its other files kept as
+        :meth:`create` keeps them.
+
+        Args:
+            path: the run directory to write.
+            overwrite: replace the files of a run that stands there (``--force``).
+            lock: hold the writer's lock on the run yielded; False when the code that fills it
+                makes it with :meth:`create` and locks it itself (``import_bert``, ``import_gguf``
+                given ``run.path``).
+
+        Raises:
+            UsageError: ``path`` is a file, or a non-empty folder without ``overwrite`` (checked
+                again when the run is put in place), or another process writes there.
+        """
+        final = Path(path)
+        cls._check_new(final, overwrite=overwrite)
+        with ExitStack() as stack:
+            if final.is_dir():
+                stack.enter_context(RunLock(final))
+            run = cls(stack.enter_context(atomic_directory(final, keep={cls.LOCK})))
+            with run.lock(enabled=lock):
+                yield run
+            if not overwrite:
+                cls._check_new(final, overwrite=False)  # a run that appeared there meanwhile is kept
+        run.path = final
+
+    @classmethod
+    def _check_new(cls, path: Path, *, overwrite: bool) -> None:
+        """Refuse a file at ``path``, or (unless ``overwrite``) a folder holding anything but a lock."""
+        if path.exists() and not path.is_dir():
+            raise UsageError(f"run directory {path} is a file; choose another --out")
+        if path.exists() and any(p.name != cls.LOCK for p in path.iterdir()) and not overwrite:
+            raise UsageError(f"run directory {path} already exists and is not empty; choose another --out")
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> RunDir:

@@ -11,15 +11,30 @@ its manifest, :mod:`attnlab.run.manifest`), and :func:`parse_json` / :func:`pars
 bytes. A malformed file (truncated, a damaged header, a pickle in disguise, JSON nested too deeply,
 a folder where a file belongs) raises :class:`attnlab.errors.CheckpointError` naming the file. A flip
 in the tensor data leaves a well-formed file: only the manifest's SHA-256 catches it.
+
+A folder of outputs (an analysis's CSVs and pictures, an imported run) is written the same way,
+by :func:`atomic_directory`: into a hidden sibling ``.NAME.tmp-XXXXXXXX``, renamed into place only
+once complete, removed on any error; nothing half-written appears under the name asked for.
+
+Every failure of the file system while writing is one message naming the path and the errno
+(:func:`write_error`): a full disk or a file-size limit (ENOSPC, EDQUOT, EFBIG) is a
+:class:`~attnlab.errors.ResourceError` (exit 4), a refusal (EACCES, EPERM, EROFS) and anything else a
+:class:`~attnlab.errors.UsageError` (exit 2). safetensors' own error for a failed write is read for
+its errno and named the same way.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
+import secrets
+import shutil
 import stat
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +44,7 @@ from safetensors.torch import save as safetensors_save
 from safetensors.torch import save_file
 from torch import Tensor
 
-from attnlab.errors import CheckpointError, UsageError
+from attnlab.errors import AttnlabError, CheckpointError, ResourceError, UsageError
 
 __all__ = [
     "ensure_folder",
@@ -37,6 +52,8 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
     "atomic_write_json",
+    "atomic_directory",
+    "write_error",
     "fsync_directory",
     "save_tensors",
     "load_tensors",
@@ -46,6 +63,44 @@ __all__ = [
     "parse_tensors",
     "tensors_to_bytes",
 ]
+
+
+_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+"""The errnos of a write that found no room: a full disk, a quota, a file-size limit."""
+
+_HINTS = {
+    errno.ENOSPC: "free some space there or write elsewhere",
+    errno.EDQUOT: "the disk quota is spent: free some space or write elsewhere",
+    errno.EFBIG: "a limit on file sizes (ulimit -f, or the file system's) stops it: write elsewhere",
+}
+
+
+def write_error(path: str | os.PathLike[str], error: OSError, *, action: str = "cannot write") -> AttnlabError:
+    """The one error for ``error``, met while writing ``path``: ``PATH: cannot write: No space left
+    on device (ENOSPC); free some space there or write elsewhere``.
+
+    A full disk, a quota or a file-size limit (ENOSPC, EDQUOT, EFBIG) is a
+    :class:`~attnlab.errors.ResourceError` (exit 4): the request is fine, the machine has no room for
+    it. Anything else (EACCES, EPERM, EROFS: the system refuses the place; EIO, ...) is a
+    :class:`~attnlab.errors.UsageError` (exit 2) naming the place to change.
+    """
+    code = error.errno
+    reason = error.strerror or str(error)
+    name = errno.errorcode.get(code) if isinstance(code, int) else None
+    message = f"{path}: {action}: {reason}" + (f" ({name})" if name else "")
+    if code in _FULL:
+        return ResourceError(f"{message}; {_HINTS[code]}")
+    return UsageError(message)
+
+
+def _safetensors_os_error(error: Exception) -> OSError | None:
+    """The OSError inside safetensors' error for a failed write (``... (os error 28)``); None when
+    its message carries no errno."""
+    match = re.search(r"os error (\d+)", str(error))
+    if match is None:
+        return None
+    code = int(match.group(1))
+    return OSError(code, os.strerror(code))
 
 
 def fsync_directory(path: Path) -> None:
@@ -69,8 +124,9 @@ def ensure_folder(path: str | os.PathLike[str]) -> Path:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
-        reason = f"{blocker} is a file" if blocker is not None else error.strerror
-        raise UsageError(f"{path}: cannot create the folder: {reason}") from None
+        if blocker is not None:
+            raise UsageError(f"{path}: cannot create the folder: {blocker} is a file") from None
+        raise write_error(path, error, action="cannot create the folder") from None
     return path
 
 
@@ -80,8 +136,9 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[Any], None], mod
     Text modes write UTF-8.
 
     Raises:
-        UsageError: ``path`` is a folder, or cannot be written (no such place, no permission, a
-            full disk); the message names it. The temporary file is removed.
+        UsageError: ``path`` is a folder, or cannot be written (no such place, no permission); the
+            message names it and the errno. The temporary file is removed.
+        ResourceError: no room for it (a full disk, a quota, a file-size limit: :func:`write_error`).
     """
 
     def fill(name: str) -> None:
@@ -103,7 +160,7 @@ def atomic_write_file(path: str | os.PathLike[str], fill: Callable[[str], None])
         fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.close(fd)
     except OSError as error:
-        raise UsageError(f"{path}: cannot write: {error.strerror}") from None
+        raise write_error(path, error) from None
     try:
         fill(tmp_name)
         with open(tmp_name, "rb") as written:
@@ -111,7 +168,7 @@ def atomic_write_file(path: str | os.PathLike[str], fill: Callable[[str], None])
         os.replace(tmp_name, path)
     except OSError as error:
         Path(tmp_name).unlink(missing_ok=True)
-        raise UsageError(f"{path}: cannot write: {error.strerror}") from None
+        raise write_error(path, error) from None
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
@@ -128,6 +185,126 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+TEMPORARY_MARK = ".tmp-"
+"""What names a folder being written (:func:`atomic_directory`): ``.NAME.tmp-XXXXXXXX``."""
+
+
+@contextmanager
+def atomic_directory(path: str | os.PathLike[str], *, keep: Collection[str] = ()) -> Iterator[Path]:
+    """Write the folder ``path`` out of sight: yield an empty folder to fill, put its contents at
+    ``path`` only when the block ends without error.
+
+    The folder yielded lies in a hidden sibling ``.NAME.tmp-XXXXXXXX`` of the highest folder on the
+    way to ``path`` that does not exist yet (``path`` itself when its parent exists), so nothing new
+    appears before the end. Then:
+
+    * nothing stands at that name: the temporary folder is renamed to it, one atomic rename (a kill
+      at any instant leaves the whole folder or none of it);
+    * the folder exists already (a rerun, or a folder holding other outputs, such as
+      ``RUN/analysis``): each file written replaces its namesake there with one rename (each file
+      whole, old or new; files not written again are kept), and the temporary folder is removed.
+
+    On any error, Ctrl-C included, the temporary folder is removed and ``path`` is as it was. A
+    hidden ``.NAME.tmp-*`` left by a kill -9 is never read by any command.
+
+    Args:
+        path: the folder to write.
+        keep: names of top-level entries of the temporary folder that are not moved into an
+            existing folder (a run's ``.lock``: a lock file in use is never replaced).
+
+    Raises:
+        UsageError, ResourceError: the folder cannot be made or filled (:func:`write_error`); an
+            error raised inside the block that names a file of the temporary folder (an
+            :class:`~attnlab.errors.AttnlabError`, or an OSError, then as :func:`write_error`'s) is
+            raised again naming that file at ``path``.
+    """
+    shown = Path(path)
+    target = Path(os.path.abspath(shown))
+    if os.path.lexists(target) and not target.is_dir():
+        raise UsageError(f"{shown}: is a file; give a folder")
+    top = target if target.is_dir() else _highest_missing(target)
+    ensure_folder(top.parent)
+    staging = _make_staging(top, shown)
+    inner = staging / target.relative_to(top) if top != target else staging
+    try:
+        inner.mkdir(parents=True, exist_ok=True)
+        yield inner
+        _publish(staging, top, keep=keep)
+    except AttnlabError as error:
+        shutil.rmtree(staging, ignore_errors=True)
+        message = str(error).replace(str(inner), str(shown)).replace(str(staging), str(top))
+        if message == str(error):
+            raise
+        raise type(error)(message) from None
+    except OSError as error:
+        shutil.rmtree(staging, ignore_errors=True)
+        written = os.fsdecode(error.filename) if error.filename is not None else ""
+        if not written.startswith(str(staging)):
+            raise  # not a write of this folder's: not this function's to name
+        raise write_error(written.replace(str(inner), str(shown)).replace(str(staging), str(top)), error) from None
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _highest_missing(target: Path) -> Path:
+    """The highest folder on the way to ``target`` (absolute, missing) that does not exist."""
+    top = target
+    while not os.path.lexists(top.parent) and top.parent != top:
+        top = top.parent
+    return top
+
+
+def _make_staging(top: Path, shown: Path) -> Path:
+    """A new, empty hidden folder beside ``top`` (made with the permissions a plain mkdir gives)."""
+    stem = os.fsencode(top.name)[:200].decode("utf-8", "ignore")  # room for the mark in NAME_MAX
+    for _ in range(100):
+        staging = top.with_name(f".{stem}{TEMPORARY_MARK}{secrets.token_hex(4)}")
+        try:
+            os.mkdir(staging)
+        except FileExistsError:
+            continue
+        except OSError as error:
+            raise write_error(shown, error, action="cannot create the folder") from None
+        return staging
+    raise UsageError(f"{shown}: cannot create the folder: no free temporary name beside it")
+
+
+def _publish(staging: Path, top: Path, *, keep: Collection[str]) -> None:
+    """Put the finished ``staging`` at ``top``: one rename when nothing stands there (or an empty
+    folder), else its files moved one by one over their namesakes."""
+    try:
+        os.rename(staging, top)
+    except OSError as error:
+        if error.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not top.is_dir():
+            raise write_error(top, error) from None
+        _merge(staging, top, keep=keep)
+        shutil.rmtree(staging, ignore_errors=True)
+    fsync_directory(top.parent)
+
+
+def _merge(staging: Path, top: Path, *, keep: Collection[str]) -> None:
+    """Move every file of ``staging`` over its namesake in the existing folder ``top`` (each with
+    one rename: atomic), making the folders on the way; entries named in ``keep`` stay behind."""
+    touched = {top}
+    for source in sorted(staging.rglob("*")):  # a folder before what it holds
+        relative = source.relative_to(staging)
+        if relative.parts[0] in keep:
+            continue
+        destination = top / relative
+        try:
+            if source.is_dir() and not source.is_symlink():
+                if not destination.is_dir():
+                    destination.mkdir()
+                continue
+            os.replace(source, destination)
+        except OSError as error:
+            raise write_error(destination, error) from None
+        touched.add(destination.parent)
+    for folder in touched:
+        fsync_directory(folder)
 
 
 def read_bytes(path: str | os.PathLike[str], *, what: str = "file") -> bytes:
@@ -186,7 +363,17 @@ def stream_tensors(path: Path, tensors: Mapping[str, Tensor], metadata: Mapping[
     (safetensors' ``save_file``): no second copy of the weights in memory, as
     :func:`tensors_to_bytes` makes."""
     prepared = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}
-    atomic_write_file(path, lambda name: save_file(prepared, name, metadata=dict(metadata) if metadata else None))
+
+    def fill(name: str) -> None:
+        try:
+            save_file(prepared, name, metadata=dict(metadata) if metadata else None)
+        except SafetensorError as error:  # a failed write: its errno, named as any other write's
+            os_error = _safetensors_os_error(error)
+            if os_error is None:
+                raise
+            raise os_error from None
+
+    atomic_write_file(path, fill)
 
 
 def save_tensors(path: Path, tensors: Mapping[str, Tensor], metadata: Mapping[str, str] | None = None) -> None:

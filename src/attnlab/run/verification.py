@@ -8,7 +8,10 @@ once the run's manifest records a committed checkpoint), ``metrics.jsonl`` (its 
 latest checkpoint recorded them, :mod:`attnlab.run.metrics_log`; every line a JSON object, a torn
 last line allowed; the lines written after the last checkpoint are only parsed, and the verdict says
 how many) and every checkpoint (its ``manifest.json``, required and checked against the run's
-manifest once committed, and the files it lists). Skipped: ``.lock`` and other hidden files (the run
+manifest once committed, and the files it lists). Every run must hold ``config.json`` and weights
+(``model.safetensors``, or a checkpoint ``checkpoint.json`` names): a run without them (an import
+or a training run stopped before writing them) is damaged, listed in its manifest or not, and a
+file present but missing from its manifest is damaged too (foreign). Skipped: ``.lock`` and other hidden files (the run
 lock, temporary files of an interrupted write), ``plots/``, ``analysis/``, ``tensorboard/`` (event
 files for TensorBoard, which no command reads) and
 ``checkpoints/step-N.partial/`` (a checkpoint an interrupted write left, never read, removed by the
@@ -130,10 +133,17 @@ def _verify_top_level(run: RunDir, report: VerifyReport) -> None:
     }
     present = {name for name in readers if os.path.lexists(run.path / name)}
     listed = {name for name in listed if not name.startswith("checkpoints/")}  # checked with their checkpoint
-    names = listed | present
+    names = listed | present | _required(run)
     for name in [n for n in readers if n in names] + sorted(names - set(readers)):
         if not manifest_ok:
             report.files.append(FileCheck(name, UNVERIFIED, f"{RunDir.MANIFEST} is damaged"))
+            continue
+        if name == RunDir.MODEL and name not in present | listed:
+            message = (
+                f"weights not found: {run.path / name} (nor a checkpoint: an import or a training run "
+                "stopped before writing them)"
+            )
+            report.files.append(FileCheck(name, DAMAGED, message))
             continue
         if (
             _check(report, name, readers.get(name, lambda name=name: run.read_verified(name)))
@@ -153,6 +163,15 @@ def _verify_top_level(run: RunDir, report: VerifyReport) -> None:
     for entry in sorted(run.path.iterdir()):
         if entry.name not in known and not entry.name.startswith("."):
             report.files.append(FileCheck(entry.name, UNVERIFIED, "not covered by a manifest; no command reads it"))
+
+
+def _required(run: RunDir) -> set[str]:
+    """The files every run holds, listed in its manifest or not: config.json, and weights
+    (model.safetensors, or a checkpoint ``checkpoint.json`` names, which every command falls back to)."""
+    required = {RunDir.CONFIG}
+    if not os.path.lexists(run.path / RunDir.POINTER):
+        required.add(RunDir.MODEL)
+    return required
 
 
 def _check_metrics(run: RunDir, report: VerifyReport) -> None:

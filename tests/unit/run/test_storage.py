@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attnlab.embeddings import WordVectors, save_vectors, train_word2vec
-from attnlab.errors import DataError, UsageError
+from attnlab.errors import DataError, ResourceError, UsageError
 from attnlab.figures import plt, save_figure
 from attnlab.run.storage import atomic_write, atomic_write_text, ensure_folder
 
@@ -49,7 +49,7 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
         handle.write("partial")
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    with pytest.raises(UsageError, match=f"{path}: cannot write: No space left on device"):
+    with pytest.raises(ResourceError, match=f"{path}: cannot write: No space left on device \\(ENOSPC\\)"):
         atomic_write(path, disk_full)
     assert path.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["f.txt"]
