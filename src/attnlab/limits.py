@@ -18,7 +18,10 @@ The caps:
 * :data:`MAX_SPLIT_EXAMPLES`: ``task.train_size`` and the other split sizes of a synthetic task.
 * :data:`MAX_TASK_LENGTH`: ``task.max_train_length``.
 * :data:`MAX_VECTOR_DIM`: ``word2vec --dim``.
-* :data:`MAX_LAYERS`: ``model.layers`` and ``model.decoder_layers``.
+* :data:`MAX_LAYERS`: ``model.layers`` and ``model.decoder_layers`` (and an imported config's layers).
+* :data:`MAX_HEADS`: ``model.heads`` and ``model.kv_heads`` (and an imported config's heads).
+* :data:`MAX_MODEL_WIDTH`: an imported config's widths (hidden, intermediate, head size); attnlab's
+  own models are bounded by the memory estimate instead.
 * :data:`MAX_STEPS`: ``train.steps`` and ``heads prune --retrain-steps``.
 * :data:`MAX_EPOCHS`, :data:`MAX_WINDOW`, :data:`MAX_MIN_COUNT`: ``word2vec --epochs``, ``--window``,
   ``--min-count``.
@@ -46,6 +49,8 @@ __all__ = [
     "MAX_SPLIT_EXAMPLES",
     "MAX_VECTOR_DIM",
     "MAX_LAYERS",
+    "MAX_HEADS",
+    "MAX_MODEL_WIDTH",
     "MAX_TASK_LENGTH",
     "MAX_STEPS",
     "MAX_EPOCHS",
@@ -82,6 +87,18 @@ MAX_VECTOR_DIM = 65_536
 MAX_LAYERS = 1024
 """Most layers (``model.layers``, ``model.decoder_layers``); the deepest published Transformers
 have about a hundred. Deeper models that would still fit in memory are refused here too."""
+
+MAX_HEADS = 4096
+"""Most attention heads in one layer (``model.heads``, ``model.kv_heads``, an imported config's
+``num_attention_heads``): published models have at most a few hundred. The query -> key/value head
+map holds one entry per head: 10**12 heads once hung while it was built."""
+
+MAX_MODEL_WIDTH = 1 << 20
+"""Widest model dimension an imported config may give (``hidden_size``, ``intermediate_size``,
+``head_dim`` and their other names): the widest published feed-forward layers are about 75,000
+wide. A Hugging Face config.json comes from outside, so its sizes are refused by number before
+the model is built; attnlab's own configs are bounded by the memory estimate of
+:mod:`attnlab.resources` instead."""
 
 MAX_TASK_LENGTH = 4096
 """Longest ``task.max_train_length`` (symbols or tokens): a synthetic task generates strings up to

@@ -19,7 +19,7 @@ from typing import Any, ClassVar, TypeVar
 from attnlab.errors import check_field_types
 from attnlab.nn.feed_forward import ACTIVATIONS
 from attnlab.nn.layers import PLACEMENTS
-from attnlab.nn.multi_head import QK_NORMS
+from attnlab.nn.multi_head import QK_NORMS, check_heads_cap
 from attnlab.nn.normalization import NORMS
 from attnlab.nn.positional import COMBINES, POSITIONAL, RANDOMIZABLE
 from attnlab.nn.rotary import rope_frequencies
@@ -198,6 +198,8 @@ class TransformerConfig:
         for name in ("d_k", "d_v", "positional_dim", "kv_heads"):
             if getattr(self, name) is not None:
                 _check_positive(name, getattr(self, name))
+        for name in ("heads", "kv_heads"):  # a ConfigError before a list over the heads is built
+            check_heads_cap(name, getattr(self, name))
         if self.d_k is None and self.d_model % self.heads != 0:
             raise ValueError(
                 f"d_model: {self.d_model} is not divisible by heads={self.heads}; "

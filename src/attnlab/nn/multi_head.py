@@ -38,7 +38,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from attnlab.errors import ConfigError
 from attnlab.kernels import linear_kernel
+from attnlab.limits import MAX_HEADS, describe_int
 from attnlab.nn.attention import NORMALIZERS, ScoreFn
 from attnlab.nn.hooks import ATTENTION_POINTS, Hook, run_hooks
 from attnlab.nn.masks import check_mask
@@ -228,6 +230,18 @@ GROUPABLE_SCORES = ("scaled_dot", "dot")
 with them folds a group's query heads into query rows (:meth:`MultiHeadAttention._attend_grouped`)."""
 
 
+def check_heads_cap(name: str, value: int | None) -> None:
+    """Refuse more than :data:`attnlab.limits.MAX_HEADS` heads before anything is built per head.
+
+    Raises:
+        ConfigError: ``value`` is above the cap; names ``name``.
+    """
+    if value is not None and value > MAX_HEADS:
+        raise ConfigError(
+            f"{name}: {describe_int(value)} heads, more than the cap of {MAX_HEADS:,} (attnlab.limits.MAX_HEADS)"
+        )
+
+
 def uniform_kv_index(heads: int, kv_heads: int) -> list[int]:
     """The query -> key/value head map of grouped-query attention: h -> h // (heads / kv_heads)."""
     return [h // (heads // kv_heads) for h in range(heads)] if kv_heads else []
@@ -334,6 +348,8 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         if heads < 0 or (heads == 0 and d_k is None):
             raise ValueError(f"heads={heads}: need heads >= 1, or heads = 0 (all pruned) with d_k set")
+        check_heads_cap("heads", heads)
+        check_heads_cap("kv_heads", kv_heads)
         if d_k is None and d_model % heads != 0:
             raise ValueError(f"d_model={d_model} is not divisible by heads={heads}; set d_k explicitly")
         self.d_model, self.heads = d_model, heads

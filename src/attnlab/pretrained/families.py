@@ -30,6 +30,7 @@ from torch import Tensor
 from attnlab.errors import CheckpointError, ConfigError
 from attnlab.nn.rotary import ROPE_SCALINGS
 from attnlab.pretrained.checkpoint import StoredTensor
+from attnlab.pretrained.config_checks import check_stored_float, rope_settings
 from attnlab.pretrained.integrity import check_weights
 
 __all__ = ["Family", "FAMILIES", "Piece", "check_mapped", "family_of", "fill_state", "unmapped", "STACK"]
@@ -119,31 +120,24 @@ def _require(hf: Mapping[str, Any], key: str, allowed: Iterable[Any], where: Pat
     return value
 
 
-def _rope_parameters(hf: Mapping[str, Any], layer_type: str = "full_attention") -> Mapping[str, Any]:
-    """The rotary settings: transformers 5 writes ``rope_parameters`` (per layer type for Gemma 3),
-    earlier versions ``rope_theta`` and ``rope_scaling`` at the top level."""
-    params = hf.get("rope_parameters")
-    if isinstance(params, dict) and isinstance(params.get(layer_type), dict):
-        params = params[layer_type]
-    if isinstance(params, dict):
-        return params
-    legacy = dict(hf.get("rope_scaling") or {})
-    if "rope_theta" in hf:
-        legacy["rope_theta"] = hf["rope_theta"]
-    return legacy
+def _rope_parameters(hf: Mapping[str, Any], where: Path, layer_type: str = "full_attention") -> Mapping[str, Any]:
+    """The rotary settings of ``layer_type``'s layers as transformers 5 reads them: ``rope_parameters``
+    (per layer type for Gemma 3), replaced by a legacy ``rope_scaling`` where one is given, with the
+    top-level ``rope_theta`` filling in (:func:`attnlab.pretrained.config_checks.rope_settings`)."""
+    return rope_settings(hf, where, layer_type=layer_type)
 
 
 def _rope_base(
     hf: Mapping[str, Any], where: Path, layer_type: str = "full_attention", default: float = 10000.0
 ) -> float:
-    base = _rope_parameters(hf, layer_type).get("rope_theta", default)
+    base = _rope_parameters(hf, where, layer_type).get("rope_theta", default)
     if isinstance(base, bool) or not isinstance(base, (int, float)):
         raise ConfigError(f"{where}: rope_theta must be a number, got {base!r}")
     return float(base)
 
 
 def _rope_scaling(hf: Mapping[str, Any], where: Path) -> dict[str, Any] | None:
-    scaling = _rope_parameters(hf)
+    scaling = _rope_parameters(hf, where)
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "default":
         return None
@@ -159,7 +153,7 @@ def _rotary_fraction(hf: Mapping[str, Any], where: Path, default: float) -> floa
     """The rotated share of each head: ``partial_rotary_factor`` (in ``rope_parameters`` since
     transformers 5, else at the top level) or GPT-NeoX's ``rotary_pct``."""
     for value in (
-        _rope_parameters(hf).get("partial_rotary_factor"),
+        _rope_parameters(hf, where).get("partial_rotary_factor"),
         hf.get("partial_rotary_factor"),
         hf.get("rotary_pct"),
     ):
@@ -707,6 +701,7 @@ def fill_state(
                 if name.endswith(ignored):
                     continue
                 raise unmapped(name, hf, where)
+            check_stored_float(stored)  # an int8 q_proj is named, not read as floats
             if check_values:  # finite, within range (attnlab.pretrained.integrity)
                 values = stored.view()
                 check_weights(name, stored.read() if values is None else values, path=where)

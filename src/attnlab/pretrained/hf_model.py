@@ -29,6 +29,7 @@ from attnlab.nn import TransformerModel
 from attnlab.pretrained.bridge import BridgedLM, empty_transformers_model, load_transformers_model
 from attnlab.pretrained.bridge_seq2seq import BridgedSeq2Seq
 from attnlab.pretrained.checkpoint import Checkpoint, read_tensors
+from attnlab.pretrained.config_checks import check_imported_config, check_tokenizer_fits
 from attnlab.pretrained.families import FAMILIES, check_mapped, family_of, fill_state
 from attnlab.pretrained.integrity import check_chat_template, check_model_section
 from attnlab.pretrained.placement import Placement, PlacementRequest, dispatch, offload, plan
@@ -75,12 +76,18 @@ def open_checkpoint(
         on_plan: called with the plan before any weight is read (the CLI prints it).
 
     Raises:
-        ConfigError: a ``model_type``, rope scaling or config key attnlab does not implement (named).
-        CheckpointError: a tensor missing, unexpected or misshapen, or a damaged file (named).
+        ConfigError: a ``model_type``, rope scaling or config key attnlab does not implement, or a
+            tokenizer whose ids reach past the model's vocabulary (named).
+        CheckpointError: a config.json value outside attnlab's caps
+            (:mod:`attnlab.pretrained.config_checks`), a tensor missing, unexpected, misshapen or
+            stored as integers, or a damaged file (named).
     """
     check_sources(checkpoint.files(), verify=verify)
     where = checkpoint.folder / "config.json"
-    if bridge or checkpoint.config.get("model_type") not in FAMILIES:  # transformers' own modules
+    bridged = bridge or checkpoint.config.get("model_type") not in FAMILIES  # transformers' own modules
+    generation = checkpoint.json_file("generation_config.json")
+    check_imported_config(checkpoint.config, where, native=not bridged, generation=generation)
+    if bridged:
         return _open_bridged(checkpoint, dtype, placement, on_plan)
     family = family_of(checkpoint.config, where)
     try:
@@ -116,7 +123,7 @@ def open_checkpoint(
             {name: expected[name] for name in targets},
             {name: layout[name] for name in targets},
             checkpoint.config,
-            dtype=dtype,
+            dtype=dtype or stored,  # one dtype for every weight, whatever each was stored in
             ignored=family.ignored,
             where=checkpoint.folder,
             check_values=check_values,
@@ -135,8 +142,14 @@ def open_checkpoint(
 
 
 def _stored_dtype(sources: list[tuple[str, Any]]) -> torch.dtype:
-    """The checkpoint's floating dtype (its first floating tensor's), float32 where it has none."""
-    return next((t.dtype for _, t in sources if t.dtype.is_floating_point), torch.float32)
+    """The checkpoint's floating dtype: the one most of its float bytes are stored in (a tensor
+    stored in another float dtype, F64 among F32 ones, is converted to it on reading, as
+    transformers converts it to the config's dtype); float32 where it has no float tensor."""
+    sizes: dict[torch.dtype, int] = {}
+    for _, stored in sources:
+        if stored.dtype.is_floating_point:
+            sizes[stored.dtype] = sizes.get(stored.dtype, 0) + stored.nbytes
+    return max(sizes, key=sizes.__getitem__) if sizes else torch.float32
 
 
 def _zeroed(name: str, zeros: tuple[str, ...]) -> bool:
@@ -256,11 +269,16 @@ def _take_weights(model: TransformerModel, state: dict[str, torch.Tensor]) -> No
 def checkpoint_tokenizer(checkpoint: Checkpoint) -> Tokenizer:
     """The folder's tokenizer.json, or the fast tokenizer transformers converts from its other
     files (``tokenizer.model``, ``vocab.json`` + ``merges.txt``); with none of them, a stand-in
-    that labels ids and refuses text, naming what is missing (the model runs on token ids)."""
+    that labels ids and refuses text, naming what is missing (the model runs on token ids).
+
+    Raises:
+        ConfigError: a tokenizer whose ids reach past config.json's ``vocab_size`` (named).
+    """
     path = checkpoint.file("tokenizer.json")
-    if path is None and (converted := _converted_tokenizer(checkpoint)) is not None:
-        return converted
     vocab = _vocab_size(checkpoint.config)
+    if path is None and (converted := _converted_tokenizer(checkpoint)) is not None:
+        check_tokenizer_fits(converted, vocab, checkpoint.folder)
+        return converted
     if path is None and vocab:
         return IdsOnlyTokenizer(
             vocab,
@@ -272,7 +290,9 @@ def checkpoint_tokenizer(checkpoint: Checkpoint) -> Tokenizer:
             f"{checkpoint.folder}: no tokenizer.json (attnlab reads the fast tokenizer's file; save one with "
             "AutoTokenizer.from_pretrained(folder).save_pretrained(folder))"
         )
-    return Tokenizer.load(path)
+    tokenizer = Tokenizer.load(path)
+    check_tokenizer_fits(tokenizer, vocab, path)
+    return tokenizer
 
 
 def _vocab_size(config: dict[str, Any]) -> int:
