@@ -29,7 +29,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
-from attnlab.errors import CheckpointError, ConfigError, UsageError
+from attnlab.errors import CheckpointError, UsageError
 
 __all__ = [
     "Checkpoint",
@@ -104,9 +104,10 @@ def is_checkpoint_folder(path: Path) -> bool:
     if not config.is_file() or (path / "manifest.json").exists():
         return False
     try:
-        return "model_type" in read_json(config)
+        data = read_json(config)
     except CheckpointError:
         return any((path / name).is_file() for name in (INDEX_FILE, *TOKENIZER_FILES[1:]))
+    return "model_type" in data or not {"task", "model", "train"} & data.keys()  # none of a run's sections
 
 
 def find_checkpoint(source: str | os.PathLike[str], *, revision: str | None = None) -> Checkpoint:
@@ -184,7 +185,9 @@ def _open_folder(folder: Path, *, name: str, revision: str | None) -> Checkpoint
         raise UsageError(f"{folder}: no config.json: not a Hugging Face model folder or an attnlab run")
     config = read_json(config_path)
     if not isinstance(config.get("model_type"), str):
-        raise ConfigError(f"{config_path}: no 'model_type': attnlab cannot tell which architecture this is")
+        raise CheckpointError(
+            f"{config_path}: config.json has no model_type: attnlab cannot tell which architecture this is"
+        )
     return Checkpoint(folder, name, config, _shards(folder), revision)
 
 
