@@ -19,7 +19,9 @@ starts from the longest training length L and runs on from one evaluation into t
 the next starts right after the lengths reached (no length left out between them) and the previous
 passed all of its lengths: it never claims lengths that were not evaluated. So a first bin of
 21–40 after training on 1–10, with 11–20 not in the chain, gives L = 10 whatever the bin's scores
-(its own horizon, relative to its range, is reported with it).
+(its own horizon, relative to its range, is reported with it). Of a single bin past the first
+unseen length, a report states only whether it passes and, if not, its first failing length
+(:func:`first_failing_length`), never its lowest length − 1 as if that length had been reached.
 
 Every accuracy over n strings is stated with its binomial standard error sqrt(p (1 - p) / n)
 (:func:`binomial_se`): a bin of 400 strings at p = 0.8 has 0.02, a length of 20 strings 0.09.
@@ -31,7 +33,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["DEFAULT_THRESHOLD", "horizon", "chained_horizon", "binomial_se"]
+__all__ = ["DEFAULT_THRESHOLD", "horizon", "first_failing_length", "chained_horizon", "binomial_se"]
 
 DEFAULT_THRESHOLD = 0.95
 """The accuracy a length must reach to count within the horizon, unless the task sets another."""
@@ -55,6 +57,22 @@ def horizon(accuracy_by_length: Mapping[int, float], threshold: float, low: int)
             break
         reached = length
     return reached
+
+
+def first_failing_length(accuracy_by_length: Mapping[int, float], threshold: float) -> int | None:
+    """The shortest evaluated length below the threshold: what a split's own verdict states where
+    its range does not start right after the training lengths (its :func:`horizon` would be its
+    lowest length − 1 on a first failure, a length the model was never shown to reach).
+
+    Args:
+        accuracy_by_length: evaluated length -> accuracy; lengths without strings are left out.
+        threshold: t, in (0, 1].
+
+    Returns:
+        The first length with accuracy < t; None when every evaluated length passes (or none is
+        evaluated).
+    """
+    return next((n for n in sorted(accuracy_by_length) if accuracy_by_length[n] < threshold), None)
 
 
 def chained_horizon(results: Sequence[Mapping[str, Any]], trained_up_to: int | None = None) -> int | None:

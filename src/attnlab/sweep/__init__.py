@@ -33,18 +33,22 @@ The sweep folder ``DIR`` holds:
   config. Running the sweep again with the same ``--out`` resumes it; a different grid, seed list,
   ``--set`` or config is refused.
 * ``runs/NAME/``: one ordinary run directory per run (``attnlab eval DIR/runs/NAME`` works), named
-  from its grid values and seed, e.g. ``positional-learned_attention-hard_seed-3``.
+  from its grid keys in full, their values and the seed, e.g.
+  ``model.positional-learned_model.attention-hard_seed-3`` (a sweep recorded with the
+  earlier short names, ``positional-learned_...``, keeps them: they are read from ``sweep.json``).
 * ``outcomes/NAME.json``: how the run ended: ``ok``, ``failed`` or ``diverged`` with its error line,
   its steps and the wall time of the session that finished it. A run with an outcome is not run
   again (``retry_failed`` re-runs the failed ones); a run folder without one was interrupted: it
   resumes from its last checkpoint through the trainer's resume, or starts over if it has none.
 * ``results.csv`` (one row per run: grid values, seed, status, error, steps, final training loss,
   wall time, and every number the end-of-training evaluation wrote per split: ``valid.accuracy``,
-  ``length_13_24.accuracy``, ``length_13_24.horizon``, ``length_bins.horizon``, ...),
+  ``length_13_24.accuracy``, ``length_13_24.horizon``, ``length_bins.horizon``, ...; and read from
+  them, each split's ``lengths`` and a held-out split's ``passes`` and ``first_failing_length``),
   ``accuracy_by_length.csv`` (run, split, length, accuracy, strings, binomial standard error),
   ``summary.md`` (per combination and split: mean ± sample std, min–max over seeds, runs finished
   and failed, the binomial standard error of one run's figure, the seeds reaching the threshold;
-  then the generalisation horizon's mean ± std and min–max), ``plots/accuracy_by_length-SPLIT.png``
+  each split named with its lengths; then the generalisation horizon's mean ± std and min–max, and
+  each held-out split's passing seeds and first failing lengths), ``plots/accuracy_by_length-SPLIT.png``
   and ``plots/accuracy_by_length_per_seed-COMBINATION.png`` (one line per seed), all rebuilt from the runs by
   :func:`~attnlab.sweep.report.write_report` from what each run's ``metrics.jsonl`` holds, never recomputed.
 

@@ -117,10 +117,11 @@ def _plan_difference(held: SweepPlan, plan: SweepPlan) -> str:
             return f"another grid ({old.key}={','.join(old.labels)}, not {','.join(new.labels)})"
     if held.seeds != plan.seeds:
         return f"other seeds ({seed_text(held.seeds)}, not {seed_text(plan.seeds)})"
-    old_runs = {run.name: run.config for run in held.runs}
+    old_runs = {(run.combination, run.seed): run.config for run in held.runs}  # by values, not by name
     for run in plan.runs:
-        if json.dumps(old_runs.get(run.name), sort_keys=True) != json.dumps(run.config, sort_keys=True):
-            key = _first_difference(old_runs.get(run.name) or {}, run.config)
+        old = old_runs.get((run.combination, run.seed))
+        if json.dumps(old, sort_keys=True) != json.dumps(run.config, sort_keys=True):
+            key = _first_difference(old or {}, run.config)
             return f"another config (run {run.name}: {key} differs; check the config file and --set)"
     return ""
 
@@ -164,7 +165,9 @@ def run_sweep(
     resuming = check_sweep_folder(out, plan)
     ensure_folder(out)
     with RunLock(out):
-        if not resuming:
+        if resuming:  # the same runs, under the names recorded (a sweep from before full-key names keeps its own)
+            plan = read_plan(out)
+        else:
             atomic_write_json(out / PLAN_FILE, plan.to_json())
         todo = _jobs_to_run(plan, out, retry_failed=retry_failed)
         skipped = len(plan.runs) - len(todo)

@@ -275,18 +275,22 @@ def _merge_axes(from_file: Sequence[GridAxis], from_flags: Sequence[GridAxis]) -
     return (*merged, *flags.values())
 
 
-def _short_keys(keys: Sequence[str]) -> dict[str, str]:
-    """Each ``section.key`` by its key alone (``positional``), or in full where two sections share it."""
-    names = [key.partition(".")[2] for key in keys]
-    return {key: name if names.count(name) == 1 else key for key, name in zip(keys, names)}
-
-
 def run_names(axes: Sequence[GridAxis], combinations: Sequence[tuple[str, ...]], seeds: Sequence[int]) -> list[str]:
-    """The folder name of every (combination, seed), in order: ``positional-learned_attention-hard_seed-3``.
+    """The folder name of every (combination, seed), in order, each grid key in full:
+    ``model.positional-learned_model.attention-hard_seed-3`` (``task.name-dyck1``, never ``name-dyck1``).
 
     Labels that read the same once made safe for a file name (``1e-3`` vs ``1e_3``) get a number.
+    Sweeps recorded before the names carried full keys keep their recorded names (the report and a
+    resume read them from ``sweep.json``).
+
+    Args:
+        axes: the grid.
+        combinations: one label per axis, per combination.
+        seeds: the seeds, each combination's runs in this order.
+
+    Returns:
+        One name per (combination, seed), the seeds varying fastest.
     """
-    short = _short_keys([axis.key for axis in axes])
     safe = {}
     for axis in axes:
         parts = [name_part(label) for label in axis.labels]
@@ -296,7 +300,7 @@ def run_names(axes: Sequence[GridAxis], combinations: Sequence[tuple[str, ...]],
         }
     names = []
     for combination in combinations:
-        pieces = [f"{name_part(short[a.key])}-{safe[a.key][label]}" for a, label in zip(axes, combination)]
+        pieces = [f"{name_part(a.key)}-{safe[a.key][label]}" for a, label in zip(axes, combination)]
         names.extend("_".join([*pieces, f"seed-{seed}"]) for seed in seeds)
     return names
 

@@ -3,12 +3,19 @@ each run's metrics.jsonl holds, never recomputed (see :mod:`attnlab.sweep`).
 
 Beside each split's accuracy over seeds the summary states the binomial standard error of one run's
 figure, sqrt(p (1 - p) / n) at the seeds' mean p over the split's n strings, and how many seeds reach
-the runs' ``horizon_threshold`` (0.95 unless the task sets another) on it; a second table gives
-the generalisation horizon of every evaluation held out by length (:mod:`attnlab.evaluation.horizon`):
-mean ± std and min–max over seeds, ``length_bins`` being the horizon from the longest training
-length over the consecutive held-out evaluations.
+the runs' ``horizon_threshold`` (0.95 unless the task sets another) on it. Every split is named
+with its lengths (``length_generalisation (51-100)``; results.csv's ``SPLIT.lengths``), and a note
+says what each kind of split is: where a length bin covers the lengths of ``length_generalisation``
+the two are separate draws of strings. The generalisation horizon
+(:mod:`attnlab.evaluation.horizon`) has a table of its own, and only ``length_bins`` is a horizon
+there: from the longest training length over the consecutive held-out evaluations (mean ± std,
+min–max over seeds, the seeds reaching its end). Each held-out split is then given on its own: the
+seeds passing every length of it and the first failing length of the others (results.csv's
+``SPLIT.passes`` and ``SPLIT.first_failing_length``, read from its accuracy per length), never its
+lowest length − 1 as if that length had been reached.
 ``plots/accuracy_by_length_per_seed-COMBINATION.png`` draws each combination's accuracy by length over
-its length bins, one line per seed, with the threshold.
+its length bins, one line per seed, with the threshold; plot titles name each grid key in full
+(``task.name=dyck1``).
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from typing import Any
 
 from matplotlib.ticker import MaxNLocator
 
-from attnlab.evaluation.horizon import DEFAULT_THRESHOLD, binomial_se
+from attnlab.evaluation.horizon import DEFAULT_THRESHOLD, binomial_se, first_failing_length
 from attnlab.figures import plt, save_figure
 from attnlab.run.directory import RunDir
 from attnlab.run.storage import atomic_write_text, ensure_folder
@@ -101,6 +108,7 @@ def _run_report(out: Path, plan: SweepPlan, run: SweepRun) -> _RunReport:
             lengths = record.get("accuracy_by_length")
             if isinstance(lengths, Mapping):
                 by_length[split] = {int(k): float(v) for k, v in lengths.items() if _number(v) and str(k).isdigit()}
+            row.update(_split_lengths(split, record, by_length.get(split)))
             strings = record.get("examples_by_length")
             if isinstance(strings, Mapping):
                 counts[split] = {int(k): int(v) for k, v in strings.items() if _number(v) and str(k).isdigit()}
@@ -111,6 +119,30 @@ def _run_report(out: Path, plan: SweepPlan, run: SweepRun) -> _RunReport:
         row["steps"] = outcome.get("steps")
         row["wall_s"] = outcome.get("wall_s")
     return _RunReport(run, row, by_length, counts, absent)
+
+
+def _split_lengths(split: str, record: Mapping[str, Any], by_length: Mapping[int, float] | None) -> dict[str, Any]:
+    """What a split's record says of its lengths, as ``SPLIT.lengths`` (``"51-100"``: the range of a
+    split held out by length, else the lowest and highest length evaluated) and, for a split with a
+    horizon, its own verdict: ``SPLIT.passes`` (every evaluated length reaches the threshold) and
+    ``SPLIT.first_failing_length`` (the shortest that does not; None when it passes), read from its
+    accuracy per length (``length_bins``, which has none: whether its horizon is its range's end)."""
+    found: dict[str, Any] = {}
+    span = record.get("length_range")
+    if isinstance(span, list) and len(span) == 2 and all(_number(n) for n in span):
+        found[f"{split}.lengths"] = f"{int(span[0])}-{int(span[1])}"
+    elif by_length:
+        found[f"{split}.lengths"] = f"{min(by_length)}-{max(by_length)}"
+    threshold = record.get("horizon_threshold", DEFAULT_THRESHOLD)
+    if not _number(record.get("horizon")) or not _number(threshold):
+        return found
+    if by_length is not None:
+        failing = first_failing_length(by_length, float(threshold))
+        found[f"{split}.passes"] = failing is None
+        found[f"{split}.first_failing_length"] = failing
+    elif isinstance(span, list) and len(span) == 2 and _number(span[1]):
+        found[f"{split}.passes"] = record["horizon"] >= span[1]
+    return found
 
 
 def collect_rows(out: str | Path) -> tuple[SweepPlan, list[dict[str, Any]]]:
@@ -218,8 +250,19 @@ def _fmt(value: float | None) -> str:
 def summary_markdown(
     plan: SweepPlan, rows: Sequence[Mapping[str, Any]], absent: Mapping[str, Sequence[int]] | None = None
 ) -> str:
-    """``summary.md``: per combination and split, accuracy mean ± std and min–max over seeds, the
-    horizon table, and ``absent``: split -> the lengths of its range without strings (said once)."""
+    """``summary.md``: per combination and split (named with its lengths), accuracy mean ± std and
+    min–max over seeds, the horizon table and the held-out splits' own table, and the lengths without
+    strings.
+
+    Args:
+        plan: the sweep.
+        rows: one results row per run of ``plan``, in its order (:func:`collect_rows`).
+        absent: split -> the lengths of its range without strings (said once), in the order
+            given; a key may name the combinations it holds for (:func:`_absent_by_split`).
+
+    Returns:
+        The Markdown text.
+    """
     keys = plan.keys
     by_combination: dict[tuple[str, ...], list[Mapping[str, Any]]] = {}
     for run, row in zip(plan.runs, rows):
@@ -245,6 +288,7 @@ def summary_markdown(
         + ("; trained: runs that fit their training split" if trained else "")
         + ".",
         "",
+        *_splits_note(splits, rows),
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
     ]
@@ -255,7 +299,7 @@ def summary_markdown(
         for split in shown:
             values = [float(r[f"{split}.accuracy"]) for r in ok_rows if _number(r.get(f"{split}.accuracy"))]
             stats = summary_statistics(values)
-            cells = [*combination, split, f"{_fmt(stats['mean'])} ± {_fmt(stats['std'])}"]
+            cells = [*combination, _split_label(split, ok_rows), f"{_fmt(stats['mean'])} ± {_fmt(stats['std'])}"]
             cells += [f"{_fmt(stats['min'])}–{_fmt(stats['max'])}", str(stats["n"]), str(failed)]
             strings = [r[f"{split}.examples"] for r in ok_rows if _number(r.get(f"{split}.examples"))]
             mean = stats["mean"]
@@ -275,7 +319,7 @@ def summary_markdown(
     lines += _horizon_table(plan, by_combination)
     if absent:
         lines += ["", "Lengths without strings (the task has none of these lengths; not evaluated, not failed):", ""]
-        lines += [f"- {split}: {', '.join(map(str, absent[split]))}" for split in _split_order(absent)]
+        lines += [f"- {split}: {', '.join(map(str, lengths))}" for split, lengths in absent.items()]
     problems = [r for r in rows if r["status"] in (FAILED, DIVERGED)]
     pending = [r for r in rows if r["status"] == PENDING]
     if problems:
@@ -293,36 +337,127 @@ def _threshold(rows: Sequence[Mapping[str, Any]]) -> float:
     return float(next(found, DEFAULT_THRESHOLD))
 
 
+CHAIN = "length_bins"
+"""The pseudo-split whose ``horizon`` is the one horizon of a run: from its longest training length
+over the evaluations held out by length (:func:`attnlab.evaluation.horizon.chained_horizon`)."""
+
+
+def _lengths(rows: Sequence[Mapping[str, Any]], split: str) -> str | None:
+    """``"51-100"``: the lengths of ``split`` over ``rows`` (lowest to highest), None where no row says."""
+    bounds = []
+    for row in rows:
+        low, dash, high = str(row.get(f"{split}.lengths", "")).partition("-")
+        if dash and low.isdigit() and high.isdigit():
+            bounds.append((int(low), int(high)))
+    if not bounds:
+        return None
+    return f"{min(a for a, _ in bounds)}-{max(b for _, b in bounds)}"
+
+
+def _split_label(split: str, rows: Sequence[Mapping[str, Any]]) -> str:
+    """``length_generalisation (51-100)``: a split named with its lengths (the name alone where no row says)."""
+    lengths = _lengths(rows, split)
+    return split if lengths is None else f"{split} ({lengths})"
+
+
+def _splits_note(splits: Sequence[str], rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """What each kind of split is, and, where a length bin spans the lengths of
+    ``length_generalisation``, that the two are separate draws of the same lengths."""
+    if not any(s == "length_generalisation" or _is_length_bin(s) for s in splits):
+        return []
+    ok = [r for r in rows if r.get("status") == OK]
+    general = {r.get("length_generalisation.lengths") for r in ok} - {None}
+    twins = [s for s in splits if _is_length_bin(s) and {r.get(f"{s}.lengths") for r in ok} & general]
+    note = (
+        "Splits, each named with its lengths (the range of a split held out by length, else the lengths "
+        "evaluated): train, valid and test hold the training lengths; length_generalisation is the task's "
+        "length-generalisation split (its own strings, `task.length_generalisation_size` of them)"
+    )
+    if any(_is_length_bin(s) for s in splits):
+        note += "; length_A_B is a bin of `task.eval_lengths`, drawn apart"
+    if twins:
+        note += (
+            f". {', '.join(twins)} and length_generalisation cover the same lengths but are two draws of "
+            "strings, so their figures can differ by sampling"
+        )
+    return [note + ".", ""]
+
+
 def _horizon_table(plan: SweepPlan, by_combination: Mapping[tuple[str, ...], list[Mapping[str, Any]]]) -> list[str]:
-    """The summary's horizon table: per combination and split with a horizon, mean ± std, min–max, n."""
+    """The summary's horizon tables: the runs' horizon (``length_bins``: mean ± std, min–max, the seeds
+    reaching its end), then each split held out by length on its own: the seeds passing every length
+    of it and where the others first fail, never its lowest length − 1 as if reached."""
     rows = [r for group in by_combination.values() for r in group if r["status"] == OK]
     splits = _split_order({c.partition(".")[0] for r in rows for c in r if c.endswith(".horizon")})
     if not splits:
         return []
-    lines = [
-        "",
-        "## Generalisation horizon",
-        "",
-        f"The longest length up to which every evaluated length reaches accuracy {_threshold(rows):g} (a first "
-        "failing length gives the evaluation's lowest length − 1; lengths without strings are skipped), over the "
-        "seeds that finished: mean ± sample std, min–max; length_bins: from the longest training length over the "
-        "consecutive evaluations held out by length.",
-        "",
-        "| " + " | ".join([*plan.keys, "split", "horizon (mean ± std)", "min–max", "n"]) + " |",
-        "|" + "---|" * (len(plan.keys) + 4),
-    ]
-    for combination, group in by_combination.items():
-        for split in splits:
-            values = [
-                float(r[f"{split}.horizon"]) for r in group if r["status"] == OK and _number(r.get(f"{split}.horizon"))
-            ]
+    threshold = _threshold(rows)
+    keys = list(plan.keys)
+    lines: list[str] = []
+    if CHAIN in splits:
+        lines += [
+            "",
+            "## Generalisation horizon",
+            "",
+            f"The longest length up to which every evaluated length past the longest training length reaches "
+            f"accuracy {threshold:g}, over the evaluations held out by length taken in order from it "
+            "(length_generalisation first where the first bin starts right after it; lengths without strings "
+            "are skipped); the longest training length itself where the first unseen length fails, or where the "
+            "evaluations start past it. Over the seeds that finished: mean ± sample std, min–max; reaching the "
+            "end: the seeds passing every length up to the last evaluated. This is the only horizon: the table "
+            "after it gives each held-out split on its own.",
+            "",
+            "| "
+            + " | ".join([*keys, "over lengths", "horizon (mean ± std)", "min–max", "reaching the end", "n"])
+            + " |",
+            "|" + "---|" * (len(keys) + 5),
+        ]
+        for combination, group in by_combination.items():
+            ok = [r for r in group if r["status"] == OK]
+            values = [float(r[f"{CHAIN}.horizon"]) for r in ok if _number(r.get(f"{CHAIN}.horizon"))]
             if not values:
                 continue
             stats = summary_statistics(values)
             std = "–" if stats["std"] is None else f"{stats['std']:.1f}"
-            cells = [*combination, split, f"{stats['mean']:.1f} ± {std}", f"{stats['min']:g}–{stats['max']:g}"]
+            ends = [r[f"{CHAIN}.passes"] for r in ok if isinstance(r.get(f"{CHAIN}.passes"), bool)]
+            cells = [*combination, _lengths(ok, CHAIN) or "–", f"{stats['mean']:.1f} ± {std}"]
+            cells += [f"{stats['min']:g}–{stats['max']:g}", f"{sum(ends)}/{len(ends)}" if ends else "–"]
             lines.append("| " + " | ".join([*cells, str(stats["n"])]) + " |")
+    own = [s for s in splits if s != CHAIN]
+    if own:
+        lines += [
+            "",
+            "## Held-out splits on their own",
+            "",
+            f"Each split held out by length by itself, not a horizon: the seeds that pass it (every evaluated "
+            f"length reaches {threshold:g}), and for the others the first length that does not, from the shortest "
+            "(×k: k seeds); a split that starts past the first unseen length says nothing of the lengths before it.",
+            "",
+            "| " + " | ".join([*keys, "split", "passes", "first failing length (the other seeds)", "n"]) + " |",
+            "|" + "---|" * (len(keys) + 4),
+        ]
+        for combination, group in by_combination.items():
+            ok = [r for r in group if r["status"] == OK]
+            for split in own:
+                verdicts = [r for r in ok if isinstance(r.get(f"{split}.passes"), bool)]
+                if not verdicts:
+                    continue
+                failing = sorted(
+                    int(r[f"{split}.first_failing_length"])
+                    for r in verdicts
+                    if not r[f"{split}.passes"] and _number(r.get(f"{split}.first_failing_length"))
+                )
+                passes = sum(bool(r[f"{split}.passes"]) for r in verdicts)
+                cells = [*combination, _split_label(split, ok), f"{passes}/{len(verdicts)}", _counted(failing)]
+                lines.append("| " + " | ".join([*cells, str(len(verdicts))]) + " |")
     return lines
+
+
+def _counted(lengths: Sequence[int]) -> str:
+    """``[80, 102, 102]`` -> ``"80, 102 ×2"``; ``"–"`` for none."""
+    if not lengths:
+        return "–"
+    return ", ".join(f"{n}" if lengths.count(n) == 1 else f"{n} ×{lengths.count(n)}" for n in sorted(set(lengths)))
 
 
 def _is_length_bin(split: str) -> bool:
@@ -358,7 +493,7 @@ def _plot_per_seed(plan: SweepPlan, reports: Sequence[_RunReport], folder: Path,
         ax.set_xlabel("length")
         ax.set_ylabel("accuracy")
         ax.set_ylim(-0.02, 1.02)
-        label = ", ".join(f"{k.partition('.')[2]}={v}" for k, v in zip(plan.keys, combination)) or "all runs"
+        label = ", ".join(f"{k}={v}" for k, v in zip(plan.keys, combination)) or "all runs"
         ax.set_title(f"{label}: length bins, one line per seed")
         ax.legend(fontsize="small")
         fig.tight_layout()
@@ -381,7 +516,7 @@ def _plot_by_length(plan: SweepPlan, reports: Sequence[_RunReport], folder: Path
         for combination, curves in groups.items():
             lengths = sorted({length for curve in curves for length in curve})
             values = [[curve[n] for curve in curves if n in curve] for n in lengths]
-            label = ", ".join(f"{k.partition('.')[2]}={v}" for k, v in zip(plan.keys, combination)) or "all runs"
+            label = ", ".join(f"{k}={v}" for k, v in zip(plan.keys, combination)) or "all runs"
             line = ax.plot(
                 lengths, [statistics.fmean(v) for v in values], "o-", markersize=3, label=f"{label} (n={len(curves)})"
             )
@@ -399,6 +534,39 @@ def _plot_by_length(plan: SweepPlan, reports: Sequence[_RunReport], folder: Path
     return written
 
 
+def _absent_by_split(plan: SweepPlan, reports: Sequence[_RunReport]) -> dict[str, list[int]]:
+    """Split -> its lengths without strings, in split order; where the combinations differ (a grid
+    over tasks: Dyck-1 has no odd length, parity has every length), one entry per set of lengths,
+    its key naming the combinations it holds for (``length_51_100 (task.name=dyck1)``)."""
+    found: dict[str, dict[tuple[int, ...], list[tuple[str, ...]]]] = {}
+    evaluated: dict[str, set[tuple[str, ...]]] = {}
+    for report in reports:
+        for split in report.by_length:
+            evaluated.setdefault(split, set()).add(report.run.combination)
+        for split, lengths in report.absent.items():
+            holders = found.setdefault(split, {}).setdefault(tuple(lengths), [])
+            if report.run.combination not in holders:
+                holders.append(report.run.combination)
+    absent: dict[str, list[int]] = {}
+    for split in _split_order(found):
+        for lengths, holders in found[split].items():
+            if len(found[split]) == 1 and set(holders) >= evaluated.get(split, set()):
+                absent[split] = list(lengths)
+                continue
+            absent[f"{split} ({_which(plan.keys, holders, evaluated.get(split, set()))})"] = list(lengths)
+    return absent
+
+
+def _which(keys: Sequence[str], holders: Sequence[tuple[str, ...]], among: set[tuple[str, ...]]) -> str:
+    """The combinations ``holders`` in words: by the grid values they share where those pick out
+    exactly them among ``among`` (``task.name=dyck1``), else each in full, ``;`` between."""
+    shared = [(i, holders[0][i]) for i in range(len(keys)) if len({combo[i] for combo in holders}) == 1]
+    picked = {combo for combo in among | set(holders) if all(combo[i] == value for i, value in shared)}
+    if shared and picked == set(holders):
+        return ", ".join(f"{keys[i]}={value}" for i, value in shared)
+    return "; ".join(", ".join(f"{k}={v}" for k, v in zip(keys, combo)) for combo in holders) or "all runs"
+
+
 def write_report(out: str | Path) -> list[Path]:
     """Rebuild ``results.csv``, ``accuracy_by_length.csv``, ``summary.md`` and ``plots/`` from the sweep's runs.
 
@@ -414,8 +582,7 @@ def write_report(out: str | Path) -> list[Path]:
     rows = [report.row for report in reports]
     atomic_write_text(out / RESULTS_FILE, results_csv(plan, rows))
     atomic_write_text(out / BY_LENGTH_FILE, by_length_csv(plan, reports))
-    absent = {split: lengths for report in reports for split, lengths in report.absent.items()}
-    atomic_write_text(out / SUMMARY_FILE, summary_markdown(plan, rows, absent))
+    atomic_write_text(out / SUMMARY_FILE, summary_markdown(plan, rows, _absent_by_split(plan, reports)))
     folder = ensure_folder(out / PLOTS_FOLDER)
     for old in [*folder.glob("accuracy_by_length-*.png"), *folder.glob("accuracy_by_length_per_seed-*.png")]:
         old.unlink()

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from attnlab.evaluation.horizon import binomial_se, chained_horizon, horizon
+from attnlab.evaluation.horizon import binomial_se, chained_horizon, first_failing_length, horizon
 
 
 def test_every_length_passing_gives_the_highest_length():
@@ -30,6 +30,17 @@ def test_absent_odd_lengths_are_skipped_not_failed():
     even = {22: 1.0, 24: 1.0, 26: 0.96, 28: 0.2, 30: 1.0}
     assert horizon(even, 0.95, low=21) == 26
     assert horizon({22: 0.1, 24: 1.0}, 0.95, low=21) == 20
+
+
+def test_a_bins_own_verdict_is_its_first_failing_length_or_none_when_it_passes():
+    """Of a bin 101..150 that fails at once, the first failing length (102 for Dyck's even lengths),
+    not the floor 100 its horizon reads."""
+    assert first_failing_length({102: 0.2, 104: 1.0}, 0.95) == 102
+    assert horizon({102: 0.2, 104: 1.0}, 0.95, low=101) == 100
+    assert first_failing_length({22: 1.0, 24: 1.0, 26: 0.96, 28: 0.2, 30: 0.0}, 0.95) == 28
+    assert first_failing_length({41: 0.5, 21: 1.0}, 0.95) == 41  # read in order of length
+    assert first_failing_length({21: 1.0, 22: 0.95}, 0.95) is None
+    assert first_failing_length({}, 0.95) is None
 
 
 def _bin(low: int, high: int, reached: int) -> dict:

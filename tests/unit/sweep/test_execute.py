@@ -60,7 +60,7 @@ def _summary_cells(folder: Path) -> dict[tuple[str, str, str], list[str]]:
             break
         parts = [part.strip() for part in line.strip().strip("|").split("|")]
         if line.startswith("| ") and parts[0] in ("soft", "hard"):
-            cells[tuple(parts[:3])] = parts[3:]
+            cells[(*parts[:2], parts[2].partition(" (")[0])] = parts[3:]  # the split without its lengths
     return cells
 
 
@@ -256,15 +256,15 @@ def test_a_failed_run_is_recorded_and_the_others_finish(config, tmp_path):
     assert (again.trained, again.failed) == (1, 1)
 
 
-def _horizon_cells(folder: Path) -> dict[tuple[str, str, str], list[str]]:
-    """(attention, positional, split) -> the other cells of summary.md's horizon table's row."""
+def _section_cells(folder: Path, heading: str, width: int) -> dict[tuple[str, ...], list[str]]:
+    """The first ``width`` cells -> the others, of each row of summary.md's table under ``## heading``."""
     text = (folder / "summary.md").read_text(encoding="utf-8")
-    table = text.partition("## Generalisation horizon")[2].partition("\n## ")[0]
+    table = text.partition(f"## {heading}\n")[2].partition("\n## ")[0]
     cells = {}
     for line in table.splitlines():
         parts = [part.strip() for part in line.strip().strip("|").split("|")]
         if line.startswith("| ") and parts[0] in ("soft", "hard"):
-            cells[tuple(parts[:3])] = parts[3:]
+            cells[tuple(parts[:width])] = parts[width:]
     return cells
 
 
@@ -287,8 +287,15 @@ def test_horizons_seed_counts_and_standard_errors_are_aggregated_over_seeds(swep
                 "accuracy_by_length": {"22": 1.0, "24": accuracy},
                 "examples_by_length": {"22": 200, "24": 200},
                 "absent_lengths": [21, 23],
+                "length_range": [21, 40],
             },
-            {"split": "length_bins", "step": 4, "horizon": reached + index, "horizon_threshold": 0.95},
+            {
+                "split": "length_bins",
+                "step": 4,
+                "horizon": 40 if index == 0 else reached + index,
+                "horizon_threshold": 0.95,
+                "length_range": [7, 40],
+            },
         ]
         with open(folder / RUNS_FOLDER / run.name / "metrics.jsonl", "a", encoding="utf-8") as handle:
             handle.writelines(json.dumps(record) + "\n" for record in extra)
@@ -298,12 +305,21 @@ def test_horizons_seed_counts_and_standard_errors_are_aggregated_over_seeds(swep
     mean_std, span, n, failed, se, reaching = cells[:6]
     assert (mean_std, span, n, failed, reaching) == ("0.7300 ± 0.3253", "0.5000–0.9600", "2", "0", "1/2")
     assert float(se) == pytest.approx((0.73 * 0.27 / 400) ** 0.5, abs=5e-5)
-    horizons = _horizon_cells(folder)
-    assert horizons[("soft", "sinusoidal", "length_21_40")] == ["30.0 ± 5.7", "26–34", "2"]
-    assert horizons[("soft", "sinusoidal", "length_bins")] == ["30.5 ± 6.4", "26–35", "2"]
-    assert len(horizons) == 4 * 3  # and the length_generalisation split the runs evaluated
+    # The one horizon, length_bins (runs 0 and 1: 40, the end of its lengths, and 35) ...
+    horizons = _section_cells(folder, "Generalisation horizon", 2)
+    assert horizons[("soft", "sinusoidal")] == ["7-40", "37.5 ± 3.5", "35–40", "1/2", "2"]
+    assert len(horizons) == 4
+    # ... and each held-out split on its own: passing seeds, the others' first failing length (24 at 0.5).
+    own = _section_cells(folder, "Held-out splits on their own", 3)
+    assert own[("soft", "sinusoidal", "length_21_40 (21-40)")] == ["1/2", "24", "2"]
+    assert {split for _, _, split in own} == {"length_21_40 (21-40)", "length_generalisation (7-12)"}
     rows = _rows(folder)
-    assert [float(r["length_bins.horizon"]) for r in rows] == [26 + i if i % 2 == 0 else 34 + i for i in range(8)]
+    assert [float(r["length_bins.horizon"]) for r in rows] == [40] + [
+        26 + i if i % 2 == 0 else 34 + i for i in range(1, 8)
+    ]
+    assert [r["length_bins.passes"] for r in rows] == ["true"] + ["false"] * 6 + ["true"]  # 40 and 41 reach 40
+    assert [r["length_21_40.first_failing_length"] for r in rows] == ["", "24"] * 4
+    assert {(r["length_21_40.lengths"], r["length_bins.lengths"]) for r in rows} == {("21-40", "7-40")}
     per_length = [r for r in _csv(folder / "accuracy_by_length.csv") if r["split"] == "length_21_40"]
     assert {(r["length"], r["examples"]) for r in per_length} == {("22", "200"), ("24", "200")}
     odd = next(r for r in per_length if r["length"] == "24" and r["accuracy"] == "0.5")
@@ -313,3 +329,46 @@ def test_horizons_seed_counts_and_standard_errors_are_aggregated_over_seeds(swep
     assert plots == [
         f"accuracy_by_length_per_seed-{a}_{p}.png" for a in ("hard", "soft") for p in ("none", "sinusoidal")
     ]
+
+
+def test_plot_titles_and_legends_name_each_grid_key_in_full(swept, tmp_path, monkeypatch):
+    from attnlab.sweep import report
+
+    folder = tmp_path / "sweep"
+    shutil.copytree(swept["two"], folder)
+    texts: list[str] = []
+    real = report.save_figure
+
+    def keep_texts(fig, path, **options):
+        (ax,) = fig.axes
+        texts.extend([ax.get_title(), *ax.get_legend_handles_labels()[1]])
+        return real(fig, path, **options)
+
+    monkeypatch.setattr(report, "save_figure", keep_texts)
+    write_report(folder)
+    assert "model.attention=soft, model.positional=sinusoidal (n=2)" in texts
+    assert not any(re.search(r"(^|[ ,])(attention|positional)=", text) for text in texts)
+
+
+def test_a_sweep_recorded_with_short_run_names_resumes_and_reports_under_them(swept, tmp_path):
+    """A sweep written before run names carried full keys (``attention-soft_positional-none_seed-0``):
+    the same command resumes it in its own folders, and the report reads them."""
+    folder = tmp_path / "sweep"
+    shutil.copytree(swept["two"], folder)
+    record = json.loads((folder / PLAN_FILE).read_text(encoding="utf-8"))
+    old_names = {}
+    for run in record["runs"]:
+        old = run["name"].replace("model.", "")
+        assert old != run["name"]
+        (folder / RUNS_FOLDER / run["name"]).rename(folder / RUNS_FOLDER / old)
+        (folder / OUTCOMES_FOLDER / f"{run['name']}.json").rename(folder / OUTCOMES_FOLDER / f"{old}.json")
+        old_names[run["name"]], run["name"] = old, old
+    (folder / PLAN_FILE).write_text(json.dumps(record), encoding="utf-8")
+    interrupted = record["runs"][0]["name"]
+    (folder / OUTCOMES_FOLDER / f"{interrupted}.json").unlink()  # killed after its last checkpoint
+    result = run_sweep(swept["plan"], folder, jobs=1)
+    assert (result.trained, result.skipped, result.ok) == (1, 7, 8)
+    assert json.loads((folder / OUTCOMES_FOLDER / f"{interrupted}.json").read_text())["resumed"] is True
+    assert sorted(p.name for p in (folder / RUNS_FOLDER).iterdir()) == sorted(old_names.values())
+    assert [r["run"] for r in _rows(folder)] == [old_names[run.name] for run in swept["plan"].runs]
+    assert all(r["status"] == "ok" and r["valid.accuracy"] for r in _rows(folder))

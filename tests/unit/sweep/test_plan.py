@@ -42,7 +42,7 @@ def test_a_bad_grid_is_one_error_before_anything_is_written(config, tmp_path, gr
 
 def test_a_combination_refused_only_together_names_the_run(config):
     # The config has 2 heads of d_model 8: 4 heads, and d_model 6, are each fine alone, not together.
-    with pytest.raises(ConfigError, match=r"^run heads-4_d_model-6_seed-0: model\.") as caught:
+    with pytest.raises(ConfigError, match=r"^run model\.heads-4_model\.d_model-6_seed-0: model\.") as caught:
         plan_sweep(config, ["model.heads=2,4", "model.d_model=8,6"], "0")
     assert "\n" not in str(caught.value)
 
@@ -58,15 +58,18 @@ def test_seeds_and_grid_values_parse():
     assert axis.labels == ("[[5, 8], [9, 12]]", "[[5, 6]]", '"a,b"', "1e-3", "true")
 
 
-def test_run_names_are_readable_and_distinct():
+def test_run_names_are_readable_and_distinct_with_every_grid_key_in_full():
     axes = parse_grid(["model.positional=sinusoidal,none", 'task.text="a b","a/b"', "model.seed=1"])
     combos = [(p, t, "1") for p in axes[0].labels for t in axes[1].labels]
     names = run_names(axes, combos, [0, 1])
     assert names[:2] == [
-        "positional-sinusoidal_text-a_b-0_seed-1_seed-0",
-        "positional-sinusoidal_text-a_b-0_seed-1_seed-1",
+        "model.positional-sinusoidal_task.text-a_b-0_model.seed-1_seed-0",
+        "model.positional-sinusoidal_task.text-a_b-0_model.seed-1_seed-1",
     ]
-    assert names[2] == "positional-sinusoidal_text-a_b-1_seed-1_seed-0"
+    assert names[2] == "model.positional-sinusoidal_task.text-a_b-1_model.seed-1_seed-0"
+    # task.name is named as the grid key it is, not as a "name" that could be any section's.
+    (task,) = parse_grid(["task.name=dyck1"])
+    assert run_names([task], [("dyck1",)], [3]) == ["task.name-dyck1_seed-3"]
     assert len(set(names)) == len(names) == 8
     assert all(re.fullmatch(r"[A-Za-z0-9._-]+", name) and len(name) < os.pathconf("/", "PC_NAME_MAX") for name in names)
 
