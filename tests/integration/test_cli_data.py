@@ -42,7 +42,6 @@ def test_tokenize_trains_saves_and_loads(capsys, tmp_path):
         (["x"], "--kind: required"),
         (["--kind", "word", "--train", "{empty}", "x"], "empty.txt: empty file"),
         (["--kind", "word", "--train", "{binary}", "x"], "binary.txt:2: bytes that are not UTF-8"),
-        (["--tokenizer", "{binary}", "x"], "binary.txt:2: bytes that are not UTF-8"),
         (["--kind", "char", "a\udcffb"], "lone surrogate U+DCFF"),
     ],
 )

@@ -13,6 +13,13 @@ dtype, from memory-mapped files (:func:`read_tensors`). Every structural fault (
 names that is missing, a tensor listed in the index but not in its shard, a header that does not
 parse, a file shorter than its header says) is a :class:`attnlab.errors.CheckpointError` naming the
 file, before any tensor is used.
+
+Every file of the folder is looked at before it is opened (:func:`attnlab.reading.file_problem`):
+a file that is missing, a broken symlink, a symlink loop, a FIFO, a device or a folder in a
+file's place is named for what it is (exit 3: the folder is damaged); a file this user may not read
+is "permission denied" (exit 2: a file the system refuses). A FIFO is never opened and ``/dev/zero``
+never mapped. JSON files are read through :func:`attnlab.reading.read_capped` (at most
+:data:`attnlab.limits.MAX_INPUT_BYTES`).
 """
 
 from __future__ import annotations
@@ -29,7 +36,9 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
-from attnlab.errors import CheckpointError, UsageError
+from attnlab.errors import AttnlabError, CheckpointError, DataError, UsageError
+from attnlab.limits import MAX_INPUT_BYTES
+from attnlab.reading import describe_os_error, file_problem, read_capped
 
 __all__ = [
     "Checkpoint",
@@ -75,9 +84,20 @@ class Checkpoint:
     revision: str | None = None
 
     def file(self, name: str) -> Path | None:
-        """The folder's file ``name`` (``tokenizer.json``, ...), or None where there is none."""
+        """The folder's file ``name`` (``tokenizer.json``, ...), or None where there is none.
+
+        Raises:
+            CheckpointError: something else stands in its place (a FIFO, a device, a folder, a
+                symlink loop, a broken symlink); names it.
+            DataError: it cannot be read by this user (permission denied).
+        """
         path = self.folder / name
-        return path if path.is_file() else None
+        problem = file_problem(path)
+        if problem is None:
+            return path
+        if problem.missing:
+            return None
+        raise problem.error()
 
     def json_file(self, name: str) -> dict[str, Any]:
         """The folder's JSON file ``name``, parsed; empty where there is none."""
@@ -98,15 +118,16 @@ class Checkpoint:
 
 def is_checkpoint_folder(path: Path) -> bool:
     """Whether ``path`` is a Hugging Face model folder (config.json with a ``model_type``), not an
-    attnlab run. A config.json that does not parse belongs to a model folder when files only such
-    a folder has stand beside it (its damage is then named as a model folder's)."""
+    attnlab run. A config.json that does not parse or cannot be read (no permission, a FIFO in its
+    place) belongs to a model folder when files only such a folder has stand beside it (its damage
+    is then named as a model folder's)."""
     config = path / "config.json"
-    if not config.is_file() or (path / "manifest.json").exists():
+    if not os.path.lexists(config) or os.path.lexists(path / "manifest.json"):
         return False
     try:
         data = read_json(config)
-    except CheckpointError:
-        return any((path / name).is_file() for name in (INDEX_FILE, *TOKENIZER_FILES[1:]))
+    except AttnlabError:
+        return any(os.path.lexists(path / name) for name in (INDEX_FILE, *TOKENIZER_FILES[1:]))
     return "model_type" in data or not {"task", "model", "train"} & data.keys()  # none of a run's sections
 
 
@@ -125,6 +146,8 @@ def find_checkpoint(source: str | os.PathLike[str], *, revision: str | None = No
         CheckpointError: config.json or the weights' index is unreadable, or a shard is missing.
     """
     path = Path(source).expanduser()
+    if os.path.lexists(path) and not path.exists():  # a symlink loop, a broken symlink
+        raise UsageError(str(file_problem(path).message))
     if path.is_dir():
         if revision is not None:
             raise UsageError(f"--revision: {path} is a folder, not a model name in the Hugging Face cache")
@@ -181,7 +204,8 @@ def _cached_snapshot(name: str, revision: str | None) -> tuple[Path, str]:
 
 def _open_folder(folder: Path, *, name: str, revision: str | None) -> Checkpoint:
     config_path = folder / "config.json"
-    if not config_path.is_file():
+    problem = file_problem(config_path)
+    if problem is not None and problem.missing:
         raise UsageError(f"{folder}: no config.json: not a Hugging Face model folder or an attnlab run")
     config = read_json(config_path)
     if not isinstance(config.get("model_type"), str):
@@ -194,7 +218,7 @@ def _open_folder(folder: Path, *, name: str, revision: str | None) -> Checkpoint
 def _shards(folder: Path) -> tuple[Path, ...]:
     """The weight files: the index's shards (each checked to exist), or model.safetensors."""
     index_path = folder / INDEX_FILE
-    if index_path.is_file():
+    if os.path.lexists(index_path):
         weight_map = read_json(index_path).get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise CheckpointError(f"{index_path}: no 'weight_map' of tensor names to files")
@@ -202,12 +226,17 @@ def _shards(folder: Path) -> tuple[Path, ...]:
         for shard in names:
             if Path(shard).name != shard:
                 raise CheckpointError(f"{index_path}: shard {shard!r} is not a file name in {folder}")
-            if not (folder / shard).is_file():
-                raise CheckpointError(f"{index_path}: shard {shard} is missing from {folder}")
+            if (problem := file_problem(folder / shard)) is not None:
+                if problem.missing:
+                    raise CheckpointError(f"{index_path}: shard {shard} is missing from {folder}")
+                raise problem.error()
         return tuple(folder / shard for shard in names)
     single = folder / SINGLE_FILE
-    if single.is_file():
+    problem = file_problem(single)
+    if problem is None:
         return (single,)
+    if not problem.missing:
+        raise problem.error()
     if any(folder.glob("*.bin")) or any(folder.glob("*.pt")):
         raise CheckpointError(
             f"{folder}: only pickled weights (*.bin); attnlab reads safetensors only (never pickle). Convert "
@@ -217,10 +246,28 @@ def _shards(folder: Path) -> tuple[Path, ...]:
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    """A JSON object from ``path``; a CheckpointError naming the file where it is not one."""
+    """A JSON object from the model folder's file ``path``, read within
+    :data:`~attnlab.limits.MAX_INPUT_BYTES`.
+
+    Raises:
+        CheckpointError: missing, not a regular file (a FIFO, a device, a folder, a symlink loop),
+            larger than the cap, not UTF-8 JSON, or not an object; names the file and the cause.
+        DataError: this user may not read it (permission denied, exit 2).
+    """
+    if (problem := file_problem(path)) is not None:
+        raise problem.error()
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
+        raw = read_capped(path)
+    except DataError:
+        raise CheckpointError(
+            f"{path}: more than {MAX_INPUT_BYTES:,} bytes, more than any model's JSON file holds "
+            "(attnlab.limits.MAX_INPUT_BYTES)"
+        ) from None
+    except OSError as error:
+        raise CheckpointError(f"{path}: cannot read: {describe_os_error(error)}") from None
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as error:
         raise CheckpointError(f"{path}: not readable JSON ({error})") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object, found {type(data).__name__}")
@@ -272,14 +319,18 @@ class StoredTensor:
         of elements; default: a fresh tensor of its shape)."""
         out = torch.empty(self.shape, dtype=self.dtype) if out is None else out
         buffer = memoryview(out.view(-1).view(torch.uint8).numpy()) if out.numel() else memoryview(b"")
-        with open(self.shard, "rb", buffering=0) as file:
-            file.seek(self.begin)
-            done = 0
-            while done < self.nbytes:
-                count = file.readinto(buffer[done:])
-                if not count:
-                    raise CheckpointError(f"{self.shard}: tensor {self.name!r} is cut short (file truncated)")
-                done += count
+        try:
+            with open(self.shard, "rb", buffering=0) as file:
+                file.seek(self.begin)
+                done = 0
+                while done < self.nbytes:
+                    count = file.readinto(buffer[done:])
+                    if not count:
+                        raise CheckpointError(f"{self.shard}: tensor {self.name!r} is cut short (file truncated)")
+                    done += count
+        except OSError as error:
+            why = describe_os_error(error)
+            raise CheckpointError(f"{self.shard}: cannot read tensor {self.name!r}: {why}") from None
         return out
 
 
@@ -374,7 +425,11 @@ def _index_names(checkpoint: Checkpoint) -> dict[str, str] | None:
 
 def _open_shard(shard: Path) -> Any:
     """``safe_open`` on ``shard`` with its structure checked: the header parses and every tensor's
-    bytes lie within the file (safetensors checks this when it opens it)."""
+    bytes lie within the file (safetensors checks this when it opens it). What stands in a file's
+    place (a FIFO, ``/dev/zero``, a symlink loop) or a permission denied is named first: safetensors
+    would call each "No such file or directory"."""
+    if (problem := file_problem(shard)) is not None:
+        raise problem.error()
     try:
         handle = safe_open(str(shard), framework="pt", device="cpu")
     except (SafetensorError, OSError, ValueError, RuntimeError) as error:

@@ -40,6 +40,7 @@ from attnlab.pretrained.integrity import check_gguf_layout, check_gguf_metadata,
 from attnlab.pretrained.llama import fill_llama_state, llama_model_section
 from attnlab.pretrained.packages import installed_distribution
 from attnlab.pretrained.provenance import check_sources
+from attnlab.reading import file_problem
 from attnlab.run.directory import RunDir
 from attnlab.tasks.registry import build_task
 from attnlab.tokenizers import Tokenizer
@@ -127,9 +128,10 @@ def open_gguf(path: str | Path) -> GGUFFile:
         DataError: it is not a readable GGUF file (what the checks let through and ``gguf`` refuses).
     """
     path = Path(path)
-    if not path.is_file():
+    problem = file_problem(path)
+    if problem is not None and problem.missing:
         raise UsageError(f"{path}: no such GGUF file")
-    check_gguf_layout(path)
+    check_gguf_layout(path)  # names what else stands in the file's place (a FIFO, a symlink loop, no permission)
     try:
         reader = GGUFReader(str(path))
         metadata = {name: field.contents() for name, field in reader.fields.items()}

@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from attnlab.errors import AttnlabWarning, CheckpointError
+from attnlab.reading import describe_os_error, file_problem
 
 __all__ = [
     "ROPE_BASE_RANGE",
@@ -155,8 +156,12 @@ def check_gguf_layout(path: Path) -> None:
 
     Raises:
         CheckpointError: not a GGUF file, or a header, tensor type, shape or byte range that is
-            impossible; names the file and the key or tensor.
+            impossible, or not a regular file (a FIFO, a device, a symlink loop); names the file
+            and the key, tensor or cause.
+        DataError: this user may not read the file (permission denied).
     """
+    if (problem := file_problem(path)) is not None:  # a FIFO is never opened, a device never mapped
+        raise problem.error()
     try:
         with open(path, "rb") as handle:
             size = handle.seek(0, 2)
@@ -165,7 +170,7 @@ def check_gguf_layout(path: Path) -> None:
             with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
                 _check_layout(_Cursor(data, path), size)
     except OSError as error:
-        raise CheckpointError(f"{path}: cannot read: {error.strerror or error}") from None
+        raise CheckpointError(f"{path}: cannot read: {describe_os_error(error)}") from None
 
 
 def _check_layout(cursor: _Cursor, size: int) -> None:

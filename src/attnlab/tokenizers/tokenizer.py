@@ -22,6 +22,11 @@ checks lengths itself (``attnlab tokenize`` would otherwise print a tail of ``[P
 Policy for casing of a BERT vocab.txt (:func:`is_uncased`): an uncased vocabulary, one that
 lowercasing leaves unchanged, gets what Hugging Face's BERT does by default (lowercase, strip
 accents); a cased one keeps case and accents. ``lowercase=`` overrides the choice.
+
+Policy for damaged files: a tokenizer.json whose bytes are not UTF-8, not JSON or not a tokenizer
+is a :class:`attnlab.reading.DamagedFileError` (exit code 3, as a damaged config.json or
+safetensors file is; also a ``DataError``), naming the file; one that cannot be read at all
+(missing, permission denied) is a ``DataError`` (exit 2) naming the file and the errno.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers
 
 from attnlab.errors import DataError, UsageError
-from attnlab.reading import read_capped
+from attnlab.reading import DamagedFileError, describe_os_error, read_capped
 from attnlab.tokenizers.kinds import EXTERNAL_KIND, KINDS, SPECIAL_TOKENS, build, infer_kind
 
 __all__ = ["Tokenizer", "train_tokenizer", "check_text", "is_uncased", "SPECIAL_ALIASES"]
@@ -256,17 +261,18 @@ class Tokenizer:
         docstring): ``tokenize`` and ``encode`` give the text's own tokens, never ``[PAD]``.
 
         Raises:
-            DataError: the file is missing, not UTF-8, not JSON, or not a tokenizer; the message
-            names the file (and the line, for JSON syntax errors).
+            DamagedFileError: the file is not UTF-8, not JSON, or not a tokenizer (exit 3); the
+                message names the file (and the line, for JSON syntax errors).
+            DataError: the file cannot be read (missing, permission denied, past the size cap).
         """
-        return cls.from_str(_read_text(Path(path)), source=path)
+        return cls.from_str(_read_text(Path(path), damaged=DamagedFileError), source=path)
 
     @classmethod
     def from_str(cls, text: str, *, source: str | os.PathLike[str] = "tokenizer.json") -> Tokenizer:
         """A tokenizer from the text of a ``tokenizer.json`` (already read; ``source`` names it in errors).
 
         Raises:
-            DataError: the text is not JSON (nested too deeply included) or not a tokenizer.
+            DamagedFileError: the text is not JSON (nested too deeply included) or not a tokenizer.
         """
         try:
             hf = HFTokenizer.from_str(text)
@@ -274,7 +280,7 @@ class Tokenizer:
             # Python's parser only for the message (its line number): for a valid file it would
             # build a pretrained vocabulary's tens of MB of objects for nothing.
             _check_json(text, source)
-            raise DataError(f"{source}: not a Hugging Face tokenizer.json: {error}") from None
+            raise DamagedFileError(f"{source}: not a Hugging Face tokenizer.json: {error}") from None
         return cls(hf)
 
     @classmethod
@@ -286,7 +292,8 @@ class Tokenizer:
         behind).
 
         Raises:
-            DataError: bytes that are not UTF-8, text that is not JSON, or JSON that is not a tokenizer.
+            DamagedFileError: bytes that are not UTF-8, text that is not JSON, or JSON that is not a
+                tokenizer.
         """
         try:
             hf = HFTokenizer.from_buffer(data)
@@ -294,9 +301,9 @@ class Tokenizer:
             try:
                 text = data.decode("utf-8")
             except UnicodeDecodeError as bad:
-                raise DataError(f"{source}: bytes that are not UTF-8 (offset {bad.start})") from None
+                raise DamagedFileError(f"{source}: bytes that are not UTF-8 (offset {bad.start})") from None
             _check_json(text, source)
-            raise DataError(f"{source}: not a Hugging Face tokenizer.json: {error}") from None
+            raise DamagedFileError(f"{source}: not a Hugging Face tokenizer.json: {error}") from None
         return cls(hf)
 
     @classmethod
@@ -373,23 +380,25 @@ def train_tokenizer(kind: str, corpus: Iterable[str], vocab_size: int = 8000) ->
     return Tokenizer(build(kind, (check_text(line) for line in corpus), vocab_size), kind=kind)
 
 
-def _read_text(path: Path) -> str:
+def _read_text(path: Path, *, damaged: type[DataError] = DataError) -> str:
+    """The UTF-8 text of ``path`` (within the size cap): a DataError naming the file and the errno
+    where it cannot be read, a ``damaged`` error naming the line where its bytes are not UTF-8."""
     try:
         data = read_capped(path)
     except OSError as error:
-        raise DataError(f"{path}: cannot read: {error.strerror}") from None
+        raise DataError(f"{path}: cannot read: {describe_os_error(error)}") from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
         line = data[: error.start].count(b"\n") + 1
-        raise DataError(f"{path}:{line}: bytes that are not UTF-8 (byte offset {error.start})") from None
+        raise damaged(f"{path}:{line}: bytes that are not UTF-8 (byte offset {error.start})") from None
 
 
 def _check_json(text: str, source: str | os.PathLike[str]) -> None:
-    """A DataError naming ``source`` and the line where ``text`` stops being JSON; nothing if it is JSON."""
+    """A DamagedFileError naming ``source`` and the line where ``text`` stops being JSON; nothing if it is JSON."""
     try:
         json.loads(text)
     except json.JSONDecodeError as error:
-        raise DataError(f"{source}:{error.lineno}: not valid JSON: {error.msg}") from None
+        raise DamagedFileError(f"{source}:{error.lineno}: not valid JSON: {error.msg}") from None
     except RecursionError:
-        raise DataError(f"{source}: not valid JSON: nested too deeply") from None
+        raise DamagedFileError(f"{source}: not valid JSON: nested too deeply") from None

@@ -343,7 +343,7 @@ def _damage_folder(source: Path, damage: str) -> None:
 @pytest.mark.parametrize(
     ("damage", "code", "words"),
     [
-        ("tokenizer_not_json", 2, "tokenizer.json:1: not valid JSON"),
+        ("tokenizer_not_json", 3, "tokenizer.json:1: not valid JSON"),  # damaged: 3, as config.json
         ("tokenizer_missing", 2, "no tokenizer (tokenizer.json, tokenizer.model, or vocab.json + merges.txt)"),
         ("tokenizer_config_not_json", 3, "tokenizer_config.json: not readable JSON"),
         ("config_not_json", 3, "config.json: not readable JSON"),
