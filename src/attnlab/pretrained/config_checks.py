@@ -13,7 +13,7 @@ the key:
   :data:`~attnlab.limits.MAX_VOCAB_SIZE`, positions
   :data:`~attnlab.pretrained.integrity.CONTEXT_LENGTH_MAX`;
 * ``dtype`` / ``torch_dtype``: a float type (:data:`FLOAT_DTYPES`);
-* special ids (``bos/eos/pad/decoder_start_token_id``, in config.json and generation_config.json):
+* special ids (``bos/eos/pad_token_id``, in config.json and generation_config.json):
   non-negative and inside the vocabulary;
 * rope settings (:func:`rope_settings`): ``rope_parameters`` (flat, or by layer type) and the
   legacy ``rope_scaling`` are objects of known keys for their ``rope_type``, each number finite
@@ -95,8 +95,10 @@ SIZE_KEYS: dict[str, tuple[str, int, str]] = {
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
 """The ``dtype`` (``torch_dtype``) values a config.json may declare: attnlab runs float models."""
 
-SPECIAL_IDS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
-"""Token ids config.json and generation_config.json name: each an id, or a list of ids (eos)."""
+SPECIAL_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+"""Token ids config.json and generation_config.json name: each an id, or a list of ids (eos).
+(``decoder_start_token_id`` is left to transformers, which warns: Marian's config class defaults
+it to its own vocabulary's pad id, whatever ``vocab_size`` a folder gives.)"""
 
 _ROPE_COMMON = frozenset({"rope_type", "type", "rope_theta", "partial_rotary_factor"})
 ROPE_KEYS: dict[str, frozenset[str]] = {
