@@ -52,12 +52,10 @@ def attribute_command(
     lens reads the next-token distribution from the residual stream entering every layer.
     """
     # Imported when the command runs: the help pages load no torch (see attnlab.cli).
-    import numpy as np
-
-    from attnlab.analysis.reports import head_matrix_plot, layer_bars_plot, token_grid_plot, write_rows
     from attnlab.head_ids import HeadId
     from attnlab.lm import LanguageModel
     from attnlab.pretrained.sources import open_model
+    from attnlab.run.storage import atomic_directory
 
     if out is not None:
         check_output_path(out, kind="folder", flag="--out")
@@ -67,39 +65,9 @@ def attribute_command(
     attribution = LanguageModel(loaded).attribute(text, answer, wrong, top_k=top_k)
     lens = attribution.lens
     folder = out or loaded.analysis / "attribute"
-    files = {
-        "terms": write_rows(attribution.terms, folder / "terms.csv", ("term", "contribution")),
-        "heads": write_rows(attribution.heads, folder / "heads.csv", ("kind", "layer", "head", "contribution")),
-        "layers": write_rows(attribution.layers, folder / "layers.csv", ("layer", "attention", "ffn")),
-        "lens": write_rows(
-            lens.rows,
-            folder / "logit_lens.csv",
-            ("layer", "site", "answer_rank", "answer_probability", "answer_logit", "top"),
-        ),
-        "heads_heatmap": head_matrix_plot(
-            attribution.heads,
-            "contribution",
-            folder / "heads.png",
-            diverging=True,
-            title=f"direct contribution of each head to {attribution.measure}",
-        ),
-        "layers_plot": layer_bars_plot(
-            attribution.layers,
-            ("attention", "ffn"),
-            folder / "layers.png",
-            title=f"direct contribution of each layer to {attribution.measure}",
-            ylabel="contribution",
-        ),
-        "lens_plot": token_grid_plot(
-            lens.top_tokens,
-            np.asarray(lens.top_probabilities),
-            folder / "logit_lens.png",
-            rows=[f"{row.site} {row.layer}" for row in lens.rows],
-            columns=lens.tokens,
-            title="logit lens: the most likely next token read from each residual stream",
-            colorbar="its probability",
-        ),
-    }
+    with atomic_directory(folder) as staging:  # the folder in place once complete (a failed write leaves none)
+        written = _write_files(attribution, staging)
+    files = {name: folder / path.name for name, path in written.items()}
     if as_json:
         print_json(
             {
@@ -136,3 +104,45 @@ def attribute_command(
     typer.echo(f"logit lens: {lens.answer!r} first ranks first at {where}; the output: {lens.rows[-1].top}")
     for name, path in files.items():
         typer.echo(f"{name}: {path}")
+
+
+def _write_files(attribution, staging: Path) -> dict[str, Path]:  # noqa: ANN001
+    """Write the attribution's CSVs and pictures into ``staging``; their paths by name."""
+    import numpy as np  # lazy, as in the command: the help pages load no torch
+
+    from attnlab.analysis.reports import head_matrix_plot, layer_bars_plot, token_grid_plot, write_rows
+
+    lens = attribution.lens
+    return {
+        "terms": write_rows(attribution.terms, staging / "terms.csv", ("term", "contribution")),
+        "heads": write_rows(attribution.heads, staging / "heads.csv", ("kind", "layer", "head", "contribution")),
+        "layers": write_rows(attribution.layers, staging / "layers.csv", ("layer", "attention", "ffn")),
+        "lens": write_rows(
+            lens.rows,
+            staging / "logit_lens.csv",
+            ("layer", "site", "answer_rank", "answer_probability", "answer_logit", "top"),
+        ),
+        "heads_heatmap": head_matrix_plot(
+            attribution.heads,
+            "contribution",
+            staging / "heads.png",
+            diverging=True,
+            title=f"direct contribution of each head to {attribution.measure}",
+        ),
+        "layers_plot": layer_bars_plot(
+            attribution.layers,
+            ("attention", "ffn"),
+            staging / "layers.png",
+            title=f"direct contribution of each layer to {attribution.measure}",
+            ylabel="contribution",
+        ),
+        "lens_plot": token_grid_plot(
+            lens.top_tokens,
+            np.asarray(lens.top_probabilities),
+            staging / "logit_lens.png",
+            rows=[f"{row.site} {row.layer}" for row in lens.rows],
+            columns=lens.tokens,
+            title="logit lens: the most likely next token read from each residual stream",
+            colorbar="its probability",
+        ),
+    }

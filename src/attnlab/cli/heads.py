@@ -352,22 +352,26 @@ def ablate_command(
 
 
 def _report_ablation(loaded, probe, result, folder: Path, means, as_json: bool) -> None:  # noqa: ANN001
-    """Write the ablation's CSVs and heatmaps and print where they are."""
+    """Write the ablation's CSVs and heatmaps, all in place together (a failed write leaves none),
+    and print where they are."""
     from attnlab.analysis.reports import head_matrix_plot, write_rows
+    from attnlab.run.storage import atomic_directory
 
     columns = ("kind", "layer", "head", "metric", "loss", "delta")
-    single = write_rows(result.single, folder / "ablation.csv", columns)
-    keep_one = write_rows(result.keep_one, folder / "keep_one.csv", columns)
-    heatmaps = [
-        head_matrix_plot(
-            [r for r in result.single if r.kind == kind],
-            "delta",
-            folder / f"ablation_{kind}.png",
-            diverging=True,
-            title=f"change of {probe.metric_name} with one head {'mean-' if means else ''}ablated",
-        )
-        for kind in dict.fromkeys(r.kind for r in result.single)
-    ]
+    with atomic_directory(folder) as staging:
+        write_rows(result.single, staging / "ablation.csv", columns)
+        write_rows(result.keep_one, staging / "keep_one.csv", columns)
+        kinds = list(dict.fromkeys(r.kind for r in result.single))
+        for kind in kinds:
+            head_matrix_plot(
+                [r for r in result.single if r.kind == kind],
+                "delta",
+                staging / f"ablation_{kind}.png",
+                diverging=True,
+                title=f"change of {probe.metric_name} with one head {'mean-' if means else ''}ablated",
+            )
+    single, keep_one = folder / "ablation.csv", folder / "keep_one.csv"
+    heatmaps = [folder / f"ablation_{kind}.png" for kind in kinds]
     if as_json:
         print_json(
             {
@@ -486,13 +490,17 @@ def importance_command(
 
 
 def _report_importance(loaded, probe, rows, path: Path, as_json: bool) -> None:  # noqa: ANN001
-    """Write the importances' CSV and heatmap and print where they are and the top heads."""
+    """Write the importances' CSV and heatmap, in place together (a failed write leaves neither),
+    and print where they are and the top heads."""
     from attnlab.analysis.reports import head_matrix_plot, write_rows
+    from attnlab.run.storage import atomic_directory
 
-    write_rows(rows, path, ("kind", "layer", "head", "importance"))
-    picture = head_matrix_plot(
-        rows, "importance", path.with_suffix(".png"), title=f"head importance ({probe.metric_name})"
-    )
+    with atomic_directory(path.parent) as staging:
+        write_rows(rows, staging / path.name, ("kind", "layer", "head", "importance"))
+        head_matrix_plot(
+            rows, "importance", staging / path.with_suffix(".png").name, title=f"head importance ({probe.metric_name})"
+        )
+    picture = path.with_suffix(".png")
     if as_json:
         print_json({**_json_head(loaded, probe), "importance": _rows(rows), "csv": str(path), "heatmap": str(picture)})
         return
@@ -590,6 +598,7 @@ def prune_command(
 
     from attnlab.analysis.heads import pruning_curve
     from attnlab.analysis.reports import curve_plot, write_rows
+    from attnlab.run.storage import atomic_directory
 
     retrain = None
     if retrain_steps:
@@ -611,8 +620,10 @@ def prune_command(
             kinds=kinds or None,
             progress=lambda: bar.update(1),
         )
-    csv_path = write_rows(rows, folder / "curve.csv", ("percent", "heads_pruned", "metric", "loss"))
-    png = curve_plot(rows, folder / "curve.png", metric=probe.metric_name, title="pruning the least important heads")
+    with atomic_directory(folder) as staging:  # the curve's files in place together, or neither
+        write_rows(rows, staging / "curve.csv", ("percent", "heads_pruned", "metric", "loss"))
+        curve_plot(rows, staging / "curve.png", metric=probe.metric_name, title="pruning the least important heads")
+    csv_path, png = folder / "curve.csv", folder / "curve.png"
     protocol = _protocol(probe, ranker, normalize_per_layer, retrain_steps)
     if as_json:
         print_json(
@@ -669,6 +680,7 @@ def _prune_physically(  # noqa: PLR0913
     from attnlab.analysis.heads import heads_to_remove
     from attnlab.analysis.pruning import median_seconds, prune_model, renumber_heads, write_pruned_run
     from attnlab.head_ids import head_ids, mask_without
+    from attnlab.run.directory import RunDir
 
     if len(percents) != 1:
         raise UsageError("--physical: give exactly one --percent")
@@ -686,7 +698,9 @@ def _prune_physically(  # noqa: PLR0913
     )
     pruned = [*held, *chosen]
     smaller = prune_model(model, pruned)
-    new_run = write_pruned_run(loaded, smaller, out, pruned=pruned)
+    with RunDir.staged(out, lock=False) as staged:  # the pruned run in place only once complete
+        new_run = write_pruned_run(loaded, smaller, staged.path, pruned=pruned)
+    new_run.path = staged.path
     mask = loaded.held_mask(pruned)
     still_held = renumber_heads(loaded.held_heads, pruned)  # held heads of kinds left out by --kind
     smaller_mask = mask_without(smaller, still_held) if still_held else None
@@ -837,16 +851,20 @@ def _report_detection(loaded, detection, folder: Path, top: int, as_json: bool) 
     from attnlab.analysis.detectors import PATTERNS
     from attnlab.analysis.reports import head_matrix_plot, write_rows
     from attnlab.head_ids import HeadId
+    from attnlab.run.storage import atomic_directory
 
     columns = ("kind", "layer", "head", *PATTERNS, "positional_offset")
-    table = write_rows(detection.rows, folder / "detect.csv", columns)
     heatmaps = {}
-    for name, pattern in PATTERNS.items():
-        scored = [row for row in detection.rows if not math.isnan(getattr(row, name))]
-        if scored:
-            heatmaps[name] = head_matrix_plot(
-                scored, name, folder / f"detect_{name}.png", title=f"{name}: {pattern.what}"
-            )
+    with atomic_directory(folder) as staging:  # the folder in place once complete (a failed write leaves none)
+        write_rows(detection.rows, staging / "detect.csv", columns)
+        for name, pattern in PATTERNS.items():
+            scored = [row for row in detection.rows if not math.isnan(getattr(row, name))]
+            if scored:
+                picture = head_matrix_plot(
+                    scored, name, staging / f"detect_{name}.png", title=f"{name}: {pattern.what}"
+                )
+                heatmaps[name] = folder / picture.name
+    table = folder / "detect.csv"
     top_heads = {name: detection.top(name, top) for name in PATTERNS}
     if as_json:
         print_json(

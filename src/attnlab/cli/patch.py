@@ -112,6 +112,7 @@ def patch_command(
     from attnlab.analysis.patching import NAMED_SITES, check_choices
     from attnlab.lm import LanguageModel
     from attnlab.pretrained.sources import open_model
+    from attnlab.run.storage import atomic_directory
 
     check_choices(metric, method, positions, verify_top)
     if out is not None:
@@ -145,10 +146,11 @@ def patch_command(
     )
     folder = out or loaded.analysis / "patching"
     files: dict[str, str] = {}
-    for request, rows in result.groups.items():
-        stem = _file_stem(request)
-        files[stem] = str(_write_csv(rows, folder / f"{stem}.csv", result.method))
-        files[f"{stem}_heatmap"] = str(_heatmap(rows, folder / f"{stem}.png", request, result))
+    with atomic_directory(folder) as staging:  # the folder in place once complete (a failed write leaves none)
+        for request, rows in result.groups.items():
+            stem = _file_stem(request)
+            files[stem] = str(folder / _write_csv(rows, staging / f"{stem}.csv", result.method).name)
+            files[f"{stem}_heatmap"] = str(folder / _heatmap(rows, staging / f"{stem}.png", request, result).name)
     if as_json:
         print_json(
             {

@@ -196,15 +196,16 @@ def atomic_directory(path: str | os.PathLike[str], *, keep: Collection[str] = ()
     """Write the folder ``path`` out of sight: yield an empty folder to fill, put its contents at
     ``path`` only when the block ends without error.
 
-    The folder yielded lies in a hidden sibling ``.NAME.tmp-XXXXXXXX`` of the highest folder on the
-    way to ``path`` that does not exist yet (``path`` itself when its parent exists), so nothing new
-    appears before the end. Then:
+    Nothing new appears before the end:
 
-    * nothing stands at that name: the temporary folder is renamed to it, one atomic rename (a kill
-      at any instant leaves the whole folder or none of it);
+    * ``path`` does not exist: the folder yielded lies in a hidden sibling ``.NAME.tmp-XXXXXXXX``
+      of the highest folder on the way to ``path`` that does not exist yet (``path`` itself when
+      its parent exists), renamed to that name at the end: one atomic rename (a kill at any instant
+      leaves the whole folder or none of it);
     * the folder exists already (a rerun, or a folder holding other outputs, such as
-      ``RUN/analysis``): each file written replaces its namesake there with one rename (each file
-      whole, old or new; files not written again are kept), and the temporary folder is removed.
+      ``RUN/analysis``): the folder yielded is a hidden ``.NAME.tmp-XXXXXXXX`` inside it, and at the
+      end each file written replaces its namesake there with one rename (each file whole, old or
+      new; files not written again are kept), then the temporary folder is removed.
 
     On any error, Ctrl-C included, the temporary folder is removed and ``path`` is as it was. A
     hidden ``.NAME.tmp-*`` left by a kill -9 is never read by any command.
@@ -224,14 +225,15 @@ def atomic_directory(path: str | os.PathLike[str], *, keep: Collection[str] = ()
     target = Path(os.path.abspath(shown))
     if os.path.lexists(target) and not target.is_dir():
         raise UsageError(f"{shown}: is a file; give a folder")
-    top = target if target.is_dir() else _highest_missing(target)
+    inside = target.is_dir()
+    top = target if inside else _highest_missing(target)
     ensure_folder(top.parent)
-    staging = _make_staging(top, shown)
+    staging = _make_staging(top if inside else top.parent, top.name, shown)
     inner = staging / target.relative_to(top) if top != target else staging
     try:
         inner.mkdir(parents=True, exist_ok=True)
         yield inner
-        _publish(staging, top, keep=keep)
+        _publish(staging, top, keep=keep, inside=inside)
     except AttnlabError as error:
         shutil.rmtree(staging, ignore_errors=True)
         message = str(error).replace(str(inner), str(shown)).replace(str(staging), str(top))
@@ -257,11 +259,12 @@ def _highest_missing(target: Path) -> Path:
     return top
 
 
-def _make_staging(top: Path, shown: Path) -> Path:
-    """A new, empty hidden folder beside ``top`` (made with the permissions a plain mkdir gives)."""
-    stem = os.fsencode(top.name)[:200].decode("utf-8", "ignore")  # room for the mark in NAME_MAX
+def _make_staging(place: Path, name: str, shown: Path) -> Path:
+    """A new, empty hidden folder ``.NAME.tmp-XXXXXXXX`` in ``place`` (made with the permissions a
+    plain mkdir gives, not mkdtemp's 0700: it becomes the folder asked for)."""
+    stem = os.fsencode(name)[:200].decode("utf-8", "ignore")  # room for the mark in NAME_MAX
     for _ in range(100):
-        staging = top.with_name(f".{stem}{TEMPORARY_MARK}{secrets.token_hex(4)}")
+        staging = place / f".{stem}{TEMPORARY_MARK}{secrets.token_hex(4)}"
         try:
             os.mkdir(staging)
         except FileExistsError:
@@ -272,17 +275,21 @@ def _make_staging(top: Path, shown: Path) -> Path:
     raise UsageError(f"{shown}: cannot create the folder: no free temporary name beside it")
 
 
-def _publish(staging: Path, top: Path, *, keep: Collection[str]) -> None:
+def _publish(staging: Path, top: Path, *, keep: Collection[str], inside: bool) -> None:
     """Put the finished ``staging`` at ``top``: one rename when nothing stands there (or an empty
-    folder), else its files moved one by one over their namesakes."""
-    try:
-        os.rename(staging, top)
-    except OSError as error:
-        if error.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not top.is_dir():
-            raise write_error(top, error) from None
-        _merge(staging, top, keep=keep)
-        shutil.rmtree(staging, ignore_errors=True)
-    fsync_directory(top.parent)
+    folder), else (``inside``: it lies in ``top``, which existed) its files moved one by one over
+    their namesakes."""
+    if not inside:
+        try:
+            os.rename(staging, top)
+        except OSError as error:
+            if error.errno not in (errno.ENOTEMPTY, errno.EEXIST) or not top.is_dir():
+                raise write_error(top, error) from None
+        else:
+            fsync_directory(top.parent)
+            return
+    _merge(staging, top, keep=keep)
+    shutil.rmtree(staging, ignore_errors=True)
 
 
 def _merge(staging: Path, top: Path, *, keep: Collection[str]) -> None:
