@@ -34,6 +34,11 @@ and the result equals the uninterrupted run's exactly (float64 sums in the same 
 process count is accepted (the state is global: totals and one position) and agrees to float
 noise. The state is removed when the run ends.
 
+A run on several processes ends with its launcher: a worker whose launcher was killed outright
+dies with it (:mod:`attnlab.lifeline`), and :func:`run_corpus` and :func:`finish` check once more
+before the results and the state's removal, so such a run leaves its last state for ``--resume``
+and no result.
+
 The work a run does is a :class:`CorpusObjective`: the zeros of its sums, how a line becomes an
 item, and the float64 sums of a batch of items.
 """
@@ -50,6 +55,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from attnlab.errors import CheckpointError, DataError, UsageError
+from attnlab.lifeline import stop_if_orphaned
 from attnlab.reading import Line, stream_lines
 from attnlab.run.storage import atomic_write_json, read_json
 from attnlab.tasks.text import MAX_LINE_CHARS
@@ -186,12 +192,15 @@ def run_corpus(
             bar.close()
     if totals[LINES] == 0:
         raise DataError(f"{os.fspath(path)}: empty file (no line with text)")
+    stop_if_orphaned()  # a worker whose launcher is gone reports nothing
     return totals
 
 
 def finish(state: Path | None, info: DistInfo | None = None) -> None:
-    """Remove a finished run's state (on the first process), once its results are written."""
+    """Remove a finished run's state (on the first process), once its results are written; not in
+    a worker whose launcher is gone (it ends there, see :mod:`attnlab.lifeline`)."""
     if state is not None and (info is None or info.is_main):
+        stop_if_orphaned()
         state.unlink(missing_ok=True)
 
 

@@ -16,13 +16,23 @@ The launcher runs inside this process, not as ``python -m torch.distributed.run`
 fails ends the command with that process's exit code and its own one ``error:`` line, without
 the launcher's report and traceback. Errors of the input (a bad line, a bad option) are raised
 alike on every process; only the first prints them (:func:`quiet_error`).
+
+Workers die with their launcher: each runs ``python -m attnlab.cli.worker`` (the command after
+:func:`attnlab.lifeline.follow_launcher`), so a kill -9 of the ``attnlab`` command ends its
+workers too (Linux's parent-death signal, SIGKILL) before any writes a result or removes a resume
+state; ``--resume`` continues from the last state saved. A worker that dies of a signal (kill -9,
+the OOM killer, a crash) ends the command with one line naming it, ``error: worker 1 (rank 1)
+died of SIGKILL; ...``, and exit code 1 (:data:`EXIT_WORKER_DIED`); the launcher stops the other
+workers. Ctrl-C (SIGINT) or SIGTERM of the command stops them all and exits 130, "interrupted".
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -34,9 +44,12 @@ import typer
 
 from attnlab.cli.app import command_line
 from attnlab.errors import EXIT_INTERNAL, AttnlabError, ResourceError, UsageError
+from attnlab.lifeline import LAUNCHER_ENV, follow_launcher
 from attnlab.limits import MAX_PROCESSES
 
 if TYPE_CHECKING:
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
     from attnlab.training.distributed import DistInfo
 
 __all__ = [
@@ -55,7 +68,21 @@ __all__ = [
 ]
 
 EXIT_INTERRUPTED = 130
-"""A process stopped by a signal (Ctrl-C): the shell's code for SIGINT."""
+"""The command stopped by Ctrl-C or SIGTERM: the shell's code for SIGINT."""
+
+EXIT_WORKER_DIED = EXIT_INTERNAL
+"""A worker process that died of a signal (not one of the input's errors, which the worker
+reports with their own code)."""
+
+WORKER_ENTRY = "attnlab.cli.worker"
+"""The module each worker runs (``python -m``): the command, after following its launcher."""
+
+PEER_GRACE_SECONDS = 3.0
+"""How long a launched process whose collective failed waits for its launcher to stop it (a peer
+died), before it reports the failure itself (:func:`process_group`)."""
+
+CORPUS_HINT = "the saved state is kept: rerun with --resume to continue"
+"""What a corpus run's line about a dead worker suggests."""
 
 DEFAULT_MASTER_PORT = 29500
 """torchrun's default port of the first machine's rendezvous."""
@@ -106,14 +133,21 @@ def quiet_error(error: BaseException) -> bool:
     )
 
 
-def launch(nproc: int, args: Sequence[str], nodes: Nodes = Nodes()) -> None:
-    """Run ``python -m attnlab ARGS`` on ``nproc`` local processes and wait for them; with several
-    ``nodes``, as node ``nodes.rank`` of them (every node's processes in one process group).
+def launch(nproc: int, args: Sequence[str], nodes: Nodes = Nodes(), *, hint: str = "") -> None:
+    """Run ``attnlab ARGS`` on ``nproc`` local processes (``python -m attnlab.cli.worker ARGS``)
+    and wait for them; with several ``nodes``, as node ``nodes.rank`` of them (every node's
+    processes in one process group).
 
-    Each process runs with OMP_NUM_THREADS=1 unless it is set (N processes share the cores).
+    Each process runs with OMP_NUM_THREADS=1 unless it is set (N processes share the cores), and
+    dies with this one (:mod:`attnlab.lifeline`).
+
+    Args:
+        hint: what the line about a worker that died of a signal suggests after it.
 
     Raises:
-        typer.Exit: a process failed; its exit code (the first process's that failed).
+        typer.Exit: a process failed: the exit code of the first that exited with one (it printed
+            its own line), :data:`EXIT_WORKER_DIED` after one ``error:`` line when it died of a
+            signal, 130 when this command was interrupted.
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException  # torch: imported when used
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -134,26 +168,65 @@ def launch(nproc: int, args: Sequence[str], nodes: Nodes = Nodes()) -> None:
     config = LaunchConfig(
         min_nodes=nodes.count, max_nodes=nodes.count, nproc_per_node=nproc, max_restarts=0, **rendezvous
     )
-    logger = logging.getLogger("torch.distributed.elastic")
-    level, threads = logger.level, os.environ.get("OMP_NUM_THREADS")
-    logger.setLevel(logging.CRITICAL)  # the processes print their own errors
-    os.environ["OMP_NUM_THREADS"] = threads or "1"
+    levels = _quiet_launcher_logs()  # the processes print their own errors
+    saved = {name: os.environ.get(name) for name in ("OMP_NUM_THREADS", LAUNCHER_ENV)}
+    os.environ["OMP_NUM_THREADS"] = saved["OMP_NUM_THREADS"] or "1"
+    os.environ[LAUNCHER_ENV] = str(os.getpid())  # the workers follow this process
     try:
-        elastic_launch(config, sys.executable)("-m", "attnlab", *args)
+        elastic_launch(config, sys.executable)("-m", WORKER_ENTRY, *args)
     except ChildFailedError as error:
-        _, failure = error.get_first_failure()
-        raise typer.Exit(failure.exitcode if failure.exitcode > 0 else EXIT_INTERRUPTED) from None
+        rank, failure = _first_failure(error.failures)
+        if failure.exitcode > 0:
+            raise typer.Exit(failure.exitcode) from None
+        typer.echo(f"error: {_died(rank, failure, hint)}", err=True)
+        raise typer.Exit(EXIT_WORKER_DIED) from None
     except SignalException:
         raise typer.Exit(EXIT_INTERRUPTED) from None
     except Exception as error:  # noqa: BLE001 - the launcher itself failed (no free port, ...)
         typer.echo(f"error: could not start {nproc} processes: {error}", err=True)
         raise typer.Exit(EXIT_INTERNAL) from None
     finally:
-        logger.setLevel(level)
-        if threads is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = threads
+        for logger, level in levels.items():
+            logger.setLevel(level)
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _quiet_launcher_logs() -> dict[logging.Logger, int]:
+    """Silence the launcher's loggers (each module of torch.distributed.elastic sets a level of its
+    own: "Received 2 death signal, shutting down workers"); their levels before, to restore."""
+    names = [name for name in logging.root.manager.loggerDict if name.startswith("torch.distributed.elastic")]
+    levels = {}
+    for logger in map(logging.getLogger, ["torch.distributed.elastic", *names]):
+        levels[logger] = logger.level
+        logger.setLevel(logging.CRITICAL)
+    return levels
+
+
+def _first_failure(failures: dict[int, ProcessFailure]) -> tuple[int, ProcessFailure]:
+    """The failure that ended the run, with its global rank: the first to die of a signal other
+    than SIGTERM (a kill, a crash; its peers may fail after it, their connections cut), else the
+    first to exit with a code (an error it printed), else the first stopped by SIGTERM (the
+    launcher sends that to the workers left once one failed). ``failures`` is in the order the
+    launcher found them."""
+
+    def order(item: tuple[int, ProcessFailure]) -> int:
+        code = item[1].exitcode
+        return 0 if code < 0 and -code != signal.SIGTERM else 1 if code > 0 else 2
+
+    return min(failures.items(), key=order)
+
+
+def _died(rank: int, failure: ProcessFailure, hint: str) -> str:
+    """``worker 1 (rank 1) died of SIGKILL; HINT``: a worker (its local rank) that a signal ended."""
+    try:
+        name = signal.Signals(-failure.exitcode).name
+    except ValueError:
+        name = f"signal {-failure.exitcode}"
+    return f"worker {failure.local_rank} (rank {rank}) died of {name}" + (f"; {hint}" if hint else "")
 
 
 def corpus_processes(
@@ -182,6 +255,7 @@ def corpus_processes(
             raise UsageError(f"{flag}: only for a corpus run; give --texts FILE")
         return DistInfo(), device
     if launched():
+        follow_launcher()  # already done by attnlab.cli.worker; a torchrun of one's own too
         info = from_environment(device)
         return info, f"cuda:{info.local_rank}" if device.startswith("cuda") else device
     from attnlab.analysis.corpus import check_corpus
@@ -194,22 +268,35 @@ def corpus_processes(
         check_processes(device, nproc)
     except ValueError as exc:
         raise UsageError(f"--nproc {nproc}: {exc}") from None
-    launch(nproc, command_line(ctx), nodes)
+    launch(nproc, command_line(ctx), nodes, hint=CORPUS_HINT)
     return None
 
 
 @contextmanager
 def process_group(info: DistInfo) -> Iterator[None]:
     """Leave the process group at the end of the block: after every process has come this far when
-    it ends well, at once when it raises (see :func:`attnlab.training.distributed.shutdown`)."""
+    it ends well, at once when it raises (see :func:`attnlab.training.distributed.shutdown`).
+
+    A launched process whose block fails with an error that is not attnlab's (a collective cut
+    short: "Connection closed by peer") first waits :data:`PEER_GRACE_SECONDS`: when a peer died,
+    the launcher stops this process meanwhile, and the command's one line names the dead worker,
+    not the error its death caused here. Otherwise (a peer on another machine, a bug) the error
+    is reported as it would be."""
     from attnlab.training.distributed import shutdown
 
     try:
         yield
-    except BaseException:
+    except BaseException as error:
+        if launched() and _not_attnlabs(error):
+            time.sleep(PEER_GRACE_SECONDS)
         shutdown(info)
         raise
     shutdown(info, wait_for_peers=True)
+
+
+def _not_attnlabs(error: BaseException) -> bool:
+    """Whether ``error`` is an exception attnlab did not raise itself (nor an exit or Ctrl-C)."""
+    return isinstance(error, Exception) and not isinstance(error, (AttnlabError, typer.Exit, typer.Abort))
 
 
 def nproc_option() -> Any:
