@@ -35,7 +35,7 @@ from matplotlib.ticker import MaxNLocator
 from attnlab.evaluation.horizon import DEFAULT_THRESHOLD, binomial_se, first_failing_length
 from attnlab.figures import plt, save_figure
 from attnlab.run.directory import RunDir
-from attnlab.run.storage import atomic_write_text, ensure_folder
+from attnlab.run.storage import atomic_directory, atomic_write_text, ensure_folder
 from attnlab.sweep.folder import (
     BY_LENGTH_FILE,
     DIVERGED,
@@ -580,12 +580,18 @@ def write_report(out: str | Path) -> list[Path]:
     plan = read_plan(out)
     reports = _collect(out, plan)
     rows = [report.row for report in reports]
-    atomic_write_text(out / RESULTS_FILE, results_csv(plan, rows))
-    atomic_write_text(out / BY_LENGTH_FILE, by_length_csv(plan, reports))
-    atomic_write_text(out / SUMMARY_FILE, summary_markdown(plan, rows, _absent_by_split(plan, reports)))
-    folder = ensure_folder(out / PLOTS_FOLDER)
-    for old in [*folder.glob("accuracy_by_length-*.png"), *folder.glob("accuracy_by_length_per_seed-*.png")]:
-        old.unlink()
-    files = [out / RESULTS_FILE, out / BY_LENGTH_FILE, out / SUMMARY_FILE]
-    per_seed = _plot_per_seed(plan, reports, folder, _threshold(rows))
-    return [*files, *_plot_by_length(plan, reports, folder), *per_seed]
+    # every file written (in a hidden folder inside OUT) before any replaces its old version: a full
+    # disk leaves the last report whole (attnlab.run.storage.atomic_directory)
+    with atomic_directory(out) as staging:
+        atomic_write_text(staging / RESULTS_FILE, results_csv(plan, rows))
+        atomic_write_text(staging / BY_LENGTH_FILE, by_length_csv(plan, reports))
+        atomic_write_text(staging / SUMMARY_FILE, summary_markdown(plan, rows, _absent_by_split(plan, reports)))
+        folder = ensure_folder(staging / PLOTS_FOLDER)
+        per_seed = _plot_per_seed(plan, reports, folder, _threshold(rows))
+        by_length = _plot_by_length(plan, reports, folder)
+    plots = out / PLOTS_FOLDER
+    drawn = [plots / path.name for path in [*by_length, *per_seed]]
+    for old in [*plots.glob("accuracy_by_length-*.png"), *plots.glob("accuracy_by_length_per_seed-*.png")]:
+        if old not in drawn:  # a plot of an earlier report that this one does not draw
+            old.unlink()
+    return [out / RESULTS_FILE, out / BY_LENGTH_FILE, out / SUMMARY_FILE, *drawn]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import pytest
+
 from attnlab.sweep.plan import SweepPlan, plan_sweep
 from attnlab.sweep.report import summary_markdown
 
@@ -114,3 +116,28 @@ def test_lengths_without_strings_name_the_combinations_they_hold_for(config):
     assert _which(plan.keys, [("none", "soft"), ("none", "hard")], combos) == "model.positional=none"
     named = _which(plan.keys, [("none", "soft"), ("sinusoidal", "hard")], combos)
     assert named == "model.positional=none, model.attention=soft; model.positional=sinusoidal, model.attention=hard"
+
+
+def test_a_report_that_fails_midway_leaves_the_last_one_whole(config, tmp_path, monkeypatch):
+    """Every file of a report is written before any replaces its old version (atomic_directory):
+    a failed plot (a full disk, say) leaves the previous results.csv and summary.md as they were,
+    and no temporary folder."""
+    from attnlab.errors import ResourceError
+    from attnlab.sweep import report
+    from attnlab.sweep.folder import PLAN_FILE
+
+    plan = plan_sweep(config, ["model.positional=sinusoidal,none"], "0")
+    (tmp_path / PLAN_FILE).write_text(json.dumps(plan.to_json(), sort_keys=True))
+    written = report.write_report(tmp_path)
+    before = {path.name: path.read_bytes() for path in written}
+    (tmp_path / "results.csv").write_text("the last report\n")
+
+    def full_disk(*args, **kwargs):
+        raise ResourceError("plots/x.png: cannot write: No space left on device (ENOSPC)")
+
+    monkeypatch.setattr(report, "_plot_by_length", full_disk)
+    with pytest.raises(ResourceError, match="ENOSPC"):
+        report.write_report(tmp_path)
+    assert (tmp_path / "results.csv").read_text() == "the last report\n"
+    assert (tmp_path / "summary.md").read_bytes() == before["summary.md"]
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
