@@ -218,7 +218,8 @@ def _vocabulary(config: Mapping[str, Any]) -> int:
 
 def check_special_ids(config: Mapping[str, Any], vocab: int, where: Path, *, prefix: str = "") -> None:
     """Each special id of ``config`` (:data:`SPECIAL_IDS`, an id or a list of them) a whole number
-    in [0, ``vocab``) (any non-negative one where ``vocab`` is 0: unknown).
+    in [0, ``vocab``) (any non-negative one where ``vocab`` is 0: unknown); ``pad_token_id`` may be
+    -1, "none", as Llama 1's configs write it and transformers reads it.
 
     Raises:
         CheckpointError: the first id outside, naming the file, the key and the vocabulary.
@@ -226,7 +227,7 @@ def check_special_ids(config: Mapping[str, Any], vocab: int, where: Path, *, pre
     for key in SPECIAL_IDS:
         value = config.get(key)
         for token in value if isinstance(value, list) else [value]:
-            if token is None:
+            if token is None or (key == "pad_token_id" and token == -1):  # -1: no pad (Llama 1's configs)
                 continue
             if isinstance(token, bool) or not isinstance(token, int):
                 raise CheckpointError(f"{where}: {prefix}{key} must be a token id (a whole number), got {token!r}")

@@ -125,6 +125,11 @@ def test_a_special_id_of_generation_config_is_checked_too(llama: Path, tmp_path:
         attnlab.load(folder)
 
 
+def test_a_pad_id_of_minus_one_means_none_as_transformers_reads_it(llama: Path, tmp_path: Path) -> None:
+    lm = attnlab.load(_copy(llama, tmp_path, _set(pad_token_id=-1)))  # Llama 1's configs write it
+    assert lm.task.pad_id >= 0 and isinstance(lm.generate("hello", max_new_tokens=2), str)
+
+
 @pytest.mark.parametrize("case", ["layers 1e12", "rope factor 0", "bos -5"])
 def test_the_cli_says_one_error_line_and_exits_3(case: str, llama: Path, tmp_path: Path) -> None:
     change, named = HOSTILE[case]
