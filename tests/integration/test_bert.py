@@ -224,7 +224,7 @@ def test_named_sites_equal_hugging_face_hidden_states_and_attentions(run):
     """attnlab.trace's residual stream and attention weights against BertModel's
     output_hidden_states / output_attentions (eager attention), on the padded batch's real tokens."""
     transformers = pytest.importorskip("transformers", reason="transformers (the [dev] extra) is needed")
-    from attnlab.nn.hooks import trace
+    from attnlab.nn.trace import trace
 
     folder = package_source(PACKAGE).folder
     tokenizer = transformers.BertTokenizerFast.from_pretrained(folder, local_files_only=True)

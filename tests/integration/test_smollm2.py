@@ -370,7 +370,7 @@ def test_named_sites_equal_hugging_face_hidden_states_and_attentions(run: Path, 
     left-padded batch of three prompts. Residual entries reach a few hundred in magnitude here, so
     the stream is compared relative to its largest entry; over 30 float32 layers the measured
     maxima are 1.4e-5 of it and 9.8e-6 for the weights (AMD EPYC Zen 4)."""
-    from attnlab.nn.hooks import trace
+    from attnlab.nn.trace import trace
 
     tokenizer, model = reference
     loaded = open_run(run)

@@ -1,7 +1,7 @@
 """Activation patching, exact and by attribution: how much of a clean-vs-corrupt difference a site restores.
 
 Run a model on a clean input and on a corrupt one of the same length; then run the corrupt input
-again with one site's value taken from the clean run (:func:`attnlab.nn.hooks.trace`). With m the
+again with one site's value taken from the clean run (:func:`attnlab.nn.trace.trace`). With m the
 measured output (higher = more like the clean run), a patch restores
 
     r = (m_patched - m_corrupt) / (m_clean - m_corrupt)
@@ -77,7 +77,8 @@ from attnlab.analysis.reports import write_rows
 from attnlab.devices import model_device
 from attnlab.errors import UsageError
 from attnlab.figures import Figure
-from attnlab.nn.hooks import Site, model_sites, resolve_sites, trace
+from attnlab.nn.hooks import Site, model_sites, resolve_sites
+from attnlab.nn.trace import trace
 from attnlab.run.loaded import LoadedRun
 from attnlab.tasks.text import read_lines
 

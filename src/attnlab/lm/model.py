@@ -51,7 +51,7 @@ from attnlab.head_ids import mask_without, parse_head
 from attnlab.limits import MAX_BATCH_SIZE, MAX_NEW_TOKENS
 from attnlab.lm.studies import Studies
 from attnlab.nn import expert_mask_shape, full_head_mask, masking_heads, trace
-from attnlab.nn.hooks import Trace
+from attnlab.nn.trace import Trace
 from attnlab.pretrained.placement import PlacementRequest
 from attnlab.pretrained.sources import open_model
 from attnlab.run.loaded import LoadedRun

@@ -16,21 +16,16 @@ from attnlab.nn.config import (
     preset,
 )
 from attnlab.nn.feed_forward import ACTIVATIONS, PositionwiseFeedForward
-from attnlab.nn.hooks import (
+from attnlab.nn.head_masks import (
     ATTENTION_KINDS,
-    AttentionRecord,
     HeadMask,
-    Site,
-    add_hook,
-    capture,
     check_head_mask,
     expert_mask_shape,
     full_head_mask,
     masking_experts,
     masking_heads,
-    model_sites,
-    trace,
 )
+from attnlab.nn.hooks import Site, add_hook, model_sites
 from attnlab.nn.layers import AddNorm, DecoderLayer, DecoderLayerCache, EncoderLayer
 from attnlab.nn.masks import (
     causal_mask,
@@ -61,6 +56,7 @@ from attnlab.nn.models import (
 from attnlab.nn.multi_head import KVCache, MultiHeadAttention
 from attnlab.nn.positional import POSITIONAL, make_positional, sinusoidal_table
 from attnlab.nn.scores import SCORES, make_score
+from attnlab.nn.trace import AttentionRecord, capture, trace
 
 # What a user needs: the models and their configs, the attention blocks, masks, the hook mechanism.
 # The other names imported above are for attnlab's own modules (loading weights, decoding state,

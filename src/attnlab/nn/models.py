@@ -37,7 +37,8 @@ from attnlab.nn.config import (
     TransformerConfig,
 )
 from attnlab.nn.feed_forward import PositionwiseFeedForward
-from attnlab.nn.hooks import Hook, Site, attention_sites, head_mask_shapes, run_hooks
+from attnlab.nn.head_masks import head_mask_shapes
+from attnlab.nn.hooks import Hook, Site, attention_sites, run_hooks
 from attnlab.nn.layers import PLACEMENTS, DecoderLayer, DecoderLayerCache, EncoderLayer
 from attnlab.nn.masks import combine_masks, padding_mask, sliding_window_mask
 from attnlab.nn.multi_head import KVCache, MultiHeadAttention
@@ -110,7 +111,8 @@ class TransformerModel(nn.Module):
         return self.config.norm
 
     def head_mask_shapes(self) -> dict[str, tuple[int, int]]:
-        """kind -> (layers, heads) for every attention kind of the model (:func:`attnlab.nn.hooks.head_mask_shapes`)."""
+        """kind -> (layers, heads) for every attention kind of the model
+        (:func:`attnlab.nn.head_masks.head_mask_shapes`)."""
         return head_mask_shapes(self)
 
     def num_parameters(self) -> int:

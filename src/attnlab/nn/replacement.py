@@ -1,7 +1,7 @@
 """A site replaced by a module: sparse autoencoders and transcoders inside the model.
 
 A traced site's value y can run through any ``nn.Module`` in place of itself, y -> module(y)
-(:meth:`attnlab.nn.hooks.Trace.replace_with`, ``trace(model, replace={site: module})``). A module
+(:meth:`attnlab.nn.trace.Trace.replace_with`, ``trace(model, replace={site: module})``). A module
 with ``encode`` and ``decode`` methods (the convention of SAELens' SAEs and of transcoders) is a
 learned dictionary: its features and what it makes of them become sites of their own.
 

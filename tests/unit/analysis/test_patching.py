@@ -11,7 +11,7 @@ from attnlab.analysis.fidelity import FidelityProbe
 from attnlab.analysis.heads import ablate
 from attnlab.analysis.patching import head_means, patch
 from attnlab.errors import UsageError
-from attnlab.nn.hooks import trace
+from attnlab.nn.trace import trace
 from attnlab.pretrained.bert import find_source, import_bert
 from attnlab.run.loaded import open_run
 from tests.unit.analysis.tiny_runs import tiny_run
