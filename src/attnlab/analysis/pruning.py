@@ -98,7 +98,8 @@ def renumber_heads(heads: Iterable[HeadId], pruned: Iterable[HeadId]) -> list[He
 def write_pruned_run(
     loaded: LoadedRun, pruned_model: TransformerModel, out: Path, *, pruned: Sequence[HeadId]
 ) -> RunDir:
-    """A new run directory holding the pruned model, loadable by every command.
+    """A new run directory holding the pruned model, loadable by every command, written whole or
+    not at all (:meth:`attnlab.run.directory.RunDir.staged`).
 
     ``pruned`` are the heads of ``loaded.model`` that ``pruned_model`` lacks; the run's
     ``train.mask_heads`` is renumbered through them (:func:`renumber_heads`).
@@ -109,14 +110,13 @@ def write_pruned_run(
     """
     _check_pruned(loaded.model, pruned_model, pruned)
     held = renumber_heads(loaded.held_heads, pruned)
-    run = RunDir.create(out)
     config = loaded.experiment.to_dict()
     pruned_config = pruned_model.config
     config["model"].update(heads_per_layer=pruned_config.heads_per_layer, d_k=pruned_config.d_k, d_v=pruned_config.d_v)
     if pruned_config.kv_groups is not None:
         config["model"]["kv_groups"] = pruned_config.kv_groups
     config["train"]["mask_heads"] = [str(h) for h in held]
-    with run.lock():  # one writer at a time (attnlab.run.lock)
+    with RunDir.staged(out) as run:  # in place only once complete, under its lock
         run.write_config(config)
         tokenizer = loaded.tokenizer_text()  # verified; written with its record in the new manifest
         if tokenizer is not None:

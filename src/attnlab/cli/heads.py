@@ -680,7 +680,6 @@ def _prune_physically(  # noqa: PLR0913
     from attnlab.analysis.heads import heads_to_remove
     from attnlab.analysis.pruning import median_seconds, prune_model, renumber_heads, write_pruned_run
     from attnlab.head_ids import head_ids, mask_without
-    from attnlab.run.directory import RunDir
 
     if len(percents) != 1:
         raise UsageError("--physical: give exactly one --percent")
@@ -698,9 +697,7 @@ def _prune_physically(  # noqa: PLR0913
     )
     pruned = [*held, *chosen]
     smaller = prune_model(model, pruned)
-    with RunDir.staged(out, lock=False) as staged:  # the pruned run in place only once complete
-        new_run = write_pruned_run(loaded, smaller, staged.path, pruned=pruned)
-    new_run.path = staged.path
+    new_run = write_pruned_run(loaded, smaller, out, pruned=pruned)  # in place only once complete
     mask = loaded.held_mask(pruned)
     still_held = renumber_heads(loaded.held_heads, pruned)  # held heads of kinds left out by --kind
     smaller_mask = mask_without(smaller, still_held) if still_held else None

@@ -75,16 +75,13 @@ def bert_command(
     """Convert a BERT checkpoint into a run directory that every attnlab command can open."""
     # Imported when the command runs: the help pages load no torch (see attnlab.cli).
     from attnlab.pretrained.bert import find_source, import_bert, package_source
-    from attnlab.run.directory import RunDir
     from attnlab.run.output_paths import check_output_path
 
     if (source is None) == (package is None):
         raise UsageError("give either SOURCE (a folder) or --package NAME, not both and not neither")
     check_output_path(out, kind="run", flag="--out", overwrite=force)
     found = package_source(package) if package is not None else find_source(source)
-    with RunDir.staged(out, overwrite=force, lock=False) as run:  # in place only once complete
-        imported = import_bert(found, run.path, overwrite=True, verify=verify)
-    imported.run.path = run.path
+    imported = import_bert(found, out, overwrite=force, verify=verify)  # in place only once complete
     config = imported.model.config
     if as_json:
         print_json(

@@ -521,7 +521,8 @@ def import_bert(
     verify: bool = True,
 ) -> ImportedBert:
     """Convert ``source`` into the run directory ``out``: config.json, tokenizer.json, model.safetensors,
-    and provenance.json (the SHA-256 of every source file).
+    and provenance.json (the SHA-256 of every source file), written whole or not at all
+    (:meth:`attnlab.run.directory.RunDir.staged`: a full disk leaves nothing at ``out``).
 
     The run's task is ``sentences`` (task kind ``embedding``), so :func:`attnlab.run.loaded.open_run`
     loads it like any other run.
@@ -529,8 +530,7 @@ def import_bert(
     say = progress or (lambda _message: None)
     read = read_bert(source, progress=say, verify=verify)
     sources = check_sources(source.files(), verify=verify, record=True)
-    run = RunDir.create(out, overwrite=overwrite)
-    with run.lock():  # one writer at a time (attnlab.run.lock)
+    with RunDir.staged(out, overwrite=overwrite) as run:  # in place only once complete, under its lock
         run.write_provenance([record.to_dict() for record in sources])
         run.write_config(read.experiment.to_dict())
         run.write_tokenizer(read.tokenizer.to_json())
