@@ -15,7 +15,8 @@ Exit codes (the README and ``attnlab --help`` list them):
   errors and a file the system refuses to open or create);
 * 3: corrupt or unreadable data (a run directory, checkpoint or file that fails verification);
 * 4: not enough resources (:class:`ResourceError`): a valid request that this machine cannot hold,
-  refused before work by a resource estimate (memory), or memory that ran out during the work;
+  refused before work by a resource estimate (memory), memory that ran out during the work, or no
+  room to write (a full disk, a quota or a file-size limit: ENOSPC, EDQUOT, EFBIG);
 * 5: a diverged run (the loss became NaN or Inf).
 
 Beside them, :func:`check_value_types`: the one type check of configuration values (the model
@@ -69,7 +70,8 @@ class UsageError(AttnlabError):
 
 class ResourceError(AttnlabError):
     """A request that is valid but needs more than this machine has (a memory estimate above the
-    memory available, or an allocation that failed): reduce the size named in the message."""
+    memory available, an allocation that failed, or a disk with no room for a file it writes):
+    reduce the size named in the message, or free space where it names."""
 
     exit_code = EXIT_RESOURCES
 
