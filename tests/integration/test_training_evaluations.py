@@ -17,7 +17,7 @@ from attnlab.kernels import linear as linear_module
 from attnlab.run.directory import RunDir
 from attnlab.run.loaded import open_run
 from attnlab.run.storage import load_tensors
-from attnlab.tasks.formal import bracket_depth
+from attnlab.tasks.formal_dyck import bracket_depth
 from attnlab.tasks.registry import build_task
 from attnlab.training import trainer as trainer_module
 from attnlab.training.trainer import train

@@ -1,7 +1,9 @@
 """Tasks: seeded generators and file readers that turn inputs into examples, and batching.
 
 * :mod:`.formal`: language recognition, label read at EOS (Hahn §3): parity, dyck1, dyck2, anbn,
-  anbncn.
+  anbncn; the languages by family in :mod:`.formal_parity`, :mod:`.formal_dyck`,
+  :mod:`.formal_counter` (:mod:`.formal_base`: what a language is), split baselines in
+  :mod:`.formal_splits`.
 * :mod:`.seq2seq`: copy, reverse, sort, addition.
 * :mod:`.chomsky`: the tasks of Delétang et al. 2023 (Neural Networks and the Chomsky Hierarchy):
   even_pairs, cycle_navigation, modular_arithmetic (classification); reverse_string,
@@ -21,7 +23,8 @@ Every task gives ``train()``, ``valid()``, ``test()`` and ``length_generalisatio
 from attnlab.tasks.base import SPLITS, Example, Task, Vocab, split_of
 from attnlab.tasks.batching import Batch, collate, fit_length, make_batches
 from attnlab.tasks.chomsky import CHOMSKY_TASKS
-from attnlab.tasks.formal import LANGUAGES, RecognitionTask, near_misses
+from attnlab.tasks.formal import LANGUAGES, RecognitionTask
+from attnlab.tasks.formal_base import near_misses
 from attnlab.tasks.registry import TASKS, get_task, task_options
 from attnlab.tasks.sentences import SentencesTask
 from attnlab.tasks.seq2seq import TRANSFORMS, AdditionTask, Seq2SeqTask

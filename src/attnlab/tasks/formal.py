@@ -31,9 +31,9 @@ bracket count balanced and are wrong only in their order: a positive with two of
 exchanged (``)(`` where ``()`` was, so that a prefix goes below zero, or crossed kinds ``([)]``).
 Without them almost every near-miss changes a count, and a classifier that only counts brackets
 (no positions at all) scores near 1. Each split reports its distinct strings and positives and the
-accuracy of such a shortcut (:meth:`RecognitionTask.split_report`, :data:`COUNTING_BASELINES`);
-a held-out split with fewer than :data:`MIN_DISTINCT_STRINGS` distinct strings (or, classifying,
-:data:`MIN_DISTINCT_POSITIVES` distinct positives) is warned about.
+accuracy of such a shortcut (:meth:`RecognitionTask.split_report`, :data:`.formal_splits.COUNTING_BASELINES`);
+a held-out split with fewer than :data:`.formal_splits.MIN_DISTINCT_STRINGS` distinct strings (or, classifying,
+:data:`.formal_splits.MIN_DISTINCT_POSITIVES` distinct positives) is warned about.
 
 Two formulations (``task.formulation``):
 
@@ -63,23 +63,26 @@ report (``depth_min``, ``depth_max``).
 The paper's protocol (Bhattamishra, Ahuja & Goyal 2020, from its authors' code,
 Transformer-Formal-Languages): ``task.sampler = "pcfg"`` draws positives with the paper's
 generator (for Dyck the grammar S -> (S) | SS | ε with ``task.p``, ``task.q``, see
-:func:`dyck_derivation` for its closed forms; the counter languages a block count uniform over
+:func:`.formal_dyck.dyck_derivation` for its closed forms; the counter languages a block count uniform over
 the split's), and ``task.distinct = true`` keeps every split free of repeats. ``task.fresh_examples``
 trains on a new batch from the training split's distribution at every step (Delétang et al. 2023).
 
 Membership is decided by checkers written independently of the generators (counting and
 rewriting rather than construction), so tests can hold one against the other.
+
+The languages are in one module per family: :mod:`.formal_parity`, :mod:`.formal_dyck` (with the
+paper's grammar) and :mod:`.formal_counter`, each a :class:`~.formal_base.Language`; what a split
+is measured against (its shortcut and majority baselines) is in :mod:`.formal_splits`.
 """
 
 from __future__ import annotations
 
 import math
 import random
-import re
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import cache, cached_property
+from functools import cached_property
 from typing import Any
 
 from attnlab.errors import AttnlabWarning, ConfigError
@@ -91,31 +94,24 @@ from attnlab.tasks.base import (
     check_horizon_threshold,
     check_length_bins,
     check_sizes,
-    length_bin_name,
     split_of,
     split_share,
     split_statistics,
     spread_lengths,
     weigh_lengths,
 )
+from attnlab.tasks.formal_base import END, Language, near_misses
+from attnlab.tasks.formal_counter import ANBN, ANBNCN
+from attnlab.tasks.formal_dyck import DYCK1, DYCK2, bracket_depth
+from attnlab.tasks.formal_parity import PARITY
+from attnlab.tasks.formal_splits import baseline_accuracy, majority_label, once, small_split_rule
 
 __all__ = [
-    "END",
     "FORMULATIONS",
     "LANGUAGES",
-    "Language",
     "RecognitionTask",
     "SAMPLERS",
-    "baseline_accuracy",
     "check_grammar",
-    "dyck_derivation",
-    "pcfg_depth_cdf",
-    "pcfg_expected_length",
-    "pcfg_length_variance",
-    "bracket_depth",
-    "check_length_bins",
-    "length_bin_name",
-    "near_misses",
 ]
 
 SMALL_LANGUAGE = 256
@@ -124,520 +120,14 @@ SMALL_LANGUAGE = 256
 MAX_TRIES_PER_EXAMPLE = 2000
 
 
-# ---- membership checkers: independent of the generators -----------------------------------------
-
-
-def is_parity(s: str) -> bool:
-    return len(s) > 0 and set(s) <= {"0", "1"} and s.count("1") % 2 == 0
-
-
-def _reduces_to_empty(s: str, pairs: tuple[str, ...]) -> bool:
-    # Delete adjacent matched pairs until none is left: a string is a Dyck word iff this
-    # rewriting ends at the empty string. Deliberately unlike the generator's depth counting.
-    previous = None
-    while s and s != previous:
-        previous = s
-        for pair in pairs:
-            s = s.replace(pair, "")
-    return s == ""
-
-
-def is_dyck1(s: str) -> bool:
-    return len(s) > 0 and set(s) <= set("()") and _reduces_to_empty(s, ("()",))
-
-
-def is_dyck2(s: str) -> bool:
-    return len(s) > 0 and set(s) <= set("()[]") and _reduces_to_empty(s, ("()", "[]"))
-
-
-def is_anbn(s: str) -> bool:
-    match = re.fullmatch(r"(a+)(b+)", s)
-    return match is not None and len(match[1]) == len(match[2])
-
-
-def is_anbncn(s: str) -> bool:
-    match = re.fullmatch(r"(a+)(b+)(c+)", s)
-    return match is not None and len(match[1]) == len(match[2]) == len(match[3])
-
-
-# ---- next-symbol sets (the next_char formulation) -----------------------------------------------
-
-END = "$"
-"""Stands for the end symbol (EOS) in a next-symbol set: the prefix read so far is itself a member."""
-
-
-def _parity_next(prefix: str) -> frozenset[str]:
-    # Every binary prefix extends to a member (append a 1 or not): both bits may follow.
-    if not set(prefix) <= {"0", "1"}:
-        return frozenset()
-    return frozenset("01") | ({END} if is_parity(prefix) else frozenset())
-
-
-def _dyck_next(pairs: dict[str, str]) -> Callable[[str], frozenset[str]]:
-    """Next symbols of a Dyck prefix: the last set of :func:`_dyck_prefixes_next`."""
-    prefixes_next = _dyck_prefixes_next(pairs)
-    return lambda prefix: prefixes_next(prefix)[-1]
-
-
-def _dyck_prefixes_next(pairs: dict[str, str]) -> Callable[[str], list[frozenset[str]]]:
-    """Next symbols of every prefix string[:t] of a Dyck string, t = 0..n, in one left-to-right
-    scan: any opener; the closer of the innermost open bracket; END once every bracket is closed
-    (and the prefix is not empty); nothing from the first closer that closes nothing open on."""
-    openers = frozenset(pairs)
-    after_closing_all = openers | {END}
-    with_closer = {closer: openers | {closer} for closer in pairs.values()}
-
-    def prefixes_next(string: str) -> list[frozenset[str]]:
-        sets, stack = [openers], []
-        for ch in string:
-            if ch in pairs:
-                stack.append(pairs[ch])
-            elif stack and stack[-1] == ch:
-                stack.pop()
-            else:  # no continuation of this prefix, or of any longer one, is a member
-                return sets + [frozenset()] * (len(string) + 1 - len(sets))
-            sets.append(with_closer[stack[-1]] if stack else after_closing_all)
-        return sets
-
-    return prefixes_next
-
-
-def _blocks_next(letters: str) -> Callable[[str], frozenset[str]]:
-    """Next symbols of a prefix of a^k b^k (c^k): the block count k is fixed by the a's; inside
-    block j > 0 the same letter until it holds k, then the next letter, or END after the last."""
-    pattern = re.compile("".join(f"({letter}*)" for letter in letters))
-
-    def next_symbols(prefix: str) -> frozenset[str]:
-        match = pattern.fullmatch(prefix)
-        if match is None:
-            return frozenset()
-        counts = [len(group) for group in match.groups()]
-        k = counts[0]
-        if k == 0:
-            return frozenset(letters[0]) if not prefix else frozenset()
-        j = max(i for i, count in enumerate(counts) if count > 0)  # the block being written
-        if j == 0:
-            return frozenset(letters[:2])  # more a's, or the first b
-        if any(counts[i] != k for i in range(1, j)) or counts[j] > k:
-            return frozenset()
-        if counts[j] < k:
-            return frozenset(letters[j])
-        return frozenset(letters[j + 1]) if j + 1 < len(letters) else frozenset(END)
-
-    return next_symbols
-
-
-# ---- generators ---------------------------------------------------------------------------------
-
-
-def _parity_positive(rng: random.Random, n: int) -> str | None:
-    bits = [rng.choice("01") for _ in range(n - 1)]
-    # The last bit restores evenness, which makes the draw uniform over the 2^(n-1) positives.
-    bits.append("1" if bits.count("1") % 2 else "0")
-    return "".join(bits)
-
-
-@cache
-def _dyck_completions(steps: int, depth: int) -> int:
-    """Number of bracket shapes of ``steps`` more symbols that close ``depth`` open brackets."""
-    if depth < 0 or depth > steps:
-        return 0
-    if steps == 0:
-        return 1
-    return _dyck_completions(steps - 1, depth + 1) + _dyck_completions(steps - 1, depth - 1)
-
-
-def _dyck_positive(kinds: str) -> Callable[[random.Random, int], str | None]:
-    def sample(rng: random.Random, n: int) -> str | None:
-        if n % 2 or n == 0:
-            return None
-        out, stack = [], []
-        for step in range(n, 0, -1):
-            # Open with the probability that keeps the shape uniform among all Dyck shapes.
-            opens = _dyck_completions(step - 1, len(stack) + 1)
-            if rng.random() * _dyck_completions(step, len(stack)) < opens:
-                kind = rng.choice(kinds)
-                stack.append(kind)
-                out.append(kind)
-            else:
-                out.append(")]"["([".index(stack.pop())])
-        return "".join(out)
-
-    return sample
-
-
-def bracket_depth(s: str) -> int:
-    """The nesting depth of a bracket string: the most brackets open at once, max over prefixes of
-    (openers - closers), at least 0. ``(()())`` -> 2, ``[()]()`` -> 2, ``)(`` -> 1. Defined for
-    any bracket string, members or not, so a depth bin can hold negatives too."""
-    depth = deepest = 0
-    for ch in s:
-        depth += 1 if ch in "([" else -1
-        deepest = max(deepest, depth)
-    return deepest
-
-
-@cache
-def _bounded_completions(steps: int, depth: int, cap: int, need: int) -> int:
-    """Bracket shapes of ``steps`` more symbols that close ``depth`` open brackets, never with more
-    than ``cap`` open, and with ``need`` open at some point (reached already when depth >= need)."""
-    if depth < 0 or depth > cap or depth > steps:
-        return 0
-    need = 0 if depth >= need else need
-    if steps == 0:
-        return int(need == 0)
-    return _bounded_completions(steps - 1, depth + 1, cap, need) + _bounded_completions(steps - 1, depth - 1, cap, need)
-
-
-def _dyck_shapes_at_depth(n: int, low: int, high: int) -> int:
-    """Dyck shapes of n symbols whose depth lies in [low, high]."""
-    return _bounded_completions(n, 0, high, low) if n > 0 and n % 2 == 0 else 0
-
-
-def _dyck_positive_at_depth(kinds: str) -> Callable[[random.Random, int, int, int], str | None]:
-    """Sample uniformly among the Dyck words of n symbols with a depth in [low, high]: the shape
-    step by step, opening with the share of the completions that open (as :func:`_dyck_positive`
-    does, counting only shapes within the depths), each opener's kind uniform."""
-
-    def sample(rng: random.Random, n: int, low: int, high: int) -> str | None:
-        if _dyck_shapes_at_depth(n, low, high) == 0:
-            return None
-        out, stack, need = [], [], low
-        for step in range(n, 0, -1):
-            need = 0 if len(stack) >= need else need
-            opens = _bounded_completions(step - 1, len(stack) + 1, high, need)
-            if rng.random() * _bounded_completions(step, len(stack), high, need) < opens:
-                kind = rng.choice(kinds)
-                stack.append(kind)
-                out.append(kind)
-            else:
-                out.append(")]"["([".index(stack.pop())])
-        return "".join(out)
-
-    return sample
-
-
-def _blocks_positive(letters: str) -> Callable[[random.Random, int], str | None]:
-    def sample(rng: random.Random, n: int) -> str | None:
-        if n % len(letters) or n == 0:
-            return None
-        return "".join(letter * (n // len(letters)) for letter in letters)
-
-    return sample
-
-
-# ---- the paper's generators (``task.sampler = "pcfg"``, Bhattamishra et al. 2020) ----------------
-
-
-def dyck_derivation(kinds: str) -> Callable[[random.Random, float, float, float], str]:
-    """A Dyck word drawn from the probabilistic grammar of Bhattamishra, Ahuja & Goyal (2020, §4):
-
-        S -> (_i S )_i  with probability p (the kind i uniform),
-        S -> S S        with probability q,
-        S -> ε          with probability r = 1 - p - q.
-
-    ``derive(rng, p, q, budget)``: as the authors' generator (Transformer-Formal-Languages,
-    ``DyckLanguage.generate``) caps it, a node nested in d pairs counts 2d symbols against the
-    budget: at 2d >= budget it derives ε without a draw, and a derivation longer than the budget
-    becomes ε. ``budget = math.inf`` is the grammar itself.
-
-    Closed forms of the grammar (no budget), with r = 1 - p - q and p + 2q < 1 (the branching
-    process is subcritical: each S has on average p + 2q children S):
-
-    * length L: L = 2 + L' with p, L' + L'' with q, 0 with r, the L's independent copies; so
-      m = E[L] = p (2 + m) + 2 q m, i.e. **E[L] = 2p / (1 - p - 2q)**, and E[L²] = p (4 + 4m + E[L²])
-      + q (2 E[L²] + 2 m²), i.e. E[L²] = (4p (1 + m) + 2q m²) / (1 - p - 2q).
-    * depth D (the most pairs open at once): F_d = P(D <= d) solves F_d = r + p F_{d-1} + q F_d²
-      (F_{-1} = 0), the least root F_d = (1 - sqrt(1 - 4q (r + p F_{d-1}))) / (2q) (F_d = r + p
-      F_{d-1} when q = 0); E[D] = sum_{d >= 0} (1 - F_d) (:func:`pcfg_depth_cdf`).
-
-    The paper's p = 1/2, q = 1/4 is the critical case p + 2q = 1: E[L] is infinite, so the budget
-    (the longest length of the split) is what keeps strings finite there.
-
-    The recursion, as the authors write it (each S draws u, then the kind of (S), then derives its
-    children left to right; a word over the budget becomes ε after its children are derived, so
-    which numbers are drawn does not depend on it)::
-
-        def derive(opened):
-            if opened >= budget: return ""
-            u = rng.random()
-            if u < p: kind = rng.choice(kinds); word = kind + derive(opened + 2) + closer[kind]
-            elif u < p + q: word = derive(opened) + derive(opened)
-            else: return ""
-            return word if len(word) <= budget else ""
-
-    runs here on an explicit stack (near the critical point a derivation has thousands of nodes,
-    and a split draws hundreds of thousands of derivations), drawing the same numbers in the same
-    order, the kind as ``rng.choice`` draws it (rejection over ``getrandbits``): the strings and
-    the generator's state after them are the recursion's (tested against it).
-    """
-    closer = dict(zip("([", ")]"))
-    count, width = len(kinds), len(kinds).bit_length()
-    wrap, left, right = 0, 1, 2  # what an S on the stack waits for: its (S) inside, its left or right S
-
-    def derive(rng: random.Random, p: float, q: float, budget: float, opened: int = 0) -> str:
-        draw, bits = rng.random, rng.getrandbits
-        stack: list[tuple[int, str, int]] = []  # (waits for, its kind or its left word, its depth)
-        depth: int | None = opened  # the S to derive next; None while a derived word returns
-        while True:
-            if depth is not None:
-                word = ""
-                if depth < budget:
-                    u = draw()
-                    if u < p:
-                        r = bits(width)
-                        while r >= count:
-                            r = bits(width)
-                        stack.append((wrap, kinds[r], depth))
-                        depth += 2
-                        continue
-                    if u < p + q:
-                        stack.append((left, "", depth))
-                        continue
-                depth = None
-            while stack:  # ``word`` returns to the S on top
-                waits, held, at = stack.pop()
-                if waits == left:
-                    stack.append((right, word, at))
-                    depth = at
-                    break
-                word = held + word + closer[held] if waits == wrap else held + word
-                if len(word) > budget:
-                    word = ""
-            else:
-                return word
-
-    return derive
-
-
-def pcfg_expected_length(p: float, q: float) -> float:
-    """E[L] = 2p / (1 - p - 2q) of :func:`dyck_derivation`'s grammar (infinite when p + 2q >= 1)."""
-    return 2 * p / (1 - p - 2 * q) if p + 2 * q < 1 else math.inf
-
-
-def pcfg_length_variance(p: float, q: float) -> float:
-    """Var L = E[L²] - E[L]² of the grammar (see :func:`dyck_derivation`), for p + 2q < 1."""
-    m = pcfg_expected_length(p, q)
-    second = (4 * p * (1 + m) + 2 * q * m * m) / (1 - p - 2 * q)
-    return second - m * m
-
-
-def pcfg_depth_cdf(p: float, q: float, depths: int) -> list[float]:
-    """F_0 .. F_{depths-1}, F_d = P(depth <= d) of the grammar (see :func:`dyck_derivation`)."""
-    r, cdf, previous = 1 - p - q, [], 0.0
-    for _ in range(depths):
-        c = r + p * previous
-        previous = c if q == 0 else (1 - math.sqrt(1 - 4 * q * c)) / (2 * q)
-        cdf.append(previous)
-    return cdf
-
-
-def _dyck_grammar(kinds: str) -> Callable[[random.Random, float, float, int, int], str | None]:
-    """The paper's draw of a Dyck split with lengths in [low, high]: a derivation under the
-    budget ``high``, rejected (None) when shorter than ``low``, as its ``generate_list`` does."""
-    derive = dyck_derivation(kinds)
-
-    def draw(rng: random.Random, p: float, q: float, low: int, high: int) -> str | None:
-        word = derive(rng, p, q, high)
-        return word if len(word) >= low else None
-
-    return draw
-
-
-def _blocks_grammar(letters: str) -> Callable[[random.Random, float, float, int, int], str | None]:
-    """The paper's counter languages (``CounterLanguage.generate_sample``): the block count k is
-    uniform over the k whose length k * |letters| lies in [low, high]; p and q play no part."""
-
-    def draw(rng: random.Random, p: float, q: float, low: int, high: int) -> str | None:
-        counts = range(-(-max(low, 1) // len(letters)), high // len(letters) + 1)
-        if not counts:
-            return None
-        k = rng.choice(counts)
-        return "".join(letter * k for letter in letters)
-
-    return draw
-
-
-def _parity_grammar(rng: random.Random, p: float, q: float, low: int, high: int) -> str | None:
-    """The paper's parity (``ParityLanguage``): symbols 0 and 1 each with probability
-    s = M / (2 (1 + M)), M = (low + high) // 2, until a stop (1 - 2s) or ``high`` symbols, so the
-    length is geometric with mean about M; a string with an odd number of 1s gets a 1 appended
-    (dropped when that makes it too long). Rejected (None) outside [low, high]; p and q play no part."""
-    middle = (low + high) // 2
-    keep = middle / (1 + middle)  # 2s: the chance of one more symbol
-    bits = []
-    while len(bits) < high and rng.random() < keep:
-        bits.append(rng.choice("01"))
-    word = "".join(bits)
-    if word.count("1") % 2:
-        word += "1"
-    return word if low <= len(word) <= high else None
-
-
-def _catalan(k: int) -> int:
-    return math.comb(2 * k, k) // (k + 1)
-
-
-@dataclass(frozen=True)
-class Language:
-    """A formal language: its alphabet, membership checker, samplers (uniform over shapes, and the
-    paper's generator) and positive count."""
-
-    name: str
-    alphabet: str
-    contains: Callable[[str], bool]
-    sample_positive: Callable[[random.Random, int], str | None]
-    count_positive: Callable[[int], int]
-    next_symbols: Callable[[str], frozenset[str]]
-    grammar: Callable[[random.Random, float, float, int, int], str | None]
-    """The paper's generator (``task.sampler = "pcfg"``): ``grammar(rng, p, q, low, high)`` draws a
-    member with a length in [low, high], or None (rejected; the caller draws again)."""
-    count_balanced: Callable[[int], int] | None = None
-    count_at_depth: Callable[[int, int, int], int] | None = None
-    """Bracket languages: positives of length n with a depth in [low, high] (:func:`bracket_depth`)."""
-    sample_at_depth: Callable[[random.Random, int, int, int], str | None] | None = None
-    """Bracket languages: a uniform positive of length n with a depth in [low, high], or None."""
-    prefixes_next: Callable[[str], list[frozenset[str]]] | None = None
-    """Where one scan gives them: ``next_symbols(string[:t])`` for t = 0..n (see
-    :meth:`next_symbols_of_prefixes`)."""
-
-    def next_symbols_of_prefixes(self, string: str) -> list[frozenset[str]]:
-        """``next_symbols(string[:t])`` for t = 0..n: one scan where the language has one
-        (:attr:`prefixes_next`), else prefix by prefix."""
-        if self.prefixes_next is not None:
-            return self.prefixes_next(string)
-        return [self.next_symbols(string[:t]) for t in range(len(string) + 1)]
-
-    def positives(self, n: int) -> Iterator[str]:
-        """All positives of length n, by brute force; only for the small counts it is used on."""
-        if self.count_positive(n) == 0:
-            return
-        if self.count_positive(n) == 1:
-            yield self.sample_positive(random.Random(0), n)  # the one string; the rng is unused
-            return
-        stack = [""]
-        while stack:
-            prefix = stack.pop()
-            if len(prefix) == n:
-                if self.contains(prefix):
-                    yield prefix
-                continue
-            stack.extend(prefix + symbol for symbol in reversed(self.alphabet))
-
-    @property
-    def has_balanced_negatives(self) -> bool:
-        """Whether the language draws balanced-count negatives (the Dyck languages)."""
-        return self.count_balanced is not None
-
-    @property
-    def has_depth(self) -> bool:
-        """Whether the language's strings have a nesting depth (the bracket languages)."""
-        return self.count_at_depth is not None
-
-    def near_miss_sources(self, n: int, count: Callable[[int], int] | None = None) -> dict[int, int]:
-        """Base length -> an upper bound on the near-misses of length ``n`` it yields, from the
-        positives ``count`` counts (default all of them).
-
-        A change or a swap keeps a positive's length; a drop shortens it by one.
-        """
-        count = count or self.count_positive
-        k, m = len(self.alphabet), n + 1
-        return {
-            n: count(n) * (n * (k - 1) + (n - 1)),  # changes and swaps
-            m: count(m) * m,  # drops
-        }
-
-    def count_near_misses(self, n: int, count: Callable[[int], int] | None = None) -> int:
-        """An upper bound on the non-members of length ``n`` one edit away from a positive (of those
-        ``count`` counts)."""
-        return min(sum(self.near_miss_sources(n, count).values()), len(self.alphabet) ** n - self.count_positive(n))
-
-
-def _balanced_dyck1(n: int) -> int:
-    """Non-members of length n with as many ( as ): C(n, n/2) - Catalan(n/2)."""
-    return math.comb(n, n // 2) - _catalan(n // 2) if n > 0 and n % 2 == 0 else 0
-
-
-def _balanced_dyck2(n: int) -> int:
-    """Non-members of length n with as many ( as ) and as many [ as ]: the arrangements
-    n! / (a! a! b! b!) summed over a + b = n/2, less the Dyck-2 words."""
-    if n <= 0 or n % 2:
-        return 0
-    half = n // 2
-    arrangements = sum(
-        math.factorial(n) // (math.factorial(a) ** 2 * math.factorial(half - a) ** 2) for a in range(half + 1)
-    )
-    return arrangements - _catalan(half) * 2**half
-
-
 LANGUAGES: dict[str, Language] = {
-    "parity": Language(
-        "parity",
-        "01",
-        is_parity,
-        _parity_positive,
-        lambda n: 2 ** (n - 1) if n > 0 else 0,
-        _parity_next,
-        _parity_grammar,
-    ),
-    "dyck1": Language(
-        "dyck1",
-        "()",
-        is_dyck1,
-        _dyck_positive("("),
-        lambda n: _catalan(n // 2) if n > 0 and n % 2 == 0 else 0,
-        _dyck_next({"(": ")"}),
-        _dyck_grammar("("),
-        _balanced_dyck1,
-        _dyck_shapes_at_depth,
-        _dyck_positive_at_depth("("),
-        _dyck_prefixes_next({"(": ")"}),
-    ),
-    "dyck2": Language(
-        "dyck2",
-        "()[]",
-        is_dyck2,
-        _dyck_positive("(["),
-        lambda n: _catalan(n // 2) * 2 ** (n // 2) if n > 0 and n % 2 == 0 else 0,
-        _dyck_next({"(": ")", "[": "]"}),
-        _dyck_grammar("(["),
-        _balanced_dyck2,
-        lambda n, low, high: _dyck_shapes_at_depth(n, low, high) * 2 ** (n // 2),
-        _dyck_positive_at_depth("(["),
-        _dyck_prefixes_next({"(": ")", "[": "]"}),
-    ),
-    "anbn": Language(
-        "anbn",
-        "ab",
-        is_anbn,
-        _blocks_positive("ab"),
-        lambda n: int(n > 0 and n % 2 == 0),
-        _blocks_next("ab"),
-        _blocks_grammar("ab"),
-    ),
-    "anbncn": Language(
-        "anbncn",
-        "abc",
-        is_anbncn,
-        _blocks_positive("abc"),
-        lambda n: int(n > 0 and n % 3 == 0),
-        _blocks_next("abc"),
-        _blocks_grammar("abc"),
-    ),
+    "parity": PARITY,
+    "dyck1": DYCK1,
+    "dyck2": DYCK2,
+    "anbn": ANBN,
+    "anbncn": ANBNCN,
 }
-"""Registry: language name -> :class:`Language`."""
-
-
-def near_misses(s: str, alphabet: str) -> list[str]:
-    """Every string one edit away from ``s``: a symbol changed, adjacent symbols swapped, or dropped."""
-    out = []
-    for i, symbol in enumerate(s):
-        out.extend(s[:i] + other + s[i + 1 :] for other in alphabet if other != symbol)
-        if i + 1 < len(s) and s[i] != s[i + 1]:
-            out.append(s[:i] + s[i + 1] + s[i] + s[i + 2 :])
-        if len(s) > 1:
-            out.append(s[:i] + s[i + 1 :])
-    return out
+"""Registry: language name -> :class:`Language`, one module per family of language."""
 
 
 FORMULATIONS = ("classify", "next_char")
@@ -646,14 +136,6 @@ may follow each prefix (Bhattamishra, Ahuja & Goyal 2020)."""
 
 BALANCED_SHARE = 0.5
 """The share of a Dyck split's negatives that are balanced-count transpositions (rounded up)."""
-
-MIN_DISTINCT_STRINGS = 100
-"""A held-out split with fewer distinct strings than this is warned about: its accuracy is a mean
-over so few strings that its standard error can exceed 0.5 / sqrt(100) = 0.05."""
-
-MIN_DISTINCT_POSITIVES = 25
-"""... and so is one with fewer distinct positives (``classify``): the accuracy on its positive half
-is a mean over fewer strings than this, with a standard error that can exceed 0.5 / sqrt(25) = 0.1."""
 
 
 def _exchanges(s: str) -> Iterator[str]:
@@ -684,7 +166,7 @@ class RecognitionTask(VocabIds):
             The (L, 2L] ``length_generalisation`` split stays, and may overlap a bin.
         sampler: how positives are drawn: ``uniform`` (a length uniform as above, then a shape
             uniform among that length's members) or ``pcfg`` (the generator of Bhattamishra et
-            al. 2020, :attr:`Language.grammar`: for Dyck the grammar of :func:`dyck_derivation`
+            al. 2020, :attr:`Language.grammar`: for Dyck the grammar of :func:`.formal_dyck.dyck_derivation`
             with ``p`` and ``q``, capped at the split's longest length and rejected below its
             shortest; for anbn, anbncn a block count uniform over the split's; for parity a
             geometric length). Negatives (``classify``) are near-misses of uniform positives either way,
@@ -859,18 +341,18 @@ class RecognitionTask(VocabIds):
         """``size`` examples of split ``name`` from ``rng``; with ``seen``, none whose string is in it
         (each drawn string is added)."""
         if self.formulation == "next_char":
-            positives = _once(self._positive_sampler(name, draws=size), seen, self._too_few(name, size))
+            positives = once(self._positive_sampler(name, draws=size), seen, self._too_few(name, size))
             return [self.encode_next_char(positives(rng)) for _ in range(size)]
         negatives_wanted = size - size // 2
         balanced = math.ceil(BALANCED_SHARE * negatives_wanted) if self.lang.has_balanced_negatives else 0
         too_few = self._too_few(name, size)
-        positives = _once(self._positive_sampler(name, draws=size // 2), seen, too_few)
+        positives = once(self._positive_sampler(name, draws=size // 2), seen, too_few)
         examples = [self.encode(positives(rng), 1) for _ in range(size // 2)]
         if negatives_wanted - balanced:
-            negatives = _once(self._negative_sampler(name, draws=negatives_wanted - balanced), seen, too_few)
+            negatives = once(self._negative_sampler(name, draws=negatives_wanted - balanced), seen, too_few)
             examples += [self.encode(negatives(rng), 0) for _ in range(negatives_wanted - balanced)]
         if balanced:
-            swapped = _once(self._balanced_sampler(name, draws=balanced), seen, too_few)
+            swapped = once(self._balanced_sampler(name, draws=balanced), seen, too_few)
             examples += [self.encode(swapped(rng), 0) for _ in range(balanced)]
         rng.shuffle(examples)
         return examples
@@ -888,7 +370,7 @@ class RecognitionTask(VocabIds):
 
     def _check_distinct(self, name: str, size: int) -> None:
         """Refuse at once a split that needs more distinct members than the language has at its
-        lengths (its share of them, for train, valid and test); :func:`_once` catches the rest."""
+        lengths (its share of them, for train, valid and test); :func:`.formal_splits.once` catches the rest."""
         wanted = size if self.formulation == "next_char" else size // 2
         share = split_share(self.share_name(name))
         members = sum(self.lang.count_positive(n) for n in self.lengths(name))
@@ -1046,7 +528,7 @@ class RecognitionTask(VocabIds):
     # ---- what a split holds, and what a shortcut scores on it ---------------------------------
 
     def _warn_if_small(self, name: str, report: dict[str, Any]) -> None:
-        reason = _small_split_rule(name, report, classify=self.formulation == "classify")
+        reason = small_split_rule(name, report, classify=self.formulation == "classify")
         if reason is not None:
             hint = "eval_lengths' bins" if self.held_out_by_length(name) else "max_train_length"
             hint = "eval_depths' bins" if name in self.depth_bins else hint
@@ -1069,8 +551,8 @@ class RecognitionTask(VocabIds):
         for the bracket languages ``depth_min`` and ``depth_max`` (the depths of the split's members,
         :func:`bracket_depth`), and for ``classify`` ``baseline`` (its name), ``baseline_accuracy`` and
         ``majority_accuracy`` (:func:`baseline_accuracy`). A held-out split with fewer than
-        :data:`MIN_DISTINCT_STRINGS` distinct strings, or (``classify``) fewer than
-        :data:`MIN_DISTINCT_POSITIVES` distinct positives, is warned about (:class:`AttnlabWarning`).
+        :data:`.formal_splits.MIN_DISTINCT_STRINGS` distinct strings, or (``classify``) fewer than
+        :data:`.formal_splits.MIN_DISTINCT_POSITIVES` distinct positives, is warned about (:class:`AttnlabWarning`).
         """
         report: dict[str, Any] = dict(split_statistics(examples))
         report.pop("examples")
@@ -1108,87 +590,3 @@ def check_grammar(sampler: str, p: float, q: float) -> None:
         raise ConfigError(f"q: the probability of S -> SS must be >= 0, got {q}")
     if not p + q < 1:
         raise ConfigError(f"q: p + q must be < 1 (S -> ε takes the rest), got p + q = {p + q}")
-
-
-MAX_REPEATS = 1000
-"""With ``distinct``, a split gives up after this many draws in a row that it already holds."""
-
-
-def _once(
-    sampler: Callable[[random.Random], str], seen: set[str] | None, too_few: str
-) -> Callable[[random.Random], str]:
-    """``sampler``, drawing again while it gives a string of ``seen`` (then adding it); without
-    ``seen``, ``sampler`` itself. :data:`MAX_REPEATS` repeats in a row: ConfigError ``too_few``."""
-    if seen is None:
-        return sampler
-
-    def draw(rng: random.Random) -> str:
-        for _ in range(MAX_REPEATS):
-            string = sampler(rng)
-            if string not in seen:
-                seen.add(string)
-                return string
-        raise ConfigError(too_few)
-
-    return draw
-
-
-def _small_split_rule(name: str, report: dict[str, Any], classify: bool) -> str | None:
-    """Why split ``name``'s accuracy means little (:data:`MIN_DISTINCT_STRINGS`,
-    :data:`MIN_DISTINCT_POSITIVES`), or None."""
-    if report["distinct_strings"] < MIN_DISTINCT_STRINGS:
-        return f"only {report['distinct_strings']} distinct strings (fewer than {MIN_DISTINCT_STRINGS})"
-    if classify and report["distinct_positives"] < MIN_DISTINCT_POSITIVES:
-        return f"only {report['distinct_positives']} distinct positive strings (fewer than {MIN_DISTINCT_POSITIVES})"
-    return None
-
-
-def majority_label(labels: Sequence[int | None]) -> int:
-    """The more frequent label of ``labels`` (1 on a tie or when there is none)."""
-    ones = sum(1 for label in labels if label == 1)
-    return int(ones * 2 >= len(labels))
-
-
-def _balanced_counts(s: str) -> bool:
-    return s.count("(") == s.count(")") and s.count("[") == s.count("]")
-
-
-def _equal_counts(letters: str) -> Callable[[str], bool]:
-    return lambda s: len({s.count(letter) for letter in letters}) == 1 and len(s) > 0
-
-
-COUNTING_BASELINES: dict[str, tuple[str, Callable[[str], bool] | None]] = {
-    "parity": ("chance", None),
-    "dyck1": ("balanced_counts", _balanced_counts),
-    "dyck2": ("balanced_counts", _balanced_counts),
-    "anbn": ("equal_counts", _equal_counts("ab")),
-    "anbncn": ("equal_counts", _equal_counts("abc")),
-}
-"""Language -> the shortcut classifier its split is scored against: ``balanced_counts`` (member iff
-as many openers as closers of each kind: order ignored), ``equal_counts`` (member iff every letter
-occurs equally often), ``chance`` (accuracy 0.5: parity has no count to read but the 1s' parity)."""
-
-
-def baseline_accuracy(language: str, strings: Sequence[str], labels: Sequence[int], majority: int) -> dict[str, Any]:
-    """The accuracy of the language's shortcut classifier and of the majority class on a split.
-
-    Args:
-        language: a key of :data:`COUNTING_BASELINES`.
-        strings, labels: the split's strings and their labels (1 = member).
-        majority: the label the majority baseline always predicts (the training split's majority).
-
-    Returns:
-        ``baseline`` (the shortcut's name), ``baseline_accuracy`` and ``majority_accuracy``.
-    """
-    if not labels:
-        return {}
-    name, rule = COUNTING_BASELINES[language]
-    if rule is None:
-        accuracy = 0.5
-    else:
-        accuracy = sum(int(rule(s)) == label for s, label in zip(strings, labels)) / len(labels)
-    return {
-        "baseline": name,
-        "baseline_accuracy": accuracy,
-        "majority_accuracy": sum(label == majority for label in labels) / len(labels),
-    }

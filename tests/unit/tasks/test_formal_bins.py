@@ -13,7 +13,7 @@ import pytest
 from attnlab.errors import ConfigError
 from attnlab.tasks import LANGUAGES, RecognitionTask, get_task
 from attnlab.tasks.base import spread_lengths
-from attnlab.tasks.formal import bracket_depth
+from attnlab.tasks.formal_dyck import bracket_depth
 from tests.unit.tasks.test_task_formal import ORACLES
 
 

@@ -22,7 +22,8 @@ from attnlab.nn import build_model
 from attnlab.tasks import LANGUAGES, RecognitionTask, get_task
 from attnlab.tasks.base import Example, split_statistics
 from attnlab.tasks.batching import collate, make_batches
-from attnlab.tasks.formal import END, baseline_accuracy
+from attnlab.tasks.formal_base import END
+from attnlab.tasks.formal_splits import baseline_accuracy
 from attnlab.tasks.registry import MODEL_FOR_TASK_KIND
 from tests.unit.tasks.test_task_formal import ORACLES
 

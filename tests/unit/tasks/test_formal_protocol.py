@@ -12,7 +12,7 @@ import pytest
 from attnlab.errors import ConfigError
 from attnlab.tasks import LANGUAGES, RecognitionTask, get_task
 from attnlab.tasks.base import split_of
-from attnlab.tasks.formal import dyck_derivation, pcfg_depth_cdf, pcfg_expected_length, pcfg_length_variance
+from attnlab.tasks.formal_dyck import dyck_derivation, pcfg_depth_cdf, pcfg_expected_length, pcfg_length_variance
 
 SAMPLES = 4000
 
