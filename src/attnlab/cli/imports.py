@@ -127,16 +127,13 @@ def gguf_command(
 ) -> None:
     """Convert a Llama-family GGUF file into a run directory (weights dequantized to float32 once)."""
     from attnlab.pretrained.gguf import import_gguf, package_gguf
-    from attnlab.run.directory import RunDir
     from attnlab.run.output_paths import check_output_path
 
     if (source is None) == (package is None):
         raise UsageError("give either SOURCE (a .gguf file) or --package NAME, not both and not neither")
     check_output_path(out, kind="run", flag="--out", overwrite=force)
     path = package_gguf(package) if package is not None else source
-    with RunDir.staged(out, overwrite=force, lock=False) as run:  # in place only once complete
-        imported = import_gguf(path, run.path, overwrite=True, verify=verify)
-    imported.run.path = run.path
+    imported = import_gguf(path, out, overwrite=force, verify=verify)  # in place only once complete
     hp, task = imported.hyperparameters, imported.experiment.task
     summary = {
         "source": str(imported.source),

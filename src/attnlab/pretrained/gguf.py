@@ -597,14 +597,14 @@ def import_gguf(
     ``pretrained_lm``, the model of :func:`read_gguf`), tokenizer.json, model.safetensors in
     float32, dequantized once here, and provenance.json (the file's SHA-256).
 
-    Everything is read and checked before ``out`` is touched, so a file attnlab cannot import
-    leaves nothing behind.
+    Everything is read and checked before ``out`` is touched, and the run is written whole or not at
+    all (:meth:`attnlab.run.directory.RunDir.staged`), so a file attnlab cannot import or a full
+    disk leaves nothing behind.
     """
     say = progress or (lambda _message: None)
     read = read_gguf(path, progress=say, verify=verify)
     sources = check_sources([Path(path)], verify=verify, record=True)
-    run = RunDir.create(out, overwrite=overwrite)
-    with run.lock():  # one writer at a time (attnlab.run.lock)
+    with RunDir.staged(out, overwrite=overwrite) as run:  # in place only once complete, under its lock
         run.write_provenance([record.to_dict() for record in sources])
         run.write_config(read.experiment.to_dict())
         run.write_tokenizer(read.tokenizer.to_json())
