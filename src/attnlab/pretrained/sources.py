@@ -38,6 +38,7 @@ from attnlab.pretrained.hf_model import open_checkpoint
 from attnlab.pretrained.packages import installed_distribution
 from attnlab.pretrained.placement import Placement, PlacementRequest
 from attnlab.pretrained.provenance import check_sources
+from attnlab.reading import file_problem
 from attnlab.run.directory import RunDir
 from attnlab.run.loaded import LoadedRun, open_run
 from attnlab.runtime import release_freed_memory
@@ -93,6 +94,8 @@ def open_model(
     wanted = storage_dtype(dtype) if isinstance(dtype, str) else dtype
     _check_runs_on(device, wanted)
     path = Path(source).expanduser()
+    if (path.exists() or path.is_symlink()) and not path.is_dir() and (problem := file_problem(path)) is not None:
+        raise problem.error(UsageError)  # a FIFO, a device, a dangling symlink: what it is, not "run not found"
     if path.is_file() and path.suffix == ".gguf":
         _only_for_runs(checkpoint, revision, what=f"{path} is a GGUF file")
         _only_for_checkpoints(bridge or placement.wanted, what=f"{path} is a GGUF file")

@@ -96,7 +96,7 @@ def test_weights_that_do_not_fit_config_json_are_named(llama, tmp_path) -> None:
         ),
         ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4}}, ConfigError, "rope_scaling type 'dynamic'"),
         ({"hidden_act": "relu"}, ConfigError, "hidden_act = 'relu' is not implemented"),
-        ({"hidden_size": "wide"}, CheckpointError, "hidden_size must be a whole number (a width), got 'wide'"),
+        ({"hidden_size": "wide"}, CheckpointError, "hidden_size must be a whole number"),
     ],
 )
 def test_a_config_attnlab_does_not_implement_is_one_error_naming_it(llama, tmp_path, change, error, words) -> None:  # noqa: ANN001
@@ -400,3 +400,16 @@ def test_weights_values_are_checked_once_per_version_of_the_file(llama, tmp_path
     os.utime(folder / "model.safetensors", ns=(1, 1))  # another version of the file, as far as anyone can tell
     open_model(folder)
     assert len(checked) == 2 * first
+
+
+def test_a_source_that_is_no_file_nor_folder_says_what_it_is(tmp_path) -> None:  # noqa: ANN001
+    import os
+
+    fifo, zero, loop = tmp_path / "model.gguf", tmp_path / "zero.gguf", tmp_path / "loop"
+    os.mkfifo(fifo)
+    zero.symlink_to("/dev/zero")
+    loop.symlink_to(loop)
+    cases = {fifo: r"a FIFO \(named pipe\), not a regular file", zero: "a character device", loop: "a symlink loop"}
+    for path, words in cases.items():
+        with pytest.raises(UsageError, match=words):
+            open_model(path)
