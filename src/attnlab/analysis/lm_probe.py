@@ -257,10 +257,13 @@ class NextTokenProbe(NextTokenLoss):
         if isinstance(texts_file, (str, os.PathLike)):
             lines = read_lines(texts_file, max_line_chars=MAX_LINE_CHARS)
             named = [(f"{texts_file}:{n}", text) for n, text in zip(lines.numbers, lines.items)]
-        elif all(isinstance(text, str) for text in texts_file):
+        elif isinstance(texts_file, Sequence) and all(isinstance(text, str) for text in texts_file):
             named = [(f"texts[{n}]", text) for n, text in enumerate(texts_file)]
         else:
-            raise UsageError("texts: a file's path, or a list of texts (for token ids use NextTokenProbe.of_ids)")
+            raise UsageError(
+                f"texts: a file's path or a list of texts is needed (token ids: NextTokenProbe.of_ids, or "
+                f"LanguageModel.importance), got {type(texts_file).__name__}"
+            )
         named = named[:max_texts]
         encoded = [self.encode(text, where=where) for where, text in named]
         rows = [text for text in encoded if text is not None]

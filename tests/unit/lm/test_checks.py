@@ -87,3 +87,10 @@ def test_load_refuses_arguments_of_the_wrong_type_or_value(run, options, message
 def test_load_refuses_a_source_that_is_no_path(run) -> None:
     with pytest.raises(UsageError, match="source: a path, a model's name or package:NAME is needed"):
         attnlab.load(123)  # type: ignore[arg-type]
+
+
+def test_analyses_refuse_inputs_of_the_wrong_type(lm) -> None:
+    with pytest.raises(UsageError, match="texts: a file's path or a list of texts is needed .* got int"):
+        lm.importance(123)
+    with pytest.raises(UsageError, match="inputs: texts or integer token ids are needed, got float"):
+        lm.importance([1.5, 2.5])
