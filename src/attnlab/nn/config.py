@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
-from attnlab.errors import check_field_types
+from attnlab.errors import ConfigError, check_field_types
+from attnlab.limits import MAX_LAYERS
 from attnlab.nn.feed_forward import ACTIVATIONS
 from attnlab.nn.layers import PLACEMENTS
 from attnlab.nn.multi_head import QK_NORMS, check_heads_cap
@@ -200,21 +201,22 @@ class TransformerConfig:
                 _check_positive(name, getattr(self, name))
         for name in ("heads", "kv_heads"):  # a ConfigError before a list over the heads is built
             check_heads_cap(name, getattr(self, name))
+        check_layers_cap("layers", self.layers)
         if self.d_k is None and self.d_model % self.heads != 0:
-            raise ValueError(
+            raise ConfigError(
                 f"d_model: {self.d_model} is not divisible by heads={self.heads}; "
                 "choose d_model as a multiple of heads or set d_k"
             )
         if self.type_vocab_size < 0:
-            raise ValueError(f"type_vocab_size: must be >= 0 (0 = no token types), got {self.type_vocab_size}")
+            raise ConfigError(f"type_vocab_size: must be >= 0 (0 = no token types), got {self.type_vocab_size}")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
-                raise ValueError(f"{name}: must lie in [0, 1), got {value}")
+                raise ConfigError(f"{name}: must lie in [0, 1), got {value}")
         if self.layer_norm_eps <= 0:
-            raise ValueError(f"layer_norm_eps: must be > 0, got {self.layer_norm_eps}")
+            raise ConfigError(f"layer_norm_eps: must be > 0, got {self.layer_norm_eps}")
         if not 0 <= self.pad_id < self.vocab_size:
-            raise ValueError(f"pad_id: must lie in [0, vocab_size={self.vocab_size}), got {self.pad_id}")
+            raise ConfigError(f"pad_id: must lie in [0, vocab_size={self.vocab_size}), got {self.pad_id}")
         _check_choice("attention", self.attention, ATTENTION_NORMALIZERS)
         _check_choice("score", self.score, SCORES)
         _check_choice("positional", self.positional, POSITIONAL)
@@ -225,29 +227,29 @@ class TransformerConfig:
         if self.norm_placement is not None:
             _check_choice("norm_placement", self.norm_placement, PLACEMENTS)
         if self.parallel_residual and PLACEMENTS[self.placement].branch is None:
-            raise ValueError(
+            raise ConfigError(
                 f"parallel_residual: needs norm layers with a residual branch (pre, sandwich, output), "
                 f"not {self.placement!r}"
             )
         self._check_rotary_and_groups()
         if self.positional_combine == "concat" and not 0 < self.positional_width < self.d_model:
-            raise ValueError(
+            raise ConfigError(
                 f"positional_dim: must lie in (0, d_model={self.d_model}) to concatenate, got {self.positional_width}"
             )
         if self.straight_through and self.attention != "hard":
-            raise ValueError("straight_through: only applies to attention='hard'")
+            raise ConfigError("straight_through: only applies to attention='hard'")
         self._check_heads_per_layer()
         self._check_kv_groups()
 
     def _check_rotary_and_groups(self) -> None:
         if self.kv_heads is not None and self.heads % self.kv_heads:
-            raise ValueError(f"kv_heads: must divide heads={self.heads}, got {self.kv_heads}")
+            raise ConfigError(f"kv_heads: must divide heads={self.heads}, got {self.kv_heads}")
         if self.kv_heads is not None and self.kv_heads != self.heads and self.score not in ("scaled_dot", "dot"):
-            raise ValueError(f"kv_heads: grouped-query attention needs a dot-product score, not {self.score!r}")
+            raise ConfigError(f"kv_heads: grouped-query attention needs a dot-product score, not {self.score!r}")
         if not 0 < self.rope_base < math.inf:
-            raise ValueError(f"rope_base: must be a positive number, got {self.rope_base}")
+            raise ConfigError(f"rope_base: must be a positive number, got {self.rope_base}")
         if self.positional == "rope" and self.head_dim_k % 2:
-            raise ValueError(f"positional: rope needs an even head size d_k, got {self.head_dim_k}")
+            raise ConfigError(f"positional: rope needs an even head size d_k, got {self.head_dim_k}")
         self._check_rotary_variants()
         self._check_local_attention()
         self._check_caps_and_scale()
@@ -255,45 +257,45 @@ class TransformerConfig:
 
     def _check_rotary_variants(self) -> None:
         if not 0.0 < self.rotary_fraction <= 1.0:
-            raise ValueError(f"rotary_fraction: must lie in (0, 1], got {self.rotary_fraction}")
+            raise ConfigError(f"rotary_fraction: must lie in (0, 1], got {self.rotary_fraction}")
         rotated = int(self.head_dim_k * self.rotary_fraction)
         if self.positional == "rope" and (rotated % 2 or rotated == 0):
-            raise ValueError(
+            raise ConfigError(
                 f"rotary_fraction: int(d_k * rotary_fraction) = {rotated} rotated dims; it must be even and > 0"
             )
         if self.rope_scaling is not None:
             if self.positional != "rope":
-                raise ValueError(f"rope_scaling: applies to positional='rope' only, not {self.positional!r}")
+                raise ConfigError(f"rope_scaling: applies to positional='rope' only, not {self.positional!r}")
             rope_frequencies(self.rope_base, rotated, self.rope_scaling)  # a ValueError naming rope_scaling
 
     def _check_local_attention(self) -> None:
         window, layers = self.sliding_window, self.sliding_layers
         if window is not None:
             if not self.language_model:
-                raise ValueError(f"sliding_window: applies to decoder-only models, not {self.kind or 'this model'}")
+                raise ConfigError(f"sliding_window: applies to decoder-only models, not {self.kind or 'this model'}")
             _check_positive("sliding_window", window)
         if layers is not None:
             if window is None:
-                raise ValueError("sliding_layers: needs sliding_window")
+                raise ConfigError("sliding_layers: needs sliding_window")
             if any(not _is_int(i) or not 0 <= i < self.layers for i in layers) or len(set(layers)) != len(layers):
-                raise ValueError(
+                raise ConfigError(
                     f"sliding_layers: expected distinct layer indices in [0, {self.layers}), got {layers!r}"
                 )
         if self.local_rope_base is not None:
             if window is None or self.positional != "rope":
-                raise ValueError("local_rope_base: needs sliding_window and positional='rope'")
+                raise ConfigError("local_rope_base: needs sliding_window and positional='rope'")
             if not 0 < self.local_rope_base < math.inf:
-                raise ValueError(f"local_rope_base: must be a positive number, got {self.local_rope_base}")
+                raise ConfigError(f"local_rope_base: must be a positive number, got {self.local_rope_base}")
 
     def _check_caps_and_scale(self) -> None:
         for name in ("attention_softcap", "final_softcap", "query_scale"):
             value = getattr(self, name)
             if value is not None and not value > 0:
-                raise ValueError(f"{name}: must be a positive number (or none), got {value}")
+                raise ConfigError(f"{name}: must be a positive number (or none), got {value}")
         if self.final_softcap is not None and not self.language_model:
-            raise ValueError(f"final_softcap: applies to decoder-only models, not {self.kind or 'this model'}")
+            raise ConfigError(f"final_softcap: applies to decoder-only models, not {self.kind or 'this model'}")
         if self.query_scale is not None and self.score != "scaled_dot":
-            raise ValueError(f"query_scale: replaces the scale of score='scaled_dot', not of {self.score!r}")
+            raise ConfigError(f"query_scale: replaces the scale of score='scaled_dot', not of {self.score!r}")
 
     def is_local_layer(self, layer: int) -> bool:
         """Whether ``layer`` has sliding-window attention."""
@@ -302,19 +304,19 @@ class TransformerConfig:
     def _check_relative_positions(self) -> None:
         _check_positive("relative_clip", self.relative_clip)
         if self.positional == "relative" and self.score not in ("scaled_dot", "dot"):
-            raise ValueError(f"positional: relative (Shaw et al.) needs a dot-product score, not {self.score!r}")
+            raise ConfigError(f"positional: relative (Shaw et al.) needs a dot-product score, not {self.score!r}")
         limit = self.randomized_positions
         if not limit:
             return
         if limit < 0:
-            raise ValueError(f"randomized_positions: must be a positive integer (0 or none: off), got {limit}")
+            raise ConfigError(f"randomized_positions: must be a positive integer (0 or none: off), got {limit}")
         if self.positional not in RANDOMIZABLE:
-            raise ValueError(
+            raise ConfigError(
                 f"randomized_positions: does not apply to positional={self.positional!r}; "
                 f"it applies to {', '.join(RANDOMIZABLE)}"
             )
         if self.positional == "learned" and self.max_len < limit:
-            raise ValueError(
+            raise ConfigError(
                 f"randomized_positions: M={limit} needs learned positions for all of [0, M), but max_len={self.max_len}"
             )
 
@@ -327,30 +329,32 @@ class TransformerConfig:
         if self.heads_per_layer is None:
             return
         if self.d_k is None:
-            raise ValueError("heads_per_layer: needs d_k set explicitly (pruned layers keep the original head size)")
+            raise ConfigError("heads_per_layer: needs d_k set explicitly (pruned layers keep the original head size)")
         for kind, counts in self.heads_per_layer.items():
             if kind not in ("encoder_self", "decoder_self", "cross", "self"):
-                raise ValueError(
+                raise ConfigError(
                     f"heads_per_layer: unknown kind {kind!r}; allowed: cross, decoder_self, encoder_self, self"
                 )
             if not isinstance(counts, list) or any(not _is_int(c) or not 0 <= c <= self.heads for c in counts):
-                raise ValueError(
+                raise ConfigError(
                     f"heads_per_layer[{kind!r}]: expected a list of head counts in [0, {self.heads}], got {counts!r}"
                 )
             if self.key_value_heads != self.heads and kind != "cross" and kind not in (self.kv_groups or {}):
-                raise ValueError(f"heads_per_layer[{kind!r}]: pruned grouped-query attention needs kv_groups[{kind!r}]")
+                raise ConfigError(
+                    f"heads_per_layer[{kind!r}]: pruned grouped-query attention needs kv_groups[{kind!r}]"
+                )
 
     def _check_kv_groups(self) -> None:
         for kind, layers in (self.kv_groups or {}).items():
             counts = (self.heads_per_layer or {}).get(kind)
             if counts is None:
-                raise ValueError(f"kv_groups[{kind!r}]: needs heads_per_layer[{kind!r}]")
+                raise ConfigError(f"kv_groups[{kind!r}]: needs heads_per_layer[{kind!r}]")
             if not isinstance(layers, list) or len(layers) != len(counts):
-                raise ValueError(f"kv_groups[{kind!r}]: expected one list per layer ({len(counts)}), got {layers!r}")
+                raise ConfigError(f"kv_groups[{kind!r}]: expected one list per layer ({len(counts)}), got {layers!r}")
             for layer, (groups, count) in enumerate(zip(layers, counts)):
                 used = set(groups) if isinstance(groups, list) and all(_is_int(j) for j in groups) else None
                 if used is None or len(groups) != count or used != set(range(len(used))):
-                    raise ValueError(
+                    raise ConfigError(
                         f"kv_groups[{kind!r}][{layer}]: expected {count} key/value head indices using 0..k-1, "
                         f"got {groups!r}"
                     )
@@ -367,7 +371,7 @@ class TransformerConfig:
             return self.heads
         counts = self.heads_per_layer[kind]
         if layer >= len(counts):
-            raise ValueError(f"heads_per_layer[{kind!r}] lists {len(counts)} layers, layer {layer} is missing")
+            raise ConfigError(f"heads_per_layer[{kind!r}] lists {len(counts)} layers, layer {layer} is missing")
         return counts[layer]
 
     # ---- derived values -------------------------------------------------------------------
@@ -410,7 +414,7 @@ class TransformerConfig:
         allowed = cls.field_names()
         unknown = sorted(set(data) - set(allowed))
         if unknown:
-            raise ValueError(f"unknown key {unknown[0]!r} for {cls.__name__}; allowed: {', '.join(allowed)}")
+            raise ConfigError(f"unknown key {unknown[0]!r} for {cls.__name__}; allowed: {', '.join(allowed)}")
         return cls(**data)
 
     def to_dict(self) -> dict[str, Any]:
@@ -441,9 +445,10 @@ class EncoderDecoderConfig(TransformerConfig):
         for name in ("tgt_vocab_size", "decoder_layers"):
             if getattr(self, name) is not None:
                 _check_positive(name, getattr(self, name))
+        check_layers_cap("decoder_layers", self.decoder_layers)
         _check_tie(self)
         if self.pad_id >= self.target_vocab_size:
-            raise ValueError(f"pad_id: must lie in [0, tgt_vocab_size={self.target_vocab_size}), got {self.pad_id}")
+            raise ConfigError(f"pad_id: must lie in [0, tgt_vocab_size={self.target_vocab_size}), got {self.pad_id}")
 
     @property
     def target_vocab_size(self) -> int:
@@ -472,7 +477,7 @@ class EncoderClassifierConfig(TransformerConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.num_classes < 2:
-            raise ValueError(f"num_classes: must be >= 2, got {self.num_classes}")
+            raise ConfigError(f"num_classes: must be >= 2, got {self.num_classes}")
         _check_choice("pooling", self.pooling, POOLINGS)
 
 
@@ -525,7 +530,7 @@ def preset(name: str, config_cls: type[C] = EncoderDecoderConfig, **overrides: A
 def _check_tie(config: EncoderDecoderConfig | DecoderOnlyConfig) -> None:
     concatenated = config.positional_combine == "concat" and config.positional in ("sinusoidal", "learned")
     if config.tie_embeddings and concatenated:
-        raise ValueError("tie_embeddings: needs token vectors of width d_model, so not positional_combine='concat'")
+        raise ConfigError("tie_embeddings: needs token vectors of width d_model, so not positional_combine='concat'")
 
 
 def _is_int(value: Any) -> bool:
@@ -534,9 +539,18 @@ def _is_int(value: Any) -> bool:
 
 def _check_positive(name: str, value: int) -> None:
     if value <= 0:
-        raise ValueError(f"{name}: must be a positive integer, got {value}")
+        raise ConfigError(f"{name}: must be a positive integer, got {value}")
 
 
 def _check_choice(name: str, value: str, allowed: Mapping[str, Any] | tuple[str, ...]) -> None:
     if value not in allowed:
-        raise ValueError(f"{name}: unknown {value!r}; allowed: {', '.join(sorted(allowed))}")
+        raise ConfigError(f"{name}: unknown {value!r}; allowed: {', '.join(sorted(allowed))}")
+
+
+def check_layers_cap(name: str, value: int | None) -> None:
+    """Refuse more than :data:`~attnlab.limits.MAX_LAYERS` layers before any is built (a config of
+    10^12 layers would build them one by one)."""
+    if value is not None and value > MAX_LAYERS:
+        raise ConfigError(
+            f"model.{name}: {value:,} layers, more than the cap of {MAX_LAYERS:,} (attnlab.limits.MAX_LAYERS); lower it"
+        )

@@ -173,3 +173,15 @@ def test_presets():
     assert set(PRESETS) == {"tiny", "small", "base"}
     with pytest.raises(ValueError, match="preset: unknown 'huge'"):
         preset("huge")
+
+
+def test_a_config_past_the_layer_cap_is_one_config_error_before_anything_is_built() -> None:
+    from attnlab.errors import AttnlabError, ConfigError
+    from attnlab.nn import DecoderOnlyConfig, EncoderDecoderConfig
+
+    with pytest.raises(ConfigError, match=r"model.layers: 1,000,000,000,000 layers, more than the cap of 1,024"):
+        DecoderOnlyConfig(vocab_size=10, layers=10**12)
+    with pytest.raises(ConfigError, match=r"model.decoder_layers: 2,000 layers"):
+        EncoderDecoderConfig(vocab_size=10, decoder_layers=2000)
+    with pytest.raises(AttnlabError, match="d_model: 30 is not divisible by heads=4"):  # every check: an AttnlabError
+        DecoderOnlyConfig(vocab_size=10, d_model=30, heads=4)
