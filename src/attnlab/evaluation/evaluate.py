@@ -49,6 +49,7 @@ from attnlab.evaluation import metrics
 from attnlab.evaluation.horizon import DEFAULT_THRESHOLD, binomial_se, horizon
 from attnlab.evaluation.objectives import FIRST_PREDICTED_ID, OBJECTIVES, next_symbol_targets
 from attnlab.generate.search import DecodeOptions, decode
+from attnlab.kernels.linear import packed_weights
 from attnlab.nn import masking_heads
 from attnlab.nn.models import drawing_positions, planned_positions
 from attnlab.tasks.base import Example
@@ -59,6 +60,7 @@ __all__ = ["evaluate", "next_symbol_hits"]
 
 
 @torch.no_grad()
+@packed_weights()  # batch after batch of the same weights: oneDNN's packed copies, dropped at the end
 def evaluate(
     model: nn.Module,
     task: Any,

@@ -34,6 +34,7 @@ from torch import Tensor
 from attnlab.devices import model_device
 from attnlab.errors import UsageError
 from attnlab.generate.sampling import SamplingOptions, warp_logits
+from attnlab.kernels.linear import packed_weights
 from attnlab.limits import MAX_BEAM, MAX_LENGTH_PENALTY, MAX_NEW_TOKENS
 from attnlab.nn import DecoderOnly, EncodedSource, EncoderDecoder, HeadMask, masking_heads
 
@@ -174,6 +175,7 @@ TokenPicker = Callable[[Tensor], Tensor]
 
 
 @torch.inference_mode()
+@packed_weights()  # every step reads the same weights: oneDNN's packed copies, dropped at the end
 def greedy_search(
     stepper: Stepper,
     prefix: Tensor,
@@ -201,6 +203,7 @@ def _most_probable(log_probs: Tensor) -> Tensor:
 
 
 @torch.inference_mode()
+@packed_weights()  # every step reads the same weights: oneDNN's packed copies, dropped at the end
 def sample_search(
     stepper: Stepper,
     prefix: Tensor,
@@ -276,6 +279,7 @@ def _hypothesis(tokens: list[int], log_prob: float, eos_id: int) -> Hypothesis:
 
 
 @torch.inference_mode()
+@packed_weights()  # every step reads the same weights: oneDNN's packed copies, dropped at the end
 def beam_search(
     stepper: Stepper,
     prefix: Tensor,
@@ -444,12 +448,13 @@ def generate_continuations(
 
 @contextmanager
 def _evaluation_mode(model: torch.nn.Module) -> Iterator[None]:
-    """Decode without dropout or autograd (the encoder pass too), then give the model back in the
-    mode it came in."""
+    """Decode without dropout or autograd (the encoder pass too), with the weights packed for the
+    whole generation (:func:`attnlab.kernels.linear.packed_weights`), then give the model back in
+    the mode it came in."""
     was_training = model.training
     model.eval()
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), packed_weights():
             yield
     finally:
         model.train(was_training)

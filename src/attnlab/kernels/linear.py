@@ -38,14 +38,15 @@ from __future__ import annotations
 
 import os
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import cache
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from attnlab.errors import ConfigError
 from attnlab.kernels import calibration, native
@@ -56,6 +57,7 @@ __all__ = [
     "MIN_ONEDNN_ROWS",
     "aten_linear",
     "OneDNNLinear",
+    "packed_weights",
     "onednn_available",
     "MeasuredLinear",
     "available_linear_kernels",
@@ -167,38 +169,71 @@ def _used_by_this_backward(ctx, index: int) -> bool:  # noqa: ANN001
         return True
 
 
+class _Scope:
+    """One :func:`packed_weights` region: the kernels that packed a weight in it, whose copies go when it ends."""
+
+    __slots__ = ("kernels", "__weakref__")
+
+    def __init__(self) -> None:
+        self.kernels: weakref.WeakSet[OneDNNLinear] = weakref.WeakSet()
+
+    def close(self) -> None:
+        for kernel in list(self.kernels):
+            kernel._packed.clear()
+        self.kernels.clear()
+
+
+_ACTIVE_SCOPE: ContextVar[_Scope | None] = ContextVar("attnlab_packed_weights", default=None)
+"""The :func:`packed_weights` region this thread (or task) is in, if any: attnlab's own state, read
+by its kernels only; nothing is registered with PyTorch."""
+
+
+@contextmanager
+def packed_weights() -> Iterator[None]:
+    """A region of inference in which oneDNN's packed copies of the weights may be made and reused.
+
+    Packing pays where one weight is read many times with one row count: the steps of a decoding
+    loop, the batches of an evaluation, a benchmark's repeats (:class:`OneDNNLinear`). attnlab's
+    decoding loops (:mod:`attnlab.generate.search`) and :func:`attnlab.evaluation.evaluate.evaluate`
+    enter one; outside any, no weight is packed. Every copy made inside is dropped when the region
+    ends, so nothing made during an evaluation survives into the training steps after it.
+
+    Inside, the weights are read, not written: a copy is still dropped where its parameter's version
+    counter or storage moved (``load_state_dict``, ``param.data = ...``, an in-place write under
+    ``no_grad``), but writes that bypass the counter (``param.data.mul_(2)``, PyTorch's fused
+    optimizers) are seen only at the region's end. A region inside another is the outer one.
+    Thread- and task-local (a :class:`contextvars.ContextVar`); usable as a decorator.
+    """
+    if _ACTIVE_SCOPE.get() is not None:
+        yield
+        return
+    scope = _Scope()
+    token = _ACTIVE_SCOPE.set(scope)
+    try:
+        yield
+    finally:
+        _ACTIVE_SCOPE.reset(token)
+        scope.close()
+
+
 @dataclass
 class _Packed:
-    """A packed copy of one weight, valid while that weight is unchanged."""
+    """A packed copy of one weight, valid inside the region it was made in while that weight is unchanged."""
 
     owner: weakref.ref  # the parameter the weight is (or is a view of)
     data_ptr: int
     version: int  # the weight's version counter: most in-place writes bump it
     rows: int  # the row count of the last unpacked use: a second use with as many rows packs
     packed: Tensor | None  # None: not packed yet
-    steps: int = 0  # optimizer steps taken in this process when it was made (_OPTIMIZER_STEPS)
+    scope: _Scope  # the packed_weights() region it was made in
 
-    def fits(self, owner: Tensor, weight: Tensor) -> bool:
+    def fits(self, owner: Tensor, weight: Tensor, scope: _Scope) -> bool:
         return (
-            self.owner() is owner
+            self.scope is scope
+            and self.owner() is owner
             and self.data_ptr == weight.data_ptr()
             and self.version == weight._version
-            and self.steps == _OPTIMIZER_STEPS[0]
         )
-
-
-_OPTIMIZER_STEPS = [0]
-"""Optimizer steps taken in this process, by any torch optimizer. A packed copy made before the
-latest one is stale: PyTorch's fused Adam (``fused=True``, what the trainer runs) writes the
-parameters in place without bumping their version counters, so the counter alone let evaluations
-during training score the weights of an earlier evaluation."""
-
-
-def _count_optimizer_step(optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:  # noqa: ARG001
-    _OPTIMIZER_STEPS[0] += 1
-
-
-register_optimizer_step_post_hook(_count_optimizer_step)
 
 
 class OneDNNLinear:
@@ -207,11 +242,14 @@ class OneDNNLinear:
     (other devices and dtypes, single decoding rows, bfloat16 gradients) and inside autocast,
     whose casts apply to PyTorch's ops only (``train.precision = "bf16"`` must run bf16 GEMMs).
 
-    Without gradients (evaluation, decoding) each weight is packed once into oneDNN's blocked layout
-    and the packed copy reused, as long as the weight is unchanged: the same tensor, storage and
-    version counter (which in-place writes such as ``load_state_dict`` bump), and no optimizer step
-    since (a fused optimizer writes in place without bumping the counter). Unpacked, oneDNN lays the
-    weight out again on every call, which slows decoding steps measurably (benchmarks/README.md). A
+    Without gradients, inside a :func:`packed_weights` region (attnlab's decoding loops and
+    evaluation enter one), each weight is packed once into oneDNN's blocked layout and the packed
+    copy reused until the region ends, as long as the weight is the same tensor with the same
+    storage and version counter (which in-place writes such as ``load_state_dict`` bump). Outside a
+    region nothing is packed: PyTorch's fused optimizers and ``.data`` edits write a weight without
+    bumping its counter, and only the region's end says for certain that a copy may be stale.
+    Unpacked, oneDNN lays the weight out again on every call, which slows decoding steps measurably
+    (benchmarks/README.md). A
     weight is packed at its second use with as many rows as the use before, the sign of a repeated
     shape (decoding steps, batches of one size, a benchmark's repeats): a prompt read once at batch
     1, or prompts of different lengths read one after another (``attnlab generate RUN "a" "b c"``),
@@ -219,11 +257,12 @@ class OneDNNLinear:
     weight's gradient drops that weight's copy, so training keeps none.
 
     One instance per module (:func:`linear_kernel` makes them), so the copies live and die with the
-    module whose weights they are.
+    module whose weights they are (and the region they were made in).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, scope: _Scope | None = None) -> None:
         self._packed: dict[tuple[int, int, tuple[int, ...]], _Packed] = {}
+        self._scope = scope  # a region of its own (a timing's, on weights it owns), else the caller's
 
     def __call__(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         # The row count first: a decoding step at batch 1 calls this 19 times per layer and leaves here.
@@ -239,21 +278,21 @@ class OneDNNLinear:
             if weight.dtype != torch.float32:  # oneDNN's gradients here are float32's
                 return F.linear(x, weight, bias)
             return _OneDNNLinear.apply(x, weight, bias)
-        if not weight.is_contiguous():
+        scope = self._scope or _ACTIVE_SCOPE.get()
+        if scope is None or not weight.is_contiguous():
             return _onednn_matmul(x, weight, bias)
-        return _onednn_matmul(x, self._packed_weight(weight, x.numel() // x.shape[-1]), bias)
+        return _onednn_matmul(x, self._packed_weight(weight, x.numel() // x.shape[-1], scope), bias)
 
-    def _packed_weight(self, weight: Tensor, rows: int) -> Tensor:
+    def _packed_weight(self, weight: Tensor, rows: int, scope: _Scope) -> Tensor:
         """The packed copy of ``weight``, made at its second use with ``rows`` rows in a row: a
         weight used once, or with another row count each time (the prompts of a generation, whose
         later steps take the few-rows kernel), is never packed, so it is never held twice."""
         owner = _owner(weight)
         key = _key(owner, weight)
         entry = self._packed.get(key)
-        if entry is None or not entry.fits(owner, weight):
-            self._packed[key] = _Packed(
-                weakref.ref(owner), weight.data_ptr(), weight._version, rows, None, _OPTIMIZER_STEPS[0]
-            )
+        if entry is None or not entry.fits(owner, weight, scope):
+            self._packed[key] = _Packed(weakref.ref(owner), weight.data_ptr(), weight._version, rows, None, scope)
+            scope.kernels.add(self)
             return weight
         if entry.packed is None:
             if entry.rows != rows:
@@ -266,7 +305,7 @@ class OneDNNLinear:
         return OneDNNLinear()  # a copied module has weights of its own: it packs them itself
 
     def __getstate__(self) -> dict:
-        return {"_packed": {}}  # packed copies are oneDNN's opaque tensors: never serialised
+        return {"_packed": {}, "_scope": None}  # packed copies are oneDNN's opaque tensors: never serialised
 
     def __repr__(self) -> str:
         return f"OneDNNLinear(packed={len(self._packed)})"
@@ -361,9 +400,12 @@ class MeasuredLinear:
             return F.linear(x, weight, bias)
         rows = x.numel() // x.shape[-1]
         grad = native.gradient_wanted(x, weight, bias)
+        # oneDNN runs packed weights inside a packed_weights() region only: timed as it would run
+        packs = not grad and rows >= MIN_ONEDNN_ROWS and _ACTIVE_SCOPE.get() is not None
         seen = (
             rows if rows < MIN_ONEDNN_ROWS else calibration.bucket(rows),
             grad,
+            packs,
             weight.dtype,
             *weight.shape,
             weight.is_contiguous(),
@@ -371,16 +413,21 @@ class MeasuredLinear:
         )
         kernel = self._calls.get(seen)
         if kernel is None:
-            kernel = self._kernel_for(x, weight, bias, rows, grad)
+            kernel = self._kernel_for(x, weight, bias, rows, grad, packs)
             if calibration.can_measure():  # else nothing was measured: ask again next time
                 self._calls[seen] = kernel
         return kernel(x, weight, bias)
 
-    def _kernel_for(self, x: Tensor, weight: Tensor, bias: Tensor | None, rows: int, grad: bool) -> LinearKernel:
-        """The kernel measured (now, or earlier in this process or on this machine) for this call's class."""
+    def _kernel_for(
+        self, x: Tensor, weight: Tensor, bias: Tensor | None, rows: int, grad: bool, packs: bool
+    ) -> LinearKernel:
+        """The kernel measured (now, or earlier in this process or on this machine) for this call's
+        class; ``packs``: inside a :func:`packed_weights` region, where oneDNN packs its weights."""
         key = ("linear", calibration.bucket(rows), weight.shape, bias is None, grad)
         if weight.dtype != torch.float32:
             key = (*key, str(weight.dtype).removeprefix("torch."))
+        if not grad and rows >= MIN_ONEDNN_ROWS and not packs:  # oneDNN unpacked: a class of its own
+            key = (*key, "unpacked")
         name = calibration.chosen(key)
         if name is None or not _linear_applies(name, rows, weight, bias, grad):
             names = [each for each in self._kernels if _linear_applies(each, rows, weight, bias, grad)]
@@ -389,7 +436,7 @@ class MeasuredLinear:
             else:  # the disk cache first: preparing the timed candidates copies and packs W
                 name = calibration.recall(key, names) or calibration.choose(
                     key,
-                    {each: _timed_linear(each, x, weight, bias, grad) for each in names},
+                    {each: _timed_linear(each, x, weight, bias, grad, packs) for each in names},
                     tie=SWITCH_MARGIN if names[0] == "few_rows" else None,
                 )
         return _few_rows_unchecked if name == "few_rows" else self._kernels[name]
@@ -433,10 +480,13 @@ MAX_TIMED_COPIES = 16
 (under 1/8 of the core's cache) stays cached in a forward pass anyway."""
 
 
-def _timed_linear(name: str, x: Tensor, weight: Tensor, bias: Tensor | None, grad: bool) -> Callable[[], object]:
+def _timed_linear(
+    name: str, x: Tensor, weight: Tensor, bias: Tensor | None, grad: bool, packs: bool = True
+) -> Callable[[], object]:
     """One call of kernel ``name`` on detached views of the inputs, to time: forward only, or
     forward and backward on fresh leaves where a gradient is wanted (nothing is recorded in the
-    caller's graph). oneDNN runs on an instance of its own, whose packed weights are dropped after.
+    caller's graph). oneDNN runs on an instance of its own, with a :func:`packed_weights` region of
+    its own where ``packs`` (the call came from inside one), whose packed weights are dropped after.
 
     Each call takes the next of enough copies of the weight to fill twice this core's private
     cache (:func:`attnlab.kernels.calibration.cache_bytes`; the weight itself where it is that
@@ -451,7 +501,10 @@ def _timed_linear(name: str, x: Tensor, weight: Tensor, bias: Tensor | None, gra
     paid a switch of a few microseconds that a lone timing never saw (on the Zen 4 it took a
     256 x 256 map: 10.1 against 10.3 us alone, 18 against 11.7 us after the few-rows kernel).
     """
-    kernel = OneDNNLinear() if name == "onednn" else {"aten": aten_linear, "few_rows": _few_rows}[name]
+    if name == "onednn":
+        kernel: LinearKernel = OneDNNLinear(_Scope() if packs and not grad else None)
+    else:
+        kernel = {"aten": aten_linear, "few_rows": _few_rows}[name]
     copies = min(
         MAX_TIMED_COPIES, max(1, -(-2 * calibration.cache_bytes() // max(weight.numel() * weight.element_size(), 1)))
     )
@@ -464,7 +517,7 @@ def _timed_linear(name: str, x: Tensor, weight: Tensor, bias: Tensor | None, gra
         return weights[turn[0]]
 
     if not grad:
-        if name == "onednn":  # used twice with these rows, each copy is packed as the module's weight would be
+        if name == "onednn" and packs:  # used twice with these rows: each copy packed as the weight would be
             for w in weights * 2:
                 kernel(x, w, bias)
         if not _linear_applies("few_rows", x.numel() // max(x.shape[-1], 1), weight, bias, grad):

@@ -51,9 +51,10 @@ kernels (another virtual environment) get their own, and never rebuild each othe
 
 The build says so on stderr before it starts (one line, with the time it typically takes) and
 when it is done (the time it took); commands call :func:`prepare` before their progress bars, so
-no bar runs through it. It runs ``ninja`` in a child process of its own session, stopped when the
-process that started it is interrupted or (on Linux) killed, and a completion marker, written atomically
-after it succeeded, makes it complete: a complete build is loaded as it is, without the lock and
+no bar runs through it. It runs ``ninja`` in a child process of its own session (with the
+interpreter's directory on the child's PATH, where the ``ninja`` package puts it; this process's
+``os.environ`` is never written), stopped when the process that started it is interrupted or (on
+Linux) killed, and a completion marker, written atomically after it succeeded, makes it complete: a complete build is loaded as it is, without the lock and
 without ``ninja`` (whose build commands name the interpreter's paths as reached, so one virtual
 environment reached through a symlink would otherwise rebuild). Concurrent first uses build once:
 the build runs under an OS file lock in its directory (released if the process dies), and a
@@ -464,6 +465,7 @@ def _build_in_child(spec: BuildSpec, sources: list[str]) -> None:
     }
     child = subprocess.Popen(
         [sys.executable, "-c", _BUILD_SCRIPT, json.dumps(arguments), str(os.getpid())],
+        env=_build_environment(),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -505,7 +507,6 @@ def _build() -> tuple[ModuleType | None, str | None]:
     if os.environ.get("ATTNLAB_NATIVE", "1") == "0":
         return None, "ATTNLAB_NATIVE=0 in the environment"
     try:
-        _put_ninja_on_path()
         module = _load_once(build_spec())
     except Exception as error:  # a missing compiler or ninja surfaces as several exception types
         text = str(error).strip()
@@ -562,12 +563,17 @@ def _register_fake_kernels() -> None:
         return heads(q, b, h, t_q, d_k), heads(q, b, h, t_k, d_k), heads(q, b, h, t_k, v.shape[3])
 
 
-def _put_ninja_on_path() -> None:
-    """PyTorch's build runs ``ninja`` from PATH; the ``ninja`` package (a dependency) installs it
-    beside the interpreter, which is not on PATH when a virtual environment is not activated."""
-    if shutil.which("ninja") is None:
+def _build_environment() -> dict[str, str]:
+    """The environment of the build's child process: this process's, with the interpreter's
+    directory first on PATH where ``ninja`` is not on it. PyTorch's build runs ``ninja`` from PATH;
+    the ``ninja`` package (a dependency) installs it beside the interpreter, which is not on PATH
+    when a virtual environment is not activated. A copy: this process's ``os.environ`` is never
+    written (it is the user's)."""
+    environment = dict(os.environ)
+    if shutil.which("ninja", path=environment.get("PATH")) is None:
         scripts = str(Path(sys.executable).parent)
-        os.environ["PATH"] = os.pathsep.join([scripts, os.environ.get("PATH", "")])
+        environment["PATH"] = os.pathsep.join([scripts, environment.get("PATH", "")])
+    return environment
 
 
 def kernels() -> ModuleType | None:

@@ -18,6 +18,7 @@ from attnlab.kernels.linear import (
     MeasuredLinear,
     OneDNNLinear,
     linear_kernel,
+    packed_weights,
     linear_setting,
     onednn_available,
 )
@@ -168,14 +169,15 @@ def test_bfloat16_maps_run_on_onednn_packed_for_inference_only(monkeypatch, grad
     x = torch.randn(8, 64, generator=g).bfloat16().requires_grad_(grad)
     weight, bias = torch.randn(48, 64, generator=g).bfloat16(), torch.randn(48, generator=g).bfloat16()
     kernel = OneDNNLinear()
-    for _ in range(3):
-        out = kernel(x, weight, bias)
-        assert out.dtype == torch.bfloat16
-        torch.testing.assert_close(out.detach().double(), F.linear(x.detach(), weight, bias).double(), rtol=2**-7,
-                                   atol=2e-2)  # fmt: skip
-    on_onednn = linear_module.onednn_bf16_available() and not grad
-    assert bool(calls) == on_onednn
-    assert any(entry.packed is not None for entry in kernel._packed.values()) == on_onednn
+    with packed_weights():
+        for _ in range(3):
+            out = kernel(x, weight, bias)
+            assert out.dtype == torch.bfloat16
+            torch.testing.assert_close(out.detach().double(), F.linear(x.detach(), weight, bias).double(),
+                                       rtol=2**-7, atol=2e-2)  # fmt: skip
+        on_onednn = linear_module.onednn_bf16_available() and not grad
+        assert bool(calls) == on_onednn
+        assert any(entry.packed is not None for entry in kernel._packed.values()) == on_onednn
 
 
 @needs_onednn
@@ -220,10 +222,11 @@ def test_onednn_property_any_shape_matches_float64(lead, d_in, d_out, with_bias,
 
 
 @needs_onednn
+@packed_weights()
 def test_onednn_packs_each_weight_once_for_inference_and_repacks_when_it_changes():
-    """Without gradients the weight is packed at its second use (never for a single use) and
-    reused; an in-place update (an optimizer step), new data behind the same parameter, or a
-    gradient pass never leave a stale copy in use."""
+    """Inside a packed_weights() region, without gradients, the weight is packed at its second use
+    (never for a single use) and reused; an in-place update that bumps the version counter, new data
+    behind the same parameter, or a gradient pass never leave a stale copy in use."""
     kernel = OneDNNLinear()
     g = torch.Generator().manual_seed(4)
     weight = torch.nn.Parameter(torch.randn(24, 16, generator=g))
@@ -262,14 +265,15 @@ def test_a_fused_optimizer_step_leaves_no_stale_packed_weight():
     x = torch.randn(6, 16, generator=g)
     optimizer = torch.optim.Adam([weight], lr=0.5, fused=True)
     for _ in range(3):
-        with torch.no_grad():
+        with torch.no_grad(), packed_weights():
             kernel(x, weight, None), kernel(x, weight, None)  # the second use packs
-        assert next(iter(kernel._packed.values())).packed is not None
+            assert next(iter(kernel._packed.values())).packed is not None
+        assert not kernel._packed  # the region's end drops its copies
         version = weight._version
         weight.grad = torch.randn(24, 16, generator=g)
         optimizer.step()
         assert weight._version == version  # why the counter alone does not do
-        with torch.no_grad():
+        with torch.no_grad(), packed_weights():
             torch.testing.assert_close(kernel(x, weight, None), x @ weight.detach().t(), atol=1e-5, rtol=1e-5)
 
 
@@ -280,7 +284,7 @@ def test_onednn_packs_only_when_a_row_count_repeats():
     kernel = OneDNNLinear()
     g = torch.Generator().manual_seed(5)
     weight = torch.nn.Parameter(torch.randn(24, 16, generator=g))
-    with torch.no_grad():
+    with torch.no_grad(), packed_weights():
         for use, rows in enumerate((6, 9, 5, 7, 7, 4, 12)):
             x = torch.randn(rows, 16, generator=g)
             torch.testing.assert_close(kernel(x, weight, None), x @ weight.detach().t(), atol=1e-5, rtol=1e-5)
@@ -294,11 +298,11 @@ def test_onednn_packs_views_of_a_fused_weight_apart():
     kernel = OneDNNLinear()
     fused = torch.nn.Parameter(torch.randn(48, 16))
     x = torch.randn(5, 16)
-    with torch.no_grad():
+    with torch.no_grad(), packed_weights():
         for _ in range(2):
             for part in (fused[:16], fused[16:]):
                 torch.testing.assert_close(kernel(x, part, None), x @ part.t(), atol=1e-5, rtol=1e-5)
-    assert len(kernel._packed) == 2
+        assert len(kernel._packed) == 2
 
 
 @needs_onednn
@@ -311,17 +315,16 @@ def test_a_copied_or_pickled_module_starts_without_packed_weights(monkeypatch):
     monkeypatch.setenv("ATTNLAB_LINEAR", "onednn")
     ffn = PositionwiseFeedForward(16, 32).eval()
     x = torch.randn(2, 5, 16)
-    with torch.no_grad():
+    with torch.no_grad(), packed_weights():
         expected = ffn(x)
         ffn(x)  # the second use packs
-    assert any(entry.packed is not None for entry in ffn._linear._packed.values())
-    twin = copy.deepcopy(ffn)
-    assert not twin._linear._packed
-    with torch.no_grad():
+        assert any(entry.packed is not None for entry in ffn._linear._packed.values())
+        twin = copy.deepcopy(ffn)
+        assert not twin._linear._packed
         twin.linear1.weight.add_(1.0)  # its own weights: the original's packed copies do not apply
         torch.testing.assert_close(ffn(x), expected)
         assert not torch.allclose(twin(x), expected)
-    assert not pickle.loads(pickle.dumps(ffn._linear))._packed
+        assert not pickle.loads(pickle.dumps(ffn._linear))._packed
 
 
 @needs_onednn
@@ -337,7 +340,8 @@ def test_evaluation_after_training_steps_uses_the_updated_weights(monkeypatch):
     src, tgt = torch.randint(1, 30, (4, 7)), torch.randint(1, 30, (4, 6))
     for _ in range(2):
         model.eval()
-        with torch.no_grad():
+        with torch.no_grad(), packed_weights():
+            model(src, tgt)
             model(src, tgt)  # packs
         model.train()
         optimizer.zero_grad()
@@ -346,7 +350,7 @@ def test_evaluation_after_training_steps_uses_the_updated_weights(monkeypatch):
     model.eval()
     reference = EncoderDecoder(config).eval()
     reference.load_state_dict(model.state_dict())
-    with torch.no_grad():
+    with torch.no_grad(), packed_weights():
         torch.testing.assert_close(model(src, tgt), reference(src, tgt), atol=1e-5, rtol=1e-5)
         # new weights loaded into a model in eval mode, no gradient pass between: no stale copy either
         other = EncoderDecoder(config).eval()

@@ -510,3 +510,16 @@ def test_killing_attnlab_during_a_build_stops_the_build_and_its_compilers(tmp_pa
                 pass
         process.wait()
         process.stderr.close()
+
+
+def test_the_build_finds_ninja_through_its_childs_environment_not_this_process(monkeypatch, tmp_path):
+    """Where ``ninja`` is not on PATH (a virtual environment not activated), the build's child gets
+    the interpreter's directory first on its PATH; this process's ``os.environ`` is left as it was."""
+    monkeypatch.setenv("PATH", str(tmp_path))  # no ninja there
+    before = dict(os.environ)
+    environment = native._build_environment()
+    assert environment["PATH"].split(os.pathsep) == [str(Path(sys.executable).parent), str(tmp_path)]
+    assert dict(os.environ) == before
+    (tmp_path / "ninja").write_text("#!/bin/sh\n")
+    (tmp_path / "ninja").chmod(0o755)
+    assert native._build_environment()["PATH"] == str(tmp_path)  # found: PATH as it is
