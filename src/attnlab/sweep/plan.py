@@ -16,7 +16,7 @@ from attnlab.experiment import ExperimentConfig, apply_overrides, load_experimen
 from attnlab.limits import MAX_SEED
 from attnlab.reading import read_capped
 from attnlab.tasks.registry import TASKS, build_task, task_options
-from attnlab.training.trainer import check_log_targets, check_resources, check_splits
+from attnlab.training.checks import check_log_targets, check_resources, check_splits
 
 __all__ = [
     "GridAxis",
@@ -393,8 +393,8 @@ def _checked(where: str, build: Callable[..., Any], *args: Any) -> Any:
 
 def _build_checked(tables: Mapping[str, Any], tasks: dict[str, Any]) -> ExperimentConfig:
     """The experiment of ``tables``, checked by the trainer's own checks before training
-    (:func:`~attnlab.training.trainer.check_log_targets`, :func:`~attnlab.training.trainer.check_splits`,
-    :func:`~attnlab.training.trainer.check_resources`); ``tasks`` keeps each task built and its
+    (:func:`~attnlab.training.checks.check_log_targets`, :func:`~attnlab.training.checks.check_splits`,
+    :func:`~attnlab.training.checks.check_resources`); ``tasks`` keeps each task built and its
     splits drawn once for all the runs that share it."""
     experiment = ExperimentConfig.from_dict(tables)
     check_log_targets(experiment.train)  # the package, before any run starts

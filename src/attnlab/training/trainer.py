@@ -1,4 +1,5 @@
-"""The training loop: Adam with a warm-up schedule, label smoothing, clipping, checkpoints, resume.
+"""The training loop: Adam with a warm-up schedule, label smoothing, clipping, checkpoints, resume
+(written and restored by :mod:`attnlab.training.checkpointing`; the checks before it: :mod:`attnlab.training.checks`).
 
 One call, :func:`train`, does a whole run:
 
@@ -39,10 +40,8 @@ import contextlib
 import dataclasses
 import json
 import random
-import shutil
 import tempfile
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -55,40 +54,42 @@ from tqdm import tqdm
 
 from attnlab import devices
 from attnlab.embeddings import init_embedding, load_vectors
-from attnlab.errors import EXIT_DIVERGED, AttnlabError, CheckpointError, ConfigError
+from attnlab.errors import EXIT_DIVERGED, AttnlabError, ConfigError
 from attnlab.evaluation.evaluate import evaluate
 from attnlab.evaluation.fit import training_fit
 from attnlab.evaluation.horizon import chained_horizon
 from attnlab.evaluation.objectives import OBJECTIVES
-from attnlab.experiment import ExperimentConfig, TrainConfig, model_config_for_task, model_for_task, positions_seed
+from attnlab.experiment import ExperimentConfig, TrainConfig, model_for_task, positions_seed
 from attnlab.head_ids import held_mask
 from attnlab.kernels import native
 from attnlab.nn import InputEmbedding, masking_heads
-from attnlab.resources import check_length_bins_fit, check_training_resources
 from attnlab.run.directory import RunDir, validation_record
 from attnlab.run.loaded import saved_tokenizer
-from attnlab.run.output_paths import check_output_path
-from attnlab.tasks.base import Example, Task, check_final_splits, split_statistics
+from attnlab.tasks.base import split_statistics
 from attnlab.tasks.codec import TextCodec
 from attnlab.tasks.registry import build_task
 from attnlab.tokenizers import Tokenizer
-from attnlab.training.checkpoint import optimizer_from_tensors, optimizer_to_tensors, restore_rng, rng_to_tensors
+from attnlab.training.checkpointing import (
+    fall_back_to_good_checkpoint,
+    remove_if_unused,
+    restore_checkpoint,
+    run_directory,
+    write_checkpoint,
+)
+from attnlab.training.checks import check_log_targets, check_loss, check_resources, check_splits
 from attnlab.training.data import BatchStream, FreshStream
 from attnlab.training.distributed import DistInfo, all_reduce_sum, broadcast_from_main, from_environment, shutdown
 from attnlab.training.plots import plot_accuracy_by_length, plot_curves
-from attnlab.training.reproducibility import applied_threads, platform_record, warn_if_platform_differs
+from attnlab.training.reproducibility import applied_threads, platform_record
 from attnlab.training.schedule import make_scheduler
 from attnlab.training.selection import ORACLE_LABEL, Evaluation, Selection, oracle_report, select, stop_reached
-from attnlab.training.tensorboard_log import MetricSink, attention_sample, open_sink, require_tensorboard
+from attnlab.training.step_log import LogWindow, StepOutcome, describe_split, rate_key
+from attnlab.training.tensorboard_log import MetricSink, attention_sample, open_sink
 
 __all__ = [
     "TrainingDiverged",
     "TrainResult",
     "train",
-    "check_log_targets",
-    "check_resources",
-    "check_splits",
-    "check_loss",
     "resolve_device",
     "make_optimizer",
 ]
@@ -110,44 +111,6 @@ class TrainResult:
     step: int
     losses: list[float]
     final_metrics: dict[str, Any] | None
-
-
-@dataclass(frozen=True)
-class StepOutcome:
-    """One optimisation step: its mean loss, the tokens (or examples) it counted, its learning rate."""
-
-    loss: float
-    tokens: int
-    lr: float
-
-
-def _rate_key(model_kind: str) -> str:
-    """The throughput key of a step record: a classifier predicts one label per example."""
-    return "examples_per_s" if model_kind == "encoder_classifier" else "tokens_per_s"
-
-
-@dataclass
-class _LogWindow:
-    """The steps since the last log: their losses and predictions, and when the window began.
-
-    ``record()`` gives ``loss`` = the mean of the steps' losses, (1/n) sum_s L_s, and the rate of
-    predictions per second (``rate_key``: tokens, or examples for a classifier) over the window.
-    """
-
-    rate_key: str
-    loss_sum: float = 0.0
-    steps: int = 0
-    predictions: int = 0
-    started: float = dataclasses.field(default_factory=time.perf_counter)
-
-    def add(self, outcome: StepOutcome) -> None:
-        self.loss_sum += outcome.loss
-        self.steps += 1
-        self.predictions += outcome.tokens
-
-    def record(self) -> dict[str, float]:
-        elapsed = max(time.perf_counter() - self.started, 1e-9)
-        return {"loss": self.loss_sum / max(1, self.steps), self.rate_key: self.predictions / elapsed}
 
 
 def resolve_device(name: str) -> torch.device:
@@ -185,84 +148,21 @@ def train(
     new_folder = not resume and dist.is_main and not path.exists()
     run = None
     try:
-        run = _run_directory(path, resume=resume, dist=dist)
+        run = run_directory(path, resume=resume, dist=dist)
         with run.lock(enabled=dist.is_main), applied_threads(experiment.train.threads) as threads:
             experiment = dataclasses.replace(experiment, train=dataclasses.replace(experiment.train, threads=threads))
             result = _Trainer(experiment, run, resume=resume, dist=dist, progress=progress, log=log).fit()
     except BaseException:
         if new_folder and run is not None:
-            _remove_if_unused(run)  # a refused config (memory, batch size, ...) leaves nothing behind
+            remove_if_unused(run)  # a refused config (memory, batch size, ...) leaves nothing behind
         shutdown(dist)  # without waiting: a failed peer never reaches the barrier
         raise
     shutdown(dist, wait_for_peers=True)
     return result
 
 
-def check_log_targets(cfg: TrainConfig) -> None:
-    """Refuse a ``train.log_to`` target whose package is missing (TensorBoard's), before anything is
-    built or written."""
-    if "tensorboard" in cfg.log_to:
-        require_tensorboard()
-
-
-def check_resources(
-    experiment: ExperimentConfig, task: Task, train_examples: Sequence[Example], *, available: int | None = None
-) -> None:
-    """Refuse a model or batch that cannot fit (layers, batch size, memory estimate), and length
-    bins longer than the model reads (scored only at the end), before any of it is allocated; see
-    :func:`attnlab.resources.check_training_resources` and ``check_length_bins_fit``.
-
-    Args:
-        available: bytes free on the training device (a GPU's); None on a CPU.
-    """
-    config = model_config_for_task(experiment, task)
-    max_length = experiment.train.max_length or config.max_len
-    check_training_resources(
-        config,
-        batch_size=experiment.train.batch_size,
-        examples=train_examples,
-        max_length=max_length,
-        available=available,
-    )
-    check_length_bins_fit(task, max_length)
-
-
-def check_splits(task: Task, final_splits: Sequence[str]) -> None:
-    """Refuse a ``train.final_splits`` entry the task lacks, and draw the splits the end-of-training
-    evaluation scores (``valid`` and ``final_splits``) now: a seed can make a small split of a small
-    language impossible, which training would otherwise find only after its last step."""
-    check_final_splits(task, final_splits)
-    for name in ("valid", *final_splits):
-        task.split(name)
-
-
-def check_loss(loss: str, task: Task) -> None:
-    """Refuse ``train.loss = "mse"`` for a task without per-symbol sigmoids (all but ``next_char``)."""
-    if loss != "bce" and getattr(task, "kind", None) != "next_char":
-        raise ConfigError(
-            f"train.loss: {loss!r} applies to the per-symbol sigmoids of next_char recognition "
-            f'(task.formulation = "next_char"); this task trains with cross-entropy, use "bce"'
-        )
-
-
 ORACLE_FILE = "oracle.json"
 """The oracle report of ``train.oracle`` in the run folder (:func:`attnlab.training.selection.oracle_report`)."""
-
-
-def _run_directory(path: Path, *, resume: bool, dist: DistInfo) -> RunDir:
-    """The run to resume, or a new one (made by rank 0 only)."""
-    if resume:
-        return RunDir.open(path)
-    if not dist.is_main:
-        return RunDir(path)
-    check_output_path(path, kind="run")  # before a tokenizer trains on the corpus
-    return RunDir.create(path)
-
-
-def _remove_if_unused(run: RunDir) -> None:
-    """Remove a run folder this process made if nothing but the writer's lock file was written."""
-    if run.path.is_dir() and all(p.name == RunDir.LOCK for p in run.path.iterdir()):
-        shutil.rmtree(run.path, ignore_errors=True)
 
 
 class _Trainer:
@@ -293,11 +193,11 @@ class _Trainer:
         check_resources(experiment, self.task, train_examples, available=available)  # before the model exists
         check_splits(self.task, cfg.final_splits)  # ... or a file is written
         check_loss(cfg.loss, self.task)
-        self.log(_describe_split("train", split_statistics(train_examples)))
+        self.log(describe_split("train", split_statistics(train_examples)))
         self._report_skipped_lines()
         self.model = model_for_task(experiment, self.task).to(self.device)
         self.max_length = cfg.max_length or self.model.config.max_len
-        self.optimizer = self._optimizer()
+        self.optimizer = make_optimizer(self.model.parameters(), cfg)
         self.scheduler = make_scheduler(self.optimizer, cfg.schedule, warmup=cfg.warmup, total=cfg.steps)
         stream_options = dict(
             pad_id=self.task.pad_id,
@@ -321,8 +221,19 @@ class _Trainer:
         self.selected_weights: dict[str, torch.Tensor] | None = None  # best_valid: the best evaluation's
         self.final: Selection | None = None  # set for the end-of-training evaluation
         self.oracle: dict[str, Any] = {}  # bin -> its oracle fields, at the end
-        if resume:
-            self._restore()
+        if resume:  # the run's latest checkpoint (attnlab.training.checkpointing)
+            resumed = restore_checkpoint(
+                self.run,
+                self.model,
+                self.optimizer,
+                self.scheduler,
+                self.stream,
+                platform=self.platform,
+                main=dist.is_main,
+            )
+            self.step, self.history, self.stopped = resumed.step, resumed.history, resumed.stopped
+            self.selected_weights = resumed.selected_weights
+            self.log(f"resumed {self.run.path} at step {self.step}")
         else:
             self._initialise_embeddings()
             if dist.is_main:
@@ -404,9 +315,6 @@ class _Trainer:
             purge_step=self.step + 1 if resume else None,
         )
 
-    def _optimizer(self) -> torch.optim.Optimizer:
-        return make_optimizer(self.model.parameters(), self.cfg)
-
     def _distributed(self, model: nn.Module) -> nn.Module:
         if not self.dist.enabled:
             return model
@@ -415,30 +323,6 @@ class _Trainer:
         unused = config.attention == "hard" and not config.straight_through
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=unused)
-
-    def _restore(self) -> None:
-        files = self.run.latest_checkpoint()
-        if files is None:
-            raise CheckpointError(f"{self.run.path} has no checkpoint to resume from")
-        self.run.load_checkpoint_weights(self.model, files)
-        tensors, state = self.run.read_trainer_state(files)
-        try:
-            optimizer_from_tensors(self.optimizer, tensors, state["optimizer"])
-            self.scheduler.load_state_dict(state["scheduler"])
-            self.stream.restore(state["data"])
-            restore_rng(tensors, state["rng"])
-            self.step = int(state["step"])
-            selection = state.get("selection", {})
-            self.history = [Evaluation.from_json(e) for e in selection.get("history", [])]
-            self.stopped = selection.get("stopped")
-            kept = {k.removeprefix("selected."): v for k, v in tensors.items() if k.startswith("selected.")}
-            self.selected_weights = kept or None
-        except (KeyError, TypeError, ValueError) as error:
-            raise CheckpointError(f"trainer state in {files.directory} is corrupted: {error}") from None
-        if self.dist.is_main:
-            warn_if_platform_differs(state.get("platform"), self.platform, where=str(files.directory), step=self.step)
-            self.run.truncate_metrics(self.step)
-        self.log(f"resumed {self.run.path} at step {self.step}")
 
     # ---- the loop ----------------------------------------------------------------------------
 
@@ -463,7 +347,7 @@ class _Trainer:
         losses: list[float] = []
         native.prepare(self.device)  # a first use's kernel build before the bar, not in its first step
         bar = tqdm(total=cfg.steps, initial=self.step, desc="train", disable=not (self.progress and self.dist.is_main))
-        window = _LogWindow(rate_key=_rate_key(self.experiment.model_kind))
+        window = LogWindow(rate_key=rate_key(self.experiment.model_kind))
         final_metrics = None
         while self.step < cfg.steps and self.stopped is None:
             outcome = self._train_step()
@@ -481,7 +365,7 @@ class _Trainer:
                         rate: f"{record[window.rate_key]:.0f}",
                     }
                 )
-                window = _LogWindow(rate_key=window.rate_key)
+                window = LogWindow(rate_key=window.rate_key)
             if self._due(cfg.eval_every) and self.step < cfg.steps:
                 self._evaluate_during_training()
             if self._due(cfg.checkpoint_every) and self.step < cfg.steps and self.stopped is None:
@@ -588,7 +472,7 @@ class _Trainer:
         global_total = all_reduce_sum(parts.total.detach().to(torch.float64), self.dist)
         mean_loss = float(global_total / global_count.clamp_min(1))
         if not torch.isfinite(global_total):
-            kept = self._fall_back_to_good_checkpoint() if self.dist.is_main else "see the main process"
+            kept = fall_back_to_good_checkpoint(self.run, self.step) if self.dist.is_main else "see the main process"
             raise TrainingDiverged(f"the loss became {mean_loss} at step {self.step + 1}; {kept}")
         # Each rank's sum over the global count, times N: DDP's average over ranks is the global mean.
         loss = parts.total / global_count.to(parts.total.dtype).clamp_min(1) * self.dist.world_size
@@ -603,27 +487,6 @@ class _Trainer:
         self.scheduler.step()
         self.step += 1
         return StepOutcome(mean_loss, int(global_count), lr)
-
-    def _fall_back_to_good_checkpoint(self) -> str:
-        """After a non-finite loss at step s + 1: the weights of step s gave it, so a checkpoint of
-        step s is not a good one. Point the run (``--resume``, model.safetensors) back to the last
-        checkpoint before it; say what is kept."""
-        good = [files for files in self.run.checkpoints() if files.step < self.step]
-        latest = self.run.latest_checkpoint()
-        if latest is not None and latest.step == self.step:
-            if not good:
-                return (
-                    f"the only checkpoint (step {latest.step}) holds the weights that gave it, so resuming from it "
-                    f"would diverge again; lower train.lr and start over"
-                )
-            self.run.point_to(good[-1])
-            return (
-                f"the last good checkpoint (step {good[-1].step}) is kept in {self.run.path}, and the run points "
-                f"back to it (the one of step {latest.step} holds the weights that gave the loss)"
-            )
-        if latest is None:
-            return "no checkpoint was written yet"
-        return f"the last good checkpoint (step {latest.step}) is kept in {self.run.path}"
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.cfg.precision)
@@ -713,36 +576,22 @@ class _Trainer:
     def _checkpoint(self) -> None:
         if not self.dist.is_main:
             return
-        optimizer_tensors, optimizer_meta = optimizer_to_tensors(self.optimizer)
-        rng_tensors, rng_meta = rng_to_tensors()
-        state = {
-            "optimizer": optimizer_meta,
-            "scheduler": self.scheduler.state_dict(),
-            "data": self.stream.state(),
-            "rng": rng_meta,
-            "platform": self.platform,
-            "selection": {"history": [e.to_json() for e in self.history], "stopped": self.stopped},
-        }
-        selected = {f"selected.{k}": v for k, v in (self.selected_weights or {}).items()}
-        if self.validation is not None and self.validation["step"] == self.step:
-            state["validation"] = self.validation  # what --checkpoint best ranks by (attnlab.run.directory)
-        self.run.write_checkpoint(
+        write_checkpoint(
+            self.run,
             self.step,
             self.model,
-            {**optimizer_tensors, **rng_tensors, **selected},
-            state,
+            self.optimizer,
+            self.scheduler,
+            self.stream,
+            platform=self.platform,
+            history=self.history,
+            stopped=self.stopped,
+            selected_weights=self.selected_weights,
+            validation=self.validation,
             keep=self.cfg.keep_checkpoints,
         )
         plot_curves(self.run.read_metrics(), self.run.plots)
         self.log(f"checkpoint at step {self.step} in {self.run.path}")
-
-
-def _describe_split(name: str, statistics: dict[str, int]) -> str:
-    """``train split: 4000 examples, 3120 distinct strings, 2000 positives (1500 distinct)``."""
-    line = f"{name} split: {statistics['examples']} examples, {statistics['distinct_strings']} distinct strings"
-    if statistics["positives"]:
-        line += f", {statistics['positives']} positives ({statistics['distinct_positives']} distinct)"
-    return line
 
 
 def _ends_right_before(first: Mapping[str, Any], following: Mapping[str, Any]) -> bool:
