@@ -51,7 +51,7 @@ from attnlab.evaluation.objectives import FIRST_PREDICTED_ID, OBJECTIVES, next_s
 from attnlab.generate.search import DecodeOptions, decode
 from attnlab.kernels.linear import packed_weights
 from attnlab.nn import masking_heads
-from attnlab.nn.models import drawing_positions, planned_positions
+from attnlab.nn.token_positions import drawing_positions, planned_positions
 from attnlab.tasks.base import Example
 from attnlab.tasks.batching import Batch, make_batches
 from attnlab.tokenizers import Tokenizer

@@ -15,6 +15,8 @@ from attnlab.nn.config import (
     TransformerConfig,
     preset,
 )
+from attnlab.nn.decoding import DecodingState, EncodedSource
+from attnlab.nn.embedding import InputEmbedding, TokenTypes
 from attnlab.nn.feed_forward import ACTIVATIONS, PositionwiseFeedForward
 from attnlab.nn.head_masks import (
     ATTENTION_KINDS,
@@ -37,16 +39,10 @@ from attnlab.nn.masks import (
 )
 from attnlab.nn.models import (
     MODELS,
-    Decoder,
     DecoderOnly,
-    DecodingState,
-    EncodedSource,
-    Encoder,
     EncoderClassifier,
     EncoderDecoder,
     EncoderOnly,
-    InputEmbedding,
-    TokenTypes,
     TransformerModel,
     build_model,
     build_model_to_load,
@@ -56,6 +52,7 @@ from attnlab.nn.models import (
 from attnlab.nn.multi_head import KVCache, MultiHeadAttention
 from attnlab.nn.positional import POSITIONAL, make_positional, sinusoidal_table
 from attnlab.nn.scores import SCORES, make_score
+from attnlab.nn.stacks import Decoder, Encoder
 from attnlab.nn.trace import AttentionRecord, capture, trace
 
 # What a user needs: the models and their configs, the attention blocks, masks, the hook mechanism.

@@ -126,7 +126,7 @@ def load_transformers_model(
 @dataclass
 class BridgedState(DecodingState):
     """What a bridged model keeps between decoding steps: which keys so far are real tokens (as
-    :class:`attnlab.nn.models.DecodingState`, no per-layer caches of attnlab's) and transformers' KV cache."""
+    :class:`attnlab.nn.decoding.DecodingState`, no per-layer caches of attnlab's) and transformers' KV cache."""
 
     layers: list[Any] = dataclasses.field(default_factory=list)
     cache: Any = None

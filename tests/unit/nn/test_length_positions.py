@@ -22,7 +22,7 @@ from attnlab.nn import (
     build_model_to_load,
     sinusoidal_table,
 )
-from attnlab.nn import models as models_module
+from attnlab.nn import token_positions as positions_module
 from attnlab.nn.positional import AddPositions, LearnedTable, SinusoidalTable, randomized_positions
 from attnlab.resources import check_training_resources
 from attnlab.run.directory import load_tensors_into
@@ -110,9 +110,9 @@ def test_training_draws_positions_and_evaluation_uses_0_to_t(
     on.eval(), off.eval()
     torch.testing.assert_close(on(tokens), off(tokens), rtol=0, atol=0)  # evaluation: 0..T-1
     drawn = []
-    sample = models_module.randomized_positions
+    sample = positions_module.randomized_positions
     monkeypatch.setattr(
-        models_module, "randomized_positions", lambda *a, **k: drawn.append(sample(*a, **k)) or drawn[-1]
+        positions_module, "randomized_positions", lambda *a, **k: drawn.append(sample(*a, **k)) or drawn[-1]
     )
     on.train()
     torch.manual_seed(9)
@@ -135,21 +135,21 @@ def test_a_generating_decoder_at_planned_positions_equals_its_teacher_forced_pas
     model = model.double().eval()
     src, tgt_in = torch.randint(1, 13, (3, 7)), torch.randint(1, 13, (3, 9))
     tgt_in[2, 6:] = 0  # a shorter reference, padded
-    with models_module.drawing_positions(model, 5):
-        planned = models_module.planned_positions(model, tgt_in, pad_id=0)
+    with positions_module.drawing_positions(model, 5):
+        planned = positions_module.planned_positions(model, tgt_in, pad_id=0)
         memory = model.encode(src)
         teacher_forced = model.decode(tgt_in, memory)  # (B, T, V)
         state = model.new_state()
         state.positions = planned
         stepped = torch.cat([model.decode(tgt_in[:, t : t + 1], memory, state=state) for t in range(9)], dim=1)
-    assert models_module.planned_positions(model, tgt_in, pad_id=0) is None  # outside the block
+    assert positions_module.planned_positions(model, tgt_in, pad_id=0) is None  # outside the block
     real = tgt_in != 0
     torch.testing.assert_close(stepped[real], teacher_forced[real], rtol=1e-10, atol=1e-10)
     assert not torch.allclose(teacher_forced, model.decode(tgt_in, model.encode(src)))
     assert bool((planned[:, 1:6] > planned[:, :5]).all()) and int(planned.max()) < 40
     past_the_reference = [min(int(planned[2, 5]) + step, 39) for step in (1, 2, 3)]
     assert planned[2, 6:].tolist() == past_the_reference  # a shorter reference's row goes on one by one
-    beyond = models_module._extended(torch.tensor([[3, 30, 38]]), 6, 40)
+    beyond = positions_module._extended(torch.tensor([[3, 30, 38]]), 6, 40)
     assert beyond.tolist() == [[3, 30, 38, 39, 39, 39]]
 
 
