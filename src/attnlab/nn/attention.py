@@ -24,7 +24,9 @@ the formula first, then how it is run:
   ``short`` and ``decode``, attnlab's C++ CPU kernels for short heads and for a decoding step's
   few queries (:mod:`attnlab.kernels`). Where several apply on a CPU, the fastest is measured on
   this machine at the first call of a shape class (:mod:`attnlab.kernels.calibration`); off the
-  CPU ``sdpa`` is taken. ``ATTNLAB_BACKEND=name`` forces one wherever it applies.
+  CPU ``sdpa`` is taken. ``backend=name`` forces one wherever it applies: a module's setting,
+  resolved once when it is built (:class:`attnlab.nn.multi_head.MultiHeadAttention`, whose default
+  is the documented override ``ATTNLAB_BACKEND``, read then), or an argument of :func:`attention`.
 * hard -> blocks of queries x keys with a running first maximum, so the T_q x T_k scores exist
   only block by block (the one-hot weights whole only when asked for).
 
@@ -52,7 +54,17 @@ from attnlab.errors import ConfigError
 from attnlab.kernels import calibration
 from attnlab.nn.masks import causal_mask, check_mask, combine_masks
 
-__all__ = ["attention", "NORMALIZERS", "BACKENDS", "Backend", "select_backend", "ScoreFn", "Normalizer"]
+__all__ = [
+    "attention",
+    "NORMALIZERS",
+    "BACKENDS",
+    "BACKEND_SETTINGS",
+    "Backend",
+    "backend_setting",
+    "select_backend",
+    "ScoreFn",
+    "Normalizer",
+]
 
 Normalizer = Literal["softmax", "hardmax"]
 ScoreFn = Callable[[Tensor, Tensor], Tensor]
@@ -73,6 +85,7 @@ def attention(
     dropout_p: float = 0.0,
     straight_through: bool = False,
     bias: Tensor | None = None,
+    backend: str | None = None,
 ) -> Tensor | tuple[Tensor, Tensor]:
     """Attention(Q, K, V) = a(mask(Q K^T / sqrt(d_k))) V  (Vaswani Eq. 1; Hahn §3; Li's slides).
 
@@ -95,6 +108,10 @@ def attention(
         bias: an additive float bias on the scores, a(mask(scale Q K^T + bias)) V (ALiBi's
             -m_h |i - j|, Shaw et al.'s q_i . a^K_ij: :mod:`attnlab.nn.position_bias`). The fused
             kernel takes it as its float ``attn_mask``, the mask folded in as -inf.
+        backend: soft attention's implementation, a name of :data:`BACKEND_SETTINGS`: ``auto``
+            (the measured choice among those that apply) or one of :data:`BACKENDS`, taken wherever
+            it applies. None: the override ``ATTNLAB_BACKEND`` where set, else ``auto`` (a model's
+            attention resolves this once, when it is built, and passes its setting).
 
     Shape:
         q: (..., T_q, d_k);  k: (..., T_k, d_k);  v: (..., T_k, d_v);  bias: broadcastable to (..., T_q, T_k).
@@ -131,6 +148,7 @@ def attention(
         need_weights=return_weights,
         straight_through=straight_through,
         bias=bias,
+        backend=backend_setting() if backend is None else backend,
     )
     return (output, weights) if return_weights else output
 
@@ -153,12 +171,15 @@ def _softmax_attention(
     need_weights: bool,
     straight_through: bool,
     bias: Tensor | None = None,
+    backend: str = "auto",
 ) -> tuple[Tensor, Tensor | None]:
     """softmax(mask(scale Q K^T + bias)) V by the one of :data:`BACKENDS` that
-    :func:`select_backend` picks for the call."""
+    :func:`select_backend` picks for the call (``backend``: a setting of :data:`BACKEND_SETTINGS`)."""
     del straight_through  # a soft forward pass already has the soft gradient
-    backend = select_backend(q, k, v, mask, bias, dropout_p, need_weights, score_fn, causal=causal, scale=scale)
-    return backend.run(
+    chosen = select_backend(
+        q, k, v, mask, bias, dropout_p, need_weights, score_fn, causal=causal, scale=scale, backend=backend
+    )
+    return chosen.run(
         q,
         k,
         v,
@@ -202,10 +223,12 @@ def select_backend(
     *,
     causal: bool = False,
     scale: float = 1.0,
+    backend: str | None = None,
 ) -> Backend:
     """The backend of :data:`BACKENDS` that runs this soft-attention call.
 
-    ``ATTNLAB_BACKEND=name`` in the environment, where that backend applies; else the only one
+    ``backend`` (a setting of :data:`BACKEND_SETTINGS`; None: :func:`backend_setting`, the
+    override ``ATTNLAB_BACKEND`` or ``auto``) where it names a backend that applies; else the only one
     that applies; else, on a CPU, the one measured fastest for the call's shape class (device,
     dtype, whether a gradient is wanted, mask, bias, causal, and T_q, T_k, d_k, d_v and the rows
     of (batch x head) rounded up to powers of two), timed once per machine by
@@ -213,26 +236,25 @@ def select_backend(
     whose random draws the timing must not consume, or scores too large to time cheaply) the
     first that applies of ``decode``, ``short``, ``sdpa``, ``explicit``.
     """
-    forced = os.environ.get("ATTNLAB_BACKEND")
-    if forced:
-        backend = _forced_backend(forced)
-        if backend.applies(q, k, v, mask, bias, dropout_p, need_weights, score_fn):
-            return backend
+    if backend is None:
+        backend = backend_setting()
+    if backend != "auto":
+        forced = _forced_backend(backend)
+        if forced.applies(q, k, v, mask, bias, dropout_p, need_weights, score_fn):
+            return forced
     if need_weights or score_fn is not None:
         return _EXPLICIT  # the only one that returns the weights or takes a custom score
     key = _shape_class(q, k, v, mask, bias, dropout_p, causal)
     if key is not None:  # the hot path: this class was measured
         name = calibration.chosen(key)
         if name is not None:
-            backend = BACKENDS[name]
-            if backend.applies(q, k, v, mask, bias, dropout_p, need_weights, score_fn):
-                return backend
-    applicable = [
-        backend for backend in BACKENDS.values() if backend.applies(q, k, v, mask, bias, dropout_p, False, None)
-    ]
+            measured = BACKENDS[name]
+            if measured.applies(q, k, v, mask, bias, dropout_p, need_weights, score_fn):
+                return measured
+    applicable = [each for each in BACKENDS.values() if each.applies(q, k, v, mask, bias, dropout_p, False, None)]
     if key is None or len(applicable) == 1 or not calibration.can_measure():
         return applicable[0]
-    timed = {backend.name: _timed(backend, q, k, v, mask, bias, causal, scale) for backend in applicable}
+    timed = {each.name: _timed(each, q, k, v, mask, bias, causal, scale) for each in applicable}
     return BACKENDS[calibration.choose(key, timed)]
 
 
@@ -426,11 +448,28 @@ _MAX_TIMED_SCORES = 2**22
 explicit formula would hold them all, and the timing would take more than milliseconds."""
 
 
+BACKEND_SETTINGS = ("auto", *BACKENDS)
+"""The values of a backend setting (``MultiHeadAttention(backend=...)``, :func:`attention`'s
+``backend``, the override ``ATTNLAB_BACKEND``): ``auto``, the measured choice, or a backend's name."""
+
+
+def backend_setting(name: str | None = None) -> str:
+    """``name`` checked against :data:`BACKEND_SETTINGS`; None: the documented override
+    ``ATTNLAB_BACKEND`` from the environment where it is set, else ``auto``. A model's attention
+    calls this once, when it is built; a ConfigError names the variable or the setting."""
+    source = "attention backend"
+    if name is None:
+        name, source = os.environ.get("ATTNLAB_BACKEND") or "auto", "ATTNLAB_BACKEND"
+    if name not in BACKEND_SETTINGS:
+        raise ConfigError(f"{source}: unknown {name!r}; allowed: {', '.join(sorted(BACKEND_SETTINGS))}")
+    return name
+
+
 def _forced_backend(name: str) -> Backend:
     try:
         return BACKENDS[name]
     except KeyError:
-        raise ConfigError(f"ATTNLAB_BACKEND: unknown {name!r}; allowed: {', '.join(sorted(BACKENDS))}") from None
+        raise ConfigError(f"attention backend: unknown {name!r}; allowed: {', '.join(sorted(BACKENDS))}") from None
 
 
 def _shape_class(
@@ -518,8 +557,10 @@ def _hardmax_attention(
     need_weights: bool,
     straight_through: bool,
     bias: Tensor | None = None,
+    backend: str = "auto",
 ) -> tuple[Tensor, Tensor | None]:
-    """onehot(argmax_j (scale q_i . k_j + bias_ij)) V over the allowed keys, in blocks."""
+    """onehot(argmax_j (scale q_i . k_j + bias_ij)) V over the allowed keys, in blocks (``backend``:
+    that of the soft attention whose gradient ``straight_through`` takes)."""
     del dropout_p  # dropping a one-hot weight would just zero the output row
     t_q, t_k = q.shape[-2], k.shape[-2]
     lead = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
@@ -569,6 +610,7 @@ def _hardmax_attention(
             need_weights=False,
             straight_through=False,
             bias=bias,
+            backend=backend,
         )[0]
         output = soft + (output - soft).detach()  # forward: hard; backward: soft
     return output, weights
@@ -579,8 +621,8 @@ NORMALIZERS: dict[str, Callable[..., tuple[Tensor, Tensor | None]]] = {
     "hardmax": _hardmax_attention,
 }
 """Registry of normalizers ``a(.)``: name -> implementation with the common keyword signature
-``(q, k, v, mask, *, causal, scale, score_fn, dropout_p, need_weights, straight_through, bias=None)``
-returning ``(output, weights or None)``."""
+``(q, k, v, mask, *, causal, scale, score_fn, dropout_p, need_weights, straight_through, bias=None,
+backend="auto")`` returning ``(output, weights or None)``."""
 
 
 # --------------------------------------------------------------------------------------------

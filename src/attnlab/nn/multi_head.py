@@ -41,7 +41,7 @@ from torch import Tensor, nn
 from attnlab.errors import ConfigError
 from attnlab.kernels import linear_kernel
 from attnlab.limits import MAX_HEADS, describe_int
-from attnlab.nn.attention import NORMALIZERS, ScoreFn
+from attnlab.nn.attention import NORMALIZERS, ScoreFn, backend_setting
 from attnlab.nn.hooks import ATTENTION_POINTS, Hook, run_hooks
 from attnlab.nn.masks import check_mask
 from attnlab.nn.normalization import NORMS, make_norm
@@ -49,7 +49,7 @@ from attnlab.nn.position_bias import PositionBias, distances, make_position_bias
 from attnlab.nn.rotary import RotaryEmbedding
 from attnlab.nn.scores import make_score, soft_cap
 
-__all__ = ["MultiHeadAttention", "KVCache"]
+__all__ = ["MultiHeadAttention", "KVCache", "set_attention_backend"]
 
 
 class KVCache:
@@ -230,6 +230,16 @@ GROUPABLE_SCORES = ("scaled_dot", "dot")
 with them folds a group's query heads into query rows (:meth:`MultiHeadAttention._attend_grouped`)."""
 
 
+def set_attention_backend(model: nn.Module, backend: str) -> None:
+    """Set the soft-attention backend of every :class:`MultiHeadAttention` in ``model``: ``auto``
+    (measured) or a name of :data:`attnlab.nn.attention.BACKENDS` (a ConfigError otherwise). The
+    one place a built model's backend changes; nothing reads the environment per call."""
+    backend = backend_setting(backend)
+    for module in model.modules():
+        if isinstance(module, MultiHeadAttention):
+            module.backend = backend
+
+
 def check_heads_cap(name: str, value: int | None) -> None:
     """Refuse more than :data:`attnlab.limits.MAX_HEADS` heads before anything is built per head.
 
@@ -300,6 +310,12 @@ class MultiHeadAttention(nn.Module):
         position_bias: relative positions on the scores (:mod:`attnlab.nn.position_bias`):
             ``alibi`` (Press et al. 2022) or ``relative`` (Shaw et al. 2018); None for none.
         relative_clip: the clipping distance k of ``relative``.
+        backend: soft attention's implementation, resolved here, once (a runtime setting, not part
+            of the architecture): ``auto`` (the fastest that applies, measured on this machine),
+            or a name of :data:`attnlab.nn.attention.BACKENDS` (``sdpa``, ``explicit``, ``short``,
+            ``decode``), taken wherever it applies; None: the documented override
+            ``ATTNLAB_BACKEND`` from the environment, read now, else ``auto``. Changed later by
+            :func:`set_attention_backend`; never read from the environment per call.
 
     Shape:
         query: (B, T_q, d_model);  key, value: (B, T_k, d_model), or None for self-attention.
@@ -314,7 +330,10 @@ class MultiHeadAttention(nn.Module):
         out_proj: W^O, a Linear(H*d_v -> d_model).
         q_norm, k_norm: the q/k norms (``qk_norm`` other than ``none``), else None.
         hooks: point -> hooks of its named sites (:mod:`attnlab.nn.hooks`).
+        backend: the resolved backend setting (see ``backend`` above).
     """
+
+    backend = "auto"  # a module pickled before the setting existed runs the measured choice
 
     site_points = ATTENTION_POINTS
     """Its named sites, in the order it computes them (a lone module's are ``attn.POINT``)."""
@@ -344,8 +363,10 @@ class MultiHeadAttention(nn.Module):
         norm_eps: float = 1e-6,
         scale: float | None = None,
         softcap: float | None = None,
+        backend: str | None = None,
     ) -> None:
         super().__init__()
+        self.backend = backend_setting(backend)  # resolved once: the override ATTNLAB_BACKEND is read here
         if heads < 0 or (heads == 0 and d_k is None):
             raise ValueError(f"heads={heads}: need heads >= 1, or heads = 0 (all pruned) with d_k set")
         check_heads_cap("heads", heads)
@@ -609,6 +630,7 @@ class MultiHeadAttention(nn.Module):
             need_weights=want_weights,
             straight_through=self.straight_through,
             bias=bias,
+            backend=self.backend,
         )
 
     def _attend_grouped(
@@ -649,6 +671,7 @@ class MultiHeadAttention(nn.Module):
             need_weights=want_weights,
             straight_through=self.straight_through,
             bias=bias,
+            backend=self.backend,
         )  # (B, H_kv, g, d_v)
         unfolded = None if weights is None else weights.reshape(batch, heads, 1, weights.shape[-1])
         return outputs.reshape(batch, heads, 1, outputs.shape[-1]), unfolded

@@ -121,7 +121,9 @@ def test_only_the_explicit_formula_returns_weights_or_takes_a_score():
 def test_an_unknown_override_names_the_variable_and_the_backends(monkeypatch):
     monkeypatch.setenv("ATTNLAB_BACKEND", "flash")
     q = torch.randn(1, 2, 3, 4)
-    with pytest.raises(ValueError, match=r"ATTNLAB_BACKEND: unknown 'flash'; allowed: decode, explicit, sdpa, short"):
+    with pytest.raises(
+        ValueError, match=r"ATTNLAB_BACKEND: unknown 'flash'; allowed: auto, decode, explicit, sdpa, short"
+    ):
         attention(q, q, q)
 
 
@@ -161,3 +163,43 @@ def test_a_measured_class_is_remembered_and_looked_up(measured, monkeypatch):
     assert not timings and len(calibration.CHOICES) == 1
     attention(torch.randn(2, 3, 9, 8), torch.randn(2, 3, 9, 8), torch.randn(2, 3, 9, 8))  # another class
     assert timings == [1] and len(calibration.CHOICES) == 2
+
+
+def test_a_models_backend_is_resolved_once_when_it_is_built(monkeypatch):
+    """MultiHeadAttention reads the override ATTNLAB_BACKEND when it is built, never per call: a
+    variable set (even to nonsense) after that changes nothing; set_attention_backend is the one
+    place the setting of a built model changes, checked like the variable."""
+    from attnlab.nn import DecoderOnly, DecoderOnlyConfig
+    from attnlab.nn.multi_head import MultiHeadAttention, set_attention_backend
+
+    monkeypatch.setenv("ATTNLAB_BACKEND", "explicit")
+    torch.manual_seed(0)
+    model = DecoderOnly(DecoderOnlyConfig(vocab_size=20, layers=2, d_model=16, heads=2, d_ff=32, dropout=0.0)).eval()
+    attentions = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    assert attentions and {m.backend for m in attentions} == {"explicit"}
+    monkeypatch.delenv("ATTNLAB_BACKEND")
+    assert MultiHeadAttention(16, 2).backend == "auto"
+    assert MultiHeadAttention(16, 2, backend="sdpa").backend == "sdpa"
+    tokens = torch.randint(1, 20, (2, 7))
+    picked = []
+    real = attention_module.select_backend
+
+    def spy(*args, **kwargs):  # noqa: ANN202
+        backend = real(*args, **kwargs)
+        picked.append(backend.name)
+        return backend
+
+    monkeypatch.setattr(attention_module, "select_backend", spy)
+    monkeypatch.setenv("ATTNLAB_BACKEND", "flash")  # would be an error if it were read now
+    with torch.no_grad():
+        expected = model(tokens)
+        assert set(picked) == {"explicit"}
+        picked.clear()
+        set_attention_backend(model, "sdpa")
+        assert {m.backend for m in attentions} == {"sdpa"}
+        torch.testing.assert_close(model(tokens), expected, atol=1e-5, rtol=1e-5)
+        assert set(picked) == {"sdpa"}
+    with pytest.raises(ValueError, match=r"attention backend: unknown 'flash'; allowed: auto, decode"):
+        set_attention_backend(model, "flash")
+    with pytest.raises(ValueError, match=r"attention backend: unknown 'flash'"):
+        MultiHeadAttention(16, 2, backend="flash")
