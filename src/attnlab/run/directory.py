@@ -205,10 +205,17 @@ class RunDir:
 
     @classmethod
     def _check_new(cls, path: Path, *, overwrite: bool) -> None:
-        """Refuse a file at ``path``, or (unless ``overwrite``) a folder holding anything but a lock."""
+        """Refuse a file at ``path``, or (unless ``overwrite``) a folder holding anything but a lock
+        (and the hidden ``.NAME.tmp-*`` folder a staged write builds in it)."""
         if path.exists() and not path.is_dir():
             raise UsageError(f"run directory {path} is a file; choose another --out")
-        if path.exists() and any(p.name != cls.LOCK for p in path.iterdir()) and not overwrite:
+        staging = f".{path.name}.tmp-"
+        held = (
+            [p for p in path.iterdir() if p.name != cls.LOCK and not p.name.startswith(staging)]
+            if path.exists()
+            else []
+        )
+        if held and not overwrite:
             raise UsageError(f"run directory {path} already exists and is not empty; choose another --out")
 
     @classmethod
