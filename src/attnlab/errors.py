@@ -68,6 +68,13 @@ class UsageError(AttnlabError):
     """A request that cannot be carried out as asked (bad head index, bad percentage, ...)."""
 
 
+class ModelRequestError(UsageError, ValueError):
+    """A request a model cannot serve, from :mod:`attnlab.nn` (a UsageError, exit 2, and a
+    ValueError, which callers that name the flag catch to say which one): a site name or glob that
+    matches none of its named sites, a selection or value that does not fit a site, a head mask of
+    the wrong kind or shape."""
+
+
 class ResourceError(AttnlabError):
     """A request that is valid but needs more than this machine has (a memory estimate above the
     memory available, an allocation that failed, or a disk with no room for a file it writes):

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
+from attnlab.errors import ModelRequestError
 from attnlab.nn.hooks import Hook, Site, add_hook, attention_sites, model_sites
 
 __all__ = [
@@ -57,12 +58,14 @@ def check_head_mask(head_mask: HeadMask | None, shapes: Mapping[str, tuple[int, 
         return
     for kind, tensor in head_mask.items():
         if kind not in shapes:
-            raise ValueError(f"head_mask: this model has no {kind!r} attention; it has: {', '.join(shapes)}")
+            raise ModelRequestError(f"head_mask: this model has no {kind!r} attention; it has: {', '.join(shapes)}")
         expected = shapes[kind]
         if not isinstance(tensor, Tensor) or not tensor.is_floating_point():
-            raise ValueError(f"head_mask[{kind!r}] must be a float tensor of shape {expected} or (B, *{expected})")
+            raise ModelRequestError(
+                f"head_mask[{kind!r}] must be a float tensor of shape {expected} or (B, *{expected})"
+            )
         if tuple(tensor.shape[-2:]) != expected or tensor.dim() not in (2, 3):
-            raise ValueError(
+            raise ModelRequestError(
                 f"head_mask[{kind!r}] has shape {tuple(tensor.shape)}; expected (layers, heads) = {expected} "
                 f"or (B, {expected[0]}, {expected[1]})"
             )
@@ -103,7 +106,7 @@ def masking_heads(model: nn.Module, head_mask: HeadMask | Tensor | None) -> Iter
         return
     if isinstance(head_mask, Tensor):  # a lone module: one layer of kind self
         if head_mask.dim() not in (1, 2):
-            raise ValueError(f"head_mask must have shape (H,) or (B, H), got {tuple(head_mask.shape)}")
+            raise ModelRequestError(f"head_mask must have shape (H,) or (B, H), got {tuple(head_mask.shape)}")
         head_mask = {"self": head_mask.unsqueeze(-2)}
     sites = attention_sites(model)
     check_head_mask(head_mask, _shapes(sites))
@@ -149,9 +152,9 @@ def masking_experts(model: nn.Module, mask: Tensor | None) -> Iterator[None]:
     sites = [site for site in model_sites(model).values() if site.point == "experts"]
     shape = _expert_shape(sites)
     if shape is None:
-        raise ValueError("expert mask: this model has no mixture-of-experts layers (no ffn.experts site)")
+        raise ModelRequestError("expert mask: this model has no mixture-of-experts layers (no ffn.experts site)")
     if mask.dim() not in (2, 3) or tuple(mask.shape[-2:]) != shape:
-        raise ValueError(
+        raise ModelRequestError(
             f"expert mask: expected (layers, experts) = {shape} (or a batch of them), got {tuple(mask.shape)}"
         )
     removers = [add_hook(site, _expert_scale(mask, site.layer or 0), first=True) for site in sites]
@@ -182,7 +185,7 @@ def _head_scale(xi: Tensor, layer: int, heads: int) -> Hook:
     def scale(z: Tensor) -> Tensor:
         row = xi[..., layer, :heads]  # (H,) or (B, H)
         if row.dim() == 2 and row.shape[0] not in (1, z.shape[0]):
-            raise ValueError(f"head_mask batch size {row.shape[0]} does not match the input's {z.shape[0]}")
+            raise ModelRequestError(f"head_mask batch size {row.shape[0]} does not match the input's {z.shape[0]}")
         return z * row.to(z.dtype).reshape(-1, heads, 1, 1)  # xi_h head_h
 
     return scale

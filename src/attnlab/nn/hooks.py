@@ -94,6 +94,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from attnlab.errors import ModelRequestError
+
 __all__ = [
     "Hook",
     "Site",
@@ -247,15 +249,22 @@ def resolve_sites(sites: dict[str, Site], patterns: Iterable[str]) -> list[str]:
     the model's order.
 
     Raises:
-        ValueError: a pattern that matches no site, naming the closest site names.
+        ModelRequestError: a pattern that matches no site, naming the closest site names, or no string
+            (a UsageError and a ValueError).
     """
+    if isinstance(patterns, str) or not isinstance(patterns, Iterable):
+        patterns = [patterns]  # type: ignore[list-item]
     chosen: set[str] = set()
     for pattern in patterns:
+        if not isinstance(pattern, str):
+            raise ModelRequestError(
+                f"site: a site name or glob (a string, see `attnlab sites`) is needed, got {pattern!r}"
+            )
         matched = fnmatch.filter(sites, pattern) if any(c in pattern for c in "*?[") else [pattern] * (pattern in sites)
         if not matched:
             close = difflib.get_close_matches(pattern, list(sites), n=3, cutoff=0.5)
             hint = f"; did you mean {', '.join(close)}?" if close else f"; e.g. {', '.join(list(sites)[:3])}"
-            raise ValueError(f"site {pattern!r}: no such site in this model{hint}")
+            raise ModelRequestError(f"site {pattern!r}: no such site in this model{hint}")
         chosen.update(matched)
     return [name for name in sites if name in chosen]
 

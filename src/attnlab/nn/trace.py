@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from attnlab.errors import UsageError
+from attnlab.errors import ModelRequestError, UsageError
 from attnlab.nn.hooks import Hook, Site, add_hook, model_sites, resolve_sites
 from attnlab.nn.replacement import Replacement
 
@@ -221,7 +221,7 @@ def _as(value: Tensor | float, like: Tensor, site: str) -> Tensor:
     except RuntimeError:
         fits = False
     if not fits:
-        raise ValueError(
+        raise ModelRequestError(
             f"site {site!r}: a value of shape {tuple(value.shape)} does not broadcast to the site's {tuple(like.shape)}"
         )
     return value.to(device=like.device, dtype=like.dtype)
@@ -230,12 +230,12 @@ def _as(value: Tensor | float, like: Tensor, site: str) -> Tensor:
 def _selector(site: Site, examples: Selection, heads: Selection, positions: Selection) -> dict[int, Selection]:
     """axis -> selection, checked against what the site has."""
     if heads is not None and site.head_axis is None:
-        raise ValueError(
+        raise ModelRequestError(
             f"site {site.name!r}: heads= needs a site with a head axis (attn.q_pre, .k_pre, .q, .k, .v, .scores, "
             ".pattern, .z, .result)"
         )
     if positions is not None and site.position_axis is None:
-        raise ValueError(f"site {site.name!r}: has no positions axis; positions= does not apply")
+        raise ModelRequestError(f"site {site.name!r}: has no positions axis; positions= does not apply")
     chosen = {0: examples, site.head_axis: heads, site.position_axis: positions}
     return {axis: selection for axis, selection in chosen.items() if axis is not None and selection is not None}
 
@@ -246,7 +246,7 @@ def _edit_on(selector: dict[int, Selection], function: Hook, name: str) -> Hook:
     def edit(x: Tensor) -> Tensor:
         edited = function(x)
         if edited.shape != x.shape:
-            raise ValueError(
+            raise ModelRequestError(
                 f"site {name!r}: the edit gives shape {tuple(edited.shape)}, the site has {tuple(x.shape)}"
             )
         if not selector:
@@ -263,7 +263,7 @@ def _mask(selector: dict[int, Selection], x: Tensor, name: str) -> Tensor:
         size = x.shape[axis]
         index = torch.as_tensor(selection, device=x.device).reshape(-1).to(torch.long)
         if index.numel() and (int(index.min()) < -size or int(index.max()) >= size):
-            raise ValueError(f"site {name!r}: index {selection} is out of range for axis {axis} of size {size}")
+            raise ModelRequestError(f"site {name!r}: index {selection} is out of range for axis {axis} of size {size}")
         along = torch.zeros(size, dtype=torch.bool, device=x.device)
         along[index] = True
         shape = [1] * x.dim()

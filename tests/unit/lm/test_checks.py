@@ -94,3 +94,12 @@ def test_analyses_refuse_inputs_of_the_wrong_type(lm) -> None:
         lm.importance(123)
     with pytest.raises(UsageError, match="inputs: texts or integer token ids are needed, got float"):
         lm.importance([1.5, 2.5])
+
+
+def test_a_site_the_model_lacks_is_one_usage_error(lm) -> None:
+    with pytest.raises(UsageError, match="site 'decoder.9.nope': no such site in this model; did you mean"):
+        with lm.trace("decoder.9.nope"):
+            pass
+    with pytest.raises(UsageError, match="site: a site name or glob .* is needed, got 123"):
+        with lm.trace(123):  # type: ignore[arg-type]
+            pass
