@@ -249,12 +249,12 @@ class OneDNNLinear:
     region nothing is packed: PyTorch's fused optimizers and ``.data`` edits write a weight without
     bumping its counter, and only the region's end says for certain that a copy may be stale.
     Unpacked, oneDNN lays the weight out again on every call, which slows decoding steps measurably
-    (benchmarks/README.md). A
-    weight is packed at its second use with as many rows as the use before, the sign of a repeated
-    shape (decoding steps, batches of one size, a benchmark's repeats): a prompt read once at batch
-    1, or prompts of different lengths read one after another (``attnlab generate RUN "a" "b c"``),
-    pack nothing. Packed copies cost the weights' memory once more; a forward pass that needs a
-    weight's gradient drops that weight's copy, so training keeps none.
+    (benchmarks/README.md). A weight is packed at its second use with as many rows as the use
+    before, the sign of a repeated shape (decoding steps, batches of one size, a benchmark's
+    repeats): a prompt read once at batch 1, or prompts of different lengths read one after another
+    (``attnlab generate RUN "a" "b c"``), pack nothing. Packed copies cost the weights' memory once
+    more while the region lasts; a forward pass that needs a weight's gradient drops that weight's
+    copy, so training keeps none.
 
     One instance per module (:func:`linear_kernel` makes them), so the copies live and die with the
     module whose weights they are (and the region they were made in).
