@@ -41,6 +41,7 @@ from attnlab.errors import UsageError
 from attnlab.evaluation import evaluate
 from attnlab.evaluation.objectives import PREDICTIONS, example_losses
 from attnlab.head_ids import HeadId, head_ids, head_site, heads_off, mask_without
+from attnlab.kernels.linear import packed_weights
 from attnlab.nn import HeadMask, TransformerModel, trace
 from attnlab.run.loaded import LoadedRun
 from attnlab.tasks.batching import make_batches
@@ -248,16 +249,17 @@ def ablate(
     tick = progress or (lambda: None)
     base = held_mask_of(probe)
     plan = ablation_plan(probe, kinds)
-    baseline = probe.evaluate(base)
-    scores = []
-    for _, off in plan:
-        if off:
-            mask, edit = removal(probe, off, means)
-            with edit:
-                scores.append(probe.evaluate(mask))
-        else:
-            scores.append(baseline)
-        tick()
+    with packed_weights():  # one weight read by every evaluation: oneDNN's packed copies reused
+        baseline = probe.evaluate(base)
+        scores = []
+        for _, off in plan:
+            if off:
+                mask, edit = removal(probe, off, means)
+                with edit:
+                    scores.append(probe.evaluate(mask))
+            else:
+                scores.append(baseline)
+            tick()
     return ablation_of(plan, baseline, scores)
 
 

@@ -77,6 +77,7 @@ from attnlab.analysis.reports import write_rows
 from attnlab.devices import model_device
 from attnlab.errors import UsageError
 from attnlab.figures import Figure
+from attnlab.kernels.linear import packed_weights
 from attnlab.nn.hooks import Site, model_sites, resolve_sites
 from attnlab.nn.trace import trace
 from attnlab.run.loaded import LoadedRun
@@ -312,18 +313,19 @@ def _exact(
     examples = len(corrupt.tokens)
     per_pass = max(1, batch // examples)
     values: list[float] = []
-    for start in range(0, len(units), per_pass):
-        chunk = units[start : start + per_pass]
-        by_site: dict[str, list[tuple[int, Unit]]] = {}
-        for copy, unit in enumerate(chunk):
-            rows = [(copy * examples + example, unit) for example in range(examples)]
-            by_site.setdefault(unit.site.name, []).extend(rows)
-        with trace(model) as t:
-            for name, rows in by_site.items():
-                t.edit(name, _patcher(clean[name], rows))
-            measured = run(corrupt.tiled(len(chunk) * examples)).double()
-        values += measured.reshape(len(chunk), examples).mean(1).tolist()
-        tick()
+    with packed_weights():  # one weight read by every pass: oneDNN's packed copies reused
+        for start in range(0, len(units), per_pass):
+            chunk = units[start : start + per_pass]
+            by_site: dict[str, list[tuple[int, Unit]]] = {}
+            for copy, unit in enumerate(chunk):
+                rows = [(copy * examples + example, unit) for example in range(examples)]
+                by_site.setdefault(unit.site.name, []).extend(rows)
+            with trace(model) as t:
+                for name, rows in by_site.items():
+                    t.edit(name, _patcher(clean[name], rows))
+                measured = run(corrupt.tiled(len(chunk) * examples)).double()
+            values += measured.reshape(len(chunk), examples).mean(1).tolist()
+            tick()
     return values
 
 

@@ -13,6 +13,7 @@ import torch
 from attnlab.bench.harness import BenchResult, hf_greedy_generate, interleaved_median_times
 from attnlab.bench.models import FULL, QUICK, attnlab_model, hf_available, hf_bart, random_batch
 from attnlab.generate.search import EncoderDecoderStepper, greedy_search
+from attnlab.kernels.linear import packed_weights
 
 __all__ = ["run_decode"]
 
@@ -31,6 +32,7 @@ def run_decode(quick: bool = False, repeats: int = 5) -> BenchResult:
 
         def attnlab_decode(use_cache: bool):  # noqa: ANN202
             @torch.no_grad()
+            @packed_weights()  # as decode() runs it: the encoder's pass inside the region too
             def go() -> None:
                 stepper = EncoderDecoderStepper(model, src, use_cache=use_cache)
                 greedy_search(

@@ -54,9 +54,10 @@ when it is done (the time it took); commands call :func:`prepare` before their p
 no bar runs through it. It runs ``ninja`` in a child process of its own session (with the
 interpreter's directory on the child's PATH, where the ``ninja`` package puts it; this process's
 ``os.environ`` is never written), stopped when the process that started it is interrupted or (on
-Linux) killed, and a completion marker, written atomically after it succeeded, makes it complete: a complete build is loaded as it is, without the lock and
-without ``ninja`` (whose build commands name the interpreter's paths as reached, so one virtual
-environment reached through a symlink would otherwise rebuild). Concurrent first uses build once:
+Linux) killed, and a completion marker, written atomically after it succeeded, makes it
+complete: a complete build is loaded as it is, without the lock and without ``ninja`` (whose
+build commands name the interpreter's paths as reached, so one virtual environment reached
+through a symlink would otherwise rebuild). Concurrent first uses build once:
 the build runs under an OS file lock in its directory (released if the process dies), and a
 process that finds the lock taken says whose build it waits for, waits up to
 ``ATTNLAB_BUILD_WAIT_S`` seconds (default 600), then loads what the first one built, or, past

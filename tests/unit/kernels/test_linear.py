@@ -18,9 +18,9 @@ from attnlab.kernels.linear import (
     MeasuredLinear,
     OneDNNLinear,
     linear_kernel,
-    packed_weights,
     linear_setting,
     onednn_available,
+    packed_weights,
 )
 from attnlab.nn import EncoderDecoder, EncoderDecoderConfig
 
