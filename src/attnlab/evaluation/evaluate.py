@@ -14,10 +14,10 @@ With ``positions_seed`` (``train.eval_positions = "randomized"``), a model train
 positions (``model.randomized_positions = M``, Ruoss et al. 2023) is evaluated with positions drawn
 as in training, a sorted random subset of [0, M) per sequence, from a generator of the sequence's
 own seeded from ``positions_seed``, the split's name and the sequence's tokens
-(:func:`attnlab.nn.models.drawing_positions`): the same positions at every evaluation and in any
+(:func:`attnlab.nn.token_positions.drawing_positions`): the same positions at every evaluation and in any
 batch, and torch's global generator (the training one) is never drawn from. An encoder-decoder's
 generated output takes the positions drawn for BOS + the reference output, one per token written
-(:func:`attnlab.nn.models.planned_positions`; Ruoss et al.'s model is given the output's length).
+(:func:`attnlab.nn.token_positions.planned_positions`; Ruoss et al.'s model is given the output's length).
 
 Recognition in the ``next_char`` formulation (a decoder-only model, batches with ``next_symbols``):
 ``accuracy`` is the share of strings whose every position predicts its next-symbol set exactly

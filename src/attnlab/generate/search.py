@@ -383,7 +383,7 @@ def decode(
 
     Args:
         positions: the decoder's positions for BOS and the tokens it writes, in order
-            (randomized-position evaluation, :func:`attnlab.nn.models.planned_positions`);
+            (randomized-position evaluation, :func:`attnlab.nn.token_positions.planned_positions`);
             default 0, 1, ...
         banned: ids never written; default ``pad_id`` and ``bos_id`` (a task's
             ``generation_banned`` where it has one: a pretrained model's distribution is taken

@@ -10,7 +10,7 @@ blocks W_o^h of shape (d_model, d_v), and §2.3 adds a mask variable xi_h per he
     MHAtt(x, q) = sum_h xi_h Att_h(x, q)          with Att_h = W_o^h head_h
 
 Both are one line here: the heads are a real tensor axis (B, H, T_q, d_v), the site ``z``; the head
-mask multiplies that tensor before W^O (a hook on ``z``, :func:`attnlab.nn.hooks.masking_heads`),
+mask multiplies that tensor before W^O (a hook on ``z``, :func:`attnlab.nn.head_masks.masking_heads`),
 and the concatenation + W^O is the sum over heads. Because xi_h scales the output of the attention
 kernel rather than its weights, the fused SDPA kernel is used unchanged.
 
@@ -321,7 +321,7 @@ class MultiHeadAttention(nn.Module):
         query: (B, T_q, d_model);  key, value: (B, T_k, d_model), or None for self-attention.
         mask: bool, True = may attend, broadcastable to (B, H, T_q, T_k).
         returns (B, T_q, d_model). The head mask xi (0/1 or real-valued, differentiable) is a
-        scale of the ``z`` site: :func:`attnlab.nn.hooks.masking_heads`.
+        scale of the ``z`` site: :func:`attnlab.nn.head_masks.masking_heads`.
 
     Attributes:
         in_proj_weight: (H*d_k + H_kv*d_k + H_kv*d_v, d_model): W^Q, W^K, W^V stacked, head h of
@@ -461,7 +461,7 @@ class MultiHeadAttention(nn.Module):
     ) -> Tensor:
         """sum_h xi_h Attention(Q W_h^Q, K W_h^K, V W_h^V) W_o^h + b^O.
 
-        xi is the head mask, a hook scaling the ``z`` site (:func:`attnlab.nn.hooks.masking_heads`);
+        xi is the head mask, a hook scaling the ``z`` site (:func:`attnlab.nn.head_masks.masking_heads`);
         without hooks xi = 1 and the fused path runs.
 
         Args:
