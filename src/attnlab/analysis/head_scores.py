@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from attnlab.analysis.plots import heads_heatmap
+from attnlab.analysis.reports import data_frame
 from attnlab.errors import UsageError
 from attnlab.figures import Figure
 from attnlab.head_ids import HeadId
@@ -103,13 +104,8 @@ class HeadScores(Mapping[str, Tensor]):
         return found
 
     def to_frame(self) -> Any:
-        """A pandas DataFrame of :meth:`records` (pandas is not a dependency of attnlab: installed
-        where a notebook has it)."""
-        try:
-            import pandas  # lazy: an optional package, for notebooks
-        except ImportError:
-            raise UsageError("to_frame: needs pandas (pip install pandas); to_csv writes the same table") from None
-        return pandas.DataFrame.from_records(self.records())
+        """A pandas DataFrame of :meth:`records` (:func:`attnlab.analysis.reports.data_frame`)."""
+        return data_frame(self.records())
 
     def to_csv(self, path: str | os.PathLike[str]) -> Path:
         """Write :meth:`records` as CSV (atomically) and return the path."""

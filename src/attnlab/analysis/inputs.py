@@ -23,7 +23,7 @@ from attnlab.errors import UsageError
 from attnlab.resources import check_input_text, check_input_tokens
 from attnlab.run.loaded import LoadedRun
 
-__all__ = ["model_inputs", "examples", "left_pad", "check_ids", "check_token_ids"]
+__all__ = ["model_inputs", "examples", "id_tensor", "left_pad", "check_ids", "check_token_ids"]
 
 
 def check_token_ids(ids: Tensor, vocabulary: int, what: str) -> None:
@@ -74,11 +74,8 @@ def examples(
         outside the vocabulary, more tokens than the context.
     """
     if isinstance(given, Tensor):
-        if given.dim() not in (1, 2) or given.is_floating_point() or given.is_complex() or given.dtype == torch.bool:
-            shown = f"{given.dtype} {tuple(given.shape)}"
-            raise UsageError(f"{what}: integer ids of shape (B, T) or (T,) are needed, got {shown}")
-        given = given.tolist() if given.dim() == 2 else [given.tolist()]
-    elif isinstance(given, str) or (_is_ids(given) and given):
+        return id_tensor(loaded, given, what).tolist()
+    if isinstance(given, str) or (_is_ids(given) and given):
         given = [given]
     if not isinstance(given, Sequence) or not given:
         raise UsageError(f"{what}: give a text, a list of texts, or token ids (a list or a tensor)")
@@ -99,6 +96,25 @@ def examples(
     return found
 
 
+def id_tensor(loaded: LoadedRun, given: Tensor, what: str = "inputs") -> Tensor:
+    """``given``, a (T,) or (B, T) tensor of ids, as (B, T), checked on the tensor itself (integer
+    ids of the vocabulary, as many positions as the model's context holds): no copy into lists.
+
+    Raises:
+        UsageError: naming ``what``: another dtype or shape, no ids, an id outside the vocabulary,
+        more tokens than the context.
+    """
+    if given.dim() not in (1, 2) or given.is_floating_point() or given.is_complex() or given.dtype == torch.bool:
+        shown = f"{given.dtype} {tuple(given.shape)}"
+        raise UsageError(f"{what}: integer ids of shape (B, T) or (T,) are needed, got {shown}")
+    tokens = given.reshape(-1, given.shape[-1])
+    if tokens.numel() == 0:
+        raise UsageError(f"{what}: no token ids")
+    check_token_ids(tokens, loaded.model.config.vocab_size, what)
+    check_input_tokens(tokens.shape[1], context=loaded.model.config.max_len, what=what)
+    return tokens
+
+
 def left_pad(rows: Sequence[list[int]], pad: int, device: torch.device) -> tuple[Tensor, Tensor]:
     """(tokens, is_token), both (B, T): ``rows`` padded on the left with ``pad``."""
     width = max(map(len, rows))
@@ -117,12 +133,13 @@ def model_inputs(
         UsageError: as :func:`examples`; ``is_token`` given with texts, or of another shape.
     """
     device = model_device(loaded.model)
-    if isinstance(inputs, Tensor) and is_token is not None:
-        tokens = examples(loaded, inputs, what)  # checked
-        shaped = inputs.reshape(len(tokens), -1)
-        if is_token.numel() != shaped.numel():
-            raise UsageError(f"is_token: shape {tuple(is_token.shape)} does not match the ids' {tuple(shaped.shape)}")
-        return shaped.to(device), is_token.reshape(shaped.shape).to(device).bool()
+    if isinstance(inputs, Tensor):
+        tokens = id_tensor(loaded, inputs, what)
+        if is_token is None:
+            return tokens.to(device), torch.ones(tokens.shape, dtype=torch.bool, device=device)
+        if is_token.numel() != tokens.numel():
+            raise UsageError(f"is_token: shape {tuple(is_token.shape)} does not match the ids' {tuple(tokens.shape)}")
+        return tokens.to(device), is_token.reshape(tokens.shape).to(device).bool()
     if is_token is not None:
         raise UsageError("is_token: only with ids as a tensor (texts are padded and masked here)")
     return left_pad(examples(loaded, inputs, what), getattr(loaded.task, "pad_id", 0), device)

@@ -138,17 +138,19 @@ def check_finite(view: AttentionView) -> None:
             raise UsageError(f"{record.kind} layer {record.layer}: the attention weights hold NaN or infinity")
 
 
-def language_model_prompt(loaded: LoadedRun, text: str) -> list[int]:
+def language_model_prompt(loaded: LoadedRun, text: str, *, chat: bool = False, what: str = "TEXT") -> list[int]:
     """The ids a language model reads for ``text``: its task's own prompt (``BOS text`` for a model
-    trained here; the model's framing, BOS or none, for a pretrained LM), within its context.
+    trained here; the model's framing, BOS or none, for a pretrained LM; with ``chat`` the model's
+    chat template around it), within its context.
 
     Raises:
-        UsageError: the prompt is longer than the context (the task's, else ``model.max_len``).
+        UsageError: naming ``what``, the prompt is longer than the context (the task's, else
+        ``model.max_len``).
     """
     task, config = loaded.task, loaded.model.config
-    ids = task.generation_prompt(text)
+    ids = task.generation_prompt(text, chat=chat)
     context = config.max_len if task.generation_context is None else min(task.generation_context, config.max_len)
-    check_input_tokens(len(ids), context=context)
+    check_input_tokens(len(ids), context=context, what=what)
     return ids
 
 
@@ -166,9 +168,7 @@ def generation_ids(
     check_input_text(text, what=what)
     task, model, kind = loaded.task, loaded.model, loaded.experiment.model_kind
     if kind == "decoder_only":
-        ids = task.generation_prompt(text, chat=chat)
-        context = model.config.max_len if task.generation_context is None else task.generation_context
-        check_input_tokens(len(ids), context=min(context, model.config.max_len), what=what)
+        ids = language_model_prompt(loaded, text, chat=chat, what=what)
         return ids, check_decode_length(len(ids), new, config=model.config, context=task.generation_context)
     ids = loaded.codec.encode(text)
     check_input_tokens(len(ids) + 1, context=model.config.max_len, what=what)  # + EOS

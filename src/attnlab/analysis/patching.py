@@ -73,7 +73,7 @@ from attnlab.analysis.patch_measures import (
     user_measure,
 )
 from attnlab.analysis.plots import heads_heatmap
-from attnlab.analysis.reports import write_rows
+from attnlab.analysis.reports import data_frame, write_rows
 from attnlab.devices import model_device
 from attnlab.errors import UsageError
 from attnlab.figures import Figure
@@ -218,12 +218,8 @@ class PatchResult:
         return write_rows(rows, Path(path), COLUMNS)
 
     def to_frame(self) -> Any:
-        """A pandas DataFrame of every unit (pandas where a notebook has it)."""
-        try:
-            import pandas  # lazy: an optional package, for notebooks
-        except ImportError:
-            raise UsageError("to_frame: needs pandas (pip install pandas); to_csv writes the same table") from None
-        return pandas.DataFrame([dataclasses.asdict(r) for r in self.rows()], columns=list(COLUMNS))
+        """A pandas DataFrame of every unit (:func:`attnlab.analysis.reports.data_frame`)."""
+        return data_frame([dataclasses.asdict(r) for r in self.rows()], COLUMNS)
 
     def rows(self) -> list[SitePatch]:
         """Every unit of every request, in order (a unit in two requests, twice)."""

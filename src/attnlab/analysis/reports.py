@@ -12,10 +12,11 @@ from typing import Any
 
 import numpy as np
 
+from attnlab.errors import UsageError
 from attnlab.figures import plt, save_figure
 from attnlab.run.storage import atomic_write_text
 
-__all__ = ["write_rows", "head_matrix_plot", "layer_bars_plot", "token_grid_plot", "curve_plot"]
+__all__ = ["write_rows", "data_frame", "head_matrix_plot", "layer_bars_plot", "token_grid_plot", "curve_plot"]
 
 
 def write_rows(rows: Sequence[Any], path: Path, columns: Sequence[str]) -> Path:
@@ -29,6 +30,16 @@ def write_rows(rows: Sequence[Any], path: Path, columns: Sequence[str]) -> Path:
         writer.writerow([_cell(values[c]) for c in columns])
     atomic_write_text(Path(path), buffer.getvalue())
     return Path(path)
+
+
+def data_frame(records: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) -> Any:
+    """A pandas DataFrame of ``records`` (one dict per row), for notebooks: pandas is not a
+    dependency of attnlab, so without it this is a UsageError that names the CSV writers instead."""
+    try:
+        import pandas  # lazy: an optional package, for notebooks
+    except ImportError:
+        raise UsageError("to_frame: needs pandas (pip install pandas); to_csv writes the same table") from None
+    return pandas.DataFrame.from_records(list(records), columns=None if columns is None else list(columns))
 
 
 def _cell(value: Any) -> str:

@@ -104,13 +104,13 @@ def load(
         bridge=bridge,
         placement=placement,
     )
-    return LanguageModel(_with_bos(opened, prepend_bos))
+    return LanguageModel(dataclasses.replace(opened, task=_bos_task(opened, prepend_bos)))
 
 
-def _with_bos(loaded: LoadedRun, prepend_bos: bool | None) -> LoadedRun:
-    """``loaded`` whose task puts its BOS before every text (or never), chosen once at load."""
+def _bos_task(loaded: LoadedRun, prepend_bos: bool | None) -> Any:
+    """``loaded``'s task, putting its BOS before every text (True) or never (False); as it is for None."""
     if prepend_bos is None:
-        return loaded
+        return loaded.task
     if not isinstance(prepend_bos, bool):
         raise UsageError(f"prepend_bos: True, False or None, got {prepend_bos!r}")
     task = loaded.task
@@ -118,7 +118,7 @@ def _with_bos(loaded: LoadedRun, prepend_bos: bool | None) -> LoadedRun:
         raise UsageError(f"prepend_bos: for a pretrained language model; {loaded.name} reads its task's own framing")
     if prepend_bos and task.bos < 0:
         raise UsageError(f"prepend_bos: {loaded.name} has no BOS token")
-    return dataclasses.replace(loaded, task=dataclasses.replace(task, add_bos=prepend_bos))
+    return dataclasses.replace(task, add_bos=prepend_bos)
 
 
 class LanguageModel(Studies):
@@ -175,14 +175,8 @@ class LanguageModel(Studies):
         texts = [text] if isinstance(text, str) else list(text)
         if not texts or not all(isinstance(t, str) for t in texts):
             raise UsageError("text: a text or a list of texts is needed")
-        bos = getattr(self.task, "bos", -1)
-        if prepend_bos and bos < 0:
-            raise UsageError(f"prepend_bos: {self.loaded.name} has no BOS token")
-        if prepend_bos is None:
-            rows = [self.tokenize(t) for t in texts]
-        else:
-            rows = [([bos] if prepend_bos else []) + self.loaded.tokenizer.encode(t) for t in texts]
-        tokens, mask = self._batch(rows, None)
+        task = _bos_task(self.loaded, prepend_bos)  # the framing load's prepend_bos chooses, for this call
+        tokens, mask = self._batch([task.encode(t) for t in texts], None)
         return (tokens, mask) if return_mask else tokens
 
     def to_single_token(self, text: str) -> int:
