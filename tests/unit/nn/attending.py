@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import torch
 
-from attnlab.nn import MultiHeadAttention, capture, masking_heads
+from attnlab.nn import MultiHeadAttention, masking_heads, trace
 
 
 class Attended(NamedTuple):
@@ -16,10 +16,10 @@ class Attended(NamedTuple):
 
 
 def attend(mha: MultiHeadAttention, *args, head_mask=None, **kwargs) -> Attended:  # noqa: ANN001, ANN002, ANN003
-    """The module's output under the head mask, with its pattern and z (captured, graph kept)."""
-    with masking_heads(mha, head_mask), capture(mha, detach=False) as records:
+    """The module's output under the head mask, with its pattern and z (traced, graph kept)."""
+    with masking_heads(mha, head_mask), trace(mha, ["attn.pattern", "attn.z"], detach=False) as traced:
         output = mha(*args, **kwargs)
-    return Attended(output, records[0].weights, records[0].head_outputs)
+    return Attended(output, traced.cache["attn.pattern"], traced.cache["attn.z"])
 
 
 def masked(mha: MultiHeadAttention, *args, head_mask=None, **kwargs) -> torch.Tensor:  # noqa: ANN001, ANN002, ANN003

@@ -15,7 +15,6 @@ from attnlab.nn import (
     EncoderDecoderConfig,
     MultiHeadAttention,
     build_model,
-    capture,
     masking_heads,
     trace,
 )
@@ -107,16 +106,17 @@ def test_reading_every_site_leaves_the_output_as_it_was(name):
 @pytest.mark.parametrize("name", list(MODELS))
 def test_cached_sites_equal_what_the_model_computes_by_other_routes(name):
     model, inputs = _model(name), _inputs(name)
-    with torch.no_grad(), capture(model) as records, trace(model, cache="*") as t:
+    with torch.no_grad(), trace(model, cache="*") as t:
         model(*inputs)
     cache, sites = t.cache, t.sites
-    kinds = {(s.kind, s.layer): s for s in sites.values() if s.point == "pattern"}
-    for record in records:  # pattern and z equal what capture records
-        site = kinds[(record.kind, record.layer)]
+    for site in (s for s in sites.values() if s.point == "pattern"):
         prefix = site.name.rsplit(".", 1)[0]
-        assert torch.equal(cache[f"{prefix}.pattern"], record.weights)
-        assert torch.equal(cache[f"{prefix}.z"], record.head_outputs)
         attention = site.module
+        if not hasattr(attention.position_bias, "value_table"):  # Shaw's relative positions add a value term
+            # z_h = pattern_h v_h (a key/value head serves heads / kv_heads query heads)
+            pattern, v = cache[f"{prefix}.pattern"], cache[f"{prefix}.v"]
+            v = v.repeat_interleave(pattern.shape[1] // v.shape[1], dim=1)
+            assert torch.allclose(cache[f"{prefix}.z"], pattern @ v, atol=1e-12)
         bias = 0 if attention.out_proj.bias is None else attention.out_proj.bias
         # out = sum_h result_h + b^O  and  result_h = z_h W_o^h
         assert torch.allclose(cache[f"{prefix}.result"].sum(1) + bias, cache[f"{prefix}.out"], atol=1e-12)
@@ -318,74 +318,87 @@ def test_a_per_example_head_mask_is_differentiable_per_example():
             model(*inputs)
 
 
-# ---- capture: a view of every call's pattern and z ----
+# ---- every attention call's pattern and z, traced ----
 
-CAPTURE = {"vocab_size": 11, "layers": 2, "d_model": 16, "heads": 4, "d_ff": 32, "dropout": 0.0}
+SMALLER = {"vocab_size": 11, "layers": 2, "d_model": 16, "heads": 4, "d_ff": 32, "dropout": 0.0}
 
 
-def test_capture_records_every_call_of_an_encoder_decoder():
-    model = EncoderDecoder(EncoderDecoderConfig(**CAPTURE)).eval()
+def test_tracing_pattern_and_z_reaches_every_call_of_an_encoder_decoder():
+    model = EncoderDecoder(EncoderDecoderConfig(**SMALLER)).eval()
     src, tgt = torch.randint(1, 11, (3, 7)), torch.randint(1, 11, (3, 5))
     plain = model(src, tgt)
-    with capture(model) as records:
-        captured = model(src, tgt)
-    torch.testing.assert_close(captured, plain, atol=1e-6, rtol=0)
-    assert [(r.kind, r.layer) for r in records] == [
+    with trace(model, ["*.attn.pattern", "*.attn.z", "*.cross.pattern", "*.cross.z"]) as traced:
+        output = model(src, tgt)
+    torch.testing.assert_close(output, plain, atol=1e-6, rtol=0)
+    called = [(traced.sites[name].kind, traced.sites[name].layer) for name in traced.cache if name.endswith(".z")]
+    assert called == [
         ("encoder_self", 0),
         ("encoder_self", 1),
         ("decoder_self", 0),
         ("cross", 0),
         ("decoder_self", 1),
         ("cross", 1),
-    ]
-    shapes = {r.kind: (tuple(r.weights.shape), tuple(r.head_outputs.shape)) for r in records}
-    assert shapes == {
-        "encoder_self": ((3, 4, 7, 7), (3, 4, 7, 4)),
-        "decoder_self": ((3, 4, 5, 5), (3, 4, 5, 4)),
-        "cross": ((3, 4, 5, 7), (3, 4, 5, 4)),
+    ]  # the cache is in call order
+    shapes = {
+        traced.sites[name].kind: (
+            tuple(traced.cache[name].shape),
+            tuple(traced.cache[name[: -len("z")] + "pattern"].shape),
+        )
+        for name in traced.cache
+        if name.endswith(".z")
     }
-    for r in records:
-        torch.testing.assert_close(r.weights.sum(-1), torch.ones(r.weights.shape[:-1]))
-    decoder_self = records[2].weights
+    assert shapes == {
+        "encoder_self": ((3, 4, 7, 4), (3, 4, 7, 7)),
+        "decoder_self": ((3, 4, 5, 4), (3, 4, 5, 5)),
+        "cross": ((3, 4, 5, 4), (3, 4, 5, 7)),
+    }
+    for name in (name for name in traced.cache if name.endswith(".pattern")):
+        weights = traced.cache[name]
+        torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]))
+    decoder_self = traced.cache["decoder.0.attn.pattern"]
     assert (decoder_self.triu(1) == 0).all()  # masked self-attention never looks ahead
 
 
-def test_capture_stops_after_the_block():
-    model = DecoderOnly(DecoderOnlyConfig(**CAPTURE))
+def test_tracing_stops_after_the_block():
+    model = DecoderOnly(DecoderOnlyConfig(**SMALLER))
     x = torch.randint(1, 11, (2, 4))
-    with capture(model) as records:
+    with trace(model, ["*.attn.pattern", "*.attn.z"]) as traced:
         model(x)
+    kept = dict(traced.cache)
     model(x)
-    assert len(records) == 2
+    assert len(kept) == 4 and all(traced.cache[name] is tensor for name, tensor in kept.items())
+    assert all(not m.hooks for m in model.modules() if hasattr(m, "hooks"))
 
 
-def test_captured_head_outputs_reflect_the_head_mask():
-    model = DecoderOnly(DecoderOnlyConfig(**CAPTURE)).eval()
+def test_traced_head_outputs_reflect_the_head_mask():
+    model = DecoderOnly(DecoderOnlyConfig(**SMALLER)).eval()
     mask = {"self": torch.tensor([[1.0, 0.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]])}
-    with capture(model) as records, masking_heads(model, mask):
+    with trace(model, "*.attn.z") as traced, masking_heads(model, mask):
         model(torch.randint(1, 11, (2, 4)))
-    assert (records[0].head_outputs[:, 1] == 0).all()
-    assert (records[1].head_outputs.abs().sum((0, 2, 3)) > 0).all()
+    assert (traced.cache["decoder.0.attn.z"][:, 1] == 0).all()
+    assert (traced.cache["decoder.1.attn.z"].abs().sum((0, 2, 3)) > 0).all()
 
 
-def test_capture_of_hard_attention_records_one_hot_rows():
-    model = DecoderOnly(DecoderOnlyConfig(**CAPTURE, attention="hard"))
-    with capture(model) as records:
+def test_the_pattern_of_hard_attention_has_one_hot_rows():
+    model = DecoderOnly(DecoderOnlyConfig(**SMALLER, attention="hard"))
+    with trace(model, "*.attn.pattern") as traced:
         model(torch.randint(1, 11, (2, 6)))
-    for r in records:
-        assert set(r.weights.unique().tolist()) <= {0.0, 1.0}
-        assert (r.weights.sum(-1) == 1).all()
+    assert len(traced.cache) == 2
+    for weights in traced.cache.values():
+        assert set(weights.unique().tolist()) <= {0.0, 1.0}
+        assert (weights.sum(-1) == 1).all()
 
 
-def test_capture_a_single_module_and_keep_graph():
+def test_tracing_a_single_module_and_keeping_the_graph():
     mha = MultiHeadAttention(16, 4)
     x = torch.randn(1, 3, 16, requires_grad=True)
-    with capture(mha, detach=False) as records:
+    with trace(mha, ["attn.pattern", "attn.z"], detach=False) as traced:
         mha(x)
-    records[0].weights.sum().backward()
+    assert list(traced.cache) == ["attn.pattern", "attn.z"]
+    traced.cache["attn.pattern"].sum().backward()
     assert x.grad is not None
     with pytest.raises(TypeError, match="no named sites"):
-        with capture(torch.nn.Linear(2, 2)):
+        with trace(torch.nn.Linear(2, 2)):
             pass
 
 

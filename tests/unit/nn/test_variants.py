@@ -419,8 +419,8 @@ VARIANTS = {
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
-def test_masking_a_head_equals_zeroing_its_columns_of_w_o_and_the_pattern_is_captured(name):
-    from attnlab.nn import capture, masking_heads
+def test_masking_a_head_equals_zeroing_its_columns_of_w_o_and_the_pattern_is_traced(name):
+    from attnlab.nn import masking_heads, trace
 
     model = _perturbed(_ours(**VARIANTS[name]), 2)
     zeroed = _perturbed(_ours(**VARIANTS[name]), 2)
@@ -431,11 +431,11 @@ def test_masking_a_head_equals_zeroing_its_columns_of_w_o_and_the_pattern_is_cap
     xi[layer, head] = 0.0
     tokens = torch.randint(1, V, (2, 9))
     with torch.no_grad():
-        with masking_heads(model, {"self": xi}), capture(model) as records:
+        with masking_heads(model, {"self": xi}), trace(model, ["*.attn.pattern", "*.attn.z"]) as traced:
             masked = model(tokens)
         torch.testing.assert_close(masked, zeroed(tokens), rtol=1e-12, atol=1e-12)
         assert not torch.allclose(masked, model(tokens))  # the head mattered
-    record = records[layer]
-    assert torch.all(record.head_outputs[:, head] == 0)  # z of the masked head
-    torch.testing.assert_close(record.weights.sum(-1), torch.ones(2, HEADS, 9, dtype=torch.float64))
-    assert torch.all(record.weights.triu(1) == 0)  # causal
+    pattern, z = traced.cache[f"decoder.{layer}.attn.pattern"], traced.cache[f"decoder.{layer}.attn.z"]
+    assert torch.all(z[:, head] == 0)  # z of the masked head
+    torch.testing.assert_close(pattern.sum(-1), torch.ones(2, HEADS, 9, dtype=torch.float64))
+    assert torch.all(pattern.triu(1) == 0)  # causal

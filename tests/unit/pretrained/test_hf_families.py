@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from attnlab.nn import capture, trace
+from attnlab.nn import trace
 from attnlab.pretrained.checkpoint import find_checkpoint
 from attnlab.pretrained.hf_model import open_checkpoint
 from tests.unit.pretrained.tiny_hf import LAYERS, SIZES, TEXTS, VARIED, build
@@ -60,16 +60,16 @@ def test_every_layer_and_the_attention_weights_equal_the_reference(family) -> No
     tokens = torch.tensor([ours.task.encode(TEXTS[0])])
     with torch.no_grad():
         out = reference(tokens, output_hidden_states=True, output_attentions=True)
-        with trace(ours.model, "decoder.*.resid_post") as traced, capture(ours.model) as records:
+        with trace(ours.model, ["decoder.*.resid_post", "decoder.*.attn.pattern"]) as traced:
             ours.model(tokens)
     # Gemma's and OLMo's norms run in float32 in transformers, even on float64 inputs
     for layer in range(LAYERS - 1):  # the last hidden state of transformers is after the final norm
         expected = out.hidden_states[layer + 1]
         got = traced.cache[f"decoder.{layer}.resid_post"]
         assert (got - expected).abs().max() <= 1e-5 * expected.abs().max(), layer
-    assert len(records) == LAYERS
-    for record, weights in zip(records, out.attentions, strict=True):
-        torch.testing.assert_close(record.weights, weights, atol=1e-6, rtol=1e-5)
+    patterns = [traced.cache[f"decoder.{layer}.attn.pattern"] for layer in range(LAYERS)]
+    for pattern, weights in zip(patterns, out.attentions, strict=True):
+        torch.testing.assert_close(pattern, weights, atol=1e-6, rtol=1e-5)
 
 
 def test_cached_decoding_equals_the_whole_sequence(family) -> None:  # noqa: ANN001
