@@ -308,6 +308,13 @@ class ExperimentConfig:
     def model_kind(self) -> str:
         return str(self.model["kind"])
 
+    @property
+    def model_config_class(self) -> type[TransformerConfig]:
+        """The config class of ``model.kind`` (:data:`attnlab.nn.MODELS`), whose class attributes
+        say what differs between the kinds of model (``language_model``, ``reads_source_and_target``,
+        ``predicts_class``, ``embeds_sentences``, ``input_extra_positions``, ...)."""
+        return MODELS[self.model_kind][0]
+
     def model_config(self, **decided: Any) -> TransformerConfig:
         """The model config, with the values the task decides (vocabulary sizes, classes, pad)."""
         config_cls, _ = MODELS[self.model_kind]

@@ -322,13 +322,8 @@ def _activation_floats_per_token(config, seq_len: int) -> int:  # noqa: ANN001
     d, f, heads, T = config.d_model, config.d_ff, config.heads, seq_len
     layer = 12 * d + 2 * f + 3 * heads * T
     cross = 6 * d + 3 * heads * T
-    if config.kind == "encoder_decoder":
-        layers = config.layers * layer + config.decoder_depth * (layer + cross)
-        vocab = config.target_vocab_size
-    else:
-        layers = config.layers * layer
-        vocab = config.vocab_size if config.kind == "decoder_only" else 0
-    return layers + 3 * vocab
+    layers = config.layers * layer + config.cross_attention_layers * (layer + cross)
+    return layers + 3 * config.logits_per_position
 
 
 def training_memory(config, *, batch_size: int, seq_len: int) -> MemoryEstimate:  # noqa: ANN001

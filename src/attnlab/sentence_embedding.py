@@ -60,7 +60,7 @@ def sentence_embeddings(
 
 def check_encoder_run(loaded: LoadedRun, what: str) -> None:
     """Raise UsageError unless ``loaded`` is a sentence encoder (model kind ``encoder``)."""
-    if loaded.experiment.model_kind != "encoder":
+    if not loaded.experiment.model_config_class.embeds_sentences:
         raise UsageError(
             f"{what} needs a sentence encoder run (model kind 'encoder', e.g. from `attnlab import bert`); "
             f"{loaded.source} is a {loaded.experiment.model_kind} run"

@@ -18,7 +18,7 @@ from attnlab.cli import view as view_command
 from attnlab.errors import UsageError
 from attnlab.generate.search import DecodeOptions, decode
 from attnlab.head_ids import HeadId, mask_without, parse_head_name
-from attnlab.nn import capture
+from attnlab.nn import trace
 from attnlab.run.loaded import open_run
 from attnlab.viewer import create_app
 from attnlab.viewer.overview import pool_map
@@ -177,9 +177,9 @@ def test_heads_held_in_training_are_always_off_and_listed(tmp_path_factory):
         later = next(m for m in answer["attention"] if (m["kind"], m["layer"]) == ("encoder_self", 1))
         record = next(r for r in expected.records if (r.kind, r.layer) == ("encoder_self", 1))
         np.testing.assert_allclose(later["weights"], record.weights[0].numpy(), atol=1e-4)
-    with torch.no_grad(), capture(loaded.model) as records:
+    with torch.no_grad(), trace(loaded.model, "encoder.1.attn.pattern") as traced:
         loaded.model.encode(src)
-    unmasked = next(r for r in records if (r.kind, r.layer) == ("encoder_self", 1)).weights[0].numpy()
+    unmasked = traced.cache["encoder.1.attn.pattern"][0].numpy()
     assert not np.allclose(later["weights"], unmasked, atol=1e-4)  # the held encoder head did matter
 
 

@@ -63,9 +63,10 @@ def language_model(source: Any) -> LoadedRun:
     """The :class:`LoadedRun` of ``source`` (one, or what ``attnlab.load`` returns), checked to be a
     decoder-only language model."""
     loaded: LoadedRun = getattr(source, "loaded", source)
-    kind = loaded.experiment.model_kind
-    if kind != "decoder_only":
-        raise UsageError(f"model: a decoder-only language model is needed here; this one is {kind!r}")
+    if not loaded.experiment.model_config_class.language_model:
+        raise UsageError(
+            f"model: a decoder-only language model is needed here; this one is {loaded.experiment.model_kind!r}"
+        )
     return loaded
 
 

@@ -340,8 +340,8 @@ class LogitLens:
 
 def _language_model(source: Any) -> LoadedRun:
     loaded: LoadedRun = getattr(source, "loaded", source)
-    kind = loaded.experiment.model_kind
-    if kind != "decoder_only":
+    if not loaded.experiment.model_config_class.language_model:
+        kind = loaded.experiment.model_kind
         raise UsageError(f"RUN: the logits read here are a language model's next tokens; this run's model is {kind!r}")
     placement = loaded.model.config.placement
     if placement not in BRANCH_NORMS:

@@ -1,7 +1,8 @@
 """Run a loaded model on one input and capture every attention map, with token labels.
 
-The output is what the plots and the viewer show: for each :class:`attnlab.nn.AttentionRecord`,
-the tokens along its query and key axes. For an encoder-decoder the input is decoded greedily
+The output is what the plots and the viewer show: for each :class:`AttentionMap` (an attention
+module's ``pattern`` site, cached with :func:`attnlab.nn.trace`), the tokens along its query and
+key axes. For an encoder-decoder the input is decoded greedily
 first, then one teacher-forced pass over (source, BOS + output) records all three kinds. For a
 decoder-only model the prompt is continued greedily, then one pass over (prompt + continuation),
 every position a real token, records the maps and gives the next-token distribution right after the
@@ -20,7 +21,8 @@ output, not its weights); :attr:`AttentionView.off` names those heads.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,12 +34,69 @@ from attnlab.devices import model_device
 from attnlab.errors import UsageError
 from attnlab.generate.search import DecodeOptions, Hypothesis, decode, generate_continuations
 from attnlab.head_ids import HeadId, heads_off
-from attnlab.nn import AttentionRecord, capture, masking_heads
+from attnlab.nn import masking_heads, trace
+from attnlab.nn.hooks import model_sites
 from attnlab.nn.models import POOLINGS
+from attnlab.nn.trace import Trace
 from attnlab.resources import check_decode_length, check_input_text, check_input_tokens
 from attnlab.run.loaded import LoadedRun
 
-__all__ = ["AttentionView", "SINK", "attention_view", "check_finite", "decode_source", "kind_maps", "with_sinks"]
+__all__ = [
+    "AttentionMap",
+    "AttentionView",
+    "SINK",
+    "attention_maps",
+    "attention_view",
+    "check_finite",
+    "decode_source",
+    "kind_maps",
+    "traced_maps",
+    "with_sinks",
+]
+
+
+@dataclass(frozen=True)
+class AttentionMap:
+    """The attention weights of one attention module in one forward pass.
+
+    Attributes:
+        kind: ``encoder_self``, ``decoder_self``, ``cross`` or ``self``.
+        layer: layer index within its kind.
+        weights: (B, H, T_q, T_k) per-head attention weights (one-hot rows for hard attention):
+            the module's ``pattern`` site.
+    """
+
+    kind: str
+    layer: int
+    weights: Tensor
+
+
+def traced_maps(traced: Trace) -> list[AttentionMap]:
+    """The attention maps ``traced`` cached in its latest forward pass: one per ``pattern`` site in
+    its cache (a lone attention module's is kind ``self``, layer 0), in the model's order."""
+    return [
+        AttentionMap(site.kind or "self", site.layer or 0, traced.cache[name])
+        for name, site in traced.sites.items()
+        if site.point == "pattern" and name in traced.cache
+    ]
+
+
+@contextmanager
+def attention_maps(model: torch.nn.Module) -> Iterator[list[AttentionMap]]:
+    """Trace the ``pattern`` site of every attention module of ``model`` inside the block; on
+    leaving, the list yielded holds their maps (:func:`traced_maps`) from the block's last pass.
+
+    Args:
+        model: an attnlab model, or a lone :class:`~attnlab.nn.MultiHeadAttention`.
+
+    Yields:
+        The list, filled when the block ends.
+    """
+    patterns = [name for name, site in model_sites(model).items() if site.point == "pattern"]
+    with trace(model, patterns) as traced:
+        found: list[AttentionMap] = []
+        yield found
+        found.extend(traced_maps(traced))
 
 
 @dataclass(frozen=True)
@@ -45,7 +104,7 @@ class AttentionView:
     """Every attention map of one forward pass.
 
     Attributes:
-        records: one per attention module call (kind, layer, weights (1, H, T_q, T_k), ...).
+        records: one per attention module (kind, layer, weights (1, H, T_q, T_k)).
         axes: kind -> (query tokens, key tokens).
         output: the decoded sequence, the class, or the continuation, as text.
         probability: the class probability (classifiers), else None.
@@ -54,7 +113,7 @@ class AttentionView:
         off: the heads switched off in this pass (the run's held heads and those of ``head_mask``).
     """
 
-    records: list[AttentionRecord]
+    records: list[AttentionMap]
     axes: dict[str, tuple[list[str], list[str]]]
     output: str
     probability: float | None = None
@@ -84,15 +143,15 @@ def attention_view(
     :class:`~attnlab.errors.UsageError`, raised before the model runs.
     """
     check_input_text(text)
-    kind = loaded.experiment.model_kind
-    if kind == "decoder_only":
+    model = loaded.experiment.model_config_class
+    if model.language_model:
         ids = language_model_prompt(loaded, text)
         context = loaded.task.generation_context
         max_length = check_decode_length(len(ids), max_length, config=loaded.model.config, context=context)
     else:
         ids = loaded.codec.encode(text)
         check_input_tokens(len(ids) + 1, context=loaded.model.config.max_len)  # + EOS
-        if kind == "encoder_decoder":  # decoding stops at the model's last position
+        if model.reads_source_and_target:  # decoding stops at the model's last position
             context = getattr(loaded.task, "generation_context", None)  # a pretrained one's max_tokens
             max_length = check_decode_length(1, max_length, config=loaded.model.config, context=context)  # after BOS
     mask = loaded.held_mask(base=head_mask)
@@ -166,13 +225,13 @@ def generation_ids(
         room to write (the command line's checks, for Python callers too).
     """
     check_input_text(text, what=what)
-    task, model, kind = loaded.task, loaded.model, loaded.experiment.model_kind
-    if kind == "decoder_only":
+    task, model, kind = loaded.task, loaded.model, loaded.experiment.model_config_class
+    if kind.language_model:
         ids = language_model_prompt(loaded, text, chat=chat, what=what)
         return ids, check_decode_length(len(ids), new, config=model.config, context=task.generation_context)
     ids = loaded.codec.encode(text)
     check_input_tokens(len(ids) + 1, context=model.config.max_len, what=what)  # + EOS
-    if kind == "encoder_classifier":
+    if kind.predicts_class:
         return ids, new
     context = getattr(task, "generation_context", None)  # a pretrained encoder-decoder's max_tokens
     return ids, check_decode_length(1, new, config=model.config, context=context)  # the decoder starts at BOS
@@ -231,7 +290,7 @@ def _seq2seq_view(
     hypothesis = decode_source(loaded, ids, DecodeOptions(max_length=max_length), head_mask)
     src = torch.tensor([ids + [task.eos_id]], device=model_device(model))
     tgt_in = torch.tensor([[task.bos_id, *hypothesis.tokens]], device=src.device)
-    with capture(model) as records, masking_heads(model, head_mask):
+    with attention_maps(model) as records, masking_heads(model, head_mask):
         model(src, tgt_in)
     source = codec.tokens(ids) + ["</s>"]
     target = ["<s>"] + codec.tokens(hypothesis.tokens)
@@ -245,7 +304,7 @@ def _classifier_view(
     """The label read at the EOS position (Hahn §3), with every class's probability."""
     task, codec, model = loaded.task, loaded.codec, loaded.model
     tokens = torch.tensor([ids + [task.eos_id]], device=model_device(model))
-    with capture(model) as records, masking_heads(model, head_mask):
+    with attention_maps(model) as records, masking_heads(model, head_mask):
         probs = torch.softmax(model(tokens), -1)[0]
     labels = codec.tokens(ids) + ["</s>"]
     label = int(probs.argmax())
@@ -271,7 +330,7 @@ def _language_model_view(  # noqa: ANN001
     )[0]
     drawn = ids + hypothesis.tokens if continuation else ids
     full = torch.tensor([drawn], device=model_device(model))
-    with capture(model) as records, masking_heads(model, head_mask):
+    with attention_maps(model) as records, masking_heads(model, head_mask):
         logits = model(full, is_token=torch.ones_like(full, dtype=torch.bool))
     labels = codec.tokens(drawn)
     next_token = torch.softmax(logits[0, len(ids) - 1].float(), -1)
@@ -285,7 +344,7 @@ def _encoder_view(
 ) -> AttentionView:  # noqa: ANN001
     """A sentence encoder reads ``[CLS] text [SEP]`` once; the output summarises the sentence embedding."""
     tokens = torch.tensor([ids], device=model_device(loaded.model))
-    with capture(loaded.model) as records, masking_heads(loaded.model, head_mask):
+    with attention_maps(loaded.model) as records, masking_heads(loaded.model, head_mask):
         hidden = loaded.model(tokens)
     pooling = loaded.task.pooling
     embedding = POOLINGS[pooling](hidden, tokens != loaded.task.pad_id)[0]

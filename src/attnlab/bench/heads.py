@@ -15,6 +15,10 @@ from attnlab.bench.harness import BenchResult, interleaved_median_times
 from attnlab.bench.models import FULL, QUICK, attnlab_model, random_batch
 from attnlab.evaluation.objectives import OBJECTIVES, example_losses
 from attnlab.head_ids import head_ids, mask_without
+from attnlab.nn import EncoderDecoderConfig
+
+SEQ2SEQ = EncoderDecoderConfig.kind
+"""The kind of the benchmarked model: its objective in :data:`~attnlab.evaluation.objectives.OBJECTIVES`."""
 
 __all__ = ["run_heads", "equal_slices"]
 
@@ -37,7 +41,7 @@ class _RandomBatchesProbe:
         return iter(self._batches)
 
     def example_losses(self, batch, head_mask):  # noqa: ANN001, ANN201
-        return example_losses("encoder_decoder", self.model, batch, head_mask, 0)
+        return example_losses(SEQ2SEQ, self.model, batch, head_mask, 0)
 
     def evaluate(self, head_mask):  # noqa: ANN001, ANN201
         raise NotImplementedError("not timed here")
@@ -57,7 +61,7 @@ def run_heads(quick: bool = False, repeats: int = 5) -> BenchResult:
     def forward_backward() -> None:
         for batch in batches:
             model.zero_grad(set_to_none=True)
-            OBJECTIVES["encoder_decoder"](model, batch, None, 0, 0.0).total.backward()
+            OBJECTIVES[SEQ2SEQ](model, batch, None, 0, 0.0).total.backward()
 
     # The naive loop is one unablated forward per batch, then one forward per head per batch: a
     # row of identical units (the same forward with a different head zeroed). It is run once in
@@ -74,7 +78,7 @@ def run_heads(quick: bool = False, repeats: int = 5) -> BenchResult:
         for head in ablated:
             head_mask = None if head is None else mask_without(model, [head])
             for batch in batches:
-                OBJECTIVES["encoder_decoder"](model, batch, head_mask, 0, 0.0)
+                OBJECTIVES[SEQ2SEQ](model, batch, head_mask, 0, 0.0)
         return len(ablated)
 
     result = BenchResult("heads")

@@ -92,11 +92,11 @@ def generate(
         verify=verify,
         **placed(device, device_map, max_memory, offload_folder, tokens=_positions(texts, max_new_tokens, beam)),
     )
-    kind = loaded.experiment.model_kind
-    if kind == "encoder":
+    model = loaded.experiment.model_config_class
+    if model.embeds_sentences:
         raise UsageError(f"{run} is a sentence encoder: it generates nothing; use `attnlab encode RUN TEXT...`")
-    if chat and kind != "decoder_only":
-        raise UsageError(f"--chat: {run} is not a language model ({kind}); only language-model runs chat")
+    if chat and not model.language_model:
+        raise UsageError(f"--chat: {run} is not a language model ({model.kind}); only language-model runs chat")
     encoded, new_tokens = [], []
     for number, text in enumerate(texts, start=1):  # every input checked before the first is decoded
         ids, new = _prepared(loaded, text, max_new_tokens, chat=chat, what=_which(number, len(texts)))
@@ -104,7 +104,7 @@ def generate(
         new_tokens.append(new)
     for text, ids, new in zip(texts, encoded, new_tokens, strict=True):
         options = DecodeOptions(max_length=new, beam_size=beam, length_penalty=length_penalty, sampling=sampling)
-        result = _RUNNERS[kind](loaded, text, ids, options, stream=not as_json and beam == 1)
+        result = _RUNNERS[model.kind](loaded, text, ids, options, stream=not as_json and beam == 1)
         if as_json:
             typer.echo(json.dumps(result))
         elif "label" in result and loaded.task.kind != "recognition":  # a class, not membership

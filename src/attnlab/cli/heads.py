@@ -137,12 +137,13 @@ def _probe(  # noqa: ANN202
         raise UsageError("give --texts or --pairs, not both")
     split = Split(split).value
     loaded = open_model(run, dtype=dtype, revision=revision, verify=verify, **(opening or {"device": "cpu"}))
-    if texts is not None and loaded.experiment.model_kind == "encoder_decoder":
+    model = loaded.experiment.model_config_class
+    if texts is not None and model.reads_source_and_target:
         if spread:
             raise UsageError("--nproc and --resume: a corpus run scores a language model or a sentence encoder")
         scored = scoring_pairs(loaded, texts)
         return scored, TaskProbe(scored, split, batch_size=batch_size or 16, base_mask=loaded.held_mask())
-    if texts is not None and loaded.experiment.model_kind == "decoder_only":
+    if texts is not None and model.language_model:
         if corpus:
             return loaded, NextTokenLoss(
                 loaded, truncate=loaded.experiment.train.truncate, base_mask=loaded.held_mask()
@@ -163,7 +164,7 @@ def _probe(  # noqa: ANN202
         return loaded, FidelityProbe(loaded, texts, batch_size=batch_size, base_mask=loaded.held_mask())
     if pairs is not None:
         return loaded, PairProbe(loaded, pairs, batch_size=batch_size, base_mask=loaded.held_mask())
-    if loaded.experiment.model_kind == "encoder":
+    if model.embeds_sentences:
         raise UsageError(
             f"{run} is a sentence encoder without a task to score: give --texts FILE (embedding fidelity, "
             "no labels needed) or --pairs FILE (sentence1<TAB>sentence2<TAB>score)"

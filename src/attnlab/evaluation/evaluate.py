@@ -50,7 +50,7 @@ from attnlab.evaluation.horizon import DEFAULT_THRESHOLD, binomial_se, horizon
 from attnlab.evaluation.objectives import FIRST_PREDICTED_ID, OBJECTIVES, next_symbol_targets
 from attnlab.generate.search import DecodeOptions, decode
 from attnlab.kernels.linear import packed_weights
-from attnlab.nn import masking_heads
+from attnlab.nn import MODELS, masking_heads
 from attnlab.nn.token_positions import drawing_positions, planned_positions
 from attnlab.tasks.base import Example
 from attnlab.tasks.batching import Batch, make_batches
@@ -133,7 +133,7 @@ def evaluate(
         result["positions"] = "randomized"
     result.update(_length_report(task, split, result["accuracy_by_length"]))
     next_char = getattr(task, "kind", None) == "next_char"
-    if kind != "encoder_classifier" and not next_char:  # a binary cross-entropy has no perplexity
+    if MODELS[kind][0].has_perplexity and not next_char:  # a binary cross-entropy has no perplexity
         result["perplexity"] = metrics.perplexity(totals["loss"], totals["count"])
     result.update(extra.summary())
     report = getattr(task, "split_report", None)  # split statistics and a shortcut's accuracy

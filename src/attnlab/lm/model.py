@@ -209,7 +209,7 @@ class LanguageModel(Studies):
         """
         if return_type not in ("logits", "loss", "both"):
             raise UsageError(f"return_type: unknown {return_type!r}; allowed: logits, loss, both")
-        if self.loaded.experiment.model_kind == "encoder_decoder":
+        if self.loaded.experiment.model_config_class.reads_source_and_target:
             raise UsageError(
                 "inputs: an encoder-decoder reads a source and a target: call lm.model(src, tgt_in) on ids, "
                 "or lm.generate(text)"
@@ -268,7 +268,7 @@ class LanguageModel(Studies):
             raise UsageError("text: a text or a list of texts is needed")
         if len(texts) > MAX_BATCH_SIZE:
             raise UsageError(f"text: {len(texts):,} texts; at most {MAX_BATCH_SIZE:,} in one call")
-        encoder_decoder = self.loaded.experiment.model_kind == "encoder_decoder"
+        encoder_decoder = self.loaded.experiment.model_config_class.reads_source_and_target
         if encoder_decoder and (chat or stream):
             raise UsageError("chat, stream: for a language model; an encoder-decoder writes its output whole")
         named = ["text"] if len(texts) == 1 else [f"text[{n}]" for n in range(len(texts))]

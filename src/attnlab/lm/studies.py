@@ -230,7 +230,7 @@ class Studies:
             :class:`~attnlab.analysis.head_scores.HeadScores`: ``.tensor`` (layers, heads), one
             per kind for an encoder-decoder; ``.top(5)`` the most important heads.
         """
-        if self.loaded.experiment.model_kind == "encoder_decoder":
+        if self.loaded.experiment.model_config_class.reads_source_and_target:
             if not isinstance(texts, (str, os.PathLike)):
                 raise UsageError("texts: an encoder-decoder scores a file of source<TAB>target lines")
             probe: Any = TaskProbe(scoring_pairs(self.loaded, texts), "valid", batch_size=batch_size)

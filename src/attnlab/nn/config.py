@@ -144,8 +144,31 @@ class TransformerConfig:
 
     kind: ClassVar[str] = ""
     language_model: ClassVar[bool] = False
-    """Whether the model is a causal language model, which may have sliding-window layers and
-    soft-capped logits."""
+    """Whether the model is a causal language model: it reads one sequence and predicts the next
+    token at every position, so it may have sliding-window layers and soft-capped logits; a text
+    is given to it framed as the task's prompt (``task.generation_prompt``: BOS, a chat template),
+    it writes by continuing that prompt within the same context, and only it chats and has
+    next-token logits to attribute."""
+    reads_source_and_target: ClassVar[bool] = False
+    """Whether the model reads two sequences, ``model(src, tgt_in)``: a source for its encoder
+    and a target, from BOS, for its decoder. It writes an output of its own from BOS, which stops
+    at the model's last position whatever the source's length (at most ``max_len - 1`` new tokens),
+    and its heads are scored on source<TAB>target pairs."""
+    predicts_class: ClassVar[bool] = False
+    """Whether the model's output is one label per example (a class and its probability), not tokens."""
+    embeds_sentences: ClassVar[bool] = False
+    """Whether the model is a sentence encoder: its output is its last hidden states, pooled into
+    one embedding per text; it generates nothing."""
+    throughput_key: ClassVar[str] = "tokens_per_s"
+    """The key of a training step record's rate: predictions per second, tokens, or examples for a
+    model that predicts one label per example."""
+    has_perplexity: ClassVar[bool] = True
+    """Whether the evaluation loss is a mean cross-entropy over a vocabulary of tokens, so that
+    exp(loss) is a perplexity (a classifier's loss over its labels is not)."""
+    input_extra_positions: ClassVar[int] = 1
+    """Positions an input of n tokens takes beside them in the model's context: EOS after the
+    source (1; encoder-decoder, classifier), BOS before the prompt and one generated token
+    (2; language model), none (0; a sentence encoder reads its tokens as given)."""
 
     vocab_size: int = 32
     layers: int = 2
@@ -359,6 +382,19 @@ class TransformerConfig:
                         f"got {groups!r}"
                     )
 
+    @property
+    def cross_attention_layers(self) -> int:
+        """Decoder layers that attend to an encoder's output (encoder-decoder attention), 0 where
+        the model has no such decoder."""
+        return 0
+
+    @property
+    def logits_per_position(self) -> int:
+        """V, the width of the output layer at every position whose logits the training loss reads
+        (the target vocabulary); 0 where the model predicts no token (a classifier's loss reads
+        one row of labels per example, a sentence encoder has no output layer)."""
+        return 0
+
     def kv_index_at(self, kind: str, layer: int) -> list[int] | None:
         """The query -> key/value head map of a pruned grouped-query layer, or None (uniform)."""
         if self.kv_groups is None or kind not in self.kv_groups:
@@ -435,6 +471,7 @@ class EncoderDecoderConfig(TransformerConfig):
     """
 
     kind: ClassVar[str] = "encoder_decoder"
+    reads_source_and_target: ClassVar[bool] = True
 
     tgt_vocab_size: int | None = None
     decoder_layers: int | None = None
@@ -458,6 +495,14 @@ class EncoderDecoderConfig(TransformerConfig):
     def decoder_depth(self) -> int:
         return self.decoder_layers if self.decoder_layers is not None else self.layers
 
+    @property
+    def cross_attention_layers(self) -> int:
+        return self.decoder_depth
+
+    @property
+    def logits_per_position(self) -> int:
+        return self.target_vocab_size
+
 
 @dataclass(frozen=True, kw_only=True)
 class EncoderClassifierConfig(TransformerConfig):
@@ -470,6 +515,9 @@ class EncoderClassifierConfig(TransformerConfig):
     """
 
     kind: ClassVar[str] = "encoder_classifier"
+    predicts_class: ClassVar[bool] = True
+    throughput_key: ClassVar[str] = "examples_per_s"
+    has_perplexity: ClassVar[bool] = False
 
     num_classes: int = 2
     pooling: str = "eos"
@@ -491,12 +539,17 @@ class DecoderOnlyConfig(TransformerConfig):
 
     kind: ClassVar[str] = "decoder_only"
     language_model: ClassVar[bool] = True
+    input_extra_positions: ClassVar[int] = 2
 
     tie_embeddings: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_tie(self)
+
+    @property
+    def logits_per_position(self) -> int:
+        return self.vocab_size
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -508,6 +561,9 @@ class EncoderOnlyConfig(TransformerConfig):
     """
 
     kind: ClassVar[str] = "encoder"
+    embeds_sentences: ClassVar[bool] = True
+    has_perplexity: ClassVar[bool] = False
+    input_extra_positions: ClassVar[int] = 0
 
 
 PRESETS: dict[str, dict[str, int]] = {

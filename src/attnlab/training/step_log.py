@@ -14,6 +14,8 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
+from attnlab.nn import MODELS
+
 __all__ = ["StepOutcome", "LogWindow", "rate_key", "describe_split"]
 
 
@@ -27,8 +29,9 @@ class StepOutcome:
 
 
 def rate_key(model_kind: str) -> str:
-    """The throughput key of a step record: a classifier predicts one label per example."""
-    return "examples_per_s" if model_kind == "encoder_classifier" else "tokens_per_s"
+    """The throughput key of a step record (:attr:`~attnlab.nn.TransformerConfig.throughput_key`):
+    a classifier predicts one label per example."""
+    return MODELS[model_kind][0].throughput_key
 
 
 @dataclass

@@ -17,10 +17,10 @@ into ``RUN/tensorboard/`` (``tensorboard --logdir RUN/tensorboard``) through PyT
   them as float32;
 * at each validation, the attention weights of one fixed example, the first of the ``valid``
   split, as one image per attention kind (``attention/self``, ``attention/encoder_self``, ...): a
-  grid with a row per layer and a column per head (:func:`attnlab.figures.kind_grid`),
-  captured with :func:`attnlab.nn.capture` in eval mode without gradients, under the run's held
-  heads. Drawing it takes a fraction of a second for a small model and several seconds for a
-  12 x 12 grid of 128 tokens, at each validation.
+  grid with a row per layer and a column per head (:func:`attnlab.figures.kind_grid`): each
+  attention module's ``pattern`` site cached with :func:`attnlab.nn.trace` in eval mode without
+  gradients, under the run's held heads. Drawing it takes a fraction of a second for a small model
+  and several seconds for a 12 x 12 grid of 128 tokens, at each validation.
 
 The writer flushes after each validation and when it closes, and otherwise every two minutes
 (SummaryWriter's default).
@@ -51,7 +51,7 @@ from attnlab.errors import ConfigError
 from attnlab.evaluation.objectives import PREDICTIONS
 from attnlab.figures import kind_grid
 from attnlab.head_ids import KIND_TITLES
-from attnlab.nn import capture
+from attnlab.nn import MODELS, trace
 from attnlab.tasks.batching import Batch, collate, fit_length
 from attnlab.tasks.codec import TextCodec
 
@@ -151,7 +151,7 @@ def attention_sample(
     batch = collate(example, pad_id=task.pad_id, bos_id=task.bos_id, eos_id=task.eos_id)
     source = codec.tokens(batch.src[0].tolist()) if batch.src is not None else []
     target = codec.tokens(batch.tgt_in[0].tolist()) if batch.tgt_in is not None else []
-    read = target if model_kind == "decoder_only" else source
+    read = target if MODELS[model_kind][0].language_model else source  # a language model reads BOS + text
     axes = {
         "encoder_self": (source, source),
         "decoder_self": (target, target),
@@ -173,13 +173,14 @@ def sample_maps(
     was_training = model.training
     model.eval()
     try:
-        with capture(model) as records:
+        with trace(model, "*.pattern") as traced:
             PREDICTIONS[sample.model_kind](model, sample.batch.to(model_device(model)), head_mask, sample.pad_id)
     finally:
         model.train(was_training)
+    sites = traced.sites
     maps: dict[str, list[np.ndarray]] = {}
-    for record in sorted(records, key=lambda r: (r.kind, r.layer)):
-        maps.setdefault(record.kind, []).append(record.weights[0].float().cpu().numpy())
+    for name in sorted(traced.cache, key=lambda name: (sites[name].kind, sites[name].layer)):
+        maps.setdefault(str(sites[name].kind), []).append(traced.cache[name][0].float().cpu().numpy())
     return maps
 
 

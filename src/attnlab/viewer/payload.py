@@ -13,6 +13,7 @@ from typing import Any
 from attnlab.analysis.maps import AttentionView, attention_view, kind_maps
 from attnlab.errors import UsageError
 from attnlab.head_ids import KIND_TITLES, HeadId, head_ids, mask_without
+from attnlab.nn import TransformerConfig
 from attnlab.run.loaded import LoadedRun
 from attnlab.viewer.importance import Importance
 from attnlab.viewer.overview import overview_json
@@ -116,15 +117,15 @@ def run_payload(
         RequestError: (field ``"text"``) for an input the model cannot read (see
             :func:`~attnlab.viewer.requests.check_input_length`) or a symbol outside the task's alphabet.
     """
-    kind, limits = loaded.experiment.model_kind, run_limits(loaded)
+    model, limits = loaded.experiment.model_config_class, run_limits(loaded)
     try:
         ids = loaded.codec.encode(request.text)
-        prompt = loaded.task.generation_prompt(request.text) if kind == "decoder_only" else ids
+        prompt = loaded.task.generation_prompt(request.text) if model.language_model else ids
     except UsageError as error:  # a symbol outside a synthetic task's alphabet
         raise RequestError(str(error), "text") from None
-    extra = len(prompt) - len(ids) + 1 if kind == "decoder_only" else None  # its BOS, if any, and one new token
+    extra = len(prompt) - len(ids) + 1 if model.language_model else None  # its BOS, if any, and one new token
     outputs = check_input_length(
-        len(ids), model_kind=kind, context=_context(loaded), cap=limits.max_input_tokens, extra=extra
+        len(ids), model=model, context=_context(loaded), cap=limits.max_input_tokens, extra=extra
     )
     mask = mask_without(loaded.model, request.off) if request.off else None
     view = attention_view(loaded, request.text, head_mask=mask, max_length=outputs)
@@ -136,7 +137,7 @@ def run_payload(
         "tokens": loaded.codec.tokens(ids),
         "off": [head_json(h) for h in request.off],
         "held": [head_json(h) for h in loaded.held_heads],
-        "output": output_json(kind, view),
+        "output": output_json(model, view),
         "attention": maps_json(view, set(layers)),
         "overview": overview_json(view, view.off),
     }
@@ -147,16 +148,18 @@ def head_json(head: HeadId) -> dict[str, Any]:
     return {"kind": head.kind, "layer": head.layer, "head": head.head}
 
 
-def output_json(model_kind: str, view: AttentionView) -> dict[str, Any]:
-    """The model's output in ``view`` as ``POST /api/run``'s ``output`` (see API.md)."""
-    if model_kind == "encoder_classifier":
+def output_json(model: type[TransformerConfig], view: AttentionView) -> dict[str, Any]:
+    """The model's output in ``view`` as ``POST /api/run``'s ``output`` (see API.md): a class, a
+    language model's continuation, or a sequence (an encoder-decoder's output, a sentence
+    encoder's summary); ``model`` is the model's config class (``experiment.model_config_class``)."""
+    if model.predicts_class:
         return {
             "type": "class",
             "label": view.output,
             "probability": view.probability,
             "classes": [{"label": label, "probability": p} for label, p in view.distribution or []],
         }
-    if model_kind == "decoder_only":
+    if model.language_model:
         return {
             "type": "continuation",
             "text": view.output,

@@ -14,10 +14,13 @@ import json
 import re
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attnlab.errors import UsageError
 from attnlab.head_ids import HeadId
+
+if TYPE_CHECKING:  # the request checks load no torch
+    from attnlab.nn import TransformerConfig
 
 __all__ = [
     "MAX_JSON_DEPTH",
@@ -257,17 +260,23 @@ def cut(text: str, limit: int) -> str:
 
 
 def check_input_length(
-    tokens: int, *, model_kind: str, context: int, cap: int = MAX_INPUT_TOKENS, extra: int | None = None
+    tokens: int,
+    *,
+    model: type[TransformerConfig],
+    context: int,
+    cap: int = MAX_INPUT_TOKENS,
+    extra: int | None = None,
 ) -> int:
     """Check an input of ``tokens`` tokens against the viewer's cap and the model's context.
 
     Args:
         tokens: the input's length in tokens (the codec's ids, without BOS or EOS).
-        model_kind: ``encoder_decoder``, ``encoder_classifier``, ``decoder_only`` or ``encoder``.
+        model: the model's config class (``experiment.model_config_class``), which says how many
+            positions an input takes beside its tokens and where the output must fit.
         context: the most positions the model reads (``max_len``; a pretrained LM's ``max_tokens`` too).
         cap: the viewer's cap (:attr:`Limits.max_input_tokens`).
-        extra: positions the input takes beside its tokens; default by ``model_kind``: EOS
-            (encoder-decoder, classifier), BOS and one generated token (decoder-only), none (encoder).
+        extra: positions the input takes beside its tokens; default ``model.input_extra_positions``:
+            EOS (encoder-decoder, classifier), BOS and one generated token (decoder-only), none (encoder).
 
     Returns:
         The most output tokens to decode or generate: :data:`MAX_OUTPUT_TOKENS`, fewer where the
@@ -285,15 +294,15 @@ def check_input_length(
             f"the input is {tokens} tokens long; the viewer shows at most {cap} so that the page stays quick", "text"
         )
     if extra is None:
-        extra = {"encoder": 0, "decoder_only": 2}.get(model_kind, 1)
+        extra = model.input_extra_positions
     if tokens + extra > context:
         raise RequestError(
             f"the input is {tokens} tokens long; this model reads at most {context} positions, "
             f"so it takes at most {context - extra} input tokens",
             "text",
         )
-    if model_kind == "decoder_only":
+    if model.language_model:  # the continuation follows the prompt in the same context
         return min(MAX_OUTPUT_TOKENS, context - (extra - 1) - tokens)
-    if model_kind == "encoder_decoder":
+    if model.reads_source_and_target:  # the decoder writes from BOS to the model's last position
         return min(MAX_OUTPUT_TOKENS, context - 1)
     return MAX_OUTPUT_TOKENS

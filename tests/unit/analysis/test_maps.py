@@ -68,7 +68,7 @@ def test_a_head_switched_off_changes_later_layers_only(runs):
 def test_heads_held_in_training_are_off_in_every_view(tmp_path_factory):
     """A run's train.mask_heads stay off in the maps and the output; a head_mask switches more off."""
     from attnlab.generate.search import DecodeOptions, decode
-    from attnlab.nn import capture, masking_heads
+    from attnlab.nn import masking_heads, trace
     from tests.unit.analysis.tiny_runs import HELD
 
     loaded = open_run(tiny_run(tmp_path_factory.mktemp("maps-held"), "held"))
@@ -90,17 +90,20 @@ def test_heads_held_in_training_are_off_in_every_view(tmp_path_factory):
             head_mask=expected_mask,
         )[0]
         assert view.output == loaded.codec.decode(hypothesis.tokens)
-        with torch.no_grad(), capture(loaded.model) as records, masking_heads(loaded.model, expected_mask):
+        with torch.no_grad(), trace(loaded.model, "*.pattern") as traced, masking_heads(loaded.model, expected_mask):
             loaded.model(src, torch.tensor([[task.bos_id, *hypothesis.tokens]]))
-        for kind in ("encoder_self", "decoder_self", "cross"):
-            expected = np.stack(
-                [r.weights[0].numpy() for r in sorted(records, key=lambda r: r.layer) if r.kind == kind]
-            )
+        for kind, site in (
+            ("encoder_self", "encoder.{}.attn"),
+            ("decoder_self", "decoder.{}.attn"),
+            ("cross", "decoder.{}.cross"),
+        ):
+            layers = len(kind_maps(view, kind))
+            expected = np.stack([traced.cache[f"{site.format(layer)}.pattern"][0].numpy() for layer in range(layers)])
             np.testing.assert_allclose(kind_maps(view, kind), expected, atol=1e-6)
     plain = attention_view(loaded, "abcd", head_mask=mask_without(loaded.model, []))
-    with torch.no_grad(), capture(loaded.model) as records:
+    with torch.no_grad(), trace(loaded.model, "encoder.1.attn.pattern") as traced:
         loaded.model(
             torch.tensor([loaded.codec.encode("abcd") + [loaded.task.eos_id]]), torch.tensor([[loaded.task.bos_id]])
         )
-    unmasked = [r.weights[0].numpy() for r in records if (r.kind, r.layer) == ("encoder_self", 1)][0]
+    unmasked = traced.cache["encoder.1.attn.pattern"][0].numpy()
     assert not np.allclose(kind_maps(plain, "encoder_self")[1], unmasked, atol=1e-4)  # the held heads did matter

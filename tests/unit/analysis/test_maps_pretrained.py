@@ -14,7 +14,7 @@ from attnlab.analysis.maps import attention_view, kind_maps
 from attnlab.cli import main
 from attnlab.errors import UsageError
 from attnlab.generate.search import DecodeOptions, generate_continuations
-from attnlab.nn import capture
+from attnlab.nn import trace
 from attnlab.run.loaded import open_run
 from tests.unit.analysis.tiny_lm import PAD, tiny_lm_run
 
@@ -61,7 +61,7 @@ def test_next_token_distribution_and_maps_are_the_models_over_real_tokens(loaded
     )[0].tokens
     assert view.output == loaded.codec.decode(continuation)
     full = torch.tensor([ids + continuation])
-    with torch.no_grad(), capture(loaded.model) as records:
+    with torch.no_grad(), trace(loaded.model, "*.attn.pattern") as traced:
         logits = loaded.model(full, is_token=torch.ones_like(full, dtype=torch.bool))
     expected = torch.softmax(logits[0, len(ids) - 1], -1)
     values, indices = expected.topk(4)
@@ -69,7 +69,7 @@ def test_next_token_distribution_and_maps_are_the_models_over_real_tokens(loaded
     assert [p for _, p in view.distribution] == pytest.approx(values.tolist(), abs=1e-6)
     maps = np.stack(kind_maps(view, "self"))
     assert maps.shape == (2, 6, full.shape[1], full.shape[1])  # 2 layers x 6 query heads (2 kv heads)
-    np.testing.assert_allclose(maps, np.stack([r.weights[0].numpy() for r in records]), atol=1e-6)
+    np.testing.assert_allclose(maps, np.stack([t[0].numpy() for t in traced.cache.values()]), atol=1e-6)
     with torch.no_grad():  # reading padding from the id would have masked every "e": another distribution
         by_id = torch.softmax(loaded.model(full)[0, len(ids) - 1], -1)
     assert not torch.allclose(by_id, expected, atol=1e-4)
