@@ -15,9 +15,10 @@ import torch
 
 from attnlab.errors import AttnlabError, CheckpointError
 from attnlab.experiment import ExperimentConfig, model_for_task
-from attnlab.run.directory import RunDir, load_weights_into
+from attnlab.run.directory import RunDir
 from attnlab.run.storage import load_tensors
 from attnlab.run.verification import verify_run
+from attnlab.run.weights import load_weights_into
 from attnlab.tasks.registry import build_task
 from attnlab.training import trainer as trainer_module
 from attnlab.training.schedule import multiplier

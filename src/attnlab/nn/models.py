@@ -333,7 +333,7 @@ def optional_state_keys(model: nn.Module) -> set[str]:
 
 def build_model_to_load(config: TransformerConfig) -> TransformerModel:
     """The model for ``config`` with its parameters allocated but not initialised: for loading
-    saved weights by assignment (``attnlab.run.directory.load_tensors_into(..., assign=True)``), which puts
+    saved weights by assignment (``attnlab.run.weights.load_tensors_into(..., assign=True)``), which puts
     a tensor in place of every parameter, so the model's weights are never held twice.
 
     Memory the allocator hands out is not resident until written, so skipping the random

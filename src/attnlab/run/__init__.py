@@ -5,8 +5,12 @@
 * :mod:`.manifest`: the size and SHA-256 of every file a command reads.
 * :mod:`.metrics_log`: metrics.jsonl and the record each checkpoint keeps of it.
 * :mod:`.lock`: one writer per run directory (an OS file lock on ``RUN/.lock``).
-* :mod:`.directory`: :class:`~attnlab.run.directory.RunDir`, the one place that reads and writes
-  a run's files (config, tokenizer, weights, checkpoints, metrics).
+* :mod:`.weights`: a model's weights as a safetensors file's tensors (tied ones stored once), and back.
+* :mod:`.layout`: the names of a run's files and folders.
+* :mod:`.reading`: a run's files read, each verified against its manifest; a checkpoint chosen.
+* :mod:`.writing`: a run's files written atomically and recorded; checkpoints committed and pruned.
+* :mod:`.directory`: :class:`~attnlab.run.directory.RunDir` (layout, reading and writing together),
+  the one place that reads and writes a run's files (config, tokenizer, weights, checkpoints, metrics).
 * :mod:`.output_paths`: every output path checked before any work starts.
 * :mod:`.verification`: ``attnlab verify``: every file checked against its manifest.
 * :mod:`.loaded`: :func:`~attnlab.run.loaded.open_run`, a trained run ready to use (its config,

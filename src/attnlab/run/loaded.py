@@ -17,7 +17,8 @@ from attnlab.experiment import ExperimentConfig, model_for_task
 from attnlab.head_ids import HeadId, held_heads, held_mask
 from attnlab.kernels import native
 from attnlab.nn import HeadMask, TransformerModel
-from attnlab.run.directory import CheckpointFiles, RunDir
+from attnlab.run.directory import RunDir
+from attnlab.run.layout import CheckpointFiles
 from attnlab.runtime import release_freed_memory
 from attnlab.tasks.base import Task
 from attnlab.tasks.codec import TextCodec

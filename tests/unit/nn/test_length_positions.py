@@ -25,7 +25,7 @@ from attnlab.nn import (
 from attnlab.nn import token_positions as positions_module
 from attnlab.nn.positional import AddPositions, LearnedTable, SinusoidalTable, randomized_positions
 from attnlab.resources import check_training_resources
-from attnlab.run.directory import load_tensors_into
+from attnlab.run.weights import load_tensors_into
 
 TINY = {"vocab_size": 13, "layers": 2, "d_model": 16, "heads": 4, "d_ff": 32, "dropout": 0.0, "relative_clip": 4}
 RANDOMIZABLE = ["sinusoidal", "learned", "rope", "alibi", "relative"]

@@ -255,7 +255,7 @@ def test_a_model_built_to_load_takes_saved_weights_and_equals_the_original(confi
     """build_model_to_load skips the random initialisation, and after loading by assignment is the
     saved model: same outputs, buffers and tied parameters."""
     from attnlab.nn import build_model_to_load
-    from attnlab.run.directory import load_tensors_into, weights_to_tensors
+    from attnlab.run.weights import load_tensors_into, weights_to_tensors
 
     torch.manual_seed(0)
     config = config_cls(**{**SMALL, **options})

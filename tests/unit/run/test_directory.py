@@ -12,9 +12,10 @@ import torch
 
 from attnlab.errors import CheckpointError, UsageError
 from attnlab.nn import DecoderOnly, DecoderOnlyConfig
-from attnlab.run.directory import RunDir, load_weights_into
+from attnlab.run.directory import RunDir
 from attnlab.run.manifest import read_manifest, record_of
 from attnlab.run.storage import atomic_write_text, load_tensors, save_tensors
+from attnlab.run.weights import load_weights_into
 
 CFG = DecoderOnlyConfig(vocab_size=7, layers=1, d_model=8, heads=2, d_ff=8, tie_embeddings=True)
 EMPTY_METRICS = {"lines": 0, "size": 0, "sha256": hashlib.sha256(b"").hexdigest()}  # no metrics.jsonl yet
@@ -55,7 +56,7 @@ def test_loaded_weights_are_the_mapped_file_and_writes_leave_it_unchanged(run):
 
 
 def test_weights_replaced_while_loading_are_refused(run, monkeypatch):
-    import attnlab.run.directory as runs
+    import attnlab.run.reading as runs
 
     model = DecoderOnly(CFG)
     run.save_weights(model)
