@@ -8,12 +8,18 @@ inputs from Python (the cache, patching, ``test_prompt``):
 * ids lie in the model's vocabulary, and an example fits its context;
 * examples of different lengths are padded on the left, so that the last position is every
   example's last token, with ``is_token`` False at the padding.
+
+The (B, T) mask of real tokens is named ``is_token`` everywhere (True = a real token), as the
+models of :mod:`attnlab.nn` name it: an *attention mask* in attnlab is the (T_q, T_k) mask of which
+keys a query may attend to (``mask``, True = may attend), so Hugging Face's ``attention_mask`` for
+padding is not a name here (:func:`takes_is_token`; docs/invariants.md, "The padding mask").
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -23,7 +29,26 @@ from attnlab.errors import UsageError
 from attnlab.resources import check_input_text, check_input_tokens
 from attnlab.run.loaded import LoadedRun
 
-__all__ = ["model_inputs", "examples", "id_tensor", "left_pad", "check_ids", "check_token_ids"]
+__all__ = ["model_inputs", "examples", "id_tensor", "left_pad", "check_ids", "check_token_ids", "takes_is_token"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def takes_is_token(function: F) -> F:
+    """``function``, which takes the (B, T) real-token mask as ``is_token``, answering a call that
+    passes it as Hugging Face's ``attention_mask=`` with one UsageError saying the name (it adds no
+    second way to pass the mask)."""
+
+    @functools.wraps(function)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        if "attention_mask" in kwargs:
+            raise UsageError(
+                "attention_mask: the (B, T) padding mask is named is_token here (True = a real token); in "
+                "attnlab an attention mask is the (T_q, T_k) mask of the keys each query may attend to"
+            )
+        return function(*args, **kwargs)
+
+    return checked  # type: ignore[return-value]
 
 
 def check_token_ids(ids: Tensor, vocabulary: int, what: str) -> None:

@@ -303,9 +303,7 @@ class NextTokenProbe(NextTokenLoss):
         if is_token is None:
             is_token = torch.ones_like(tokens, dtype=torch.bool)
         if is_token.shape != tokens.shape:
-            raise UsageError(
-                f"attention_mask: shape {tuple(is_token.shape)} differs from the ids' {tuple(tokens.shape)}"
-            )
+            raise UsageError(f"is_token: shape {tuple(is_token.shape)} differs from the ids' {tuple(tokens.shape)}")
         is_token = is_token.bool()
         vocabulary = loaded.model.config.vocab_size
         if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocabulary):

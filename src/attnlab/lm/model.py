@@ -24,6 +24,11 @@ text by default (``prepend_bos=True``, whatever the tokenizer does), so on SmolL
 reads one more token there. ``attnlab.load(..., prepend_bos=True)`` reads texts as TransformerLens
 does, for every method and analysis of that model; ``lm.to_tokens(text, prepend_bos=...)`` chooses
 for one call.
+
+**Padding.** Texts of different lengths are padded on the left; ids given as a tensor take their
+(B, T) mask of real tokens as ``is_token`` (True = a real token: ``lm(ids, is_token=mask)``), as
+the models of :mod:`attnlab.nn` do. Hugging Face's ``attention_mask=`` is refused: an attention
+mask in attnlab is the (T_q, T_k) mask of who may attend (docs/invariants.md).
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.analysis.inputs import model_inputs
+from attnlab.analysis.inputs import model_inputs, takes_is_token
 from attnlab.analysis.maps import decode_source, generation_ids
 from attnlab.devices import model_device
 from attnlab.errors import UsageError
@@ -170,14 +175,15 @@ class LanguageModel(Studies):
             text: a text, or a list of texts.
             prepend_bos: put the BOS first (True, TransformerLens' default), not (False), or as
                 this model reads texts (None: its tokenizer's choice, or ``load``'s ``prepend_bos``).
-            return_mask: also give the (B, T) bool mask, True at real tokens (for ``lm(ids, mask)``).
+            return_mask: also give the (B, T) bool mask ``is_token``, True at real tokens (for
+                ``lm(ids, is_token=mask)``).
         """
         texts = [text] if isinstance(text, str) else list(text)
         if not texts or not all(isinstance(t, str) for t in texts):
             raise UsageError("text: a text or a list of texts is needed")
         task = _bos_task(self.loaded, prepend_bos)  # the framing load's prepend_bos chooses, for this call
-        tokens, mask = self._batch([task.encode(t) for t in texts], None)
-        return (tokens, mask) if return_mask else tokens
+        tokens, is_token = self._batch([task.encode(t) for t in texts], None)
+        return (tokens, is_token) if return_mask else tokens
 
     def to_single_token(self, text: str) -> int:
         """The id of ``text`` where it is exactly one token (no BOS); a UsageError otherwise."""
@@ -188,10 +194,11 @@ class LanguageModel(Studies):
 
     # ---- running ------------------------------------------------------------------------------------
 
+    @takes_is_token
     def __call__(
         self,
         inputs: str | Sequence[str] | Sequence[Sequence[int]] | Tensor,
-        attention_mask: Tensor | None = None,
+        is_token: Tensor | None = None,
         *,
         return_type: str = "logits",
     ) -> Any:
@@ -199,8 +206,9 @@ class LanguageModel(Studies):
 
         Args:
             inputs: a text, a list of texts, a list of id lists, or a (B, T) tensor of ids.
-            attention_mask: (B, T), 1 or True where a position is a real token (ids only;
-                texts are padded and masked here).
+            is_token: (B, T), 1 or True where a position is a real token (ids only; texts are
+                padded and masked here). Hugging Face's name ``attention_mask`` is refused: an
+                attention mask in attnlab is the (T_q, T_k) mask of who may attend.
             return_type: ``logits``; ``loss`` (the mean next-token cross-entropy over the real
                 tokens); or ``both`` (logits, loss). An encoder returns its last hidden states.
 
@@ -214,16 +222,16 @@ class LanguageModel(Studies):
                 "inputs: an encoder-decoder reads a source and a target: call lm.model(src, tgt_in) on ids, "
                 "or lm.generate(text)"
             )
-        tokens, is_token = self._batch(inputs, attention_mask)
+        tokens, is_token = self._batch(inputs, is_token)
         logits = self.model(tokens, is_token=is_token)
         if return_type == "logits":
             return logits
         loss = _next_token_loss(logits, tokens, is_token)
         return loss if return_type == "loss" else (logits, loss)
 
-    def _batch(self, inputs: Any, attention_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+    def _batch(self, inputs: Any, is_token: Tensor | None) -> tuple[Tensor, Tensor]:
         """(tokens, is_token) of a text, texts, ids or id lists, left-padded, ids checked."""
-        return model_inputs(self.loaded, inputs, attention_mask, "inputs")
+        return model_inputs(self.loaded, inputs, is_token, "inputs")
 
     def generate(
         self,

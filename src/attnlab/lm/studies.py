@@ -36,6 +36,7 @@ from attnlab.analysis.cache import ActivationCache, run_with_cache
 from attnlab.analysis.detectors import Detection, detect_heads
 from attnlab.analysis.head_scores import HeadScores
 from attnlab.analysis.heads import Ablation, TaskProbe, ablate, head_importance, scoring_pairs
+from attnlab.analysis.inputs import takes_is_token
 from attnlab.analysis.lm_probe import NextTokenProbe
 from attnlab.analysis.logit_attribution import Attribution, Attributions, direct_logit_attribution, logit_lens
 from attnlab.analysis.patching import PatchResult, patch
@@ -208,10 +209,11 @@ class Studies:
         finally:
             bar.close()
 
+    @takes_is_token
     def importance(
         self,
         texts: Any,
-        attention_mask: Tensor | None = None,
+        is_token: Tensor | None = None,
         *,
         max_texts: int | None = None,
         batch_size: int = 16,
@@ -222,7 +224,7 @@ class Studies:
 
         Args:
             texts: a file (one text per line), a list of texts, or ids: a (B, T) tensor (with
-                ``attention_mask``, True at real tokens) or a list of id lists. A pretrained
+                ``is_token``, True at real tokens) or a list of id lists. A pretrained
                 encoder-decoder takes a file of ``source<TAB>target`` lines (the target's loss).
             max_texts: score only the first this many texts of a file or list.
 
@@ -235,7 +237,7 @@ class Studies:
                 raise UsageError("texts: an encoder-decoder scores a file of source<TAB>target lines")
             probe: Any = TaskProbe(scoring_pairs(self.loaded, texts), "valid", batch_size=batch_size)
         else:
-            probe = self._probe(texts, attention_mask, max_texts=max_texts, batch_size=batch_size)
+            probe = self._probe(texts, is_token, max_texts=max_texts, batch_size=batch_size)
         batches = sum(1 for _ in probe.batches())
         bar = tqdm(total=batches, desc="importance", unit="batch", leave=False, disable=not progress)
         try:
@@ -246,8 +248,9 @@ class Studies:
 
     # ---- the cache, a prompt's answer, and the notebook views ------------------------------------------
 
+    @takes_is_token
     def run_with_cache(
-        self, inputs: Any, attention_mask: Tensor | None = None, *, names: str | Sequence[str] | None = None
+        self, inputs: Any, is_token: Tensor | None = None, *, names: str | Sequence[str] | None = None
     ) -> tuple[Tensor, ActivationCache]:
         """Run once and cache every site (or ``names`` and what the helpers read): (logits,
         :class:`~attnlab.analysis.cache.ActivationCache`), with TransformerLens' helpers
@@ -256,9 +259,9 @@ class Studies:
 
         Args:
             inputs: a text, texts (left-padded), ids, id lists, or a (B, T) tensor of ids.
-            attention_mask: (B, T) True at real tokens, with ids as a tensor.
+            is_token: (B, T) True at real tokens, with ids as a tensor.
         """
-        return run_with_cache(self.loaded, inputs, attention_mask, names)
+        return run_with_cache(self.loaded, inputs, is_token, names)
 
     def test_prompt(
         self,
@@ -288,19 +291,19 @@ class Studies:
         return show(self.loaded, text, view=view, **options)
 
     def _probe(
-        self, texts: Any, attention_mask: Tensor | None = None, *, max_texts: int | None, batch_size: int
+        self, texts: Any, is_token: Tensor | None = None, *, max_texts: int | None, batch_size: int
     ) -> NextTokenProbe:
         """The next-token probe of a file, a list of texts, or ids."""
         if isinstance(texts, Tensor) or (isinstance(texts, list) and texts and not isinstance(texts[0], str)):
             ids: Any = texts
             if not isinstance(ids, Tensor):
-                ids, attention_mask = self._batch(ids, None)  # type: ignore[attr-defined]
+                ids, is_token = self._batch(ids, None)  # type: ignore[attr-defined]
             if max_texts is not None:
                 ids = ids[:max_texts]
-                attention_mask = None if attention_mask is None else attention_mask[:max_texts]
-            return NextTokenProbe.of_ids(self.loaded, ids, attention_mask)
-        if attention_mask is not None:
-            raise UsageError("attention_mask: only with ids (texts are padded and masked here)")
+                is_token = None if is_token is None else is_token[:max_texts]
+            return NextTokenProbe.of_ids(self.loaded, ids, is_token)
+        if is_token is not None:
+            raise UsageError("is_token: only with ids (texts are padded and masked here)")
         return NextTokenProbe(self.loaded, texts, batch_size=batch_size, max_texts=max_texts)
 
 

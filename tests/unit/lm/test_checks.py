@@ -96,6 +96,21 @@ def test_analyses_refuse_inputs_of_the_wrong_type(lm) -> None:
         lm.importance([1.5, 2.5])
 
 
+def test_the_padding_mask_is_is_token_and_hugging_faces_name_is_one_usage_error(lm) -> None:
+    tokens, is_token = lm.to_tokens(["the cat sat", "a dog"], return_mask=True)
+    assert not bool(is_token[1, 0])  # left padding
+    torch.testing.assert_close(lm(tokens, is_token=is_token), lm(["the cat sat", "a dog"]), rtol=0, atol=0)
+    refused = r"attention_mask: the \(B, T\) padding mask is named is_token here \(True = a real token\)"
+    with pytest.raises(UsageError, match=refused):
+        lm(tokens, attention_mask=is_token)
+    with pytest.raises(UsageError, match=refused):
+        lm.importance(tokens, attention_mask=is_token, progress=False)
+    with pytest.raises(UsageError, match=refused):
+        lm.run_with_cache(tokens, attention_mask=is_token)
+    with pytest.raises(UsageError, match="is_token: only with ids"):
+        lm.importance(["the cat sat"], is_token=is_token[:1], progress=False)
+
+
 def test_a_site_the_model_lacks_is_one_usage_error(lm) -> None:
     with pytest.raises(UsageError, match="site 'decoder.9.nope': no such site in this model; did you mean"):
         with lm.trace("decoder.9.nope"):

@@ -56,7 +56,7 @@ def test_head_importance_of_ids_equals_the_importance_of_the_same_texts(lm) -> N
         expected[row.layer, row.head] = row.importance
     for left in (False, True):  # padding on either side is read past
         tokens, real = _padded(_rows(model), left=left)
-        scores = model.importance(tokens, real, progress=False).tensor
+        scores = model.importance(tokens, is_token=real, progress=False).tensor
         assert scores.shape == model.head_mask_shapes["self"]
         torch.testing.assert_close(scores, expected, rtol=1e-9, atol=1e-12)
     assert all(p.requires_grad for p in model.model.parameters())  # frozen for the pass only
@@ -91,7 +91,7 @@ def test_bad_ids_are_refused_with_the_reason(lm) -> None:
         model.importance(torch.tensor([[5, 6, 7], [5, 6, 7]]), torch.tensor([[1, 1, 1], [0, 0, 1]]), progress=False)
     with pytest.raises(UsageError, match="integer tensor"):
         model.importance(torch.ones(2, 3), progress=False)
-    with pytest.raises(UsageError, match="shape"):
+    with pytest.raises(UsageError, match=r"is_token: shape \(1, 2\) differs"):
         model.importance(torch.tensor([[5, 6, 7]]), torch.ones(1, 2), progress=False)
     with pytest.raises(UsageError, match="vocabulary|must lie"):
         model.importance(torch.tensor([[5, 6, 10**6]]), progress=False)

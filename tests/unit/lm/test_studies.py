@@ -102,7 +102,7 @@ def test_importance_of_a_list_a_file_and_ids_agree_and_max_texts_caps_them(lm, t
     torch.testing.assert_close(lm.importance(path, progress=False).tensor, of_list.tensor, rtol=1e-12, atol=0)
     tokens, mask = lm.to_tokens(texts, return_mask=True)
     torch.testing.assert_close(
-        lm.importance(tokens, mask, progress=False).tensor, of_list.tensor, rtol=1e-9, atol=1e-12
+        lm.importance(tokens, is_token=mask, progress=False).tensor, of_list.tensor, rtol=1e-9, atol=1e-12
     )
     capped = lm.importance(path, max_texts=1, progress=False)
     torch.testing.assert_close(capped.tensor, lm.importance(texts[:1], progress=False).tensor, rtol=0, atol=0)
