@@ -29,8 +29,19 @@ choice changes a result only by the candidates' own rounding.
 
 No measurement is taken (:func:`can_measure` is False) while ``torch.compile`` traces, while a
 dispatch mode is active (``FlopCounterMode``, fake tensors) or inside a functorch transform, nor
-with ``ATTNLAB_CALIBRATE=0``: the caller's first candidate (its fixed preference) is taken and
-nothing is remembered.
+with ``ATTNLAB_CALIBRATE=0`` (a documented override, read once when this module is imported:
+:data:`MEASURING`): the caller's first candidate (its fixed preference) is taken and nothing is
+remembered.
+
+**A model's or run's own choices** (:class:`KernelRecord`). Timing makes a choice depend on what
+else the machine was doing; a run must not. A record holds one model's choices and a *mode*:
+``fixed`` (every class takes the caller's first candidate, never timed: the same kernels on every
+run of this machine, loaded or not, which is what makes training bit-reproducible by default) or
+``measured`` (timed as above, then kept). Inside ``with using(record):`` (entered by a model that
+carries one, :attr:`attnlab.nn.models.TransformerModel.kernel_record`) :func:`chosen`,
+:func:`recall` and :func:`choose` answer from the record first and add each new class's answer to
+it; a training run writes its record into the run directory (``kernels.json``, in the manifest), and
+resuming it, training ``--like`` it, evaluating or loading it read the choices back.
 """
 
 from __future__ import annotations
@@ -41,16 +52,24 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import cache
 from pathlib import Path
 
 import torch
 
+from attnlab.errors import ConfigError
 from attnlab.kernels import native
 
 __all__ = [
     "CHOICES",
+    "MEASURING",
+    "KERNEL_MODES",
+    "KernelRecord",
+    "using",
+    "active_record",
     "cpu_model",
     "ROUNDS",
     "BUDGET_S",
@@ -66,6 +85,10 @@ __all__ = [
     "cache_path",
     "forget",
 ]
+
+MEASURING = os.environ.get("ATTNLAB_CALIBRATE", "1") != "0"
+"""Whether shape classes may be timed at all: False with the override ``ATTNLAB_CALIBRATE=0``, read
+once, when this module is imported (then every class takes its caller's first candidate)."""
 
 CHOICES: dict[tuple, str] = {}
 """Shape class -> the name of the implementation measured fastest for it (this process's answers,
@@ -93,28 +116,41 @@ def bucket(n: int) -> int:
 
 
 def chosen(key: tuple) -> str | None:
-    """The implementation measured for the shape class ``key``, or None (not measured yet)."""
-    return CHOICES.get(key)
+    """The implementation chosen for the shape class ``key``, or None (not chosen yet): the active
+    :class:`KernelRecord`'s answer inside :func:`using`, else this process's."""
+    record = _ACTIVE.get()
+    return CHOICES.get(key) if record is None else record.get(key)
 
 
 def recall(key: tuple, names: list[str]) -> str | None:
-    """The answer for the class ``key`` remembered in memory or in the disk cache, if it is one
-    of ``names`` (the candidates that apply now); None where it must be measured. Callers whose
-    timed candidates cost something to prepare ask this first."""
+    """The answer for the class ``key`` that needs no timing, if it is one of ``names`` (the
+    candidates that apply now): the active record's (in its ``fixed`` mode, the first name, now
+    recorded), or one remembered in memory or in the disk cache; None where it must be measured.
+    Callers whose timed candidates cost something to prepare ask this first."""
+    record = _ACTIVE.get()
+    if record is not None:
+        known = record.get(key)
+        if known in names:
+            return known
+        if record.mode == "fixed":
+            return record.add(key, names[0])
     known = CHOICES.get(key)
-    if known in names:
-        return known
-    stored = _read().get(_entry(key)) if can_measure() else None
-    if stored in names:
-        CHOICES[key] = stored
-        return stored
-    return None
+    if known not in names:
+        stored = _read().get(_entry(key)) if can_measure() else None
+        known = stored if stored in names else None
+        if known is not None:
+            CHOICES[key] = known
+    if known is not None and record is not None:
+        record.add(key, known)
+    return known
 
 
 def choose(key: tuple, candidates: dict[str, Callable[[], object]], *, tie: float | None = None) -> str:
-    """The fastest of ``candidates`` (name -> a call to time) for the class ``key``: remembered,
-    read from the disk cache, or measured now (and remembered on both). With one candidate, or
-    where nothing may be measured (:func:`can_measure`), the first one, not remembered."""
+    """The fastest of ``candidates`` (name -> a call to time) for the class ``key``: the active
+    record's, remembered, read from the disk cache, or measured now (and remembered on both, and
+    in the active record). With one candidate, or where nothing may be measured
+    (:func:`can_measure`), the first one, not remembered; a ``fixed`` record takes the first one
+    and records it."""
     names = list(candidates)
     if len(names) == 1 or not can_measure():
         return names[0]
@@ -126,7 +162,97 @@ def choose(key: tuple, candidates: dict[str, Callable[[], object]], *, tie: floa
     CHOICES[key] = winner
     if not busy:
         _write(_entry(key), winner)
+    record = _ACTIVE.get()
+    if record is not None:
+        record.add(key, winner)
     return winner
+
+
+# --------------------------------------------------------------------------------------------
+# a model's or run's own choices
+# --------------------------------------------------------------------------------------------
+
+KERNEL_MODES = ("fixed", "measured")
+"""How a :class:`KernelRecord` answers a class it has not met: ``fixed``, the caller's first
+candidate (never timed: reproducible); ``measured``, the fastest on this machine (timed once)."""
+
+
+class KernelRecord:
+    """The kernels one model (or one run) uses: shape class -> implementation name, and a mode.
+
+    Args:
+        mode: one of :data:`KERNEL_MODES` (a ConfigError names ``kernels`` otherwise).
+        choices: entries read back (``entry string -> name``, as :meth:`to_dict` writes them).
+
+    Attributes:
+        mode: ``fixed`` or ``measured``.
+        choices: entry -> name, every class answered so far (what the run directory records).
+        changed: whether a class was added since the record was last written (:meth:`to_dict`).
+    """
+
+    def __init__(self, mode: str = "fixed", choices: Mapping[str, str] | None = None) -> None:
+        if mode not in KERNEL_MODES:
+            raise ConfigError(f"kernels: unknown {mode!r}; allowed: {', '.join(KERNEL_MODES)}")
+        self.mode = mode
+        self.choices: dict[str, str] = dict(choices or {})
+        self.changed = False
+        self._keys: dict[tuple, str] = {}  # the hot path: the caller's key tuple -> name
+
+    def get(self, key: tuple) -> str | None:
+        """The name recorded for ``key``, or None."""
+        name = self._keys.get(key)
+        if name is None:
+            name = self.choices.get(_entry(key))
+            if name is not None:
+                self._keys[key] = name
+        return name
+
+    def add(self, key: tuple, name: str) -> str:
+        """Record ``name`` for ``key`` (returned)."""
+        self._keys[key] = name
+        entry = _entry(key)
+        if self.choices.get(entry) != name:
+            self.choices[entry] = name
+            self.changed = True
+        return name
+
+    def to_dict(self) -> dict[str, object]:
+        """``{"mode", "machine", "choices"}``: what a run's kernels.json holds (and marks it written)."""
+        self.changed = False
+        return {"mode": self.mode, "machine": machine_description(), "choices": dict(sorted(self.choices.items()))}
+
+    def __repr__(self) -> str:
+        return f"KernelRecord(mode={self.mode!r}, {len(self.choices)} classes)"
+
+
+_ACTIVE: ContextVar[KernelRecord | None] = ContextVar("attnlab_kernel_record", default=None)
+
+
+@contextmanager
+def using(record: KernelRecord | None) -> Iterator[KernelRecord | None]:
+    """Answer shape classes from ``record`` inside the block (None: this process's choices)."""
+    token = _ACTIVE.set(record)
+    try:
+        yield record
+    finally:
+        _ACTIVE.reset(token)
+
+
+def active_record() -> KernelRecord | None:
+    """The record :func:`using` made active here, or None."""
+    return _ACTIVE.get()
+
+
+def machine_description() -> dict[str, object]:
+    """What makes one machine's kernels differ from another's: the kernels' build, the CPU, torch
+    and the thread count (written beside a run's choices, for a reader comparing machines)."""
+    return {
+        "cpu": cpu_model(),
+        "capability": torch.backends.cpu.get_cpu_capability(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "build": native.build_spec().name,
+    }
 
 
 def machine_busy() -> bool:
@@ -170,9 +296,9 @@ def measure(candidates: dict[str, Callable[[], object]], *, tie: float | None = 
 def can_measure() -> bool:
     """Whether timing may run now: not while ``torch.compile`` traces, a dispatch mode is active
     (``FlopCounterMode``, ``FakeTensorMode``) or a functorch transform runs, and not with
-    ``ATTNLAB_CALIBRATE=0`` in the environment."""
+    ``ATTNLAB_CALIBRATE=0`` (:data:`MEASURING`)."""
     return (
-        os.environ.get("ATTNLAB_CALIBRATE", "1") != "0"
+        MEASURING
         and not torch.compiler.is_compiling()
         and torch._C._len_torch_dispatch_stack() == 0
         and torch._C._functorch.peek_interpreter_stack() is None

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from attnlab.kernels import LinearKernel, linear_kernel
+from attnlab.kernels import LinearKernel, calibration, linear_kernel
 from attnlab.nn.config import (
     DecoderOnlyConfig,
     EncoderClassifierConfig,
@@ -68,9 +68,22 @@ class TransformerModel(nn.Module):
     has_pooled_site: bool = False
     """Whether the model pools its stack's output into the named site ``pooled`` (a classifier)."""
 
+    kernel_record: calibration.KernelRecord | None = None
+    """The kernels this model runs, shape class by shape class (:class:`attnlab.kernels.calibration.KernelRecord`):
+    set when a run builds or loads it (a training run's ``fixed`` record by default, or the one its
+    directory recorded); None: this process's measured choices. Every call of the model (and
+    :meth:`EncoderDecoder.encode` / ``decode``) answers its kernel choices from it."""
+
     def __init__(self) -> None:
         super().__init__()
         self.hooks: dict[str, list[Hook]] = {}  # the sites logits and pooled (attnlab.nn.hooks)
+
+    def __call__(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN204
+        record = self.kernel_record
+        if record is None:
+            return super().__call__(*args, **kwargs)
+        with calibration.using(record):
+            return super().__call__(*args, **kwargs)
 
     def attention_sites(self) -> list[Site]:
         """The ``z`` site of every attention module (its kind, layer and module), in forward order."""
@@ -145,7 +158,8 @@ class EncoderDecoder(TransformerModel):
         return self.decode(tgt_in, self.encode(src))
 
     def encode(self, src: Tensor) -> EncodedSource:
-        return EncodedSource(self.encoder(src), src != self.config.pad_id)
+        with calibration.using(self.kernel_record or calibration.active_record()):
+            return EncodedSource(self.encoder(src), src != self.config.pad_id)
 
     def decode(
         self,
@@ -155,7 +169,8 @@ class EncoderDecoder(TransformerModel):
         state: DecodingState | None = None,
     ) -> Tensor:
         """Logits for ``tgt_in``; with ``state`` (from :meth:`new_state`), only the new positions."""
-        return self._logits(self.generator(self.decoder(tgt_in, memory, state=state)))
+        with calibration.using(self.kernel_record or calibration.active_record()):
+            return self._logits(self.generator(self.decoder(tgt_in, memory, state=state)))
 
     def new_state(self) -> DecodingState:
         return DecodingState([DecoderLayerCache() for _ in self.decoder.layers])

@@ -17,7 +17,7 @@ from attnlab.kernels import calibration
 def timings(monkeypatch, tmp_path):
     """Calibration on, an empty cache in ``tmp_path``, and ``measure`` replaced by a stub that
     records each call and picks the last candidate (the real timing is tested on its own)."""
-    monkeypatch.setenv("ATTNLAB_CALIBRATE", "1")
+    monkeypatch.setattr(calibration, "MEASURING", True)
     monkeypatch.setenv("ATTNLAB_CALIBRATION_DIR", str(tmp_path))
     calibration.forget()
     monkeypatch.setattr(calibration, "machine_busy", lambda: False)  # a quiet machine, whatever runs beside the tests
@@ -102,7 +102,7 @@ def test_nothing_is_measured_or_remembered_where_timing_must_not_run(timings, mo
     assert calibration.choose(KEY, {"a": lambda: None}) == "a"
     with FlopCounterMode(display=False):
         assert calibration.choose(KEY, CANDIDATES) == "a"
-    monkeypatch.setenv("ATTNLAB_CALIBRATE", "0")
+    monkeypatch.setattr(calibration, "MEASURING", False)
     assert calibration.choose(KEY, CANDIDATES) == "a"
     assert not timings and calibration.chosen(KEY) is None and not calibration.cache_path().exists()
 

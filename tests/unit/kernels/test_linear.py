@@ -377,7 +377,7 @@ def test_the_setting_is_read_from_the_environment_and_checked(monkeypatch):
 def test_the_measured_kernel_takes_only_kernels_that_apply_and_remembers(monkeypatch, tmp_path, grad, rows):
     """Whichever kernel wins the timing (each is made to win once), the map equals F.linear's and
     its gradients; a second call of the class is looked up, not timed."""
-    monkeypatch.setenv("ATTNLAB_CALIBRATE", "1")
+    monkeypatch.setattr(calibration, "MEASURING", True)
     g = torch.Generator().manual_seed(rows)
     x, weight, bias = torch.randn(rows, 16, generator=g), torch.randn(24, 16, generator=g), torch.randn(24, generator=g)
     offered, winner = [], [0]
@@ -408,7 +408,7 @@ def test_a_bfloat16_map_of_few_rows_is_measured_between_the_few_rows_kernel_and_
     """bfloat16 decoding steps: the few-rows kernel against PyTorch's bf16 product, remembered under
     a key of its own (not the float32 class of the same shape); many rows: aten, and oneDNN's
     packed weights where the processor runs bfloat16 there."""
-    monkeypatch.setenv("ATTNLAB_CALIBRATE", "1")
+    monkeypatch.setattr(calibration, "MEASURING", True)
     monkeypatch.setenv("ATTNLAB_CALIBRATION_DIR", str(tmp_path))
     calibration.forget()
     offered = []
@@ -489,7 +489,7 @@ def test_a_timed_map_cycles_through_copies_of_a_small_weight(monkeypatch, d_out,
 def test_a_class_on_disk_is_not_prepared_for_timing_again(monkeypatch, tmp_path) -> None:
     """A fresh process finds the class's kernel in the disk cache before it copies and packs W to
     time the candidates (that preparation cost about a second per shape)."""
-    monkeypatch.setenv("ATTNLAB_CALIBRATE", "1")
+    monkeypatch.setattr(calibration, "MEASURING", True)
     monkeypatch.setenv("ATTNLAB_CALIBRATION_DIR", str(tmp_path))
     monkeypatch.setattr(calibration, "machine_busy", lambda: False)  # written to disk, whatever runs beside
     calibration.forget()
@@ -510,7 +510,7 @@ def test_a_class_on_disk_is_not_prepared_for_timing_again(monkeypatch, tmp_path)
 def test_a_decoding_steps_map_keeps_the_few_rows_kernel_unless_another_is_far_faster(monkeypatch, tmp_path) -> None:
     """A one-row map without gradient is timed with the few-rows kernel first and the switching
     margin; a many-row map with the default margin."""
-    monkeypatch.setenv("ATTNLAB_CALIBRATE", "1")
+    monkeypatch.setattr(calibration, "MEASURING", True)
     monkeypatch.setenv("ATTNLAB_CALIBRATION_DIR", str(tmp_path))
     calibration.forget()
     asked = []

@@ -22,7 +22,7 @@ FLOAT32_ONLY = {"short", "decode"}  # the C++ kernels run float32 alone
 @pytest.fixture
 def measured(monkeypatch, tmp_path):
     """Calibration on, with an empty cache of this test's own."""
-    monkeypatch.setenv("ATTNLAB_CALIBRATE", "1")
+    monkeypatch.setattr(calibration, "MEASURING", True)
     monkeypatch.setenv("ATTNLAB_CALIBRATION_DIR", str(tmp_path))
     calibration.forget()
     yield tmp_path
