@@ -210,10 +210,10 @@ def gguf_import(how: str) -> Callable[[Probe], Outcome]:
 
 _HOLD_THE_BUILD_LOCK = """
 import time
-from attnlab.kernels import native
-spec = native.build_spec()
+from attnlab.kernels import native_build, native_spec
+spec = native_spec.build_spec()
 spec.directory.mkdir(parents=True, exist_ok=True)
-with native._exclusive(spec.directory / native._LOCK_NAME):
+with native_build._exclusive(spec.directory / native_build._LOCK_NAME):
     print("held", flush=True)
     time.sleep(600)
 """

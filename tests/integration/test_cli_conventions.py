@@ -19,7 +19,7 @@ import torch
 
 from attnlab.cli import demo as demo_command
 from attnlab.cli import main
-from attnlab.kernels import native
+from attnlab.kernels import native_build
 from tests.tiny_run import build_tiny_run
 
 NO_GPU = not torch.cuda.is_available()
@@ -240,16 +240,16 @@ def test_tokenize_json_has_tokens_and_ids_of_one_tokenizer(capsys):
 
 _HOLD_THE_BUILD_LOCK = """
 import sys, time
-from attnlab.kernels import native
-spec = native.build_spec()
+from attnlab.kernels import native_build, native_spec
+spec = native_spec.build_spec()
 spec.directory.mkdir(parents=True, exist_ok=True)
-with native._exclusive(spec.directory / native._LOCK_NAME):
-    print(spec.directory / native._LOCK_NAME, flush=True)
+with native_build._exclusive(spec.directory / native_build._LOCK_NAME):
+    print(spec.directory / native_build._LOCK_NAME, flush=True)
     time.sleep(120)
 """
 
 
-@pytest.mark.skipif(native.fcntl is None, reason="no fcntl on this platform")
+@pytest.mark.skipif(native_build.fcntl is None, reason="no fcntl on this platform")
 def test_a_command_waiting_for_another_process_kernel_build_says_so_and_gives_up_after_the_limit(run, tmp_path):
     """Another process holds the kernels' build lock (a build in progress): a command that needs the
     kernels says in one line whose build it waits for and for how long, and past
@@ -259,7 +259,7 @@ def test_a_command_waiting_for_another_process_kernel_build_says_so_and_gives_up
     holder = subprocess.Popen([sys.executable, "-c", _HOLD_THE_BUILD_LOCK], env=env, stdout=subprocess.PIPE, text=True)
     try:
         lock = holder.stdout.readline().strip()
-        assert lock.endswith(native._LOCK_NAME)
+        assert lock.endswith(native_build._LOCK_NAME)
         done = subprocess.run(
             [sys.executable, "-m", "attnlab", "eval", str(run), "--no-progress", "--json"],
             env=env,

@@ -2,8 +2,8 @@
 
 The model (:mod:`attnlab.nn`) computes the papers' formulas; this package only makes them fast on
 a CPU. Every call here computes the same function as the plain PyTorch it stands in for, and where
-attnlab's C++ kernels cannot be built (:mod:`.native`) each takes PyTorch's (or NumPy's) path, with
-the same results. The interface:
+attnlab's C++ kernels cannot be built (:mod:`.native`, built by :mod:`.native_build`) each takes
+PyTorch's (or NumPy's) path, with the same results. The interface:
 
 * ``linear_kernel()``: the GEMM kernel ``(x, W, b) -> x W^T + b`` one module runs its linear maps
   with (:mod:`.linear`), as the runtime setting ``ATTNLAB_LINEAR`` says: ``aten`` (``F.linear``),

@@ -24,46 +24,46 @@ import pytest
 import torch
 
 from attnlab.errors import AttnlabWarning
-from attnlab.kernels import native
+from attnlab.kernels import native, native_build, native_spec
 
 FLAGS = ("-O3", "-mavx2")
 LDFLAGS = ("-fopenmp",)
 
 
 def _key(capability: str = "AVX2", cflags: tuple[str, ...] = FLAGS, ldflags: tuple[str, ...] = LDFLAGS) -> str:
-    return native.build_key(capability, cflags, ldflags)
+    return native_spec.build_key(capability, cflags, ldflags)
 
 
 def test_the_name_is_stable_and_says_the_capability():
-    spec = native.build_spec("AVX512")
-    assert spec == native.build_spec("AVX512")
+    spec = native_spec.build_spec("AVX512")
+    assert spec == native_spec.build_spec("AVX512")
     assert re.fullmatch(r"attnlab_native_avx512_[0-9a-f]{16}", spec.name)
-    assert spec.cflags == native.build_flags("AVX512")[0] and "-mavx512f" in spec.cflags
-    assert native.build_spec("AVX2").name.startswith("attnlab_native_avx2_")
-    assert native.build_spec("AVX2").name != spec.name
+    assert spec.cflags == native_spec.build_flags("AVX512")[0] and "-mavx512f" in spec.cflags
+    assert native_spec.build_spec("AVX2").name.startswith("attnlab_native_avx2_")
+    assert native_spec.build_spec("AVX2").name != spec.name
 
 
 def test_the_build_directory_is_the_name_under_torch_extensions_dir(monkeypatch, tmp_path):
-    name = native.build_spec("AVX2").name
+    name = native_spec.build_spec("AVX2").name
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    assert native.build_spec("AVX2").directory == tmp_path / name  # the directory is no part of the key
+    assert native_spec.build_spec("AVX2").directory == tmp_path / name  # the directory is no part of the key
 
 
 def _copy_sources(tmp_path: Path, folder: str) -> tuple[Path, ...]:
     (tmp_path / folder).mkdir()
-    return tuple(Path(shutil.copy(source, tmp_path / folder / source.name)) for source in native.SOURCES)
+    return tuple(Path(shutil.copy(source, tmp_path / folder / source.name)) for source in native_spec.SOURCES)
 
 
 def test_another_checkout_of_the_same_sources_shares_the_build(monkeypatch, tmp_path):
     before = _key()
-    monkeypatch.setattr(native, "SOURCES", _copy_sources(tmp_path, "other_checkout"))
+    monkeypatch.setattr(native_spec, "SOURCES", _copy_sources(tmp_path, "other_checkout"))
     assert _key() == before
 
 
 @pytest.mark.parametrize("which", [0, 1])
 def test_a_changed_source_byte_changes_the_name(monkeypatch, tmp_path, which):
     sources = _copy_sources(tmp_path, "edited")
-    monkeypatch.setattr(native, "SOURCES", sources)
+    monkeypatch.setattr(native_spec, "SOURCES", sources)
     before = _key()
     data = bytearray(sources[which].read_bytes())
     data[len(data) // 2] ^= 0x01
@@ -114,23 +114,23 @@ def test_the_compiler_changes_the_name(monkeypatch, tmp_path):
     assert _key() not in (before, other)
 
 
-def _spec(tmp_path: Path, name: str = "attnlab_native_test_0") -> native.BuildSpec:
-    return native.BuildSpec(name=name, directory=tmp_path / "ext" / name, cflags=(), ldflags=())
+def _spec(tmp_path: Path, name: str = "attnlab_native_test_0") -> native_spec.BuildSpec:
+    return native_spec.BuildSpec(name=name, directory=tmp_path / "ext" / name, cflags=(), ldflags=())
 
 
 def _fake_build(builds: list, seconds: float = 0.0):
     """A stand-in for the compiler: records the call, takes ``seconds``, writes the library."""
 
-    def build(spec: native.BuildSpec, sources: list[str]) -> None:
+    def build(spec: native_spec.BuildSpec, sources: list[str]) -> None:
         builds.append(sources)
         time.sleep(seconds)
-        native._library(spec).write_bytes(b"built")
+        native_build._library(spec).write_bytes(b"built")
 
     return build
 
 
-def _fake_load(spec: native.BuildSpec) -> types.ModuleType:
-    assert native._library(spec).read_bytes() == b"built"
+def _fake_load(spec: native_spec.BuildSpec) -> types.ModuleType:
+    assert native_build._library(spec).read_bytes() == b"built"
     return types.ModuleType(spec.name)
 
 
@@ -143,7 +143,7 @@ def test_two_concurrent_first_uses_build_once(tmp_path):
 
     def first_use():
         start.wait()
-        results.append(native._load_once(spec, _fake_build(builds, 0.3), _fake_load).__name__)
+        results.append(native_build._load_once(spec, _fake_build(builds, 0.3), _fake_load).__name__)
 
     threads = [threading.Thread(target=first_use) for _ in range(2)]
     for thread in threads:
@@ -157,17 +157,17 @@ def test_two_concurrent_first_uses_build_once(tmp_path):
 def test_the_build_is_announced_and_a_complete_build_is_loaded_silently_without_a_build(tmp_path, capsys):
     spec = _spec(tmp_path)
     builds = []
-    native._load_once(spec, _fake_build(builds), _fake_load)
+    native_build._load_once(spec, _fake_build(builds), _fake_load)
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 2 and len(builds) == 1
-    assert lines[0].startswith("attnlab: building the C++ CPU kernels, once") and native.TYPICAL_BUILD in lines[0]
+    assert lines[0].startswith("attnlab: building the C++ CPU kernels, once") and native_build.TYPICAL_BUILD in lines[0]
     assert str(spec.directory) in lines[0]
     assert re.fullmatch(r"attnlab: built the C\+\+ CPU kernels in \d+\.\d s", lines[1])
-    assert native._complete(spec)
-    (spec.directory / native._LOCK_NAME).unlink()  # the lock is not taken for a complete build
-    assert native._load_once(spec, _fake_build(builds), _fake_load).__name__ == spec.name
+    assert native_build._complete(spec)
+    (spec.directory / native_build._LOCK_NAME).unlink()  # the lock is not taken for a complete build
+    assert native_build._load_once(spec, _fake_build(builds), _fake_load).__name__ == spec.name
     assert len(builds) == 1 and capsys.readouterr().err == ""
-    assert not (spec.directory / native._LOCK_NAME).exists()
+    assert not (spec.directory / native_build._LOCK_NAME).exists()
 
 
 @pytest.mark.parametrize("damage", ["no marker", "library rewritten", "marker of another build"])
@@ -176,41 +176,41 @@ def test_a_library_its_marker_does_not_describe_is_built_again(tmp_path, damage)
     loaded as it is, and neither is one rewritten after its marker."""
     spec = _spec(tmp_path)
     builds = []
-    native._load_once(spec, _fake_build(builds), _fake_load)
+    native_build._load_once(spec, _fake_build(builds), _fake_load)
     if damage == "no marker":
-        native._marker(spec).unlink()
+        native_build._marker(spec).unlink()
     elif damage == "library rewritten":
-        native._library(spec).write_bytes(b"half")
+        native_build._library(spec).write_bytes(b"half")
     else:
-        native._marker(spec).write_text(native._marker_text(spec).replace(spec.name, spec.name + "x"))
-    assert not native._complete(spec)
-    native._load_once(spec, _fake_build(builds), _fake_load)
-    assert len(builds) == 2 and native._complete(spec)
+        native_build._marker(spec).write_text(native_build._marker_text(spec).replace(spec.name, spec.name + "x"))
+    assert not native_build._complete(spec)
+    native_build._load_once(spec, _fake_build(builds), _fake_load)
+    assert len(builds) == 2 and native_build._complete(spec)
 
 
 def test_a_failed_build_leaves_no_marker_and_raises(tmp_path):
     spec = _spec(tmp_path)
 
-    def failing(spec: native.BuildSpec, sources: list[str]) -> None:
-        native._library(spec).write_bytes(b"half")
+    def failing(spec: native_spec.BuildSpec, sources: list[str]) -> None:
+        native_build._library(spec).write_bytes(b"half")
         raise RuntimeError("Error building extension")
 
     with pytest.raises(RuntimeError, match="Error building"):
-        native._load_once(spec, failing, _fake_load)
-    assert not native._marker(spec).exists() and not native._complete(spec)
+        native_build._load_once(spec, failing, _fake_load)
+    assert not native_build._marker(spec).exists() and not native_build._complete(spec)
 
 
-@pytest.mark.skipif(native.fcntl is None, reason="no fcntl on this platform")
+@pytest.mark.skipif(native_build.fcntl is None, reason="no fcntl on this platform")
 def test_a_process_finding_the_build_lock_taken_says_so_and_gives_up_after_the_limit(tmp_path, capsys, monkeypatch):
     """Another holder of the lock (a thread here: its own open file, so its own lock) builds; the
     waiter says whom it waits for, where the lock is, and raises after ATTNLAB_BUILD_WAIT_S."""
     spec = _spec(tmp_path)
     spec.directory.mkdir(parents=True)
-    lock = spec.directory / native._LOCK_NAME
+    lock = spec.directory / native_build._LOCK_NAME
     held, release = threading.Event(), threading.Event()
 
     def builder():
-        with native._exclusive(lock):
+        with native_build._exclusive(lock):
             held.set()
             release.wait(30)
 
@@ -221,7 +221,7 @@ def test_a_process_finding_the_build_lock_taken_says_so_and_gives_up_after_the_l
         monkeypatch.setenv("ATTNLAB_BUILD_WAIT_S", "0.3")
         builds = []
         with pytest.raises(TimeoutError, match=f"pid {os.getpid()}.*0.3 s"):
-            native._load_once(spec, _fake_build(builds), _fake_load)
+            native_build._load_once(spec, _fake_build(builds), _fake_load)
         assert builds == []
         assert capsys.readouterr().err.splitlines() == [
             f"attnlab: waiting for another process's build of the C++ CPU kernels (pid {os.getpid()}, lock {lock}); "
@@ -232,17 +232,17 @@ def test_a_process_finding_the_build_lock_taken_says_so_and_gives_up_after_the_l
         thread.join(30)
 
 
-@pytest.mark.skipif(native.fcntl is None, reason="no fcntl on this platform")
+@pytest.mark.skipif(native_build.fcntl is None, reason="no fcntl on this platform")
 def test_a_wait_given_up_falls_back_to_pytorch_with_one_warning(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     monkeypatch.setenv("ATTNLAB_BUILD_WAIT_S", "0")
     monkeypatch.delenv("ATTNLAB_NATIVE", raising=False)
-    spec = native.build_spec()
+    spec = native_spec.build_spec()
     spec.directory.mkdir(parents=True)
     held, release = threading.Event(), threading.Event()
 
     def builder():
-        with native._exclusive(spec.directory / native._LOCK_NAME):
+        with native_build._exclusive(spec.directory / native_build._LOCK_NAME):
             held.set()
             release.wait(30)
 
@@ -262,15 +262,15 @@ def test_a_wait_given_up_falls_back_to_pytorch_with_one_warning(tmp_path, monkey
 @pytest.mark.parametrize("value", ["soon", "-1", "nan"])
 def test_a_wait_limit_that_is_not_seconds_is_named(monkeypatch, value):
     monkeypatch.setenv("ATTNLAB_BUILD_WAIT_S", value)
-    with pytest.raises(native.BuildError, match=f"ATTNLAB_BUILD_WAIT_S='{value}' is not a number of seconds"):
-        native._wait_limit()
+    with pytest.raises(native_build.BuildError, match=f"ATTNLAB_BUILD_WAIT_S='{value}' is not a number of seconds"):
+        native_build._wait_limit()
 
 
 def test_the_wait_limit_defaults_to_ten_minutes(monkeypatch):
     monkeypatch.delenv("ATTNLAB_BUILD_WAIT_S", raising=False)
-    assert native._wait_limit() == native.BUILD_WAIT_S == 600
+    assert native_build._wait_limit() == native_build.BUILD_WAIT_S == 600
     monkeypatch.setenv("ATTNLAB_BUILD_WAIT_S", "2.5")
-    assert native._wait_limit() == 2.5
+    assert native_build._wait_limit() == 2.5
 
 
 def test_prepare_builds_for_a_cpu_only(monkeypatch):
@@ -291,15 +291,15 @@ def test_a_stale_torch_lock_file_is_removed_under_the_lock(tmp_path):
     (spec.directory / "lock").write_text("")
     seen = []
 
-    def build(spec: native.BuildSpec, sources: list[str]) -> None:
+    def build(spec: native_spec.BuildSpec, sources: list[str]) -> None:
         seen.append((spec.directory / "lock").exists())
-        native._library(spec).write_bytes(b"built")
+        native_build._library(spec).write_bytes(b"built")
 
-    native._load_once(spec, build, _fake_load)
+    native_build._load_once(spec, build, _fake_load)
     assert seen == [False]
 
 
-@pytest.mark.skipif(native.fcntl is None or not hasattr(os, "fork"), reason="no fcntl or fork on this platform")
+@pytest.mark.skipif(native_build.fcntl is None or not hasattr(os, "fork"), reason="no fcntl or fork on this platform")
 def test_a_killed_builder_releases_the_lock(tmp_path):
     """A process killed (SIGKILL) while it holds the build lock leaves none behind: a waiter gets it."""
     lock = tmp_path / "attnlab-build.lock"
@@ -307,7 +307,7 @@ def test_a_killed_builder_releases_the_lock(tmp_path):
     child = os.fork()
     if child == 0:  # the "builder": takes the lock, says so, and waits to be killed
         try:
-            with native._exclusive(lock):
+            with native_build._exclusive(lock):
                 os.write(write_end, b"locked")
                 time.sleep(120)
         finally:
@@ -318,7 +318,7 @@ def test_a_killed_builder_releases_the_lock(tmp_path):
         acquired = threading.Event()
 
         def take():
-            with native._exclusive(lock):
+            with native_build._exclusive(lock):
                 acquired.set()
 
         threading.Thread(target=take, daemon=True).start()
@@ -339,18 +339,18 @@ def test_sources_are_built_from_copies_in_the_build_directory(monkeypatch, tmp_p
     and ninja rebuilds when a command changes); a copy is rewritten only when it differs."""
     spec = _spec(tmp_path, "attnlab_native_test_2")
     builds = []
-    native._load_once(spec, _fake_build(builds), _fake_load)
+    native_build._load_once(spec, _fake_build(builds), _fake_load)
     staged = [Path(path) for path in builds[0]]
-    assert [path.parent for path in staged] == [spec.directory / "sources"] * len(native.SOURCES)
-    assert [path.read_bytes() for path in staged] == [source.read_bytes() for source in native.SOURCES]
+    assert [path.parent for path in staged] == [spec.directory / "sources"] * len(native_spec.SOURCES)
+    assert [path.read_bytes() for path in staged] == [source.read_bytes() for source in native_spec.SOURCES]
     for path in staged:
         os.utime(path, ns=(1, 1))
-    monkeypatch.setattr(native, "SOURCES", _copy_sources(tmp_path, "other_checkout"))
-    assert native._stage_sources(spec.directory) == builds[0]
+    monkeypatch.setattr(native_spec, "SOURCES", _copy_sources(tmp_path, "other_checkout"))
+    assert native_spec._stage_sources(spec.directory) == builds[0]
     assert [path.stat().st_mtime_ns for path in staged] == [1] * len(staged)  # not rewritten
-    edited = native.SOURCES[0]
+    edited = native_spec.SOURCES[0]
     edited.write_bytes(edited.read_bytes() + b"\n// edited\n")
-    native._stage_sources(spec.directory)
+    native_spec._stage_sources(spec.directory)
     assert staged[0].read_bytes() == edited.read_bytes()
 
 
@@ -386,7 +386,7 @@ def test_two_processes_building_at_once_build_once(tmp_path):
     names = {out.split()[-1] for out, _err in outputs}
     assert len(names) == 1 and names.pop().startswith("attnlab_native_")
     compiles = [line for line in log.read_text().splitlines() if " -c " in f" {line} "]
-    for source in native.SOURCES:
+    for source in native_spec.SOURCES:
         assert sum(source.name in line for line in compiles) == 1, compiles
     # A first use from another checkout of the same sources, later, builds nothing.
     checkout = tmp_path / "checkout"
@@ -417,7 +417,7 @@ def test_an_environment_reached_through_a_symlink_loads_the_existing_build(tmp_p
     is not rewritten and nothing says it is building."""
     if not native.available():
         pytest.skip(f"no C++ kernels: {native.unavailable_reason()}")
-    library = native._library(native.build_spec())
+    library = native_build._library(native_spec.build_spec())
     before = library.stat()
     link = tmp_path / "venvlink"
     link.symlink_to(sys.prefix, target_is_directory=True)
@@ -517,9 +517,9 @@ def test_the_build_finds_ninja_through_its_childs_environment_not_this_process(m
     the interpreter's directory first on its PATH; this process's ``os.environ`` is left as it was."""
     monkeypatch.setenv("PATH", str(tmp_path))  # no ninja there
     before = dict(os.environ)
-    environment = native._build_environment()
+    environment = native_build._build_environment()
     assert environment["PATH"].split(os.pathsep) == [str(Path(sys.executable).parent), str(tmp_path)]
     assert dict(os.environ) == before
     (tmp_path / "ninja").write_text("#!/bin/sh\n")
     (tmp_path / "ninja").chmod(0o755)
-    assert native._build_environment()["PATH"] == str(tmp_path)  # found: PATH as it is
+    assert native_build._build_environment()["PATH"] == str(tmp_path)  # found: PATH as it is
