@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import attnlab
+from attnlab.analysis.maps import traced_maps
 from attnlab.errors import UsageError
 from attnlab.head_ids import HeadId
 from attnlab.run.loaded import open_run
@@ -40,9 +41,9 @@ def tiny_model(layers: int = 2, heads: int = 2) -> attnlab.DecoderOnly:
 
 
 def captured(model: attnlab.DecoderOnly, tokens: torch.Tensor, head_mask=None):  # noqa: ANN001, ANN201
-    with torch.no_grad(), attnlab.capture(model) as records, attnlab.masking_heads(model, head_mask):
+    with torch.no_grad(), attnlab.trace(model, "*.pattern") as traced, attnlab.masking_heads(model, head_mask):
         model(tokens)
-    return records
+    return traced_maps(traced)
 
 
 @pytest.fixture(scope="module")
@@ -184,23 +185,26 @@ def test_bad_arguments_are_one_usage_error_naming_the_argument(arguments, messag
 
 def test_records_kept_for_gradients_show_and_nan_weights_are_refused():
     model = tiny_model()
-    with attnlab.capture(model, detach=False) as records:
+    with attnlab.trace(model, "*.pattern", detach=False) as traced:
         model(torch.tensor([[1, 2, 3]]))
+    records = traced_maps(traced)
     assert records[0].weights.requires_grad
-    assert data_of(show_records(records, list("abc")).html())["attention"][0]["queries"] == list("abc")
+    assert data_of(show_records(traced, list("abc")).html())["attention"][0]["queries"] == list("abc")
     broken = [dataclasses.replace(records[0], weights=torch.full_like(records[0].weights, float("nan"))), records[1]]
     with pytest.raises(UsageError, match="^self layer 0: the attention weights hold NaN or infinity"):
         show_records(broken, list("abc"))
 
 
-def test_records_of_several_passes_or_none_are_refused():
+def test_a_trace_shows_its_latest_pass_and_maps_given_twice_or_none_are_refused():
     model = tiny_model()
-    with torch.no_grad(), attnlab.capture(model) as records:
+    with torch.no_grad(), attnlab.trace(model, "*.pattern") as traced:
+        model(torch.tensor([[1, 2, 3]]))
         model(torch.tensor([[1, 2]]))
-        model(torch.tensor([[1, 2]]))
-    with pytest.raises(UsageError, match="^records: self layer 0 was captured twice"):
-        show_records(records, list("ab"))
-    with pytest.raises(UsageError, match="^records: nothing was captured"):
+    assert data_of(show_records(traced, list("ab")).html())["attention"][0]["queries"] == list("ab")
+    records = traced_maps(traced)
+    with pytest.raises(UsageError, match="^records: self layer 0 is given twice"):
+        show_records([*records, records[0]], list("ab"))
+    with pytest.raises(UsageError, match="^records: nothing was traced"):
         show_records([], list("ab"))
 
 

@@ -5,9 +5,9 @@ self-contained HTML fragment.
     attnlab.show("runs/demo", "abcd")                       # the model view of a run on one input
     attnlab.show(run, "abcd", view="head", layer=1, off=["cross:0:1"])
     show_patterns(run, "the cat sat", layer=1, heads=[0, 2])  # a layer's heads on the text's tokens
-    with attnlab.capture(model) as records:                  # any attnlab model, no run directory
+    with attnlab.trace(model, "*.pattern") as traced:        # any attnlab model, no run directory
         model(tokens)
-    attnlab.show_records(records, ["<s>", "a", "b"])
+    attnlab.show_records(traced, ["<s>", "a", "b"])
 
 No server is involved: the object returned has ``_repr_html_``, which Jupyter (Lab, Notebook, VS
 Code) renders as a ``<div>`` with a unique id holding the view's CSS, the data as JSON in a
@@ -46,10 +46,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from attnlab.analysis.maps import AttentionView, check_finite
+from attnlab.analysis.maps import AttentionMap, AttentionView, check_finite, traced_maps
 from attnlab.errors import UsageError
 from attnlab.head_ids import HeadId, head_ids, parse_head, parse_head_name
-from attnlab.nn import AttentionRecord
+from attnlab.nn.trace import Trace
 from attnlab.resources import check_input_text
 from attnlab.run.loaded import LoadedRun, open_run
 from attnlab.run.storage import atomic_write_text
@@ -80,7 +80,7 @@ class AttentionHTML:
             weights (heads, queries, keys) rounded to 4 decimals; with ``heads=`` only those heads'
             weights, their numbers in the map's ``heads``), ``overview`` (every head's thumbnail, as
             in ``POST /api/run``; None in the patterns view), ``off``, ``held``, ``output`` (None for
-            captured records), ``tokens``, ``pages`` (the layers of each page) and the view's start
+            traced maps), ``tokens``, ``pages`` (the layers of each page) and the view's start
             (``view``, ``kind``, ``layer``).
     """
 
@@ -219,7 +219,7 @@ def show_patterns(
 
 
 def show_records(
-    records: Sequence[AttentionRecord],
+    records: Trace | Sequence[AttentionMap],
     tokens: Sequence[str] | Mapping[str, tuple[Sequence[str], Sequence[str]]],
     *,
     view: str = "model",
@@ -230,29 +230,34 @@ def show_records(
     title: str = "captured attention",
     heads: Iterable[int] | None = None,
 ) -> AttentionHTML:
-    """Show attention captured with :func:`attnlab.capture` (one forward pass of any attnlab model).
+    """Show the attention of one forward pass of any attnlab model, traced with
+    :func:`attnlab.trace` (``with attnlab.trace(model, "*.pattern") as traced: model(tokens)``).
 
     Args:
-        records: the records of one forward pass: one per kind and layer.
+        records: the trace (its cached ``pattern`` sites, :func:`~attnlab.analysis.maps.traced_maps`),
+            or the maps of one forward pass: one per kind and layer.
         tokens: the labels of the positions: one list for every kind (self-attention), or per kind a
             (query labels, key labels) pair (an encoder-decoder's ``cross`` reads target queries
             and source keys).
         view, layer, layers, heads: as for :func:`show`.
         off: heads to draw as switched off (``HeadId`` or ``"kind:layer:head"``): the heads the head
-            mask of that pass had at 0. Drawing only: the weights are the records'.
+            mask of that pass had at 0. Drawing only: the weights are the traced ones.
         example: the batch row to show.
         title: a line above the view.
 
     Shape:
-        each record's weights: (B, H, T_q, T_k); ``tokens`` must have T_q and T_k labels.
+        each map's weights: (B, H, T_q, T_k); ``tokens`` must have T_q and T_k labels.
 
     Raises:
         UsageError: no records, a kind and layer recorded twice (several passes), labels that do
             not match the weights' shape, a bad ``example``, ``view``, ``layer``, ``layers``,
             ``heads`` or head.
     """
+    records = traced_maps(records) if isinstance(records, Trace) else list(records)
     if not records:
-        raise UsageError("records: nothing was captured (run the model inside `with attnlab.capture(model)`)")
+        raise UsageError(
+            'records: nothing was traced (run the model inside `with attnlab.trace(model, "*.pattern") as traced`)'
+        )
     _check_view(view)
     every = _record_heads(records)
     embedded = _check_layers(layers, every, layer)
@@ -261,15 +266,15 @@ def show_records(
     rows = [_one_example(record, example) for record in records]
     _check_size(rows, embedded, drawn)
     stopped = _record_off(off, every)
-    captured = AttentionView(rows, axes, "")
-    check_finite(captured)
+    traced = AttentionView(rows, axes, "")
+    check_finite(traced)
     found = {
         "tokens": list(axes[records[0].kind][1]),
         "off": [head_json(head) for head in stopped],
         "held": [],
         "output": None,
-        "attention": maps_json(captured, set(embedded)),
-        "overview": overview_json(captured, stopped),
+        "attention": maps_json(traced, set(embedded)),
+        "overview": overview_json(traced, stopped),
     }
     per_page = viewer_limits(every, task_name="", context=MAX_INPUT_TOKENS).layers_per_page  # the viewer's paging
     return _view(found, every, embedded, drawn, view=view, layer=layer, title=str(title), per_page=per_page)
@@ -319,7 +324,7 @@ def _only_heads(item: dict[str, Any], drawn: tuple[int, ...]) -> dict[str, Any]:
 
 
 def _check_size(
-    records: Sequence[AttentionRecord], embedded: tuple[int, ...], drawn: tuple[int, ...] | None = None
+    records: Sequence[AttentionMap], embedded: tuple[int, ...], drawn: tuple[int, ...] | None = None
 ) -> None:
     """Refuse a view of more than :data:`MAX_EMBEDDED_WEIGHTS` weights (batch row 0, the heads
     ``drawn`` (None: all) of the layers ``embedded``), before any JSON is built."""
@@ -332,7 +337,7 @@ def _check_size(
         )
 
 
-def _count(record: AttentionRecord, drawn: tuple[int, ...] | None) -> int:
+def _count(record: AttentionMap, drawn: tuple[int, ...] | None) -> int:
     """How many of ``record``'s heads are drawn."""
     return record.weights.shape[1] if drawn is None else sum(1 for head in drawn if head < record.weights.shape[1])
 
@@ -376,14 +381,14 @@ def _check_heads(heads: Iterable[int] | None, every: list[HeadId], embedded: tup
     return tuple(sorted(set(chosen)))
 
 
-def _record_heads(records: Sequence[AttentionRecord]) -> list[HeadId]:
+def _record_heads(records: Sequence[AttentionMap]) -> list[HeadId]:
     """The heads of ``records``, which must hold each kind's layers 0..N-1 exactly once."""
     seen: dict[str, list[int]] = {}
     for record in records:
         if record.layer in seen.setdefault(record.kind, []):
             raise UsageError(
-                f"records: {record.kind} layer {record.layer} was captured twice; capture one forward pass "
-                "(decoding runs the model once per token)"
+                f"records: {record.kind} layer {record.layer} is given twice; give the maps of one forward pass "
+                "(a trace keeps its latest)"
             )
         seen[record.kind].append(record.layer)
     for kind, layers in seen.items():
@@ -394,7 +399,7 @@ def _record_heads(records: Sequence[AttentionRecord]) -> list[HeadId]:
 
 
 def _record_axes(
-    records: Sequence[AttentionRecord], tokens: Sequence[str] | Mapping[str, tuple[Sequence[str], Sequence[str]]]
+    records: Sequence[AttentionMap], tokens: Sequence[str] | Mapping[str, tuple[Sequence[str], Sequence[str]]]
 ) -> dict[str, tuple[list[str], list[str]]]:
     """kind -> (query labels, key labels), checked against every record's (T_q, T_k)."""
     kinds = list(dict.fromkeys(record.kind for record in records))
@@ -419,12 +424,12 @@ def _record_axes(
     return axes
 
 
-def _one_example(record: AttentionRecord, example: int) -> AttentionRecord:
+def _one_example(record: AttentionMap, example: int) -> AttentionMap:
     batch = record.weights.shape[0]
     if isinstance(example, bool) or not isinstance(example, int) or not 0 <= example < batch:
         raise UsageError(f"example: {example!r} is not a row of the batch (0..{batch - 1})")
     rows = slice(example, example + 1)
-    return AttentionRecord(record.kind, record.layer, record.weights[rows].detach(), record.head_outputs[rows].detach())
+    return AttentionMap(record.kind, record.layer, record.weights[rows].detach())
 
 
 def _run_off(off: Iterable[HeadId | str], loaded: LoadedRun) -> tuple[HeadId, ...]:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnlab.analysis.maps import AttentionView
+from attnlab.analysis.maps import AttentionMap, AttentionView
 from attnlab.analysis.plots import (
     argmax_pattern,
     attention_figures,
@@ -18,7 +18,6 @@ from attnlab.analysis.plots import (
 )
 from attnlab.errors import UsageError
 from attnlab.figures import head_heatmap, kind_grid, layer_grid, plt
-from attnlab.nn import AttentionRecord
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -30,7 +29,7 @@ def _view(layers: int = 2, heads: int = 3) -> AttentionView:
     for layer in range(layers):
         for kind, (q, k) in (("encoder_self", (3, 3)), ("cross", (2, 3))):
             weights = torch.softmax(torch.randn(1, heads, q, k), -1)
-            records.append(AttentionRecord(kind, layer, weights, torch.zeros(1, heads, q, 4)))
+            records.append(AttentionMap(kind, layer, weights))
     return AttentionView(records, {"encoder_self": (tokens, tokens), "cross": (target, tokens)}, "x")
 
 

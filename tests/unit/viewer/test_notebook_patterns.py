@@ -66,12 +66,12 @@ def test_heads_embed_those_heads_only_and_no_layer_embeds_every_layer(lm, cached
 def test_the_other_views_draw_a_choice_of_heads_too():
     config = attnlab.DecoderOnlyConfig(vocab_size=20, layers=2, d_model=12, heads=3, d_ff=16)
     model = attnlab.DecoderOnly(config).eval()
-    with torch.no_grad(), attnlab.capture(model) as records:
+    with torch.no_grad(), attnlab.trace(model, "*.pattern") as traced:
         model(torch.tensor([[1, 2, 3]]))
     for view in notebook.VIEWS:
-        data = data_of(show_records(records, list("abc"), view=view, heads=[2]).html())
+        data = data_of(show_records(traced, list("abc"), view=view, heads=[2]).html())
         assert [m["heads"] for m in data["attention"]] == [[2], [2]]
-        expected = records[1].weights[0, [2]].double()
+        expected = traced.cache["decoder.1.attn.pattern"][0, [2]].double()
         assert float((torch.tensor(data["attention"][1]["weights"]) - expected).abs().max()) <= ROUNDING
         assert (data["overview"] is None) == (view == "patterns")  # the model view's overview: every head
 

@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from attnlab.analysis.maps import AttentionView
+from attnlab.analysis.maps import AttentionMap, AttentionView
 from attnlab.head_ids import HeadId
-from attnlab.nn import AttentionRecord
 from attnlab.viewer.overview import THUMBNAIL, overview_json, pool_map, thumbnail_bytes
 
 
@@ -60,8 +59,7 @@ def test_thumbnail_bytes_are_the_weights_times_255_rounded_row_major():
 def test_a_30_by_9_model_on_300_tokens_has_an_overview_of_under_100_kb():
     tokens, layers, heads = 300, 30, 9
     records = [
-        AttentionRecord("self", layer, torch.softmax(torch.randn(1, heads, tokens, tokens), -1), torch.zeros(1))
-        for layer in range(layers)
+        AttentionMap("self", layer, torch.softmax(torch.randn(1, heads, tokens, tokens), -1)) for layer in range(layers)
     ]
     view = AttentionView(records, {"self": (["t"] * tokens, ["t"] * tokens)}, "")
     overview = overview_json(view, {HeadId("self", 4, 2), HeadId("self", 4, 7), HeadId("self", 29, 0)})
