@@ -15,6 +15,10 @@ A config file has three tables::
     steps = 1000                # see TrainConfig
     lr = 1e-3
 
+    [runtime]                   # optional: how the model runs (attnlab.nn.runtime_config)
+    attention = "auto"          # auto | sdpa | explicit | native
+    kernels = "fixed"           # fixed (bit-reproducible) | measured (the fastest here)
+
 ``--set section.key=value`` overrides one key; the value is read as a TOML value (``3``, ``1e-3``,
 ``true``, ``"text"``), and as a plain string when it is not one. An unknown section or key is a
 :class:`ConfigError` that lists the allowed ones. The resolved config is saved as ``config.json``.
@@ -34,6 +38,7 @@ from attnlab.errors import ConfigError, DataError, check_field_types, check_valu
 from attnlab.limits import MAX_CONFIG_INT, MAX_STEPS
 from attnlab.nn import MODELS, TransformerConfig, TransformerModel, build_model, build_model_to_load
 from attnlab.nn.config import RETIRED_KEYS
+from attnlab.nn.runtime_config import RuntimeConfig
 from attnlab.reading import read_capped
 from attnlab.resources import check_split_sizes
 from attnlab.tasks.base import Task
@@ -283,11 +288,14 @@ class ExperimentConfig:
         task: ``name`` plus that task's options.
         model: ``kind`` plus options of that kind's config class (all but :data:`TASK_DECIDES`).
         train: the training options.
+        runtime: how the model runs: its attention implementation and kernel choices
+            (:mod:`attnlab.nn.runtime_config`; a config.json written before it existed reads the defaults).
     """
 
     task: dict[str, Any]
     model: dict[str, Any]
     train: TrainConfig = field(default_factory=TrainConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
     def __post_init__(self) -> None:
         _check_task_section(self.task)
@@ -326,15 +334,20 @@ class ExperimentConfig:
             raise ConfigError(f"model.{error}") from None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"task": dict(self.task), "model": dict(self.model), "train": dataclasses.asdict(self.train)}
+        return {
+            "task": dict(self.task),
+            "model": dict(self.model),
+            "train": dataclasses.asdict(self.train),
+            "runtime": dataclasses.asdict(self.runtime),
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ExperimentConfig:
         if not isinstance(data, Mapping):
             raise ConfigError(f"expected a table of sections [task], [model], [train]; got {type(data).__name__}")
-        unknown = sorted(set(data) - {"task", "model", "train"})
+        unknown = sorted(set(data) - {"task", "model", "train", "runtime"})
         if unknown:
-            raise ConfigError(f"unknown section [{unknown[0]}]; allowed: task, model, train")
+            raise ConfigError(f"unknown section [{unknown[0]}]; allowed: task, model, train, runtime")
         for section, value in data.items():
             if not isinstance(value, Mapping):
                 raise ConfigError(f"{section}: expected a [{section}] table, got {type(value).__name__} {value!r}")
@@ -347,7 +360,8 @@ class ExperimentConfig:
         if unknown:
             raise ConfigError(f"train.{unknown[0]}: unknown key; allowed: {', '.join(allowed)}")
         model = {key: value for key, value in data["model"].items() if key not in RETIRED_KEYS}  # an older run's
-        return cls(task=dict(data["task"]), model=model, train=TrainConfig(**train))
+        runtime = RuntimeConfig.from_dict(dict(data.get("runtime", {})))
+        return cls(task=dict(data["task"]), model=model, train=TrainConfig(**train), runtime=runtime)
 
     def with_overrides(self, overrides: Sequence[str], *, flag: str = "override") -> ExperimentConfig:
         """This config with ``section.key=value`` overrides applied (``flag`` names them in errors)."""

@@ -19,6 +19,7 @@ from attnlab.bench.heads import equal_slices
 from attnlab.bench.mfu import count_step_flops
 from attnlab.kernels import native
 from attnlab.kernels.linear import onednn_available
+from attnlab.nn import attention_backends
 from attnlab.nn.attention import attention
 
 
@@ -173,7 +174,7 @@ def test_flop_count_includes_the_fused_cpu_attention(causal, kernel, monkeypatch
     q, k, v = (torch.randn(b, h, t, d, requires_grad=True) for _ in range(3))
     if kernel == "attnlab" and not native.available():
         pytest.skip(f"no C++ kernels: {native.unavailable_reason()}")
-    monkeypatch.setenv("ATTNLAB_BACKEND", {"sdpa": "sdpa", "attnlab": "short"}[kernel])
+    monkeypatch.setattr(attention_backends, "OVERRIDE", {"sdpa": "sdpa", "attnlab": "short"}[kernel])
     calls = []
     spied = {"sdpa": (F, "scaled_dot_product_attention"), "attnlab": (kernels, "short_attention")}[kernel]
     real = getattr(*spied)

@@ -34,6 +34,18 @@ def train(
         None, "auto (the GPU when there is one), cpu, cuda or cuda:N; same as --set train.device=... (auto resolved)."
     ),
     precision: Precision = typer.Option(None, "--precision", help="Same as --set train.precision=..."),
+    attention: str = typer.Option(
+        None, "--attention", help="auto, sdpa, explicit or native: same as --set runtime.attention=..."
+    ),
+    kernels: str = typer.Option(
+        None,
+        "--kernels",
+        help="fixed (the default: never timed, bit-reproducible) or measured (the fastest here): "
+        "same as --set runtime.kernels=...",
+    ),
+    like: Path = typer.Option(
+        None, "--like", help="Run with the kernel choices this other run recorded (its kernels.json), to repeat it."
+    ),
     progress: bool = progress_option(),
     as_json: bool = json_option(
         "Print one JSON object when training ends: run, steps, final loss, validation metrics, seconds "
@@ -50,6 +62,8 @@ def train(
         overrides.append(f"train.device={device!r}".replace("'", '"'))
     if precision:
         overrides.append(f'train.precision="{value_of(precision)}"')
+    runtime = {"attention": attention, "kernels": kernels}
+    overrides += [f'runtime.{key}="{value}"' for key, value in runtime.items() if value]
     if resume is not None:
         if config is not None:
             raise UsageError(
@@ -78,7 +92,7 @@ def train(
             check_processes(experiment.train.device, nproc)
         except ValueError as exc:
             raise UsageError(f"--nproc {nproc}: {exc}") from None
-        _spawn(nproc, config, overrides, run_path, resume is not None, progress, as_json)
+        _spawn(nproc, config, overrides, run_path, resume is not None, progress, as_json, like)
         return
     from attnlab.runtime import keep_freed_memory
     from attnlab.training.trainer import train as run_training  # torch-heavy: import when needed
@@ -91,6 +105,7 @@ def train(
         resume=resume is not None,
         progress=progress,
         log=lambda line: typer.echo(line, err=as_json),
+        like=like,
     )
     if as_json:
         if os.environ.get("RANK", "0") != "0":  # under torchrun (--nproc): one object, from the main process
@@ -111,7 +126,14 @@ def train(
 
 
 def _spawn(  # noqa: PLR0913 - the command line to pass on
-    nproc: int, config: Path | None, overrides: list[str], run_path: Path, resume: bool, progress: bool, as_json: bool
+    nproc: int,
+    config: Path | None,
+    overrides: list[str],
+    run_path: Path,
+    resume: bool,
+    progress: bool,
+    as_json: bool,
+    like: Path | None,
 ) -> None:
     """Re-run this command on N processes (attnlab.cli.processes), with a fixed --out so all ranks agree."""
     from attnlab.cli.processes import launch
@@ -120,6 +142,8 @@ def _spawn(  # noqa: PLR0913 - the command line to pass on
     command += ["--resume", str(run_path)] if resume else [str(config), "--out", str(run_path)]
     for item in overrides:
         command += ["--set", item]
+    if like is not None:
+        command += ["--like", str(like)]
     if not progress:
         command.append("--no-progress")
     if as_json:

@@ -78,6 +78,7 @@ __all__ = [
     "bucket",
     "chosen",
     "choose",
+    "first",
     "machine_busy",
     "recall",
     "measure",
@@ -153,7 +154,7 @@ def choose(key: tuple, candidates: dict[str, Callable[[], object]], *, tie: floa
     and records it."""
     names = list(candidates)
     if len(names) == 1 or not can_measure():
-        return names[0]
+        return first(key, names)
     known = recall(key, names)
     if known is not None:
         return known
@@ -171,6 +172,14 @@ def choose(key: tuple, candidates: dict[str, Callable[[], object]], *, tie: floa
 # --------------------------------------------------------------------------------------------
 # a model's or run's own choices
 # --------------------------------------------------------------------------------------------
+
+
+def first(key: tuple, names: list[str]) -> str:
+    """``names[0]``, the caller's preference, where nothing is timed (one candidate, or
+    :func:`can_measure` False): recorded in the active record, which lists every class it met."""
+    record = _ACTIVE.get()
+    return names[0] if record is None else record.add(key, names[0])
+
 
 KERNEL_MODES = ("fixed", "measured")
 """How a :class:`KernelRecord` answers a class it has not met: ``fixed``, the caller's first

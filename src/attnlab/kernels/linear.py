@@ -410,6 +410,7 @@ class MeasuredLinear:
             *weight.shape,
             weight.is_contiguous(),
             None if bias is None else bias.is_contiguous(),
+            calibration.active_record(),  # a model's own record answers apart from this process's choices
         )
         kernel = self._calls.get(seen)
         if kernel is None:
@@ -432,7 +433,7 @@ class MeasuredLinear:
         if name is None or not _linear_applies(name, rows, weight, bias, grad):
             names = [each for each in self._kernels if _linear_applies(each, rows, weight, bias, grad)]
             if len(names) == 1 or not calibration.can_measure():
-                name = names[0]  # the first in the order above
+                name = calibration.first(key, names)  # the first in the order above
             else:  # the disk cache first: preparing the timed candidates copies and packs W
                 name = calibration.recall(key, names) or calibration.choose(
                     key,

@@ -76,6 +76,8 @@ def load(
     max_memory: dict[str, int | str] | None = None,
     offload_folder: str | os.PathLike[str] | None = None,
     prepend_bos: bool | None = None,
+    attention: str | None = None,
+    kernels: str | None = None,
 ) -> LanguageModel:
     """Open ``source`` (a run directory, a Hugging Face model folder, ``ORG/NAME`` in the local
     Hugging Face cache, or a GGUF file) as a :class:`LanguageModel`.
@@ -98,6 +100,12 @@ def load(
         offload_folder: where the layers no budget holds are written (safetensors) and mapped from.
         prepend_bos: put the model's BOS before every text (True, as TransformerLens does by
             default), never (False), or as the model's tokenizer does (None, the default).
+        attention: soft attention's implementation, chosen once: ``auto`` (the kernel choice
+            below), ``sdpa``, ``explicit`` or ``native`` (:mod:`attnlab.nn.runtime_config`); None:
+            a run's ``[runtime]``, else ``auto``.
+        kernels: how ``auto`` choices are made: ``measured`` (the fastest on this machine, timed
+            once) or ``fixed`` (never timed: the same kernels whatever the machine is doing); None:
+            the choices a run recorded, else measured.
     """
     placement = PlacementRequest(device_map, max_memory, offload_folder)
     opened = open_model(
@@ -108,6 +116,8 @@ def load(
         verify=verify,
         bridge=bridge,
         placement=placement,
+        attention=attention,
+        kernels=kernels,
     )
     return LanguageModel(dataclasses.replace(opened, task=_bos_task(opened, prepend_bos)))
 

@@ -14,19 +14,13 @@ A boolean mask (True = may attend, :mod:`attnlab.nn.masks`) blocks pairs by sett
 zero gradients, never NaN; so does attention over no keys at all (T_k = 0), for every normalizer:
 the output is zeros (..., T_q, d_v), the weights an empty (..., T_q, 0), an empty weighted sum.
 
-The file reads top-down: :func:`attention`, then the two normalizers of :data:`NORMALIZERS`, each
-the formula first, then how it is run:
+The file reads top-down: :func:`attention`, then the two normalizers of :data:`NORMALIZERS`:
 
-* soft -> one of the :data:`BACKENDS`, implementations of the same softmax(mask(scale Q K^T + bias)) V,
-  picked by :func:`select_backend` among those whose ``applies`` predicate takes the call:
-  ``explicit``, the formula step by step (the only one that returns the weights or takes a custom
-  score function); ``sdpa``, ``torch.nn.functional.scaled_dot_product_attention`` (O(T) memory);
-  ``short`` and ``decode``, attnlab's C++ CPU kernels for short heads and for a decoding step's
-  few queries (:mod:`attnlab.kernels`). Where several apply on a CPU, the fastest is measured on
-  this machine at the first call of a shape class (:mod:`attnlab.kernels.calibration`); off the
-  CPU ``sdpa`` is taken. ``backend=name`` forces one wherever it applies: a module's setting,
-  resolved once when it is built (:class:`attnlab.nn.multi_head.MultiHeadAttention`, whose default
-  is the documented override ``ATTNLAB_BACKEND``, read then), or an argument of :func:`attention`.
+* soft -> :func:`attnlab.nn.attention_backends.softmax_attention`: one of the implementations of
+  the same softmax(mask(scale Q K^T + bias)) V (``explicit``, the formula step by step; ``sdpa``,
+  PyTorch's fused kernel; ``short`` and ``decode``, attnlab's C++ kernels), picked once per call
+  under a setting resolved once (``backend=``: a module's, chosen when it is built; see
+  :mod:`attnlab.nn.runtime_config`).
 * hard -> blocks of queries x keys with a running first maximum, so the T_q x T_k scores exist
   only block by block (the one-hot weights whole only when asked for).
 
@@ -40,35 +34,25 @@ inf scores made NaN outputs and gradients. float32 and float64 inputs take the p
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab import kernels
-from attnlab.errors import ConfigError
-from attnlab.kernels import calibration
-from attnlab.nn.masks import causal_mask, check_mask, combine_masks
+from attnlab.nn.attention_backends import (
+    HALF_DTYPES,
+    ScoreFn,
+    backend_setting,
+    dot_scores,
+    softmax_attention,
+)
+from attnlab.nn.masks import check_mask, combine_masks
 
-__all__ = [
-    "attention",
-    "NORMALIZERS",
-    "BACKENDS",
-    "BACKEND_SETTINGS",
-    "Backend",
-    "backend_setting",
-    "select_backend",
-    "ScoreFn",
-    "Normalizer",
-]
+__all__ = ["attention", "NORMALIZERS", "ScoreFn", "Normalizer"]
 
 Normalizer = Literal["softmax", "hardmax"]
-ScoreFn = Callable[[Tensor, Tensor], Tensor]
-"""Maps queries (..., T_q, d_k) and keys (..., T_k, d_k) to scores (..., T_q, T_k)."""
 
 
 def attention(
@@ -154,392 +138,6 @@ def attention(
 
 
 # --------------------------------------------------------------------------------------------
-# softmax: a(x) = softmax(x), by the backend select_backend picks
-# --------------------------------------------------------------------------------------------
-
-
-def _softmax_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Tensor | None,
-    *,
-    causal: bool,
-    scale: float,
-    score_fn: ScoreFn | None,
-    dropout_p: float,
-    need_weights: bool,
-    straight_through: bool,
-    bias: Tensor | None = None,
-    backend: str = "auto",
-) -> tuple[Tensor, Tensor | None]:
-    """softmax(mask(scale Q K^T + bias)) V by the one of :data:`BACKENDS` that
-    :func:`select_backend` picks for the call (``backend``: a setting of :data:`BACKEND_SETTINGS`)."""
-    del straight_through  # a soft forward pass already has the soft gradient
-    chosen = select_backend(
-        q, k, v, mask, bias, dropout_p, need_weights, score_fn, causal=causal, scale=scale, backend=backend
-    )
-    return chosen.run(
-        q,
-        k,
-        v,
-        mask,
-        causal=causal,
-        scale=scale,
-        score_fn=score_fn,
-        dropout_p=dropout_p,
-        bias=bias,
-        need_weights=need_weights,
-    )
-
-
-@dataclass(frozen=True)
-class Backend:
-    """One implementation of softmax(mask(scale Q K^T + bias)) V.
-
-    Attributes:
-        name: its name in :data:`BACKENDS` (and for ``ATTNLAB_BACKEND``).
-        applies: ``(q, k, v, mask, bias, dropout_p, need_weights, score_fn) -> bool``, whether it
-            takes the call.
-        run: ``(q, k, v, mask, *, causal, scale, score_fn, dropout_p, bias, need_weights)`` ->
-            ``(output, weights or None)``; the weights only from a backend that applies with
-            ``need_weights``.
-    """
-
-    name: str
-    applies: Callable[..., bool]
-    run: Callable[..., tuple[Tensor, Tensor | None]]
-
-
-def select_backend(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Tensor | None,
-    bias: Tensor | None,
-    dropout_p: float,
-    need_weights: bool,
-    score_fn: ScoreFn | None,
-    *,
-    causal: bool = False,
-    scale: float = 1.0,
-    backend: str | None = None,
-) -> Backend:
-    """The backend of :data:`BACKENDS` that runs this soft-attention call.
-
-    ``backend`` (a setting of :data:`BACKEND_SETTINGS`; None: :func:`backend_setting`, the
-    override ``ATTNLAB_BACKEND`` or ``auto``) where it names a backend that applies; else the only one
-    that applies; else, on a CPU, the one measured fastest for the call's shape class (device,
-    dtype, whether a gradient is wanted, mask, bias, causal, and T_q, T_k, d_k, d_v and the rows
-    of (batch x head) rounded up to powers of two), timed once per machine by
-    :mod:`attnlab.kernels.calibration` on the call's own tensors; else (off the CPU, with dropout,
-    whose random draws the timing must not consume, or scores too large to time cheaply) the
-    first that applies of ``decode``, ``short``, ``sdpa``, ``explicit``.
-    """
-    if backend is None:
-        backend = backend_setting()
-    if backend != "auto":
-        forced = _forced_backend(backend)
-        if forced.applies(q, k, v, mask, bias, dropout_p, need_weights, score_fn):
-            return forced
-    if need_weights or score_fn is not None:
-        return _EXPLICIT  # the only one that returns the weights or takes a custom score
-    key = _shape_class(q, k, v, mask, bias, dropout_p, causal)
-    if key is not None:  # the hot path: this class was measured
-        name = calibration.chosen(key)
-        if name is not None:
-            measured = BACKENDS[name]
-            if measured.applies(q, k, v, mask, bias, dropout_p, need_weights, score_fn):
-                return measured
-    applicable = [each for each in BACKENDS.values() if each.applies(q, k, v, mask, bias, dropout_p, False, None)]
-    if key is None or len(applicable) == 1 or not calibration.can_measure():
-        return applicable[0]
-    timed = {each.name: _timed(each, q, k, v, mask, bias, causal, scale) for each in applicable}
-    return BACKENDS[calibration.choose(key, timed)]
-
-
-# The backends, in the order taken where nothing is measured. --------------------------------
-
-
-def _decode_applies(q, k, v, mask, bias, dropout_p, need_weights, score_fn) -> bool:  # noqa: ANN001
-    return (
-        bias is None
-        and not need_weights
-        and score_fn is None
-        and kernels.decode_attention_applies(q, k, v, mask, dropout_p)
-    )
-
-
-def _decode(q, k, v, mask, *, causal, scale, score_fn, dropout_p, bias, need_weights):  # noqa: ANN001, ANN202
-    """attnlab's kernel for a decoding step's few queries (:func:`attnlab.kernels.decode_attention`)."""
-    return kernels.decode_attention(q, k, v, mask, causal=causal, scale=scale), None
-
-
-def _short_applies(q, k, v, mask, bias, dropout_p, need_weights, score_fn) -> bool:  # noqa: ANN001
-    return (
-        bias is None
-        and not need_weights
-        and score_fn is None
-        and kernels.short_attention_applies(q, k, v, mask, dropout_p)
-    )
-
-
-def _short(q, k, v, mask, *, causal, scale, score_fn, dropout_p, bias, need_weights):  # noqa: ANN001, ANN202
-    """attnlab's kernel for short heads, forward and backward (:func:`attnlab.kernels.short_attention`)."""
-    return kernels.short_attention(q, k, v, causal=causal, scale=scale), None
-
-
-def _sdpa_applies(q, k, v, mask, bias, dropout_p, need_weights, score_fn) -> bool:  # noqa: ANN001
-    return not need_weights and score_fn is None
-
-
-def _sdpa(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Tensor | None,
-    *,
-    causal: bool,
-    scale: float,
-    score_fn: ScoreFn | None,
-    dropout_p: float,
-    bias: Tensor | None,
-    need_weights: bool,
-) -> tuple[Tensor, None]:
-    """softmax(mask(scale Q K^T + bias)) V by PyTorch's fused kernel, without keeping the weights.
-
-    The bool mask (True = may attend there too) goes in as is; with a bias, it becomes -inf in the
-    float ``attn_mask`` here, at the backend boundary, and nowhere else. A row with no allowed key
-    would be NaN inside the kernel: it is opened, and its output zeroed.
-    """
-    t_q, t_k = q.shape[-2], k.shape[-2]
-    if bias is None and mask is None and (not causal or t_q == t_k):
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal, scale=scale), None
-    if bias is None and mask is None and t_q == 1:  # one new query against a cache: it may see every key
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale), None
-    mask = _full_mask(mask, causal, t_q, t_k, q.device)
-    if mask is None:  # a bias alone
-        return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=bias.to(q.dtype), dropout_p=dropout_p, scale=scale
-        ), None
-    has_key = mask.any(dim=-1, keepdim=True)  # (..., T_q, 1)
-    if bias is None:
-        attn_mask = mask | ~has_key
-    else:
-        minus_inf = torch.tensor(float("-inf"), dtype=q.dtype, device=q.device)
-        attn_mask = torch.where(mask | ~has_key, bias.to(q.dtype), minus_inf)
-    output = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
-    return output * has_key, None
-
-
-def _explicit_applies(q, k, v, mask, bias, dropout_p, need_weights, score_fn) -> bool:  # noqa: ANN001
-    return True
-
-
-def _explicit(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Tensor | None,
-    *,
-    causal: bool,
-    scale: float,
-    score_fn: ScoreFn | None,
-    dropout_p: float,
-    bias: Tensor | None,
-    need_weights: bool,
-) -> tuple[Tensor, Tensor | None]:
-    """The formula step by step: scores, mask, softmax, weighted sum (:func:`_softmax_explicit`)."""
-    output, weights = _softmax_explicit(
-        q, k, v, mask, causal=causal, scale=scale, score_fn=score_fn, dropout_p=dropout_p, bias=bias
-    )
-    return output, weights if need_weights else None
-
-
-def _softmax_explicit(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Tensor | None,
-    *,
-    causal: bool,
-    scale: float,
-    score_fn: ScoreFn | None,
-    dropout_p: float,
-    bias: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
-    """Explicit scores, softmax and weighted sum; float16/bfloat16 inputs are computed in float32
-    and the output and weights returned in the values' dtype (see :func:`_in_float32`)."""
-    if q.dtype in _HALF_DTYPES or k.dtype in _HALF_DTYPES or v.dtype in _HALF_DTYPES:
-        return _in_float32(q, k, v, mask, causal=causal, scale=scale, score_fn=score_fn, dropout_p=dropout_p, bias=bias)
-    scores = score_fn(q, k) if score_fn is not None else _dot_scores(q, k, scale)  # (..., T_q, T_k)
-    if bias is not None:
-        scores = scores + bias.to(scores.dtype)
-    mask = _full_mask(mask, causal, q.shape[-2], k.shape[-2], q.device)
-    if mask is not None:
-        # finfo.min, not -inf: a fully masked row then stays finite, and `* mask` zeroes it.
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    weights = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32)).to(v.dtype)
-    if mask is not None:
-        weights = weights * mask
-    dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
-    return torch.matmul(dropped, v), weights
-
-
-_HALF_DTYPES = (torch.float16, torch.bfloat16)
-
-
-def _in_float32(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Tensor | None,
-    *,
-    causal: bool,
-    scale: float,
-    score_fn: ScoreFn | None,
-    dropout_p: float,
-    bias: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
-    """Soft attention of float16/bfloat16 inputs with the scores, softmax and weighted sum in float32
-    (as fused kernels accumulate), the output and weights cast back to the values' dtype.
-
-    In float16, q . k overflows past 65504 (inputs of std 100 over d_k = 16 reach it) and the
-    softmax of an inf row is NaN, in the output and every gradient. The casts are differentiable,
-    so the gradients come back in the inputs' dtypes, also computed in float32.
-    """
-    output, weights = _softmax_explicit(
-        q.float(),
-        k.float(),
-        v.float(),
-        mask,
-        causal=causal,
-        scale=scale,
-        score_fn=score_fn,
-        dropout_p=dropout_p,
-        bias=None if bias is None else bias.float(),
-    )
-    return output.to(v.dtype), weights.to(v.dtype)
-
-
-BACKENDS: dict[str, Backend] = {
-    "decode": Backend("decode", _decode_applies, _decode),
-    "short": Backend("short", _short_applies, _short),
-    "sdpa": Backend("sdpa", _sdpa_applies, _sdpa),
-    "explicit": Backend("explicit", _explicit_applies, _explicit),
-}
-"""Registry of soft-attention implementations: name -> :class:`Backend`, all computing
-softmax(mask(scale Q K^T + bias)) V (Vaswani Eq. 1), in the order taken where nothing is measured:
-
-* ``decode``: attnlab's C++ kernel for 1 to 4 queries per (batch, head) against a KV cache,
-  float32 on a CPU, no gradient, no bias (:func:`attnlab.kernels.decode_attention_applies`);
-* ``short``: attnlab's C++ kernel for short heads (up to 256 queries and keys), float32 on a CPU,
-  no mask, with its backward (:func:`attnlab.kernels.short_attention_applies`);
-* ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention`` for any call without weights or
-  a custom score;
-* ``explicit``: the formula step by step, for any call (the only one with the weights, a custom
-  score function, or a second derivative).
-"""
-
-_EXPLICIT = BACKENDS["explicit"]
-
-_MAX_TIMED_SCORES = 2**22
-"""Calls with more scores than this (B x H x T_q x T_k; 16 MiB in float32) are not timed: the
-explicit formula would hold them all, and the timing would take more than milliseconds."""
-
-
-BACKEND_SETTINGS = ("auto", *BACKENDS)
-"""The values of a backend setting (``MultiHeadAttention(backend=...)``, :func:`attention`'s
-``backend``, the override ``ATTNLAB_BACKEND``): ``auto``, the measured choice, or a backend's name."""
-
-
-def backend_setting(name: str | None = None) -> str:
-    """``name`` checked against :data:`BACKEND_SETTINGS`; None: the documented override
-    ``ATTNLAB_BACKEND`` from the environment where it is set, else ``auto``. A model's attention
-    calls this once, when it is built; a ConfigError names the variable or the setting."""
-    source = "attention backend"
-    if name is None:
-        name, source = os.environ.get("ATTNLAB_BACKEND") or "auto", "ATTNLAB_BACKEND"
-    if name not in BACKEND_SETTINGS:
-        raise ConfigError(f"{source}: unknown {name!r}; allowed: {', '.join(sorted(BACKEND_SETTINGS))}")
-    return name
-
-
-def _forced_backend(name: str) -> Backend:
-    try:
-        return BACKENDS[name]
-    except KeyError:
-        raise ConfigError(f"attention backend: unknown {name!r}; allowed: {', '.join(sorted(BACKENDS))}") from None
-
-
-def _shape_class(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, dropout_p: float, causal: bool
-) -> tuple | None:
-    """The key under which a CPU call's measured backend is remembered, or None where none is
-    measured (another device, dropout, or too many scores to time cheaply)."""
-    if q.device.type != "cpu" or dropout_p > 0.0:
-        return None
-    # Inline arithmetic, no helper calls: this runs at every call (~30 per decoded token).
-    shape, t_k = q.shape, k.shape[-2]
-    t_q, d_k, d_v = shape[-2], shape[-1], v.shape[-1]
-    rows = math.prod(shape[:-2])  # (batch x head) of the queries
-    if rows * t_q * t_k > _MAX_TIMED_SCORES:
-        return None
-    return (
-        "attention",
-        q.dtype,
-        kernels.native.gradient_wanted(q, k, v, bias),
-        mask is not None,
-        bias is not None,
-        causal,
-        len(shape),
-        1 << (t_q - 1).bit_length() if t_q else 0,  # each size rounded up to a power of two (calibration.bucket)
-        1 << (t_k - 1).bit_length() if t_k else 0,
-        1 << (d_k - 1).bit_length() if d_k else 0,
-        1 << (d_v - 1).bit_length() if d_v else 0,
-        1 << (rows - 1).bit_length() if rows else 0,
-    )
-
-
-def _timed(
-    backend: Backend,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Tensor | None,
-    bias: Tensor | None,
-    causal: bool,
-    scale: float,
-) -> Callable[[], object]:
-    """One call of ``backend`` on detached views of the call's tensors, to time: forward under
-    ``no_grad``, or forward and backward on fresh leaves where a gradient is wanted (nothing is
-    recorded in the caller's graph, no random number is drawn)."""
-    leaves = [None if t is None else t.detach().requires_grad_(t.requires_grad) for t in (q, k, v, bias)]
-    wanted = [t for t in leaves if t is not None and t.requires_grad]
-    q, k, v, bias = leaves
-
-    def forward() -> Tensor:
-        return backend.run(
-            q, k, v, mask, causal=causal, scale=scale, score_fn=None, dropout_p=0.0, bias=bias, need_weights=False
-        )[0]
-
-    if not wanted or not torch.is_grad_enabled():
-
-        def run() -> object:
-            with torch.no_grad():
-                return forward()
-
-        return run
-
-    def run_with_backward() -> object:
-        with torch.enable_grad():
-            output = forward()
-            return torch.autograd.grad(output, wanted, torch.ones_like(output))  # dense, as a loss's
-
-    return run_with_backward
-
-
-# --------------------------------------------------------------------------------------------
 # hardmax: a(x) = onehot(argmax_j x_j), first position on ties
 # --------------------------------------------------------------------------------------------
 
@@ -570,7 +168,7 @@ def _hardmax_attention(
     key_block = max(1, min(t_k, _HARD_KEY_BLOCK))
     chunk = max(1, _HARD_CHUNK_ELEMENTS // max(1, math.prod(lead) * key_block))
     scores_of = _hard_scores(
-        score_fn, scale, upcast=q.dtype in _HALF_DTYPES or k.dtype in _HALF_DTYPES, keep_scale=bias is not None
+        score_fn, scale, upcast=q.dtype in HALF_DTYPES or k.dtype in HALF_DTYPES, keep_scale=bias is not None
     )
     # Filled chunk by chunk: small tensors kept across the loop would pin the heap between the
     # blocks' score buffers and grow it by a block each time (1.4 GiB peak RSS at T = 32k).
@@ -598,7 +196,7 @@ def _hardmax_attention(
         output = output * keeps_row
         weights = None if weights is None else weights * keeps_row
     if straight_through:
-        soft = _softmax_attention(
+        soft = softmax_attention(
             q,
             k,
             v,
@@ -617,7 +215,7 @@ def _hardmax_attention(
 
 
 NORMALIZERS: dict[str, Callable[..., tuple[Tensor, Tensor | None]]] = {
-    "softmax": _softmax_attention,
+    "softmax": softmax_attention,
     "hardmax": _hardmax_attention,
 }
 """Registry of normalizers ``a(.)``: name -> implementation with the common keyword signature
@@ -682,7 +280,7 @@ def _hard_scores(score_fn: ScoreFn | None, scale: float, *, upcast: bool = False
     elif scale > 0 and not keep_scale:  # an additive bias is on the scale of scaled scores
         scores_of = lambda q, k: torch.matmul(q, k.transpose(-2, -1))  # noqa: E731  (..., T_q, T_k)
     else:
-        scores_of = lambda q, k: _dot_scores(q, k, scale)  # noqa: E731
+        scores_of = lambda q, k: dot_scores(q, k, scale)  # noqa: E731
     if not upcast:
         return scores_of
     return lambda q, k: scores_of(q.float(), k.float())
@@ -698,16 +296,6 @@ def _chunk_mask(
     query_pos = torch.arange(t_k - t_q + start, t_k - t_q + stop, device=device).unsqueeze(-1)  # (c, 1)
     key_pos = torch.arange(t_k, device=device).unsqueeze(0)  # (1, T_k)
     return combine_masks(rows, key_pos <= query_pos)
-
-
-def _full_mask(mask: Tensor | None, causal: bool, t_q: int, t_k: int, device: torch.device) -> Tensor | None:
-    """The mask with the causal constraint folded in (materialised only when needed). A single query
-    is the last position: causal or not, it may see every key."""
-    return combine_masks(mask, causal_mask(t_q, t_k, device=device) if causal and t_q > 1 else None)
-
-
-def _dot_scores(q: Tensor, k: Tensor, scale: float) -> Tensor:
-    return torch.matmul(q, k.transpose(-2, -1)) * scale  # (..., T_q, T_k)
 
 
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:

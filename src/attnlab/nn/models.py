@@ -2,7 +2,7 @@
 
 Each maps token ids to logits and nothing else: no loss, no tokenizer, no files. Each names its
 stacks (:meth:`TransformerModel.site_stacks`), from which :mod:`attnlab.nn.hooks` names every site
-that is read or changed: caching, editing, capture and the head mask are all hooks on those sites.
+that is read or changed: caching, editing and the head mask are all hooks on those sites.
 
 * :class:`EncoderDecoder`: p(y_{1:L} | x_{1:T}) = prod_l p(y_l | y_{<l}, z_{1:T}) (Li's slides,
   "Transformer Architecture"; Vaswani §3.1). Training feeds the target shifted right (Agarwal §5.2).
@@ -37,7 +37,7 @@ from attnlab.nn.decoding import DecodingState, EncodedSource
 from attnlab.nn.head_masks import head_mask_shapes
 from attnlab.nn.hooks import Hook, Site, attention_sites, run_hooks
 from attnlab.nn.layers import DecoderLayerCache
-from attnlab.nn.multi_head import KVCache
+from attnlab.nn.multi_head import KVCache, set_attention_backend
 from attnlab.nn.scores import soft_cap
 from attnlab.nn.stacks import Decoder, Encoder
 
@@ -77,6 +77,11 @@ class TransformerModel(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.hooks: dict[str, list[Hook]] = {}  # the sites logits and pooled (attnlab.nn.hooks)
+
+    def use_attention(self, setting: str) -> None:
+        """Run soft attention by ``setting`` (:data:`attnlab.nn.attention_backends.BACKEND_SETTINGS`)
+        from now on: set on every attention module, once (:mod:`attnlab.nn.runtime_config`)."""
+        set_attention_backend(self, setting)
 
     def __call__(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN204
         record = self.kernel_record

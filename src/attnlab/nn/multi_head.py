@@ -41,7 +41,8 @@ from torch import Tensor, nn
 from attnlab.errors import ConfigError
 from attnlab.kernels import linear_kernel
 from attnlab.limits import MAX_HEADS, describe_int
-from attnlab.nn.attention import NORMALIZERS, ScoreFn, backend_setting
+from attnlab.nn.attention import NORMALIZERS
+from attnlab.nn.attention_backends import ScoreFn, backend_setting
 from attnlab.nn.hooks import ATTENTION_POINTS, Hook, run_hooks
 from attnlab.nn.masks import check_mask
 from attnlab.nn.normalization import NORMS, make_norm
@@ -232,7 +233,7 @@ with them folds a group's query heads into query rows (:meth:`MultiHeadAttention
 
 def set_attention_backend(model: nn.Module, backend: str) -> None:
     """Set the soft-attention backend of every :class:`MultiHeadAttention` in ``model``: ``auto``
-    (measured) or a name of :data:`attnlab.nn.attention.BACKENDS` (a ConfigError otherwise). The
+    (measured) or a name of :data:`attnlab.nn.attention_backends.BACKEND_SETTINGS` (a ConfigError otherwise). The
     one place a built model's backend changes; nothing reads the environment per call."""
     backend = backend_setting(backend)
     for module in model.modules():
@@ -312,7 +313,7 @@ class MultiHeadAttention(nn.Module):
         relative_clip: the clipping distance k of ``relative``.
         backend: soft attention's implementation, resolved here, once (a runtime setting, not part
             of the architecture): ``auto`` (the fastest that applies, measured on this machine),
-            or a name of :data:`attnlab.nn.attention.BACKENDS` (``sdpa``, ``explicit``, ``short``,
+            or a name of :data:`attnlab.nn.attention_backends.BACKEND_SETTINGS` (``sdpa``, ``explicit``, ``short``,
             ``decode``), taken wherever it applies; None: the documented override
             ``ATTNLAB_BACKEND`` from the environment, read now, else ``auto``. Changed later by
             :func:`set_attention_backend`; never read from the environment per call.

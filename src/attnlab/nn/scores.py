@@ -34,7 +34,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from attnlab.nn.attention import ScoreFn
+from attnlab.nn.attention_backends import ScoreFn
 
 __all__ = [
     "AttentionScore",

@@ -46,6 +46,7 @@ from attnlab.pretrained.bridge_sites import (
     BridgedLayer,
     BridgedStack,
     in_width,
+    use_bridged_attention,
 )
 
 __all__ = [
@@ -231,6 +232,10 @@ class BridgedLM(TransformerModel):
 
     def new_state(self) -> BridgedState:
         return BridgedState()
+
+    def use_attention(self, setting: str) -> None:
+        """transformers' SDPA path (``auto``, ``sdpa``) or attnlab's explicit formula (``explicit``)."""
+        use_bridged_attention(self, setting)
 
     def site_stacks(self) -> dict[str, tuple[Any, tuple[str, ...]]]:
         return {"decoder": (self.decoder, ("self",))}

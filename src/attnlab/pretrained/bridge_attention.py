@@ -84,7 +84,13 @@ def attention(
         query = run_hooks(hooks, "q", query) if "q" in hooks else query
         key = run_hooks(hooks, "k", key) if "k" in hooks else key
         value = run_hooks(hooks, "v", value) if "v" in hooks else value
-    explicit = "scores" in hooks or "pattern" in hooks or kwargs.get("softcap") or kwargs.get("s_aux") is not None
+    explicit = (
+        "scores" in hooks
+        or "pattern" in hooks
+        or kwargs.get("softcap")
+        or kwargs.get("s_aux") is not None
+        or (site is not None and site.explicit)
+    )
     if explicit:
         z, pattern = explicit_attention(module, query, key, value, attention_mask, dropout, scaling, hooks, **kwargs)
     else:

@@ -40,7 +40,7 @@ from torch import Tensor, nn
 from attnlab.errors import ConfigError
 from attnlab.nn import EncodedSource, EncoderDecoderConfig, TransformerModel
 from attnlab.pretrained.bridge import BridgedState, _probe_layers, attach_sites, find_residual_sums, input_device
-from attnlab.pretrained.bridge_sites import BridgedEmbedding, BridgedStack
+from attnlab.pretrained.bridge_sites import BridgedEmbedding, BridgedStack, use_bridged_attention
 
 __all__ = ["BridgedSeq2Seq"]
 
@@ -147,6 +147,10 @@ class BridgedSeq2Seq(TransformerModel):
 
     def new_state(self) -> BridgedState:
         return BridgedState()
+
+    def use_attention(self, setting: str) -> None:
+        """transformers' SDPA path (``auto``, ``sdpa``) or attnlab's explicit formula (``explicit``)."""
+        use_bridged_attention(self, setting)
 
     def site_stacks(self) -> dict[str, tuple[Any, tuple[str, ...]]]:
         return {"encoder": (self.encoder, ("encoder_self",)), "decoder": (self.decoder, ("decoder_self", "cross"))}

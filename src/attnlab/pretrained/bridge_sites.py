@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from attnlab.errors import ConfigError
 from attnlab.nn.hooks import ATTENTION_POINTS, run_hooks
 from attnlab.pretrained.bridge_attention import SITE_ATTRIBUTE
 
@@ -29,6 +30,8 @@ __all__ = [
     "BridgedFeedForward",
     "BridgedLayer",
     "BridgedStack",
+    "BRIDGED_ATTENTION_SETTINGS",
+    "use_bridged_attention",
 ]
 
 BRIDGE_POINTS = tuple(point for point in ATTENTION_POINTS if point not in ("q_pre", "k_pre"))
@@ -72,6 +75,7 @@ class BridgedAttention:
         self.heads, self.kv_heads, self.d_v = heads, kv_heads, d_v
         self.hooks: dict[str, list[Any]] = {}
         self.probe: Any = None
+        self.explicit = False  # the attention setting "explicit": scores and pattern always computed
         self.output = output
         self.site_points = BRIDGE_POINTS if self.output is not None else BRIDGE_POINTS[:-2]
         setattr(module, SITE_ATTRIBUTE, self)
@@ -318,3 +322,21 @@ class BridgedStack:
             return (run_hooks(self.hooks, "final_norm", out[0]), *out[1:])
         out["last_hidden_state"] = run_hooks(self.hooks, "final_norm", out["last_hidden_state"])
         return out
+
+
+BRIDGED_ATTENTION_SETTINGS = ("auto", "sdpa", "explicit")
+"""The attention settings a bridged model takes: transformers' SDPA path (``auto``, ``sdpa``) or
+attnlab's explicit formula (``explicit``); attnlab's own kernels run only in attnlab's modules."""
+
+
+def use_bridged_attention(model: nn.Module, setting: str) -> None:
+    """Set every bridged attention module of ``model`` to ``setting`` (:data:`BRIDGED_ATTENTION_SETTINGS`)."""
+    if setting not in BRIDGED_ATTENTION_SETTINGS:
+        raise ConfigError(
+            f"attention: {setting!r} runs attnlab's own attention modules, which a model opened through "
+            f"the bridge does not have; allowed: {', '.join(BRIDGED_ATTENTION_SETTINGS)}"
+        )
+    for module in model.modules():
+        site = getattr(module, SITE_ATTRIBUTE, None)
+        if site is not None:
+            site.explicit = setting == "explicit"

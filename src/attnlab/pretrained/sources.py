@@ -30,9 +30,11 @@ import torch
 from attnlab.devices import cast_parameters, resolve_device
 from attnlab.errors import UsageError
 from attnlab.kernels import native
-from attnlab.pretrained.bert import SUPPORTED_MODEL_TYPES as ENCODERS
+from attnlab.kernels.calibration import KernelRecord
+from attnlab.nn.attention_backends import backend_setting
 from attnlab.pretrained.bert import find_source, package_source, read_bert
 from attnlab.pretrained.checkpoint import find_checkpoint, is_checkpoint_folder, storage_dtype
+from attnlab.pretrained.encoder_families import ENCODER_FAMILIES as ENCODERS
 from attnlab.pretrained.gguf import package_gguf, read_gguf
 from attnlab.pretrained.hf_model import open_checkpoint
 from attnlab.pretrained.packages import installed_distribution
@@ -59,6 +61,8 @@ def open_model(
     bridge: bool = False,
     placement: PlacementRequest = PlacementRequest(),
     on_plan: Callable[[Placement], None] | None = None,
+    attention: str | None = None,
+    kernels: str | None = None,
 ) -> LoadedRun:
     """The model ``source`` names (see the module docstring), in eval mode on ``device``, or placed
     over several devices.
@@ -80,12 +84,20 @@ def open_model(
         placement: a Hugging Face checkpoint placed over devices (``device_map``, ``max_memory``,
             ``offload_folder``: :mod:`attnlab.pretrained.placement`) instead of on ``device``.
         on_plan: called with the placement's plan before any weight is read.
+        attention: soft attention's implementation (``auto``, ``sdpa``, ``explicit``, ``native``:
+            :mod:`attnlab.nn.runtime_config`); default: a run's ``[runtime]``, else ``auto``.
+        kernels: ``fixed`` or ``measured`` kernel choices, a new record for the model; default: the
+            choices a run recorded, else this process's measured ones.
 
     Raises:
         UsageError: nothing at ``source``, an option that does not apply to it, a bad device or dtype.
         ConfigError, CheckpointError: a model attnlab cannot open, or a damaged file (named).
     """
     _check_arguments(source, dtype, revision, checkpoint, verify, bridge)
+    if attention is not None:
+        backend_setting(attention)  # a ConfigError naming the setting, before anything is read
+    if kernels is not None:
+        KernelRecord(kernels)
     if isinstance(source, str) and source.startswith(PACKAGE_PREFIX):
         source = packaged_model(source.removeprefix(PACKAGE_PREFIX))
     if placement.wanted and device is not None and str(device) != "cpu":
@@ -119,6 +131,10 @@ def open_model(
             )
             loaded = _in_memory(opened, found.name)
     model = loaded.model
+    if attention is not None:
+        model.use_attention(attention)
+    if kernels is not None:
+        model.kernel_record = KernelRecord(kernels)
     if loaded.placement is not None:  # on its planned devices already, in its dtype
         model.eval()
         return loaded

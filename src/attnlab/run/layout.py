@@ -70,6 +70,7 @@ class RunLayout:
     POINTER = "checkpoint.json"
     METRICS = "metrics.jsonl"
     PROVENANCE = "provenance.json"
+    KERNELS = "kernels.json"  # the kernel chosen for each shape class (attnlab.kernels.calibration)
     MANIFEST = manifests.NAME
     LOCK = LOCK_NAME  # the writer's lock (attnlab.run.lock); its presence alone means nothing
 

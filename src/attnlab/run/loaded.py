@@ -17,6 +17,7 @@ from attnlab.experiment import ExperimentConfig, model_for_task
 from attnlab.head_ids import HeadId, held_heads, held_mask
 from attnlab.kernels import native
 from attnlab.nn import HeadMask, TransformerModel
+from attnlab.nn.runtime_config import apply_runtime
 from attnlab.run.directory import RunDir
 from attnlab.run.layout import CheckpointFiles
 from attnlab.runtime import release_freed_memory
@@ -123,7 +124,8 @@ def saved_tokenizer(run: RunDir) -> Tokenizer | None:
 
 def open_run(path: str | Path, *, device: str | torch.device = "cpu", checkpoint: str | None = None) -> LoadedRun:
     """Load a run directory: config.json, the task, tokenizer.json and model.safetensors, each
-    verified against the run's manifest (see :meth:`attnlab.run.directory.RunDir.read_verified`).
+    verified against the run's manifest (see :meth:`attnlab.run.directory.RunDir.read_verified`);
+    the model runs with the run's ``[runtime]`` and the kernel choices it recorded (kernels.json).
 
     Args:
         path: the run directory.
@@ -151,6 +153,7 @@ def open_run(path: str | Path, *, device: str | torch.device = "cpu", checkpoint
     else:
         run.load_checkpoint_weights(model, chosen)
     model.to(device).eval()
+    apply_runtime(model, experiment.runtime, run.read_kernels())  # the kernels the run recorded, if any
     native.prepare(device)  # a first use's kernel build now, before a command's progress bar
     release_freed_memory()  # the tokenizer's parse leaves freed blocks between live ones (attnlab.runtime)
     return LoadedRun(run, experiment, task, tokenizer, TextCodec(task, tokenizer), model, chosen, source=str(path))

@@ -32,6 +32,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from attnlab.errors import AttnlabWarning, CheckpointError, UsageError
+from attnlab.kernels.calibration import KERNEL_MODES, KernelRecord
 from attnlab.run.layout import CheckpointFiles, RunLayout
 from attnlab.run.manifest import (
     FileRecord,
@@ -130,6 +131,27 @@ class RunReader(RunLayout):
         ):
             raise CheckpointError(f"provenance {path} is corrupted: expected sources with a path and a sha256")
         return sources
+
+    def read_kernels(self) -> KernelRecord | None:
+        """The kernel choices kernels.json records (verified), to run this run's model with; None for
+        a run that has none (imported, or trained before runs recorded them).
+
+        Raises:
+            CheckpointError: the file differs from its manifest record or is malformed; names it.
+        """
+        path = self.path / self.KERNELS
+        if not os.path.lexists(path):
+            return None
+        data = parse_json(self.read_verified(self.KERNELS, what="kernel choices"), path=path, what="kernel choices")
+        choices = data.get("choices") if isinstance(data, dict) else None
+        mode = data.get("mode") if isinstance(data, dict) else None
+        if (
+            mode not in KERNEL_MODES
+            or not isinstance(choices, dict)
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in choices.items())
+        ):
+            raise CheckpointError(f"kernel choices {path} are corrupted: expected a mode and choices by shape class")
+        return KernelRecord(mode, choices)
 
     # ---- manifests ---------------------------------------------------------------------------
 

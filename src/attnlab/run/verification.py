@@ -130,6 +130,7 @@ def _verify_top_level(run: RunDir, report: VerifyReport) -> None:
             run.read_verified(RunDir.MODEL, what="weights"), path=run.path / RunDir.MODEL, what="weights"
         ),
         RunDir.PROVENANCE: run.read_provenance,
+        RunDir.KERNELS: run.read_kernels,
     }
     present = {name for name in readers if os.path.lexists(run.path / name)}
     listed = {name for name in listed if not name.startswith("checkpoints/")}  # checked with their checkpoint

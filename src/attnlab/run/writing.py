@@ -30,6 +30,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from attnlab.errors import AttnlabWarning, CheckpointError
+from attnlab.kernels.calibration import KernelRecord
 from attnlab.run import manifest as manifests
 from attnlab.run.layout import CheckpointFiles
 from attnlab.run.manifest import FileRecord, Manifest, parse_manifest, read_manifest, record_of, record_of_file
@@ -60,6 +61,12 @@ class RunWriter(RunReader):
 
     def write_tokenizer(self, text: str) -> None:
         self._write_file(self.TOKENIZER, text.encode("utf-8"))
+
+    def write_kernels(self, record: KernelRecord) -> None:
+        """kernels.json: the kernel chosen for each shape class and the record's mode (and the
+        machine that chose them), recorded in the manifest; rewritten whole when a class is added."""
+        text = json.dumps(record.to_dict(), indent=2, sort_keys=True) + "\n"
+        self._write_file(self.KERNELS, text.encode("utf-8"))
 
     def write_provenance(self, sources: list[Mapping[str, Any]]) -> None:
         """provenance.json: the files an imported model was read from, each ``{"path", "size",

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from attnlab.errors import CheckpointError
+from attnlab.kernels.calibration import KernelRecord
 from attnlab.run.directory import RunDir
 from attnlab.run.output_paths import check_output_path
 from attnlab.training.checkpoint import optimizer_from_tensors, optimizer_to_tensors, restore_rng, rng_to_tensors
@@ -70,9 +71,13 @@ def write_checkpoint(
     selected_weights: dict[str, torch.Tensor] | None,
     validation: dict[str, Any] | None,
     keep: int,
+    kernels: KernelRecord | None = None,
 ) -> None:
     """Write the checkpoint of ``step``: the weights and the trainer's state (see the module docstring),
-    keeping the latest ``keep`` checkpoints."""
+    keeping the latest ``keep`` checkpoints; first the run's kernel choices where a class was added
+    since they were last written (kernels.json)."""
+    if kernels is not None and kernels.changed:
+        run.write_kernels(kernels)
     optimizer_tensors, optimizer_meta = optimizer_to_tensors(optimizer)
     rng_tensors, rng_meta = rng_to_tensors()
     state = {

@@ -9,7 +9,12 @@ split rounds differently (parity at 300 steps: test accuracy 0.565 on 1 thread, 
   :func:`torch.set_num_threads` (:func:`resolve_threads`, :func:`applied_threads`);
 * every checkpoint's ``trainer_state.json`` records :func:`platform_record`;
 * ``train --resume`` compares the checkpoint's record with this process's and warns once
-  (:class:`~attnlab.errors.AttnlabWarning`) when they differ (:func:`warn_if_platform_differs`).
+  (:class:`~attnlab.errors.AttnlabWarning`) when they differ (:func:`warn_if_platform_differs`);
+* the kernel chosen for each shape class comes from the run's :class:`~attnlab.kernels.calibration.KernelRecord`
+  (:func:`run_kernels`): ``[runtime] kernels = "fixed"`` (the default) never times a kernel, so two
+  runs of one config and seed give the same weights whatever else the machine does; the record is
+  written into the run (``kernels.json``, in its manifest) with each checkpoint, and ``--resume``
+  and ``train --like RUN`` run with the choices recorded there.
 """
 
 from __future__ import annotations
@@ -25,9 +30,20 @@ from typing import Any
 
 import torch
 
-from attnlab.errors import AttnlabWarning
+from attnlab.errors import AttnlabWarning, UsageError
+from attnlab.experiment import ExperimentConfig
+from attnlab.kernels.calibration import KernelRecord
+from attnlab.nn.runtime_config import apply_runtime
+from attnlab.run.directory import RunDir
 
-__all__ = ["resolve_threads", "applied_threads", "platform_record", "platform_differences", "warn_if_platform_differs"]
+__all__ = [
+    "run_kernels",
+    "resolve_threads",
+    "applied_threads",
+    "platform_record",
+    "platform_differences",
+    "warn_if_platform_differs",
+]
 
 COMPARED = {"threads": "threads", "cpu": "CPU", "torch": "torch"}
 """The platform fields that change a run's numbers -> how a message names them."""
@@ -102,3 +118,23 @@ def warn_if_platform_differs(recorded: Any, current: Mapping[str, Any], *, where
             AttnlabWarning,
             stacklevel=2,
         )
+
+
+def run_kernels(
+    model: torch.nn.Module, experiment: ExperimentConfig, run: RunDir, *, resume: bool, like: str | Path | None
+) -> KernelRecord:
+    """Set the run's attention setting and kernel record on ``model`` (:func:`attnlab.nn.runtime_config.apply_runtime`)
+    and return the record: the one ``run`` recorded when resumed, ``like``'s (another run's, whose
+    choices this run repeats), else a new one in ``[runtime] kernels``'s mode.
+
+    Raises:
+        UsageError: ``like`` is not a run, or recorded no kernel choices.
+    """
+    recorded = run.read_kernels() if resume else None
+    if like is not None:
+        recorded = RunDir.open(like).read_kernels()
+        if recorded is None:
+            raise UsageError(f"--like: {like} records no kernel choices (kernels.json); train it again or drop --like")
+        recorded = KernelRecord(recorded.mode, recorded.choices)  # this run's own copy, written into it
+        recorded.changed = True
+    return apply_runtime(model, experiment.runtime, recorded)

@@ -80,7 +80,7 @@ from attnlab.training.checks import check_log_targets, check_loss, check_resourc
 from attnlab.training.data import BatchStream, FreshStream
 from attnlab.training.distributed import DistInfo, all_reduce_sum, broadcast_from_main, from_environment, shutdown
 from attnlab.training.plots import plot_accuracy_by_length, plot_curves
-from attnlab.training.reproducibility import applied_threads, platform_record
+from attnlab.training.reproducibility import applied_threads, platform_record, run_kernels
 from attnlab.training.schedule import make_scheduler
 from attnlab.training.selection import ORACLE_LABEL, Evaluation, Selection, oracle_report, select, stop_reached
 from attnlab.training.step_log import LogWindow, StepOutcome, describe_split, rate_key
@@ -114,11 +114,8 @@ class TrainResult:
 
 
 def resolve_device(name: str) -> torch.device:
-    """``train.device`` as a :class:`torch.device` (:func:`attnlab.devices.resolve_device`).
-
-    Raises:
-        ConfigError: a malformed name, or a GPU this process cannot see; the message names train.device.
-    """
+    """``train.device`` as a :class:`torch.device` (:func:`attnlab.devices.resolve_device`); a malformed
+    name, or a GPU this process cannot see, is a ConfigError naming train.device."""
     try:
         return devices.resolve_device(name)
     except ValueError as error:
@@ -141,8 +138,9 @@ def train(
     resume: bool = False,
     progress: bool = True,
     log: Log | None = None,
+    like: str | Path | None = None,
 ) -> TrainResult:
-    """Train (or resume) the run at ``run_path``; see the module docstring."""
+    """Train (or resume) the run at ``run_path``; ``like``: a run whose kernel choices to repeat."""
     dist = from_environment(experiment.train.device)
     path = Path(run_path)
     new_folder = not resume and dist.is_main and not path.exists()
@@ -151,7 +149,7 @@ def train(
         run = run_directory(path, resume=resume, dist=dist)
         with run.lock(enabled=dist.is_main), applied_threads(experiment.train.threads) as threads:
             experiment = dataclasses.replace(experiment, train=dataclasses.replace(experiment.train, threads=threads))
-            result = _Trainer(experiment, run, resume=resume, dist=dist, progress=progress, log=log).fit()
+            result = _Trainer(experiment, run, resume=resume, dist=dist, progress=progress, log=log, like=like).fit()
     except BaseException:
         if new_folder and run is not None:
             remove_if_unused(run)  # a refused config (memory, batch size, ...) leaves nothing behind
@@ -175,6 +173,7 @@ class _Trainer:
         dist: DistInfo,
         progress: bool,
         log: Log | None,
+        like: str | Path | None = None,
     ) -> None:
         cfg = self.cfg = experiment.train
         check_log_targets(cfg)  # a missing package is a ConfigError before anything is built or written
@@ -196,6 +195,7 @@ class _Trainer:
         self.log(describe_split("train", split_statistics(train_examples)))
         self._report_skipped_lines()
         self.model = model_for_task(experiment, self.task).to(self.device)
+        self.kernels = run_kernels(self.model, experiment, run, resume=resume, like=like)  # kernels.json
         self.max_length = cfg.max_length or self.model.config.max_len
         self.optimizer = make_optimizer(self.model.parameters(), cfg)
         self.scheduler = make_scheduler(self.optimizer, cfg.schedule, warmup=cfg.warmup, total=cfg.steps)
@@ -589,6 +589,7 @@ class _Trainer:
             selected_weights=self.selected_weights,
             validation=self.validation,
             keep=self.cfg.keep_checkpoints,
+            kernels=self.kernels,
         )
         plot_curves(self.run.read_metrics(), self.run.plots)
         self.log(f"checkpoint at step {self.step} in {self.run.path}")

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from attnlab.nn import attention_backends
 from attnlab.nn.attention import attention
 from attnlab.nn.masks import causal_mask
 from tests import reference
@@ -344,13 +345,13 @@ def test_default_scale_is_inverse_sqrt_dk():
 
 
 @pytest.mark.parametrize("normalizer", sorted(attention_module.NORMALIZERS))
-@pytest.mark.parametrize("backend", [None, *attention_module.BACKENDS])
+@pytest.mark.parametrize("backend", [None, *attention_backends.BACKENDS])
 @pytest.mark.parametrize("case", ["plain", "mask", "bias", "weights", "straight_through", "float16", "no_queries"])
 def test_no_keys_gives_zeros_for_every_normalizer_and_backend(monkeypatch, normalizer, backend, case):
     """T_k = 0: the empty sum, zeros (..., T_q, d_v), weights (..., T_q, 0), zero gradients, never an
     error or NaN, whichever normalizer, and whichever backend (ATTNLAB_BACKEND) where it applies."""
     if backend is not None:
-        monkeypatch.setenv("ATTNLAB_BACKEND", backend)
+        monkeypatch.setattr(attention_backends, "OVERRIDE", backend)
     dtype = torch.float16 if case == "float16" else torch.float32
     q, k, v = _qkv(t_q=0 if case == "no_queries" else 4, t_k=0, dtype=dtype)
     q.requires_grad_()

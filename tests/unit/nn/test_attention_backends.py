@@ -11,9 +11,11 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from attnlab.kernels import calibration, native
-from attnlab.nn.attention import BACKENDS, attention, select_backend
+from attnlab.nn import attention_backends
+from attnlab.nn.attention import attention
+from attnlab.nn.attention_backends import BACKENDS, select_backend
 
-attention_module = importlib.import_module("attnlab.nn.attention")
+attention_module = importlib.import_module("attnlab.nn.attention_backends")
 
 NATIVE = pytest.mark.skipif(not native.available(), reason="attnlab's C++ kernels are not built")
 FLOAT32_ONLY = {"short", "decode"}  # the C++ kernels run float32 alone
@@ -63,13 +65,13 @@ def test_every_backend_equals_the_explicit_formula_where_it_applies(
     wants_grad = name != "decode"  # the decode kernel takes only calls without a gradient
     leaves = [t.clone().requires_grad_(wants_grad) for t in (q, k, v)]
     if not backend.applies(*leaves, mask, bias, 0.0, False, None):
-        monkeypatch.setenv("ATTNLAB_BACKEND", name)
+        monkeypatch.setattr(attention_backends, "OVERRIDE", name)
         assert select_backend(*leaves, mask, bias, 0.0, False, None, causal=causal) is not backend
         return
-    monkeypatch.setenv("ATTNLAB_BACKEND", name)
+    monkeypatch.setattr(attention_backends, "OVERRIDE", name)
     assert select_backend(*leaves, mask, bias, 0.0, False, None, causal=causal) is backend
     out = attention(*leaves, mask, causal=causal, bias=bias)
-    monkeypatch.delenv("ATTNLAB_BACKEND")
+    monkeypatch.setattr(attention_backends, "OVERRIDE", None)
     reference_leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
     expected = _explicit(*reference_leaves, mask, None if bias is None else bias.double(), causal)
     tolerance = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 1e-12, "rtol": 1e-10}
@@ -102,7 +104,7 @@ def _calls():
 @pytest.mark.parametrize("forced", [None, *BACKENDS])
 def test_the_selection_returns_only_a_backend_that_applies(measured, monkeypatch, forced):
     if forced is not None:
-        monkeypatch.setenv("ATTNLAB_BACKEND", forced)
+        monkeypatch.setattr(attention_backends, "OVERRIDE", forced)
     for q, k, v, mask, bias, dropout_p, need_weights, score_fn, causal in _calls():
         for _ in range(2):  # measured, then remembered
             backend = select_backend(q, k, v, mask, bias, dropout_p, need_weights, score_fn, causal=causal)
@@ -119,10 +121,10 @@ def test_only_the_explicit_formula_returns_weights_or_takes_a_score():
 
 
 def test_an_unknown_override_names_the_variable_and_the_backends(monkeypatch):
-    monkeypatch.setenv("ATTNLAB_BACKEND", "flash")
+    monkeypatch.setattr(attention_backends, "OVERRIDE", "flash")
     q = torch.randn(1, 2, 3, 4)
     with pytest.raises(
-        ValueError, match=r"ATTNLAB_BACKEND: unknown 'flash'; allowed: auto, decode, explicit, sdpa, short"
+        ValueError, match=r"ATTNLAB_BACKEND: unknown 'flash'; allowed: auto, decode, explicit, native, sdpa, short"
     ):
         attention(q, q, q)
 
@@ -172,12 +174,12 @@ def test_a_models_backend_is_resolved_once_when_it_is_built(monkeypatch):
     from attnlab.nn import DecoderOnly, DecoderOnlyConfig
     from attnlab.nn.multi_head import MultiHeadAttention, set_attention_backend
 
-    monkeypatch.setenv("ATTNLAB_BACKEND", "explicit")
+    monkeypatch.setattr(attention_backends, "OVERRIDE", "explicit")
     torch.manual_seed(0)
     model = DecoderOnly(DecoderOnlyConfig(vocab_size=20, layers=2, d_model=16, heads=2, d_ff=32, dropout=0.0)).eval()
     attentions = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
     assert attentions and {m.backend for m in attentions} == {"explicit"}
-    monkeypatch.delenv("ATTNLAB_BACKEND")
+    monkeypatch.setattr(attention_backends, "OVERRIDE", None)
     assert MultiHeadAttention(16, 2).backend == "auto"
     assert MultiHeadAttention(16, 2, backend="sdpa").backend == "sdpa"
     tokens = torch.randint(1, 20, (2, 7))
@@ -190,7 +192,7 @@ def test_a_models_backend_is_resolved_once_when_it_is_built(monkeypatch):
         return backend
 
     monkeypatch.setattr(attention_module, "select_backend", spy)
-    monkeypatch.setenv("ATTNLAB_BACKEND", "flash")  # would be an error if it were read now
+    monkeypatch.setattr(attention_backends, "OVERRIDE", "flash")  # would be an error if it were read now
     with torch.no_grad():
         expected = model(tokens)
         assert set(picked) == {"explicit"}

@@ -18,6 +18,7 @@ from attnlab.nn import (
     EncoderDecoderConfig,
     MultiHeadAttention,
     attention,
+    attention_backends,
     masking_heads,
 )
 from attnlab.nn.position_bias import alibi_slopes
@@ -91,9 +92,9 @@ def test_alibi_fused_path_equals_explicit_with_masks(monkeypatch) -> None:
     mask[0, 0, 2] = False  # a row with no key at all
     for causal in (False, True):
         explicit = attention(q, k, v, mask, causal=causal, bias=bias, return_weights=True)[0]
-        monkeypatch.setenv("ATTNLAB_BACKEND", "sdpa")
+        monkeypatch.setattr(attention_backends, "OVERRIDE", "sdpa")
         fused = attention(q, k, v, mask, causal=causal, bias=bias)
-        monkeypatch.delenv("ATTNLAB_BACKEND")
+        monkeypatch.setattr(attention_backends, "OVERRIDE", None)
         torch.testing.assert_close(fused, explicit, rtol=1e-12, atol=1e-12)
     assert torch.equal(fused[0, :, 2], torch.zeros_like(fused[0, :, 2]))
 

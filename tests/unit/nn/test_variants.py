@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlab.nn import DecoderOnlyConfig, KVCache, build_model
+from attnlab.nn import DecoderOnlyConfig, KVCache, attention_backends, build_model
 
 transformers = pytest.importorskip("transformers")
 
@@ -355,7 +355,7 @@ def test_soft_capped_scores_take_the_explicit_formula_whatever_the_backend_asked
     from attnlab.nn import MultiHeadAttention
 
     if backend is not None:
-        monkeypatch.setenv("ATTNLAB_BACKEND", backend)
+        monkeypatch.setattr(attention_backends, "OVERRIDE", backend)
     torch.manual_seed(6)
     mha = MultiHeadAttention(16, 4, kv_heads=2, softcap=0.7, scale=0.5, bias=False).eval()
     x = torch.randn(2, 6, 16) * 3
