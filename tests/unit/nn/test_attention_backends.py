@@ -205,3 +205,31 @@ def test_a_models_backend_is_resolved_once_when_it_is_built(monkeypatch):
         set_attention_backend(model, "flash")
     with pytest.raises(ValueError, match=r"attention backend: unknown 'flash'"):
         MultiHeadAttention(16, 2, backend="flash")
+
+
+def test_runtime_settings_are_applied_once_and_native_forces_attnlabs_kernels():
+    """apply_runtime sets every attention module's setting and the model's kernel record; ``native``
+    takes attnlab's kernel where one applies (short heads without a mask) and falls back where none
+    does (a mask), with the same outputs as the explicit formula."""
+    from attnlab.kernels.calibration import KernelRecord
+    from attnlab.nn import DecoderOnly, DecoderOnlyConfig
+    from attnlab.nn.multi_head import MultiHeadAttention
+    from attnlab.nn.runtime_config import RuntimeConfig, apply_runtime
+
+    torch.manual_seed(0)
+    model = DecoderOnly(DecoderOnlyConfig(vocab_size=20, layers=2, d_model=16, heads=2, d_ff=32, dropout=0.0)).eval()
+    tokens = torch.randint(1, 20, (2, 7))
+    with torch.no_grad():
+        record = apply_runtime(model, RuntimeConfig(attention="explicit", kernels="measured"))
+        expected = model(tokens)
+        assert isinstance(record, KernelRecord) and record.mode == "measured" and model.kernel_record is record
+        apply_runtime(model, RuntimeConfig(attention="native"), record=record)
+        assert {m.backend for m in model.modules() if isinstance(m, MultiHeadAttention)} == {"native"}
+        torch.testing.assert_close(model(tokens), expected, atol=1e-5, rtol=1e-5)
+    q, k, v = (torch.randn(2, 2, 6, 8) for _ in range(3))
+    short = select_backend(q, k, v, None, None, 0.0, False, None, causal=True, backend="native")
+    assert short.name == ("short" if native.available() else "sdpa")
+    masked = select_backend(q, k, v, torch.ones(6, 6, dtype=torch.bool), None, 0.0, False, None, backend="native")
+    assert masked.name not in ("short", "decode")
+    with pytest.raises(ValueError, match=r"runtime.attention: unknown 'flash'"):
+        RuntimeConfig(attention="flash")
