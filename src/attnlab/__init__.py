@@ -42,7 +42,6 @@ __version__ = "0.1.0"
 # The public API lives in attnlab.nn, which imports PyTorch: load it on first use (PEP 562), so
 # that `import attnlab` (and the CLI's help and tokenize) stay free of torch.
 _FROM_NN = (
-    "AttentionRecord",
     "DecoderOnly",
     "DecoderOnlyConfig",
     "EncoderClassifier",
@@ -55,7 +54,6 @@ _FROM_NN = (
     "TransformerConfig",
     "attention",
     "build_model",
-    "capture",
     "causal_mask",
     "full_head_mask",
     "masking_experts",

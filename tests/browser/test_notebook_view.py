@@ -19,21 +19,21 @@ def fragments(*views: tuple[str, attnlab.viewer.notebook.AttentionHTML]) -> str:
 
 
 @pytest.fixture(scope="module")
-def records():  # noqa: ANN201
+def traced():  # noqa: ANN201
     torch.manual_seed(0)
     config = attnlab.DecoderOnlyConfig(vocab_size=20, layers=12, d_model=12, heads=6, d_ff=16)  # 72 heads: paged
     model = attnlab.DecoderOnly(config).eval()
-    with torch.no_grad(), attnlab.capture(model) as found:
+    with torch.no_grad(), attnlab.trace(model, "*.pattern") as found:
         model(torch.tensor([[1, 2, 3, 4]]))
     return found
 
 
-def test_views_draw_inline_without_a_server_and_token_markup_stays_text(page, records):
+def test_views_draw_inline_without_a_server_and_token_markup_stays_text(page, traced):
     import attnlab.viewer.notebook
 
     tokens = ["a", BREAKOUT, '"><img src=y onerror=alert(2)>', "d"]
-    model_view = attnlab.show_records(records, tokens, off=["self:2:1"], layer=3)
-    head_view = attnlab.show_records(records, tokens, view="head", layer=11)
+    model_view = attnlab.show_records(traced, tokens, off=["self:2:1"], layer=3)
+    head_view = attnlab.show_records(traced, tokens, view="head", layer=11)
     requests = []
     page.on("request", lambda request: requests.append(request.url))
     page.set_content(fragments(("first", model_view), ("second", head_view), ("again", model_view)))

@@ -53,7 +53,7 @@ from attnlab.nn.multi_head import KVCache, MultiHeadAttention
 from attnlab.nn.positional import POSITIONAL, make_positional, sinusoidal_table
 from attnlab.nn.scores import SCORES, make_score
 from attnlab.nn.stacks import Decoder, Encoder
-from attnlab.nn.trace import AttentionRecord, capture, trace
+from attnlab.nn.trace import trace
 
 # What a user needs: the models and their configs, the attention blocks, masks, the hook mechanism.
 # The other names imported above are for attnlab's own modules (loading weights, decoding state,
@@ -91,8 +91,6 @@ __all__ = [
     "Site",
     "add_hook",
     "trace",
-    "capture",
-    "AttentionRecord",
     "masking_heads",
     "masking_experts",
     "expert_mask_shape",

@@ -6,9 +6,8 @@ Everything that observes or intervenes is hooks on sites:
 
 * :func:`attnlab.nn.trace.trace` caches sites and edits them (replace, add, scale, any function)
   on a slice, or runs a module in place of a site (an SAE, a transcoder:
-  :mod:`attnlab.nn.replacement`);
-* :func:`attnlab.nn.trace.capture` is a view of caching ``*.attn.pattern`` and ``*.attn.z`` at
-  every call;
+  :mod:`attnlab.nn.replacement`); every attention call's weights and head outputs are its
+  ``*.attn.pattern`` and ``*.attn.z`` sites;
 * :func:`attnlab.nn.head_masks.masking_heads` applies Michel §2.3's head mask xi: a scale of each
   ``*.attn.z``, xi_h head_h before W^O, differentiable in xi (head importance is dL/dxi_h);
 * :func:`add_hook` (this module) is the primitive they all use.

@@ -6,8 +6,9 @@ x -> where(selection, f(x), x)), then keeps the value the model goes on with, th
 in place of the site (an SAE, a transcoder: :mod:`attnlab.nn.replacement`). Activation patching
 (Vig et al. 2020; Meng et al. 2022), mean and zero ablation are edits.
 
-:func:`capture` is a view of caching ``*.attn.pattern`` and ``*.attn.z`` at every attention call:
-one :class:`AttentionRecord` per call.
+Attention weights and head outputs are sites like any other: ``trace(model, ["*.pattern", "*.z"])``
+caches every attention module's ``pattern`` (B, H, T_q, T_k) and ``z`` (B, H, T_q, d_v), self- and
+cross-attention, by name (``decoder.0.cross.pattern``), in the order the forward pass reaches them.
 """
 
 from __future__ import annotations
@@ -27,8 +28,6 @@ __all__ = [
     "Selection",
     "Trace",
     "trace",
-    "AttentionRecord",
-    "capture",
 ]
 
 
@@ -270,67 +269,3 @@ def _mask(selector: dict[int, Selection], x: Tensor, name: str) -> Tensor:
         shape[axis] = size
         mask = mask & along.view(shape)
     return mask
-
-
-# ---- capture: every attention call's pattern and z ----------------------------------------------
-
-
-@dataclass(frozen=True)
-class AttentionRecord:
-    """What one attention module computed in one call.
-
-    Attributes:
-        kind: ``encoder_self``, ``decoder_self``, ``cross`` or ``self``.
-        layer: layer index within its kind.
-        weights: (B, H, T_q, T_k) per-head attention weights (one-hot rows for hard attention):
-            the module's ``pattern`` site.
-        head_outputs: (B, H, T_q, d_v) per-head outputs, after the head mask, before W^O: its
-            ``z`` site.
-    """
-
-    kind: str
-    layer: int
-    weights: Tensor
-    head_outputs: Tensor
-
-
-@contextmanager
-def capture(model: nn.Module, *, detach: bool = True) -> Iterator[list[AttentionRecord]]:
-    """Record every attention call of ``model`` inside the block: its ``*.attn.pattern`` and
-    ``*.attn.z`` (``*.cross.*`` too), one :class:`AttentionRecord` per call, in call order.
-
-        with capture(model) as records:
-            model(src, tgt_in)
-
-    While capturing, the weights are computed explicitly (the fused kernel does not expose them).
-
-    Args:
-        model: an attnlab model, or a lone :class:`~attnlab.nn.MultiHeadAttention` (kind ``self``,
-            layer 0).
-        detach: store detached tensors (set False to backpropagate through the records).
-
-    Yields:
-        The list that records are appended to.
-    """
-    sites = model_sites(model)
-    records: list[AttentionRecord] = []
-    removers = []
-    for z in (site for site in sites.values() if site.point == "z"):
-        pattern = sites[f"{z.prefix}.pattern"]
-        seen: list[Tensor] = []
-
-        def keep(weights: Tensor, seen: list[Tensor] = seen) -> Tensor:
-            seen[:] = [weights.detach() if detach else weights]
-            return weights
-
-        def record(head_outputs: Tensor, seen: list[Tensor] = seen, site: Site = z) -> Tensor:
-            kept = head_outputs.detach() if detach else head_outputs
-            records.append(AttentionRecord(site.kind or "self", site.layer or 0, seen.pop(), kept))
-            return head_outputs
-
-        removers += [add_hook(pattern, keep), add_hook(z, record)]
-    try:
-        yield records
-    finally:
-        for remove in removers:
-            remove()
