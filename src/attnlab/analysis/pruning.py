@@ -30,6 +30,7 @@ from attnlab.devices import cast_parameters
 from attnlab.errors import UsageError
 from attnlab.head_ids import HeadId
 from attnlab.nn import TransformerModel, build_model_to_load
+from attnlab.nn.head_subsets import head_subset_state, kept_kv_index
 from attnlab.run.directory import RunDir
 from attnlab.run.loaded import LoadedRun
 
@@ -54,7 +55,7 @@ def prune_model(model: TransformerModel, pruned: Iterable[HeadId]) -> Transforme
         keep[(site.kind, site.layer)] = kept
         counts.setdefault(site.kind, []).append(0)
         counts[site.kind][site.layer] = len(kept)
-        groups.setdefault(site.kind, []).append(site.module.kept_kv_index(kept))
+        groups.setdefault(site.kind, []).append(kept_kv_index(site.module, kept))
     grouped = config.key_value_heads != config.heads
     shared = [k for k in groups if k != "cross" and (grouped or k in (config.kv_groups or {}))]
     new_config = config.replace(
@@ -71,7 +72,7 @@ def prune_model(model: TransformerModel, pruned: Iterable[HeadId]) -> Transforme
         prefix = names[id(site.module)]
         for key in [k for k in state if k.startswith(prefix + ".")]:
             del state[key]
-        for key, value in site.module.head_subset_state(keep[(site.kind, site.layer)]).items():
+        for key, value in head_subset_state(site.module, keep[(site.kind, site.layer)]).items():
             state[f"{prefix}.{key}"] = value
     new_model.load_state_dict(state, strict=True)
     return new_model.to(next(model.parameters()).device).eval()

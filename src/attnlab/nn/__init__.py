@@ -28,6 +28,7 @@ from attnlab.nn.head_masks import (
     masking_heads,
 )
 from attnlab.nn.hooks import Site, add_hook, model_sites
+from attnlab.nn.kv_cache import KVCache
 from attnlab.nn.layers import AddNorm, DecoderLayer, DecoderLayerCache, EncoderLayer
 from attnlab.nn.masks import (
     causal_mask,
@@ -49,7 +50,7 @@ from attnlab.nn.models import (
     mean_pool,
     optional_state_keys,
 )
-from attnlab.nn.multi_head import KVCache, MultiHeadAttention
+from attnlab.nn.multi_head import MultiHeadAttention
 from attnlab.nn.positional import POSITIONAL, make_positional, sinusoidal_table
 from attnlab.nn.scores import SCORES, make_score
 from attnlab.nn.stacks import Decoder, Encoder

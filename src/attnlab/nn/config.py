@@ -19,10 +19,11 @@ from typing import Any, ClassVar, TypeVar
 from attnlab.errors import ConfigError, check_field_types
 from attnlab.limits import MAX_LAYERS
 from attnlab.nn.feed_forward import ACTIVATIONS
+from attnlab.nn.head_subsets import check_heads_cap
 from attnlab.nn.layers import PLACEMENTS
-from attnlab.nn.multi_head import QK_NORMS, check_heads_cap
 from attnlab.nn.normalization import NORMS
 from attnlab.nn.positional import COMBINES, POSITIONAL, RANDOMIZABLE
+from attnlab.nn.qk_norm import QK_NORMS
 from attnlab.nn.rotary import rope_frequencies
 from attnlab.nn.scores import SCORES
 
@@ -115,7 +116,7 @@ class TransformerConfig:
         qk_norm: ``none``, ``head`` (a norm over d_k on each query and key head, one gain of size
             d_k shared by the heads: Qwen3, Gemma 3) or ``full`` (a norm over the whole H*d_k query
             projection and the whole H_kv*d_k key projection: OLMo 2), after the projection and
-            before rotary positions, of the kind ``norm`` (:data:`attnlab.nn.multi_head.QK_NORMS`);
+            before rotary positions, of the kind ``norm`` (:data:`attnlab.nn.qk_norm.QK_NORMS`);
             parameters ``q_norm.weight`` and ``k_norm.weight`` of the attention module.
         norm_first: pre-LN instead of the paper's post-LN; read only where ``norm_placement`` is None.
         norm_placement: where each sub-layer's norms sit (:data:`attnlab.nn.layers.PLACEMENTS`):

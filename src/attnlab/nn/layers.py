@@ -28,7 +28,8 @@ from torch import Tensor, nn
 from attnlab.kernels import Dropout, dropout
 from attnlab.nn.feed_forward import PositionwiseFeedForward
 from attnlab.nn.hooks import Hook, run_hooks
-from attnlab.nn.multi_head import KVCache, MultiHeadAttention
+from attnlab.nn.kv_cache import KVCache
+from attnlab.nn.multi_head import MultiHeadAttention
 from attnlab.nn.normalization import NORMS, make_norm
 
 __all__ = ["AddNorm", "EncoderLayer", "DecoderLayer", "DecoderLayerCache", "PLACEMENTS", "Placement"]

@@ -36,8 +36,9 @@ from attnlab.nn.config import (
 from attnlab.nn.decoding import DecodingState, EncodedSource
 from attnlab.nn.head_masks import head_mask_shapes
 from attnlab.nn.hooks import Hook, Site, attention_sites, run_hooks
+from attnlab.nn.kv_cache import KVCache
 from attnlab.nn.layers import DecoderLayerCache
-from attnlab.nn.multi_head import KVCache, set_attention_backend
+from attnlab.nn.multi_head import set_attention_backend
 from attnlab.nn.scores import soft_cap
 from attnlab.nn.stacks import Decoder, Encoder
 

@@ -32,117 +32,26 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from attnlab.errors import ConfigError
 from attnlab.kernels import linear_kernel
-from attnlab.limits import MAX_HEADS, describe_int
 from attnlab.nn.attention import NORMALIZERS
 from attnlab.nn.attention_backends import ScoreFn, backend_setting
+from attnlab.nn.head_subsets import check_heads_cap, check_kv_index, uniform_kv_index
 from attnlab.nn.hooks import ATTENTION_POINTS, Hook, run_hooks
+from attnlab.nn.kv_cache import KVCache
 from attnlab.nn.masks import check_mask
 from attnlab.nn.normalization import NORMS, make_norm
 from attnlab.nn.position_bias import PositionBias, distances, make_position_bias
+from attnlab.nn.qk_norm import QK_NORMS, NormFn
 from attnlab.nn.rotary import RotaryEmbedding
 from attnlab.nn.scores import make_score, soft_cap
 
-__all__ = ["MultiHeadAttention", "KVCache", "set_attention_backend"]
+__all__ = ["MultiHeadAttention", "set_attention_backend"]
 
-
-class KVCache:
-    """Projected keys and values kept across decoding steps, for one attention module.
-
-    * self-attention: :meth:`append` adds this step's keys/values and returns all so far;
-    * encoder-decoder attention: the memory is projected once and kept (:meth:`keep`).
-
-    Appended keys and values are written into preallocated buffers whose length doubles when
-    full, so a step copies only its own new rows (growing by ``torch.cat`` would copy the whole
-    cache every step: O(T^2) copying for T steps). :attr:`key` and :attr:`value` are views of the
-    filled part.
-
-    Shape:
-        key: (B, H, T_k, d_k);  value: (B, H, T_k, d_v).
-    """
-
-    def __init__(self) -> None:
-        self._keys: Tensor | None = None  # (B, H, capacity, d_k)
-        self._values: Tensor | None = None  # (B, H, capacity, d_v)
-        self._length = 0
-
-    def __len__(self) -> int:
-        return self._length
-
-    @property
-    def key(self) -> Tensor | None:
-        return None if self._keys is None else self._keys[:, :, : self._length]
-
-    @property
-    def value(self) -> Tensor | None:
-        return None if self._values is None else self._values[:, :, : self._length]
-
-    def append(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
-        if torch.is_grad_enabled() and (key.requires_grad or value.requires_grad):
-            return self._append_in_graph(key, value)
-        new = key.shape[-2]
-        if self._keys is None or self._values is None:
-            self._keys, self._values = _with_capacity(key, new), _with_capacity(value, new)
-        elif self._length + new > self._keys.shape[-2]:
-            capacity = max(2 * self._keys.shape[-2], self._length + new)
-            self._keys = _grown(self._keys, self._length, capacity)
-            self._values = _grown(self._values, self._length, capacity)
-        self._keys[:, :, self._length : self._length + new] = key
-        self._values[:, :, self._length : self._length + new] = value
-        self._length += new
-        return self.key, self.value  # type: ignore[return-value]
-
-    def _append_in_graph(self, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
-        """Concatenate instead: writing into a buffer in place would invalidate the views that
-        earlier steps saved for the backward pass."""
-        if self._keys is None or self._values is None:
-            self._keys, self._values = key, value
-        else:
-            self._keys = torch.cat([self.key, key], dim=-2)  # type: ignore[list-item]
-            self._values = torch.cat([self.value, value], dim=-2)  # type: ignore[list-item]
-        self._length = self._keys.shape[-2]
-        return self._keys, self._values
-
-    def keep(self, project: Callable[[], tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
-        if self._keys is None or self._values is None:
-            keys, values = project()
-            # Stored contiguous: every later step streams them, and the head-split view of the fused
-            # K|V projection (rows of d_k floats 2 * d_model apart) streams more slowly from memory
-            # (benchmarks/README.md).
-            self._keys, self._values = keys.contiguous(), values.contiguous()
-            self._length = self._keys.shape[-2]
-        return self.key, self.value  # type: ignore[return-value]
-
-    def reorder(self, index: Tensor) -> None:
-        """Select batch rows (beam search): key/value become key[index]/value[index]."""
-        if self._keys is not None and self._values is not None:
-            self._keys, self._values = self._keys.index_select(0, index), self._values.index_select(0, index)
-
-
-def _with_capacity(rows: Tensor, length: int, minimum: int = 16) -> Tensor:
-    """An empty (B, H, max(2 * length, minimum), d) buffer like ``rows``."""
-    batch, heads, _, width = rows.shape
-    return rows.new_empty(batch, heads, max(2 * length, minimum), width)
-
-
-def _grown(buffer: Tensor, length: int, capacity: int) -> Tensor:
-    """A buffer of ``capacity`` positions holding the first ``length`` of ``buffer``."""
-    batch, heads, _, width = buffer.shape
-    grown = buffer.new_empty(batch, heads, capacity, width)
-    grown[:, :, :length] = buffer[:, :, :length]
-    return grown
-
-
-# ---- variants chosen once in MultiHeadAttention.__init__ ---------------------------------------
-
-NormFn = Callable[[nn.Module, Tensor], Tensor]
 PlaceFn = Callable[[RotaryEmbedding | None, Tensor, Tensor, Tensor | None, int], tuple[Tensor, Tensor]]
 ShareFn = Callable[[Tensor, Tensor, int], tuple[Tensor, Tensor]]
 
@@ -174,58 +83,6 @@ def _share_key_values(k: Tensor, v: Tensor, heads: int) -> tuple[Tensor, Tensor]
     return k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
 
 
-def _unnormalized(apply: NormFn, norm: nn.Module | None, x: Tensor, d_k: int) -> Tensor:
-    """No q/k norm: the projection as it is."""
-    return x
-
-
-def _per_head(apply: NormFn, norm: nn.Module | None, x: Tensor, d_k: int) -> Tensor:
-    """Norm over d_k on each head, one gain of size d_k shared by the heads (Qwen3, Gemma 3).
-
-    Shape:
-        x: (B, T, heads*d_k) -> (B, T, heads*d_k).
-    """
-    return apply(norm, x.unflatten(-1, (-1, d_k))).flatten(-2)  # type: ignore[arg-type]
-
-
-def _whole(apply: NormFn, norm: nn.Module | None, x: Tensor, d_k: int) -> Tensor:
-    """Norm over the whole projection, every head's d_k together (OLMo 2)."""
-    return apply(norm, x)  # type: ignore[arg-type]
-
-
-def _same_gain(parameter: Tensor, rows: Tensor) -> Tensor:
-    return parameter.detach().clone()
-
-
-def _gain_rows(parameter: Tensor, rows: Tensor) -> Tensor:
-    return parameter.detach()[rows]
-
-
-@dataclass(frozen=True)
-class QKNorm:
-    """One way of normalising queries and keys after their projection, before rotary positions.
-
-    Attributes:
-        widths: (heads, kv_heads, d_k) -> the widths of the query and key norms; None for no norm.
-        apply: ``(norm_fn, norm_module, x, d_k) -> x`` on a projection (B, T, heads*d_k).
-        subset: ``(parameter, rows) -> parameter`` of a norm restricted to the kept heads' rows.
-    """
-
-    widths: Callable[[int, int, int], tuple[int, int]] | None
-    apply: Callable[[NormFn, nn.Module | None, Tensor, int], Tensor]
-    subset: Callable[[Tensor, Tensor], Tensor] = _same_gain
-
-
-QK_NORMS: dict[str, QKNorm] = {
-    "none": QKNorm(None, _unnormalized),
-    "head": QKNorm(lambda heads, kv_heads, d_k: (d_k, d_k), _per_head),
-    "full": QKNorm(lambda heads, kv_heads, d_k: (heads * d_k, kv_heads * d_k), _whole, _gain_rows),
-}
-"""Registry of q/k norms (``model.qk_norm``): ``none``; ``head``, Norm over d_k on each head of q and
-of k (Qwen3, Gemma 3); ``full``, Norm over the whole H*d_k query projection and the whole
-H_kv*d_k key projection (OLMo 2). The norm's kind is the model's ``norm``."""
-
-
 GROUPABLE_SCORES = ("scaled_dot", "dot")
 """Scores the same for every head (no per-head weights, ``score_fn`` None): grouped-query attention
 with them folds a group's query heads into query rows (:meth:`MultiHeadAttention._attend_grouped`)."""
@@ -239,33 +96,6 @@ def set_attention_backend(model: nn.Module, backend: str) -> None:
     for module in model.modules():
         if isinstance(module, MultiHeadAttention):
             module.backend = backend
-
-
-def check_heads_cap(name: str, value: int | None) -> None:
-    """Refuse more than :data:`attnlab.limits.MAX_HEADS` heads before anything is built per head.
-
-    Raises:
-        ConfigError: ``value`` is above the cap; names ``name``.
-    """
-    if value is not None and value > MAX_HEADS:
-        raise ConfigError(
-            f"{name}: {describe_int(value)} heads, more than the cap of {MAX_HEADS:,} (attnlab.limits.MAX_HEADS)"
-        )
-
-
-def uniform_kv_index(heads: int, kv_heads: int) -> list[int]:
-    """The query -> key/value head map of grouped-query attention: h -> h // (heads / kv_heads)."""
-    return [h // (heads // kv_heads) for h in range(heads)] if kv_heads else []
-
-
-def _check_kv_index(kv_index: list[int], heads: int) -> int:
-    """The number of key/value heads of an explicit map; every one must serve some query head."""
-    if len(kv_index) != heads or any(not isinstance(j, int) or j < 0 for j in kv_index):
-        raise ValueError(f"kv_index: expected {heads} key/value head indices >= 0, got {kv_index}")
-    kv_heads = max(kv_index, default=-1) + 1
-    if set(kv_index) != set(range(kv_heads)):
-        raise ValueError(f"kv_index: every key/value head 0..{kv_heads - 1} must serve a query head, got {kv_index}")
-    return kv_heads
 
 
 class MultiHeadAttention(nn.Module):
@@ -293,7 +123,7 @@ class MultiHeadAttention(nn.Module):
             key/value head h // (H / kv_heads); default H. The KV cache holds kv_heads heads.
         kv_index: an explicit query -> key/value head map instead (H entries; key/value heads
             0..max, each serving at least one query head), e.g. what is left of grouped-query
-            attention after physical head pruning (:meth:`head_subset_state`). A map that is the
+            attention after physical head pruning (:func:`attnlab.nn.head_subsets.head_subset_state`). A map that is the
             uniform h // (H / kv_heads) one takes the same path as ``kv_heads``.
         rope_base: rotate queries and keys by their positions in self-attention (rotary position
             embeddings, :mod:`attnlab.nn.rotary`) with this base; None for no rotation.
@@ -378,7 +208,7 @@ class MultiHeadAttention(nn.Module):
         self.d_k = d_k if d_k is not None else d_model // heads
         self.d_v = d_v if d_v is not None else self.d_k
         if kv_index is not None:
-            mapped = _check_kv_index(list(kv_index), heads)
+            mapped = check_kv_index(list(kv_index), heads)
             if kv_heads is not None and kv_heads != mapped:
                 raise ValueError(f"kv_heads={kv_heads} disagrees with kv_index, which uses {mapped} key/value heads")
             kv_heads = mapped
@@ -753,58 +583,6 @@ class MultiHeadAttention(nn.Module):
         heads = self.kv_heads if heads is None else heads
         batch, length, width = x.shape
         return x.view(batch, length, heads, width // heads).transpose(1, 2)  # (B, heads, T, d)
-
-    # ---- views for analysis -------------------------------------------------------------
-
-    def head_subset_state(self, keep: list[int]) -> dict[str, Tensor]:
-        """The state dict of this module restricted to heads ``keep`` (in that order): the rows of
-        W^Q, W^K, W^V and the columns of W^O that belong to them, their score parameters, and the
-        q/k norms' gains (for ``qk_norm = "full"``, the kept heads' entries of them).
-
-        Load it into a ``MultiHeadAttention`` built with ``heads=len(keep)``, the same d_k, d_v and
-        ``kv_index=self.kept_kv_index(keep)``: its output equals this module's with every other
-        head masked (Michel §2.3). With grouped-query attention a key/value head's rows of W^K and
-        W^V stay while any query head of its group is kept, and go with the last one.
-        """
-        if sorted(set(keep)) != sorted(keep) or any(not 0 <= h < self.heads for h in keep):
-            raise ValueError(f"keep: head indices must be distinct and in [0, {self.heads}), got {keep}")
-        kv_keep = self._kept_kv_heads(keep)
-        d_k, d_v, qk, kv_k = self.d_k, self.d_v, self.heads * self.d_k, self.kv_heads * self.d_k
-        q_rows = [h * d_k + i for h in keep for i in range(d_k)]
-        k_rows = [qk + j * d_k + i for j in kv_keep for i in range(d_k)]
-        v_rows = [qk + kv_k + j * d_v + i for j in kv_keep for i in range(d_v)]
-        rows = torch.tensor(q_rows + k_rows + v_rows, dtype=torch.long)
-        columns = torch.tensor([h * d_v + i for h in keep for i in range(d_v)], dtype=torch.long)
-        index = torch.tensor(keep, dtype=torch.long)
-        state = {
-            "in_proj_weight": self.in_proj_weight.detach()[rows],
-            "out_proj.weight": self.out_proj.weight.detach()[:, columns],
-        }
-        if self.in_proj_bias is not None:
-            state["in_proj_bias"] = self.in_proj_bias.detach()[rows]
-        if self.out_proj.bias is not None:
-            state["out_proj.bias"] = self.out_proj.bias.detach().clone()
-        q_norm_rows = torch.tensor(q_rows, dtype=torch.long)
-        k_norm_rows = torch.tensor([j * d_k + i for j in kv_keep for i in range(d_k)], dtype=torch.long)
-        for name, norm, norm_rows in (("q_norm", self.q_norm, q_norm_rows), ("k_norm", self.k_norm, k_norm_rows)):
-            for key, parameter in [] if norm is None else norm.named_parameters():  # a whole norm: its heads' rows
-                state[f"{name}.{key}"] = self.qk_norm.subset(parameter, norm_rows)
-        for name, parameter in self.score.named_parameters():  # score parameters: head axis first
-            state[f"score.{name}"] = parameter.detach()[index]
-        if self.position_bias is not None:  # ALiBi's slopes per head; Shaw's tables shared by all
-            for name, tensor in self.position_bias.head_subset_state(index).items():
-                state[f"position_bias.{name}"] = tensor
-        return state
-
-    def _kept_kv_heads(self, keep: list[int]) -> list[int]:
-        """The key/value heads that some query head of ``keep`` reads, in their order."""
-        return sorted({self.kv_index[h] for h in keep})
-
-    def kept_kv_index(self, keep: list[int]) -> list[int]:
-        """The query -> key/value head map of the module :meth:`head_subset_state` describes: kept
-        query head i reads the kept key/value head that ``keep[i]`` read, renumbered."""
-        kv_keep = self._kept_kv_heads(keep)
-        return [kv_keep.index(self.kv_index[h]) for h in keep]
 
     def head_contributions(self, head_outputs: Tensor) -> Tensor:
         """Att_h = head_h W_o^h for every head (Michel §2.2 Eq. 1); their sum + bias is the output.

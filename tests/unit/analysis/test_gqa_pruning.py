@@ -12,6 +12,7 @@ from attnlab.errors import UsageError
 from attnlab.head_ids import HeadId, mask_without
 from attnlab.nn import build_model, masking_heads
 from attnlab.nn.config import DecoderOnlyConfig
+from attnlab.nn.head_subsets import head_subset_state
 from attnlab.nn.multi_head import MultiHeadAttention, _share_key_values
 
 
@@ -154,7 +155,7 @@ def test_a_whole_projection_q_k_norm_keeps_the_gains_of_the_kept_heads() -> None
     since the norm's statistic over all heads would change."""
     model = _with_q_k_norms("full")
     module = model.attention_sites()[0].module
-    state = module.head_subset_state([3, 5])
+    state = head_subset_state(module, [3, 5])
     assert torch.equal(state["q_norm.weight"], module.q_norm.weight.view(6, 4)[[3, 5]].flatten())
     assert torch.equal(state["k_norm.weight"], module.k_norm.weight.view(2, 4)[[1]].flatten())
     with pytest.raises(UsageError, match="qk_norm 'full'"):

@@ -15,6 +15,7 @@ from attnlab.cli import main
 from attnlab.errors import UsageError
 from attnlab.experiment import ExperimentConfig
 from attnlab.head_ids import HeadId, mask_without
+from attnlab.nn.head_subsets import head_subset_state
 from attnlab.run.loaded import open_run
 from attnlab.training.trainer import TrainingDiverged, train
 
@@ -104,7 +105,7 @@ def test_the_cli_names_its_splits_and_measures_on_them(run, tmp_path, capsys):
 def _head_weights(model, head: HeadId) -> dict[str, torch.Tensor]:  # noqa: ANN001
     """The weights that belong to ``head`` alone: its rows of W_Q, W_K, W_V (and biases), its columns of W^O."""
     site = next(s for s in model.attention_sites() if (s.kind, s.layer) == (head.kind, head.layer))
-    state = site.module.head_subset_state([head.head])
+    state = head_subset_state(site.module, [head.head])
     state.pop("out_proj.bias", None)  # shared by every head of the layer
     return {name: tensor.clone() for name, tensor in state.items()}
 

@@ -21,6 +21,7 @@ from attnlab.nn import (
     attention_backends,
     masking_heads,
 )
+from attnlab.nn.head_subsets import head_subset_state
 from attnlab.nn.position_bias import alibi_slopes
 from tests.unit.nn.attending import attend, masked
 
@@ -216,7 +217,7 @@ def test_pruning_keeps_each_heads_own_bias(positional: str) -> None:
     mha = MultiHeadAttention(16, 4, position_bias=positional, relative_clip=3).double()
     keep = [0, 2]
     pruned = MultiHeadAttention(16, 2, d_k=4, position_bias=positional, relative_clip=3).double()
-    pruned.load_state_dict(mha.head_subset_state(keep))
+    pruned.load_state_dict(head_subset_state(mha, keep))
     x = torch.randn(2, 6, 16, dtype=torch.float64)
     mask = torch.tensor([1.0, 0.0, 1.0, 0.0], dtype=torch.float64)
     expected = masked(mha, x, causal=True, head_mask=mask)
