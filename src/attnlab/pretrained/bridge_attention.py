@@ -89,7 +89,7 @@ def attention(
         or "pattern" in hooks
         or kwargs.get("softcap")
         or kwargs.get("s_aux") is not None
-        or (site is not None and site.explicit)
+        or getattr(site, "explicit", False)
     )
     if explicit:
         z, pattern = explicit_attention(module, query, key, value, attention_mask, dropout, scaling, hooks, **kwargs)
