@@ -584,7 +584,7 @@ def model_config_for_task(experiment: ExperimentConfig, task: Task) -> Transform
             (:data:`attnlab.tasks.registry.MODEL_FOR_TASK_KIND`).
     """
     wanted = MODEL_FOR_TASK_KIND[task.kind]
-    if experiment.model_kind != wanted:
+    if experiment.model_config_class is not MODELS[wanted][0]:  # the config class the task trains
         formulation = getattr(task, "formulation", "classify")
         why = "" if formulation == "classify" else f" (task.formulation = {formulation!r})"
         raise ConfigError(
