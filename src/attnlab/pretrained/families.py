@@ -1,95 +1,33 @@
-"""Hugging Face model families mapped onto attnlab's own decoder: their configs and their weights.
+"""Hugging Face's causal language models mapped onto attnlab's own decoder: their configs and their weights.
 
 Each family of causal language models on the Hub is a choice among the variants attnlab's core
 implements (:mod:`attnlab.nn.config`): where the norms sit, which norm, which activation, which
-positions, which biases. A :class:`Family` in the registry :data:`FAMILIES` (keyed by config.json's
-``model_type``) says two things, and nothing else:
-
-* :attr:`Family.model_section`: config.json -> the ``[model]`` section of an attnlab
-  ``decoder_only`` config (every key that changes the function read, or refused with one error
-  naming it);
-* :attr:`Family.layout`: config.json -> for each of attnlab's tensors, the Hugging Face tensors
-  stacked along dim 0 to make it, each with the transform it needs (GPT-2 stores its maps as
-  ``Conv1D``, W^T; GPT-NeoX interleaves Q, K and V per head).
-
-The weights then fill the model one source tensor at a time (:func:`fill_state`), in the stored
-dtype, checked for shape, with every tensor of the checkpoint used exactly once or named.
+positions, which biases. A :class:`~attnlab.pretrained.layout.Family` in the registry
+:data:`FAMILIES` (keyed by config.json's ``model_type``) says two things, and nothing else: its
+config.json as the ``[model]`` section of an attnlab ``decoder_only`` config, and its tensors'
+:data:`~attnlab.pretrained.layout.Layout` (:mod:`attnlab.pretrained.layout`, which also fills the
+model from them). A GGUF file of a Llama model is opened through the ``llama`` family, its names
+renamed to Hugging Face's first (:mod:`attnlab.pretrained.gguf`); the encoders (BERT, RoBERTa) are
+in :mod:`attnlab.pretrained.encoder_families`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor
 
-from attnlab.errors import CheckpointError, ConfigError
+from attnlab.errors import ConfigError
 from attnlab.nn.rotary import ROPE_SCALINGS
-from attnlab.pretrained.checkpoint import StoredTensor
-from attnlab.pretrained.config_checks import check_stored_float, rope_settings
-from attnlab.pretrained.integrity import check_weights
+from attnlab.pretrained.config_checks import rope_settings
+from attnlab.pretrained.layout import Family, Layout, Piece
 
-__all__ = ["Family", "FAMILIES", "Piece", "check_mapped", "family_of", "fill_state", "unmapped", "STACK"]
+__all__ = ["FAMILIES", "family_of", "STACK"]
 
 STACK = "decoder"
 """The attribute of :class:`attnlab.nn.DecoderOnly` that holds its embedding and layers."""
-
-Transform = Callable[[Tensor, Mapping[str, Any]], Tensor]
-
-
-def _same(tensor: Tensor, hf: Mapping[str, Any]) -> Tensor:
-    return tensor
-
-
-def _transposed(tensor: Tensor, hf: Mapping[str, Any]) -> Tensor:
-    """GPT-2's ``Conv1D`` stores W^T, (d_in, d_out); attnlab's maps hold W, (d_out, d_in)."""
-    return tensor.t()
-
-
-def _neox_qkv(tensor: Tensor, hf: Mapping[str, Any]) -> Tensor:
-    """GPT-NeoX's fused ``query_key_value`` holds, per head h, [q_h; k_h; v_h] (3 d_head rows
-    each head); attnlab's ``in_proj`` holds [W_Q; W_K; W_V], heads in order within each."""
-    heads = int(hf["num_attention_heads"])
-    per_head = tensor.reshape(heads, 3, -1, *tensor.shape[1:])  # (H, 3, d_head, ...)
-    return per_head.transpose(0, 1).reshape(tensor.shape)  # (3, H, d_head, ...) -> [Q; K; V]
-
-
-@dataclass(frozen=True)
-class Piece:
-    """One Hugging Face tensor, transformed, as rows of one of attnlab's tensors."""
-
-    name: str
-    transform: Transform = _same
-
-
-Layout = dict[str, tuple[Piece, ...]]
-"""attnlab tensor name -> the pieces stacked (along dim 0, in order) to make it."""
-
-
-@dataclass(frozen=True)
-class Family:
-    """One ``model_type`` of Hugging Face's, as attnlab's decoder.
-
-    Attributes:
-        name: the ``model_type``.
-        model_section: config.json -> attnlab's ``[model]`` section.
-        layout: (config.json, tied embeddings?) -> :data:`Layout`.
-        ignored: suffixes of checkpoint tensors that are no weights (saved buffers such as a
-            causal mask or rotary frequencies, which attnlab computes).
-        zeros: attnlab tensors the family does not have, set to zero (GPT-2's output layer has
-            no bias where attnlab's biased models have one: a zero bias is the same function);
-            shell-style patterns (``*`` for every layer).
-    """
-
-    name: str
-    model_section: Callable[[Mapping[str, Any], Path], dict[str, Any]]
-    layout: Callable[[Mapping[str, Any], bool], Layout]
-    ignored: tuple[str, ...] = ()
-    zeros: tuple[str, ...] = ()
 
 
 # ---- reading config.json ---------------------------------------------------------------------------
@@ -425,8 +363,17 @@ def _neox_section(hf: Mapping[str, Any], where: Path) -> dict[str, Any]:
 # ---- the weights' layouts ------------------------------------------------------------------------------
 
 
-def _stack(ours: str, *pieces: Piece) -> Layout:
-    return {ours: pieces}
+def _transposed(tensor: Tensor, hf: Mapping[str, Any]) -> Tensor:
+    """GPT-2's ``Conv1D`` stores W^T, (d_in, d_out); attnlab's maps hold W, (d_out, d_in)."""
+    return tensor.t()
+
+
+def _neox_qkv(tensor: Tensor, hf: Mapping[str, Any]) -> Tensor:
+    """GPT-NeoX's fused ``query_key_value`` holds, per head h, [q_h; k_h; v_h] (3 d_head rows
+    each head); attnlab's ``in_proj`` holds [W_Q; W_K; W_V], heads in order within each."""
+    heads = int(hf["num_attention_heads"])
+    per_head = tensor.reshape(heads, 3, -1, *tensor.shape[1:])  # (H, 3, d_head, ...)
+    return per_head.transpose(0, 1).reshape(tensor.shape)  # (3, H, d_head, ...) -> [Q; K; V]
 
 
 def _llama_like(
@@ -591,7 +538,7 @@ FAMILIES: dict[str, Family] = {
             "llama",
             _llama_section,
             lambda hf, tied: _llama_like(hf, tied, norms=_LLAMA_NORMS),
-            (".rotary_emb.inv_freq",),
+            ("*.rotary_emb.inv_freq",),
         ),
         Family("mistral", _mistral_section, lambda hf, tied: _llama_like(hf, tied, norms=_LLAMA_NORMS)),
         Family("qwen2", _qwen2_section, lambda hf, tied: _llama_like(hf, tied, norms=_LLAMA_NORMS, qkv_bias=True)),
@@ -604,12 +551,12 @@ FAMILIES: dict[str, Family] = {
             _gemma3_section,
             lambda hf, tied: _llama_like(hf, tied, norms={**_SANDWICH_NORMS, **_QK_NORMS}),
         ),
-        Family("gpt2", _gpt2_section, _gpt2_layout, (".attn.bias", ".attn.masked_bias"), ("lm_head.bias",)),
+        Family("gpt2", _gpt2_section, _gpt2_layout, ("*.attn.bias", "*.attn.masked_bias"), ("lm_head.bias",)),
         Family(
             "gpt_neo",
             _gpt_neo_section,
             _gpt_neo_layout,
-            (".attn.attention.bias", ".attn.attention.masked_bias"),
+            ("*.attn.attention.bias", "*.attn.attention.masked_bias"),
             ("lm_head.bias", f"{STACK}.layers.*.self_attn.in_proj_bias"),
         ),
         Family("bloom", _bloom_section, _bloom_layout, (), ("lm_head.bias",)),
@@ -617,12 +564,13 @@ FAMILIES: dict[str, Family] = {
             "gpt_neox",
             _neox_section,
             _neox_layout,
-            (".attention.bias", ".attention.masked_bias", ".attention.rotary_emb.inv_freq"),
+            ("*.attention.bias", "*.attention.masked_bias", "*.attention.rotary_emb.inv_freq"),
             ("lm_head.bias",),
         ),
     )
 }
-"""Registry of the Hugging Face ``model_type`` values attnlab opens, each a :class:`Family`."""
+"""Registry of the Hugging Face ``model_type`` values attnlab opens as its own decoder, each a
+:class:`~attnlab.pretrained.layout.Family`."""
 
 
 def family_of(hf: Mapping[str, Any], where: Path) -> Family:
@@ -634,162 +582,3 @@ def family_of(hf: Mapping[str, Any], where: Path) -> Family:
             f"supported: {', '.join(sorted(FAMILIES))}"
         )
     return FAMILIES[model_type]
-
-
-# ---- filling the model -----------------------------------------------------------------------------------
-
-
-def unmapped(name: str, hf: Mapping[str, Any], where: Path) -> CheckpointError:
-    """The error of a checkpoint tensor the family's layout has no place for."""
-    return CheckpointError(f"{where}: tensor {name!r} is not part of a {hf.get('model_type')} model as attnlab maps it")
-
-
-def check_mapped(
-    names: Iterable[str], layout: Layout, hf: Mapping[str, Any], *, ignored: tuple[str, ...], where: Path
-) -> None:
-    """Every tensor ``names`` has a place in ``layout`` or is ``ignored``: what :func:`fill_state`
-    checks as the tensors arrive, for callers that give it a part of the layout at a time.
-
-    Raises:
-        CheckpointError: the first tensor that has none (:func:`unmapped`).
-    """
-    owned = {piece.name for pieces in layout.values() for piece in pieces}
-    for name in names:
-        if name not in owned and not name.endswith(ignored):
-            raise unmapped(name, hf, where)
-
-
-def fill_state(
-    sources: Iterable[tuple[str, StoredTensor]],
-    expected: Mapping[str, Tensor],
-    layout: Layout,
-    hf: Mapping[str, Any],
-    *,
-    dtype: torch.dtype | None,
-    ignored: tuple[str, ...],
-    where: Path,
-    check_values: bool = True,
-) -> dict[str, Tensor]:
-    """attnlab's tensors from the checkpoint's, arriving one at a time.
-
-    A target is assembled once all its pieces have arrived, in ``dtype`` (default: the stored one).
-    Where it needs no change (its pieces used as stored, in the stored dtype, and stacked pieces
-    adjacent in the file, as Hugging Face writes a gate projection and its up projection), it is
-    a view of the file's mapping, as ``from_pretrained`` keeps its tensors: opening costs no copy.
-    Otherwise its pieces are read, transformed and stacked (one copy). With ``check_values``, every
-    weight's values are checked first (one pass over them; callers skip it for files checked
-    before, :func:`attnlab.pretrained.provenance.values_checked`).
-
-    Raises:
-        CheckpointError: a tensor missing, not part of the family's layout, repeated, of a shape
-            that does not fit config.json, or with values no model has
-            (:func:`attnlab.pretrained.integrity.check_weights`), named as the checkpoint names it.
-    """
-    inference = torch.is_inference_mode_enabled()  # thread-local: the readers take the caller's
-    owner = {piece.name: (ours, index) for ours, pieces in layout.items() for index, piece in enumerate(pieces)}
-    pending: dict[str, dict[int, StoredTensor]] = {}
-    state: dict[str, Future[Tensor]] = {}
-    seen: set[str] = set()
-    # The reads that copy run on the intra-op threads' cores: a fresh buffer's page faults, not the
-    # disk cache's bandwidth, bound one reader (GPT-2's transposed maps: 0.09 s alone on a Zen 4).
-    with ThreadPoolExecutor(max_workers=max(1, torch.get_num_threads())) as readers:
-        for name, stored in sources:
-            if name in seen:
-                raise CheckpointError(f"{where}: tensor {name!r} appears twice")
-            seen.add(name)
-            if name not in owner:
-                if name.endswith(ignored):
-                    continue
-                raise unmapped(name, hf, where)
-            check_stored_float(stored)  # an int8 q_proj is named, not read as floats
-            if check_values:  # finite, within range (attnlab.pretrained.integrity)
-                values = stored.view()
-                check_weights(name, stored.read() if values is None else values, path=where)
-            ours, index = owner[name]
-            pieces = pending.setdefault(ours, {})
-            pieces[index] = stored
-            if len(pieces) == len(layout[ours]):
-                parts = [pieces[i] for i in range(len(pieces))]
-                as_stored = _used_as_stored(parts, layout[ours], dtype)
-                if as_stored:
-                    _check_fits(ours, [t.shape for t in parts], expected[ours], layout[ours], where)
-                view = _stacked_view(parts, expected[ours]) if as_stored else None
-                state[ours] = (
-                    _done(view)
-                    if view is not None
-                    else readers.submit(
-                        _read_in_mode, inference, as_stored, ours, parts, expected[ours], layout[ours], hf, dtype, where
-                    )
-                )
-                del pending[ours]
-        missing = [piece.name for ours, pieces in layout.items() for piece in pieces if piece.name not in seen]
-        if missing:
-            raise CheckpointError(f"{where}: tensor {missing[0]!r} is missing")
-        return {ours: future.result() for ours, future in state.items()}
-
-
-def _used_as_stored(stored: list[StoredTensor], layout: tuple[Piece, ...], dtype: torch.dtype | None) -> bool:
-    """Whether a target's pieces go in untransformed and in their stored dtype."""
-    return all(piece.transform is _same for piece in layout) and all(t.dtype == (dtype or t.dtype) for t in stored)
-
-
-def _stacked_view(stored: list[StoredTensor], expected: Tensor) -> Tensor | None:
-    """Pieces used as stored, as one view of the file's mapping where each follows the one before
-    in the file (and is aligned for its dtype), else None."""
-    if not all(later.follows(earlier) for earlier, later in zip(stored, stored[1:], strict=False)):
-        return None
-    return stored[0].view(tuple(expected.shape), through=stored[-1])
-
-
-def _done(tensor: Tensor) -> Future[Tensor]:
-    future: Future[Tensor] = Future()
-    future.set_result(tensor)
-    return future
-
-
-def _read_in_mode(inference: bool, *args: Any) -> Tensor:
-    with torch.inference_mode(inference):
-        return _read(*args)
-
-
-def _read(
-    as_stored: bool,
-    ours: str,
-    stored: list[StoredTensor],
-    expected: Tensor,
-    layout: tuple[Piece, ...],
-    hf: Mapping[str, Any],
-    dtype: torch.dtype | None,
-    where: Path,
-) -> Tensor:
-    """The target read from the file (one copy): pieces used as stored (already checked against
-    ``expected``) go straight into their rows; others are read, transformed, cast and stacked."""
-    if as_stored:
-        return _read_stacked(stored, expected)
-    out_dtype = dtype or stored[0].dtype
-    pieces = [piece.transform(t.read(), hf) for piece, t in zip(layout, stored, strict=True)]
-    _check_fits(ours, [tuple(p.shape) for p in pieces], expected, layout, where)
-    if len(pieces) == 1:
-        return pieces[0].to(out_dtype, memory_format=torch.contiguous_format)
-    return torch.cat([p.to(out_dtype) for p in pieces], dim=0)
-
-
-def _check_fits(
-    ours: str, shapes: list[tuple[int, ...]], expected: Tensor, layout: tuple[Piece, ...], where: Path
-) -> None:
-    shape = tuple(expected.shape)
-    rows = sum(piece[0] if piece else 1 for piece in shapes)
-    if any(tuple(p[1:]) != shape[1:] for p in shapes) or rows != (shape[0] if shape else 1):
-        names = ", ".join(f"{piece.name} {tuple(p)}" for piece, p in zip(layout, shapes, strict=True))
-        raise CheckpointError(f"{where}: {names} do not fit {ours} of shape {shape} from config.json")
-
-
-def _read_stacked(stored: list[StoredTensor], expected: Tensor) -> Tensor:
-    """Pieces used as stored but apart in the file (Q, K and V), read straight into their rows."""
-    out = torch.empty(expected.shape, dtype=stored[0].dtype)
-    row = 0
-    for t in stored:
-        rows = t.shape[0] if t.shape else 1
-        t.read(out[row : row + rows] if out.dim() else out)
-        row += rows
-    return out

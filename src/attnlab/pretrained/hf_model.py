@@ -30,8 +30,9 @@ from attnlab.pretrained.bridge import BridgedLM, empty_transformers_model, load_
 from attnlab.pretrained.bridge_seq2seq import BridgedSeq2Seq
 from attnlab.pretrained.checkpoint import Checkpoint, read_tensors
 from attnlab.pretrained.config_checks import check_imported_config, check_tokenizer_fits
-from attnlab.pretrained.families import FAMILIES, check_mapped, family_of, fill_state
+from attnlab.pretrained.families import FAMILIES, family_of
 from attnlab.pretrained.integrity import check_chat_template, check_model_section
+from attnlab.pretrained.layout import check_mapped, fill_state, take_weights
 from attnlab.pretrained.placement import Placement, PlacementRequest, dispatch, offload, plan
 from attnlab.pretrained.provenance import check_sources, remember_values_checked, values_checked
 from attnlab.tasks.base import Task
@@ -134,7 +135,7 @@ def open_checkpoint(
     if check_values:
         for shard in checkpoint.shards:
             remember_values_checked(shard)
-    _take_weights(model, state)
+    take_weights(model, state)
     if planned is not None:
         dispatch(model, planned)
     opened = OpenedCheckpoint(checkpoint, experiment, task, tokenizer, model.eval())
@@ -251,16 +252,6 @@ def check_bridged_type(config: dict[str, Any], where: Any) -> bool:
         f"{where}: model_type {model_type!r} is no causal language model or encoder-decoder transformers knows "
         f"(attnlab's own families: {', '.join(sorted(FAMILIES))})"
     )
-
-
-def _take_weights(model: TransformerModel, state: dict[str, torch.Tensor]) -> None:
-    """Every parameter takes its filled tensor (its storage, its dtype); tied parameters stay one.
-    The model's own allocations were never written, so they were never resident."""
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():  # tied parameters appear once
-            if name not in state:
-                raise CheckpointError(f"no tensor for {name!r}: the family's layout misses it")
-            parameter.data = state[name]
 
 
 # ---- the tokenizer and the special ids --------------------------------------------------------------

@@ -10,7 +10,8 @@ from safetensors.torch import load_file, save_file
 
 from attnlab.errors import CheckpointError, ConfigError, UsageError
 from attnlab.nn import EncoderOnly, EncoderOnlyConfig, mean_pool
-from attnlab.pretrained.bert import find_source, import_bert, model_section
+from attnlab.pretrained.bert import find_source, import_bert
+from attnlab.pretrained.encoder_families import model_section
 from attnlab.run.loaded import open_run
 from attnlab.run.verification import verify_run
 from tests.unit.pretrained.tiny_bert import transformers, write_tiny_bert

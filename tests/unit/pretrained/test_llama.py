@@ -1,15 +1,19 @@
 """A Llama-family decoder in attnlab equals Hugging Face's LlamaForCausalLM on the same weights:
 rotary positions, grouped-query attention, RMSNorm, SwiGLU, no biases; left padding, KV cache and
-the head mask xi_h on top."""
+the head mask xi_h on top. The model is built and filled by the ``llama`` family
+(:data:`attnlab.pretrained.families.FAMILIES`) from tensors in memory, as a GGUF file's are."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
 
 from attnlab.errors import CheckpointError
 from attnlab.nn import DecoderOnlyConfig, build_model, masking_heads
-from attnlab.pretrained.llama import convert_llama_state, llama_model_section
+from attnlab.pretrained.families import FAMILIES
+from attnlab.pretrained.layout import fill_state, held, layout_sources, take_weights
 
 transformers = pytest.importorskip("transformers")
 
@@ -20,52 +24,53 @@ VOCAB = 61
 ATOL = 1e-6
 
 
+def _hf_config(kv_heads: int, tied: bool, rope_base: float) -> dict:
+    """config.json of the Hugging Face Llama both models are built from."""
+    return {
+        "model_type": "llama",
+        "vocab_size": VOCAB,
+        "hidden_size": SHAPE["d_model"],
+        "intermediate_size": SHAPE["d_ff"],
+        "num_hidden_layers": SHAPE["layers"],
+        "num_attention_heads": SHAPE["heads"],
+        "num_key_value_heads": kv_heads,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": rope_base,
+        "tie_word_embeddings": tied,
+        "max_position_embeddings": 128,
+        "pad_token_id": 0,
+    }
+
+
+def _fill(tensors: dict, expected: dict, hf: dict) -> dict:
+    """attnlab's tensors from Hugging Face Llama tensors in memory, through the llama family's layout."""
+    family, where = FAMILIES["llama"], Path("file.gguf")
+    layout = family.layout(hf, hf["tie_word_embeddings"])
+    sources = held(tensors.items(), where)
+    ignored = family.ignored
+    return fill_state(sources, expected, layout, hf, dtype=None, ignored=ignored, where=where, check_values=False)
+
+
 def _pair(kv_heads: int, tied: bool, rope_base: float = 10000.0):
     """A random Hugging Face Llama and the attnlab model holding its weights, both float64."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(kv_heads + 10 * tied)
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=SHAPE["d_model"],
-        intermediate_size=SHAPE["d_ff"],
-        num_hidden_layers=SHAPE["layers"],
-        num_attention_heads=SHAPE["heads"],
-        num_key_value_heads=kv_heads,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=tied,
-        max_position_embeddings=128,
-        pad_token_id=0,
-    )
+    hf = _hf_config(kv_heads, tied, rope_base)
+    config = LlamaConfig(**{key: value for key, value in hf.items() if key not in ("model_type", "rope_theta")})
     config.rope_parameters = {"rope_type": "default", "rope_theta": rope_base}
     reference = LlamaForCausalLM(config).double().eval()
     with torch.no_grad():  # random norms gains, so that a wrong norm cannot pass
         for name, parameter in reference.named_parameters():
             if "norm" in name:
                 parameter.uniform_(0.5, 1.5)
-    section = llama_model_section(
-        kv_heads=kv_heads,
-        rms_eps=1e-5,
-        rope_base=rope_base,
-        context_length=128,
-        tied_embeddings=tied,
-        **SHAPE,
-    )
+    section = FAMILIES["llama"].model_section(hf, Path("config.json"))
     section.pop("kind")
     ours = build_model(DecoderOnlyConfig(vocab_size=VOCAB, pad_id=0, **section)).double().eval()
-    tensors = dict(reference.state_dict())
+    tensors = {name: tensor.clone() for name, tensor in reference.state_dict().items()}
     if tied:
         tensors.pop("lm_head.weight")
-    state = convert_llama_state(
-        tensors,
-        ours.state_dict(),
-        layers=SHAPE["layers"],
-        heads=SHAPE["heads"],
-        kv_heads=kv_heads,
-        tied=tied,
-        where="test",
-    )
-    ours.load_state_dict(state, strict=True)
+    take_weights(ours, _fill(tensors, ours.state_dict(), hf))
     return reference, ours
 
 
@@ -129,21 +134,28 @@ def test_head_mask_on_a_query_head_equals_zeroing_its_columns_of_w_o() -> None:
 
 def test_a_missing_or_extra_tensor_is_named() -> None:
     reference, ours = _pair(2, True)
+    hf = _hf_config(2, True, 10000.0)
     tensors = dict(reference.state_dict())
     tensors.pop("lm_head.weight")
     broken = {k: v for k, v in tensors.items() if k != "model.layers.1.mlp.up_proj.weight"}
-    with pytest.raises(CheckpointError, match="model.layers.1.mlp.up_proj.weight"):
-        convert_llama_state(broken, ours.state_dict(), layers=2, heads=4, kv_heads=2, tied=True, where="file.gguf")
-    with pytest.raises(CheckpointError, match="model.layers.7.extra"):
-        convert_llama_state(
-            tensors | {"model.layers.7.extra": torch.zeros(1)},
-            ours.state_dict(),
-            layers=2,
-            heads=4,
-            kv_heads=2,
-            tied=True,
-            where="file.gguf",
-        )
+    with pytest.raises(CheckpointError, match="file.gguf: tensor 'model.layers.1.mlp.up_proj.weight' is missing"):
+        _fill(broken, ours.state_dict(), hf)
+    with pytest.raises(CheckpointError, match="file.gguf: tensor 'model.layers.7.extra'"):
+        _fill(tensors | {"model.layers.7.extra": torch.zeros(1)}, ours.state_dict(), hf)
+
+
+def test_gguf_names_renamed_are_the_names_the_llama_family_takes() -> None:
+    """GGUF's one table renames every tensor of a llama GGUF to a name the llama family's layout
+    takes, and leaves none of the layout's untaken (layer 1 of 2, untied)."""
+    pytest.importorskip("gguf")
+    from attnlab.pretrained.gguf import HF_NAMES, hf_name
+
+    taken = layout_sources(FAMILIES["llama"].layout(_hf_config(2, False, 10000.0), False))
+    renamed = {hf_name(name.replace(".N.", ".1.")) for name in HF_NAMES}
+    assert renamed == {name for name in taken if ".layers.0." not in name}
+    assert hf_name("blk.1.attn_q.weight") == "model.layers.1.self_attn.q_proj.weight"
+    assert hf_name("token_embd.weight") == "model.embed_tokens.weight"
+    assert hf_name("blk.1.attn_q_norm.weight") == hf_name("rope_freqs.weight") == ""
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
