@@ -387,12 +387,12 @@ def test_weights_values_are_checked_once_per_version_of_the_file(llama, tmp_path
     """The pass over every weight runs at the first open of a file and again only once it changes."""
     import os
 
-    from attnlab.pretrained import families
+    from attnlab.pretrained import layout
 
     folder = _copy(llama[0], tmp_path / "llama")
     checked = []
-    real = families.check_weights
-    monkeypatch.setattr(families, "check_weights", lambda *a, **k: checked.append(a[0]) or real(*a, **k))
+    real = layout.check_weights
+    monkeypatch.setattr(layout, "check_weights", lambda *a, **k: checked.append(a[0]) or real(*a, **k))
     open_model(folder)
     first = len(checked)
     open_model(folder)
