@@ -8,7 +8,7 @@ from attnlab import resources
 from attnlab.errors import ConfigError, ResourceError, UsageError
 from attnlab.limits import MAX_LAYERS, MAX_SPLIT_EXAMPLES, MAX_TEXT_CHARS, MAX_VECTOR_DIM
 from attnlab.nn import build_model
-from attnlab.nn.config import (
+from attnlab.nn.model_configs import (
     DecoderOnlyConfig,
     EncoderClassifierConfig,
     EncoderDecoderConfig,

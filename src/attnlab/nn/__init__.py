@@ -6,15 +6,7 @@ dropout's masks, soft attention of short heads), which computes the same functio
 """
 
 from attnlab.nn.attention import NORMALIZERS, attention
-from attnlab.nn.config import (
-    PRESETS,
-    DecoderOnlyConfig,
-    EncoderClassifierConfig,
-    EncoderDecoderConfig,
-    EncoderOnlyConfig,
-    TransformerConfig,
-    preset,
-)
+from attnlab.nn.config import TransformerConfig
 from attnlab.nn.decoding import DecodingState, EncodedSource
 from attnlab.nn.embedding import InputEmbedding, TokenTypes
 from attnlab.nn.feed_forward import ACTIVATIONS, PositionwiseFeedForward
@@ -37,6 +29,14 @@ from attnlab.nn.masks import (
     lengths_to_padding_mask,
     padding_mask,
     sliding_window_mask,
+)
+from attnlab.nn.model_configs import (
+    PRESETS,
+    DecoderOnlyConfig,
+    EncoderClassifierConfig,
+    EncoderDecoderConfig,
+    EncoderOnlyConfig,
+    preset,
 )
 from attnlab.nn.models import (
     MODELS,

@@ -1,11 +1,10 @@
-"""Model configurations: frozen dataclasses, validated at construction, one per model.
+"""Model configurations: frozen dataclasses, validated at construction; the options every model shares.
 
 Every option that names a variant is checked against the registry that implements it, so a config
 can only name what exists. An invalid value raises ``ValueError`` naming the field and the allowed
 values; :meth:`TransformerConfig.from_dict` also rejects unknown keys, listing the allowed ones.
-
-Presets: ``tiny`` (tests), ``small``, and ``base``, the base model of Vaswani et al.
-(N = 6, d_model = 512, h = 8, d_ff = 2048).
+The four kinds of model, what differs between them, and the presets are in
+:mod:`attnlab.nn.model_configs`.
 """
 
 from __future__ import annotations
@@ -29,15 +28,12 @@ from attnlab.nn.scores import SCORES
 
 __all__ = [
     "TransformerConfig",
-    "EncoderDecoderConfig",
-    "EncoderClassifierConfig",
-    "DecoderOnlyConfig",
-    "EncoderOnlyConfig",
     "ATTENTION_NORMALIZERS",
     "RETIRED_KEYS",
     "POOLINGS",
-    "PRESETS",
-    "preset",
+    "check_positive",
+    "check_choice",
+    "check_layers_cap",
 ]
 
 ATTENTION_NORMALIZERS = {"soft": "softmax", "hard": "hardmax"}
@@ -219,10 +215,10 @@ class TransformerConfig:
     def __post_init__(self) -> None:
         check_field_types(self)
         for name in ("vocab_size", "layers", "d_model", "heads", "d_ff", "max_len"):
-            _check_positive(name, getattr(self, name))
+            check_positive(name, getattr(self, name))
         for name in ("d_k", "d_v", "positional_dim", "kv_heads"):
             if getattr(self, name) is not None:
-                _check_positive(name, getattr(self, name))
+                check_positive(name, getattr(self, name))
         for name in ("heads", "kv_heads"):  # a ConfigError before a list over the heads is built
             check_heads_cap(name, getattr(self, name))
         check_layers_cap("layers", self.layers)
@@ -241,15 +237,15 @@ class TransformerConfig:
             raise ConfigError(f"layer_norm_eps: must be > 0, got {self.layer_norm_eps}")
         if not 0 <= self.pad_id < self.vocab_size:
             raise ConfigError(f"pad_id: must lie in [0, vocab_size={self.vocab_size}), got {self.pad_id}")
-        _check_choice("attention", self.attention, ATTENTION_NORMALIZERS)
-        _check_choice("score", self.score, SCORES)
-        _check_choice("positional", self.positional, POSITIONAL)
-        _check_choice("positional_combine", self.positional_combine, COMBINES)
-        _check_choice("activation", self.activation, ACTIVATIONS)
-        _check_choice("norm", self.norm, NORMS)
-        _check_choice("qk_norm", self.qk_norm, QK_NORMS)
+        check_choice("attention", self.attention, ATTENTION_NORMALIZERS)
+        check_choice("score", self.score, SCORES)
+        check_choice("positional", self.positional, POSITIONAL)
+        check_choice("positional_combine", self.positional_combine, COMBINES)
+        check_choice("activation", self.activation, ACTIVATIONS)
+        check_choice("norm", self.norm, NORMS)
+        check_choice("qk_norm", self.qk_norm, QK_NORMS)
         if self.norm_placement is not None:
-            _check_choice("norm_placement", self.norm_placement, PLACEMENTS)
+            check_choice("norm_placement", self.norm_placement, PLACEMENTS)
         if self.parallel_residual and PLACEMENTS[self.placement].branch is None:
             raise ConfigError(
                 f"parallel_residual: needs norm layers with a residual branch (pre, sandwich, output), "
@@ -297,7 +293,7 @@ class TransformerConfig:
         if window is not None:
             if not self.language_model:
                 raise ConfigError(f"sliding_window: applies to decoder-only models, not {self.kind or 'this model'}")
-            _check_positive("sliding_window", window)
+            check_positive("sliding_window", window)
         if layers is not None:
             if window is None:
                 raise ConfigError("sliding_layers: needs sliding_window")
@@ -326,7 +322,7 @@ class TransformerConfig:
         return self.sliding_window is not None and (self.sliding_layers is None or layer in self.sliding_layers)
 
     def _check_relative_positions(self) -> None:
-        _check_positive("relative_clip", self.relative_clip)
+        check_positive("relative_clip", self.relative_clip)
         if self.positional == "relative" and self.score not in ("scaled_dot", "dot"):
             raise ConfigError(f"positional: relative (Shaw et al.) needs a dot-product score, not {self.score!r}")
         limit = self.randomized_positions
@@ -424,7 +420,7 @@ class TransformerConfig:
     @property
     def placement(self) -> str:
         """norm_placement, or ``pre`` / ``post`` from ``norm_first`` where it is None."""
-        _check_choice("qk_norm", self.qk_norm, QK_NORMS)
+        check_choice("qk_norm", self.qk_norm, QK_NORMS)
         if self.norm_placement is not None:
             return self.norm_placement
         return "pre" if self.norm_first else "post"
@@ -461,145 +457,19 @@ class TransformerConfig:
         return dataclasses.replace(self, **changes)
 
 
-@dataclass(frozen=True, kw_only=True)
-class EncoderDecoderConfig(TransformerConfig):
-    """An encoder-decoder for seq2seq (Vaswani §3.1).
-
-    Attributes:
-        tgt_vocab_size: target vocabulary size; default ``vocab_size`` (a shared vocabulary).
-        decoder_layers: decoder layers; default ``layers``.
-        tie_embeddings: share the target embedding with the output projection (Vaswani §3.4).
-    """
-
-    kind: ClassVar[str] = "encoder_decoder"
-    reads_source_and_target: ClassVar[bool] = True
-
-    tgt_vocab_size: int | None = None
-    decoder_layers: int | None = None
-    tie_embeddings: bool = False
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        for name in ("tgt_vocab_size", "decoder_layers"):
-            if getattr(self, name) is not None:
-                _check_positive(name, getattr(self, name))
-        check_layers_cap("decoder_layers", self.decoder_layers)
-        _check_tie(self)
-        if self.pad_id >= self.target_vocab_size:
-            raise ConfigError(f"pad_id: must lie in [0, tgt_vocab_size={self.target_vocab_size}), got {self.pad_id}")
-
-    @property
-    def target_vocab_size(self) -> int:
-        return self.tgt_vocab_size if self.tgt_vocab_size is not None else self.vocab_size
-
-    @property
-    def decoder_depth(self) -> int:
-        return self.decoder_layers if self.decoder_layers is not None else self.layers
-
-    @property
-    def cross_attention_layers(self) -> int:
-        return self.decoder_depth
-
-    @property
-    def logits_per_position(self) -> int:
-        return self.target_vocab_size
-
-
-@dataclass(frozen=True, kw_only=True)
-class EncoderClassifierConfig(TransformerConfig):
-    """An encoder with a classifier on one readout position (language recognition, Hahn §3).
-
-    Attributes:
-        num_classes: number of labels (2 for recognition: in / not in the language).
-        pooling: ``eos`` reads the last non-padding position, after the end-of-sequence symbol
-            (Hahn §3); ``first`` reads position 0 (a CLS token); ``mean`` averages real positions.
-    """
-
-    kind: ClassVar[str] = "encoder_classifier"
-    predicts_class: ClassVar[bool] = True
-    throughput_key: ClassVar[str] = "examples_per_s"
-    has_perplexity: ClassVar[bool] = False
-
-    num_classes: int = 2
-    pooling: str = "eos"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.num_classes < 2:
-            raise ConfigError(f"num_classes: must be >= 2, got {self.num_classes}")
-        _check_choice("pooling", self.pooling, POOLINGS)
-
-
-@dataclass(frozen=True, kw_only=True)
-class DecoderOnlyConfig(TransformerConfig):
-    """A causal language model: encoder layers with masked self-attention.
-
-    Attributes:
-        tie_embeddings: share the token embedding with the output projection.
-    """
-
-    kind: ClassVar[str] = "decoder_only"
-    language_model: ClassVar[bool] = True
-    input_extra_positions: ClassVar[int] = 2
-
-    tie_embeddings: bool = False
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _check_tie(self)
-
-    @property
-    def logits_per_position(self) -> int:
-        return self.vocab_size
-
-
-@dataclass(frozen=True, kw_only=True)
-class EncoderOnlyConfig(TransformerConfig):
-    """An encoder that returns its last hidden states, as BERT does (a sentence encoder).
-
-    A BERT-family checkpoint is this with ``positional='learned'``, ``scale_embeddings=False``,
-    ``type_vocab_size=2``, ``embedding_norm=True``, ``activation='gelu'`` and post-LN layers.
-    """
-
-    kind: ClassVar[str] = "encoder"
-    embeds_sentences: ClassVar[bool] = True
-    has_perplexity: ClassVar[bool] = False
-    input_extra_positions: ClassVar[int] = 0
-
-
-PRESETS: dict[str, dict[str, int]] = {
-    "tiny": {"layers": 2, "d_model": 32, "heads": 4, "d_ff": 64},
-    "small": {"layers": 3, "d_model": 256, "heads": 8, "d_ff": 1024},
-    "base": {"layers": 6, "d_model": 512, "heads": 8, "d_ff": 2048},
-}
-"""Named sizes; ``base`` is the base Transformer of Vaswani et al. (Table 3)."""
-
-
-def preset(name: str, config_cls: type[C] = EncoderDecoderConfig, **overrides: Any) -> C:  # type: ignore[assignment]
-    """A config of class ``config_cls`` with the sizes of preset ``name``, then ``overrides``."""
-    _check_choice("preset", name, PRESETS)
-    return config_cls(**{**PRESETS[name], **overrides})
-
-
 # ---- validation helpers ----------------------------------------------------------------------
-
-
-def _check_tie(config: EncoderDecoderConfig | DecoderOnlyConfig) -> None:
-    concatenated = config.positional_combine == "concat" and config.positional in ("sinusoidal", "learned")
-    if config.tie_embeddings and concatenated:
-        raise ConfigError("tie_embeddings: needs token vectors of width d_model, so not positional_combine='concat'")
 
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _check_positive(name: str, value: int) -> None:
+def check_positive(name: str, value: int) -> None:
     if value <= 0:
         raise ConfigError(f"{name}: must be a positive integer, got {value}")
 
 
-def _check_choice(name: str, value: str, allowed: Mapping[str, Any] | tuple[str, ...]) -> None:
+def check_choice(name: str, value: str, allowed: Mapping[str, Any] | tuple[str, ...]) -> None:
     if value not in allowed:
         raise ConfigError(f"{name}: unknown {value!r}; allowed: {', '.join(sorted(allowed))}")
 

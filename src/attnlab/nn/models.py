@@ -26,18 +26,18 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from attnlab.kernels import LinearKernel, calibration, linear_kernel
-from attnlab.nn.config import (
-    DecoderOnlyConfig,
-    EncoderClassifierConfig,
-    EncoderDecoderConfig,
-    EncoderOnlyConfig,
-    TransformerConfig,
-)
+from attnlab.nn.config import TransformerConfig
 from attnlab.nn.decoding import DecodingState, EncodedSource
 from attnlab.nn.head_masks import head_mask_shapes
 from attnlab.nn.hooks import Hook, Site, attention_sites, run_hooks
 from attnlab.nn.kv_cache import KVCache
 from attnlab.nn.layers import DecoderLayerCache
+from attnlab.nn.model_configs import (
+    DecoderOnlyConfig,
+    EncoderClassifierConfig,
+    EncoderDecoderConfig,
+    EncoderOnlyConfig,
+)
 from attnlab.nn.multi_head import set_attention_backend
 from attnlab.nn.scores import soft_cap
 from attnlab.nn.stacks import Decoder, Encoder

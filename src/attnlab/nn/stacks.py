@@ -11,13 +11,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from attnlab.nn.config import EncoderDecoderConfig, TransformerConfig
+from attnlab.nn.config import TransformerConfig
 from attnlab.nn.decoding import DecodingState, EncodedSource
 from attnlab.nn.embedding import InputEmbedding
 from attnlab.nn.feed_forward import PositionwiseFeedForward
 from attnlab.nn.hooks import Hook, run_hooks
 from attnlab.nn.layers import PLACEMENTS, DecoderLayer, EncoderLayer
 from attnlab.nn.masks import combine_masks, padding_mask, sliding_window_mask
+from attnlab.nn.model_configs import EncoderDecoderConfig
 from attnlab.nn.multi_head import MultiHeadAttention
 from attnlab.nn.normalization import NORMS, Norm, make_norm
 from attnlab.nn.position_bias import POSITION_BIASES

@@ -11,8 +11,8 @@ from attnlab.analysis.pruning import prune_model
 from attnlab.errors import UsageError
 from attnlab.head_ids import HeadId, mask_without
 from attnlab.nn import build_model, masking_heads
-from attnlab.nn.config import DecoderOnlyConfig
 from attnlab.nn.head_subsets import head_subset_state
+from attnlab.nn.model_configs import DecoderOnlyConfig
 from attnlab.nn.multi_head import MultiHeadAttention, _share_key_values
 
 

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from attnlab.nn import DecoderOnlyConfig, EncoderClassifierConfig, EncoderDecoderConfig, preset
-from attnlab.nn.config import PRESETS
+from attnlab.nn.model_configs import PRESETS
 
 
 @pytest.mark.parametrize(

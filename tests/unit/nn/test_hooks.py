@@ -18,8 +18,8 @@ from attnlab.nn import (
     masking_heads,
     trace,
 )
-from attnlab.nn.config import EncoderClassifierConfig, EncoderOnlyConfig
 from attnlab.nn.hooks import model_sites, site_shapes
+from attnlab.nn.model_configs import EncoderClassifierConfig, EncoderOnlyConfig
 
 V = 23
 SMALL = {"layers": 2, "d_model": 16, "heads": 4, "d_ff": 24, "dropout": 0.0}
