@@ -370,6 +370,14 @@ LINEAR_KERNELS: dict[str, Callable[[], LinearKernel]] = {
 calls; ``auto`` (:class:`MeasuredLinear`) takes the fastest of them for each shape class."""
 
 
+def _gemm_preference(onednn: LinearKernel) -> dict[str, LinearKernel]:
+    """aten (MKL) and oneDNN in the order a fixed record takes them on this processor (see
+    :class:`MeasuredLinear`): oneDNN first where PyTorch reports AVX-512, else aten."""
+    if torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
+        return {"onednn": onednn, "aten": aten_linear}
+    return {"aten": aten_linear, "onednn": onednn}
+
+
 class MeasuredLinear:
     """y = x W^T + b by whichever kernel ran this map's shape class fastest on this machine.
 
@@ -385,11 +393,15 @@ class MeasuredLinear:
 
     def __init__(self) -> None:
         self._onednn = OneDNNLinear()
-        # The order is the preference between kernels timed within calibration.TIE of each other: the
-        # few-rows kernel first, so a decoding step's maps stay on PyTorch's intra-op threads
-        # rather than switching to MKL's single-threaded product and back, which costs a few
-        # microseconds a switch (benchmarks/README.md).
-        self._kernels: dict[str, LinearKernel] = {"few_rows": _few_rows, "aten": aten_linear, "onednn": self._onednn}
+        # The order is the preference between kernels timed within calibration.TIE of each other, and
+        # the choice of a fixed kernel record (never timed): the few-rows kernel first, so a decoding
+        # step's maps stay on PyTorch's intra-op threads rather than switching to MKL's
+        # single-threaded product and back, which costs a few microseconds a switch
+        # (benchmarks/README.md); then oneDNN before MKL where the processor has AVX-512 (MKL keeps
+        # its AVX2 kernels on AMD's: on a Zen 5 EPYC oneDNN ran the model's GEMMs at twice MKL's
+        # rate, on a Zen 4 as fast), MKL before oneDNN elsewhere (on an AVX2 Zen 3 MKL was timed
+        # faster for every map with a gradient).
+        self._kernels: dict[str, LinearKernel] = {"few_rows": _few_rows, **_gemm_preference(self._onednn)}
         # This module's classes already looked up: (rows, grad, W's shape, W and b contiguous) -> the kernel
         # to call. A decoding step calls ~20 maps per layer, each a few microseconds of work: the
         # class's key and its dictionary lookups were a tenth of that.

@@ -372,6 +372,20 @@ def test_the_setting_is_read_from_the_environment_and_checked(monkeypatch):
         linear_kernel()
 
 
+def _gemms(many: list[str]) -> list[str]:
+    """aten and those of ``many`` that apply, in the processor's order of preference (oneDNN first
+    where PyTorch reports AVX-512)."""
+    return [name for name in linear_module._gemm_preference(None) if name == "aten" or name in many]
+
+
+def test_a_fixed_record_takes_onednn_first_only_with_avx512(monkeypatch):
+    """The GEMM a fixed kernel record takes (never timed) is a rule of the processor: oneDNN where
+    PyTorch reports AVX-512, MKL (aten) elsewhere."""
+    for capability, first in (("AVX512", "onednn"), ("AVX2", "aten"), ("DEFAULT", "aten")):
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda capability=capability: capability)
+        assert list(MeasuredLinear()._kernels) == ["few_rows", first, ({"onednn", "aten"} - {first}).pop()]
+
+
 @pytest.mark.parametrize("grad", [False, True])
 @pytest.mark.parametrize("rows", [1, 3, 4, 40])
 def test_the_measured_kernel_takes_only_kernels_that_apply_and_remembers(monkeypatch, tmp_path, grad, rows):
@@ -389,8 +403,8 @@ def test_the_measured_kernel_takes_only_kernels_that_apply_and_remembers(monkeyp
     monkeypatch.setattr(calibration, "measure", pick)
     few = ["few_rows"] if rows < MIN_ONEDNN_ROWS and calibration.native.available() else []
     many = ["onednn"] if rows >= MIN_ONEDNN_ROWS and onednn_available() else []
-    expected = [["aten", *many]] if grad and many else []  # one candidate: nothing to time
-    expected += [[*few, "aten", *many]] if many or few else []
+    expected = [_gemms(many)] if grad and many else []  # one candidate: nothing to time
+    expected += [[*few, *_gemms(many)]] if many or few else []
     for winner[0] in range(3):
         monkeypatch.setenv("ATTNLAB_CALIBRATION_DIR", str(tmp_path / str(winner[0])))  # an empty cache each time
         calibration.forget()
@@ -430,7 +444,7 @@ def test_a_bfloat16_map_of_few_rows_is_measured_between_the_few_rows_kernel_and_
             torch.testing.assert_close(out.double(), expected, rtol=2**-7, atol=1e-3)
         kernel(torch.randn(1, 16, generator=g), weight.float(), bias.float())
     few = ["few_rows"] if calibration.native.available() else []
-    many = ["aten", "onednn"] if linear_module.onednn_bf16_available() else ["aten"]
+    many = _gemms(["onednn"]) if linear_module.onednn_bf16_available() else ["aten"]
     expected = ([[*few, "aten"]] if few else []) + ([many] if len(many) > 1 else []) + ([[*few, "aten"]] if few else [])
     assert offered == expected
     bf16_keys = [key for key in calibration.CHOICES if key[-1] == "bfloat16"]
