@@ -26,7 +26,7 @@ the key:
 whose ids reach past the model's embedding rows, at open, not at the first ``generate``; and
 :func:`check_stored_float`, as each weight arrives, one stored as integers (an int8 ``q_proj``).
 A float weight stored in another float dtype than the model's (one tensor in F64 among F32 ones) is
-converted to the model's dtype as it is read (:func:`attnlab.pretrained.families.fill_state`), as
+converted to the model's dtype as it is read (:func:`attnlab.pretrained.layout.fill_state`), as
 transformers does.
 """
 
