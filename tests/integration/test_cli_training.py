@@ -89,6 +89,21 @@ def test_generate_decodes(trained):
     assert all(set(line["output"]) <= alphabet and line["log_prob"] <= 0 for line in lines)
 
 
+def test_the_run_records_its_kernels_and_the_attention_setting_is_chosen_at_open(trained):
+    """The run's kernel choices are in kernels.json (fixed: training's reproducible default), and
+    --attention picks the implementation once for generate and eval: explicit gives what the
+    recorded default gives; an unknown one is one error line naming the setting."""
+    kernels = json.loads((trained / "kernels.json").read_text())
+    assert kernels["mode"] == "fixed" and kernels["choices"]
+    default = attnlab("generate", str(trained), "abc", "--json")
+    explicit = attnlab("generate", str(trained), "abc", "--json", "--attention", "explicit")
+    assert default.returncode == explicit.returncode == 0, explicit.stderr
+    assert json.loads(explicit.stdout)["output"] == json.loads(default.stdout)["output"]
+    scored = attnlab("eval", str(trained), "--split", "valid", "--json", "--no-progress", "--attention", "sdpa")
+    assert scored.returncode == 0, scored.stderr
+    assert "unknown 'flash'" in _error(attnlab("generate", str(trained), "abc", "--attention", "flash"))
+
+
 def test_a_refused_resume_leaves_the_run_as_it_was(trained, tmp_path):
     """CONFIG with --resume, or a --set of a model key, is a usage error (exit 2) before any weight
     is read or any metric appended; the same value as the run's is no change and is accepted."""

@@ -11,6 +11,7 @@ from attnlab.cli.app import app
 from attnlab.cli.choices import Split
 from attnlab.cli.options import (
     SOURCE_HELP,
+    attention_option,
     device_map_option,
     device_option,
     dtype_option,
@@ -72,6 +73,7 @@ def evaluate_run(
     dtype: str | None = dtype_option(),
     revision: str | None = revision_option(),
     verify: bool = verify_option(),
+    attention: str | None = attention_option(),
     checkpoint: str = typer.Option(
         None,
         "--checkpoint",
@@ -114,7 +116,7 @@ def evaluate_run(
     if where is None:  # the processes launched from here did the work
         return
     info, device = where
-    opening = dict(dtype=dtype, revision=revision, verify=verify, checkpoint=checkpoint)
+    opening = dict(dtype=dtype, revision=revision, verify=verify, checkpoint=checkpoint, attention=attention)
     opening |= placed(device, device_map, max_memory, offload_folder)
     if texts is not None:
         with process_group(info):

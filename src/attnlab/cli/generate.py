@@ -10,6 +10,7 @@ import typer
 from attnlab.cli.app import app
 from attnlab.cli.options import (
     SOURCE_HELP,
+    attention_option,
     device_map_option,
     device_option,
     dtype_option,
@@ -69,6 +70,7 @@ def generate(
     dtype: str | None = dtype_option(),
     revision: str | None = revision_option(),
     verify: bool = verify_option(),
+    attention: str | None = attention_option(),
 ) -> None:
     """Run a model on each TEXT: the output sequence, the class with its probability, or a continuation.
 
@@ -90,6 +92,7 @@ def generate(
         dtype=dtype,
         revision=revision,
         verify=verify,
+        attention=attention,
         **placed(device, device_map, max_memory, offload_folder, tokens=_positions(texts, max_new_tokens, beam)),
     )
     model = loaded.experiment.model_config_class

@@ -108,6 +108,17 @@ def print_json(result: Any) -> None:
 # ---- placing a model over devices (attnlab.pretrained.placement) ---------------------------------------
 
 
+def attention_option() -> Any:
+    """``--attention``: soft attention's implementation, set once when the model is opened."""
+    return typer.Option(
+        None,
+        "--attention",
+        metavar="auto|sdpa|explicit|native",
+        help="Soft attention's implementation, chosen once when the model is opened: auto (the kernel "
+        "choice), sdpa, explicit or native (attnlab's C++ kernels). Default: a run's \\[runtime], else auto.",
+    )
+
+
 def device_map_option() -> Any:
     """The ``--device-map`` option of the commands that open a model."""
     return typer.Option(
