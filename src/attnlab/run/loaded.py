@@ -125,7 +125,8 @@ def saved_tokenizer(run: RunDir) -> Tokenizer | None:
 def open_run(path: str | Path, *, device: str | torch.device = "cpu", checkpoint: str | None = None) -> LoadedRun:
     """Load a run directory: config.json, the task, tokenizer.json and model.safetensors, each
     verified against the run's manifest (see :meth:`attnlab.run.directory.RunDir.read_verified`);
-    the model runs with the run's ``[runtime]`` and the kernel choices it recorded (kernels.json).
+    the model runs with the run's ``[runtime]`` attention and the kernel choices it recorded
+    (kernels.json; a run with none, such as an import, takes this process's measured choices).
 
     Args:
         path: the run directory.
@@ -153,7 +154,11 @@ def open_run(path: str | Path, *, device: str | torch.device = "cpu", checkpoint
     else:
         run.load_checkpoint_weights(model, chosen)
     model.to(device).eval()
-    apply_runtime(model, experiment.runtime, run.read_kernels())  # the kernels the run recorded, if any
+    recorded = run.read_kernels()  # a run trained here recorded its kernels; an imported one has none
+    if recorded is None:
+        model.use_attention(experiment.runtime.attention)  # kernels: this process's measured choices
+    else:
+        apply_runtime(model, experiment.runtime, recorded)
     native.prepare(device)  # a first use's kernel build now, before a command's progress bar
     release_freed_memory()  # the tokenizer's parse leaves freed blocks between live ones (attnlab.runtime)
     return LoadedRun(run, experiment, task, tokenizer, TextCodec(task, tokenizer), model, chosen, source=str(path))
