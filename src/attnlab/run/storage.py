@@ -360,9 +360,38 @@ def read_json(path: Path, *, what: str = "file") -> Any:
 
 
 def tensors_to_bytes(tensors: Mapping[str, Tensor], metadata: Mapping[str, str] | None = None) -> bytes:
-    """The safetensors bytes of ``tensors`` (made contiguous on the CPU) with ``metadata``."""
+    """The safetensors bytes of ``tensors`` (made contiguous on the CPU) with ``metadata``, the same
+    bytes for the same tensors in every process (:func:`_metadata_in_order`)."""
     prepared = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}
-    return safetensors_save(prepared, metadata=dict(metadata) if metadata else None)
+    data = safetensors_save(prepared, metadata=dict(metadata) if metadata else None)
+    end = _HEADER_PREFIX + _header_length(data)
+    return _metadata_in_order(data[:end]) + data[end:]
+
+
+_HEADER_PREFIX = 8  # a safetensors file: the header's length (u64, little-endian), the JSON header, the data
+
+
+def _header_length(head: bytes) -> int:
+    return int.from_bytes(head[:_HEADER_PREFIX], "little")
+
+
+def _metadata_in_order(head: bytes) -> bytes:
+    """A safetensors file's length prefix and header with its ``__metadata__`` keys sorted: safetensors
+    writes that map in a hash order that changes from process to process, so two runs that wrote
+    equal weights wrote files whose SHA-256 differed. Same length (only the order changes); a header
+    that would not fit is returned as it was."""
+    length = _header_length(head)
+    try:
+        header = json.loads(head[_HEADER_PREFIX : _HEADER_PREFIX + length])
+    except ValueError:
+        return head
+    if not isinstance(header, dict) or not isinstance(header.get("__metadata__"), dict):
+        return head
+    header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    if len(text) > length:
+        return head
+    return head[:_HEADER_PREFIX] + text + b" " * (length - len(text))
 
 
 def stream_tensors(path: Path, tensors: Mapping[str, Tensor], metadata: Mapping[str, str] | None = None) -> None:
@@ -379,6 +408,11 @@ def stream_tensors(path: Path, tensors: Mapping[str, Tensor], metadata: Mapping[
             if os_error is None:
                 raise
             raise os_error from None
+        with open(name, "r+b") as handle:  # the metadata's keys in one order (see _metadata_in_order)
+            head = handle.read(_HEADER_PREFIX)
+            head += handle.read(_header_length(head))
+            handle.seek(0)
+            handle.write(_metadata_in_order(head))
 
     atomic_write_file(path, fill)
 

@@ -85,3 +85,20 @@ def test_every_writer_names_a_bad_output_path(tmp_path, save):
 def test_word2vec_says_how_often_the_most_frequent_word_occurs():
     with pytest.raises(DataError, match="no word occurs at least min_count=5 times \\(the most frequent occurs 2\\)"):
         train_word2vec([["a", "b"], ["a", "c"]], 4, min_count=5)
+
+
+def test_safetensors_files_are_the_same_bytes_whatever_order_the_metadata_was_written_in(tmp_path):
+    """safetensors writes its metadata map in a hash order that changes between processes; attnlab
+    sorts it, so equal weights give equal files (and SHA-256), in memory and streamed to disk."""
+    from attnlab.run.storage import load_tensors, stream_tensors, tensors_to_bytes
+
+    tensors = {"b": torch.arange(6.0).reshape(2, 3), "a": torch.ones(4, dtype=torch.float64)}
+    forward = {"format": "pt", "attnlab.aliases": "{}", "z": "1"}
+    backward = dict(reversed(list(forward.items())))
+    assert tensors_to_bytes(tensors, forward) == tensors_to_bytes(tensors, backward)
+    stream_tensors(tmp_path / "one.safetensors", tensors, forward)
+    stream_tensors(tmp_path / "two.safetensors", tensors, backward)
+    written = (tmp_path / "one.safetensors").read_bytes()
+    assert written == (tmp_path / "two.safetensors").read_bytes() == tensors_to_bytes(tensors, forward)
+    loaded, metadata = load_tensors(tmp_path / "one.safetensors")
+    assert metadata == forward and all(torch.equal(loaded[k], tensors[k]) for k in tensors)
