@@ -134,7 +134,7 @@ def recall(key: tuple, names: list[str]) -> str | None:
         if known in names:
             return known
         if record.mode == "fixed":
-            return record.add(key, names[0])
+            return first(key, names)
     known = CHOICES.get(key)
     if known not in names:
         stored = _read().get(_entry(key)) if can_measure() else None

@@ -19,7 +19,7 @@ and what decoding keeps between steps (:mod:`attnlab.nn.decoding`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
+from functools import partial, wraps
 
 import torch
 from torch import Tensor, nn
@@ -58,6 +58,22 @@ __all__ = [
 ]
 
 
+def _with_own_kernels(method: Callable) -> Callable:
+    """``method`` run with the model's own kernel record active (:attr:`TransformerModel.kernel_record`;
+    none: as it is): the model's call, and an encoder-decoder's ``encode`` / ``decode``, which
+    decoding loops call directly."""
+
+    @wraps(method)
+    def run(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        record = self.kernel_record
+        if record is None:
+            return method(self, *args, **kwargs)
+        with calibration.using(record):
+            return method(self, *args, **kwargs)
+
+    return run
+
+
 class TransformerModel(nn.Module):
     """Base class: a model that names its stacks, whence its named sites (:mod:`attnlab.nn.hooks`)."""
 
@@ -84,12 +100,7 @@ class TransformerModel(nn.Module):
         from now on: set on every attention module, once (:mod:`attnlab.nn.runtime_config`)."""
         set_attention_backend(self, setting)
 
-    def __call__(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN204
-        record = self.kernel_record
-        if record is None:
-            return super().__call__(*args, **kwargs)
-        with calibration.using(record):
-            return super().__call__(*args, **kwargs)
+    __call__ = _with_own_kernels(nn.Module.__call__)
 
     def attention_sites(self) -> list[Site]:
         """The ``z`` site of every attention module (its kind, layer and module), in forward order."""
@@ -163,10 +174,11 @@ class EncoderDecoder(TransformerModel):
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         return self.decode(tgt_in, self.encode(src))
 
+    @_with_own_kernels
     def encode(self, src: Tensor) -> EncodedSource:
-        with calibration.using(self.kernel_record or calibration.active_record()):
-            return EncodedSource(self.encoder(src), src != self.config.pad_id)
+        return EncodedSource(self.encoder(src), src != self.config.pad_id)
 
+    @_with_own_kernels
     def decode(
         self,
         tgt_in: Tensor,
@@ -175,8 +187,7 @@ class EncoderDecoder(TransformerModel):
         state: DecodingState | None = None,
     ) -> Tensor:
         """Logits for ``tgt_in``; with ``state`` (from :meth:`new_state`), only the new positions."""
-        with calibration.using(self.kernel_record or calibration.active_record()):
-            return self._logits(self.generator(self.decoder(tgt_in, memory, state=state)))
+        return self._logits(self.generator(self.decoder(tgt_in, memory, state=state)))
 
     def new_state(self) -> DecodingState:
         return DecodingState([DecoderLayerCache() for _ in self.decoder.layers])

@@ -96,8 +96,7 @@ def open_model(
     _check_arguments(source, dtype, revision, checkpoint, verify, bridge)
     if attention is not None:
         backend_setting(attention)  # a ConfigError naming the setting, before anything is read
-    if kernels is not None:
-        KernelRecord(kernels)
+    record = None if kernels is None else KernelRecord(kernels)  # its ConfigError, before anything is read
     if isinstance(source, str) and source.startswith(PACKAGE_PREFIX):
         source = packaged_model(source.removeprefix(PACKAGE_PREFIX))
     if placement.wanted and device is not None and str(device) != "cpu":
@@ -133,8 +132,8 @@ def open_model(
     model = loaded.model
     if attention is not None:
         model.use_attention(attention)
-    if kernels is not None:
-        model.kernel_record = KernelRecord(kernels)
+    if record is not None:
+        model.kernel_record = record
     if loaded.placement is not None:  # on its planned devices already, in its dtype
         model.eval()
         return loaded

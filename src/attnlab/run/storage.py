@@ -365,7 +365,9 @@ def tensors_to_bytes(tensors: Mapping[str, Tensor], metadata: Mapping[str, str] 
     prepared = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}
     data = safetensors_save(prepared, metadata=dict(metadata) if metadata else None)
     end = _HEADER_PREFIX + _header_length(data)
-    return _metadata_in_order(data[:end]) + data[end:]
+    head = data[:end]
+    ordered = _metadata_in_order(head)
+    return data if ordered == head else b"".join((ordered, memoryview(data)[end:]))  # one copy, where reordered
 
 
 _HEADER_PREFIX = 8  # a safetensors file: the header's length (u64, little-endian), the JSON header, the data
@@ -387,6 +389,8 @@ def _metadata_in_order(head: bytes) -> bytes:
         return head
     if not isinstance(header, dict) or not isinstance(header.get("__metadata__"), dict):
         return head
+    if list(header["__metadata__"]) == sorted(header["__metadata__"]):
+        return head  # in order already
     header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
     text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     if len(text) > length:
@@ -411,8 +415,10 @@ def stream_tensors(path: Path, tensors: Mapping[str, Tensor], metadata: Mapping[
         with open(name, "r+b") as handle:  # the metadata's keys in one order (see _metadata_in_order)
             head = handle.read(_HEADER_PREFIX)
             head += handle.read(_header_length(head))
-            handle.seek(0)
-            handle.write(_metadata_in_order(head))
+            ordered = _metadata_in_order(head)
+            if ordered != head:
+                handle.seek(0)
+                handle.write(ordered)
 
     atomic_write_file(path, fill)
 
