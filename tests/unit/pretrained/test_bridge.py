@@ -421,3 +421,23 @@ def test_gpt_oss_sink_share_is_a_last_key_column_in_the_pictures_and_the_viewer(
         np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-6)
     answer = TestClient(create_app(lm.loaded)).post("/api/run", json={"text": "the cat sat", "off": []}).json()
     assert all(m["keys"][-1] == SINK for m in answer["attention"])
+
+
+@pytest.mark.parametrize("path", ["native", "bridged"])
+def test_the_attention_setting_is_chosen_once_on_either_path(both, path) -> None:  # noqa: ANN001
+    """use_attention("explicit") gives the default's logits on the native and the bridged model;
+    a bridged model (transformers' modules) refuses attnlab's own kernels by name."""
+    native, bridged, _ = both
+    lm = native if path == "native" else bridged
+    tokens = torch.tensor([[1, 5, 9, 3, 7]])
+    with torch.no_grad():
+        default = lm(tokens)
+        lm.model.use_attention("explicit")
+        try:
+            explicit = lm(tokens)
+        finally:
+            lm.model.use_attention("auto")
+    torch.testing.assert_close(explicit, default, rtol=1e-9, atol=1e-9)
+    if path == "bridged":
+        with pytest.raises(ConfigError, match=r"attention: 'native' runs attnlab's own attention modules"):
+            lm.model.use_attention("native")
